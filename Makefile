@@ -1,0 +1,30 @@
+# Two commands: `make demo` and `make test`. Each sets up its own virtual environment first.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.spanrl-installed
+
+.PHONY: venv demo test bench clean
+
+venv: $(STAMP)
+
+# torch first, pinned, so pip takes the CPU wheel instead of a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip setuptools wheel
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[all,dev]'
+	touch $(STAMP)
+
+demo: venv
+	$(BIN)/spanrl demo
+
+test: venv
+	cd examples/node-agent && npm install --no-audit --no-fund --loglevel=error
+	$(BIN)/python -m pytest -q -ra
+
+bench: venv
+	$(BIN)/python bench/ingest.py
+
+clean:
+	rm -rf $(VENV) spanrl-demo .pytest_cache

@@ -1,0 +1,1 @@
+"""spanrl.algorithms."""

@@ -1,0 +1,74 @@
+"""The span vocabulary: every attribute, span and event name spanrl reads or writes, defined once.
+
+This is the wire contract any language can follow; ``docs/conventions.md`` documents it. Downstream
+code keys on ``gen_ai.operation.name`` and these attributes, never on span names.
+"""
+
+from __future__ import annotations
+
+# --- Rollout context (resource attributes from SPANRL_* env vars, or span attributes / baggage) ----
+ROLLOUT_ID = "spanrl.rollout.id"
+TASK_ID = "spanrl.task.id"
+ATTEMPT = "spanrl.rollout.attempt"
+MODE = "spanrl.rollout.mode"  # "train" | "val"
+ROLLOUT_SPAN_NAME = "spanrl.rollout"
+
+# --- Exact tokens, written by the policy server on its SERVER span --------------------------------
+# Each may be a plain array (int / double) or, compactly, a string holding base64 of little-endian
+# int32 (token ids) or float32 (logprobs). The store accepts both and fills typed columns.
+LLM_PROMPT_TOKEN_IDS = "spanrl.llm.prompt_token_ids"
+LLM_COMPLETION_TOKEN_IDS = "spanrl.llm.completion_token_ids"
+LLM_LOGPROBS = "spanrl.llm.logprobs"
+LLM_BATCH_SIZE = "spanrl.llm.batch_size"
+LLM_CHOICE_INDEX = "spanrl.llm.choice_index"
+POLICY_VERSION = "spanrl.policy.version"
+
+# --- Rewards ---------------------------------------------------------------------------------------
+REWARD_SPAN_NAME = "spanrl.reward"  # also accepted as an event name
+REWARD_VALUE = "spanrl.reward.value"  # double
+REWARD_NAME = "spanrl.reward.name"  # optional, for multi-dimensional rewards; default "reward"
+DEFAULT_REWARD_NAME = "reward"
+
+# --- OpenTelemetry GenAI semantic conventions -----------------------------------------------------
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"  # "chat", "text_completion", "execute_tool", "invoke_agent"
+GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
+GEN_AI_SYSTEM = "gen_ai.system"  # older name of the provider, still written by OpenLLMetry
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+GEN_AI_RESPONSE_ID = "gen_ai.response.id"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # JSON
+GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"  # JSON
+GEN_AI_SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
+GEN_AI_TOOL_DEFINITIONS = "gen_ai.tool.definitions"
+GEN_AI_AGENT_NAME = "gen_ai.agent.name"
+GEN_AI_AGENT_ID = "gen_ai.agent.id"
+GEN_AI_TOOL_NAME = "gen_ai.tool.name"
+GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
+GEN_AI_TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"
+GEN_AI_TOOL_CALL_RESULT = "gen_ai.tool.call.result"
+
+OP_CHAT = "chat"
+OP_TEXT_COMPLETION = "text_completion"
+OP_EXECUTE_TOOL = "execute_tool"
+OP_INVOKE_AGENT = "invoke_agent"
+LLM_OPERATIONS = (OP_CHAT, OP_TEXT_COMPLETION)
+
+# Evaluation results (GenAI semconv): an event on the evaluated span, or on a span of its own.
+GEN_AI_EVALUATION_RESULT_EVENT = "gen_ai.evaluation.result"
+GEN_AI_EVALUATION_NAME = "gen_ai.evaluation.name"
+GEN_AI_EVALUATION_SCORE_VALUE = "gen_ai.evaluation.score.value"
+GEN_AI_EVALUATION_SCORE_LABEL = "gen_ai.evaluation.score.label"
+GEN_AI_EVALUATION_EXPLANATION = "gen_ai.evaluation.explanation"
+
+# --- Observations ---------------------------------------------------------------------------------
+OBSERVATION_EVENT = "spanrl.observation"
+OBSERVATION_CONTENT = "spanrl.observation.content"
+EMIT_ERROR = "spanrl.emit.error"  # set on a span when an emit_* call got a bad value
+
+# --- Standard resource attributes -----------------------------------------------------------------
+SERVICE_NAME = "service.name"

@@ -1,0 +1,87 @@
+"""spanrl: train any AI agent's LLM with reinforcement learning from its OpenTelemetry traces.
+
+The agent side (``emit_reward``, ``agent``, ``rollout``, ...) imports no torch. Training and serving
+names (``Trainer``, ``GRPO``, ``PolicyServer``, ...) are loaded on first use and need the
+``spanrl[train]`` / ``spanrl[serve]`` extras.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from spanrl.errors import (
+    CollectorError,
+    ConfigError,
+    ServingError,
+    SpanRLError,
+    StoreBusyError,
+    StoreError,
+    TrainingError,
+)
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it; loaded lazily so `import spanrl` stays light.
+_LAZY: dict[str, str] = {
+    "emit_reward": "spanrl.instrumentation",
+    "emit_observation": "spanrl.instrumentation",
+    "emit_tool_call": "spanrl.instrumentation",
+    "emit_prompt": "spanrl.instrumentation",
+    "emit_response": "spanrl.instrumentation",
+    "agent": "spanrl.instrumentation",
+    "rollout": "spanrl.instrumentation",
+    "Collector": "spanrl.collector",
+    "SpanStore": "spanrl.store",
+    "PolicyServer": "spanrl.serving",
+    "Trainer": "spanrl.algorithms",
+    "GRPO": "spanrl.algorithms",
+    "PPO": "spanrl.algorithms",
+    "SFT": "spanrl.algorithms",
+    "DPO": "spanrl.algorithms",
+    "APO": "spanrl.algorithms",
+    "LightningRL": "spanrl.algorithms",
+}
+
+__all__ = sorted(
+    [
+        "CollectorError",
+        "ConfigError",
+        "ServingError",
+        "SpanRLError",
+        "StoreBusyError",
+        "StoreError",
+        "TrainingError",
+        "__version__",
+        *_LAZY,
+    ]
+)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'spanrl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from spanrl.algorithms import APO, DPO, GRPO, PPO, SFT, LightningRL, Trainer
+    from spanrl.collector import Collector
+    from spanrl.instrumentation import (
+        agent,
+        emit_observation,
+        emit_prompt,
+        emit_response,
+        emit_reward,
+        emit_tool_call,
+        rollout,
+    )
+    from spanrl.serving import PolicyServer
+    from spanrl.store import SpanStore

@@ -1,0 +1,5 @@
+import sys
+
+from spanrl.cli import main
+
+sys.exit(main())

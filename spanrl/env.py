@@ -1,0 +1,92 @@
+"""Every ``SPANRL_*`` environment variable, declared once.
+
+Precedence everywhere in spanrl: an explicit argument, then the environment variable, then the default.
+A bad value is logged with the default that is used instead, then ignored (as the OTel SDK does).
+The standard ``OTEL_*`` variables keep their OpenTelemetry meaning and are not redeclared here.
+
+This module imports nothing but the standard library: the agent side reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+_logger = logging.getLogger(__name__)
+
+# --- Rollout context: set by the trainer for each agent process it starts --------------------------
+SPANRL_ROLLOUT_ID = "SPANRL_ROLLOUT_ID"
+"""Id of the rollout this agent process runs; becomes the resource attribute ``spanrl.rollout.id``."""
+
+SPANRL_TASK_ID = "SPANRL_TASK_ID"
+"""Id of the task of this rollout; resource attribute ``spanrl.task.id``."""
+
+SPANRL_TASK = "SPANRL_TASK"
+"""The task itself, as JSON, for agents started as a command line."""
+
+SPANRL_ATTEMPT = "SPANRL_ATTEMPT"
+"""Attempt number of this rollout (1 first, higher after a retry); ``spanrl.rollout.attempt``."""
+
+SPANRL_MODE = "SPANRL_MODE"
+"""``train`` or ``val``; resource attribute ``spanrl.rollout.mode``. Default ``train``."""
+
+# --- Collector and store ---------------------------------------------------------------------------
+SPANRL_DB = "SPANRL_DB"
+"""Path of the DuckDB span store. Default ``spanrl.duckdb`` in the working directory."""
+
+SPANRL_COLLECTOR_TOKEN = "SPANRL_COLLECTOR_TOKEN"
+"""Bearer token the collector requires on OTLP and SQL requests. Unset: no auth."""
+
+SPANRL_COLLECTOR_HOST = "SPANRL_COLLECTOR_HOST"
+"""Address the collector binds. Default ``127.0.0.1``."""
+
+SPANRL_COLLECTOR_GRPC_PORT = "SPANRL_COLLECTOR_GRPC_PORT"
+"""OTLP/gRPC port of the collector. Default 4317."""
+
+SPANRL_COLLECTOR_HTTP_PORT = "SPANRL_COLLECTOR_HTTP_PORT"
+"""OTLP/HTTP port of the collector (also serves read-only SQL). Default 4318."""
+
+SPANRL_SQL_URL = "SPANRL_SQL_URL"
+"""Base URL where ``spanrl sql`` looks for a running collector. Default ``http://127.0.0.1:4318``."""
+
+# --- Policy server ---------------------------------------------------------------------------------
+SPANRL_POLICY_URL = "SPANRL_POLICY_URL"
+"""Base URL of the policy server (without ``/v1``). Default ``http://127.0.0.1:8000``."""
+
+DEFAULT_DB_PATH = "spanrl.duckdb"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_GRPC_PORT = 4317
+DEFAULT_HTTP_PORT = 4318
+DEFAULT_POLICY_PORT = 8000
+
+
+def get_str(name: str, default: str | None = None) -> str | None:
+    """The variable's value, or ``default`` when it is unset or empty."""
+    value = os.environ.get(name, "").strip()
+    return value if value else default
+
+
+def get_int(name: str, default: int) -> int:
+    """The variable as an int; a bad value is logged and ``default`` used."""
+    raw = get_str(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        _logger.warning("%s=%r is not an integer; using the default %d", name, raw, default)
+        return default
+
+
+def get_json(name: str, default: Any = None) -> Any:
+    """The variable parsed as JSON; a bad value is logged and ``default`` used."""
+    raw = get_str(name)
+    if raw is None:
+        return default
+    try:
+        return json.loads(raw)
+    except ValueError:
+        _logger.warning("%s is not valid JSON; using the default %r", name, default)
+        return default

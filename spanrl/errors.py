@@ -1,0 +1,53 @@
+"""The public exceptions of spanrl, one shallow tree::
+
+    SpanRLError
+    ├── ConfigError          a bad argument, config field or environment value
+    ├── StoreError           the DuckDB span store cannot do what was asked
+    │   └── StoreBusyError   another process holds the database file (and no collector serves SQL)
+    ├── CollectorError       the collector could not start or was refused
+    ├── ServingError         the policy server cannot load or serve a model
+    └── TrainingError        the training loop cannot go on
+
+Collector-internal errors keep the OTLP split between *retryable* (UNAVAILABLE / 503) and *permanent*
+(INVALID_ARGUMENT / 400) in `spanrl.collector.errors`.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CollectorError",
+    "ConfigError",
+    "ServingError",
+    "SpanRLError",
+    "StoreBusyError",
+    "StoreError",
+    "TrainingError",
+]
+
+
+class SpanRLError(Exception):
+    """Base class of every error spanrl raises on purpose."""
+
+
+class ConfigError(SpanRLError, ValueError):
+    """A bad argument, config field or environment value; the message names the field."""
+
+
+class StoreError(SpanRLError):
+    """The span store cannot do what was asked."""
+
+
+class StoreBusyError(StoreError):
+    """Another process holds the DuckDB file and no collector answers SQL for it."""
+
+
+class CollectorError(SpanRLError):
+    """The collector could not start, or refused a request."""
+
+
+class ServingError(SpanRLError):
+    """The policy server cannot load or serve a model."""
+
+
+class TrainingError(SpanRLError):
+    """The training loop cannot go on."""
