@@ -23,6 +23,7 @@ _COMMAND_MODULES = (
     "spanrl.store._cli",
     "spanrl.serving._cli",
     "spanrl.algorithms._cli",
+    "spanrl.algorithms._export_cli",
 )
 
 
