@@ -1,0 +1,41 @@
+"""The public surface of `spanrl`: an explicit, sorted `__all__` whose every name resolves."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import spanrl
+
+
+def test_all_is_sorted_and_unique():
+    assert list(spanrl.__all__) == sorted(set(spanrl.__all__))
+
+
+def test_every_exported_name_resolves():
+    missing = [name for name in spanrl.__all__ if getattr(spanrl, name, None) is None]
+    assert missing == []
+
+
+def test_unknown_attribute_raises_attribute_error():
+    try:
+        spanrl.no_such_name  # noqa: B018
+    except AttributeError as exc:
+        assert "no_such_name" in str(exc)
+    else:  # pragma: no cover
+        raise AssertionError("expected AttributeError")
+
+
+def test_agent_side_import_does_not_load_torch():
+    code = (
+        "import sys, spanrl; spanrl.emit_reward; spanrl.agent; spanrl.rollout; "
+        "import spanrl.instrumentation; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_cli_lists_every_command():
+    out = subprocess.run([sys.executable, "-m", "spanrl", "--help"], capture_output=True, text=True, check=True)
+    for command in ("collector", "sql", "store", "serve", "train", "demo", "export"):
+        assert command in out.stdout
