@@ -32,6 +32,18 @@ SPANRL_ATTEMPT = "SPANRL_ATTEMPT"
 SPANRL_MODE = "SPANRL_MODE"
 """``train`` or ``val``; resource attribute ``spanrl.rollout.mode``. Default ``train``."""
 
+SPANRL_MODEL = "SPANRL_MODEL"
+"""Model name the agent should pass to the OpenAI API (the policy server serves one policy)."""
+
+SPANRL_SAMPLING = "SPANRL_SAMPLING"
+"""Sampling parameters the trainer asks the agent to use, as JSON, e.g. ``{"temperature": 1.0}``
+(temperature 0 for held-out evaluation)."""
+
+SPANRL_AGENT_PROTOCOL = "SPANRL_AGENT_PROTOCOL"
+"""``jsonl`` when the trainer runs the agent as a long-lived worker: one rollout per stdin line (JSON:
+``rollout_id task_id task attempt mode base_url model sampling``), answered by a stdout line
+``{"spanrl_done": "<rollout_id>"}`` (with ``"error"`` on failure). Unset: one rollout per process."""
+
 # --- Collector and store ---------------------------------------------------------------------------
 SPANRL_DB = "SPANRL_DB"
 """Path of the DuckDB span store. Default ``spanrl.duckdb`` in the working directory."""
