@@ -1,1 +1,28 @@
-"""spanrl.algorithms."""
+"""spanrl.algorithms: credit assignment, the training algorithms on TRL, the Trainer loop.
+
+Public names are loaded on first use, so importing one part does not import them all.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# public name -> module that defines it
+_LAZY: dict[str, str] = {
+    "Algorithm": "spanrl.algorithms.base",
+    "GRPO": "spanrl.algorithms.grpo",
+    "GRPOConfig": "spanrl.algorithms.grpo",
+    "LoRAConfig": "spanrl.algorithms.lora",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'spanrl.algorithms' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,206 @@
+"""What every training algorithm shares: the :class:`Algorithm` interface and its checkpoint format.
+
+The Trainer owns the rollout loop; an algorithm owns the model update::
+
+    algo = GRPO(GRPOConfig(...))
+    algo.setup(model_path=Path("tiny"), output_dir=Path("run"), seed=0)
+    metrics = algo.update(batch)          # one policy update from a TransitionBatch
+    algo.save(Path("run/checkpoint-1"))   # HF folder + optimizer/scheduler/RNG/step + config.json
+    algo.load_state(Path("run/checkpoint-1"))
+
+A checkpoint folder is a plain Hugging Face model folder (``from_pretrained`` and the policy server load
+it) plus ``spanrl_state.pt`` (optimizer, scheduler, RNG and step) and ``spanrl_config.json`` (the
+resolved algorithm config). Helpers here pad transitions into the tensors TRL's losses expect.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+
+from spanrl.errors import ConfigError, TrainingError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import transformers
+
+    from spanrl.algorithms.transitions import Transition, TransitionBatch
+
+__all__ = [
+    "Algorithm",
+    "CONFIG_FILE",
+    "STATE_FILE",
+    "PaddedBatch",
+    "check_transitions",
+    "pad_transitions",
+    "transitions_of",
+]
+
+CONFIG_FILE = "spanrl_config.json"
+STATE_FILE = "spanrl_state.pt"
+_REPORTERS = ("none", "tensorboard", "wandb")
+
+
+def transitions_of(batch: TransitionBatch | Sequence[Transition]) -> list[Transition]:
+    """The transitions of a ``TransitionBatch`` (or of a plain sequence of transitions)."""
+    transitions = getattr(batch, "transitions", batch)
+    return list(transitions)
+
+
+def check_transitions(transitions: Sequence[Transition], *, vocab_size: int | None = None) -> None:
+    """Raise :class:`ConfigError` naming the first malformed transition and field; loses nothing."""
+    if not transitions:
+        raise ConfigError("batch has no transitions; an update needs at least one")
+    for i, t in enumerate(transitions):
+        where = f"transition {i} (rollout_id={t.rollout_id!r}, step={t.step})"
+        if not t.prompt_ids:
+            raise ConfigError(f"{where}: prompt_ids is empty")
+        if not t.completion_ids:
+            raise ConfigError(f"{where}: completion_ids is empty")
+        n = len(t.completion_ids)
+        if len(t.completion_mask) != n:
+            raise ConfigError(f"{where}: completion_mask has {len(t.completion_mask)} entries, completion_ids {n}")
+        if t.old_logprobs and len(t.old_logprobs) != n:
+            raise ConfigError(f"{where}: old_logprobs has {len(t.old_logprobs)} entries, completion_ids {n}")
+        if not np.isfinite(t.advantage):
+            raise ConfigError(f"{where}: advantage must be finite, got {t.advantage!r}")
+        if vocab_size is not None:
+            bad = [x for x in (*t.prompt_ids, *t.completion_ids) if not 0 <= x < vocab_size]
+            if bad:
+                raise ConfigError(f"{where}: token id {bad[0]} is outside the vocabulary (size {vocab_size})")
+
+
+@dataclasses.dataclass
+class PaddedBatch:
+    """Transitions as tensors: prompts left-padded, completions right-padded (TRL's layout)."""
+
+    prompt_ids: torch.Tensor  # (B, P) long
+    prompt_mask: torch.Tensor  # (B, P) long, 1 = real token
+    completion_ids: torch.Tensor  # (B, C) long
+    completion_mask: torch.Tensor  # (B, C) long, 1 = real token (attention)
+    loss_mask: torch.Tensor  # (B, C) long, 1 = policy-generated token that the loss counts
+    old_logprobs: torch.Tensor | None  # (B, C) float32, sampling log-probs; None when any is missing
+    advantages: torch.Tensor  # (B,) float32
+    rewards: torch.Tensor  # (B,) float32
+
+    def select(self, index: torch.Tensor | slice) -> PaddedBatch:
+        """The rows ``index`` of every tensor."""
+        return PaddedBatch(
+            **{
+                f.name: (None if getattr(self, f.name) is None else getattr(self, f.name)[index])
+                for f in dataclasses.fields(self)
+            }
+        )
+
+
+def pad_transitions(transitions: Sequence[Transition], *, pad_token_id: int) -> PaddedBatch:
+    """Pad transitions into a :class:`PaddedBatch`; ``old_logprobs`` is None unless every one has them."""
+    bsz = len(transitions)
+    max_p = max(len(t.prompt_ids) for t in transitions)
+    max_c = max(len(t.completion_ids) for t in transitions)
+    prompt_ids = torch.full((bsz, max_p), pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros((bsz, max_p), dtype=torch.long)
+    completion_ids = torch.full((bsz, max_c), pad_token_id, dtype=torch.long)
+    completion_mask = torch.zeros((bsz, max_c), dtype=torch.long)
+    loss_mask = torch.zeros((bsz, max_c), dtype=torch.long)
+    have_logprobs = all(len(t.old_logprobs) == len(t.completion_ids) for t in transitions)
+    old_logprobs = torch.zeros((bsz, max_c), dtype=torch.float32) if have_logprobs else None
+    for i, t in enumerate(transitions):
+        p, c = len(t.prompt_ids), len(t.completion_ids)
+        prompt_ids[i, max_p - p :] = torch.tensor(t.prompt_ids, dtype=torch.long)
+        prompt_mask[i, max_p - p :] = 1
+        completion_ids[i, :c] = torch.tensor(t.completion_ids, dtype=torch.long)
+        completion_mask[i, :c] = 1
+        loss_mask[i, :c] = torch.tensor(t.completion_mask, dtype=torch.long)
+        if old_logprobs is not None:
+            old_logprobs[i, :c] = torch.tensor(t.old_logprobs, dtype=torch.float32)
+    return PaddedBatch(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        loss_mask=loss_mask,
+        old_logprobs=old_logprobs,
+        advantages=torch.tensor([float(t.advantage) for t in transitions], dtype=torch.float32),
+        rewards=torch.tensor([float(t.reward) for t in transitions], dtype=torch.float32),
+    )
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def check_report_to(report_to: Sequence[str]) -> list[str]:
+    """``report_to`` as a list, each entry one of ``none``, ``tensorboard``, ``wandb``."""
+    if isinstance(report_to, str):
+        report_to = [report_to]
+    for name in report_to:
+        if name not in _REPORTERS:
+            raise ConfigError(f"report_to entries must be one of {_REPORTERS}, got {name!r}")
+    return [r for r in report_to if r != "none"]
+
+
+def rng_state() -> dict[str, Any]:
+    """The Python, NumPy and torch RNG states (to resume exactly)."""
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def config_dict(config: Any) -> dict[str, Any]:
+    """A dataclass config as JSON-ready data (nested dataclasses included)."""
+    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
+
+
+class Algorithm(abc.ABC):
+    """One training algorithm. The Trainer owns the rollout loop; the algorithm owns the model update."""
+
+    needs_values: ClassVar[bool] = False
+    """True when the credit assignment needs critic values (``values(batch)``), e.g. PPO with GAE."""
+
+    model: transformers.PreTrainedModel
+    """The current policy; the policy server reloads from it in-process."""
+
+    tokenizer: transformers.PreTrainedTokenizerBase
+    """The policy's tokenizer (pad token set)."""
+
+    @abc.abstractmethod
+    def setup(
+        self, *, model_path: Path, output_dir: Path, seed: int = 0, report_to: Sequence[str] = ()
+    ) -> None:
+        """Load the model and tokenizer from a Hugging Face folder and build the optimizer."""
+
+    @abc.abstractmethod
+    def update(self, batch: TransitionBatch) -> dict[str, float]:
+        """One policy update; returns metrics under stable keys (``losses/policy_loss``, ...)."""
+
+    @abc.abstractmethod
+    def save(self, checkpoint_dir: Path) -> None:
+        """Write an HF folder (model + tokenizer), the optimizer/scheduler/RNG/step state and the config."""
+
+    @abc.abstractmethod
+    def load_state(self, checkpoint_dir: Path) -> None:
+        """Resume exactly from what :meth:`save` wrote (call after :meth:`setup`)."""
+
+    def values(self, batch: TransitionBatch) -> list[float]:
+        """Critic value of each transition's state (the prompt); only when ``needs_values``."""
+        raise TrainingError(f"{type(self).__name__} has no critic: needs_values is False")
+
+    def _require_setup(self) -> None:
+        if getattr(self, "model", None) is None:
+            raise TrainingError(f"{type(self).__name__} is not set up: call setup() first")

@@ -1,0 +1,448 @@
+"""GRPO on TRL's own loss, fed external rollouts (Shao et al. 2024, arXiv 2402.03300; DAPO arXiv 2503.14476).
+
+TRL's ``GRPOTrainer`` normally owns the loop: it samples completions, scores them with reward functions
+and normalises rewards per group into advantages. Here the spanrl Trainer owns the loop and the
+advantages come from credit assignment (per transition). So :class:`GRPO` builds one ``GRPOTrainer``
+subclass in :meth:`GRPO.setup` (with a placeholder dataset it never iterates) and :meth:`GRPO.update`
+converts the transitions into exactly the dict that ``GRPOTrainer._generate_and_score_completions``
+returns in TRL 1.16, then runs TRL's ``training_step`` (its ``compute_loss``: every ``loss_type``, the
+clipping, the KL term, its metrics) per micro-batch, and clips gradients and steps the optimizer itself.
+
+What TRL sees per micro-batch (B rows, P prompt and C completion positions)::
+
+    prompt_ids, prompt_mask           (B, P) left-padded
+    completion_ids, completion_mask   (B, C) right-padded; the mask is 0 on tool output / template glue
+    advantages                        (B,)   from spanrl's credit assignment
+    old_per_token_logps               (B, C) the policy server's sampling log-probs: a real ratio
+    ref_per_token_logps               (B, C) only when beta > 0
+    num_items_in_batch                 token count that the dapo/cispo losses normalise by
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from spanrl.algorithms.base import (
+    CONFIG_FILE,
+    STATE_FILE,
+    Algorithm,
+    PaddedBatch,
+    check_report_to,
+    check_transitions,
+    config_dict,
+    pad_transitions,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+    transitions_of,
+)
+from spanrl.algorithms.lora import LoRAConfig
+from spanrl.errors import ConfigError, TrainingError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from spanrl.algorithms.transitions import TransitionBatch
+
+__all__ = ["GRPO", "GRPOConfig"]
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+"""TRL 1.16's ``loss_type`` choices, passed through unchanged."""
+_SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
+_PLACEHOLDER_ROWS = 8
+
+
+@dataclasses.dataclass
+class GRPOConfig:
+    """GRPO hyperparameters (TRL's names where TRL has the field)."""
+
+    learning_rate: float = 5e-4
+    """AdamW learning rate (5e-4 suits a ~1M-parameter model; 1e-6..1e-5 for real LLMs)."""
+    beta: float = 0.0
+    """KL coefficient against the initial policy (0 = no reference model, TRL's default)."""
+    epsilon: float = 0.2
+    """Lower clip range of the importance ratio."""
+    epsilon_high: float | None = None
+    """Upper clip range (DAPO's clip-higher); None = ``epsilon``."""
+    loss_type: str = "dapo"
+    """TRL's loss aggregation: grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo."""
+    importance_sampling_level: str = "token"
+    """``token`` (GRPO) or ``sequence`` (GSPO) importance ratios."""
+    num_iterations: int = 1
+    """Passes over each batch (the ratio moves away from 1 after the first)."""
+    mini_batch_size: int | None = None
+    """Transitions per optimizer step; None = the whole batch in one step."""
+    micro_batch_size: int | None = None
+    """Transitions per forward/backward (gradient accumulation); None = the mini-batch."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm (0 = off)."""
+    temperature: float = 1.0
+    """Sampling temperature the old log-probs came from; logits are divided by it."""
+    max_completion_length: int = 256
+    """Longest completion in tokens (the dr_grpo loss normalises by it)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    lr_scheduler_type: str = "constant"
+    """constant, constant_with_warmup, linear or cosine."""
+    warmup_steps: int = 0
+    """Optimizer steps of linear warm-up."""
+    max_steps: int | None = None
+    """Total optimizer steps (needed by the linear and cosine schedules)."""
+    use_old_logprobs: bool = True
+    """Use the server's log-probs as the old policy; False recomputes them with the current model."""
+    lora: LoRAConfig | None = None
+    """Train a LoRA adapter (PEFT) instead of all weights."""
+
+    def validate(self) -> GRPOConfig:
+        """Raise :class:`ConfigError` naming the first bad field; return self."""
+        if not self.learning_rate > 0:
+            raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate!r}")
+        if self.beta < 0:
+            raise ConfigError(f"beta must be >= 0, got {self.beta!r}")
+        if not 0 < self.epsilon < 1:
+            raise ConfigError(f"epsilon must be in (0, 1), got {self.epsilon!r}")
+        if self.epsilon_high is not None and not self.epsilon_high > 0:
+            raise ConfigError(f"epsilon_high must be > 0 or None, got {self.epsilon_high!r}")
+        if self.loss_type not in LOSS_TYPES:
+            raise ConfigError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
+        if self.importance_sampling_level not in ("token", "sequence"):
+            raise ConfigError(
+                f"importance_sampling_level must be 'token' or 'sequence', got {self.importance_sampling_level!r}"
+            )
+        for name in ("num_iterations", "max_completion_length"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        for name in ("mini_batch_size", "micro_batch_size", "max_steps"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name} must be a positive integer or None, got {value!r}")
+        if self.max_grad_norm < 0:
+            raise ConfigError(f"max_grad_norm must be >= 0, got {self.max_grad_norm!r}")
+        if not self.temperature > 0:
+            raise ConfigError(f"temperature must be > 0, got {self.temperature!r}")
+        if self.lr_scheduler_type not in _SCHEDULERS:
+            raise ConfigError(f"lr_scheduler_type must be one of {_SCHEDULERS}, got {self.lr_scheduler_type!r}")
+        if self.lr_scheduler_type in ("linear", "cosine") and self.max_steps is None:
+            raise ConfigError(f"lr_scheduler_type={self.lr_scheduler_type!r} needs max_steps")
+        if self.lora is not None:
+            self.lora.validate()
+        return self
+
+
+def _make_trainer_class() -> type:
+    """Our ``GRPOTrainer`` subclass (built lazily: importing spanrl must not import TRL)."""
+    from trl import GRPOTrainer
+
+    class _ExternalRolloutGRPOTrainer(GRPOTrainer):
+        """GRPOTrainer whose batches are handed in already scored: no generation, no reward functions."""
+
+        def _prepare_inputs(self, generation_batch: dict[str, Any]) -> dict[str, Any]:
+            # TRL's version generates and buffers; ours receives the output of _generate_and_score_completions.
+            return generation_batch
+
+        def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:  # pragma: no cover
+            raise TrainingError("spanrl's GRPO trainer is fed scored transitions; it never generates")
+
+        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, **kwargs):
+            logps, entropies, aux = super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, **kwargs
+            )
+            if torch.is_grad_enabled():  # the training forward: keep the new log-probs for approx_kl
+                self._spanrl_last_logps = logps.detach()
+            return logps, entropies, aux
+
+    return _ExternalRolloutGRPOTrainer
+
+
+class GRPO(Algorithm):
+    """Group-relative policy optimisation with TRL's GRPO loss on spanrl transitions.
+
+    ``GRPO(GRPOConfig(...))`` or, equivalently, ``GRPO(learning_rate=..., beta=...)`` with
+    :class:`GRPOConfig` field names.
+    """
+
+    needs_values: ClassVar[bool] = False
+
+    def __init__(self, config: GRPOConfig | None = None, **fields: Any) -> None:
+        config = config or GRPOConfig()
+        try:
+            config = dataclasses.replace(config, **fields)
+        except TypeError as exc:
+            raise ConfigError(f"GRPO got an unknown config field: {exc}") from None
+        self.config = config.validate()
+        self.model = None  # type: ignore[assignment]
+        self.tokenizer = None  # type: ignore[assignment]
+        self.trainer: Any = None
+        self.step = 0
+
+    # --- setup ------------------------------------------------------------------------------------
+    def setup(
+        self, *, model_path: Path, output_dir: Path, seed: int = 0, report_to: Sequence[str] = ()
+    ) -> None:
+        """Load the HF folder ``model_path`` and build the GRPOTrainer, optimizer and scheduler."""
+        from datasets import Dataset
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from trl import GRPOConfig as TRLGRPOConfig
+
+        cfg = self.config
+        reporters = check_report_to(report_to)
+        seed_everything(seed)
+        output_dir = Path(output_dir)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        args = TRLGRPOConfig(
+            output_dir=str(output_dir),
+            use_cpu=not torch.cuda.is_available(),
+            bf16=False,
+            seed=seed,
+            report_to=reporters or "none",
+            learning_rate=cfg.learning_rate,
+            weight_decay=cfg.weight_decay,
+            lr_scheduler_type=cfg.lr_scheduler_type,
+            warmup_steps=cfg.warmup_steps,
+            max_grad_norm=cfg.max_grad_norm,
+            beta=cfg.beta,
+            epsilon=cfg.epsilon,
+            epsilon_high=cfg.epsilon_high,
+            loss_type=cfg.loss_type,
+            importance_sampling_level=cfg.importance_sampling_level,
+            num_iterations=cfg.num_iterations,
+            temperature=cfg.temperature,
+            max_completion_length=cfg.max_completion_length,
+            per_device_train_batch_size=_PLACEHOLDER_ROWS,
+            num_generations=_PLACEHOLDER_ROWS,
+            log_completions=False,
+            save_strategy="no",
+            disable_tqdm=True,
+        )
+        placeholder = Dataset.from_dict({"prompt": ["<placeholder>"] * _PLACEHOLDER_ROWS})
+        trainer_cls = _make_trainer_class()
+        self.trainer = trainer_cls(
+            model=model,
+            reward_funcs=_unused_reward,
+            args=args,
+            train_dataset=placeholder,
+            processing_class=tokenizer,
+            peft_config=cfg.lora.to_peft() if cfg.lora is not None else None,
+        )
+        self.trainer.create_optimizer_and_scheduler(num_training_steps=cfg.max_steps or 1)
+        self.trainer.current_gradient_accumulation_steps = 1
+        self.model = self.trainer.model
+        self.tokenizer = tokenizer
+        self._output_dir = output_dir
+        self._seed = seed
+        self._reporters = reporters
+        if reporters:  # the HF callbacks (TensorBoard, W&B) start a run on train begin
+            self.trainer.callback_handler.on_train_begin(args, self.trainer.state, self.trainer.control)
+
+    # --- update -----------------------------------------------------------------------------------
+    def update(self, batch: TransitionBatch) -> dict[str, float]:
+        """One policy update: ``num_iterations`` passes of clipped GRPO steps over the batch."""
+        self._require_setup()
+        cfg, trainer = self.config, self.trainer
+        transitions = transitions_of(batch)
+        check_transitions(transitions, vocab_size=self.model.config.vocab_size)
+        started = time.perf_counter()
+        data = pad_transitions(transitions, pad_token_id=self.tokenizer.pad_token_id)
+        if data.old_logprobs is None or not cfg.use_old_logprobs:
+            data.old_logprobs = self._logprobs(trainer.model, data)
+        ref_logprobs = self._logprobs(trainer.ref_model or trainer.model, data, ref=True) if cfg.beta else None
+
+        n = len(transitions)
+        mini = cfg.mini_batch_size or n
+        micro = min(cfg.micro_batch_size or mini, mini)
+        stats: dict[str, list[float]] = {"policy_loss": [], "approx_kl": [], "grad_norm": []}
+        for _ in range(cfg.num_iterations):
+            order = torch.randperm(n)
+            for start in range(0, n, mini):
+                rows = order[start : start + mini]
+                n_micro = math.ceil(len(rows) / micro)
+                tokens = float(data.loss_mask[rows].sum().clamp(min=1))
+                trainer.current_gradient_accumulation_steps = n_micro
+                step_loss = 0.0
+                for m in range(n_micro):
+                    part = rows[m * micro : (m + 1) * micro]
+                    inputs = self._trl_inputs(data.select(part), ref_logprobs, part, tokens, n_micro)
+                    # TRL's compute_loss already scales for accumulation: the micro losses sum to the step's.
+                    step_loss += float(trainer.training_step(trainer.model, inputs, None))
+                    stats["approx_kl"].append(_approx_kl(trainer._spanrl_last_logps, inputs))
+                stats["policy_loss"].append(step_loss)
+                stats["grad_norm"].append(self._optimizer_step())
+        self.step += 1
+        return self._metrics(stats, data, time.perf_counter() - started)
+
+    def _trl_inputs(
+        self, part: PaddedBatch, ref_logprobs: torch.Tensor | None, rows: torch.Tensor, tokens: float, n_micro: int
+    ) -> dict[str, Any]:
+        """Exactly what TRL 1.16's ``_generate_and_score_completions`` returns, for one micro-batch."""
+        # Trim the padding columns this micro-batch does not use.
+        p_keep = int(part.prompt_mask.sum(0).nonzero().min()) if part.prompt_mask.any() else 0
+        c_keep = int(part.completion_mask.sum(0).nonzero().max()) + 1
+        device = self.trainer.accelerator.device
+        inputs: dict[str, Any] = {
+            "prompt_ids": part.prompt_ids[:, p_keep:].to(device),
+            "prompt_mask": part.prompt_mask[:, p_keep:].to(device),
+            "completion_ids": part.completion_ids[:, :c_keep].to(device),
+            # TRL's completion_mask is both the attention mask and the loss mask; tool output and template
+            # glue inside an aggregated sample must stay attended, so they go in tool_mask (TRL multiplies).
+            "completion_mask": part.completion_mask[:, :c_keep].to(device),
+            "tool_mask": part.loss_mask[:, :c_keep].to(device),
+            "advantages": part.advantages.to(device),
+            "old_per_token_logps": part.old_logprobs[:, :c_keep].to(device),
+            # dapo/cispo/vespo divide by num_items_in_batch * accumulation_steps / steps_per_generation(=1):
+            # this makes the divisor the mini-batch's loss-token count.
+            "num_items_in_batch": torch.tensor(tokens / n_micro, device=device),
+        }
+        if ref_logprobs is not None:
+            inputs["ref_per_token_logps"] = ref_logprobs[rows][:, :c_keep].to(device)
+        return inputs
+
+    @torch.no_grad()
+    def _logprobs(self, model: Any, data: PaddedBatch, *, ref: bool = False) -> torch.Tensor:
+        """Per-token log-probs (B, C) of the completions under ``model`` (reference: adapters off)."""
+        trainer = self.trainer
+        input_ids = torch.cat([data.prompt_ids, data.completion_ids], dim=1)
+        attention = torch.cat([data.prompt_mask, data.completion_mask], dim=1)
+        context = _adapters_off(trainer.model) if ref and trainer.ref_model is None else _nullcontext()
+        with context:
+            logps, _, _ = trainer._get_per_token_logps_and_entropies(
+                model, input_ids, attention, data.completion_ids.size(1), batch_size=self.config.micro_batch_size
+            )
+        return logps.float().cpu()
+
+    def _optimizer_step(self) -> float:
+        """Clip, step the optimizer and scheduler, zero the gradients; returns the pre-clip grad norm."""
+        trainer = self.trainer
+        params = [p for p in trainer.model.parameters() if p.requires_grad]
+        if self.config.max_grad_norm > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+        trainer.state.global_step += 1
+        return float(norm)
+
+    def _metrics(self, stats: dict[str, list[float]], data: PaddedBatch, seconds: float) -> dict[str, float]:
+        trl_metrics = {k: sum(v) / len(v) for k, v in self.trainer._metrics["train"].items() if v}
+        self.trainer._metrics["train"].clear()
+        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+        metrics = {
+            "losses/policy_loss": mean(stats["policy_loss"]),
+            "losses/approx_kl": mean(stats["approx_kl"]),
+            "losses/clipfrac": trl_metrics.get("clip_ratio/region_mean", 0.0),
+            "losses/entropy": trl_metrics.get("entropy", 0.0),
+            "charts/learning_rate": float(self.trainer.lr_scheduler.get_last_lr()[0]),
+            "charts/grad_norm": mean(stats["grad_norm"]),
+            "charts/reward_mean": float(data.rewards.mean()),
+            "charts/advantage_std": float(data.advantages.std()) if len(data.advantages) > 1 else 0.0,
+            "charts/transitions": float(len(data.rewards)),
+            "charts/update_seconds": seconds,
+            "charts/step": float(self.step),
+        }
+        if self.config.beta:
+            metrics["losses/kl_ref"] = trl_metrics.get("kl", 0.0)
+        if self._reporters:
+            from transformers import Trainer
+
+            Trainer.log(self.trainer, dict(metrics))
+        return metrics
+
+    # --- checkpoints ------------------------------------------------------------------------------
+    def save(self, checkpoint_dir: Path) -> None:
+        """HF folder (merged weights when LoRA, plus the adapter in ``adapter/``) and training state."""
+        self._require_setup()
+        checkpoint_dir = Path(checkpoint_dir)
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        save_policy(self.trainer.model, self.tokenizer, checkpoint_dir, lora=self.config.lora)
+        torch.save(
+            {
+                "optimizer": self.trainer.optimizer.state_dict(),
+                "scheduler": self.trainer.lr_scheduler.state_dict(),
+                "rng": rng_state(),
+                "step": self.step,
+                "global_step": self.trainer.state.global_step,
+            },
+            checkpoint_dir / STATE_FILE,
+        )
+        (checkpoint_dir / CONFIG_FILE).write_text(
+            json.dumps({"algorithm": "grpo", "seed": self._seed, "config": config_dict(self.config)}, indent=2)
+        )
+
+    def load_state(self, checkpoint_dir: Path) -> None:
+        """Restore weights, optimizer, scheduler, RNG and step from :meth:`save`'s folder."""
+        self._require_setup()
+        checkpoint_dir = Path(checkpoint_dir)
+        if not (checkpoint_dir / STATE_FILE).exists():
+            raise TrainingError(f"{checkpoint_dir} has no {STATE_FILE}: not a spanrl checkpoint")
+        load_policy_weights(self.trainer.model, checkpoint_dir, lora=self.config.lora)
+        state = torch.load(checkpoint_dir / STATE_FILE, weights_only=False)
+        self.trainer.optimizer.load_state_dict(state["optimizer"])
+        self.trainer.lr_scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        self.step = state["step"]
+        self.trainer.state.global_step = state["global_step"]
+
+
+def _unused_reward(completions: Any, **kwargs: Any) -> list[float]:  # pragma: no cover - never called
+    raise TrainingError("spanrl's GRPO takes rewards from transitions, not reward functions")
+
+
+def _approx_kl(new_logps: torch.Tensor, inputs: dict[str, Any]) -> float:
+    """Schulman's k3 estimator of KL(old || new) over loss tokens: mean(ratio - 1 - log ratio)."""
+    mask = (inputs["completion_mask"] * inputs["tool_mask"]).float()  # (B, C)
+    log_ratio = new_logps - inputs["old_per_token_logps"]  # (B, C)
+    kl = (log_ratio.exp() - 1) - log_ratio
+    return float((kl * mask).sum() / mask.sum().clamp(min=1))
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _adapters_off(model: Any) -> Any:
+    """Context in which a PEFT model acts as its base model (the reference policy)."""
+    return model.disable_adapter() if hasattr(model, "disable_adapter") else _nullcontext()
+
+
+def save_policy(model: Any, tokenizer: Any, checkpoint_dir: Path, *, lora: LoRAConfig | None = None) -> None:
+    """Write a loadable HF folder; with LoRA, the merged weights plus the adapter in ``adapters/<name>``."""
+    if lora is not None:
+        import copy
+
+        model.save_pretrained(checkpoint_dir / "adapters" / lora.adapter_name)
+        copy.deepcopy(model).merge_and_unload().save_pretrained(checkpoint_dir)
+    else:
+        model.save_pretrained(checkpoint_dir)
+    tokenizer.save_pretrained(checkpoint_dir)
+
+
+def load_policy_weights(model: Any, checkpoint_dir: Path, *, lora: LoRAConfig | None = None) -> None:
+    """Load weights saved by :func:`save_policy` into ``model`` in place."""
+    if lora is not None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        adapter = checkpoint_dir / "adapters" / lora.adapter_name / "adapter_model.safetensors"
+        if not adapter.exists():
+            raise TrainingError(f"{checkpoint_dir} has no adapter {lora.adapter_name!r} (looked for {adapter})")
+        set_peft_model_state_dict(model, load_file(str(adapter)))
+        return
+    from transformers import AutoModelForCausalLM
+
+    saved = AutoModelForCausalLM.from_pretrained(checkpoint_dir, dtype=torch.float32)
+    model.load_state_dict(saved.state_dict())

@@ -1,0 +1,152 @@
+"""GRPO on TRL's loss, fed sampled transitions of the tiny model."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from toy_task import TransitionBatch, build_model, rollouts, success_rate
+
+from spanrl.algorithms.grpo import GRPO, GRPOConfig
+from spanrl.algorithms.lora import LoRAConfig
+from spanrl.errors import ConfigError, TrainingError
+
+TASKS = list(range(8))
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def _setup(model_path: Path, tmp_path: Path, **fields) -> GRPO:
+    algo = GRPO(**fields)
+    algo.setup(model_path=model_path, output_dir=tmp_path / "run", seed=0)
+    return algo
+
+
+def _batch(algo: GRPO, seed: int, group: int = 8) -> TransitionBatch:
+    gen = torch.Generator().manual_seed(seed)
+    return TransitionBatch(transitions=rollouts(algo.model, algo.tokenizer, tasks=TASKS, group=group, generator=gen))
+
+
+def test_default_config_validates() -> None:
+    assert GRPOConfig().validate().loss_type == "dapo"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"learning_rate": 0.0}, "learning_rate must be > 0, got 0.0"),
+        ({"loss_type": "ppo"}, "loss_type must be one of"),
+        ({"epsilon": 1.5}, "epsilon must be in (0, 1), got 1.5"),
+        ({"mini_batch_size": 0}, "mini_batch_size must be a positive integer or None, got 0"),
+        ({"lr_scheduler_type": "linear"}, "lr_scheduler_type='linear' needs max_steps"),
+        ({"lora": LoRAConfig(r=0)}, "lora.r must be a positive integer, got 0"),
+        ({"no_such_field": 1}, "unknown config field"),
+    ],
+)
+def test_bad_config_names_the_field(fields: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        GRPO(**fields)
+
+
+def test_update_before_setup_raises() -> None:
+    with pytest.raises(TrainingError, match="not set up"):
+        GRPO().update(TransitionBatch(transitions=[]))
+
+
+def test_bad_transition_names_field_and_value(model_path: Path, tmp_path: Path) -> None:
+    algo = _setup(model_path, tmp_path)
+    batch = _batch(algo, seed=1, group=2)
+    bad = dataclasses.replace(batch.transitions[3], old_logprobs=[0.0])
+    with pytest.raises(ConfigError, match="transition 0 .*old_logprobs has 1 entries, completion_ids 3"):
+        algo.update(TransitionBatch(transitions=[bad]))
+    bad = dataclasses.replace(batch.transitions[3], completion_ids=[1, 2, 10_000])
+    with pytest.raises(ConfigError, match="token id 10000 is outside the vocabulary"):
+        algo.update(TransitionBatch(transitions=[bad]))
+
+
+@pytest.mark.slow
+def test_grpo_raises_reward(model_path: Path, tmp_path: Path) -> None:
+    algo = _setup(model_path, tmp_path, learning_rate=5e-4)
+    before = success_rate(algo.model, algo.tokenizer, tasks=TASKS, samples=16, seed=123)
+    gen = torch.Generator().manual_seed(0)
+    for step in range(15):
+        batch = rollouts(algo.model, algo.tokenizer, tasks=TASKS, group=8, generator=gen, step=step)
+        metrics = algo.update(TransitionBatch(transitions=batch))
+    after = success_rate(algo.model, algo.tokenizer, tasks=TASKS, samples=16, seed=123)
+    assert before < 0.15
+    assert after > before + 0.3, (before, after)
+    assert set(metrics) >= {"losses/policy_loss", "losses/approx_kl", "losses/clipfrac", "charts/grad_norm"}
+
+
+def test_server_logprobs_make_the_ratio(model_path: Path, tmp_path: Path) -> None:
+    # On-policy logprobs give approx_kl ~ 0 on the first pass; shifted ones give a real ratio and clipping.
+    algo = _setup(model_path, tmp_path, num_iterations=1)
+    batch = _batch(algo, seed=2)
+    assert algo.update(copy.deepcopy(batch))["losses/approx_kl"] < 1e-5
+    for t in batch.transitions:
+        t.old_logprobs = [lp - 0.5 for lp in t.old_logprobs]
+    metrics = algo.update(batch)
+    assert metrics["losses/approx_kl"] > 0.05
+    # ratio ~ e^0.5 > 1 + epsilon: exactly the tokens with a positive advantage are clipped
+    positive = sum(len(t.completion_ids) for t in batch.transitions if t.advantage > 0)
+    total = sum(len(t.completion_ids) for t in batch.transitions)
+    assert metrics["losses/clipfrac"] == pytest.approx(positive / total, abs=0.02)
+
+
+def test_masked_tokens_do_not_move_the_policy(model_path: Path, tmp_path: Path) -> None:
+    # Tokens with completion_mask 0 (tool output) must not count: changing their old logprobs changes nothing.
+    batch = _batch(_setup(model_path, tmp_path / "probe"), seed=3)
+    for t in batch.transitions:
+        t.completion_mask = [1, 0, 1]
+    other = copy.deepcopy(batch)
+    for t in other.transitions:
+        t.old_logprobs[1] -= 3.0
+    weights = []
+    for b in (batch, other):
+        algo = _setup(model_path, tmp_path / f"run{len(weights)}")
+        algo.update(b)
+        weights.append(torch.cat([p.detach().flatten() for p in algo.model.parameters()]))
+    assert torch.equal(weights[0], weights[1])
+
+
+def test_minibatches_and_beta_use_trl_loss(model_path: Path, tmp_path: Path) -> None:
+    algo = _setup(model_path, tmp_path, beta=0.04, mini_batch_size=16, micro_batch_size=8, loss_type="grpo", num_iterations=2)
+    metrics = algo.update(_batch(algo, seed=4))
+    assert algo.trainer.state.global_step == 2 * 64 // 16  # iterations x optimizer steps per pass
+    assert "losses/kl_ref" in metrics and metrics["losses/kl_ref"] >= 0.0
+
+
+def test_save_and_resume_exactly(model_path: Path, tmp_path: Path) -> None:
+    algo = _setup(model_path, tmp_path)
+    algo.update(_batch(algo, seed=5))
+    algo.save(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "model.safetensors").exists() and (tmp_path / "ckpt" / "spanrl_config.json").exists()
+    batch = _batch(algo, seed=6)
+    continued = algo.update(copy.deepcopy(batch))
+    resumed = _setup(model_path, tmp_path / "again")
+    resumed.load_state(tmp_path / "ckpt")
+    again = resumed.update(copy.deepcopy(batch))
+    assert again["losses/policy_loss"] == pytest.approx(continued["losses/policy_loss"], abs=1e-6)
+    for p, q in zip(algo.model.parameters(), resumed.model.parameters()):
+        torch.testing.assert_close(p, q)
+    assert resumed.step == algo.step == 2
+
+
+def test_lora_trains_only_the_adapter_and_saves_a_loadable_folder(model_path: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    algo = _setup(model_path, tmp_path, lora=LoRAConfig(r=4, adapter_name="solver"))
+    base = {n: p.detach().clone() for n, p in algo.model.named_parameters() if "lora_" not in n}
+    algo.update(_batch(algo, seed=7))
+    assert all(torch.equal(p, base[n]) for n, p in algo.model.named_parameters() if "lora_" not in n)
+    algo.save(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "adapters" / "solver" / "adapter_config.json").exists()
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt")
+    ids = torch.tensor([[1, 5, 6]])
+    torch.testing.assert_close(merged(input_ids=ids).logits, algo.model(input_ids=ids).logits, atol=1e-5, rtol=1e-4)
