@@ -8,19 +8,19 @@ by the standard OpenAI instrumentor. Two ways to run it:
     SPANRL_TASK='{"question": "How many projects are active?", "sql": "SELECT COUNT(*) FROM projects WHERE status = '"'"'active'"'"'"}' \
         OPENAI_BASE_URL=http://127.0.0.1:8000/v1 opentelemetry-instrument python examples/text2sql/agent.py
 
-    # as a Python callable agent(task, llm), llm carrying base_url and model:
-    from examples.text2sql.agent import agent
+    # as a Python callable agent(task, llm), llm carrying base_url, model and sampling:
+    spanrl.Trainer(agent=examples.text2sql.agent.agent, ...)
+    # or as a long-lived worker: SPANRL_AGENT_PROTOCOL=jsonl (see examples/_runtime.py)
 
 Task fields: ``question``, ``sql`` (gold), optional ``max_tries`` (default 3), ``prompt_style``
 (``full``: system prompt with the schema; ``tiny``: the bare question, for a word-level tiny model),
 ``executable_credit`` (reward for SQL that runs but is wrong; default 0.0), ``temperature``,
-``max_tokens``.
+``max_tokens`` (the trainer's sampling settings, when given, win over the task's).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ if __package__ in (None, ""):  # run as a script: make `examples.*` importable
 from opentelemetry import trace
 
 import spanrl
+from examples._runtime import llm_settings, sampling_value, serve
 from examples.text2sql.sqltools import DB_PATH, SqlResult, execution_reward, extract_sql, run_sql, schema_text
 from spanrl.instrumentation import semconv
 
@@ -47,17 +48,6 @@ SYSTEM_PROMPT = (
 RETRY_PROMPT = "The query failed: {error}\nWrite a corrected query."
 
 _tracer = trace.get_tracer("examples.text2sql")
-
-
-def llm_settings(llm: Any) -> tuple[str, str, str]:
-    """(base_url, model, api_key) from the trainer's llm object, a dict, or the environment."""
-    def pick(name: str, env: str, default: str) -> str:
-        value = llm.get(name) if isinstance(llm, dict) else getattr(llm, name, None)
-        return str(value or os.environ.get(env) or default)
-
-    return (pick("base_url", "OPENAI_BASE_URL", "http://127.0.0.1:8000/v1"),
-            pick("model", "OPENAI_MODEL", "policy"),
-            pick("api_key", "OPENAI_API_KEY", "spanrl"))
 
 
 def run_sql_tool(sql: str, db_path: Path = DB_PATH) -> SqlResult:
@@ -104,31 +94,31 @@ def write_sql(client: Any, model: str, question: str, *, max_tries: int = DEFAUL
     return sql, result, max_tries
 
 
-def agent(task: dict[str, Any], llm: Any = None) -> float:
-    """One rollout: answer ``task['question']``, emit and return the execution-match reward."""
-    from openai import OpenAI
+def _check_task(task: dict[str, Any]) -> None:
+    for name in ("question", "sql"):
+        if not isinstance(task.get(name), str) or not task[name].strip():
+            raise ValueError(f"task[{name!r}] must be a non-empty string, got {task.get(name)!r}")
 
-    for field in ("question", "sql"):
-        if not isinstance(task.get(field), str) or not task[field].strip():
-            raise ValueError(f"task[{field!r}] must be a non-empty string, got {task.get(field)!r}")
-    base_url, model, api_key = llm_settings(llm)
-    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=2)
+
+def episode(task: dict[str, Any], client: Any, model: str, sampling: dict[str, Any]) -> float:
+    """One rollout: answer ``task['question']``; emit and return the execution-match reward."""
+    _check_task(task)
     sql, _, _ = write_sql(client, model, task["question"],
                           max_tries=int(task.get("max_tries", DEFAULT_MAX_TRIES)),
                           prompt_style=task.get("prompt_style", "full"),
-                          temperature=float(task.get("temperature", DEFAULT_TEMPERATURE)),
-                          max_tokens=int(task.get("max_tokens", DEFAULT_MAX_TOKENS)))
+                          temperature=float(sampling_value(sampling, task, "temperature", DEFAULT_TEMPERATURE)),
+                          max_tokens=int(sampling_value(sampling, task, "max_tokens", DEFAULT_MAX_TOKENS)))
     reward = execution_reward(sql, task["sql"], executable_credit=float(task.get("executable_credit", 0.0)))
     spanrl.emit_reward(reward)
     return reward
 
 
-def main() -> int:
-    task = json.loads(os.environ["SPANRL_TASK"])
-    reward = agent(task, None)
-    print(json.dumps({"reward": reward}))
-    return 0
+def agent(task: dict[str, Any], llm: Any = None) -> None:
+    """The trainer's callable form: ``llm`` carries base_url, model and sampling. The reward goes out
+    as a span (returning it too would make the trainer emit it a second time)."""
+    settings = llm_settings(llm)
+    episode(task, settings.client(), settings.model, settings.sampling)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve(episode))
