@@ -1,0 +1,477 @@
+"""The emit API: rewards, observations, tool calls, hand-made LLM calls and agent scopes as spans.
+
+Every function here is safe to call from agent code:
+
+* with no OTel SDK configured (or installed) it is a no-op on the API's non-recording spans;
+* it never raises: a bad value is logged as a warning and the span carries ``spanrl.emit.error`` with
+  what was wrong (and, for a reward, no value, so a broken reward never trains anything);
+* it imports no torch and nothing from the trainer side.
+
+The span shapes are the contract in ``docs/conventions.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
+from typing import Any, TypeVar
+
+from opentelemetry import context, trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from spanrl.instrumentation import semconv
+from spanrl.instrumentation._rollout import _close, _decorate, tracer
+
+__all__ = [
+    "LLMCall",
+    "agent",
+    "emit_observation",
+    "emit_prompt",
+    "emit_response",
+    "emit_reward",
+    "emit_tool_call",
+]
+
+_logger = logging.getLogger("spanrl.instrumentation")
+
+F = TypeVar("F", bound=Callable[..., Any])
+AttributeMap = Mapping[str, Any]
+Messages = str | Mapping[str, Any] | Sequence[Mapping[str, Any]]
+_ERROR_TYPE = "error.type"
+
+
+# --- small helpers ----------------------------------------------------------------------------------
+
+
+def _warn(span: Span | None, message: str) -> None:
+    """Log a bad value and, on a recording span, say what was wrong (attribute + ERROR status)."""
+    _logger.warning("spanrl: %s", message)
+    if span is not None and span.is_recording():
+        try:
+            previous = getattr(span, "attributes", {}).get(semconv.EMIT_ERROR)
+            span.set_attribute(semconv.EMIT_ERROR, f"{previous}; {message}" if previous else message)
+            span.set_status(Status(StatusCode.ERROR, message))
+        except Exception:
+            _logger.exception("spanrl could not annotate span")
+
+
+def _set_attributes(span: Span, attributes: AttributeMap | None, where: str) -> None:
+    if attributes is None:
+        return
+    if not isinstance(attributes, Mapping):
+        _warn(span, f"{where}: attributes must be a mapping of str to str/bool/int/float, got {type(attributes).__name__}")
+        return
+    for key, value in attributes.items():
+        if not isinstance(key, str) or not _is_attribute_value(value):
+            _warn(span, f"{where}: attribute {key!r} has unsupported value {value!r}; dropped")
+            continue
+        span.set_attribute(key, value)
+
+
+def _is_attribute_value(value: Any) -> bool:
+    scalar = (str, bool, int, float)
+    if isinstance(value, scalar):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(isinstance(v, scalar) for v in value) and len({type(v) for v in value}) <= 1
+    return False
+
+
+def _to_text(value: Any) -> str:
+    """A string as is; anything else as JSON (falling back to ``str`` for unknown objects)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _as_number(value: Any) -> float | None:
+    """``value`` as a finite float, or None (bool counts as 0/1)."""
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        return number if math.isfinite(number) else None
+    return None
+
+
+def _instant_span(name: str, *, kind: SpanKind = SpanKind.INTERNAL, attributes: AttributeMap | None = None) -> Span:
+    return tracer().start_span(name, kind=kind, attributes=dict(attributes or {}))
+
+
+# --- rewards ------------------------------------------------------------------------------------------
+
+
+def emit_reward(
+    value: float | Mapping[str, float],
+    *,
+    name: str | None = None,
+    explanation: str | None = None,
+    attributes: AttributeMap | None = None,
+) -> None:
+    """Record a reward: a ``spanrl.reward`` span, child of the current span, per reward.
+
+    ``value`` is a number (``name`` defaults to ``"reward"``) or ``{name: number}`` for several named
+    rewards (one span each). Each span carries ``spanrl.reward.value`` / ``spanrl.reward.name`` and the
+    GenAI evaluation attributes ``gen_ai.evaluation.score.value`` / ``gen_ai.evaluation.name`` (plus
+    ``gen_ai.evaluation.explanation`` if given). The last reward of a rollout is its episode reward.
+    A value that is not a finite number is dropped with a warning; its span says why.
+    """
+    try:
+        if isinstance(value, Mapping):
+            if name is not None:
+                _logger.warning("spanrl: emit_reward got a dict and name=%r; the dict's keys name the rewards", name)
+            for key, item in value.items():
+                _emit_one_reward(item, str(key), explanation, attributes)
+        else:
+            _emit_one_reward(value, semconv.DEFAULT_REWARD_NAME if name is None else str(name), explanation, attributes)
+    except Exception:
+        _logger.exception("spanrl: emit_reward failed")
+
+
+def _emit_one_reward(value: Any, name: str, explanation: str | None, attributes: AttributeMap | None) -> None:
+    span = _instant_span(semconv.REWARD_SPAN_NAME)
+    try:
+        number = _as_number(value)
+        if number is None:
+            _warn(span, f"emit_reward: value of reward {name!r} must be a finite number, got {value!r} ({type(value).__name__})")
+            span.set_attribute(semconv.REWARD_NAME, name)
+            return
+        span.set_attribute(semconv.REWARD_VALUE, number)
+        span.set_attribute(semconv.REWARD_NAME, name)
+        span.set_attribute(semconv.GEN_AI_EVALUATION_SCORE_VALUE, number)
+        span.set_attribute(semconv.GEN_AI_EVALUATION_NAME, name)
+        if explanation is not None:
+            span.set_attribute(semconv.GEN_AI_EVALUATION_EXPLANATION, str(explanation))
+        _set_attributes(span, attributes, "emit_reward")
+    finally:
+        span.end()
+
+
+# --- observations -------------------------------------------------------------------------------------
+
+
+def emit_observation(content: Any, *, attributes: AttributeMap | None = None) -> None:
+    """Record what the agent observed (an environment state, a tool's output, a user turn).
+
+    A ``spanrl.observation`` event with ``spanrl.observation.content`` (text, or JSON for other values)
+    on the current span; with no current span, on a ``spanrl.observation`` span of its own.
+    """
+    try:
+        try:
+            text = _to_text(content)
+            problem = None
+        except Exception as exc:
+            text, problem = repr(content), f"emit_observation: content is not JSON-serializable ({exc})"
+        event_attrs: dict[str, Any] = {semconv.OBSERVATION_CONTENT: text}
+        current = trace.get_current_span()
+        if current.is_recording():
+            if attributes:
+                event_attrs.update({k: v for k, v in attributes.items() if _is_attribute_value(v)})
+            current.add_event(semconv.OBSERVATION_EVENT, event_attrs)
+            if problem:
+                _warn(current, problem)
+            return
+        span = _instant_span(semconv.OBSERVATION_EVENT)
+        try:
+            span.add_event(semconv.OBSERVATION_EVENT, event_attrs)
+            _set_attributes(span, attributes, "emit_observation")
+            if problem:
+                _warn(span, problem)
+        finally:
+            span.end()
+    except Exception:
+        _logger.exception("spanrl: emit_observation failed")
+
+
+# --- tools --------------------------------------------------------------------------------------------
+
+
+def emit_tool_call(
+    name: str,
+    arguments: Any = None,
+    result: Any = None,
+    *,
+    call_id: str | None = None,
+    error: str | BaseException | None = None,
+    attributes: AttributeMap | None = None,
+) -> None:
+    """Record a tool call the agent made: an ``execute_tool {name}`` span (GenAI semconv).
+
+    ``gen_ai.operation.name=execute_tool``, ``gen_ai.tool.name``, ``gen_ai.tool.call.arguments`` and
+    ``gen_ai.tool.call.result`` (text, or JSON for other values), ``gen_ai.tool.call.id`` if given.
+    ``error`` marks the call failed (status ERROR, ``error.type``).
+    """
+    try:
+        tool_name = name if isinstance(name, str) and name else None
+        span = _instant_span(
+            f"{semconv.OP_EXECUTE_TOOL} {tool_name or 'unknown'}",
+            attributes={semconv.GEN_AI_OPERATION_NAME: semconv.OP_EXECUTE_TOOL},
+        )
+        try:
+            if tool_name is None:
+                _warn(span, f"emit_tool_call: name must be a non-empty string, got {name!r}")
+            else:
+                span.set_attribute(semconv.GEN_AI_TOOL_NAME, tool_name)
+            if call_id is not None:
+                span.set_attribute(semconv.GEN_AI_TOOL_CALL_ID, str(call_id))
+            for key, value, label in (
+                (semconv.GEN_AI_TOOL_CALL_ARGUMENTS, arguments, "arguments"),
+                (semconv.GEN_AI_TOOL_CALL_RESULT, result, "result"),
+            ):
+                if value is None:
+                    continue
+                try:
+                    span.set_attribute(key, _to_text(value))
+                except Exception as exc:
+                    span.set_attribute(key, repr(value))
+                    _warn(span, f"emit_tool_call: {label} is not JSON-serializable ({exc}); recorded as repr")
+            if error is not None:
+                error_type = type(error).__name__ if isinstance(error, BaseException) else "ToolError"
+                span.set_attribute(_ERROR_TYPE, error_type)
+                span.set_status(Status(StatusCode.ERROR, str(error)))
+            _set_attributes(span, attributes, "emit_tool_call")
+        finally:
+            span.end()
+    except Exception:
+        _logger.exception("spanrl: emit_tool_call failed")
+
+
+# --- hand-made LLM calls ----------------------------------------------------------------------------
+
+
+class LLMCall:
+    """An LLM call opened by ``emit_prompt`` and closed by ``emit_response``."""
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+        self.ended = False
+
+
+_NO_CALL = LLMCall(trace.INVALID_SPAN)
+_NO_CALL.ended = True
+_pending: ContextVar[tuple[LLMCall, ...]] = ContextVar("spanrl_pending_llm_calls", default=())
+
+
+def _parts(content: Any) -> list[dict[str, Any]]:
+    """OpenAI message content (str, or a list of content parts) as GenAI semconv ``parts``."""
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "content": content}]
+    if isinstance(content, Sequence):
+        parts = []
+        for part in content:
+            if isinstance(part, Mapping) and part.get("type") == "text" and "text" in part:
+                parts.append({"type": "text", "content": part["text"]})
+            elif isinstance(part, Mapping):
+                parts.append(dict(part))
+            else:
+                parts.append({"type": "text", "content": str(part)})
+        return parts
+    raise TypeError(f"message content must be a string or a list of parts, got {type(content).__name__}")
+
+
+def _message(message: Any, default_role: str) -> dict[str, Any]:
+    """One message (a string, an OpenAI-style dict, or already GenAI-shaped) in the GenAI semconv shape."""
+    if isinstance(message, str):
+        return {"role": default_role, "parts": [{"type": "text", "content": message}]}
+    if not isinstance(message, Mapping):
+        raise TypeError(f"a message must be a string or a mapping with 'role', got {type(message).__name__}")
+    if "parts" in message:
+        return dict(message)
+    role = message.get("role", default_role)
+    parts = _parts(message.get("content"))
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                pass
+        parts.append({"type": "tool_call", "id": call.get("id"), "name": function.get("name"), "arguments": arguments})
+    if role == "tool":
+        parts = [{"type": "tool_call_response", "id": message.get("tool_call_id"), "response": message.get("content")}]
+    out: dict[str, Any] = {"role": role, "parts": parts}
+    if "name" in message:
+        out["name"] = message["name"]
+    return out
+
+
+def _messages_json(messages: Any, default_role: str, finish_reason: str | None = None) -> str:
+    items = [messages] if isinstance(messages, (str, Mapping)) else list(messages)
+    converted = [_message(m, default_role) for m in items]
+    if finish_reason is not None:
+        for m in converted:
+            m.setdefault("finish_reason", finish_reason)
+    return json.dumps(converted, ensure_ascii=False, default=str)
+
+
+def _set_token_array(span: Span, key: str, values: Any, *, floats: bool, where: str) -> None:
+    if values is None:
+        return
+    try:
+        items = list(values)
+    except TypeError:
+        _warn(span, f"{where}: {key} must be a sequence of numbers, got {type(values).__name__}")
+        return
+    if floats:
+        converted = [_as_number(v) for v in items]
+        ok = all(v is not None for v in converted)
+    else:
+        ok = all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in items)
+        converted = [int(v) for v in items] if ok else []
+    if not ok:
+        _warn(span, f"{where}: {key} must hold only {'finite numbers' if floats else 'integers'}; dropped")
+        return
+    span.set_attribute(key, converted)
+
+
+def emit_prompt(
+    messages: Messages,
+    *,
+    model: str | None = None,
+    operation: str = semconv.OP_CHAT,
+    prompt_token_ids: Sequence[int] | None = None,
+    attributes: AttributeMap | None = None,
+) -> LLMCall:
+    """Open an LLM call made without an instrumented client: a CLIENT span ``{operation} {model}``.
+
+    ``messages``: a string (one user message), or OpenAI-style ``{"role", "content"}`` dicts; recorded
+    as ``gen_ai.input.messages`` in the GenAI semconv shape (the one OpenLLMetry writes). Close it with
+    ``emit_response``; the span is a child of the current span but does not become current.
+    Returns the call handle (pass it to ``emit_response`` when several calls overlap).
+    """
+    try:
+        name = f"{operation} {model}" if model else str(operation)
+        span = tracer().start_span(name, kind=SpanKind.CLIENT, attributes={semconv.GEN_AI_OPERATION_NAME: operation})
+        if model:
+            span.set_attribute(semconv.GEN_AI_REQUEST_MODEL, model)
+        try:
+            span.set_attribute(semconv.GEN_AI_INPUT_MESSAGES, _messages_json(messages, "user"))
+        except Exception as exc:
+            _warn(span, f"emit_prompt: messages {messages!r:.200} cannot be recorded ({exc})")
+        _set_token_array(span, semconv.LLM_PROMPT_TOKEN_IDS, prompt_token_ids, floats=False, where="emit_prompt")
+        _set_attributes(span, attributes, "emit_prompt")
+        call = LLMCall(span)
+        _pending.set(_pending.get() + (call,))
+        return call
+    except Exception:
+        _logger.exception("spanrl: emit_prompt failed")
+        return _NO_CALL
+
+
+def emit_response(
+    message: Messages,
+    *,
+    call: LLMCall | None = None,
+    model: str | None = None,
+    response_id: str | None = None,
+    finish_reason: str | None = "stop",
+    input_tokens: int | None = None,
+    output_tokens: int | None = None,
+    prompt_token_ids: Sequence[int] | None = None,
+    completion_token_ids: Sequence[int] | None = None,
+    logprobs: Sequence[float] | None = None,
+    attributes: AttributeMap | None = None,
+) -> None:
+    """Close an LLM call opened by ``emit_prompt`` (``call``, else the latest open one here).
+
+    ``message``: the assistant's text or message dict(s), recorded as ``gen_ai.output.messages``; usage
+    as ``gen_ai.usage.*``; exact token ids and logprobs, when the agent has them, as
+    ``spanrl.llm.prompt_token_ids`` / ``completion_token_ids`` / ``logprobs``. Without an open call the
+    response is recorded on a span of its own, marked with ``spanrl.emit.error``.
+    """
+    try:
+        pending = _pending.get()
+        if call is None:
+            call = next((c for c in reversed(pending) if not c.ended), None)
+        if call is not None and call in pending:
+            _pending.set(tuple(c for c in pending if c is not call))
+        orphan = call is None or call.ended
+        if orphan:
+            span = tracer().start_span(
+                semconv.OP_CHAT if not model else f"{semconv.OP_CHAT} {model}",
+                kind=SpanKind.CLIENT,
+                attributes={semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT},
+            )
+            _warn(span, "emit_response: no open emit_prompt call to close; recorded on its own span")
+        else:
+            span = call.span  # type: ignore[union-attr]
+            call.ended = True  # type: ignore[union-attr]
+        try:
+            if model:
+                span.set_attribute(semconv.GEN_AI_RESPONSE_MODEL, model)
+            if response_id is not None:
+                span.set_attribute(semconv.GEN_AI_RESPONSE_ID, str(response_id))
+            if finish_reason is not None:
+                span.set_attribute(semconv.GEN_AI_RESPONSE_FINISH_REASONS, [str(finish_reason)])
+            try:
+                span.set_attribute(semconv.GEN_AI_OUTPUT_MESSAGES, _messages_json(message, "assistant", finish_reason))
+            except Exception as exc:
+                _warn(span, f"emit_response: message {message!r:.200} cannot be recorded ({exc})")
+            for key, count in ((semconv.GEN_AI_USAGE_INPUT_TOKENS, input_tokens), (semconv.GEN_AI_USAGE_OUTPUT_TOKENS, output_tokens)):
+                if count is None:
+                    continue
+                if isinstance(count, numbers.Integral) and not isinstance(count, bool) and count >= 0:
+                    span.set_attribute(key, int(count))
+                else:
+                    _warn(span, f"emit_response: {key} must be a non-negative integer, got {count!r}")
+            _set_token_array(span, semconv.LLM_PROMPT_TOKEN_IDS, prompt_token_ids, floats=False, where="emit_response")
+            _set_token_array(span, semconv.LLM_COMPLETION_TOKEN_IDS, completion_token_ids, floats=False, where="emit_response")
+            _set_token_array(span, semconv.LLM_LOGPROBS, logprobs, floats=True, where="emit_response")
+            _set_attributes(span, attributes, "emit_response")
+        finally:
+            span.end()
+    except Exception:
+        _logger.exception("spanrl: emit_response failed")
+
+
+# --- agents -------------------------------------------------------------------------------------------
+
+
+class agent:  # noqa: N801 - used like a function: `with spanrl.agent("planner")` / `@spanrl.agent("planner")`
+    """Run code as one agent of a multi-agent system: an ``invoke_agent {name}`` span.
+
+    Context manager and decorator (sync and async; each call is its own span). The span carries
+    ``gen_ai.operation.name=invoke_agent`` and ``gen_ai.agent.name``; LLM calls below it belong to that
+    agent, so training can select one agent. The code's exception passes through unchanged.
+    """
+
+    def __init__(self, name: str, *, agent_id: str | None = None, attributes: AttributeMap | None = None) -> None:
+        self.name = name
+        self.agent_id = agent_id
+        self.attributes = attributes
+        self._stack: list[tuple[Span | None, object | None]] = []
+
+    def __enter__(self) -> Span:
+        span: Span | None = None
+        token: object | None = None
+        try:
+            valid = isinstance(self.name, str) and bool(self.name)
+            span = tracer().start_span(
+                f"{semconv.OP_INVOKE_AGENT} {self.name if valid else 'unknown'}",
+                kind=SpanKind.INTERNAL,
+                attributes={semconv.GEN_AI_OPERATION_NAME: semconv.OP_INVOKE_AGENT},
+            )
+            if valid:
+                span.set_attribute(semconv.GEN_AI_AGENT_NAME, self.name)
+            else:
+                _warn(span, f"agent: name must be a non-empty string, got {self.name!r}")
+            if self.agent_id is not None:
+                span.set_attribute(semconv.GEN_AI_AGENT_ID, str(self.agent_id))
+            _set_attributes(span, self.attributes, "agent")
+            token = context.attach(trace.set_span_in_context(span))
+        except Exception:
+            _logger.exception("spanrl: agent(%r) could not open its span", self.name)
+        self._stack.append((span, token))
+        return span if span is not None else trace.INVALID_SPAN
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        span, token = self._stack.pop()
+        _close(span, token, exc)
+
+    def __call__(self, func: F) -> F:
+        return _decorate(func, lambda: agent(self.name, agent_id=self.agent_id, attributes=self.attributes))
