@@ -14,6 +14,8 @@ _LAZY: dict[str, str] = {
     "GRPO": "spanrl.algorithms.grpo",
     "GRPOConfig": "spanrl.algorithms.grpo",
     "LoRAConfig": "spanrl.algorithms.lora",
+    "PPO": "spanrl.algorithms.ppo",
+    "PPOConfig": "spanrl.algorithms.ppo",
 }
 
 __all__ = sorted(_LAZY)

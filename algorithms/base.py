@@ -31,6 +31,7 @@ from spanrl.errors import ConfigError, TrainingError
 if TYPE_CHECKING:  # pragma: no cover
     import transformers
 
+    from spanrl.algorithms.lora import LoRAConfig
     from spanrl.algorithms.transitions import Transition, TransitionBatch
 
 __all__ = [
@@ -39,7 +40,9 @@ __all__ = [
     "STATE_FILE",
     "PaddedBatch",
     "check_transitions",
+    "load_policy_weights",
     "pad_transitions",
+    "save_policy",
     "transitions_of",
 ]
 
@@ -166,6 +169,34 @@ def config_dict(config: Any) -> dict[str, Any]:
     """A dataclass config as JSON-ready data (nested dataclasses included)."""
     return json.loads(json.dumps(dataclasses.asdict(config), default=str))
 
+def save_policy(model: Any, tokenizer: Any, checkpoint_dir: Path, *, lora: LoRAConfig | None = None) -> None:
+    """Write a loadable HF folder; with LoRA, the merged weights plus the adapter in ``adapters/<name>``."""
+    if lora is not None:
+        import copy
+
+        model.save_pretrained(checkpoint_dir / "adapters" / lora.adapter_name)
+        copy.deepcopy(model).merge_and_unload().save_pretrained(checkpoint_dir)
+    else:
+        model.save_pretrained(checkpoint_dir)
+    tokenizer.save_pretrained(checkpoint_dir)
+
+
+def load_policy_weights(model: Any, checkpoint_dir: Path, *, lora: LoRAConfig | None = None) -> None:
+    """Load weights saved by :func:`save_policy` into ``model`` in place."""
+    if lora is not None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        adapter = checkpoint_dir / "adapters" / lora.adapter_name / "adapter_model.safetensors"
+        if not adapter.exists():
+            raise TrainingError(f"{checkpoint_dir} has no adapter {lora.adapter_name!r} (looked for {adapter})")
+        set_peft_model_state_dict(model, load_file(str(adapter)))
+        return
+    from transformers import AutoModelForCausalLM
+
+    saved = AutoModelForCausalLM.from_pretrained(checkpoint_dir, dtype=torch.float32)
+    model.load_state_dict(saved.state_dict())
+
 
 class Algorithm(abc.ABC):
     """One training algorithm. The Trainer owns the rollout loop; the algorithm owns the model update."""
@@ -204,3 +235,34 @@ class Algorithm(abc.ABC):
     def _require_setup(self) -> None:
         if getattr(self, "model", None) is None:
             raise TrainingError(f"{type(self).__name__} is not set up: call setup() first")
+
+
+class Reporter:
+    """Scalars to TensorBoard (``<output_dir>/runs``) and/or Weights & Biases, for loops TRL does not own."""
+
+    def __init__(self, report_to: Sequence[str], output_dir: Path, *, config: dict[str, Any]) -> None:
+        self._writers: list[Any] = []
+        for name in check_report_to(report_to):
+            if name == "tensorboard":
+                from torch.utils.tensorboard import SummaryWriter
+
+                writer = SummaryWriter(log_dir=str(Path(output_dir) / "runs"))
+                writer.add_text("config", json.dumps(config, indent=2))
+                self._writers.append(writer)
+            elif name == "wandb":
+                try:
+                    import wandb
+                except ImportError:
+                    raise ConfigError("report_to='wandb' needs the wandb package: pip install wandb") from None
+                run = wandb.run or wandb.init(config=config, dir=str(output_dir))
+                self._writers.append(run)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        """Write ``metrics`` at ``step`` to every backend."""
+        for writer in self._writers:
+            if hasattr(writer, "add_scalar"):
+                for key, value in metrics.items():
+                    writer.add_scalar(key, value, step)
+                writer.flush()
+            else:
+                writer.log(metrics, step=step)

@@ -39,7 +39,9 @@ from spanrl.algorithms.base import (
     check_transitions,
     config_dict,
     pad_transitions,
+    load_policy_weights,
     rng_state,
+    save_policy,
     seed_everything,
     set_rng_state,
     transitions_of,
@@ -417,32 +419,3 @@ class _nullcontext:
 def _adapters_off(model: Any) -> Any:
     """Context in which a PEFT model acts as its base model (the reference policy)."""
     return model.disable_adapter() if hasattr(model, "disable_adapter") else _nullcontext()
-
-
-def save_policy(model: Any, tokenizer: Any, checkpoint_dir: Path, *, lora: LoRAConfig | None = None) -> None:
-    """Write a loadable HF folder; with LoRA, the merged weights plus the adapter in ``adapters/<name>``."""
-    if lora is not None:
-        import copy
-
-        model.save_pretrained(checkpoint_dir / "adapters" / lora.adapter_name)
-        copy.deepcopy(model).merge_and_unload().save_pretrained(checkpoint_dir)
-    else:
-        model.save_pretrained(checkpoint_dir)
-    tokenizer.save_pretrained(checkpoint_dir)
-
-
-def load_policy_weights(model: Any, checkpoint_dir: Path, *, lora: LoRAConfig | None = None) -> None:
-    """Load weights saved by :func:`save_policy` into ``model`` in place."""
-    if lora is not None:
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        adapter = checkpoint_dir / "adapters" / lora.adapter_name / "adapter_model.safetensors"
-        if not adapter.exists():
-            raise TrainingError(f"{checkpoint_dir} has no adapter {lora.adapter_name!r} (looked for {adapter})")
-        set_peft_model_state_dict(model, load_file(str(adapter)))
-        return
-    from transformers import AutoModelForCausalLM
-
-    saved = AutoModelForCausalLM.from_pretrained(checkpoint_dir, dtype=torch.float32)
-    model.load_state_dict(saved.state_dict())

@@ -70,7 +70,6 @@ def test_bad_transition_names_field_and_value(model_path: Path, tmp_path: Path) 
         algo.update(TransitionBatch(transitions=[bad]))
 
 
-@pytest.mark.slow
 def test_grpo_raises_reward(model_path: Path, tmp_path: Path) -> None:
     algo = _setup(model_path, tmp_path, learning_rate=5e-4)
     before = success_rate(algo.model, algo.tokenizer, tasks=TASKS, samples=16, seed=123)

@@ -1,0 +1,347 @@
+"""PPO for LLM agents, CleanRL style (Schulman et al. 2017, arXiv 1707.06347; Huang et al. 2022,
+"The 37 implementation details of PPO"; Ouyang et al. 2022 for the LLM setting).
+
+TRL 1.16 no longer ships ``PPOTrainer``. This file is the same clipped objective with a critic, on one
+screen, from TRL's pieces (``selective_log_softmax``, ``entropy_from_logits``) and transformers models:
+
+- the policy is the causal LM; the critic is ``AutoModelForTokenClassification(num_labels=1)`` loaded
+  from the same folder (its backbone, a fresh scalar head), read at the last prompt token: ``V(s)``
+  of the state each transition acts from;
+- the Trainer calls :meth:`PPO.values` and the credit module's ``"gae"`` (with this config's ``gamma``
+  and ``lam``) turns rewards and values into ``advantages``; then :meth:`PPO.update` uses
+  ``returns = advantages + V_old(s)`` as the value target;
+- each action is a whole completion; its tokens share the transition's advantage, and tokens with
+  ``completion_mask`` 0 (tool output) are excluded from the policy loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from spanrl.algorithms.base import (
+    CONFIG_FILE,
+    STATE_FILE,
+    Algorithm,
+    PaddedBatch,
+    Reporter,
+    check_report_to,
+    check_transitions,
+    config_dict,
+    load_policy_weights,
+    pad_transitions,
+    rng_state,
+    save_policy,
+    seed_everything,
+    set_rng_state,
+    transitions_of,
+)
+from spanrl.algorithms.lora import LoRAConfig
+from spanrl.errors import ConfigError, TrainingError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from spanrl.algorithms.transitions import TransitionBatch
+
+__all__ = ["PPO", "PPOConfig"]
+
+_CRITIC_DIR = "critic"
+
+
+@dataclasses.dataclass
+class PPOConfig:
+    """PPO hyperparameters (CleanRL's names where it has them)."""
+
+    learning_rate: float = 5e-4
+    """AdamW learning rate of the policy."""
+    critic_learning_rate: float | None = None
+    """AdamW learning rate of the critic; None = ``learning_rate``."""
+    epsilon: float = 0.2
+    """Clip range of the probability ratio (CleanRL ``clip_coef``)."""
+    value_clip: float | None = 0.2
+    """Clip range of the value update around the old value; None = unclipped value loss."""
+    vf_coef: float = 0.5
+    """Weight of the value loss."""
+    ent_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    gamma: float = 1.0
+    """Discount across the steps of a rollout (read by the credit module's gae)."""
+    lam: float = 0.95
+    """GAE lambda (read by the credit module's gae)."""
+    num_iterations: int = 1
+    """Epochs over each batch (CleanRL ``update_epochs``)."""
+    mini_batch_size: int | None = None
+    """Transitions per optimizer step; None = the whole batch."""
+    normalize_advantages: bool = True
+    """Whiten advantages per mini-batch."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm (0 = off)."""
+    target_kl: float | None = None
+    """Stop the epochs early once approx_kl exceeds this; None = never."""
+    temperature: float = 1.0
+    """Sampling temperature the old log-probs came from; logits are divided by it."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    lora: LoRAConfig | None = None
+    """Train a LoRA adapter on the policy instead of all its weights."""
+
+    def validate(self) -> PPOConfig:
+        """Raise :class:`ConfigError` naming the first bad field; return self."""
+        for name in ("learning_rate", "temperature"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.critic_learning_rate is not None and not self.critic_learning_rate > 0:
+            raise ConfigError(f"critic_learning_rate must be > 0 or None, got {self.critic_learning_rate!r}")
+        if not 0 < self.epsilon < 1:
+            raise ConfigError(f"epsilon must be in (0, 1), got {self.epsilon!r}")
+        if self.value_clip is not None and not self.value_clip > 0:
+            raise ConfigError(f"value_clip must be > 0 or None, got {self.value_clip!r}")
+        for name in ("vf_coef", "ent_coef", "max_grad_norm", "weight_decay"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("gamma", "lam"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
+        if not isinstance(self.num_iterations, int) or self.num_iterations < 1:
+            raise ConfigError(f"num_iterations must be a positive integer, got {self.num_iterations!r}")
+        if self.mini_batch_size is not None and (not isinstance(self.mini_batch_size, int) or self.mini_batch_size < 1):
+            raise ConfigError(f"mini_batch_size must be a positive integer or None, got {self.mini_batch_size!r}")
+        if self.target_kl is not None and not self.target_kl > 0:
+            raise ConfigError(f"target_kl must be > 0 or None, got {self.target_kl!r}")
+        if self.lora is not None:
+            self.lora.validate()
+        return self
+
+
+# --- the objective, as plain tensor functions -----------------------------------------------------
+def completion_logprobs(model: Any, data: PaddedBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropies (B, C) of each completion token under ``model``."""
+    from trl.trainer.utils import entropy_from_logits, selective_log_softmax
+
+    input_ids = torch.cat([data.prompt_ids, data.completion_ids], dim=1)  # (B, P+C)
+    attention = torch.cat([data.prompt_mask, data.completion_mask], dim=1)  # (B, P+C)
+    c = data.completion_ids.size(1)
+    logits = model(input_ids=input_ids, attention_mask=attention).logits  # (B, P+C, V)
+    logits = logits[:, -c - 1 : -1, :].float() / temperature  # (B, C, V): position t predicts token t+1
+    return selective_log_softmax(logits, data.completion_ids), entropy_from_logits(logits)
+
+
+def state_values(critic: Any, data: PaddedBatch) -> torch.Tensor:
+    """V(s) (B,): the critic's scalar at the last prompt token (prompts are left-padded)."""
+    out = critic(input_ids=data.prompt_ids, attention_mask=data.prompt_mask).logits  # (B, P, 1)
+    return out[:, -1, 0].float()
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` over positions where ``mask`` is 1."""
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def ppo_loss(
+    new_logprobs: torch.Tensor,  # (B, C)
+    old_logprobs: torch.Tensor,  # (B, C)
+    entropy: torch.Tensor,  # (B, C)
+    mask: torch.Tensor,  # (B, C) float, 1 = policy token
+    advantages: torch.Tensor,  # (B,)
+    new_values: torch.Tensor,  # (B,)
+    old_values: torch.Tensor,  # (B,)
+    returns: torch.Tensor,  # (B,)
+    cfg: PPOConfig,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO objective: clipped policy loss + clipped value loss - entropy bonus."""
+    log_ratio = new_logprobs - old_logprobs  # (B, C)
+    ratio = log_ratio.exp()
+    with torch.no_grad():
+        approx_kl = masked_mean((ratio - 1) - log_ratio, mask)  # Schulman's k3 estimator
+        clipfrac = masked_mean(((ratio - 1).abs() > cfg.epsilon).float(), mask)
+    adv = advantages[:, None]  # (B, 1): every token of a completion shares its transition's advantage
+    pg_loss1 = -adv * ratio
+    pg_loss2 = -adv * torch.clamp(ratio, 1 - cfg.epsilon, 1 + cfg.epsilon)
+    pg_loss = masked_mean(torch.max(pg_loss1, pg_loss2), mask)
+
+    v_loss_unclipped = (new_values - returns) ** 2
+    if cfg.value_clip is not None:
+        v_clipped = old_values + torch.clamp(new_values - old_values, -cfg.value_clip, cfg.value_clip)
+        v_loss = 0.5 * torch.max(v_loss_unclipped, (v_clipped - returns) ** 2).mean()
+    else:
+        v_loss = 0.5 * v_loss_unclipped.mean()
+    entropy_loss = masked_mean(entropy, mask)
+    loss = pg_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * v_loss
+    return loss, {
+        "policy_loss": pg_loss.detach(),
+        "value_loss": v_loss.detach(),
+        "entropy": entropy_loss.detach(),
+        "approx_kl": approx_kl,
+        "clipfrac": clipfrac,
+    }
+
+
+# --- the algorithm --------------------------------------------------------------------------------
+class PPO(Algorithm):
+    """PPO with a critic; advantages come from the credit module's GAE over :meth:`values`.
+
+    ``PPO(PPOConfig(...))`` or ``PPO(learning_rate=..., vf_coef=...)`` with :class:`PPOConfig` fields.
+    """
+
+    needs_values: ClassVar[bool] = True
+
+    def __init__(self, config: PPOConfig | None = None, **fields: Any) -> None:
+        config = config or PPOConfig()
+        try:
+            config = dataclasses.replace(config, **fields)
+        except TypeError as exc:
+            raise ConfigError(f"PPO got an unknown config field: {exc}") from None
+        self.config = config.validate()
+        self.model = None  # type: ignore[assignment]
+        self.tokenizer = None  # type: ignore[assignment]
+        self.critic: Any = None
+        self.step = 0
+
+    def setup(
+        self, *, model_path: Path, output_dir: Path, seed: int = 0, report_to: Sequence[str] = ()
+    ) -> None:
+        """Load the policy and a critic with the same backbone from ``model_path``; build AdamW."""
+        from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        cfg = self.config
+        check_report_to(report_to)
+        seed_everything(seed)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        if cfg.lora is not None:
+            from peft import get_peft_model
+
+            policy = get_peft_model(policy, cfg.lora.to_peft())
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # "score head newly initialized" is expected for the critic
+        try:
+            self.critic = AutoModelForTokenClassification.from_pretrained(model_path, num_labels=1, dtype=torch.float32)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        torch.nn.init.zeros_(self.critic.score.weight)  # V(s) starts at 0 for every state
+        self.model = policy
+        self.optimizer = torch.optim.AdamW(
+            [
+                {"params": [p for p in policy.parameters() if p.requires_grad], "lr": cfg.learning_rate},
+                {"params": list(self.critic.parameters()), "lr": cfg.critic_learning_rate or cfg.learning_rate},
+            ],
+            weight_decay=cfg.weight_decay,
+        )
+        self._seed = seed
+        self.output_dir = Path(output_dir)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.reporter = Reporter(report_to, self.output_dir, config=config_dict(cfg))
+
+    @torch.no_grad()
+    def values(self, batch: TransitionBatch) -> list[float]:
+        """The critic's V(s) of each transition's prompt, in batch order."""
+        self._require_setup()
+        transitions = transitions_of(batch)
+        check_transitions(transitions, vocab_size=self.model.config.vocab_size)
+        self.critic.eval()
+        data = pad_transitions(transitions, pad_token_id=self.tokenizer.pad_token_id)
+        return state_values(self.critic, data).tolist()
+
+    def update(self, batch: TransitionBatch) -> dict[str, float]:
+        """``num_iterations`` epochs of clipped PPO steps over shuffled mini-batches."""
+        self._require_setup()
+        cfg = self.config
+        transitions = transitions_of(batch)
+        check_transitions(transitions, vocab_size=self.model.config.vocab_size)
+        started = time.perf_counter()
+        data = pad_transitions(transitions, pad_token_id=self.tokenizer.pad_token_id)
+        with torch.no_grad():
+            self.model.eval(), self.critic.eval()
+            old_values = state_values(self.critic, data)  # (B,)
+            if data.old_logprobs is None:  # no sampling log-probs recorded: the current policy is the old one
+                data.old_logprobs = completion_logprobs(self.model, data, cfg.temperature)[0]
+        returns = data.advantages + old_values  # (B,) the GAE value target
+        self.model.train(), self.critic.train()
+
+        n = len(transitions)
+        mini = cfg.mini_batch_size or n
+        logs: dict[str, list[float]] = {}
+        for _ in range(cfg.num_iterations):
+            order = torch.randperm(n)
+            for start in range(0, n, mini):
+                rows = order[start : start + mini]
+                mb = data.select(rows)
+                advantages = mb.advantages
+                if cfg.normalize_advantages and len(rows) > 1:
+                    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+                new_logprobs, entropy = completion_logprobs(self.model, mb, cfg.temperature)
+                new_values = state_values(self.critic, mb)
+                loss, info = ppo_loss(
+                    new_logprobs, mb.old_logprobs, entropy, mb.loss_mask.float(), advantages,
+                    new_values, old_values[rows], returns[rows], cfg,
+                )
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                params = [p for group in self.optimizer.param_groups for p in group["params"]]
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or float("inf"))
+                self.optimizer.step()
+                info["grad_norm"] = grad_norm
+                for key, value in info.items():
+                    logs.setdefault(key, []).append(float(value))
+            if cfg.target_kl is not None and logs["approx_kl"][-1] > cfg.target_kl:
+                break
+        self.step += 1
+        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+        with torch.no_grad():
+            explained = 1 - torch.var(returns - old_values) / torch.var(returns) if n > 1 else torch.tensor(0.0)
+        metrics = {
+            "losses/policy_loss": mean(logs["policy_loss"]),
+            "losses/value_loss": mean(logs["value_loss"]),
+            "losses/entropy": mean(logs["entropy"]),
+            "losses/approx_kl": mean(logs["approx_kl"]),
+            "losses/clipfrac": mean(logs["clipfrac"]),
+            "losses/explained_variance": float(torch.nan_to_num(explained)),
+            "charts/learning_rate": float(self.optimizer.param_groups[0]["lr"]),
+            "charts/grad_norm": mean(logs["grad_norm"]),
+            "charts/reward_mean": float(data.rewards.mean()),
+            "charts/value_mean": float(old_values.mean()),
+            "charts/transitions": float(n),
+            "charts/update_seconds": time.perf_counter() - started,
+            "charts/step": float(self.step),
+        }
+        self.reporter.log(metrics, self.step)
+        return metrics
+
+    def save(self, checkpoint_dir: Path) -> None:
+        """Policy as the HF folder, the critic in ``critic/``, optimizer/RNG/step and the config."""
+        self._require_setup()
+        checkpoint_dir = Path(checkpoint_dir)
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        save_policy(self.model, self.tokenizer, checkpoint_dir, lora=self.config.lora)
+        self.critic.save_pretrained(checkpoint_dir / _CRITIC_DIR)
+        torch.save(
+            {"optimizer": self.optimizer.state_dict(), "rng": rng_state(), "step": self.step},
+            checkpoint_dir / STATE_FILE,
+        )
+        (checkpoint_dir / CONFIG_FILE).write_text(
+            json.dumps({"algorithm": "ppo", "seed": self._seed, "config": config_dict(self.config)}, indent=2)
+        )
+
+    def load_state(self, checkpoint_dir: Path) -> None:
+        """Restore policy, critic, optimizer, RNG and step from :meth:`save`'s folder."""
+        from transformers import AutoModelForTokenClassification
+
+        self._require_setup()
+        checkpoint_dir = Path(checkpoint_dir)
+        if not (checkpoint_dir / STATE_FILE).exists():
+            raise TrainingError(f"{checkpoint_dir} has no {STATE_FILE}: not a spanrl checkpoint")
+        load_policy_weights(self.model, checkpoint_dir, lora=self.config.lora)
+        critic = AutoModelForTokenClassification.from_pretrained(checkpoint_dir / _CRITIC_DIR, dtype=torch.float32)
+        self.critic.load_state_dict(critic.state_dict())
+        state = torch.load(checkpoint_dir / STATE_FILE, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        set_rng_state(state["rng"])
+        self.step = state["step"]

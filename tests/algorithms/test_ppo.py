@@ -1,0 +1,103 @@
+"""PPO with a critic on the tiny model: values, GAE-style advantages, clipped update."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from toy_task import TransitionBatch, build_model, rollouts, success_rate
+
+from spanrl.algorithms.ppo import PPO, PPOConfig
+from spanrl.errors import ConfigError, TrainingError
+
+TASKS = list(range(8))
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def _setup(model_path: Path, tmp_path: Path, **fields) -> PPO:
+    algo = PPO(**fields)
+    algo.setup(model_path=model_path, output_dir=tmp_path / "run", seed=0)
+    return algo
+
+
+def _with_gae(algo: PPO, transitions: list) -> TransitionBatch:
+    """Single-step episodes: GAE reduces to reward - V(s)."""
+    batch = TransitionBatch(transitions=transitions)
+    for t, v in zip(transitions, algo.values(batch)):
+        t.advantage = t.reward - v
+    return batch
+
+
+def test_default_config_validates() -> None:
+    assert PPOConfig().validate().vf_coef == 0.5
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"epsilon": 0.0}, r"epsilon must be in \(0, 1\), got 0.0"),
+        ({"lam": 1.5}, r"lam must be in \[0, 1\], got 1.5"),
+        ({"vf_coef": -1.0}, "vf_coef must be >= 0, got -1.0"),
+        ({"num_iterations": 0}, "num_iterations must be a positive integer, got 0"),
+        ({"value_clip": 0.0}, "value_clip must be > 0 or None, got 0.0"),
+    ],
+)
+def test_bad_config_names_the_field(fields: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        PPO(**fields)
+
+
+def test_values_before_setup_raises() -> None:
+    assert PPO.needs_values is True
+    with pytest.raises(TrainingError, match="not set up"):
+        PPO().values(TransitionBatch(transitions=[]))
+
+
+def test_critic_starts_at_zero_and_learns_the_return(model_path: Path, tmp_path: Path) -> None:
+    algo = _setup(model_path, tmp_path, learning_rate=1e-6, critic_learning_rate=3e-3, value_clip=None)
+    gen = torch.Generator().manual_seed(1)
+    batch = rollouts(algo.model, algo.tokenizer, tasks=TASKS, group=4, generator=gen)
+    for t in batch:
+        t.reward = 1.0  # every state is worth 1
+    assert algo.values(TransitionBatch(transitions=batch)) == pytest.approx([0.0] * len(batch))
+    losses = [algo.update(_with_gae(algo, copy.deepcopy(batch)))["losses/value_loss"] for _ in range(15)]
+    assert losses[-1] < 0.2 * losses[0], losses
+    assert sum(algo.values(TransitionBatch(transitions=batch))) / len(batch) == pytest.approx(1.0, abs=0.3)
+
+
+def test_ppo_raises_reward(model_path: Path, tmp_path: Path) -> None:
+    algo = _setup(model_path, tmp_path, learning_rate=5e-4, num_iterations=2, mini_batch_size=32)
+    before = success_rate(algo.model, algo.tokenizer, tasks=TASKS, samples=16, seed=123)
+    gen = torch.Generator().manual_seed(0)
+    for step in range(12):
+        batch = _with_gae(algo, rollouts(algo.model, algo.tokenizer, tasks=TASKS, group=8, generator=gen, step=step))
+        metrics = algo.update(batch)
+    after = success_rate(algo.model, algo.tokenizer, tasks=TASKS, samples=16, seed=123)
+    assert before < 0.15
+    assert after > before + 0.3, (before, after)
+    assert metrics["losses/approx_kl"] > 0.0 and metrics["losses/clipfrac"] >= 0.0
+    assert {"losses/value_loss", "charts/grad_norm", "charts/learning_rate"} <= set(metrics)
+
+
+def test_save_and_resume_exactly(model_path: Path, tmp_path: Path) -> None:
+    algo = _setup(model_path, tmp_path)
+    gen = torch.Generator().manual_seed(2)
+    algo.update(_with_gae(algo, rollouts(algo.model, algo.tokenizer, tasks=TASKS, group=4, generator=gen)))
+    algo.save(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "critic" / "config.json").exists()
+    batch = _with_gae(algo, rollouts(algo.model, algo.tokenizer, tasks=TASKS, group=4, generator=gen))
+    continued = algo.update(copy.deepcopy(batch))
+    resumed = _setup(model_path, tmp_path / "again")
+    resumed.load_state(tmp_path / "ckpt")
+    again = resumed.update(copy.deepcopy(batch))
+    assert again["losses/value_loss"] == pytest.approx(continued["losses/value_loss"], abs=1e-6)
+    for p, q in zip(algo.critic.parameters(), resumed.critic.parameters()):
+        torch.testing.assert_close(p, q)
+    for p, q in zip(algo.model.parameters(), resumed.model.parameters()):
+        torch.testing.assert_close(p, q)
