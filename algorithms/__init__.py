@@ -13,9 +13,14 @@ _LAZY: dict[str, str] = {
     "Algorithm": "spanrl.algorithms.base",
     "GRPO": "spanrl.algorithms.grpo",
     "GRPOConfig": "spanrl.algorithms.grpo",
+    "LLMEndpoint": "spanrl.algorithms.runner",
+    "LightningRL": "spanrl.algorithms.trainer",
     "LoRAConfig": "spanrl.algorithms.lora",
     "PPO": "spanrl.algorithms.ppo",
     "PPOConfig": "spanrl.algorithms.ppo",
+    "RunnerConfig": "spanrl.algorithms.runner",
+    "Trainer": "spanrl.algorithms.trainer",
+    "TrainerConfig": "spanrl.algorithms.trainer",
 }
 
 __all__ = sorted(_LAZY)
