@@ -1,0 +1,93 @@
+"""`CollectorConfig`: every setting of the collector, with its default and validation."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+from spanrl import env
+from spanrl.collector.batcher import BatcherConfig
+from spanrl.errors import ConfigError
+
+__all__ = ["CollectorConfig", "default_config"]
+
+_MAX_REQUEST_BYTES = 64 * 1024 * 1024  # the OTLP spec's recommended receive limit
+_GRPC_WORKERS = 32
+_GRPC_MAX_CONCURRENT_RPCS = 128
+_HTTP_MAX_CONCURRENCY = 128
+_SHUTDOWN_TIMEOUT_S = 30.0
+_MAX_PORT = 65535
+
+
+@dataclass
+class CollectorConfig:
+    """Settings of one collector process (or one embedded `Collector`)."""
+
+    db_path: str = env.DEFAULT_DB_PATH
+    """DuckDB file to write (``":memory:"`` for tests)."""
+    host: str = env.DEFAULT_HOST
+    """Address both receivers bind; 127.0.0.1 unless told otherwise."""
+    grpc_port: int = env.DEFAULT_GRPC_PORT
+    """OTLP/gRPC port; 0 picks a free one (see `Collector.grpc_endpoint`). -1 disables gRPC."""
+    http_port: int = env.DEFAULT_HTTP_PORT
+    """OTLP/HTTP + SQL port; 0 picks a free one. -1 disables HTTP."""
+    token: str | None = None
+    """Bearer token required on OTLP and SQL requests (``authorization: Bearer TOKEN``); None: no auth."""
+    max_request_bytes: int = _MAX_REQUEST_BYTES
+    """Largest accepted request body, bytes (after gzip decompression for HTTP)."""
+    grpc_workers: int = _GRPC_WORKERS
+    """gRPC handler threads; each holds at most one request while it waits for its commit."""
+    grpc_max_concurrent_rpcs: int = _GRPC_MAX_CONCURRENT_RPCS
+    """RPCs admitted at once; grpcio refuses more instead of queueing them without bound."""
+    http_max_concurrency: int = _HTTP_MAX_CONCURRENCY
+    """HTTP connections+requests admitted at once; more get 503."""
+    shutdown_timeout_s: float = _SHUTDOWN_TIMEOUT_S
+    """How long shutdown waits for in-flight requests and the last commit."""
+    batcher: BatcherConfig = field(default_factory=BatcherConfig)
+    """Group-commit queue settings."""
+
+    def validate(self) -> None:
+        """Raise `ConfigError` naming the first bad field and its value."""
+        if not self.db_path:
+            raise ConfigError("db_path must be a file path or ':memory:', got an empty string")
+        try:
+            ipaddress.ip_address(self.host)
+        except ValueError:
+            if self.host != "localhost":
+                raise ConfigError(f"host must be an IP address or 'localhost', got {self.host!r}") from None
+        for name in ("grpc_port", "http_port"):
+            port = getattr(self, name)
+            if not isinstance(port, int) or port < -1 or port > _MAX_PORT:
+                raise ConfigError(f"{name} must be -1 (off), 0 (any free port) or 1..{_MAX_PORT}, got {port!r}")
+        if self.grpc_port == -1 and self.http_port == -1:
+            raise ConfigError("grpc_port and http_port are both -1: at least one receiver must be on")
+        if self.token is not None and (not self.token or any(c.isspace() for c in self.token)):
+            raise ConfigError("token must be a non-empty string without whitespace, or None for no auth")
+        for name in ("max_request_bytes", "grpc_workers", "grpc_max_concurrent_rpcs", "http_max_concurrency"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.shutdown_timeout_s <= 0:
+            raise ConfigError(f"shutdown_timeout_s must be positive, got {self.shutdown_timeout_s}")
+        self.batcher.validate()
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> "CollectorConfig":
+        """Defaults, then ``SPANRL_*`` variables, then ``overrides`` whose value is not None."""
+        config = cls(
+            db_path=env.get_str(env.SPANRL_DB, env.DEFAULT_DB_PATH) or env.DEFAULT_DB_PATH,
+            host=env.get_str(env.SPANRL_COLLECTOR_HOST, env.DEFAULT_HOST) or env.DEFAULT_HOST,
+            grpc_port=env.get_int(env.SPANRL_COLLECTOR_GRPC_PORT, env.DEFAULT_GRPC_PORT),
+            http_port=env.get_int(env.SPANRL_COLLECTOR_HTTP_PORT, env.DEFAULT_HTTP_PORT),
+            token=env.get_str(env.SPANRL_COLLECTOR_TOKEN),
+        )
+        for name, value in overrides.items():
+            if not hasattr(config, name):
+                raise ConfigError(f"CollectorConfig has no field {name!r}")
+            if value is not None:
+                setattr(config, name, value)
+        return config
+
+
+def default_config() -> CollectorConfig:
+    """A new config with every default (no environment read)."""
+    return CollectorConfig()

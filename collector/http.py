@@ -1,0 +1,281 @@
+"""OTLP/HTTP receiver and the read-only SQL endpoint: a raw ASGI app served by uvicorn in a thread.
+
+Routes:
+    POST /v1/traces   OTLP/HTTP: application/x-protobuf or application/json, optionally gzip.
+                      200 with ExportTraceServiceResponse (partial success counts rejected spans);
+                      400 malformed, 401 token, 413 too large, 415 content type, 503 + Retry-After full.
+                      Error bodies are a google.rpc.Status (protobuf, or JSON for JSON requests).
+    POST /v1/sql      {"sql": "SELECT ...", "params": [...]} -> rows; Accept
+                      application/vnd.apache.arrow.stream gives an Arrow IPC stream, else JSON
+                      {"columns": [...], "rows": [{...}, ...]}. Only SELECT / EXPLAIN; 400 otherwise.
+    POST /v1/prune    {"older_than_s": N} -> {"deleted_spans": n} (see spanrl.store.maintenance.prune).
+    GET  /health      {"status": "ok", "db": PATH} (no token needed).
+Parsing, walking and SQL run in worker threads, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+import time
+import zlib
+from typing import Any, Awaitable, Callable
+
+import orjson
+import pyarrow as pa
+import uvicorn
+from google.rpc import status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from spanrl.collector.encoding import EncodedBatch, decode_json_request, decode_protobuf_request, encode_request
+from spanrl.collector.errors import PayloadTooLargeError, PermanentError, RetryableError, UnauthenticatedError
+from spanrl.collector.grpc import BatchConsumer, _bearer_ok
+from spanrl.errors import CollectorError, StoreError
+from spanrl.store import SpanStore
+from spanrl.store.maintenance import prune
+
+__all__ = ["ARROW_STREAM_TYPE", "HttpReceiver"]
+
+_logger = logging.getLogger(__name__)
+
+ARROW_STREAM_TYPE = "application/vnd.apache.arrow.stream"
+_PROTOBUF_TYPE = "application/x-protobuf"
+_JSON_TYPE = "application/json"
+_START_TIMEOUT_S = 10.0
+_GRPC_INVALID_ARGUMENT = 3
+_GRPC_UNAUTHENTICATED = 16
+_GRPC_UNAVAILABLE = 14
+_GRPC_RESOURCE_EXHAUSTED = 8
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+class _HttpError(Exception):
+    def __init__(self, status: int, message: str, *, grpc_code: int, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.grpc_code = grpc_code
+        self.headers = headers or []
+
+
+def _gunzip(body: bytes, limit: int) -> bytes:
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = d.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise PermanentError(f"body says Content-Encoding gzip but is not valid gzip: {exc}") from None
+    if len(out) > limit or d.unconsumed_tail:
+        raise PayloadTooLargeError(f"decompressed body is larger than max_request_bytes={limit}")
+    if not d.eof:
+        raise PermanentError("gzip body is truncated")
+    return out
+
+
+class OtlpHttpApp:
+    """The ASGI application (usable on its own in tests)."""
+
+    def __init__(self, *, token: str | None, max_request_bytes: int, next_consumer: BatchConsumer, store: SpanStore) -> None:
+        self._token = token
+        self._max = max_request_bytes
+        self._next = next_consumer
+        self._store = store
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        method = scope["method"]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        as_json = headers.get("content-type", "").split(";")[0].strip().lower() == _JSON_TYPE
+        try:
+            if path == "/health":
+                await _respond(send, 200, orjson.dumps({"status": "ok", "db": self._store.path}), _JSON_TYPE)
+                return
+            if path not in ("/v1/traces", "/v1/sql", "/v1/prune"):
+                raise _HttpError(404, f"no route {path}; use POST /v1/traces, POST /v1/sql, POST /v1/prune or GET /health", grpc_code=5)
+            if method != "POST":
+                raise _HttpError(405, f"{path} takes POST, got {method}", grpc_code=12)
+            if not _bearer_ok(headers.get("authorization"), self._token):
+                raise UnauthenticatedError("missing or wrong bearer token (header 'Authorization: Bearer <token>')")
+            body = await self._read_body(receive, headers)
+            if path == "/v1/traces":
+                await self._traces(send, body, headers)
+            elif path == "/v1/sql":
+                await self._sql(send, body, headers)
+            else:
+                await self._prune(send, body)
+        except _HttpError as exc:
+            await _error(send, exc.status, exc.grpc_code, str(exc), as_json, exc.headers)
+        except UnauthenticatedError as exc:
+            await _error(send, 401, _GRPC_UNAUTHENTICATED, str(exc), as_json, [(b"www-authenticate", b"Bearer")])
+        except PayloadTooLargeError as exc:
+            await _error(send, 413, _GRPC_RESOURCE_EXHAUSTED, str(exc), as_json)
+        except (PermanentError, StoreError) as exc:
+            await _error(send, 400, _GRPC_INVALID_ARGUMENT, str(exc), as_json)
+        except RetryableError as exc:
+            await _error(send, 503, _GRPC_UNAVAILABLE, str(exc), as_json, [(b"retry-after", str(exc.retry_after_s).encode())])
+        except Exception as exc:  # noqa: BLE001
+            _logger.exception("HTTP %s %s failed", method, path)
+            await _error(send, 503, _GRPC_UNAVAILABLE, f"collector error: {exc}", as_json, [(b"retry-after", b"1")])
+
+    async def _read_body(self, receive: Receive, headers: dict[str, str]) -> bytes:
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self._max:
+            raise PayloadTooLargeError(f"body of {length} bytes is larger than max_request_bytes={self._max}")
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise PermanentError("client disconnected before sending the whole body")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self._max:
+                raise PayloadTooLargeError(f"body is larger than max_request_bytes={self._max}")
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        encoding = headers.get("content-encoding", "identity").strip().lower()
+        if encoding == "gzip":
+            body = await asyncio.to_thread(_gunzip, body, self._max)
+        elif encoding not in ("identity", ""):
+            raise _HttpError(415, f"Content-Encoding {encoding!r} is not supported; use gzip or none", grpc_code=_GRPC_INVALID_ARGUMENT)
+        return body
+
+    async def _traces(self, send: Send, body: bytes, headers: dict[str, str]) -> None:
+        ctype = headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype not in (_PROTOBUF_TYPE, _JSON_TYPE):
+            raise _HttpError(415, f"Content-Type {ctype!r} is not supported; use {_PROTOBUF_TYPE} or {_JSON_TYPE}", grpc_code=_GRPC_INVALID_ARGUMENT)
+        batch = await asyncio.to_thread(_decode_and_encode, body, ctype == _JSON_TYPE)
+        await asyncio.wrap_future(self._next.consume(batch))
+        if ctype == _JSON_TYPE:
+            doc: dict[str, Any] = {}
+            if batch.rejected:
+                doc["partialSuccess"] = {"rejectedSpans": str(batch.rejected), "errorMessage": batch.error_message}
+            await _respond(send, 200, orjson.dumps(doc), _JSON_TYPE)
+        else:
+            response = ExportTraceServiceResponse()
+            if batch.rejected:
+                response.partial_success.rejected_spans = batch.rejected
+                response.partial_success.error_message = batch.error_message
+            await _respond(send, 200, response.SerializeToString(), _PROTOBUF_TYPE)
+
+    async def _sql(self, send: Send, body: bytes, headers: dict[str, str]) -> None:
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise PermanentError(f'SQL request must be JSON {{"sql": "...", "params": [...]}}: {exc}') from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("sql"), str):
+            raise PermanentError('SQL request must be a JSON object with a string field "sql"')
+        params = doc.get("params")
+        if params is not None and not isinstance(params, (list, dict)):
+            raise PermanentError(f'"params" must be an array or an object, got {type(params).__name__}')
+        table = await asyncio.to_thread(self._store.read_sql, doc["sql"], params)
+        if ARROW_STREAM_TYPE in headers.get("accept", ""):
+            payload = await asyncio.to_thread(_arrow_ipc, table)
+            await _respond(send, 200, payload, ARROW_STREAM_TYPE)
+        else:
+            payload = await asyncio.to_thread(_rows_json, table)
+            await _respond(send, 200, payload, _JSON_TYPE)
+
+
+    async def _prune(self, send: Send, body: bytes) -> None:
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise PermanentError(f'prune request must be JSON {{"older_than_s": N}}: {exc}') from None
+        older = doc.get("older_than_s") if isinstance(doc, dict) else None
+        if isinstance(older, bool) or not isinstance(older, (int, float)) or older < 0:
+            raise PermanentError(f'prune request needs "older_than_s" as a number >= 0, got {older!r}')
+        deleted = await asyncio.to_thread(prune, self._store, float(older))
+        await _respond(send, 200, orjson.dumps({"deleted_spans": deleted}), _JSON_TYPE)
+
+
+def _decode_and_encode(body: bytes, as_json: bool) -> EncodedBatch:
+    if as_json:
+        request, rejected, errors = decode_json_request(body)
+        return encode_request(request, pre_rejected=rejected, pre_errors=errors)
+    return encode_request(decode_protobuf_request(body))
+
+
+def _arrow_ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _rows_json(table: pa.Table) -> bytes:
+    return orjson.dumps({"columns": table.column_names, "rows": table.to_pylist()}, default=str, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+async def _respond(send: Send, status: int, body: bytes, ctype: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    headers = [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode())]
+    headers.extend(extra or [])
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _error(send: Send, status: int, grpc_code: int, message: str, as_json: bool, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    if as_json:
+        await _respond(send, status, orjson.dumps({"code": grpc_code, "message": message}), _JSON_TYPE, extra)
+    else:
+        body = status_pb2.Status(code=grpc_code, message=message).SerializeToString()
+        await _respond(send, status, body, _PROTOBUF_TYPE, extra)
+
+
+class HttpReceiver:
+    """Runs `OtlpHttpApp` under uvicorn on its own thread and event loop."""
+
+    def __init__(self, *, host: str, port: int, app: OtlpHttpApp, max_concurrency: int, graceful_timeout_s: float) -> None:
+        self._graceful_timeout_s = graceful_timeout_s
+        self._host = host
+        self._requested_port = port
+        self._app = app
+        self._max_concurrency = max_concurrency
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.port: int | None = None
+        """The bound port, once started."""
+
+    def start(self) -> None:
+        """Bind and serve; returns once uvicorn is accepting. Raises `CollectorError` on failure."""
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self._host, self._requested_port))
+        except OSError as exc:
+            sock.close()
+            raise CollectorError(f"cannot bind OTLP/HTTP on {self._host}:{self._requested_port}: {exc}") from exc
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self._app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            limit_concurrency=self._max_concurrency,
+            timeout_keep_alive=30,
+            timeout_graceful_shutdown=max(1, int(self._graceful_timeout_s)),
+        )
+        server = uvicorn.Server(config)
+        self._server = server
+        self._thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="spanrl-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while not server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise CollectorError(f"OTLP/HTTP server did not start on {self._host}:{self.port}")
+            time.sleep(0.01)
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Stop accepting, finish in-flight requests, stop the thread. Safe before start or twice."""
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout)
+        self._server = None
+        self._thread = None

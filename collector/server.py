@@ -1,0 +1,145 @@
+"""`Collector`: both OTLP receivers, the batcher and the DuckDB writer in one process.
+
+    from spanrl.collector import Collector, CollectorConfig
+    with Collector(CollectorConfig(db_path="x.duckdb", grpc_port=0, http_port=0)) as c:
+        print(c.grpc_endpoint, c.http_endpoint)     # real ports
+        c.store.sql("SELECT count(*) FROM spans")   # same connection: the trainer reads through it
+
+Shutdown order: receivers stop taking requests and finish in-flight ones, the batcher commits what is
+queued, the store checkpoints and closes. Every acknowledged span is then in the file.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from spanrl.collector.batcher import Batcher
+from spanrl.collector.config import CollectorConfig
+from spanrl.collector.grpc import GrpcReceiver
+from spanrl.collector.http import HttpReceiver, OtlpHttpApp
+from spanrl.collector.writer import SpanWriter
+from spanrl.errors import CollectorError
+from spanrl.store import SpanStore
+
+__all__ = ["Collector"]
+
+_logger = logging.getLogger(__name__)
+
+
+class Collector:
+    """An in-process spanrl collector. ``start()`` binds; ``shutdown()`` flushes and closes."""
+
+    def __init__(self, config: CollectorConfig | None = None, *, store: SpanStore | None = None) -> None:
+        """``store``: write into an already open store (the collector then does not close it)."""
+        self._config = config if config is not None else CollectorConfig()
+        self._config.validate()
+        self._given_store = store
+        self._store: SpanStore | None = None
+        self._batcher: Batcher | None = None
+        self._writer: SpanWriter | None = None
+        self._grpc: GrpcReceiver | None = None
+        self._http: HttpReceiver | None = None
+        self._lock = threading.Lock()
+        self._state = "new"
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> "Collector":
+        """Open the store and start both receivers. Raises `CollectorError` if a port cannot be bound."""
+        with self._lock:
+            if self._state != "new":
+                raise CollectorError(f"Cannot start a collector that is {self._state}; create a new one")
+            self._state = "running"
+        cfg = self._config
+        try:
+            self._store = self._given_store if self._given_store is not None else SpanStore.open(cfg.db_path)
+            self._writer = SpanWriter(self._store)
+            self._batcher = Batcher(cfg.batcher, self._writer)
+            self._batcher.start()
+            if cfg.grpc_port != -1:
+                self._grpc = GrpcReceiver(
+                    host=cfg.host,
+                    port=cfg.grpc_port,
+                    token=cfg.token,
+                    max_request_bytes=cfg.max_request_bytes,
+                    workers=cfg.grpc_workers,
+                    max_concurrent_rpcs=cfg.grpc_max_concurrent_rpcs,
+                    next_consumer=self._batcher,
+                )
+                self._grpc.start()
+            if cfg.http_port != -1:
+                app = OtlpHttpApp(token=cfg.token, max_request_bytes=cfg.max_request_bytes, next_consumer=self._batcher, store=self._store)
+                self._http = HttpReceiver(host=cfg.host, port=cfg.http_port, app=app, max_concurrency=cfg.http_max_concurrency,
+                                          graceful_timeout_s=cfg.shutdown_timeout_s)
+                self._http.start()
+        except BaseException:
+            self.shutdown()
+            raise
+        _logger.info("collector on grpc=%s http=%s db=%s", self.grpc_endpoint, self.http_endpoint, cfg.db_path)
+        return self
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Stop receivers, commit everything accepted, close the store. Safe before start or twice."""
+        with self._lock:
+            if self._state == "stopped":
+                return
+            self._state = "stopped"
+        timeout = self._config.shutdown_timeout_s if timeout is None else timeout
+        if self._grpc is not None:
+            self._grpc.shutdown(timeout)
+        if self._http is not None:
+            self._http.shutdown(timeout)
+        if self._batcher is not None:
+            self._batcher.shutdown(timeout)
+        if self._writer is not None:
+            self._writer.shutdown(timeout)
+        if self._store is not None and self._given_store is None:
+            self._store.close()
+
+    def __enter__(self) -> "Collector":
+        if self._state == "new":
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # --- what callers need -------------------------------------------------------------------------
+    @property
+    def config(self) -> CollectorConfig:
+        """The validated config."""
+        return self._config
+
+    @property
+    def store(self) -> SpanStore:
+        """The span store this collector writes (shared connection; use `SpanStore.cursor` per thread)."""
+        if self._store is None:
+            raise CollectorError("Cannot use the store of a collector that was not started")
+        return self._store
+
+    @property
+    def grpc_endpoint(self) -> str | None:
+        """``HOST:PORT`` of OTLP/gRPC (the real port when 0 was asked), or None when off or not started."""
+        if self._grpc is None or self._grpc.port is None:
+            return None
+        return f"{_url_host(self._config.host)}:{self._grpc.port}"
+
+    @property
+    def http_endpoint(self) -> str | None:
+        """``http://HOST:PORT`` of OTLP/HTTP and SQL, or None when off or not started."""
+        if self._http is None or self._http.port is None:
+            return None
+        return f"http://{_url_host(self._config.host)}:{self._http.port}"
+
+    @property
+    def committed_spans(self) -> int:
+        """Spans committed since start."""
+        return 0 if self._batcher is None else self._batcher.committed_spans
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host

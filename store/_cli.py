@@ -1,0 +1,129 @@
+"""``spanrl sql`` and ``spanrl store export|prune``.
+
+Each command first asks the collector at ``--url`` (env SPANRL_SQL_URL, default http://127.0.0.1:4318)
+and goes through it when it answers and serves the same ``--db``; otherwise it opens the file itself
+(read-only for sql/export). A file held by another process with no collector answering is
+`StoreBusyError`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+_DEFAULT_URL = "http://127.0.0.1:4318"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("sql", help="SQL over the span store (through a running collector, or the file)")
+    p.add_argument("query", help='one read statement, e.g. "SELECT * FROM rollouts"')
+    _common(p)
+    p.add_argument("--format", "-f", default="table", choices=("table", "csv", "json", "parquet"), help="output format (default table)")
+    p.add_argument("--output", "-o", default=None, help="write to this file instead of stdout")
+    p.set_defaults(func=_sql)
+
+    store = subparsers.add_parser("store", help="span store maintenance: export, prune")
+    sub = store.add_subparsers(dest="store_command", metavar="ACTION", required=True)
+    e = sub.add_parser("export", help="write spans and the views to Parquet files")
+    e.add_argument("--parquet", required=True, metavar="DIR", help="output folder (created)")
+    _common(e)
+    e.set_defaults(func=_export)
+    r = sub.add_parser("prune", help="delete rollouts that ended longer ago than --older-than")
+    r.add_argument("--older-than", required=True, metavar="AGE", help="age such as 7d, 12h, 30m, 2w")
+    _common(r)
+    r.set_defaults(func=_prune)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", default=None, help="DuckDB file (env SPANRL_DB, default spanrl.duckdb)")
+    p.add_argument("--url", default=None, help=f"collector to ask first (env SPANRL_SQL_URL, default {_DEFAULT_URL})")
+    p.add_argument("--token", default=None, help="bearer token for the collector (env SPANRL_COLLECTOR_TOKEN)")
+
+
+def _remote(args: argparse.Namespace):  # -> RemoteStore | None
+    """The running collector to use, or None to open the file."""
+    from spanrl import env
+    from spanrl.store.remote import RemoteStore
+
+    url = args.url or env.get_str(env.SPANRL_SQL_URL, _DEFAULT_URL)
+    remote = RemoteStore(url, token=args.token or env.get_str(env.SPANRL_COLLECTOR_TOKEN))
+    health = remote.health()
+    if health is None:
+        return None
+    served = health.get("db")
+    if args.db is not None and served and os.path.abspath(served) != os.path.abspath(args.db):
+        return None  # that collector serves another file; read ours directly
+    return remote
+
+
+def _db_path(args: argparse.Namespace) -> str:
+    from spanrl import env
+
+    return args.db or env.get_str(env.SPANRL_DB, env.DEFAULT_DB_PATH) or env.DEFAULT_DB_PATH
+
+
+def _fail(message: object) -> int:
+    print(f"spanrl: error: {message}", file=sys.stderr)
+    return 1
+
+
+def _sql(args: argparse.Namespace) -> int:
+    from spanrl.errors import SpanRLError
+    from spanrl.store import SpanStore
+    from spanrl.store._format import write_result
+
+    try:
+        remote = _remote(args)
+        if remote is not None:
+            table = remote.sql(args.query)
+        else:
+            with SpanStore.open(_db_path(args), read_only=True) as store:
+                table = store.read_sql(args.query)
+        if args.output:
+            with open(args.output, "wb") as out:
+                write_result(table, args.format, out)
+        else:
+            write_result(table, args.format, sys.stdout.buffer)
+            sys.stdout.flush()
+    except SpanRLError as exc:
+        return _fail(exc)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from spanrl.errors import SpanRLError
+    from spanrl.store import SpanStore
+    from spanrl.store.maintenance import export_parquet
+
+    try:
+        remote = _remote(args)
+        if remote is not None:
+            paths = export_parquet(remote, args.parquet)
+        else:
+            with SpanStore.open(_db_path(args), read_only=True) as store:
+                paths = export_parquet(store, args.parquet)
+    except SpanRLError as exc:
+        return _fail(exc)
+    for path in paths:
+        print(path)
+    return 0
+
+
+def _prune(args: argparse.Namespace) -> int:
+    from spanrl.errors import SpanRLError
+    from spanrl.store import SpanStore
+    from spanrl.store.maintenance import parse_duration_s, prune
+
+    try:
+        older_than_s = parse_duration_s(args.older_than)
+        remote = _remote(args)
+        if remote is not None:
+            deleted = remote.prune(older_than_s)
+        else:
+            with SpanStore.open(_db_path(args)) as store:
+                deleted = prune(store, older_than_s)
+    except SpanRLError as exc:
+        return _fail(exc)
+    print(f"deleted {deleted} spans ended more than {args.older_than} ago")
+    return 0

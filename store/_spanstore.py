@@ -1,0 +1,201 @@
+"""`SpanStore`: the DuckDB span store (schema, views, Arrow appends, read-only SQL).
+
+DuckDB lets one process open a database file. Inside that process, one connection is shared and each
+thread works through its own cursor (`SpanStore.cursor`). Other processes read through the collector's
+SQL endpoint (`spanrl.store.RemoteStore`) or open the file once no collector holds it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any, Sequence
+
+import duckdb
+import pyarrow as pa
+
+from spanrl.errors import StoreBusyError, StoreError
+
+__all__ = ["READ_STATEMENT_TYPES", "SpanStore"]
+
+_SCHEMA_FILE = "schema.sql"
+_VIEWS_FILE = "views.sql"
+_LOCK_MESSAGE = "Could not set lock on file"
+_BATCH_VIEW = "__spanrl_append_batch"
+
+READ_STATEMENT_TYPES = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
+"""Statement types `SpanStore.read_sql` accepts (SELECT covers WITH, FROM-first, DESCRIBE, SHOW, SUMMARIZE)."""
+
+
+def _sql_resource(name: str) -> str:
+    return resources.files("spanrl.store").joinpath(name).read_text(encoding="utf-8")
+
+
+class SpanStore:
+    """The span store on one DuckDB file (or ``":memory:"``).
+
+    Open it with `SpanStore.open`. Every method is safe to call from several threads: each call takes
+    its own cursor on the shared connection.
+    """
+
+    def __init__(self, connection: duckdb.DuckDBPyConnection, path: str, *, read_only: bool) -> None:
+        """Wrap an open connection; use `SpanStore.open` instead."""
+        self._con = connection
+        self._path = path
+        self._read_only = read_only
+        self._closed = False
+        self._close_lock = threading.Lock()
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | Path, *, read_only: bool = False) -> "SpanStore":
+        """Open (and, unless ``read_only``, create) the store at ``path``.
+
+        Raises `StoreBusyError` when another process holds the file, `StoreError` when a read-only
+        open finds no file.
+        """
+        path = str(path)
+        if read_only and path != ":memory:" and not Path(path).exists():
+            raise StoreError(f"no span store at {path!r}: the file does not exist")
+        if not read_only and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            con = duckdb.connect(path, read_only=read_only)
+        except duckdb.IOException as exc:
+            if _LOCK_MESSAGE in str(exc):
+                raise StoreBusyError(
+                    f"the span store {path!r} is held by another process and no collector answered SQL "
+                    f"for it; query through that collector (spanrl sql --url URL) or stop it. ({exc})"
+                ) from exc
+            raise StoreError(f"cannot open the span store {path!r}: {exc}") from exc
+        store = cls(con, path, read_only=read_only)
+        if not read_only:
+            con.execute(_sql_resource(_SCHEMA_FILE))
+            con.execute(_sql_resource(_VIEWS_FILE))
+        elif not store._has_views():
+            # An older file without views: temporary views live in memory, so read-only is fine.
+            con.execute(_sql_resource(_VIEWS_FILE).replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW"))
+        return store
+
+    def close(self) -> None:
+        """Checkpoint (when writable) and close. Safe to call twice."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                if not self._read_only:
+                    self._con.execute("CHECKPOINT")
+            finally:
+                self._con.close()
+
+    def __enter__(self) -> "SpanStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- properties --------------------------------------------------------------------------------
+    @property
+    def path(self) -> str:
+        """The database file (or ``":memory:"``)."""
+        return self._path
+
+    @property
+    def read_only(self) -> bool:
+        """Whether this store was opened read-only."""
+        return self._read_only
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called."""
+        return self._closed
+
+    # --- access ------------------------------------------------------------------------------------
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A new DuckDB cursor on the shared connection, for use by one thread."""
+        if self._closed:
+            raise StoreError(f"the span store {self._path!r} is closed; open it again")
+        return self._con.cursor()
+
+    def sql(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> pa.Table:
+        """Run any SQL statement and return its result as an Arrow table (empty for statements without one)."""
+        cur = self.cursor()
+        try:
+            rel = cur.sql(query, params=params)
+            return rel.to_arrow_table() if rel is not None else pa.table({})
+        except duckdb.Error as exc:
+            raise StoreError(f"SQL failed: {exc}") from exc
+        finally:
+            cur.close()
+
+    def read_sql(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> pa.Table:
+        """Run one read statement (SELECT / EXPLAIN) and return its rows; anything else is refused.
+
+        The statement runs in a transaction that is rolled back, so even a read with side effects
+        leaves the store unchanged. Raises `StoreError` naming the refused statement type.
+        """
+        cur = self.cursor()
+        try:
+            try:
+                statements = cur.extract_statements(query)
+            except duckdb.Error as exc:
+                raise StoreError(f"SQL does not parse: {exc}") from exc
+            if len(statements) != 1:
+                raise StoreError(f"exactly one SQL statement is allowed, got {len(statements)}")
+            kind = statements[0].type
+            if kind not in READ_STATEMENT_TYPES:
+                raise StoreError(f"only read statements (SELECT, EXPLAIN) are allowed, got {kind.name}")
+            cur.begin()
+            try:
+                return cur.sql(query, params=params).to_arrow_table()
+            except duckdb.Error as exc:
+                raise StoreError(f"SQL failed: {exc}") from exc
+            finally:
+                cur.rollback()
+        finally:
+            cur.close()
+
+    def span_count(self, rollout_id: str | None = None) -> int:
+        """Number of stored spans, of one rollout when ``rollout_id`` is given."""
+        if rollout_id is None:
+            table = self.sql("SELECT count(*) AS n FROM spans")
+        else:
+            table = self.sql("SELECT count(*) AS n FROM spans WHERE rollout_id = ?", [rollout_id])
+        return int(table.column("n")[0].as_py())
+
+    # --- writes (the collector's writer) -----------------------------------------------------------
+    def append(self, batch: pa.Table, *, cursor: duckdb.DuckDBPyConnection | None = None) -> int:
+        """Insert Arrow span rows (columns by name, see schema.sql) in one transaction; return the count.
+
+        ``ingested_ns`` is set here to the commit time. Runs on ``cursor`` when given (the writer
+        thread keeps one), else on a fresh one.
+        """
+        if self._read_only:
+            raise StoreError(f"the span store {self._path!r} was opened read-only; cannot append")
+        if batch.num_rows == 0:
+            return 0
+        if "ingested_ns" in batch.column_names:
+            batch = batch.drop_columns(["ingested_ns"])
+        cur = cursor if cursor is not None else self.cursor()
+        try:
+            cur.register(_BATCH_VIEW, batch)
+            try:
+                cur.execute(
+                    f"INSERT INTO spans BY NAME SELECT *, ?::BIGINT AS ingested_ns FROM {_BATCH_VIEW}",
+                    [time.time_ns()],
+                )
+            finally:
+                cur.unregister(_BATCH_VIEW)
+        finally:
+            if cursor is None:
+                cur.close()
+        return batch.num_rows
+
+    def _has_views(self) -> bool:
+        rows = self._con.execute(
+            "SELECT count(*) FROM duckdb_views() WHERE view_name IN ('rollouts', 'llm_calls', 'rewards')"
+        ).fetchone()
+        return bool(rows and rows[0] == 3)

@@ -1,0 +1,78 @@
+"""Parquet export and retention (prune) of the span store."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from spanrl.errors import ConfigError
+from spanrl.store._spanstore import SpanStore
+from spanrl.store.remote import RemoteStore
+
+__all__ = ["EXPORT_TABLES", "export_parquet", "parse_duration_s", "prune"]
+
+EXPORT_TABLES = ("spans", "rollouts", "llm_calls", "rewards")
+"""What `export_parquet` writes by default: the table and the three views, one Parquet file each."""
+
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_NS_PER_S = 1_000_000_000
+
+
+def parse_duration_s(text: str) -> float:
+    """``"7d"``, ``"12h"``, ``"30m"``, ``"45s"``, ``"2w"`` -> seconds. `ConfigError` names the bad value."""
+    m = _DURATION.match(text)
+    if not m:
+        raise ConfigError(f"older_than must be a number and a unit s/m/h/d/w (e.g. 7d), got {text!r}")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+def export_parquet(source: SpanStore | RemoteStore, out_dir: str | Path, *, tables: tuple[str, ...] = EXPORT_TABLES) -> list[Path]:
+    """Write each of ``tables`` to ``out_dir/<name>.parquet``; return the paths written.
+
+    A local store streams with DuckDB's COPY; a remote one (a running collector) is fetched as Arrow.
+    """
+    for name in tables:
+        if name not in EXPORT_TABLES:
+            raise ConfigError(f"tables must be among {', '.join(EXPORT_TABLES)}, got {name!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in tables:
+        path = out / f"{name}.parquet"
+        if isinstance(source, SpanStore):
+            escaped = str(path).replace("'", "''")
+            source.sql(f"COPY (SELECT * FROM {name}) TO '{escaped}' (FORMAT parquet, COMPRESSION zstd)")
+        else:
+            pq.write_table(source.sql(f"SELECT * FROM {name}"), path, compression="zstd")
+        written.append(path)
+    return written
+
+
+_PRUNE_WHERE = """
+    end_ns < $cutoff AND (
+        rollout_id IS NULL
+        OR rollout_id IN (SELECT rollout_id FROM spans WHERE rollout_id IS NOT NULL
+                          GROUP BY rollout_id HAVING max(end_ns) < $cutoff))
+"""
+
+
+def prune(store: SpanStore, older_than_s: float, *, now_ns: int | None = None) -> int:
+    """Delete whole rollouts whose last span ended over ``older_than_s`` ago, and rollout-less spans
+    that ended before then; never part of a rollout. Returns the number of spans deleted."""
+    if older_than_s < 0:
+        raise ConfigError(f"older_than must be 0 or more seconds, got {older_than_s}")
+    now = time.time_ns() if now_ns is None else now_ns
+    cutoff = now - int(older_than_s * _NS_PER_S)
+    cur = store.cursor()
+    try:
+        cur.begin()
+        n = cur.execute(f"SELECT count(*) FROM spans WHERE {_PRUNE_WHERE}", {"cutoff": cutoff}).fetchone()[0]
+        cur.execute(f"DELETE FROM spans WHERE {_PRUNE_WHERE}", {"cutoff": cutoff})
+        cur.commit()
+    finally:
+        cur.close()
+    return int(n)

@@ -1,0 +1,71 @@
+"""`RemoteStore`: read-only SQL through a running collector's HTTP endpoint (``POST /v1/sql``).
+
+DuckDB lets one process hold the file, so while a collector runs, other processes query through it.
+Results travel as an Arrow IPC stream, so types (lists, BIGINT, DOUBLE) arrive intact.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any, Sequence
+
+import pyarrow as pa
+
+from spanrl.errors import StoreError
+
+__all__ = ["RemoteStore"]
+
+_ARROW_STREAM_TYPE = "application/vnd.apache.arrow.stream"
+_PING_TIMEOUT_S = 0.5
+_SQL_TIMEOUT_S = 300.0
+
+
+class RemoteStore:
+    """SQL over HTTP against the collector at ``url`` (``http://HOST:PORT``)."""
+
+    def __init__(self, url: str, *, token: str | None = None, timeout_s: float = _SQL_TIMEOUT_S) -> None:
+        self.url = url.rstrip("/")
+        self._token = token
+        self._timeout_s = timeout_s
+
+    def health(self, timeout_s: float = _PING_TIMEOUT_S) -> dict[str, Any] | None:
+        """The collector's ``/health`` document, or None when nothing answers there."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=timeout_s) as resp:
+                doc = json.loads(resp.read())
+        except (OSError, ValueError):
+            return None
+        return doc if isinstance(doc, dict) and doc.get("status") == "ok" else None
+
+    def _post(self, path: str, doc: dict[str, Any], accept: str) -> bytes:
+        headers = {"content-type": "application/json", "accept": accept}
+        if self._token:
+            headers["authorization"] = f"Bearer {self._token}"
+        request = urllib.request.Request(f"{self.url}{path}", data=json.dumps(doc).encode(), headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self._timeout_s) as resp:
+                return resp.read()
+        except urllib.error.HTTPError as exc:
+            body = exc.read()
+            try:
+                message = json.loads(body).get("message", body.decode(errors="replace"))
+            except ValueError:
+                message = body.decode(errors="replace")
+            raise StoreError(f"collector at {self.url} answered {exc.code}: {message}") from None
+        except OSError as exc:
+            raise StoreError(f"no collector answered at {self.url}: {exc}") from None
+
+    def sql(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> pa.Table:
+        """Run one read statement on the collector's store; `StoreError` carries the collector's message."""
+        doc: dict[str, Any] = {"sql": query}
+        if params is not None:
+            doc["params"] = params if isinstance(params, dict) else list(params)
+        payload = self._post("/v1/sql", doc, _ARROW_STREAM_TYPE)
+        return pa.ipc.open_stream(pa.py_buffer(payload)).read_all()
+
+    def prune(self, older_than_s: float) -> int:
+        """Delete rollouts (and rollout-less spans) that ended over ``older_than_s`` ago; the span count deleted."""
+        payload = self._post("/v1/prune", {"older_than_s": older_than_s}, "application/json")
+        return int(json.loads(payload)["deleted_spans"])

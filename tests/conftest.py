@@ -1,0 +1,110 @@
+"""Shared fixtures. Others may append theirs below the collector's.
+
+    collector_proc   `spanrl collector` as a SUBPROCESS on free ports with a tmp db (sql(), kill(), restart())
+    collector        an in-process `Collector` on free ports with a tmp db
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+_READY_PREFIX = "spanrl collector ready"
+_START_TIMEOUT_S = 60.0
+_STOP_TIMEOUT_S = 30.0
+
+
+class CollectorProcess:
+    """A `spanrl collector` subprocess. Ports are chosen on first start and kept across restarts."""
+
+    def __init__(self, db_path: Path, log_path: Path, *, token: str | None = None) -> None:
+        self.db_path = db_path
+        self.log_path = log_path
+        self.token = token
+        self.grpc_endpoint: str = ""
+        self.http_endpoint: str = ""
+        self._grpc_port = 0
+        self._http_port = 0
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> "CollectorProcess":
+        cmd = [sys.executable, "-m", "spanrl", "collector", "--db", str(self.db_path),
+               "--grpc-port", str(self._grpc_port), "--http-port", str(self._http_port)]
+        if self.token:
+            cmd += ["--token", self.token]
+        log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        log.close()
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        reader.join(_START_TIMEOUT_S)
+        if not line or not line[0].startswith(_READY_PREFIX):
+            self.proc.kill()
+            raise RuntimeError(f"collector did not start: {line!r}; log:\n{self.log_path.read_text()[-3000:]}")
+        fields = dict(part.split("=", 1) for part in line[0].split()[3:])
+        self.grpc_endpoint = fields["grpc"]
+        self.http_endpoint = fields["http"]
+        self._grpc_port = int(self.grpc_endpoint.rsplit(":", 1)[1])
+        self._http_port = int(self.http_endpoint.rsplit(":", 1)[1])
+        return self
+
+    def sql(self, query: str) -> list[dict[str, Any]]:
+        """Rows through the collector's HTTP SQL endpoint."""
+        headers = {"content-type": "application/json"}
+        if self.token:
+            headers["authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(f"{self.http_endpoint}/v1/sql", data=json.dumps({"sql": query}).encode(), headers=headers, method="POST")
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return json.loads(resp.read())["rows"]
+
+    def kill(self) -> None:
+        """SIGKILL, no flush."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(_STOP_TIMEOUT_S)
+
+    def terminate(self) -> int:
+        """SIGTERM and wait; returns the exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(_STOP_TIMEOUT_S)
+
+    def restart(self) -> "CollectorProcess":
+        """Kill if running, then start again on the same db and ports."""
+        self.kill()
+        return self.start()
+
+
+@pytest.fixture
+def collector_proc(tmp_path: Path) -> Iterator[CollectorProcess]:
+    proc = CollectorProcess(tmp_path / "spans.duckdb", tmp_path / "collector.log").start()
+    try:
+        yield proc
+    finally:
+        if proc.proc is not None and proc.proc.poll() is None:
+            try:
+                proc.terminate()
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@pytest.fixture
+def collector(tmp_path: Path) -> Iterator[Any]:
+    from spanrl.collector import Collector, CollectorConfig
+
+    c = Collector(CollectorConfig(db_path=str(tmp_path / "spans.duckdb"), grpc_port=0, http_port=0)).start()
+    try:
+        yield c
+    finally:
+        c.shutdown()
