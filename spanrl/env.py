@@ -67,6 +67,9 @@ SPANRL_SQL_URL = "SPANRL_SQL_URL"
 SPANRL_POLICY_URL = "SPANRL_POLICY_URL"
 """Base URL of the policy server (without ``/v1``). Default ``http://127.0.0.1:8000``."""
 
+SPANRL_CACHE_DIR = "SPANRL_CACHE_DIR"
+"""Folder for converted models (GGUF -> Hugging Face) and other caches. Default ``~/.cache/spanrl``."""
+
 DEFAULT_DB_PATH = "spanrl.duckdb"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_GRPC_PORT = 4317
