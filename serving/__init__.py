@@ -1,1 +1,57 @@
-"""spanrl.serving."""
+"""spanrl.serving: the OpenAI-compatible policy server that records exact token ids on its spans.
+
+    from spanrl.serving import PolicyServer, ServerConfig
+    srv = PolicyServer(ServerConfig(model=PATH, port=0)).start()
+    srv.base_url; srv.rollout_base_url("r1"); srv.reload(model_or_state_dict_or_path); srv.shutdown()
+
+Heavy modules (torch, transformers, fastapi) load on first use of a name that needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from spanrl.serving.config import ServerConfig, default_config
+
+__all__ = [
+    "Completion",
+    "GenerationResult",
+    "PolicyServer",
+    "SamplingParams",
+    "ServerConfig",
+    "decode_float32",
+    "decode_int32",
+    "default_config",
+    "encode_float32",
+    "encode_int32",
+    "resolve_model",
+]
+
+_LAZY = {
+    "PolicyServer": "spanrl.serving.server",
+    "SamplingParams": "spanrl.serving.backend",
+    "Completion": "spanrl.serving.backend",
+    "GenerationResult": "spanrl.serving.backend",
+    "decode_float32": "spanrl.serving.telemetry",
+    "decode_int32": "spanrl.serving.telemetry",
+    "encode_float32": "spanrl.serving.telemetry",
+    "encode_int32": "spanrl.serving.telemetry",
+    "resolve_model": "spanrl.serving.models",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'spanrl.serving' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from spanrl.serving.backend import Completion, GenerationResult, SamplingParams
+    from spanrl.serving.models import resolve_model
+    from spanrl.serving.server import PolicyServer
+    from spanrl.serving.telemetry import decode_float32, decode_int32, encode_float32, encode_int32

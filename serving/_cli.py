@@ -1,0 +1,52 @@
+"""``spanrl serve``: run the policy server in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+
+from spanrl import env
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser("serve", help="OpenAI-compatible policy server that records exact token ids")
+    p.add_argument("--model", required=True, help="HF model folder, a .gguf file, or 'smollm2'")
+    p.add_argument("--served-model-name", default=None, help="model id clients send (default: folder name)")
+    p.add_argument("--host", default=env.DEFAULT_HOST)
+    p.add_argument("--port", type=int, default=env.DEFAULT_POLICY_PORT)
+    p.add_argument("--backend", default="transformers", choices=("transformers", "vllm"))
+    p.add_argument("--device", default="cpu", help="torch device of the transformers backend (default cpu)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "auto"))
+    p.add_argument("--max-batch-size", type=int, default=32, help="sequences generated together (default 32)")
+    p.add_argument("--max-batch-delay-ms", type=float, default=2.0, help="wait for more requests (default 2 ms)")
+    p.add_argument("--default-max-tokens", type=int, default=256)
+    p.add_argument("--max-context-tokens", type=int, default=None)
+    p.add_argument(
+        "--otlp-endpoint",
+        default=f"{env.DEFAULT_HOST}:{env.DEFAULT_GRPC_PORT}",
+        help="OTLP/gRPC endpoint for the server's spans; 'none' to export nothing",
+    )
+    p.add_argument("--no-content", action="store_true", help="do not record message contents on spans")
+    p.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from spanrl.serving.config import ServerConfig
+    from spanrl.serving.server import PolicyServer
+
+    config = ServerConfig(
+        model=args.model,
+        served_model_name=args.served_model_name,
+        host=args.host,
+        port=args.port,
+        backend=args.backend,
+        device=args.device,
+        dtype=args.dtype,
+        max_batch_size=args.max_batch_size,
+        max_batch_delay_ms=args.max_batch_delay_ms,
+        default_max_tokens=args.default_max_tokens,
+        max_context_tokens=args.max_context_tokens,
+        otlp_endpoint=None if args.otlp_endpoint.lower() == "none" else args.otlp_endpoint,
+        record_content=not args.no_content,
+    )
+    PolicyServer(config).serve_forever()
+    return 0

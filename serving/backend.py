@@ -1,0 +1,92 @@
+"""The interface every generation backend implements, and the values that cross it.
+
+A backend is owned by one thread (the batcher): ``generate`` and ``load_weights`` are never called
+concurrently, so a backend needs no locks of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+__all__ = ["Backend", "Completion", "GenerationRequest", "GenerationResult", "SamplingParams", "TokenCallback"]
+
+TokenCallback = Callable[[int, int, float], None]
+"""Called from the batcher thread as ``(choice_index, token_id, logprob)`` for every new token."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one request's completions."""
+
+    max_tokens: int
+    """Most completion tokens per choice."""
+    temperature: float = 1.0
+    """0 means greedy (argmax)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass, in (0, 1]."""
+    seed: int | None = None
+    """Choice ``i`` samples from its own generator seeded ``seed + i``; None uses the server's."""
+    stop: tuple[str, ...] = ()
+    """Strings that end a completion; the returned text stops before them."""
+    top_logprobs: int = 0
+    """How many most likely alternatives to report per position (0..20)."""
+
+
+@dataclasses.dataclass
+class GenerationRequest:
+    """One prompt, ``n`` completions."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    n: int = 1
+    on_token: TokenCallback | None = None
+
+
+@dataclasses.dataclass
+class Completion:
+    """One generated choice. ``token_ids`` are exactly the sampled ids, the end token included;
+    ``text`` is their decoding without special tokens, cut before a stop string if one matched."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    """Log-probability of each sampled id under the distribution it was sampled from: softmax of the
+    logits divided by the temperature (temperature 0: plain softmax), before top-p truncation."""
+    text: str
+    finish_reason: str
+    """``stop`` (end token or stop string) or ``length`` (max_tokens or the context was reached)."""
+    top_logprobs: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
+    """Per position, the ``top_logprobs`` most likely (id, logprob) pairs; empty unless asked."""
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    """The completions of one request and how they were made."""
+
+    prompt_ids: list[int]
+    completions: list[Completion]
+    batch_size: int
+    """Sequences generated together in the batch that produced this result."""
+    policy_version: int
+
+
+class Backend(Protocol):
+    """A model that generates batches of requests and can swap its weights."""
+
+    tokenizer: Any
+    """A Hugging Face tokenizer (chat template, encode, decode)."""
+    max_context_tokens: int
+    """Prompt + completion limit."""
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
+        """Completions for each request, in order (``n`` each). Raises if the batch failed."""
+        ...
+
+    def load_weights(self, source: Any) -> None:
+        """Swap in new weights: a folder path, a ``state_dict`` or a ``torch.nn.Module``."""
+        ...
+
+    def close(self) -> None:
+        """Free the model."""
+        ...

@@ -1,0 +1,188 @@
+"""The batcher: one thread that owns the backend, groups requests that arrive together, and swaps
+weights between batches.
+
+Both HTTP routes and in-process callers go through ``submit``; weight updates go through ``reload``
+and take effect after the batch in flight, so no request is dropped and every result says which
+policy version produced it.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from typing import Any
+
+from spanrl.errors import ServingError
+from spanrl.serving.backend import Backend, GenerationRequest, GenerationResult
+
+__all__ = ["Batcher", "QueueFullError"]
+
+_logger = logging.getLogger(__name__)
+
+
+class QueueFullError(ServingError):
+    """More requests are waiting than ``max_queue_size``; retry later (HTTP 503)."""
+
+
+@dataclasses.dataclass
+class _Job:
+    request: GenerationRequest
+    future: concurrent.futures.Future[GenerationResult]
+
+
+@dataclasses.dataclass
+class _Reload:
+    source: Any
+    future: concurrent.futures.Future[int]
+
+
+_STOP = object()
+
+
+class Batcher:
+    """Runs ``backend.generate`` on batches of up to ``max_batch_size`` sequences (requests x n)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        max_batch_size: int = 32,
+        max_batch_delay_ms: float = 2.0,
+        max_queue_size: int = 4096,
+    ) -> None:
+        self.backend = backend
+        self.max_batch_size = max_batch_size
+        self.max_batch_delay_s = max_batch_delay_ms / 1000.0
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue_size)
+        self._carry: collections.deque[Any] = collections.deque()
+        self._thread: threading.Thread | None = None
+        self._version = 0
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def version(self) -> int:
+        """Policy version: 0 for the weights loaded at start, +1 per reload."""
+        with self._lock:
+            return self._version
+
+    def start(self) -> None:
+        """Start the batcher thread (idempotent)."""
+        if self._closed:
+            raise ServingError("Cannot start a batcher once it has been shut down.")
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="spanrl-batcher", daemon=True)
+            self._thread.start()
+
+    def submit(self, request: GenerationRequest) -> concurrent.futures.Future[GenerationResult]:
+        """Queue a request; the future resolves to its result or to the error that failed it."""
+        if self._closed:
+            raise ServingError("Cannot submit to a batcher once it has been shut down.")
+        future: concurrent.futures.Future[GenerationResult] = concurrent.futures.Future()
+        try:
+            self._queue.put_nowait(_Job(request, future))
+        except queue.Full:
+            raise QueueFullError(f"{self._queue.maxsize} requests are already waiting; retry later") from None
+        return future
+
+    def reload_async(self, source: Any) -> concurrent.futures.Future[int]:
+        """Queue a weight swap (path, state_dict or module); the future resolves to the new version."""
+        future: concurrent.futures.Future[int] = concurrent.futures.Future()
+        if threading.current_thread() is self._thread:
+            self._apply_reload(_Reload(source, future))
+        else:
+            self._queue.put(_Reload(source, future))
+        return future
+
+    def reload(self, source: Any, timeout: float | None = None) -> int:
+        """Swap weights after the batch in flight and return the new version."""
+        return self.reload_async(source).result(timeout)
+
+    def shutdown(self, timeout: float | None = 30.0) -> None:
+        """Finish queued work, then stop the thread. Safe before start and twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            self._thread.join(timeout)
+
+    # --- the thread -------------------------------------------------------------------------------
+    def _next(self, timeout: float | None) -> Any:
+        if self._carry:
+            return self._carry.popleft()
+        if timeout is None:
+            return self._queue.get()
+        if timeout <= 0:
+            return self._queue.get_nowait()
+        return self._queue.get(timeout=timeout)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._next(None)
+            if item is _STOP:
+                return
+            if isinstance(item, _Reload):
+                self._apply_reload(item)
+                continue
+            batch = [item]
+            size = item.request.n
+            deadline = time.monotonic() + self.max_batch_delay_s
+            while size < self.max_batch_size:
+                try:
+                    nxt = self._next(deadline - time.monotonic())
+                except queue.Empty:
+                    break
+                if not isinstance(nxt, _Job) or size + nxt.request.n > self.max_batch_size:
+                    self._carry.append(nxt)  # a reload or stop waits for this batch; a big job for the next
+                    break
+                batch.append(nxt)
+                size += nxt.request.n
+            self._run(batch)
+
+    def _run(self, batch: list[_Job]) -> None:
+        jobs = [job for job in batch if job.future.set_running_or_notify_cancel()]
+        if not jobs:
+            return
+        version = self._version
+        try:
+            results = self.backend.generate([job.request for job in jobs])
+        except Exception as exc:  # noqa: BLE001 - one bad request must not fail the others
+            if len(jobs) == 1:
+                _logger.warning("generation failed: %s", exc)
+                jobs[0].future.set_exception(exc if isinstance(exc, ServingError) else ServingError(f"generation failed: {exc}"))
+                return
+            _logger.warning("batch of %d failed (%s); retrying its requests one by one", len(jobs), exc)
+            for job in jobs:
+                self._run_alone(job, version)
+            return
+        size = sum(job.request.n for job in jobs)
+        for job, completions in zip(jobs, results):
+            job.future.set_result(GenerationResult(job.request.prompt_ids, completions, size, version))
+
+    def _run_alone(self, job: _Job, version: int) -> None:
+        try:
+            completions = self.backend.generate([job.request])[0]
+        except Exception as exc:  # noqa: BLE001
+            job.future.set_exception(exc if isinstance(exc, ServingError) else ServingError(f"generation failed: {exc}"))
+            return
+        job.future.set_result(GenerationResult(job.request.prompt_ids, completions, job.request.n, version))
+
+    def _apply_reload(self, item: _Reload) -> None:
+        if not item.future.set_running_or_notify_cancel():
+            return
+        try:
+            self.backend.load_weights(item.source)
+        except Exception as exc:  # noqa: BLE001 - the caller gets it; serving goes on with the old weights
+            item.future.set_exception(exc if isinstance(exc, ServingError) else ServingError(f"reload failed: {exc}"))
+            return
+        with self._lock:
+            self._version += 1
+            version = self._version
+        _logger.info("weights reloaded: policy version %d", version)
+        item.future.set_result(version)

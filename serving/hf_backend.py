@@ -1,0 +1,270 @@
+"""The transformers backend: batched sampling with a KV cache, on CPU by default.
+
+One batch = every choice of every request the batcher grouped. Prompts are left-padded, so all rows
+decode in lockstep; each row has its own temperature, top-p, seed, stop strings and max_tokens, and a
+row that finishes is dropped from the batch (and its KV cache) at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from spanrl.errors import ServingError
+from spanrl.serving.backend import Completion, GenerationRequest
+
+__all__ = ["TransformersBackend"]
+
+_logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_FALLBACK_CONTEXT_TOKENS = 2048
+
+
+@dataclasses.dataclass
+class _Row:
+    """One choice being generated."""
+
+    request: GenerationRequest
+    choice: int
+    generator: torch.Generator | None
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    top: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    max_new: int = 0
+
+
+class TransformersBackend:
+    """A Hugging Face causal LM generating batches; see ``spanrl.serving.backend.Backend``."""
+
+    def __init__(
+        self,
+        model_dir: str | pathlib.Path,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_context_tokens: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+            torch_dtype = "auto" if dtype == "auto" else _DTYPES[dtype]
+            self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch_dtype)
+        except (OSError, ValueError) as exc:
+            raise ServingError(f"model: cannot load a causal LM from {str(model_dir)!r}: {exc}") from exc
+        self.model.to(device).eval()
+        self.device = torch.device(device)
+        config = self.model.config
+        model_context = getattr(config, "max_position_embeddings", None) or _FALLBACK_CONTEXT_TOKENS
+        self.max_context_tokens = min(max_context_tokens or model_context, model_context)
+        self.pad_id = self._pad_id()
+        self.stop_ids = self._stop_ids()
+        self._generator = torch.Generator(device="cpu").manual_seed(seed)
+
+    # --- weights ----------------------------------------------------------------------------------
+    def load_weights(self, source: Any) -> None:
+        """Copy new weights in place: a folder path, a ``state_dict`` or a module (copied, not kept)."""
+        if isinstance(source, (str, pathlib.Path)):
+            from transformers import AutoModelForCausalLM
+
+            try:
+                loaded = AutoModelForCausalLM.from_pretrained(str(source), dtype=self.model.dtype)
+            except (OSError, ValueError) as exc:
+                raise ServingError(f"path: cannot load weights from {str(source)!r}: {exc}") from exc
+            state = loaded.state_dict()
+        elif isinstance(source, torch.nn.Module):
+            state = source.state_dict()
+        elif isinstance(source, dict):
+            state = source
+        else:
+            raise ServingError(f"weights must be a path, a state_dict or a torch.nn.Module, got {type(source).__name__}")
+        own = self.model.state_dict()
+        missing = [k for k in own if k not in state and not _is_tied_copy(k, own)]
+        unexpected = [k for k in state if k not in own]
+        if missing or unexpected:
+            raise ServingError(
+                f"weights do not fit the served model: missing {missing[:3]}{'...' if len(missing) > 3 else ''}, "
+                f"unexpected {unexpected[:3]}{'...' if len(unexpected) > 3 else ''}"
+            )
+        for key, tensor in state.items():
+            if own[key].shape != tensor.shape:
+                raise ServingError(f"weights: {key} has shape {tuple(tensor.shape)}, the model {tuple(own[key].shape)}")
+        with torch.no_grad():  # checked first, so a bad source leaves the old weights whole
+            for key, tensor in state.items():
+                target = own[key]
+                target.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
+
+    def close(self) -> None:
+        """Drop the model."""
+        self.model = None  # type: ignore[assignment]
+
+    # --- generation -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
+        """Generate every choice of every request together; see the module docstring."""
+        rows = [
+            _Row(
+                request=req,
+                choice=i,
+                generator=None if req.params.seed is None else torch.Generator().manual_seed(req.params.seed + i),
+                max_new=min(req.params.max_tokens, self.max_context_tokens - len(req.prompt_ids)),
+            )
+            for req in requests
+            for i in range(req.n)
+        ]
+        for row in rows:
+            if row.max_new < 1:
+                raise ServingError(f"prompt of {len(row.request.prompt_ids)} tokens leaves no room in the context")
+        self._run(rows)
+        out: list[list[Completion]] = []
+        it = iter(rows)
+        for req in requests:
+            out.append(
+                [
+                    Completion(r.token_ids, r.logprobs, r.text, r.finish_reason or "length", r.top)
+                    for r in (next(it) for _ in range(req.n))
+                ]
+            )
+        return out
+
+    def _run(self, rows: list[_Row]) -> None:
+        from transformers import DynamicCache
+
+        width = max(len(r.request.prompt_ids) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for b, row in enumerate(rows):
+            prompt = row.request.prompt_ids
+            ids[b, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            mask[b, width - len(prompt) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        active = list(range(len(rows)))
+        temps = torch.tensor([r.request.params.temperature for r in rows], dtype=torch.float32)
+        top_ps = torch.tensor([r.request.params.top_p for r in rows], dtype=torch.float32)
+        dev = self.device
+        logits = self._forward(ids.to(dev), mask.to(dev), positions.to(dev), cache)  # (B, V)
+        next_pos = positions[:, -1] + 1  # (B,)
+        while True:
+            tokens, token_lps, tops = self._sample(logits, [rows[i] for i in active], temps[active], top_ps[active])
+            keep: list[int] = []
+            for j, b in enumerate(active):
+                if self._append(rows[b], tokens[j], token_lps[j], tops[j] if tops else None):
+                    keep.append(j)
+            if not keep:
+                return
+            if len(keep) < len(active):
+                index = torch.tensor(keep, dtype=torch.long)
+                cache.batch_select_indices(index.to(dev))
+                mask, next_pos, tokens_t = mask[index], next_pos[index], torch.tensor(tokens)[index]
+                active = [active[j] for j in keep]
+            else:
+                tokens_t = torch.tensor(tokens)
+            mask = torch.cat([mask, torch.ones((len(active), 1), dtype=torch.long)], dim=1)
+            logits = self._forward(tokens_t[:, None].to(dev), mask.to(dev), next_pos[:, None].to(dev), cache)
+            next_pos = next_pos + 1
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1
+        )
+        return out.logits[:, -1, :].float()
+
+    def _sample(
+        self, logits: torch.Tensor, rows: list[_Row], temps: torch.Tensor, top_ps: torch.Tensor
+    ) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
+        """Sample one token per row; return ids, their logprobs and the top alternatives."""
+        greedy = temps <= 0
+        scaled = logits / torch.where(greedy, torch.ones_like(temps), temps).to(logits.device)[:, None]
+        logp = torch.log_softmax(scaled, dim=-1).cpu()  # (B, V)
+        chosen = logp.argmax(dim=-1)  # (B,)
+        sample_rows = [b for b in range(len(rows)) if not greedy[b]]
+        if sample_rows:
+            probs = logp[sample_rows].exp()
+            probs = _top_p_filter(probs, top_ps[sample_rows])
+            shared = [k for k, b in enumerate(sample_rows) if rows[b].generator is None]
+            if shared:
+                picked = torch.multinomial(probs[shared], 1, generator=self._generator).squeeze(1)
+                for k, tok in zip(shared, picked.tolist()):
+                    chosen[sample_rows[k]] = tok
+            for k, b in enumerate(sample_rows):
+                if rows[b].generator is not None:
+                    chosen[b] = torch.multinomial(probs[k], 1, generator=rows[b].generator).item()
+        token_lps = logp.gather(1, chosen[:, None]).squeeze(1)
+        tops: list[list[tuple[int, float]]] = []
+        want = max(r.request.params.top_logprobs for r in rows)
+        if want:
+            values, indices = logp.topk(want, dim=-1)
+            tops = [
+                list(zip(indices[b, : r.request.params.top_logprobs].tolist(), values[b, : r.request.params.top_logprobs].tolist()))
+                for b, r in enumerate(rows)
+            ]
+        return chosen.tolist(), token_lps.tolist(), tops
+
+    def _append(self, row: _Row, token: int, logprob: float, top: list[tuple[int, float]] | None) -> bool:
+        """Record one token; return whether the row goes on."""
+        row.token_ids.append(token)
+        row.logprobs.append(logprob)
+        if row.request.params.top_logprobs:
+            row.top.append(top or [])
+        if row.request.on_token is not None:
+            try:
+                row.request.on_token(row.choice, token, logprob)
+            except Exception:  # a broken stream must not stop the batch
+                _logger.exception("token callback failed")
+        row.text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
+        if token in self.stop_ids:
+            row.finish_reason = "stop"
+            return False
+        for stop in row.request.params.stop:
+            at = row.text.find(stop)
+            if at >= 0:
+                row.text = row.text[:at]
+                row.finish_reason = "stop"
+                return False
+        if len(row.token_ids) >= row.max_new:
+            row.finish_reason = "length"
+            return False
+        return True
+
+    def _pad_id(self) -> int:
+        for candidate in (self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, 0):
+            if candidate is not None:
+                return int(candidate)
+        return 0  # pragma: no cover
+
+    def _stop_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if isinstance(gen_eos, int):
+            ids.add(gen_eos)
+        elif isinstance(gen_eos, (list, tuple)):
+            ids.update(int(i) for i in gen_eos)
+        return frozenset(ids)
+
+
+def _top_p_filter(probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
+    """Zero the tail of each row beyond its top-p mass (the most likely token always stays)."""
+    if bool((top_ps >= 1.0).all()):
+        return probs
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of the tokens ranked above
+    drop_sorted = before >= top_ps[:, None]
+    drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+    return probs.masked_fill(drop, 0.0)
+
+
+def _is_tied_copy(key: str, own: dict[str, torch.Tensor]) -> bool:
+    """``lm_head.weight`` may be absent from a state_dict of a model with tied embeddings."""
+    return key.endswith("lm_head.weight") and any(k.endswith("embed_tokens.weight") for k in own)

@@ -1,0 +1,205 @@
+"""PolicyServer: the model, its batcher, the HTTP app and the span exporter, started and stopped
+together; usable in-process (the trainer) or as ``spanrl serve``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+import time
+from typing import Any
+
+from spanrl.errors import ServingError
+from spanrl.serving.backend import Backend, GenerationRequest, GenerationResult, SamplingParams
+from spanrl.serving.batcher import Batcher
+from spanrl.serving.config import ServerConfig
+from spanrl.serving.telemetry import SpanRecorder
+
+__all__ = ["PolicyServer"]
+
+_logger = logging.getLogger(__name__)
+
+_START_TIMEOUT_S = 30.0
+_STOP_TIMEOUT_S = 30.0
+
+
+def _load_backend(config: ServerConfig) -> Backend:
+    from spanrl.serving.models import resolve_model
+
+    model_dir = resolve_model(config.model)
+    if config.backend == "vllm":
+        from spanrl.serving.vllm_backend import VLLMBackend
+
+        return VLLMBackend(model_dir, dtype=config.dtype, max_context_tokens=config.max_context_tokens, seed=config.seed)
+    from spanrl.serving.hf_backend import TransformersBackend
+
+    return TransformersBackend(
+        model_dir, device=config.device, dtype=config.dtype, max_context_tokens=config.max_context_tokens, seed=config.seed
+    )
+
+
+class PolicyServer:
+    """An OpenAI-compatible server for the policy under training.
+
+    ``start()`` loads the model and serves HTTP from a background thread; ``base_url`` is then
+    ``http://HOST:PORT`` and rollouts use ``f"{base_url}/rollouts/{rollout_id}/v1"`` as their
+    ``OPENAI_BASE_URL``. ``reload(...)`` swaps weights between batches and returns the new version.
+    ``span_exporter`` replaces the OTLP exporter (e.g. an in-memory one in tests).
+    """
+
+    def __init__(self, config: ServerConfig, *, span_exporter: Any = None) -> None:
+        self.config = config.validate()
+        self._span_exporter = span_exporter
+        self._thread: threading.Thread | None = None
+        self._server: Any = None
+        self._socket: socket.socket | None = None
+        self._state: Any = None
+        self._closed = False
+
+    # --- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> PolicyServer:
+        """Load the model, start the batcher and serve HTTP in a background thread; return self."""
+        import uvicorn
+
+        if self._closed:
+            raise ServingError("Cannot start a policy server once it has been shut down.")
+        if self._thread is not None:
+            return self
+        self._prepare()
+        app = self._app()
+        sock = socket.socket(socket.AF_INET6 if ":" in self.config.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.config.host, self.config.port))
+        except OSError as exc:
+            sock.close()
+            self._stop_parts()
+            raise ServingError(f"port: cannot bind {self.config.host}:{self.config.port}: {exc}") from exc
+        self._socket = sock
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=[sock])), name="spanrl-policy-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.shutdown()
+                raise ServingError(f"the HTTP server did not start on {self.config.host}:{self.port}")
+            time.sleep(0.01)
+        _logger.info("policy server %r at %s", self.config.model_name, self.base_url)
+        return self
+
+    def serve_forever(self) -> None:
+        """Serve in the calling thread until interrupted (``spanrl serve``)."""
+        import uvicorn
+
+        self._prepare()
+        server = uvicorn.Server(
+            uvicorn.Config(self._app(), host=self.config.host, port=self.config.port, log_level="info", lifespan="off")
+        )
+        try:
+            server.run()
+        finally:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        """Stop HTTP, finish queued generations, flush spans. Safe before start and twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(_STOP_TIMEOUT_S)
+        if self._socket is not None:
+            self._socket.close()
+        self._stop_parts()
+
+    def __enter__(self) -> PolicyServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # --- what callers use -------------------------------------------------------------------------
+    @property
+    def port(self) -> int:
+        """The bound port (the real one when the config asked for 0)."""
+        if self._socket is not None:
+            return int(self._socket.getsockname()[1])
+        return self.config.port
+
+    @property
+    def base_url(self) -> str:
+        """``http://HOST:PORT`` (without ``/v1``)."""
+        host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
+        return f"http://{host}:{self.port}"
+
+    def rollout_base_url(self, rollout_id: str, attempt: int | None = None) -> str:
+        """The ``OPENAI_BASE_URL`` that attributes a rollout's requests to it."""
+        suffix = f"/attempts/{attempt}" if attempt is not None else ""
+        return f"{self.base_url}/rollouts/{rollout_id}{suffix}/v1"
+
+    @property
+    def version(self) -> int:
+        """Policy version: 0 at start, +1 per reload."""
+        return self._require_state().batcher.version
+
+    @property
+    def tokenizer(self) -> Any:
+        """The served model's tokenizer."""
+        return self._require_state().tokenizer
+
+    def reload(self, source: Any, timeout: float | None = None) -> int:
+        """Swap in new weights (folder path, ``state_dict`` or ``torch.nn.Module``, copied) after the
+        batch in flight; requests keep being served. Returns the new version. Thread-safe."""
+        return self._require_state().batcher.reload(source, timeout)
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams, *, n: int = 1) -> GenerationResult:
+        """Generate in-process through the same batcher the HTTP routes use (no span is recorded)."""
+        return self._require_state().batcher.submit(GenerationRequest(list(prompt_ids), params, n=n)).result()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Export every finished span now."""
+        return self._require_state().recorder.force_flush(timeout_millis)
+
+    # --- internals --------------------------------------------------------------------------------
+    def _prepare(self) -> None:
+        from spanrl.serving.app import ServerState
+
+        if self._state is not None:
+            return
+        backend = _load_backend(self.config)
+        batcher = Batcher(
+            backend,
+            max_batch_size=self.config.max_batch_size,
+            max_batch_delay_ms=self.config.max_batch_delay_ms,
+            max_queue_size=self.config.max_queue_size,
+        )
+        recorder = SpanRecorder(
+            service_name=self.config.service_name,
+            endpoint=self.config.otlp_endpoint,
+            headers=self.config.otlp_headers,
+            exporter=self._span_exporter,
+            compact=self.config.compact_token_arrays,
+        )
+        batcher.start()
+        self._state = ServerState(self.config, batcher, backend.tokenizer, backend.max_context_tokens, recorder)
+
+    def _app(self) -> Any:
+        from spanrl.serving.app import build_app
+
+        return build_app(self._state)
+
+    def _stop_parts(self) -> None:
+        state, self._state = self._state, None
+        if state is None:
+            return
+        state.batcher.shutdown(_STOP_TIMEOUT_S)
+        state.batcher.backend.close()
+        state.recorder.shutdown()
+
+    def _require_state(self) -> Any:
+        if self._state is None:
+            raise ServingError("The policy server is not running: call start() first (or it has been shut down).")
+        return self._state
