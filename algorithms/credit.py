@@ -1,0 +1,332 @@
+"""LightningRL credit assignment: rewards of a rollout -> a return and an advantage for each LLM call.
+
+Returns ``G`` per call (``mode``), then a baseline over the rollouts of the same task (``baseline``):
+
+- ``identical``: ``G_t = R``, the episode reward (last reward of the rollout by time) on every call, as
+  in the LightningRL paper (Agent Lightning, arXiv 2508.03680, section 3.2).
+- ``discounted``: ``G_t = gamma ** (T - 1 - t) * R``: the episode reward discounted by the number of
+  calls that still followed (``T`` calls in the rollout, ``t`` the call's step).
+- ``step``: returns-to-go over intermediate rewards, ``G_t = sum_{k >= t} gamma ** (k - t) * r_k``,
+  where ``r_k`` sums the rewards that followed call ``k`` and came before call ``k + 1``
+  (rewards before the first call are counted in the report and credit no call).
+- ``gae``: generalised advantage estimation (Schulman et al. 2016, arXiv 1506.02438) from critic values
+  ``V`` per call, over the chain of calls in the batch: ``delta_j = r_j + gamma * V_{j+1} - V_j``,
+  ``A_j = delta_j + gamma * lam * A_{j+1}``, ``G_j = A_j + V_j``. The critic is the baseline.
+
+Baselines (groups: rollouts of the same ``task_id``):
+
+- ``grpo``: ``A = G - mean`` (Shao et al. 2024, arXiv 2402.03300), divided by the group's standard
+  deviation (ddof 1, as TRL) when ``scale_std``. A group whose std is below ``eps`` is not scaled.
+- ``rloo``: ``A = G - mean of the others`` (leave-one-out, Ahmadian et al. 2024, arXiv 2402.14740),
+  divided by the group std when ``scale_std``. A rollout alone in its group gets ``A = 0``.
+- ``none``: ``A = G`` (the right choice with ``gae``); with ``scale_std`` the batch is whitened,
+  ``(A - mean) / std`` over all calls, as PPO implementations do.
+
+``per_rollout`` (default): group statistics take one value per rollout (its return from the first
+call, ``G_0``; for ``identical`` that is ``R``), so a rollout with more calls does not weigh more.
+``per_rollout=False`` takes one value per call, as Agent Lightning 0.3 does (longer rollouts weigh
+more); RLOO then leaves out all calls of the same rollout.
+
+Bad data is handled by the config and counted, never dropped silently: a rollout without a reward is
+skipped or scored 0 (``missing_reward``); a NaN reward skips its rollout or counts as 0 (``nan_reward``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from spanrl.errors import ConfigError
+
+__all__ = ["CreditConfig", "CreditResult", "assign_credit", "default_config"]
+
+CreditMode = Literal["identical", "discounted", "step", "gae"]
+Baseline = Literal["grpo", "rloo", "none"]
+_MODES = ("identical", "discounted", "step", "gae")
+_BASELINES = ("grpo", "rloo", "none")
+_MISSING_POLICIES = ("skip", "zero")
+
+
+@dataclass
+class CreditConfig:
+    """How rewards become advantages. ``default_config()`` gives the LightningRL defaults."""
+
+    mode: CreditMode = "identical"
+    """identical | discounted | step | gae (see the module docstring)."""
+    gamma: float = 1.0
+    """Discount per call, in [0, 1] (discounted, step, gae)."""
+    lam: float = 0.95
+    """GAE lambda, in [0, 1] (gae only)."""
+    baseline: Baseline = "grpo"
+    """grpo | rloo | none: what is subtracted from the return, per task group."""
+    scale_std: bool = True
+    """Divide by the group std (grpo, rloo), or whiten the batch (none)."""
+    per_rollout: bool = True
+    """Group statistics over one value per rollout (True) or one per call (False, Agent Lightning)."""
+    reward_name: str | None = None
+    """Only rewards of this name (``spanrl.reward.name`` / ``gen_ai.evaluation.name``); None: every reward."""
+    missing_reward: Literal["skip", "zero"] = "skip"
+    """A rollout without a reward: skip its calls, or score it 0."""
+    nan_reward: Literal["skip", "zero"] = "skip"
+    """A NaN reward: skip its whole rollout, or count the reward as 0."""
+    eps: float = 1e-6
+    """Added to the std before dividing; a std below it is not divided by."""
+
+    def validate(self) -> None:
+        """Raise `ConfigError` naming the first bad field, its value and what is allowed."""
+        if self.mode not in _MODES:
+            raise ConfigError(f"mode must be one of {', '.join(_MODES)}; got {self.mode!r}")
+        if self.baseline not in _BASELINES:
+            raise ConfigError(f"baseline must be one of {', '.join(_BASELINES)}; got {self.baseline!r}")
+        for name in ("gamma", "lam"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise ConfigError(f"{name} must be a number in [0, 1], got {value!r}")
+        if self.mode == "gae" and self.baseline != "none":
+            raise ConfigError(
+                f"baseline must be 'none' when mode is 'gae' (the critic is the baseline), got {self.baseline!r}"
+            )
+        for name in ("missing_reward", "nan_reward"):
+            value = getattr(self, name)
+            if value not in _MISSING_POLICIES:
+                raise ConfigError(f"{name} must be 'skip' or 'zero', got {value!r}")
+        if not isinstance(self.scale_std, bool) or not isinstance(self.per_rollout, bool):
+            raise ConfigError(
+                f"scale_std and per_rollout must be booleans, got {self.scale_std!r} and {self.per_rollout!r}"
+            )
+        if self.reward_name is not None and not isinstance(self.reward_name, str):
+            raise ConfigError(f"reward_name must be a string or None, got {self.reward_name!r}")
+        if not isinstance(self.eps, (int, float)) or not self.eps > 0:
+            raise ConfigError(f"eps must be a positive number, got {self.eps!r}")
+
+
+def default_config() -> CreditConfig:
+    """A new `CreditConfig` with the defaults: identical rewards, GRPO over rollouts, std scaling."""
+    return CreditConfig()
+
+
+@dataclass
+class CreditResult:
+    """Per call: ``returns`` and ``advantages`` (NaN for calls of skipped rollouts). Per rollout:
+    ``keep`` (False: skipped, see ``report``) and ``episode_reward`` (NaN when it has none)."""
+
+    returns: np.ndarray
+    advantages: np.ndarray
+    keep: np.ndarray
+    episode_reward: np.ndarray
+    report: dict[str, int] = field(default_factory=dict)
+
+
+def assign_credit(
+    config: CreditConfig,
+    *,
+    call_rollout: np.ndarray,
+    call_step: np.ndarray,
+    rollout_calls: np.ndarray,
+    rollout_group: np.ndarray,
+    reward_rollout: np.ndarray,
+    reward_step: np.ndarray,
+    reward_value: np.ndarray,
+    reward_time_ns: np.ndarray,
+    reward_name: np.ndarray | None = None,
+    values: np.ndarray | None = None,
+) -> CreditResult:
+    """Returns and advantages for the calls of a batch of rollouts.
+
+    Rollouts are indexed ``0..R-1``: ``rollout_calls[i]`` is the number of calls rollout ``i`` made
+    (all agents, before any selection) and ``rollout_group[i]`` its task group index. Calls (the
+    selected ones) give their rollout index and ``step`` (0-based, in the rollout's order). Rewards give
+    their rollout, the step of the last call before them (-1: none), value, time and optional name.
+    ``values`` (gae only) are the critic's values, one per call.
+    """
+    config.validate()
+    call_rollout = np.asarray(call_rollout, dtype=np.int64)
+    call_step = np.asarray(call_step, dtype=np.int64)
+    rollout_calls = np.asarray(rollout_calls, dtype=np.int64)
+    rollout_group = np.asarray(rollout_group, dtype=np.int64)
+    n_rollouts = len(rollout_calls)
+    report: dict[str, int] = {}
+
+    # --- rewards of the chosen name, NaN policy, episode reward = last by time --------------------
+    r_roll = np.asarray(reward_rollout, dtype=np.int64)
+    r_step = np.asarray(reward_step, dtype=np.int64)
+    r_val = np.asarray(reward_value, dtype=np.float64).copy()
+    r_time = np.asarray(reward_time_ns, dtype=np.int64)
+    if config.reward_name is not None and reward_name is not None:
+        chosen = np.asarray(reward_name, dtype=object) == config.reward_name
+        r_roll, r_step, r_val, r_time = r_roll[chosen], r_step[chosen], r_val[chosen], r_time[chosen]
+    keep = np.ones(n_rollouts, dtype=bool)
+    nan = np.isnan(r_val)
+    report["nan_reward"] = int(nan.sum())
+    if nan.any():
+        if config.nan_reward == "zero":
+            r_val[nan] = 0.0
+        else:
+            bad = np.unique(r_roll[nan])
+            keep[bad] = False
+            report["skipped_nan_reward"] = int(len(bad))
+    has_reward = np.bincount(r_roll, minlength=n_rollouts) > 0 if len(r_roll) else np.zeros(n_rollouts, bool)
+    episode = np.full(n_rollouts, np.nan)
+    if len(r_roll):
+        order = np.lexsort((r_time, r_roll))
+        last = order[np.r_[r_roll[order][1:] != r_roll[order][:-1], True]]
+        episode[r_roll[last]] = r_val[last]
+    no_reward = ~has_reward & keep
+    if config.missing_reward == "zero":
+        episode[no_reward] = 0.0
+        report["defaulted_no_reward"] = int(no_reward.sum())
+    else:
+        keep &= has_reward
+        report["skipped_no_reward"] = int(no_reward.sum())
+    kept_reward = keep[r_roll] if len(r_roll) else np.zeros(0, bool)
+    r_roll, r_step, r_val = r_roll[kept_reward], r_step[kept_reward], r_val[kept_reward]
+
+    # --- returns ------------------------------------------------------------------------------------
+    offsets = np.concatenate([[0], np.cumsum(rollout_calls)])
+    call_pos = offsets[call_rollout] + call_step
+    if config.mode in ("step", "gae"):
+        report["rewards_before_first_call"] = int((r_step < 0).sum())
+    if config.mode == "identical":
+        returns = episode[call_rollout]
+        score = episode.copy()
+    elif config.mode == "discounted":
+        returns = episode[call_rollout] * config.gamma ** (rollout_calls[call_rollout] - 1 - call_step)
+        score = episode * config.gamma ** np.maximum(rollout_calls - 1, 0)
+    elif config.mode == "step":
+        dense = np.zeros(offsets[-1])
+        ok = r_step >= 0
+        np.add.at(dense, offsets[r_roll[ok]] + r_step[ok], r_val[ok])
+        to_go = _discounted_cumsum(dense, offsets, config.gamma)
+        returns = to_go[call_pos]
+        score = episode.copy()  # a rollout's score: its return from the first call
+        has_calls = rollout_calls > 0
+        score[has_calls] = to_go[offsets[:-1][has_calls]]
+    else:
+        returns, advantages = _gae(config, call_rollout, call_step, r_roll, r_step, r_val, values)
+        score = np.zeros(n_rollouts)
+    call_keep = keep[call_rollout]
+    returns = np.where(call_keep, returns, np.nan)
+
+    # --- baselines ----------------------------------------------------------------------------------
+    if config.mode != "gae":
+        advantages = _baseline(config, returns, call_rollout, call_keep, score, keep, rollout_group, report)
+    elif config.scale_std:
+        advantages = _whiten(advantages, call_keep, config.eps)
+    advantages = np.where(call_keep, advantages, np.nan)
+    return CreditResult(returns=returns, advantages=advantages, keep=keep, episode_reward=episode, report=report)
+
+
+def _discounted_cumsum(dense: np.ndarray, offsets: np.ndarray, gamma: float) -> np.ndarray:
+    """Per segment [offsets[i], offsets[i+1]): out[t] = dense[t] + gamma * out[t+1] within the segment."""
+    out = np.zeros_like(dense)
+    ends = set(int(o) - 1 for o in offsets[1:])
+    running = 0.0
+    for t in range(len(dense) - 1, -1, -1):
+        if t in ends:
+            running = 0.0
+        running = dense[t] + gamma * running
+        out[t] = running
+    return out
+
+
+def _gae(
+    config: CreditConfig,
+    call_rollout: np.ndarray,
+    call_step: np.ndarray,
+    r_roll: np.ndarray,
+    r_step: np.ndarray,
+    r_val: np.ndarray,
+    values: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    if values is None:
+        raise ConfigError("values must be given (one critic value per call) when mode is 'gae'")
+    values = np.asarray(values, dtype=np.float64)
+    if values.shape != call_rollout.shape:
+        raise ConfigError(f"values must have one entry per call ({len(call_rollout)}), got shape {values.shape}")
+    order = np.lexsort((call_step, call_rollout))
+    adv = np.zeros(len(order))
+    # reward of chain element j: rewards at steps in [step_j, step_{j+1}) of its rollout
+    rewards_by_rollout: dict[int, list[tuple[int, float]]] = {}
+    for roll, step, val in zip(r_roll.tolist(), r_step.tolist(), r_val.tolist()):
+        if step >= 0:
+            rewards_by_rollout.setdefault(roll, []).append((step, val))
+    next_adv, next_value, next_step, prev_roll = 0.0, 0.0, None, None
+    for idx in order[::-1]:
+        roll, step = int(call_rollout[idx]), int(call_step[idx])
+        last = roll != prev_roll
+        upper = None if last else next_step
+        reward = sum(v for s, v in rewards_by_rollout.get(roll, ()) if s >= step and (upper is None or s < upper))
+        bootstrap = 0.0 if last else config.gamma * next_value
+        delta = reward + bootstrap - values[idx]
+        adv[idx] = delta + (0.0 if last else config.gamma * config.lam * next_adv)
+        next_adv, next_value, next_step, prev_roll = adv[idx], values[idx], step, roll
+    return adv + values, adv
+
+
+def _group_stats(values: np.ndarray, groups: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Count, mean and std (ddof 1; NaN for a group of one) of ``values`` per group."""
+    count = np.bincount(groups, minlength=n_groups).astype(np.float64)
+    total = np.bincount(groups, weights=values, minlength=n_groups)
+    mean = np.divide(total, count, out=np.zeros(n_groups), where=count > 0)
+    sq = np.bincount(groups, weights=(values - mean[groups]) ** 2, minlength=n_groups)
+    std = np.sqrt(np.divide(sq, count - 1, out=np.full(n_groups, np.nan), where=count > 1))
+    return count, total, std
+
+
+def _baseline(
+    config: CreditConfig,
+    returns: np.ndarray,
+    call_rollout: np.ndarray,
+    call_keep: np.ndarray,
+    score: np.ndarray,
+    keep: np.ndarray,
+    rollout_group: np.ndarray,
+    report: dict[str, int],
+) -> np.ndarray:
+    if config.baseline == "none":
+        adv = np.nan_to_num(returns)
+        return _whiten(adv, call_keep, config.eps) if config.scale_std else adv
+    n_groups = int(rollout_group.max()) + 1 if len(rollout_group) else 0
+    call_group = rollout_group[call_rollout]
+    if config.per_rollout:  # one value per kept rollout
+        vals, grp = score[keep], rollout_group[keep]
+        count, total, std = _group_stats(vals, grp, n_groups)
+        mean = np.divide(total, count, out=np.zeros(n_groups), where=count > 0)
+        if config.baseline == "grpo":
+            base = mean[call_group]
+        else:  # rloo: the mean of the other rollouts of the group
+            others = count[call_group] - 1
+            base = np.divide(total[call_group] - score[call_rollout], others, out=returns.copy(), where=others > 0)
+        report["singleton_groups"] = int(((count == 1)).sum())
+    else:  # one value per kept call
+        vals, grp = returns[call_keep], call_group[call_keep]
+        count, total, std = _group_stats(vals, grp, n_groups)
+        mean = np.divide(total, count, out=np.zeros(n_groups), where=count > 0)
+        if config.baseline == "grpo":
+            base = mean[call_group]
+        else:  # rloo: the mean over calls of the group's other rollouts
+            own_n = np.bincount(call_rollout[call_keep], minlength=len(keep)).astype(np.float64)
+            own_sum = np.bincount(call_rollout[call_keep], weights=vals, minlength=len(keep))
+            others = count[call_group] - own_n[call_rollout]
+            base = np.divide(
+                total[call_group] - own_sum[call_rollout], others, out=returns.copy(), where=others > 0
+            )
+        rollouts_per_group = np.bincount(rollout_group[keep], minlength=n_groups)
+        report["singleton_groups"] = int((rollouts_per_group == 1).sum())
+    adv = returns - base
+    if config.scale_std:
+        s = std[call_group]
+        scalable = np.isfinite(s) & (s >= config.eps)
+        adv = np.where(scalable, adv / (np.where(scalable, s, 1.0) + config.eps), adv)
+        report["unscaled_groups"] = int((~(np.isfinite(std) & (std >= config.eps)) & (count > 0)).sum())
+    return adv
+
+
+def _whiten(adv: np.ndarray, keep: np.ndarray, eps: float) -> np.ndarray:
+    kept = adv[keep]
+    if len(kept) < 2:
+        return adv
+    std = kept.std(ddof=1)
+    return (adv - kept.mean()) / (std + eps) if std >= eps else adv - kept.mean()

@@ -1,0 +1,388 @@
+"""Transitions: the one way algorithms/ reads the span store.
+
+`load_transitions` decomposes the selected rollouts (``spanrl.store.decomposer``, SQL), retokenizes
+calls that have only messages (external APIs), assigns credit (``spanrl.algorithms.credit``), and
+optionally merges the calls of a multi-turn conversation into one sample. Everything odd in the data is
+counted in ``TransitionBatch.report``, which the trainer logs; nothing is dropped silently.
+
+Report keys: ``rollouts``, ``calls``, ``transitions``, ``retokenized``, ``skipped_no_ids`` (a call
+without token ids, and no tokenizer or no messages to retokenize), ``skipped_retokenize_error``,
+``skipped_bad_logprobs`` (logprobs not aligned with completion ids), ``missing_logprobs`` (left empty),
+``skipped_no_reward`` / ``defaulted_no_reward``, ``nan_reward`` / ``skipped_nan_reward``,
+``skipped_rollout_calls`` (calls of skipped rollouts), ``rewards_before_first_call``,
+``singleton_groups``, ``unscaled_groups``, ``no_task_id``, ``merged``, ``prefix_mismatch_<reason>``
+(``retokenized``, ``template_drift``, ``history_changed``), and the decomposer's ``duplicate_spans``,
+``orphan_spans``, ``late_spans``, ``failed_rollouts``, ``open_rollouts``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spanrl.algorithms.credit import CreditConfig, assign_credit
+from spanrl.errors import ConfigError
+from spanrl.store.decomposer import Selection, decompose
+
+__all__ = ["TRANSITIONS_SCHEMA", "Transition", "TransitionBatch", "load_transitions"]
+
+TRANSITIONS_SCHEMA = pa.schema(
+    [
+        ("rollout_id", pa.string()),
+        ("task_id", pa.string()),
+        ("attempt", pa.int32()),
+        ("agent", pa.string()),
+        ("step", pa.int32()),
+        ("prompt_ids", pa.list_(pa.int32())),
+        ("completion_ids", pa.list_(pa.int32())),
+        ("completion_mask", pa.list_(pa.int8())),
+        ("old_logprobs", pa.list_(pa.float32())),
+        ("reward", pa.float64()),
+        ("advantage", pa.float64()),
+        ("policy_version", pa.int32()),
+        ("retokenized", pa.bool_()),
+    ]
+)
+"""Columns of `TransitionBatch.to_arrow` (and of ``spanrl export transitions``)."""
+
+
+@dataclass
+class Transition:
+    """One training sample: an LLM call, or consecutive calls of one conversation merged (``aggregate``).
+
+    ``completion_mask`` is 1 on tokens the policy generated and 0 on tokens it did not (tool output,
+    template glue between merged calls); ``old_logprobs`` is aligned with ``completion_ids``, 0.0 where
+    the mask is 0, and EMPTY when the logprobs are unknown (retokenized calls, a server that sent none,
+    a merged sample with such a call): the trainer recomputes them with the current policy. ``reward`` is the call's return before the baseline (``identical``:
+    the episode reward); ``advantage`` is what the policy gradient uses. A merged sample takes the
+    step, reward, advantage and policy version of its first call.
+    """
+
+    rollout_id: str
+    task_id: str | None
+    attempt: int | None
+    agent: str | None
+    step: int
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    completion_mask: list[int]
+    old_logprobs: list[float]
+    reward: float
+    advantage: float
+    policy_version: int | None
+    retokenized: bool
+
+
+class TransitionBatch:
+    """The transitions of a selection, as an Arrow table, with the data-quality ``report``."""
+
+    def __init__(self, table: pa.Table, report: dict[str, int], rewards_by_rollout: dict[str, float]) -> None:
+        self._table = table
+        self.report = report
+        """Counts of what was seen, skipped, defaulted and merged (see the module docstring)."""
+        self.rewards_by_rollout = rewards_by_rollout
+        """Episode reward (last reward by time) of each rollout that made it into the batch."""
+
+    def __len__(self) -> int:
+        return self._table.num_rows
+
+    def to_arrow(self) -> pa.Table:
+        """The transitions as an Arrow table with `TRANSITIONS_SCHEMA`."""
+        return self._table
+
+    @cached_property
+    def transitions(self) -> list[Transition]:
+        """The transitions as dataclasses (built on first access; the Arrow table is cheaper)."""
+        return [Transition(**row) for row in self._table.to_pylist()]
+
+
+# --- retokenization -------------------------------------------------------------------------------
+def _hf_message(msg: Mapping[str, Any]) -> dict[str, Any]:
+    """A gen_ai.*.messages entry (OTel ``parts``, or OpenAI ``content``) as a chat-template message."""
+    role = msg.get("role")
+    if "parts" not in msg:
+        return {k: v for k, v in msg.items() if k in ("role", "content", "tool_calls", "tool_call_id", "name")}
+    texts: list[str] = []
+    tool_calls: list[dict[str, Any]] = []
+    out: dict[str, Any] = {"role": role}
+    for part in msg.get("parts") or []:
+        kind = part.get("type")
+        if kind == "text":
+            texts.append(str(part.get("content", "")))
+        elif kind == "tool_call":
+            tool_calls.append(
+                {
+                    "id": part.get("id"),
+                    "type": "function",
+                    "function": {"name": part.get("name"), "arguments": part.get("arguments") or {}},
+                }
+            )
+        elif kind == "tool_call_response":
+            response = part.get("response")
+            texts.append(response if isinstance(response, str) else json.dumps(response))
+            out["tool_call_id"] = part.get("id")
+    out["content"] = "".join(texts)
+    if tool_calls:
+        out["tool_calls"] = tool_calls
+    return out
+
+
+def _ids(encoded: Any) -> list[int]:
+    if hasattr(encoded, "keys") and "input_ids" in encoded:  # transformers 5 returns a BatchEncoding
+        encoded = encoded["input_ids"]
+    return [int(i) for i in encoded]
+
+
+def _retokenize(tokenizer: Any, input_json: str, output_json: str | None) -> tuple[list[int], list[int]]:
+    """Prompt and completion ids of a call known only by its messages, with the policy's chat template."""
+    messages = [_hf_message(m) for m in json.loads(input_json)]
+    outputs = [_hf_message(m) for m in json.loads(output_json or "[]")]
+    if not outputs:
+        raise ValueError("the call has no output message")
+    prompt = _ids(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+    full = _ids(tokenizer.apply_chat_template(messages + outputs[:1], tokenize=True))
+    if full[: len(prompt)] == prompt:
+        return prompt, full[len(prompt) :]
+    return prompt, _ids(tokenizer.encode(outputs[0].get("content", ""), add_special_tokens=False))
+
+
+# --- aggregation ----------------------------------------------------------------------------------
+def _mismatch_reason(prev: dict[str, Any], nxt: dict[str, Any]) -> str | None:
+    """None when ``nxt``'s prompt extends ``prev``'s prompt + completion; else why not."""
+    history = prev["prompt_ids"] + prev["completion_ids"]
+    prompt = nxt["prompt_ids"]
+    if len(prompt) >= len(history) and prompt[: len(history)] == history:
+        return None
+    if prev["retokenized"] or nxt["retokenized"]:
+        return "retokenized"
+    head = prev["prompt_ids"]
+    if len(prompt) >= len(head) and prompt[: len(head)] == head:
+        return "template_drift"  # the history is kept but the completion was re-rendered differently
+    return "history_changed"  # the conversation was rewritten, truncated, or is another conversation
+
+
+def _aggregate(rows: list[dict[str, Any]], report: dict[str, int]) -> list[dict[str, Any]]:
+    """Merge consecutive calls of one rollout and agent whose prompt extends the previous sample."""
+    out: list[dict[str, Any]] = []
+    last_by_key: dict[tuple[str, str | None], dict[str, Any]] = {}
+    for row in rows:  # sorted by rollout, step
+        key = (row["rollout_id"], row["agent"])
+        prev = last_by_key.get(key)
+        if prev is not None:
+            reason = _mismatch_reason(prev, row)
+            if reason is None:
+                history = len(prev["prompt_ids"]) + len(prev["completion_ids"])
+                glue = row["prompt_ids"][history:]
+                prev["completion_ids"] = prev["completion_ids"] + glue + row["completion_ids"]
+                prev["completion_mask"] = prev["completion_mask"] + [0] * len(glue) + row["completion_mask"]
+                known = bool(prev["old_logprobs"]) and bool(row["old_logprobs"])
+                prev["old_logprobs"] = prev["old_logprobs"] + [0.0] * len(glue) + row["old_logprobs"] if known else []
+                prev["retokenized"] = prev["retokenized"] or row["retokenized"]
+                report["merged"] = report.get("merged", 0) + 1
+                continue
+            name = f"prefix_mismatch_{reason}"
+            report[name] = report.get(name, 0) + 1
+        row = dict(row)
+        last_by_key[key] = row
+        out.append(row)
+    return out
+
+
+# --- loading --------------------------------------------------------------------------------------
+def load_transitions(
+    store: Any,
+    *,
+    credit: CreditConfig | None = None,
+    rollout_ids: Sequence[str] | None = None,
+    agents: Sequence[str] | None = None,
+    mode: str | None = None,
+    since_ns: int | None = None,
+    until_ns: int | None = None,
+    min_policy_version: int | None = None,
+    tokenizer: Any = None,
+    aggregate: bool = False,
+    values: Mapping[tuple[str, int], float] | None = None,
+) -> TransitionBatch:
+    """The transitions of the selected rollouts, with advantages.
+
+    ``store`` is a ``spanrl.store.SpanStore``, a DuckDB connection or cursor (the collector's works),
+    or anything with ``sql(query, params) -> pyarrow.Table``. Selection: ``rollout_ids``, ``agents``
+    (train one agent of a multi-agent system: the nearest ``invoke_agent`` ancestor's name), ``mode``
+    (``train`` / ``val``), ``since_ns`` / ``until_ns`` (rollout start), ``min_policy_version``.
+    ``tokenizer`` (the policy's, with a chat template) retokenizes calls that have only messages.
+    ``aggregate`` merges multi-turn calls into one sample (see `Transition`). ``values`` maps
+    ``(rollout_id, step)`` to the critic's value, for ``CreditConfig(mode="gae")``.
+    """
+    credit = credit or CreditConfig()
+    credit.validate()
+    dec = decompose(
+        store,
+        Selection(
+            rollout_ids=rollout_ids,
+            agents=agents,
+            mode=mode,
+            since_ns=since_ns,
+            until_ns=until_ns,
+            min_policy_version=min_policy_version,
+        ),
+    )
+    report: dict[str, int] = dict(dec.report)
+    for key in ("retokenized", "skipped_no_ids", "skipped_retokenize_error", "skipped_bad_logprobs",
+                "missing_logprobs", "skipped_rollout_calls", "merged", "no_task_id"):
+        report.setdefault(key, 0)
+    calls = dec.calls
+
+    # --- which calls are usable: exact ids with aligned logprobs, or retokenizable messages ------
+    has_ids = pc.is_valid(calls.column("prompt_ids")) if calls.num_rows else pa.array([], pa.bool_())
+    has_ids = pc.and_(has_ids, pc.is_valid(calls.column("completion_ids"))) if calls.num_rows else has_ids
+    n_completion = pc.fill_null(pc.list_value_length(calls.column("completion_ids")), -1)
+    n_logprobs = pc.fill_null(pc.list_value_length(calls.column("logprobs")), -1)
+    has_ids_np = np.asarray(has_ids.to_numpy(zero_copy_only=False), dtype=bool)
+    nc = np.asarray(n_completion.to_numpy(zero_copy_only=False))
+    nl = np.asarray(n_logprobs.to_numpy(zero_copy_only=False))
+    fast = has_ids_np & (nl == nc)  # exact ids and aligned logprobs: vectorised path
+    bad_lp = has_ids_np & (nl >= 0) & (nl != nc)
+    report["skipped_bad_logprobs"] = int(bad_lp.sum())
+    missing_lp = has_ids_np & (nl < 0)
+    report["missing_logprobs"] = int(missing_lp.sum())
+
+    slow_rows: list[dict[str, Any]] = []  # built in Python: missing logprobs, retokenized
+    if missing_lp.any():
+        for row in calls.filter(pa.array(missing_lp)).to_pylist():
+            row["old_logprobs"] = []
+            row["retokenized"] = False
+            slow_rows.append(row)
+    no_ids = ~has_ids_np
+    if no_ids.any():
+        for row in calls.filter(pa.array(no_ids)).to_pylist():
+            if tokenizer is None or not row["input_messages"]:
+                report["skipped_no_ids"] += 1
+                continue
+            try:
+                row["prompt_ids"], row["completion_ids"] = _retokenize(
+                    tokenizer, row["input_messages"], row["output_messages"]
+                )
+            except Exception:  # noqa: BLE001 - bad messages JSON or a template error: counted
+                report["skipped_retokenize_error"] += 1
+                continue
+            row["old_logprobs"] = []
+            row["retokenized"] = True
+            report["retokenized"] += 1
+            slow_rows.append(row)
+
+    # --- credit over every selected rollout ------------------------------------------------------
+    rollouts = dec.rollouts
+    rollout_ids_all = rollouts.column("rollout_id").to_pylist()
+    index = {rid: i for i, rid in enumerate(rollout_ids_all)}
+    tasks = rollouts.column("task_id").to_pylist()
+    report["no_task_id"] = sum(1 for t in tasks if t is None)
+    group_keys = [t if t is not None else f"\x00rollout:{r}" for t, r in zip(tasks, rollout_ids_all)]
+    group_index: dict[str, int] = {}
+    rollout_group = np.array([group_index.setdefault(k, len(group_index)) for k in group_keys], dtype=np.int64)
+
+    fast_calls = calls.filter(pa.array(fast))
+    usable = [fast_calls.select(["rollout_id", "step", "rollout_calls"])]
+    if slow_rows:
+        usable.append(pa.Table.from_pylist(
+            [{"rollout_id": r["rollout_id"], "step": r["step"], "rollout_calls": r["rollout_calls"]} for r in slow_rows],
+            schema=usable[0].schema,
+        ))
+    keys = pa.concat_tables(usable)
+    call_rollout = np.array([index[r] for r in keys.column("rollout_id").to_pylist()], dtype=np.int64)
+    call_step = keys.column("step").to_numpy().astype(np.int64)
+    rollout_calls = np.zeros(len(rollout_ids_all), dtype=np.int64)
+    rewards = dec.rewards
+    r_roll = np.array([index[r] for r in rewards.column("rollout_id").to_pylist()], dtype=np.int64)
+    if rewards.num_rows:
+        rollout_calls[r_roll] = rewards.column("rollout_calls").fill_null(0).to_numpy()
+    if calls.num_rows:
+        all_roll = np.array([index[r] for r in calls.column("rollout_id").to_pylist()], dtype=np.int64)
+        rollout_calls[all_roll] = calls.column("rollout_calls").to_numpy()
+    value_arr = None
+    if credit.mode == "gae":
+        if values is None:
+            raise ConfigError("values must map (rollout_id, step) to the critic's value when mode is 'gae'")
+        rids = keys.column("rollout_id").to_pylist()
+        try:
+            value_arr = np.array([float(values[(r, int(s))]) for r, s in zip(rids, call_step)])
+        except KeyError as exc:
+            raise ConfigError(f"values has no critic value for call (rollout_id, step) = {exc.args[0]!r}") from None
+    result = assign_credit(
+        credit,
+        call_rollout=call_rollout,
+        call_step=call_step,
+        rollout_calls=rollout_calls,
+        rollout_group=rollout_group,
+        reward_rollout=r_roll,
+        reward_step=rewards.column("step").to_numpy() if rewards.num_rows else np.zeros(0, np.int64),
+        reward_value=rewards.column("value").to_numpy(zero_copy_only=False) if rewards.num_rows else np.zeros(0),
+        reward_time_ns=rewards.column("time_ns").to_numpy() if rewards.num_rows else np.zeros(0, np.int64),
+        reward_name=np.array(rewards.column("name").to_pylist(), dtype=object),
+        values=value_arr,
+    )
+    for key, value in result.report.items():
+        report[key] = report.get(key, 0) + value
+    keep_call = result.keep[call_rollout]
+    report["skipped_rollout_calls"] = int((~keep_call).sum())
+
+    # --- assemble ------------------------------------------------------------------------------------
+    n_fast = fast_calls.num_rows
+    fast_keep = keep_call[:n_fast]
+    fast_table = _fast_table(fast_calls, result.returns[:n_fast], result.advantages[:n_fast]).filter(
+        pa.array(fast_keep)
+    )
+    slow_out = []
+    for i, row in enumerate(slow_rows):
+        j = n_fast + i
+        if not keep_call[j]:
+            continue
+        slow_out.append(_row_out(row, float(result.returns[j]), float(result.advantages[j])))
+    table = fast_table
+    if slow_out:
+        table = pa.concat_tables([table, pa.Table.from_pylist(slow_out, schema=TRANSITIONS_SCHEMA)])
+    table = table.sort_by([("rollout_id", "ascending"), ("step", "ascending")])
+    if aggregate:
+        table = pa.Table.from_pylist(_aggregate(table.to_pylist(), report), schema=TRANSITIONS_SCHEMA)
+    report["transitions"] = table.num_rows
+    rewards_by_rollout = {
+        rid: float(result.episode_reward[i]) for i, rid in enumerate(rollout_ids_all) if result.keep[i]
+    }
+    return TransitionBatch(table, report, rewards_by_rollout)
+
+
+def _fast_table(calls: pa.Table, returns: np.ndarray, advantages: np.ndarray) -> pa.Table:
+    completion = calls.column("completion_ids").combine_chunks()
+    ones = pa.array(np.ones(len(completion.values), dtype=np.int8))
+    mask = pa.ListArray.from_arrays(completion.offsets, ones)
+    return pa.table(
+        {
+            "rollout_id": calls.column("rollout_id"),
+            "task_id": calls.column("task_id"),
+            "attempt": calls.column("attempt"),
+            "agent": calls.column("agent"),
+            "step": calls.column("step"),
+            "prompt_ids": calls.column("prompt_ids"),
+            "completion_ids": completion,
+            "completion_mask": mask,
+            "old_logprobs": calls.column("logprobs"),
+            "reward": pa.array(returns, pa.float64()),
+            "advantage": pa.array(advantages, pa.float64()),
+            "policy_version": calls.column("policy_version"),
+            "retokenized": pa.array(np.zeros(calls.num_rows, dtype=bool)),
+        },
+        schema=TRANSITIONS_SCHEMA,
+    )
+
+
+def _row_out(row: dict[str, Any], ret: float, adv: float) -> dict[str, Any]:
+    out = {f.name: row.get(f.name) for f in fields(Transition)}
+    out["completion_mask"] = [1] * len(row["completion_ids"])
+    out["reward"], out["advantage"] = ret, adv
+    return out
