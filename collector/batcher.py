@@ -5,7 +5,8 @@ committed (the receiver acknowledges only then). The writer thread takes every q
 ``max_batch_spans``) into one transaction, commits, then resolves all their futures: under load, many
 requests share one disk commit. When the queued bytes would pass ``max_queue_bytes`` the request is
 refused with `RetryableError` (UNAVAILABLE / 503 + Retry-After): memory stays bounded and nothing
-accepted is ever dropped.
+accepted is ever dropped. Bytes count from queueing until their commit ends; a request larger than the
+whole limit is still taken when nothing else is queued, so it cannot be refused forever.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ class Batcher:
             if self._stopping or self._thread is None:
                 raise RetryableError("the collector is not accepting spans (shutting down or not started)",
                                      retry_after_s=self._config.retry_after_s)
-            if self._queue and self._queued_bytes + size > self._config.max_queue_bytes:
+            if self._queued_bytes and self._queued_bytes + size > self._config.max_queue_bytes:
                 raise RetryableError(
                     f"write queue full ({self._queued_bytes} of {self._config.max_queue_bytes} bytes queued); retry later",
                     retry_after_s=self._config.retry_after_s,
