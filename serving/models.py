@@ -59,6 +59,7 @@ def convert_gguf(gguf_path: pathlib.Path, out_dir: pathlib.Path) -> pathlib.Path
         del model.config.quantization_config
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
+    tmp.chmod(0o755)
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

@@ -1,0 +1,50 @@
+"""Fixtures of the policy server tests: a tiny model saved by the test session, and a server on it."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from spanrl.algorithms.tiny import build_tiny_model
+from spanrl.serving import PolicyServer, ServerConfig
+
+WORDS = [str(i) for i in range(100)] + ["add", "sub", "what", "is", "?", "the", "answer"]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", words=WORDS, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir_other(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """Same architecture and vocabulary, other weights (for reload tests)."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny2") / "model", words=WORDS, seed=1)
+
+
+class ServerWithSpans:
+    """A running PolicyServer plus the in-memory exporter that receives its spans."""
+
+    def __init__(self, server: PolicyServer, exporter: InMemorySpanExporter) -> None:
+        self.server = server
+        self.exporter = exporter
+
+    def spans(self) -> list:
+        self.server.force_flush()
+        return list(self.exporter.get_finished_spans())
+
+
+@pytest.fixture
+def served(tiny_model_dir: pathlib.Path) -> Iterator[ServerWithSpans]:
+    exporter = InMemorySpanExporter()
+    server = PolicyServer(
+        ServerConfig(model=tiny_model_dir, port=0, otlp_endpoint=None, served_model_name="tiny", max_batch_delay_ms=20.0),
+        span_exporter=exporter,
+    ).start()
+    try:
+        yield ServerWithSpans(server, exporter)
+    finally:
+        server.shutdown()
