@@ -247,10 +247,10 @@ def load_transitions(
     has_ids_np = np.asarray(has_ids.to_numpy(zero_copy_only=False), dtype=bool)
     nc = np.asarray(n_completion.to_numpy(zero_copy_only=False))
     nl = np.asarray(n_logprobs.to_numpy(zero_copy_only=False))
-    fast = has_ids_np & (nl == nc)  # exact ids and aligned logprobs: vectorised path
-    bad_lp = has_ids_np & (nl >= 0) & (nl != nc)
+    missing_lp = has_ids_np & ((nl < 0) | ((nl == 0) & (nc > 0)))  # none recorded (null or empty)
+    fast = has_ids_np & (nl == nc) & ~missing_lp  # exact ids and aligned logprobs: vectorised path
+    bad_lp = has_ids_np & ~missing_lp & (nl != nc)
     report["skipped_bad_logprobs"] = int(bad_lp.sum())
-    missing_lp = has_ids_np & (nl < 0)
     report["missing_logprobs"] = int(missing_lp.sum())
 
     slow_rows: list[dict[str, Any]] = []  # built in Python: missing logprobs, retokenized

@@ -1,0 +1,315 @@
+"""load_transitions end to end: span trees written with the OTel SDK, ingested by the real collector,
+turned into transitions whose ids and advantages are worked out by hand in each test."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spanrl.algorithms.credit import CreditConfig
+from spanrl.algorithms.transitions import TRANSITIONS_SCHEMA, load_transitions
+
+
+def _load_span_helpers() -> Any:
+    # The span-tree helpers live with the decomposer tests; load them by path (tests are not a package).
+    name = "spanrl_tests_decomposer_helpers"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "store" / "test_decomposer.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+H = _load_span_helpers()
+Recorder, Rollout, deliver = H.Recorder, H.Rollout, H.deliver
+NO_BASELINE = CreditConfig(baseline="none", scale_std=False)
+
+
+def by_rollout(batch: Any, *columns: str) -> dict[str, list[tuple[Any, ...]]]:
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    for t in batch.transitions:
+        out.setdefault(t.rollout_id, []).append(tuple(getattr(t, c) for c in columns))
+    return out
+
+
+def advantages(batch: Any) -> dict[str, list[float]]:
+    return {k: [v[0] for v in vs] for k, vs in by_rollout(batch, "advantage").items()}
+
+
+def one_call_rollout(rec: Any, rid: str, task: str | None, reward: float | None, *, calls: int = 1) -> None:
+    r = Rollout(rec, rid, task_id=task)
+    root = r.root(0, 100)
+    for i in range(calls):
+        r.call(root, 10 + 20 * i, [1, i + 2], [i + 3])
+    if reward is not None:
+        r.reward(root, 90, reward)
+
+
+# --- credit modes and baselines --------------------------------------------------------------------
+
+
+def test_identical_grpo_one_advantage_per_rollout_vs_per_call(collector: Any) -> None:
+    rec = Recorder()
+    one_call_rollout(rec, "a", "t1", 1.0, calls=2)
+    one_call_rollout(rec, "b", "t1", 0.0)
+    one_call_rollout(rec, "c", "t2", 0.5)
+    one_call_rollout(rec, "d", "t2", 0.5)
+    deliver(collector, rec.spans())
+
+    per_rollout = load_transitions(collector.store, credit=CreditConfig())
+    per_call = load_transitions(collector.store, credit=CreditConfig(per_rollout=False))
+
+    # t1 scores [1, 0]: mean 0.5, std (ddof 1) sqrt(0.5); t2 has std 0: not scaled, advantage 0
+    s = math.sqrt(0.5)
+    assert advantages(per_rollout) == {
+        "a": [pytest.approx(0.5 / s, rel=1e-5)] * 2, "b": [pytest.approx(-0.5 / s, rel=1e-5)],
+        "c": [0.0], "d": [0.0]}
+    # Agent Lightning's grouping: one value per call [1, 1, 0]: mean 2/3, std sqrt(1/3); longer rollouts weigh more
+    s = math.sqrt(1 / 3)
+    assert advantages(per_call) == {
+        "a": [pytest.approx((1 / 3) / s, rel=1e-5)] * 2, "b": [pytest.approx((-2 / 3) / s, rel=1e-5)],
+        "c": [0.0], "d": [0.0]}
+    assert [t.reward for t in per_rollout.transitions] == [1.0, 1.0, 0.0, 0.5, 0.5]
+    assert per_rollout.rewards_by_rollout == {"a": 1.0, "b": 0.0, "c": 0.5, "d": 0.5}
+    assert per_rollout.report["unscaled_groups"] == 1 and per_rollout.report["calls"] == 5
+
+
+def test_discounted_mode_discounts_the_episode_reward_per_step(collector: Any) -> None:
+    rec = Recorder()
+    one_call_rollout(rec, "a", "t1", 1.0, calls=3)
+    deliver(collector, rec.spans())
+
+    batch = load_transitions(collector.store, credit=CreditConfig(mode="discounted", gamma=0.5, baseline="none",
+                                                                  scale_std=False))
+
+    assert by_rollout(batch, "step", "reward", "advantage") == {"a": [(0, 0.25, 0.25), (1, 0.5, 0.5), (2, 1.0, 1.0)]}
+
+
+def test_step_mode_returns_to_go_over_intermediate_rewards(collector: Any) -> None:
+    rec = Recorder()
+    r = Rollout(rec, "a")
+    root = r.root(0, 200)
+    r.reward(root, 5, 0.3)  # before any call: credits no call, counted
+    r.call(root, 10, [1], [2])
+    r.reward(root, 25, 0.2)  # after call 0
+    r.call(root, 30, [1, 2], [3])
+    r.call(root, 50, [1, 2, 3], [4])
+    r.reward(root, 90, 1.0)  # after call 2
+    one_call_rollout(rec, "b", "t1", 0.4)
+    deliver(collector, rec.spans())
+
+    flat = load_transitions(collector.store, credit=CreditConfig(mode="step", gamma=1.0, baseline="none",
+                                                                 scale_std=False))
+    discounted = load_transitions(collector.store, credit=CreditConfig(mode="step", gamma=0.5, baseline="none",
+                                                                       scale_std=False))
+    grpo = load_transitions(collector.store, credit=CreditConfig(mode="step"))
+
+    # r = [0.2, 0, 1.0]: G = [1.2, 1.0, 1.0]; gamma 0.5: G2 = 1, G1 = 0.5, G0 = 0.2 + 0.25 = 0.45
+    assert advantages(flat) == {"a": [pytest.approx(1.2), 1.0, 1.0], "b": [0.4]}
+    assert advantages(discounted) == {"a": [pytest.approx(0.45), 0.5, 1.0], "b": [0.4]}
+    assert flat.report["rewards_before_first_call"] == 1
+    # GRPO over rollout scores G_0: [1.2, 0.4], mean 0.8, std sqrt(0.32)
+    s = math.sqrt(0.32)
+    assert advantages(grpo) == {
+        "a": [pytest.approx(0.4 / s, rel=1e-5), pytest.approx(0.2 / s, rel=1e-5), pytest.approx(0.2 / s, rel=1e-5)],
+        "b": [pytest.approx(-0.4 / s, rel=1e-5)]}
+
+
+def test_rloo_leave_one_out_per_rollout_and_per_call_and_singleton_group(collector: Any) -> None:
+    rec = Recorder()
+    one_call_rollout(rec, "a", "t1", 1.0, calls=2)
+    one_call_rollout(rec, "b", "t1", 0.0)
+    one_call_rollout(rec, "c", "t1", 0.5)
+    one_call_rollout(rec, "alone", "t9", 0.7)
+    deliver(collector, rec.spans())
+
+    per_rollout = load_transitions(collector.store, credit=CreditConfig(baseline="rloo", scale_std=False))
+    per_call = load_transitions(collector.store, credit=CreditConfig(baseline="rloo", scale_std=False,
+                                                                     per_rollout=False))
+    scaled = load_transitions(collector.store, credit=CreditConfig(baseline="rloo", scale_std=True))
+
+    # baselines: a (0 + 0.5) / 2, b (1 + 0.5) / 2, c (1 + 0) / 2
+    assert advantages(per_rollout) == {"a": [0.75, 0.75], "b": [-0.75], "c": [0.0], "alone": [0.0]}
+    # per call: values a [1, 1], b [0], c [0.5]: a's baseline 0.5 / 2, b's 2.5 / 3, c's 2 / 3
+    assert advantages(per_call) == {"a": [0.75, 0.75], "b": [pytest.approx(-2.5 / 3)],
+                                    "c": [pytest.approx(0.5 - 2 / 3)], "alone": [0.0]}
+    s = 0.5  # std of [1, 0, 0.5], ddof 1
+    assert advantages(scaled)["b"] == [pytest.approx(-0.75 / s, rel=1e-5)]
+    assert per_rollout.report["singleton_groups"] == 1
+
+
+def test_gae_with_critic_values(collector: Any) -> None:
+    rec = Recorder()
+    one_call_rollout(rec, "a", "t1", 1.0, calls=2)
+    deliver(collector, rec.spans())
+
+    batch = load_transitions(
+        collector.store,
+        credit=CreditConfig(mode="gae", gamma=0.9, lam=0.8, baseline="none", scale_std=False),
+        values={("a", 0): 0.5, ("a", 1): 0.6},
+    )
+
+    # delta1 = 1 - 0.6 = 0.4 = A1; delta0 = 0 + 0.9 * 0.6 - 0.5 = 0.04; A0 = 0.04 + 0.9 * 0.8 * 0.4 = 0.328
+    assert by_rollout(batch, "advantage", "reward") == {
+        "a": [(pytest.approx(0.328), pytest.approx(0.828)), (pytest.approx(0.4), pytest.approx(1.0))]}
+    with pytest.raises(ValueError, match=r"values has no critic value for call \(rollout_id, step\) = \('a', 1\)"):
+        load_transitions(collector.store, credit=CreditConfig(mode="gae", baseline="none"), values={("a", 0): 0.5})
+
+
+def test_multi_agent_selection_keeps_global_steps_for_credit(collector: Any) -> None:
+    rec = Recorder()
+    r = Rollout(rec, "m")
+    root = r.root(0, 300)
+    planner = r.invoke_agent("planner", root, 1, 299)
+    r.call(planner, 10, [1], [2])
+    coder = r.invoke_agent("coder", planner, 30, 100)
+    r.call(coder, 40, [3], [4])
+    r.reward(coder, 60, 0.5)  # after the coder's call (step 1)
+    r.call(planner, 150, [5], [6])
+    r.reward(planner, 200, 1.0)  # after step 2
+    deliver(collector, rec.spans())
+
+    batch = load_transitions(collector.store, agents=["coder"],
+                             credit=CreditConfig(mode="step", gamma=0.5, baseline="none", scale_std=False))
+
+    # returns-to-go at step 1: 0.5 + 0.5 * 1.0 (the planner's later step 2 still counts)
+    assert by_rollout(batch, "agent", "step", "prompt_ids", "advantage") == {"m": [("coder", 1, [3], 1.0)]}
+
+
+# --- aggregation -----------------------------------------------------------------------------------
+
+
+def test_aggregation_merges_calls_whose_prompt_extends_the_previous_sample(collector: Any) -> None:
+    rec = Recorder()
+    r = Rollout(rec, "a")
+    root = r.root(0, 200)
+    r.call(root, 10, [1, 2], [3, 4], [-0.1, -0.2])
+    r.call(root, 30, [1, 2, 3, 4, 9, 9], [5], [-0.3])  # tool output [9, 9] in between
+    r.call(root, 50, [1, 2, 3, 4, 9, 9, 5, 7], [8], [-0.4])
+    r.reward(root, 90, 1.0)
+    deliver(collector, rec.spans())
+
+    batch = load_transitions(collector.store, credit=NO_BASELINE, aggregate=True)
+
+    [t] = batch.transitions
+    assert (t.step, t.prompt_ids, t.completion_ids, t.completion_mask) == (
+        0, [1, 2], [3, 4, 9, 9, 5, 7, 8], [1, 1, 0, 0, 1, 0, 1])
+    assert t.old_logprobs == pytest.approx([-0.1, -0.2, 0.0, 0.0, -0.3, 0.0, -0.4])
+    assert (t.reward, t.advantage) == (1.0, 1.0)
+    assert batch.report["merged"] == 2 and batch.report["transitions"] == 1
+
+
+def test_aggregation_counts_why_prefixes_do_not_match(collector: Any) -> None:
+    from spanrl.algorithms.tiny import build_tiny_tokenizer
+
+    rec = Recorder()
+    r = Rollout(rec, "a")
+    root = r.root(0, 300)
+    r.call(root, 10, [1, 2], [3])
+    r.call(root, 30, [1, 2, 30, 9], [4])  # keeps the prompt, but the completion was re-rendered
+    r.call(root, 50, [50], [51])  # a new conversation
+    r.call(root, 70, [], [], server=False, messages=(
+        [{"role": "user", "parts": [{"type": "text", "content": "3 add 4"}]}],
+        [{"role": "assistant", "parts": [{"type": "text", "content": "7"}]}]))
+    r.reward(root, 90, 1.0)
+    deliver(collector, rec.spans())
+
+    batch = load_transitions(collector.store, credit=NO_BASELINE, aggregate=True,
+                             tokenizer=build_tiny_tokenizer(["3", "add", "4", "7"]))
+
+    assert [t.step for t in batch.transitions] == [0, 1, 2, 3]
+    assert {k: v for k, v in batch.report.items() if k.startswith("prefix_mismatch_")} == {
+        "prefix_mismatch_template_drift": 1, "prefix_mismatch_history_changed": 1, "prefix_mismatch_retokenized": 1}
+    assert batch.report["merged"] == 0
+
+
+# --- retokenization and bad data -------------------------------------------------------------------
+
+
+def test_external_call_is_retokenized_with_the_policy_tokenizer(collector: Any) -> None:
+    from spanrl.algorithms.tiny import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer(["3", "add", "4", "7"])
+    rec = Recorder()
+    r = Rollout(rec, "a")
+    root = r.root(0, 100)
+    r.call(root, 10, [], [], server=False, messages=(
+        [{"role": "user", "parts": [{"type": "text", "content": "3 add 4"}]}],
+        [{"role": "assistant", "parts": [{"type": "text", "content": "7"}], "finish_reason": "stop"}]))
+    r.reward(root, 90, 1.0)
+    deliver(collector, rec.spans())
+
+    with_tok = load_transitions(collector.store, credit=NO_BASELINE, tokenizer=tok)
+    without = load_transitions(collector.store, credit=NO_BASELINE)
+
+    [t] = with_tok.transitions
+    assert t.prompt_ids == tok.convert_tokens_to_ids("<bos> <user> 3 add 4 <eos> <assistant>".split())
+    assert t.completion_ids == tok.convert_tokens_to_ids(["7", "<eos>"])
+    assert (t.retokenized, t.completion_mask, t.old_logprobs, t.policy_version) == (True, [1, 1], [], None)
+    assert with_tok.report["retokenized"] == 1
+    assert len(without) == 0 and without.report["skipped_no_ids"] == 1
+
+
+def test_rollout_without_reward_is_skipped_or_scored_zero(collector: Any) -> None:
+    rec = Recorder()
+    one_call_rollout(rec, "a", "t1", 1.0)
+    one_call_rollout(rec, "none", "t1", None)
+    deliver(collector, rec.spans())
+
+    skipped = load_transitions(collector.store, credit=CreditConfig(baseline="none", scale_std=False))
+    zero = load_transitions(collector.store, credit=CreditConfig(missing_reward="zero", scale_std=False))
+
+    assert advantages(skipped) == {"a": [1.0]}
+    assert skipped.report["skipped_no_reward"] == 1 and skipped.report["skipped_rollout_calls"] == 1
+    assert advantages(zero) == {"a": [0.5], "none": [-0.5]}  # GRPO over [1, 0]
+    assert zero.report["defaulted_no_reward"] == 1
+
+
+def test_nan_reward_skips_its_rollout_or_counts_as_zero(collector: Any) -> None:
+    rec = Recorder()
+    one_call_rollout(rec, "a", "t1", 1.0)
+    one_call_rollout(rec, "nan", "t1", float("nan"))
+    deliver(collector, rec.spans())
+
+    skipped = load_transitions(collector.store, credit=NO_BASELINE)
+    zero = load_transitions(collector.store, credit=CreditConfig(baseline="none", scale_std=False, nan_reward="zero"))
+
+    assert advantages(skipped) == {"a": [1.0]}
+    assert skipped.report["nan_reward"] == 1 and skipped.report["skipped_nan_reward"] == 1
+    assert advantages(zero) == {"a": [1.0], "nan": [0.0]}
+
+
+def test_misaligned_or_missing_logprobs_are_counted(collector: Any) -> None:
+    rec = Recorder()
+    r = Rollout(rec, "a")
+    root = r.root(0, 100)
+    r.call(root, 10, [1], [2], [-0.1, -0.2])  # two logprobs for one token: unusable
+    r.call(root, 30, [1, 2], [3], [])  # no logprobs recorded
+    r.reward(root, 90, 1.0)
+    deliver(collector, rec.spans())
+
+    batch = load_transitions(collector.store, credit=NO_BASELINE)
+
+    assert by_rollout(batch, "step", "old_logprobs") == {"a": [(1, [])]}
+    assert batch.report["skipped_bad_logprobs"] == 1 and batch.report["missing_logprobs"] == 1
+
+
+def test_to_arrow_has_the_transitions_schema(collector: Any) -> None:
+    rec = Recorder()
+    one_call_rollout(rec, "a", "t1", 1.0, calls=2)
+    deliver(collector, rec.spans())
+
+    table = load_transitions(collector.store, credit=NO_BASELINE).to_arrow()
+
+    assert table.schema == TRANSITIONS_SCHEMA
+    assert table.column("completion_mask").to_pylist() == [[1], [1]]
+    assert json.loads(json.dumps(table.column("prompt_ids").to_pylist())) == [[1, 2], [1, 3]]
