@@ -18,6 +18,8 @@ _LAZY: dict[str, str] = {
     "LoRAConfig": "spanrl.algorithms.lora",
     "PPO": "spanrl.algorithms.ppo",
     "PPOConfig": "spanrl.algorithms.ppo",
+    "SFT": "spanrl.algorithms.sft",
+    "SFTConfig": "spanrl.algorithms.sft",
     "RunnerConfig": "spanrl.algorithms.runner",
     "Trainer": "spanrl.algorithms.trainer",
     "TrainerConfig": "spanrl.algorithms.trainer",

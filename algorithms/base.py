@@ -89,7 +89,7 @@ class PaddedBatch:
     completion_ids: torch.Tensor  # (B, C) long
     completion_mask: torch.Tensor  # (B, C) long, 1 = real token (attention)
     loss_mask: torch.Tensor  # (B, C) long, 1 = policy-generated token that the loss counts
-    old_logprobs: torch.Tensor | None  # (B, C) float32, sampling log-probs; None when any is missing
+    old_logprobs: torch.Tensor | None  # (B, C) float32, sampling log-probs, NaN = unknown; None = none given
     advantages: torch.Tensor  # (B,) float32
     rewards: torch.Tensor  # (B,) float32
 

@@ -257,6 +257,9 @@ class GRPO(Algorithm):
         data = pad_transitions(transitions, pad_token_id=self.tokenizer.pad_token_id)
         if data.old_logprobs is None or not cfg.use_old_logprobs:
             data.old_logprobs = self._logprobs(trainer.model, data)
+        elif torch.isnan(data.old_logprobs).any():  # unknown (retokenized call): the current policy's
+            missing = torch.isnan(data.old_logprobs)
+            data.old_logprobs = torch.where(missing, self._logprobs(trainer.model, data), data.old_logprobs)
         ref_logprobs = self._logprobs(trainer.ref_model or trainer.model, data, ref=True) if cfg.beta else None
 
         n = len(transitions)

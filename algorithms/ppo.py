@@ -261,8 +261,11 @@ class PPO(Algorithm):
         with torch.no_grad():
             self.model.eval(), self.critic.eval()
             old_values = state_values(self.critic, data)  # (B,)
-            if data.old_logprobs is None:  # no sampling log-probs recorded: the current policy is the old one
-                data.old_logprobs = completion_logprobs(self.model, data, cfg.temperature)[0]
+            if data.old_logprobs is None or torch.isnan(data.old_logprobs).any():
+                # unknown sampling log-probs (retokenized calls): the current policy's stand in
+                current = completion_logprobs(self.model, data, cfg.temperature)[0]
+                known = data.old_logprobs
+                data.old_logprobs = current if known is None else torch.where(torch.isnan(known), current, known)
         returns = data.advantages + old_values  # (B,) the GAE value target
         self.model.train(), self.critic.train()
 

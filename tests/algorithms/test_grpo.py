@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from toy_task import TransitionBatch, build_model, rollouts, success_rate
+from toy_task import batch_of, build_model, rollouts, success_rate
 
 from spanrl.algorithms.grpo import GRPO, GRPOConfig
 from spanrl.algorithms.lora import LoRAConfig
@@ -28,9 +28,9 @@ def _setup(model_path: Path, tmp_path: Path, **fields) -> GRPO:
     return algo
 
 
-def _batch(algo: GRPO, seed: int, group: int = 8) -> TransitionBatch:
+def _batch(algo: GRPO, seed: int, group: int = 8) -> object:
     gen = torch.Generator().manual_seed(seed)
-    return TransitionBatch(transitions=rollouts(algo.model, algo.tokenizer, tasks=TASKS, group=group, generator=gen))
+    return batch_of(rollouts(algo.model, algo.tokenizer, tasks=TASKS, group=group, generator=gen))
 
 
 def test_default_config_validates() -> None:
@@ -56,7 +56,7 @@ def test_bad_config_names_the_field(fields: dict, message: str) -> None:
 
 def test_update_before_setup_raises() -> None:
     with pytest.raises(TrainingError, match="not set up"):
-        GRPO().update(TransitionBatch(transitions=[]))
+        GRPO().update(batch_of([]))
 
 
 def test_bad_transition_names_field_and_value(model_path: Path, tmp_path: Path) -> None:
@@ -64,10 +64,10 @@ def test_bad_transition_names_field_and_value(model_path: Path, tmp_path: Path) 
     batch = _batch(algo, seed=1, group=2)
     bad = dataclasses.replace(batch.transitions[3], old_logprobs=[0.0])
     with pytest.raises(ConfigError, match="transition 0 .*old_logprobs has 1 entries, completion_ids 3"):
-        algo.update(TransitionBatch(transitions=[bad]))
+        algo.update(batch_of([bad]))
     bad = dataclasses.replace(batch.transitions[3], completion_ids=[1, 2, 10_000])
     with pytest.raises(ConfigError, match="token id 10000 is outside the vocabulary"):
-        algo.update(TransitionBatch(transitions=[bad]))
+        algo.update(batch_of([bad]))
 
 
 def test_grpo_raises_reward(model_path: Path, tmp_path: Path) -> None:
@@ -76,7 +76,7 @@ def test_grpo_raises_reward(model_path: Path, tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(0)
     for step in range(15):
         batch = rollouts(algo.model, algo.tokenizer, tasks=TASKS, group=8, generator=gen, step=step)
-        metrics = algo.update(TransitionBatch(transitions=batch))
+        metrics = algo.update(batch_of(batch))
     after = success_rate(algo.model, algo.tokenizer, tasks=TASKS, samples=16, seed=123)
     assert before < 0.15
     assert after > before + 0.3, (before, after)
@@ -96,6 +96,17 @@ def test_server_logprobs_make_the_ratio(model_path: Path, tmp_path: Path) -> Non
     positive = sum(len(t.completion_ids) for t in batch.transitions if t.advantage > 0)
     total = sum(len(t.completion_ids) for t in batch.transitions)
     assert metrics["losses/clipfrac"] == pytest.approx(positive / total, abs=0.02)
+
+
+def test_unknown_logprobs_are_recomputed(model_path: Path, tmp_path: Path) -> None:
+    # NaN old log-probs (a retokenized call) are filled with the current policy's: on-policy, no clipping.
+    algo = _setup(model_path, tmp_path)
+    batch = _batch(algo, seed=8)
+    for t in batch.transitions[::2]:
+        t.old_logprobs = [float("nan")] * len(t.completion_ids)
+    metrics = algo.update(batch)
+    assert metrics["losses/approx_kl"] < 1e-5
+    assert metrics["losses/clipfrac"] == 0.0
 
 
 def test_masked_tokens_do_not_move_the_policy(model_path: Path, tmp_path: Path) -> None:

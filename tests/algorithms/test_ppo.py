@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from toy_task import TransitionBatch, build_model, rollouts, success_rate
+from toy_task import batch_of, build_model, rollouts, success_rate
 
 from spanrl.algorithms.ppo import PPO, PPOConfig
 from spanrl.errors import ConfigError, TrainingError
@@ -26,9 +26,9 @@ def _setup(model_path: Path, tmp_path: Path, **fields) -> PPO:
     return algo
 
 
-def _with_gae(algo: PPO, transitions: list) -> TransitionBatch:
+def _with_gae(algo: PPO, transitions: list) -> object:
     """Single-step episodes: GAE reduces to reward - V(s)."""
-    batch = TransitionBatch(transitions=transitions)
+    batch = batch_of(transitions)
     for t, v in zip(transitions, algo.values(batch)):
         t.advantage = t.reward - v
     return batch
@@ -56,7 +56,7 @@ def test_bad_config_names_the_field(fields: dict, message: str) -> None:
 def test_values_before_setup_raises() -> None:
     assert PPO.needs_values is True
     with pytest.raises(TrainingError, match="not set up"):
-        PPO().values(TransitionBatch(transitions=[]))
+        PPO().values(batch_of([]))
 
 
 def test_critic_starts_at_zero_and_learns_the_return(model_path: Path, tmp_path: Path) -> None:
@@ -65,10 +65,10 @@ def test_critic_starts_at_zero_and_learns_the_return(model_path: Path, tmp_path:
     batch = rollouts(algo.model, algo.tokenizer, tasks=TASKS, group=4, generator=gen)
     for t in batch:
         t.reward = 1.0  # every state is worth 1
-    assert algo.values(TransitionBatch(transitions=batch)) == pytest.approx([0.0] * len(batch))
+    assert algo.values(batch_of(batch)) == pytest.approx([0.0] * len(batch))
     losses = [algo.update(_with_gae(algo, copy.deepcopy(batch)))["losses/value_loss"] for _ in range(15)]
     assert losses[-1] < 0.2 * losses[0], losses
-    assert sum(algo.values(TransitionBatch(transitions=batch))) / len(batch) == pytest.approx(1.0, abs=0.3)
+    assert sum(algo.values(batch_of(batch))) / len(batch) == pytest.approx(1.0, abs=0.3)
 
 
 def test_ppo_raises_reward(model_path: Path, tmp_path: Path) -> None:

@@ -13,35 +13,24 @@ from pathlib import Path
 import torch
 
 from spanrl.algorithms.tiny import build_tiny_model
+from spanrl.algorithms.transitions import TRANSITIONS_SCHEMA, Transition, TransitionBatch
 
 WORDS = [f"w{i}" for i in range(24)] + ["yes", "no", "maybe"]
 TARGET = "yes"
 N_NEW_TOKENS = 3
 
-try:  # D's dataclass; the fields below are the interface it implements.
-    from spanrl.algorithms.transitions import Transition, TransitionBatch
-except ImportError:  # pragma: no cover - until algorithms/transitions.py lands
+
+
+def batch_of(transitions: Sequence[Transition]) -> TransitionBatch:
+    """A real ``TransitionBatch`` (Arrow-backed, as ``load_transitions`` returns) of ``transitions``."""
     import dataclasses
 
-    @dataclasses.dataclass
-    class Transition:  # type: ignore[no-redef]
-        rollout_id: str
-        task_id: str
-        attempt: int
-        agent: str | None
-        step: int
-        prompt_ids: list[int]
-        completion_ids: list[int]
-        completion_mask: list[int]
-        old_logprobs: list[float]
-        reward: float
-        advantage: float = 0.0
-        policy_version: int = 0
-        retokenized: bool = False
+    import pyarrow as pa
 
-    @dataclasses.dataclass
-    class TransitionBatch:  # type: ignore[no-redef]
-        transitions: list[Transition]
+    table = pa.Table.from_pylist([dataclasses.asdict(t) for t in transitions], schema=TRANSITIONS_SCHEMA)
+    batch = TransitionBatch(table, {}, {t.rollout_id: t.reward for t in transitions})
+    batch.__dict__["transitions"] = list(transitions)  # keep the objects the test mutates
+    return batch
 
 
 def build_model(out_dir: Path) -> Path:
@@ -96,7 +85,7 @@ def rollouts(model, tokenizer, *, tasks: Sequence[int], group: int, generator: t
     for g in range(len(tasks)):
         members = out[g * group : (g + 1) * group]
         rewards = torch.tensor([t.reward for t in members])
-        adv = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
+        adv = (rewards - rewards.mean()) / (rewards.std(correction=0) + 1e-4)
         for t, a in zip(members, adv.tolist()):
             t.advantage = a
     return out

@@ -1,0 +1,224 @@
+"""Supervised fine-tuning on selected transitions with TRL's ``SFTTrainer``.
+
+Two uses: rejection-sampling fine-tuning (RFT / "expert iteration", Zelikman et al. 2022 STaR,
+arXiv 2203.14465; Dong et al. 2023 RAFT, arXiv 2304.06767): keep the transitions whose reward reaches
+``reward_threshold`` and imitate them; and demonstrations (``reward_threshold=None``: every transition).
+
+Each transition becomes one pre-tokenized row: ``input_ids = prompt_ids + completion_ids`` and
+``completion_mask = [0]*len(prompt) + transition.completion_mask``, with TRL's ``completion_only_loss``,
+so the loss covers exactly the policy-generated tokens (not the prompt, not tool output). Each update
+runs a fresh ``SFTTrainer`` over the selection for ``epochs`` epochs with one AdamW kept across updates
+(and checkpoints).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from spanrl.algorithms.base import (
+    CONFIG_FILE,
+    STATE_FILE,
+    Algorithm,
+    check_report_to,
+    check_transitions,
+    config_dict,
+    load_policy_weights,
+    rng_state,
+    save_policy,
+    seed_everything,
+    set_rng_state,
+    transitions_of,
+)
+from spanrl.algorithms.lora import LoRAConfig
+from spanrl.errors import ConfigError, TrainingError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from spanrl.algorithms.transitions import Transition, TransitionBatch
+
+__all__ = ["SFT", "SFTConfig", "select_transitions"]
+
+_logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class SFTConfig:
+    """SFT hyperparameters."""
+
+    learning_rate: float = 5e-4
+    """AdamW learning rate."""
+    epochs: int = 1
+    """Passes over the selected transitions per update."""
+    batch_size: int = 16
+    """Transitions per optimizer step."""
+    reward_threshold: float | None = 0.5
+    """Keep transitions with reward >= this (rejection sampling); None = all (demonstrations)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm (0 = off)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    lora: LoRAConfig | None = None
+    """Train a LoRA adapter instead of all weights."""
+
+    def validate(self) -> SFTConfig:
+        """Raise :class:`ConfigError` naming the first bad field; return self."""
+        if not self.learning_rate > 0:
+            raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate!r}")
+        for name in ("epochs", "batch_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.max_grad_norm < 0:
+            raise ConfigError(f"max_grad_norm must be >= 0, got {self.max_grad_norm!r}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if self.lora is not None:
+            self.lora.validate()
+        return self
+
+
+def select_transitions(transitions: Sequence[Transition], reward_threshold: float | None) -> list[Transition]:
+    """The transitions SFT imitates: reward >= ``reward_threshold`` (all when it is None)."""
+    if reward_threshold is None:
+        return list(transitions)
+    return [t for t in transitions if t.reward >= reward_threshold]
+
+
+class SFT(Algorithm):
+    """Rejection-sampling fine-tuning / demonstrations on TRL's SFTTrainer (completion-only loss).
+
+    ``SFT(SFTConfig(...))`` or ``SFT(learning_rate=..., reward_threshold=...)`` with :class:`SFTConfig` fields.
+    """
+
+    needs_values: ClassVar[bool] = False
+
+    def __init__(self, config: SFTConfig | None = None, **fields: Any) -> None:
+        config = config or SFTConfig()
+        try:
+            config = dataclasses.replace(config, **fields)
+        except TypeError as exc:
+            raise ConfigError(f"SFT got an unknown config field: {exc}") from None
+        self.config = config.validate()
+        self.model = None  # type: ignore[assignment]
+        self.tokenizer = None  # type: ignore[assignment]
+        self.step = 0
+
+    def setup(
+        self, *, model_path: Path, output_dir: Path, seed: int = 0, report_to: Sequence[str] = ()
+    ) -> None:
+        """Load the HF folder ``model_path``; build the AdamW kept across updates."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        cfg = self.config
+        self._report_to = check_report_to(report_to)
+        seed_everything(seed)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        if cfg.lora is not None:
+            from peft import get_peft_model
+
+            model = get_peft_model(model, cfg.lora.to_peft())
+        self.model = model
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate, weight_decay=cfg.weight_decay
+        )
+        self._seed = seed
+        self.output_dir = Path(output_dir)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+
+    def update(self, batch: TransitionBatch) -> dict[str, float]:
+        """Fine-tune on the selected transitions of ``batch`` for ``epochs`` epochs."""
+        from datasets import Dataset
+        from transformers.trainer_callback import PrinterCallback
+        from transformers.trainer_utils import set_seed
+        from trl import SFTConfig as TRLSFTConfig
+        from trl import SFTTrainer
+
+        self._require_setup()
+        cfg = self.config
+        transitions = transitions_of(batch)
+        check_transitions(transitions, vocab_size=self.model.config.vocab_size)
+        chosen = select_transitions(transitions, cfg.reward_threshold)
+        started = time.perf_counter()
+        metrics = {
+            "charts/selected": float(len(chosen)),
+            "charts/selected_fraction": len(chosen) / len(transitions),
+            "charts/reward_mean": sum(t.reward for t in transitions) / len(transitions),
+            "charts/learning_rate": cfg.learning_rate,
+        }
+        if not chosen:
+            _logger.info("SFT update %d: no transition has reward >= %s; nothing to learn", self.step, cfg.reward_threshold)
+            self.step += 1
+            return {**metrics, "losses/sft_loss": float("nan"), "charts/grad_norm": 0.0, "charts/update_seconds": 0.0}
+        rows = {
+            "input_ids": [list(t.prompt_ids) + list(t.completion_ids) for t in chosen],
+            "completion_mask": [[0] * len(t.prompt_ids) + list(t.completion_mask) for t in chosen],
+        }
+        args = TRLSFTConfig(
+            output_dir=str(self.output_dir),
+            use_cpu=not torch.cuda.is_available(),
+            bf16=False,
+            seed=self._seed + self.step,
+            report_to=self._report_to or "none",
+            learning_rate=cfg.learning_rate,
+            max_grad_norm=cfg.max_grad_norm,
+            num_train_epochs=cfg.epochs,
+            per_device_train_batch_size=cfg.batch_size,
+            completion_only_loss=True,
+            max_length=None,
+            logging_steps=1,
+            save_strategy="no",
+            disable_tqdm=True,
+            dataset_num_proc=None,
+        )
+        rng = rng_state()  # SFTTrainer reseeds the global RNGs; keep the caller's sequence intact
+        set_seed(args.seed)
+        trainer = SFTTrainer(
+            model=self.model,
+            args=args,
+            train_dataset=Dataset.from_dict(rows),
+            processing_class=self.tokenizer,
+            optimizers=(self.optimizer, torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)),
+        )
+        trainer.remove_callback(PrinterCallback)  # metrics go to the caller and report_to, not stdout
+        result = trainer.train()
+        set_rng_state(rng)
+        norms = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
+        self.step += 1
+        return {
+            **metrics,
+            "losses/sft_loss": float(result.training_loss),
+            "charts/grad_norm": float(sum(norms) / len(norms)) if norms else 0.0,
+            "charts/update_seconds": time.perf_counter() - started,
+        }
+
+    def save(self, checkpoint_dir: Path) -> None:
+        """HF folder + optimizer/RNG/step state + the config."""
+        self._require_setup()
+        checkpoint_dir = Path(checkpoint_dir)
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        save_policy(self.model, self.tokenizer, checkpoint_dir, lora=self.config.lora)
+        torch.save({"optimizer": self.optimizer.state_dict(), "rng": rng_state(), "step": self.step}, checkpoint_dir / STATE_FILE)
+        (checkpoint_dir / CONFIG_FILE).write_text(
+            json.dumps({"algorithm": "sft", "seed": self._seed, "config": config_dict(self.config)}, indent=2)
+        )
+
+    def load_state(self, checkpoint_dir: Path) -> None:
+        """Restore weights, optimizer, RNG and step from :meth:`save`'s folder."""
+        self._require_setup()
+        checkpoint_dir = Path(checkpoint_dir)
+        if not (checkpoint_dir / STATE_FILE).exists():
+            raise TrainingError(f"{checkpoint_dir} has no {STATE_FILE}: not a spanrl checkpoint")
+        load_policy_weights(self.model, checkpoint_dir, lora=self.config.lora)
+        state = torch.load(checkpoint_dir / STATE_FILE, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        set_rng_state(state["rng"])
+        self.step = state["step"]
