@@ -313,3 +313,44 @@ def test_to_arrow_has_the_transitions_schema(collector: Any) -> None:
     assert table.schema == TRANSITIONS_SCHEMA
     assert table.column("completion_mask").to_pylist() == [[1], [1]]
     assert json.loads(json.dumps(table.column("prompt_ids").to_pylist())) == [[1, 2], [1, 3]]
+
+
+# --- spanrl export transitions ---------------------------------------------------------------------
+
+
+def test_export_transitions_cli_through_the_collector_and_from_the_file(collector: Any, tmp_path: Path,
+                                                                         capsys: Any) -> None:
+    import pyarrow.parquet as pq
+
+    from spanrl.cli import main
+
+    rec = Recorder()
+    one_call_rollout(rec, "a", "t1", 1.0, calls=2)
+    one_call_rollout(rec, "b", "t1", 0.0)
+    one_call_rollout(rec, "none", "t1", None)
+    deliver(collector, rec.spans())
+    db = collector.config.db_path
+
+    # while the collector runs, the CLI reads through its SQL endpoint
+    rc = main(["export", "transitions", "--db", db, "--url", collector.http_endpoint, "--format", "jsonl",
+               "-o", str(tmp_path / "t.jsonl"), "--baseline", "none", "--no-scale-std"])
+    assert rc == 0
+    lines = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert [(r["rollout_id"], r["step"], r["prompt_ids"], r["advantage"]) for r in lines] == [
+        ("a", 0, [1, 2], 1.0), ("a", 1, [1, 3], 1.0), ("b", 0, [1, 2], 0.0)]
+    assert json.loads(capsys.readouterr().err.strip().splitlines()[-1])["skipped_no_reward"] == 1
+
+    collector.shutdown()  # now the file is free: the CLI opens it read-only
+    rc = main(["export", "transitions", "--db", db, "--url", "http://127.0.0.1:9", "-o", str(tmp_path / "t.parquet"),
+               "--agent", "nobody"])
+    assert rc == 0 and pq.read_table(tmp_path / "t.parquet").num_rows == 0
+    rc = main(["export", "transitions", "--db", db, "--url", "http://127.0.0.1:9", "-o", str(tmp_path / "hf"),
+               "--format", "hf"])
+    assert rc == 0
+    import datasets
+
+    ds = datasets.load_from_disk(str(tmp_path / "hf"))
+    assert ds["advantage"] == pytest.approx([math.sqrt(0.5), math.sqrt(0.5), -math.sqrt(0.5)], rel=1e-5)
+    assert main(["export", "transitions", "--db", db, "--url", "http://127.0.0.1:9", "-o", str(tmp_path / "x"),
+                 "--credit-mode", "final"]) == 1
+    assert "mode must be one of identical, discounted, step, gae; got 'final'" in capsys.readouterr().err
