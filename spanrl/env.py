@@ -44,6 +44,11 @@ SPANRL_AGENT_PROTOCOL = "SPANRL_AGENT_PROTOCOL"
 ``rollout_id task_id task attempt mode base_url model sampling``), answered by a stdout line
 ``{"spanrl_done": "<rollout_id>"}`` (with ``"error"`` on failure). Unset: one rollout per process."""
 
+# --- Agent-side instrumentation --------------------------------------------------------------------
+SPANRL_OPENLLMETRY_SPEEDUPS = "SPANRL_OPENLLMETRY_SPEEDUPS"
+"""``0`` keeps the ``spanrl`` instrumentor from replacing OpenLLMetry's per-call ``asyncio.run`` and
+version parsing with cheaper equivalents (``instrumentation/_openllmetry.py``). Default ``1``."""
+
 # --- Collector and store ---------------------------------------------------------------------------
 SPANRL_DB = "SPANRL_DB"
 """Path of the DuckDB span store. Default ``spanrl.duckdb`` in the working directory."""
