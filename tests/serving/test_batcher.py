@@ -1,0 +1,69 @@
+"""The batcher with the real transformers backend: grouping, failure isolation, reload ordering."""
+
+from __future__ import annotations
+
+import pytest
+
+from spanrl.errors import ServingError
+from spanrl.serving.backend import GenerationRequest, SamplingParams
+from spanrl.serving.batcher import Batcher, QueueFullError
+from spanrl.serving.hf_backend import TransformersBackend
+
+GREEDY = SamplingParams(max_tokens=5, temperature=0.0)
+
+
+@pytest.fixture
+def backend(tiny_model_dir) -> TransformersBackend:
+    return TransformersBackend(tiny_model_dir)
+
+
+def test_failed_generation_fails_that_request_only(backend) -> None:
+    batcher = Batcher(backend, max_batch_size=8)
+    good = [batcher.submit(GenerationRequest([5, 20, 30], GREEDY)) for _ in range(2)]
+    bad = batcher.submit(GenerationRequest([5, 10**6], GREEDY))  # an id past the embedding table
+    batcher.start()  # all three were queued: they form one batch, which fails, then run one by one
+    try:
+        with pytest.raises(ServingError, match="generation failed"):
+            bad.result(timeout=60)
+        results = [f.result(timeout=60) for f in good]
+    finally:
+        batcher.shutdown()
+    assert all(len(r.completions[0].token_ids) == 5 for r in results)
+    assert results[0].completions[0].token_ids == results[1].completions[0].token_ids
+
+
+def test_requests_queued_together_form_one_batch(backend) -> None:
+    batcher = Batcher(backend, max_batch_size=6)
+    futures = [batcher.submit(GenerationRequest([5, 20 + i], GREEDY, n=2)) for i in range(4)]
+    batcher.start()
+    try:
+        sizes = [f.result(timeout=60).batch_size for f in futures]
+    finally:
+        batcher.shutdown()
+    assert sizes == [6, 6, 6, 2]  # n counts: 3 requests x 2 fill the first batch, the 4th waits
+
+
+def test_reload_applies_between_batches_in_queue_order(backend, tiny_model_dir_other) -> None:
+    batcher = Batcher(backend, max_batch_size=8)
+    before = batcher.submit(GenerationRequest([5, 20, 30], GREEDY))
+    swap = batcher.reload_async(tiny_model_dir_other)
+    after = batcher.submit(GenerationRequest([5, 20, 30], GREEDY))
+    batcher.start()
+    try:
+        assert swap.result(timeout=60) == 1
+        first, second = before.result(timeout=60), after.result(timeout=60)
+    finally:
+        batcher.shutdown()
+    assert (first.policy_version, second.policy_version) == (0, 1)
+    assert first.completions[0].token_ids != second.completions[0].token_ids
+
+
+def test_full_queue_refuses_and_shutdown_is_safe_twice(backend) -> None:
+    batcher = Batcher(backend, max_queue_size=1)
+    batcher.submit(GenerationRequest([5], GREEDY))
+    with pytest.raises(QueueFullError, match="1 requests are already waiting"):
+        batcher.submit(GenerationRequest([5], GREEDY))
+    batcher.shutdown()
+    batcher.shutdown()
+    with pytest.raises(ServingError, match="Cannot submit to a batcher once it has been shut down"):
+        batcher.submit(GenerationRequest([5], GREEDY))

@@ -1,0 +1,44 @@
+"""ServerConfig defaults and the exact message of each bad field."""
+
+from __future__ import annotations
+
+import pytest
+
+from spanrl.errors import ConfigError
+from spanrl.serving import PolicyServer, ServerConfig, default_config
+
+
+def test_default_config_validates_with_a_model() -> None:
+    config = default_config()
+    assert config is not default_config()
+    config.model = "some/folder"
+    assert config.validate() is config
+    assert config.model_name == "folder"
+    assert ServerConfig(model="x/SmolLM2.Q4.gguf").model_name == "SmolLM2.Q4"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("model", "", "model must be a model folder, a .gguf file or 'smollm2', got ''"),
+        ("backend", "onnx", "backend must be one of ('transformers', 'vllm'), got 'onnx'"),
+        ("dtype", "int8", "dtype must be one of ('float32', 'bfloat16', 'float16', 'auto'), got 'int8'"),
+        ("port", 70000, "port must be an integer in 0..65535, got 70000"),
+        ("max_batch_size", 0, "max_batch_size must be a positive integer, got 0"),
+        ("max_batch_delay_ms", -1.0, "max_batch_delay_ms must be >= 0, got -1.0"),
+        ("max_context_tokens", 1, "max_context_tokens must be >= 2 or None, got 1"),
+    ],
+)
+def test_bad_field_fails_with_its_message(field, value, message) -> None:
+    config = ServerConfig(model="m")
+    setattr(config, field, value)
+    with pytest.raises(ConfigError) as info:
+        config.validate()
+    assert str(info.value) == message
+
+
+def test_missing_model_folder_is_a_clear_error(tmp_path) -> None:
+    from spanrl.errors import ServingError
+
+    with pytest.raises(ServingError, match="is not a Hugging Face model folder"):
+        PolicyServer(ServerConfig(model=tmp_path, port=0, otlp_endpoint=None)).start()
