@@ -11,6 +11,8 @@ from typing import Any
 # public name -> module that defines it
 _LAZY: dict[str, str] = {
     "Algorithm": "spanrl.algorithms.base",
+    "DPO": "spanrl.algorithms.dpo",
+    "DPOConfig": "spanrl.algorithms.dpo",
     "GRPO": "spanrl.algorithms.grpo",
     "GRPOConfig": "spanrl.algorithms.grpo",
     "LLMEndpoint": "spanrl.algorithms.runner",
