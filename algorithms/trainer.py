@@ -547,8 +547,9 @@ class Trainer:
         return getattr(self.server, "version", None)
 
     def _agent_otel_env(self) -> dict[str, str]:
+        endpoint = self.collector.grpc_endpoint
         return {
-            "OTEL_EXPORTER_OTLP_ENDPOINT": self.collector.grpc_endpoint,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint if "://" in endpoint else f"http://{endpoint}",
             "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
             "OTEL_EXPORTER_OTLP_INSECURE": "true",
         }

@@ -6,8 +6,8 @@ instrumentor records each call); the trainer sets the environment. Two ways to b
 - once per rollout: reads ``SPANRL_TASK`` (JSON), ``OPENAI_BASE_URL``, ``SPANRL_SAMPLING``; one rollout.
 - as a worker (``SPANRL_AGENT_PROTOCOL=jsonl``): reads one rollout per line on stdin (JSON with
   ``rollout_id``, ``task_id``, ``task``, ``attempt``, ``mode``, ``base_url``, ``model``, ``sampling``),
-  runs it inside ``spanrl.rollout(...)``, flushes its spans and answers ``{"spanrl_done": ROLLOUT_ID}``
-  on stdout. One process then serves many rollouts, which saves the ~1 s start-up of each.
+  runs it inside ``spanrl.rollout(...)`` and answers ``{"spanrl_done": ROLLOUT_ID}`` on stdout (the
+  trainer then waits until the rollout's spans are stored). One process then serves many rollouts, which saves the ~1 s start-up of each.
 
 Each rollout: ask the model (tools = the four operations), run the tool it calls, emit the reward.
 """
@@ -69,12 +69,6 @@ def run_rollout(client: openai.OpenAI, task: dict[str, Any], *, model: str, samp
     return value
 
 
-def _flush() -> None:
-    flush = getattr(trace.get_tracer_provider(), "force_flush", None)
-    if flush is not None:
-        flush()
-
-
 def serve_stdin() -> None:
     """Worker mode: one rollout per stdin line, one ``spanrl_done`` line per rollout on stdout."""
     clients: dict[str, openai.OpenAI] = {}
@@ -95,7 +89,8 @@ def serve_stdin() -> None:
                 )
         except Exception as exc:  # the trainer records it and retries; the worker lives on
             answer["error"] = f"{type(exc).__name__}: {exc}"
-        _flush()
+        # No flush per rollout: the batch processor exports within OTEL_BSP_SCHEDULE_DELAY and the
+        # trainer waits until the spans are stored; one export per batch costs less than one per rollout.
         sys.stdout.write(json.dumps(answer) + "\n")
         sys.stdout.flush()
 

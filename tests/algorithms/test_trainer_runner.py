@@ -1,0 +1,155 @@
+"""The rollout runner against a real collector: command agents (per process and as jsonl workers),
+crash / hang / reward-less rollouts recorded and retried, never raised."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spanrl.algorithms.runner import RolloutJob, RolloutRunner, RunnerConfig
+from spanrl.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "examples" / "calculator"))
+
+import calculator  # noqa: E402
+from fake_openai import FakeOpenAI  # noqa: E402
+
+# A plain agent (no opentelemetry-instrument: it configures spanrl itself, which starts faster). Its
+# behaviour comes from the task: ok, crash on the first attempt, hang, or finish without a reward.
+_FLAKY_AGENT = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from spanrl.instrumentation import configure, emit_reward
+    task = json.loads(os.environ["SPANRL_TASK"])
+    provider = configure()
+    kind = task["kind"]
+    if kind == "crash_first" and os.environ["SPANRL_ATTEMPT"] == "1":
+        print("boom: first attempt", file=sys.stderr)
+        sys.exit(3)
+    if kind == "hang":
+        time.sleep(120)
+    if kind != "no_reward":
+        emit_reward(1.0)
+    provider.force_flush()
+    """
+)
+
+
+def _ready_fn(store: Any):
+    def ready(ids: list[str]) -> set[str]:
+        table = store.sql("SELECT DISTINCT rollout_id FROM rewards WHERE list_contains(?, rollout_id)", [list(ids)])
+        return set(table.column("rollout_id").to_pylist())
+
+    return ready
+
+
+def _otel_env(collector: Any) -> dict[str, str]:
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{collector.grpc_endpoint}"}
+
+
+def _calc_reply(body: dict[str, Any]) -> str:
+    a, op, b = body["messages"][-1]["content"].split()
+    return f"<call> {op} {a} {b} </call>"  # always right
+
+
+def test_worker_agent_rollouts_reach_the_store(collector: Any) -> None:
+    tasks = calculator.make_tasks(12, seed=1)
+    runner = RolloutRunner(
+        [sys.executable, str(REPO / "examples" / "calculator" / "agent.py")],
+        config=RunnerConfig(workers=2, max_concurrency=4, require_token_spans=False, rollout_timeout_s=60),
+        ready=_ready_fn(collector.store),
+        otel_env=_otel_env(collector),
+    )
+    with FakeOpenAI(reply=_calc_reply, record=False) as llm:
+        try:
+            results = runner.run(
+                [RolloutJob(t["id"], t) for t in tasks], id_prefix="w-", llm_url=llm.url, model="m", sampling={"temperature": 1.0}
+            )
+        finally:
+            runner.close()
+    assert sorted(r.status for r in results) == ["ok"] * 12
+    rows = collector.store.sql("SELECT rollout_id, task_id, final_reward FROM rollouts WHERE rollout_id LIKE 'w-%'").to_pylist()
+    assert len(rows) == 12
+    assert {r["final_reward"] for r in rows} == {1.0}
+    assert {r["task_id"] for r in rows} == {t["id"] for t in tasks}
+    # the agent's OpenAI call went to the rollout's own URL and was traced under its rollout id
+    chats = collector.store.sql("SELECT count(*) AS n FROM llm_calls WHERE rollout_id LIKE 'w-%'").to_pylist()
+    assert chats[0]["n"] == 12
+
+
+def test_failed_rollouts_are_recorded_and_retried(collector: Any, tmp_path: Path) -> None:
+    script = tmp_path / "flaky_agent.py"
+    script.write_text(_FLAKY_AGENT)
+    config = RunnerConfig(
+        max_concurrency=4, rollout_timeout_s=4.0, span_timeout_s=2.0, max_attempts=2, instrument=False, require_token_spans=False
+    )
+    runner = RolloutRunner([sys.executable, str(script)], config=config, ready=_ready_fn(collector.store), otel_env=_otel_env(collector))
+    jobs = [RolloutJob(kind, {"kind": kind}) for kind in ("ok", "crash_first", "hang", "no_reward")]
+    started = time.monotonic()
+    try:
+        results = runner.run(jobs, id_prefix="f-", llm_url="http://127.0.0.1:9", model="m", sampling={})
+    finally:
+        runner.close()
+    elapsed = time.monotonic() - started
+    by_task: dict[str, list[str]] = {}
+    for r in sorted(results, key=lambda r: r.attempt):
+        by_task.setdefault(r.task_id, []).append(r.status)
+    assert by_task == {
+        "ok": ["ok"],
+        "crash_first": ["crashed", "ok"],
+        "hang": ["timeout", "timeout"],
+        "no_reward": ["no_reward", "no_reward"],
+    }
+    crash = next(r for r in results if r.status == "crashed")
+    assert "exited with code 3" in (crash.error or "") and "boom: first attempt" in (crash.error or "")
+    assert sorted(r.rollout_id for r in results if r.task_id == "crash_first") == ["f-1-a1", "f-1-a2"]  # fresh id per attempt
+    assert elapsed < 4.0 * 2 + 20  # the hung agent was killed at its timeout, twice, not waited for
+
+
+def test_hung_worker_is_killed_and_replaced(collector: Any, tmp_path: Path) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import json, sys, time
+            from spanrl.instrumentation import configure, emit_reward, rollout
+            provider = configure()
+            for line in sys.stdin:
+                job = json.loads(line)
+                if job["task"]["kind"] == "hang" and job["attempt"] == 1:
+                    time.sleep(120)
+                with rollout(job["rollout_id"], task_id=job["task_id"]):
+                    emit_reward(0.5)
+                provider.force_flush()
+                print(json.dumps({"spanrl_done": job["rollout_id"]}), flush=True)
+            """
+        )
+    )
+    config = RunnerConfig(workers=1, rollout_timeout_s=3.0, span_timeout_s=5.0, max_attempts=2, instrument=False, require_token_spans=False)
+    runner = RolloutRunner([sys.executable, str(script)], config=config, ready=_ready_fn(collector.store), otel_env=_otel_env(collector))
+    try:
+        results = runner.run(
+            [RolloutJob("a", {"kind": "hang"}), RolloutJob("b", {"kind": "ok"})], id_prefix="h-", llm_url="http://x", model="m", sampling={}
+        )
+    finally:
+        runner.close()
+    statuses = sorted((r.task_id, r.attempt, r.status) for r in results)
+    assert statuses == [("a", 1, "timeout"), ("a", 2, "ok"), ("b", 1, "ok")]
+
+
+def test_runner_config_rejects_bad_values() -> None:
+    with pytest.raises(ConfigError, match="max_attempts must be a positive integer, got 0"):
+        RunnerConfig(max_attempts=0).validate()
+    with pytest.raises(ConfigError, match="rollout_timeout_s must be a positive number of seconds, got -1"):
+        RunnerConfig(rollout_timeout_s=-1).validate()
+    with pytest.raises(ConfigError, match="workers must be a non-negative integer"):
+        RunnerConfig(workers=-2).validate()
+    with pytest.raises(ConfigError, match="agent must be a callable or a command line, got int"):
+        RolloutRunner(3, config=RunnerConfig(), ready=lambda ids: set())  # type: ignore[arg-type]
