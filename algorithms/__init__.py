@@ -10,6 +10,9 @@ from typing import Any
 
 # public name -> module that defines it
 _LAZY: dict[str, str] = {
+    "APO": "spanrl.algorithms.apo",
+    "APOConfig": "spanrl.algorithms.apo",
+    "APOResult": "spanrl.algorithms.apo",
     "Algorithm": "spanrl.algorithms.base",
     "DPO": "spanrl.algorithms.dpo",
     "DPOConfig": "spanrl.algorithms.dpo",
