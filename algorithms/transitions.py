@@ -11,8 +11,10 @@ without token ids, and no tokenizer or no messages to retokenize), ``skipped_ret
 ``skipped_no_reward`` / ``defaulted_no_reward``, ``nan_reward`` / ``skipped_nan_reward``,
 ``skipped_rollout_calls`` (calls of skipped rollouts), ``rewards_before_first_call``,
 ``singleton_groups``, ``unscaled_groups``, ``no_task_id``, ``merged``, ``prefix_mismatch_<reason>``
-(``retokenized``, ``template_drift``, ``history_changed``), and the decomposer's ``duplicate_spans``,
-``orphan_spans``, ``late_spans``, ``failed_rollouts``, ``open_rollouts``.
+(``retokenized``, ``template_drift``, ``history_changed``), and the decomposer's ``rewards``,
+``duplicate_spans`` (extra copies of call and reward spans, ignored), ``orphan_calls`` (calls whose
+ancestor chain breaks at a missing parent before any agent: agent None), ``late_arrivals`` (calls and
+rewards stored after their rollout's ``spanrl.rollout`` span; used), ``failed_rollouts``, ``open_rollouts``.
 """
 
 from __future__ import annotations
@@ -287,7 +289,7 @@ def load_transitions(
     group_index: dict[str, int] = {}
     rollout_group = np.array([group_index.setdefault(k, len(group_index)) for k in group_keys], dtype=np.int64)
 
-    fast_calls = calls.filter(pa.array(fast))
+    fast_calls = calls if fast.all() else calls.filter(pa.array(fast))
     usable = [fast_calls.select(["rollout_id", "step", "rollout_calls"])]
     if slow_rows:
         usable.append(pa.Table.from_pylist(
@@ -335,9 +337,9 @@ def load_transitions(
     # --- assemble ------------------------------------------------------------------------------------
     n_fast = fast_calls.num_rows
     fast_keep = keep_call[:n_fast]
-    fast_table = _fast_table(fast_calls, result.returns[:n_fast], result.advantages[:n_fast]).filter(
-        pa.array(fast_keep)
-    )
+    fast_table = _fast_table(fast_calls, result.returns[:n_fast], result.advantages[:n_fast])
+    if not fast_keep.all():
+        fast_table = fast_table.filter(pa.array(fast_keep))
     slow_out = []
     for i, row in enumerate(slow_rows):
         j = n_fast + i
@@ -347,7 +349,7 @@ def load_transitions(
     table = fast_table
     if slow_out:
         table = pa.concat_tables([table, pa.Table.from_pylist(slow_out, schema=TRANSITIONS_SCHEMA)])
-    table = table.sort_by([("rollout_id", "ascending"), ("step", "ascending")])
+        table = table.sort_by([("rollout_id", "ascending"), ("step", "ascending")])
     if aggregate:
         table = pa.Table.from_pylist(_aggregate(table.to_pylist(), report), schema=TRANSITIONS_SCHEMA)
     report["transitions"] = table.num_rows

@@ -13,8 +13,14 @@ Three queries over the ``spans`` table (store/schema.sql), no per-span Python:
 - ``rewards``: one row per reward (``spanrl.reward.value`` / ``gen_ai.evaluation.score.value`` on a
   span, ``spanrl.reward`` / ``gen_ai.evaluation.result`` events), with ``step``: the last call that
   ended before it (``-1``: before every call).
-- ``rollouts``: one row per selected rollout: task, attempt, mode, status, times, span counts, and the
-  data-quality counts (duplicates, orphans, late spans).
+- ``rollouts``: one row per selected rollout: task, attempt, mode, status (``error`` when its
+  ``spanrl.rollout`` span failed, ``finished`` when it ended otherwise, ``open`` without one), times,
+  stored span rows, and data-quality counts: ``duplicate_spans`` (extra copies of call and reward
+  spans), ``late_arrivals`` (calls and rewards stored after the rollout span), ``orphan_calls`` (calls
+  whose ancestor chain breaks at a missing parent before reaching an agent).
+
+All three come from ONE statement (rows told apart by ``row_kind``), so it also runs through the
+collector's read-only SQL endpoint; the token arrays are joined by ``rowid`` only at the end.
 
 Clocks. The policy server is one process and clock for every call of a rollout, while a multi-agent
 rollout may run on several hosts, so calls are ordered by the server span's start. A call without a
@@ -37,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from spanrl.errors import ConfigError, StoreError
@@ -49,6 +56,17 @@ _LLM_OPS_SQL = ", ".join(f"'{op}'" for op in sc.LLM_OPERATIONS)
 _EVENT_SCHEMA_JSON = '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "JSON"}]'
 _REWARD_EVENTS = (sc.REWARD_SPAN_NAME, sc.GEN_AI_EVALUATION_RESULT_EVENT)
 _RF, _CF = "__ROLLOUT_FILTER__", "__CALL_FILTER__"
+_CALL_COLUMNS = (
+    "rollout_id", "task_id", "attempt", "mode", "rollout_status", "agent", "step", "rollout_calls",
+    "policy_version", "prompt_ids", "completion_ids", "logprobs", "input_messages", "output_messages",
+    "response_id", "status_code", "order_ns", "agent_end_ns", "clock_offset_ns",
+    "server_trace_id", "server_span_id", "client_trace_id", "client_span_id",
+)
+_REWARD_COLUMNS = ("rollout_id", "name", "value", "time_ns", "source", "step", "rollout_calls")
+_ROLLOUT_COLUMNS = (
+    "rollout_id", "task_id", "attempt", "mode", "status", "start_ns", "end_ns", "span_count",
+    "duplicate_spans", "late_arrivals", "orphan_calls",
+)
 
 
 class _SqlRunner(Protocol):  # a SpanStore, or anything with sql(query, params) -> pa.Table
@@ -101,10 +119,12 @@ class Decomposition:
 
 
 # --- SQL ---------------------------------------------------------------------------------------------
-# __ROLLOUT_FILTER__ selects rows of `ro` (the rollouts CTE), __CALL_FILTER__ rows of the final calls;
-# the rest is fixed text with $parameters.
+# One statement (so it also runs through the collector's SQL endpoint), three kinds of rows told apart
+# by `row_kind`. __ROLLOUT_FILTER__ selects rows of `ro`, __CALL_FILTER__ the calls returned; the rest
+# is fixed text with $parameters.
 
-_ROLLOUTS_CTE = f"""
+_SQL = f"""
+WITH RECURSIVE
 ro_all AS (
     SELECT rollout_id,
            any_value(task_id) AS task_id,
@@ -123,20 +143,22 @@ ro_all AS (
 ro AS (
     SELECT *, CASE WHEN rollout_failed THEN 'error' WHEN has_rollout_span THEN 'finished' ELSE 'open' END AS status
     FROM ro_all
-    WHERE __ROLLOUT_FILTER__
-)"""
-
-# LLM call spans (deduplicated, rollout inherited from the trace) and their pairing.
-_CALLS_CTES = f"""
-llm0 AS (
-    SELECT trace_id, span_id, parent_span_id, kind, start_ns, end_ns, service_name, rollout_id,
-           response_id, policy_version, status_code, attributes,
-           prompt_token_ids, completion_token_ids, logprobs
+    WHERE {_RF}
+),
+-- LLM call spans: light columns only (the id arrays are fetched by rowid at the end)
+llm_keys AS (  -- a span exported twice is stored twice: keep the first copy ingested
+    SELECT arg_min(rowid, ingested_ns) AS rid, count(*) - 1 AS extra_copies
     FROM spans
     WHERE operation_name IN ({_LLM_OPS_SQL})
-    QUALIFY row_number() OVER (PARTITION BY trace_id, span_id ORDER BY ingested_ns) = 1
+    GROUP BY trace_id, span_id
 ),
-trace_rollout AS (
+llm0 AS (
+    SELECT rowid AS rid, trace_id, span_id, parent_span_id, kind, start_ns, end_ns, service_name, rollout_id,
+           response_id, policy_version, status_code, ingested_ns, prompt_token_ids IS NOT NULL AS has_ids
+    FROM spans
+    WHERE operation_name IN ({_LLM_OPS_SQL}) AND rowid IN (SELECT rid FROM llm_keys)
+),
+trace_rollout AS (  -- a span without a rollout id inherits its trace's (a server span under the agent's trace)
     SELECT trace_id, min(rollout_id) AS rollout_id
     FROM spans
     WHERE rollout_id IS NOT NULL AND trace_id IN (SELECT trace_id FROM llm0 WHERE rollout_id IS NULL)
@@ -149,32 +171,32 @@ llm AS (
 ),
 srv AS (SELECT * FROM llm WHERE kind = 'SERVER'),
 cli AS (SELECT * FROM llm WHERE kind <> 'SERVER'),
-pair AS (  -- each server span with its client span: the parent if it is one, else by response id
-    SELECT s.trace_id AS s_trace, s.span_id AS s_span,
-           coalesce(cp.trace_id, cr.trace_id) AS c_trace, coalesce(cp.span_id, cr.span_id) AS c_span
+pair AS (  -- each server span with its client span: its parent if that is one, else by response id
+    SELECT s.rid AS s_rid, coalesce(cp.rid, cr.rid) AS c_rid
     FROM srv s
     LEFT JOIN cli cp ON cp.trace_id = s.trace_id AND cp.span_id = s.parent_span_id
-    LEFT JOIN cli cr ON cp.span_id IS NULL AND cr.rollout_id = s.rollout_id AND cr.response_id = s.response_id
-    QUALIFY row_number() OVER (PARTITION BY s.trace_id, s.span_id ORDER BY cr.start_ns NULLS LAST) = 1
+    LEFT JOIN cli cr ON cp.rid IS NULL AND cr.rollout_id = s.rollout_id AND cr.response_id = s.response_id
+    QUALIFY row_number() OVER (PARTITION BY s.rid ORDER BY cr.start_ns NULLS LAST) = 1
 ),
 call0 AS (
-    SELECT s.rollout_id, s.trace_id AS s_trace, s.span_id AS s_span, c.trace_id AS c_trace, c.span_id AS c_span,
+    SELECT s.rollout_id, s.rid AS s_rid, c.rid AS c_rid,
+           s.trace_id AS s_trace, s.span_id AS s_span, c.trace_id AS c_trace, c.span_id AS c_span,
            s.start_ns AS s_start, s.end_ns AS s_end, c.start_ns AS c_start, c.end_ns AS c_end,
            c.service_name AS c_service, coalesce(s.response_id, c.response_id) AS response_id,
-           s.policy_version, coalesce(s.status_code, c.status_code) AS status_code,
-           s.prompt_token_ids, s.completion_token_ids, s.logprobs,
+           s.policy_version, coalesce(s.status_code, c.status_code) AS status_code, s.has_ids,
+           greatest(s.ingested_ns, c.ingested_ns) AS ingested_ns,
            coalesce(c.trace_id, s.trace_id) AS w_trace, coalesce(c.span_id, s.span_id) AS w_span,
-           CASE WHEN c.span_id IS NOT NULL THEN c.parent_span_id ELSE s.parent_span_id END AS w_parent,
-           CASE WHEN s.prompt_token_ids IS NULL THEN c.attributes END AS c_attributes
+           CASE WHEN c.rid IS NOT NULL THEN c.parent_span_id ELSE s.parent_span_id END AS w_parent
     FROM srv s
-    JOIN pair p ON p.s_trace = s.trace_id AND p.s_span = s.span_id
-    LEFT JOIN cli c ON c.trace_id = p.c_trace AND c.span_id = p.c_span
+    JOIN pair p ON p.s_rid = s.rid
+    LEFT JOIN cli c ON c.rid = p.c_rid
     UNION ALL BY NAME
-    SELECT c.rollout_id, c.trace_id AS c_trace, c.span_id AS c_span, c.start_ns AS c_start, c.end_ns AS c_end,
-           c.service_name AS c_service, c.response_id, c.status_code,
-           c.trace_id AS w_trace, c.span_id AS w_span, c.parent_span_id AS w_parent, c.attributes AS c_attributes
+    SELECT c.rollout_id, c.rid AS c_rid, c.trace_id AS c_trace, c.span_id AS c_span,
+           c.start_ns AS c_start, c.end_ns AS c_end, c.service_name AS c_service, c.response_id, c.status_code,
+           FALSE AS has_ids, c.ingested_ns,
+           c.trace_id AS w_trace, c.span_id AS w_span, c.parent_span_id AS w_parent
     FROM cli c
-    WHERE NOT EXISTS (SELECT 1 FROM pair p WHERE p.c_trace = c.trace_id AND p.c_span = c.span_id)
+    WHERE c.rid NOT IN (SELECT c_rid FROM pair WHERE c_rid IS NOT NULL)
 ),
 skew_service AS (
     SELECT rollout_id, c_service, median(s_start - c_start)::BIGINT AS offset_ns
@@ -198,56 +220,38 @@ call1 AS (
 calls AS (
     SELECT *,
            (row_number() OVER (PARTITION BY rollout_id ORDER BY order_ns, coalesce(s_span, c_span)) - 1)::INTEGER AS step,
-           (count(*) OVER (PARTITION BY rollout_id))::INTEGER AS rollout_calls
+           (count(*) OVER (PARTITION BY rollout_id))::INTEGER AS rollout_calls,
+           hash(w_trace, w_span) AS w_key
     FROM call1
-)"""
-
-_CALLS_SQL = f"""
-WITH RECURSIVE {_ROLLOUTS_CTE},
-{_CALLS_CTES},
-tree AS (
-    SELECT DISTINCT trace_id, span_id, parent_span_id,
+),
+-- the agent: nearest invoke_agent ancestor, walking parent links (hashed (trace, span) keys)
+tree AS MATERIALIZED (
+    SELECT hash(trace_id, span_id) AS k,
+           CASE WHEN parent_span_id IS NOT NULL THEN hash(trace_id, parent_span_id) END AS pk,
            CASE WHEN operation_name = '{sc.OP_INVOKE_AGENT}' THEN agent_name END AS agent
     FROM spans
     WHERE trace_id IN (SELECT w_trace FROM calls)
 ),
-walk(w_trace, w_span, trace_id, next_id, depth, agent) AS (
-    SELECT w_trace, w_span, w_trace, w_parent, 1, NULL::VARCHAR FROM calls WHERE w_parent IS NOT NULL
+walk(w_key, next_k, depth, agent, broken) AS (
+    SELECT w_key, hash(w_trace, w_parent), 1, NULL::VARCHAR, FALSE FROM calls WHERE w_parent IS NOT NULL
     UNION ALL
-    SELECT w.w_trace, w.w_span, t.trace_id, t.parent_span_id, w.depth + 1, t.agent
-    FROM walk w JOIN tree t ON t.trace_id = w.trace_id AND t.span_id = w.next_id
-    WHERE w.agent IS NULL AND w.depth < {_MAX_ANCESTOR_DEPTH}
+    SELECT w.w_key, t.pk, w.depth + 1, t.agent, t.k IS NULL
+    FROM walk w LEFT JOIN tree t ON t.k = w.next_k
+    WHERE w.agent IS NULL AND w.next_k IS NOT NULL AND w.depth < {_MAX_ANCESTOR_DEPTH}
 ),
 agents AS (
-    SELECT w_trace, w_span, arg_min(agent, depth) AS agent
-    FROM walk WHERE agent IS NOT NULL GROUP BY ALL
-)
-SELECT c.rollout_id, ro.task_id, ro.attempt, ro.mode, ro.status AS rollout_status,
-       a.agent, c.step, c.rollout_calls, c.policy_version,
-       c.prompt_token_ids AS prompt_ids, c.completion_token_ids AS completion_ids, c.logprobs,
-       c.c_attributes ->> '$."{sc.GEN_AI_INPUT_MESSAGES}"' AS input_messages,
-       c.c_attributes ->> '$."{sc.GEN_AI_OUTPUT_MESSAGES}"' AS output_messages,
-       c.response_id, c.status_code, c.order_ns, c.agent_end_ns, c.offset_ns AS clock_offset_ns,
-       c.s_trace AS server_trace_id, c.s_span AS server_span_id,
-       c.c_trace AS client_trace_id, c.c_span AS client_span_id
-FROM calls c
-JOIN ro ON ro.rollout_id = c.rollout_id
-LEFT JOIN agents a ON a.w_trace = c.w_trace AND a.w_span = c.w_span
-WHERE __CALL_FILTER__
-ORDER BY c.rollout_id, c.step
-"""
-
-_REWARDS_SQL = f"""
-WITH {_ROLLOUTS_CTE},
-{_CALLS_CTES},
+    SELECT w_key, arg_min(agent, depth) FILTER (WHERE agent IS NOT NULL) AS agent, bool_or(broken) AS broken
+    FROM walk GROUP BY w_key
+),
+-- rewards: span attributes and events, one row each, placed after the last call that ended before them
 rw0 AS (
-    SELECT trace_id, span_id, rollout_id, end_ns AS time_ns,
+    SELECT trace_id, span_id, rollout_id, end_ns AS time_ns, ingested_ns,
            coalesce(reward_name, '{sc.DEFAULT_REWARD_NAME}') AS name,
            coalesce(reward_value, 'NaN'::DOUBLE) AS value, 'span' AS source
     FROM spans
     WHERE reward_value IS NOT NULL OR name = '{sc.REWARD_SPAN_NAME}'  -- a reward span without a value: NaN
     UNION ALL
-    SELECT trace_id, span_id, rollout_id, ev.time_ns,
+    SELECT trace_id, span_id, rollout_id, ev.time_ns, ingested_ns,
            coalesce(ev.attributes ->> '$."{sc.REWARD_NAME}"', ev.attributes ->> '$."{sc.GEN_AI_EVALUATION_NAME}"',
                     '{sc.DEFAULT_REWARD_NAME}') AS name,
            coalesce(TRY_CAST(ev.attributes ->> '$."{sc.REWARD_VALUE}"' AS DOUBLE),
@@ -255,7 +259,7 @@ rw0 AS (
                     'NaN'::DOUBLE) AS value,
            'event' AS source
     FROM (
-        SELECT trace_id, span_id, rollout_id, unnest(from_json(events, '{_EVENT_SCHEMA_JSON}')) AS ev
+        SELECT trace_id, span_id, rollout_id, ingested_ns, unnest(from_json(events, '{_EVENT_SCHEMA_JSON}')) AS ev
         FROM spans
         WHERE events IS NOT NULL
           AND (contains(events, '{_REWARD_EVENTS[0]}') OR contains(events, '{_REWARD_EVENTS[1]}'))
@@ -268,42 +272,61 @@ rw_trace AS (
     WHERE rollout_id IS NOT NULL AND trace_id IN (SELECT trace_id FROM rw0 WHERE rollout_id IS NULL)
     GROUP BY trace_id
 ),
-rw AS (  -- one row per reward: a span exported twice, or a value both as attribute and event, counts once
-    SELECT r.* REPLACE (coalesce(r.rollout_id, t.rollout_id) AS rollout_id)
+rw_dup AS (  -- a span exported twice, or a value both as attribute and as event, counts once
+    SELECT r.* REPLACE (coalesce(r.rollout_id, t.rollout_id) AS rollout_id),
+           row_number() OVER (PARTITION BY r.trace_id, r.span_id, r.name, r.value ORDER BY r.source DESC) AS copy
     FROM rw0 r LEFT JOIN rw_trace t ON t.trace_id = r.trace_id
     WHERE coalesce(r.rollout_id, t.rollout_id) IN (SELECT rollout_id FROM ro)
-    QUALIFY row_number() OVER (PARTITION BY r.trace_id, r.span_id, name, value ORDER BY r.source DESC) = 1
+),
+rw AS (SELECT * EXCLUDE (copy) FROM rw_dup WHERE copy = 1),
+dups AS (
+    SELECT rollout_id, sum(n) AS n FROM (
+        SELECT l.rollout_id, k.extra_copies AS n FROM llm l JOIN llm_keys k USING (rid) WHERE k.extra_copies > 0
+        UNION ALL
+        SELECT rollout_id, 1 AS n FROM rw_dup WHERE copy > 1
+    ) GROUP BY rollout_id
+),
+lates AS (
+    SELECT rollout_id, count(*) AS n FROM (
+        SELECT c.rollout_id, c.ingested_ns FROM calls c UNION ALL SELECT r.rollout_id, r.ingested_ns FROM rw r
+    ) x JOIN ro USING (rollout_id)
+    WHERE x.ingested_ns > ro.rollout_ingested_ns
+    GROUP BY rollout_id
+),
+orphans AS (
+    SELECT c.rollout_id, count(*) AS n FROM calls c JOIN agents a USING (w_key) WHERE a.broken GROUP BY c.rollout_id
 )
-SELECT rw.rollout_id, rw.name, rw.value, rw.time_ns, rw.source,
-       coalesce(c.step, -1)::INTEGER AS step, coalesce(n.rollout_calls, 0)::INTEGER AS rollout_calls,
-       rw.trace_id, rw.span_id
+SELECT 'call' AS row_kind, c.rollout_id, ro.task_id, ro.attempt, ro.mode, ro.status AS rollout_status,
+       a.agent, c.step, c.rollout_calls, c.policy_version, c.has_ids, c.s_rid AS server_rowid,
+       c.c_rid AS client_rowid, c.response_id, c.status_code, c.order_ns, c.agent_end_ns,
+       c.offset_ns AS clock_offset_ns, c.s_trace AS server_trace_id, c.s_span AS server_span_id,
+       c.c_trace AS client_trace_id, c.c_span AS client_span_id,
+       sx.prompt_token_ids AS prompt_ids, sx.completion_token_ids AS completion_ids, sx.logprobs,
+       cx.attributes ->> '$."{sc.GEN_AI_INPUT_MESSAGES}"' AS input_messages,
+       cx.attributes ->> '$."{sc.GEN_AI_OUTPUT_MESSAGES}"' AS output_messages
+FROM calls c
+JOIN ro ON ro.rollout_id = c.rollout_id
+LEFT JOIN agents a ON a.w_key = c.w_key
+LEFT JOIN spans sx ON sx.rowid = c.s_rid
+LEFT JOIN (
+    SELECT rowid AS rid, attributes FROM spans WHERE rowid IN (SELECT c_rid FROM calls WHERE NOT has_ids)
+) cx ON cx.rid = c.c_rid
+WHERE {_CF}
+UNION ALL BY NAME
+SELECT 'reward' AS row_kind, rw.rollout_id, rw.name, rw.value, rw.time_ns, rw.source,
+       coalesce(c.step, -1)::INTEGER AS step, coalesce(n.rollout_calls, 0)::INTEGER AS rollout_calls
 FROM rw ASOF LEFT JOIN calls c ON c.rollout_id = rw.rollout_id AND rw.time_ns >= c.agent_end_ns
 LEFT JOIN (SELECT rollout_id, count(*) AS rollout_calls FROM calls GROUP BY rollout_id) n
        ON n.rollout_id = rw.rollout_id
-ORDER BY rw.rollout_id, rw.time_ns, rw.span_id
-"""
-
-_ROLLOUTS_SQL = f"""
-WITH {_ROLLOUTS_CTE},
-sel AS (
-    SELECT trace_id, span_id, parent_span_id, rollout_id, ingested_ns FROM spans
-    WHERE rollout_id IN (SELECT rollout_id FROM ro)
-),
-ids AS (SELECT DISTINCT trace_id, span_id FROM spans WHERE trace_id IN (SELECT trace_id FROM sel)),
-q AS (
-    SELECT s.rollout_id,
-           count(*) FILTER (WHERE s.parent_span_id IS NOT NULL AND i.span_id IS NULL) AS orphan_spans,
-           count(*) - count(DISTINCT (s.trace_id, s.span_id)) AS duplicate_spans,
-           count(*) FILTER (WHERE s.ingested_ns > ro.rollout_ingested_ns) AS late_spans
-    FROM sel s
-    JOIN ro ON ro.rollout_id = s.rollout_id
-    LEFT JOIN ids i ON i.trace_id = s.trace_id AND i.span_id = s.parent_span_id
-    GROUP BY s.rollout_id
-)
-SELECT ro.rollout_id, ro.task_id, ro.attempt, ro.mode, ro.status, ro.start_ns, ro.end_ns,
-       (ro.span_rows - q.duplicate_spans) AS span_count, q.duplicate_spans, q.orphan_spans, q.late_spans
-FROM ro JOIN q USING (rollout_id)
-ORDER BY ro.rollout_id
+UNION ALL BY NAME
+SELECT 'rollout' AS row_kind, ro.rollout_id, ro.task_id, ro.attempt, ro.mode, ro.status, ro.start_ns, ro.end_ns,
+       ro.span_rows AS span_count, coalesce(d.n, 0) AS duplicate_spans, coalesce(l.n, 0) AS late_arrivals,
+       coalesce(o.n, 0) AS orphan_calls
+FROM ro
+LEFT JOIN dups d USING (rollout_id)
+LEFT JOIN lates l USING (rollout_id)
+LEFT JOIN orphans o USING (rollout_id)
+ORDER BY row_kind, rollout_id, time_ns, step
 """
 
 
@@ -362,26 +385,33 @@ def decompose(
     sel = selection or Selection()
     sel.validate()
     params: dict[str, Any] = {}
-    rollout_filter = _rollout_filter(sel, params)
-    rollouts = _run(con, _ROLLOUTS_SQL.replace(_RF, rollout_filter), params)
-    rewards = _run(con, _REWARDS_SQL.replace(_RF, rollout_filter), params)
-    call_params = dict(params)
-    calls = _run(
-        con,
-        _CALLS_SQL.replace(_RF, rollout_filter).replace(_CF, _call_filter(sel, call_params)),
-        call_params,
-    )
+    query = _SQL.replace(_RF, _rollout_filter(sel, params)).replace(_CF, _call_filter(sel, params))
+    rows = _run(con, query, params)  # ordered by row_kind (call, reward, rollout), rollout, step / time
+    calls = _part(rows, "call", _CALL_COLUMNS)
+    rewards = _part(rows, "reward", _REWARD_COLUMNS)
+    rollouts = _part(rows, "rollout", _ROLLOUT_COLUMNS)
     report = {
         "rollouts": rollouts.num_rows,
         "calls": calls.num_rows,
         "rewards": rewards.num_rows,
         "duplicate_spans": _sum(rollouts, "duplicate_spans"),
-        "orphan_spans": _sum(rollouts, "orphan_spans"),
-        "late_spans": _sum(rollouts, "late_spans"),
+        "orphan_calls": _sum(rollouts, "orphan_calls"),
+        "late_arrivals": _sum(rollouts, "late_arrivals"),
         "failed_rollouts": _count_equal(rollouts, "status", "error"),
         "open_rollouts": _count_equal(rollouts, "status", "open"),
     }
     return Decomposition(calls=calls, rewards=rewards, rollouts=rollouts, report=report)
+
+
+def _part(rows: pa.Table, kind: str, columns: Sequence[str]) -> pa.Table:
+    """The rows of one kind: a zero-copy slice, since the query orders by ``row_kind``."""
+    import pyarrow.compute as pc
+
+    mask = pc.equal(rows.column("row_kind"), kind)
+    idx = np.flatnonzero(np.asarray(mask.to_numpy(zero_copy_only=False), dtype=bool))
+    if len(idx) == 0:
+        return rows.slice(0, 0).select(list(columns))
+    return rows.slice(int(idx[0]), len(idx)).select(list(columns))
 
 
 def _sum(table: pa.Table, column: str) -> int:

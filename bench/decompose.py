@@ -1,0 +1,306 @@
+"""Decomposer throughput: 1M spans (10k rollouts x 100 spans, 5 LLM calls each with 300 prompt + 60
+completion token ids and 60 logprobs) into transitions with advantages, against the anchor.
+
+Spans are generated with numpy and written straight into a DuckDB file through the store's Arrow writer
+(`SpanStore.append`), as the collector would have committed them. Each rollout is one trace, depth 5:
+
+    spanrl.rollout > invoke_agent solver > step k > openai.chat (CLIENT) > chat tiny (SERVER, exact ids)
+                                          step k > execute_tool > 15 child spans (http, db, ...)
+    plus a spanrl.reward span after the last call and 2 more spans under the root: 100 spans.
+
+Timed (median of --rounds):
+  spanrl   `load_transitions(store, credit=CreditConfig())`: SQL decomposition (calls, rewards, rollouts),
+           GRPO credit, the Arrow transitions table. Also `batch.transitions` (Python dataclasses) once.
+  anchor   agentlightning==0.3.0 in its own venv (--anchor-python): the same spans (all, or the first
+           --anchor-rollouts rollouts) given to `TracerTraceToTriplet().adapt` one rollout at a time, as
+           its trainer does, after converting them to its `Span` objects (timed apart). The LLM call span
+           carries the ids under the anchor's attribute names (`prompt_token_ids`, `response_token_ids`).
+
+Usage:
+    .venv/bin/python bench/decompose.py [--rollouts 10000] [--rounds 3] [--anchor-rollouts 10000]
+        [--anchor-python /tmp/anchor-venv/bin/python] [--db PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_ANCHOR_PYTHON = "/tmp/anchor-venv/bin/python"
+SPANS_PER_ROLLOUT = 100
+CALLS_PER_ROLLOUT = 5
+PROMPT_TOKENS = 300
+COMPLETION_TOKENS = 60
+TOOL_CHILDREN = 15
+T0_NS = 1_800_000_000_000_000_000
+STEP_NS = 100_000_000  # 100 ms per step
+_ANCHOR_TIMEOUT_S = 3600
+
+
+def _span_layout() -> list[tuple[str, str, int, str | None]]:
+    """One rollout's spans: (name, kind, parent index or -1, role) in creation order."""
+    spans: list[tuple[str, str, int, str | None]] = [("spanrl.rollout", "INTERNAL", -1, "root"),
+                                                     ("invoke_agent solver", "INTERNAL", 0, "agent")]
+    for k in range(CALLS_PER_ROLLOUT):
+        step = len(spans)
+        spans.append((f"step {k}", "INTERNAL", 1, None))
+        client = len(spans)
+        spans.append(("openai.chat", "CLIENT", step, "client"))
+        spans.append(("chat tiny", "SERVER", client, "server"))
+        tool = len(spans)
+        spans.append(("execute_tool calc", "INTERNAL", step, "tool"))
+        spans.extend((f"child {j}", "INTERNAL", tool, None) for j in range(TOOL_CHILDREN))
+    spans.append(("spanrl.reward", "INTERNAL", 1, "reward"))
+    while len(spans) < SPANS_PER_ROLLOUT:
+        spans.append(("housekeeping", "INTERNAL", 0, None))
+    assert len(spans) == SPANS_PER_ROLLOUT
+    return spans
+
+
+def generate(n_rollouts: int, seed: int = 0) -> pa.Table:
+    """The spans table rows of ``n_rollouts`` rollouts (columns of store/schema.sql)."""
+    rng = np.random.default_rng(seed)
+    layout = _span_layout()
+    per = len(layout)
+    n = n_rollouts * per
+    roll = np.repeat(np.arange(n_rollouts), per)
+    local = np.tile(np.arange(per), n_rollouts)
+    parent_local = np.tile(np.array([p for _, _, p, _ in layout]), n_rollouts)
+    roles = [r for _, _, _, r in layout]
+    role = np.tile(np.array([r or "" for r in roles], dtype=object), n_rollouts)
+    # times: step k of the rollout starts at k * STEP_NS; the call's client span [10, 60] ms into the step
+    call_of_local = np.full(per, -1)
+    k = -1
+    for i, (name, _, _, _) in enumerate(layout):
+        if name.startswith("step "):
+            k += 1
+        if k >= 0 and name not in ("spanrl.reward", "housekeeping"):
+            call_of_local[i] = k
+    step_k = np.tile(call_of_local, n_rollouts)
+    base = T0_NS + roll.astype(np.int64) * 10 * STEP_NS
+    start = base + np.maximum(step_k, 0) * STEP_NS + 10_000_000
+    end = start + 50_000_000
+    is_root, is_agent = role == "root", role == "agent"
+    start = np.where(is_root | is_agent, base, start)
+    end = np.where(is_root | is_agent, base + (CALLS_PER_ROLLOUT + 1) * STEP_NS, end)
+    is_server = role == "server"
+    start = np.where(is_server, start + 1_000_000, start)
+    end = np.where(is_server, end - 1_000_000, end)
+    is_reward = role == "reward"
+    start = np.where(is_reward, base + CALLS_PER_ROLLOUT * STEP_NS + 50_000_000, start)
+    end = np.where(is_reward, start, end)
+
+    trace_ids = [f"{r:032x}" for r in range(1, n_rollouts + 1)]
+    span_ids = [f"{i + 1:016x}" for i in range(n)]
+    parents = [None if p < 0 else span_ids[r * per + p] for r, p in zip(roll.tolist(), parent_local.tolist())]
+    rollout_ids = [f"r{r:06d}" for r in range(n_rollouts)]
+    is_client = role == "client"
+    call_no = roll * CALLS_PER_ROLLOUT + np.maximum(step_k, 0)
+    response_ids = [f"chatcmpl-{c}" if (cl or sv) else None
+                    for c, cl, sv in zip(call_no.tolist(), is_client.tolist(), is_server.tolist())]
+    ops = np.where(is_client | is_server, "chat", np.where(is_agent, "invoke_agent",
+                   np.where(role == "tool", "execute_tool", None)))
+    n_srv = int(is_server.sum())
+    prompt = rng.integers(10, 30_000, size=(n_srv, PROMPT_TOKENS), dtype=np.int32)
+    completion = rng.integers(10, 30_000, size=(n_srv, COMPLETION_TOKENS), dtype=np.int32)
+    logprobs = -rng.random((n_srv, COMPLETION_TOKENS), dtype=np.float32)
+    srv_rows = np.flatnonzero(is_server)
+
+    def _list_col(values: np.ndarray, typ: pa.DataType) -> pa.Array:
+        width = values.shape[1]
+        offsets = np.zeros(n + 1, dtype=np.int32)
+        lengths = np.zeros(n, dtype=np.int32)
+        lengths[srv_rows] = width
+        offsets[1:] = np.cumsum(lengths)
+        mask = ~is_server
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.reshape(-1), typ),
+                                        mask=pa.array(mask))
+
+    rewards = rng.integers(0, 2, size=n_rollouts).astype(np.float64)
+    reward_value = np.where(is_reward, rewards[roll], np.nan)
+    msg = json.dumps([{"role": "user", "parts": [{"type": "text", "content": "what is 3 add 4 " * 8}]}])
+    attrs = np.where(is_client, json.dumps({"gen_ai.operation.name": "chat", "gen_ai.input.messages": msg,
+                                            "gen_ai.system": "openai"}),
+                     np.where(is_server, '{"gen_ai.operation.name": "chat", "gen_ai.request.model": "tiny"}',
+                              '{"component": "bench"}'))
+    resource = json.dumps({"service.name": "agent"})
+    return pa.table({
+        "trace_id": pa.array([trace_ids[r] for r in roll.tolist()]),
+        "span_id": pa.array(span_ids),
+        "parent_span_id": pa.array(parents, pa.string()),
+        "name": pa.array(np.tile(np.array([s for s, _, _, _ in layout], dtype=object), n_rollouts).tolist()),
+        "kind": pa.array(np.tile(np.array([k for _, k, _, _ in layout], dtype=object), n_rollouts).tolist()),
+        "start_ns": pa.array(start, pa.int64()),
+        "end_ns": pa.array(end, pa.int64()),
+        "status_code": pa.array(["UNSET"] * n),
+        "service_name": pa.array(np.where(is_server, "spanrl-policy", "agent").tolist()),
+        "rollout_id": pa.array([rollout_ids[r] for r in roll.tolist()]),
+        "task_id": pa.array([f"t{r // 8:05d}" for r in roll.tolist()]),
+        "attempt": pa.array(np.ones(n, dtype=np.int32)),
+        "mode": pa.array(["train"] * n),
+        "agent_name": pa.array(np.where(is_agent, "solver", None).tolist(), pa.string()),
+        "operation_name": pa.array(ops.tolist(), pa.string()),
+        "response_id": pa.array(response_ids, pa.string()),
+        "policy_version": pa.array(np.where(is_server, 1, 0).astype(np.int32), mask=~is_server),
+        "prompt_token_ids": _list_col(prompt, pa.int32()),
+        "completion_token_ids": _list_col(completion, pa.int32()),
+        "logprobs": _list_col(logprobs, pa.float32()),
+        "reward_value": pa.array(reward_value, pa.float64(), mask=~is_reward),
+        "reward_name": pa.array(np.where(is_reward, "reward", None).tolist(), pa.string()),
+        "attributes": pa.array(attrs.tolist()),
+        "resource": pa.array([resource] * n),
+        "events": pa.array([None] * n, pa.string()),
+        "links": pa.array([None] * n, pa.string()),
+    })
+
+
+# --- the anchor, in its own venv --------------------------------------------------------------------
+_ANCHOR_SCRIPT = textwrap.dedent(
+    r"""
+    import logging, os, sys, time, json
+    logging.disable(logging.WARNING)
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import orjson
+    from agentlightning.adapter import TracerTraceToTriplet
+    from agentlightning.types import Span
+
+    rows = [orjson.loads(line) for line in open(sys.argv[1], "rb")]
+    t0 = time.perf_counter()
+    by_rollout = {}
+    for i, r in enumerate(rows):
+        attrs = r["attributes"]
+        span = Span(
+            rollout_id=r["rollout_id"], attempt_id="a1", sequence_id=i, trace_id=r["trace_id"],
+            span_id=r["span_id"], parent_id=r["parent_span_id"], name=r["name"],
+            status={"status_code": "UNSET"}, attributes=attrs, events=[], links=[],
+            start_time=r["start_ns"] / 1e9, end_time=r["end_ns"] / 1e9,
+            context={"trace_id": r["trace_id"], "span_id": r["span_id"], "is_remote": False, "trace_state": {}},
+            parent=None if r["parent_span_id"] is None else {
+                "trace_id": r["trace_id"], "span_id": r["parent_span_id"], "is_remote": False, "trace_state": {}},
+            resource={"attributes": {"service.name": "agent"}, "schema_url": ""},
+        )
+        by_rollout.setdefault(r["rollout_id"], []).append(span)
+    t1 = time.perf_counter()
+    adapter = TracerTraceToTriplet()
+    triplets = 0
+    for spans in by_rollout.values():
+        triplets += len(adapter.adapt(spans))
+    t2 = time.perf_counter()
+    print(json.dumps({"spans": len(rows), "rollouts": len(by_rollout), "triplets": triplets,
+                      "convert_s": t1 - t0, "adapt_s": t2 - t1}))
+    """
+)
+
+
+def export_for_anchor(table: pa.Table, path: Path) -> None:
+    """The spans as JSON lines with the anchor's attribute names (ids inline, reward as its payload)."""
+    import orjson
+
+    with open(path, "wb") as out:
+        for r in table.to_pylist():
+            attrs = json.loads(r["attributes"])
+            if r["kind"] == "SERVER":
+                r["name"] = "openai.chat.completion"
+                attrs["gen_ai.response.id"] = r["response_id"]
+                attrs["prompt_token_ids"] = r["prompt_token_ids"]
+                attrs["response_token_ids"] = r["completion_token_ids"]
+            elif r["agent_name"] is not None:
+                attrs["agent.name"] = r["agent_name"]
+            elif r["reward_value"] is not None:
+                attrs["agentlightning.reward.0.name"] = r["reward_name"]
+                attrs["agentlightning.reward.0.value"] = r["reward_value"]
+            row = {k: r[k] for k in ("rollout_id", "trace_id", "span_id", "parent_span_id", "name", "start_ns", "end_ns")}
+            row["attributes"] = attrs
+            out.write(orjson.dumps(row) + b"\n")
+
+
+def run_anchor(python: str, spans_path: Path) -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(_ANCHOR_SCRIPT)
+    try:
+        out = subprocess.run([python, f.name, str(spans_path)], capture_output=True, text=True,
+                             timeout=_ANCHOR_TIMEOUT_S, env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    finally:
+        os.unlink(f.name)
+    if out.returncode != 0:
+        raise RuntimeError(f"anchor failed ({out.returncode}): {out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rollouts", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--anchor-rollouts", type=int, default=None, help="rollouts given to the anchor (default all)")
+    parser.add_argument("--anchor-python", default=DEFAULT_ANCHOR_PYTHON)
+    parser.add_argument("--db", default=None, help="DuckDB file to write (default: a temporary one)")
+    args = parser.parse_args(argv)
+
+    from spanrl.algorithms.credit import CreditConfig
+    from spanrl.algorithms.transitions import load_transitions
+    from spanrl.store import SpanStore
+
+    with tempfile.TemporaryDirectory() as tmp:
+        db = args.db or str(Path(tmp) / "bench.duckdb")
+        t0 = time.perf_counter()
+        table = generate(args.rollouts)
+        t1 = time.perf_counter()
+        store = SpanStore.open(db)
+        store.append(table)
+        t2 = time.perf_counter()
+        n_spans = table.num_rows
+        print(f"spans: {n_spans:,} ({args.rollouts:,} rollouts); generated in {t1 - t0:.1f} s, "
+              f"appended in {t2 - t1:.1f} s ({n_spans / (t2 - t1):,.0f} spans/s)")
+
+        times, batch = [], None
+        for _ in range(args.rounds):
+            t = time.perf_counter()
+            batch = load_transitions(store, credit=CreditConfig())
+            times.append(time.perf_counter() - t)
+        assert batch is not None
+        ours_s = statistics.median(times)
+        t = time.perf_counter()
+        n_objects = len(batch.transitions)
+        objects_s = time.perf_counter() - t
+        print(f"spanrl load_transitions: {len(batch):,} transitions, median {ours_s:.2f} s of {args.rounds} "
+              f"({', '.join(f'{x:.2f}' for x in times)}): {n_spans / ours_s:,.0f} spans/s, "
+              f"{len(batch) / ours_s:,.0f} transitions/s")
+        print(f"  + batch.transitions ({n_objects:,} dataclasses): {objects_s:.2f} s")
+        print(f"  report: {json.dumps({k: v for k, v in batch.report.items() if v})}")
+
+        n_anchor = min(args.anchor_rollouts or args.rollouts, args.rollouts)
+        if not Path(args.anchor_python).exists():
+            print(f"anchor: skipped, no {args.anchor_python} (pip install agentlightning==0.3.0 into that venv)")
+            store.close()
+            return 0
+        sub = table.slice(0, n_anchor * SPANS_PER_ROLLOUT)
+        spans_path = Path(tmp) / "anchor.jsonl"
+        export_for_anchor(sub, spans_path)
+        res = run_anchor(args.anchor_python, spans_path)
+        per_span_adapt = res["adapt_s"] / res["spans"]
+        per_span_total = (res["adapt_s"] + res["convert_s"]) / res["spans"]
+        print(f"anchor TracerTraceToTriplet on {res['spans']:,} spans ({res['rollouts']:,} rollouts): "
+              f"{res['triplets']:,} triplets, adapt {res['adapt_s']:.2f} s ({1 / per_span_adapt:,.0f} spans/s), "
+              f"+ converting to its Span objects {res['convert_s']:.2f} s")
+        ours_per_span = ours_s / n_spans
+        print(f"ratio (anchor time per span / spanrl time per span): adapt only {per_span_adapt / ours_per_span:.1f}x, "
+              f"with conversion {per_span_total / ours_per_span:.1f}x")
+        print(f"goal: under 10 s per 1M spans -> {ours_s * 1e6 / n_spans:.2f} s per 1M spans")
+        store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
