@@ -239,6 +239,13 @@ def run_anchor(python: str, spans_path: Path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _cpu_s() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rollouts", type=int, default=10_000)
@@ -264,11 +271,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"spans: {n_spans:,} ({args.rollouts:,} rollouts); generated in {t1 - t0:.1f} s, "
               f"appended in {t2 - t1:.1f} s ({n_spans / (t2 - t1):,.0f} spans/s)")
 
-        times, batch = [], None
+        times, cpus, batch = [], [], None
         for _ in range(args.rounds):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), _cpu_s()
             batch = load_transitions(store, credit=CreditConfig())
             times.append(time.perf_counter() - t)
+            cpus.append(_cpu_s() - c)
         assert batch is not None
         ours_s = statistics.median(times)
         t = time.perf_counter()
@@ -277,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"spanrl load_transitions: {len(batch):,} transitions, median {ours_s:.2f} s of {args.rounds} "
               f"({', '.join(f'{x:.2f}' for x in times)}): {n_spans / ours_s:,.0f} spans/s, "
               f"{len(batch) / ours_s:,.0f} transitions/s")
+        print(f"  CPU time of this process (all DuckDB threads), median: {statistics.median(cpus):.2f} s; "
+              f"load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         print(f"  + batch.transitions ({n_objects:,} dataclasses): {objects_s:.2f} s")
         print(f"  report: {json.dumps({k: v for k, v in batch.report.items() if v})}")
 

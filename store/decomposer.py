@@ -295,23 +295,27 @@ lates AS (
 ),
 orphans AS (
     SELECT c.rollout_id, count(*) AS n FROM calls c JOIN agents a USING (w_key) WHERE a.broken GROUP BY c.rollout_id
+),
+out_calls AS MATERIALIZED (  -- light columns; the arrays are joined last, probing with a scan of spans
+    SELECT c.rollout_id, ro.task_id, ro.attempt, ro.mode, ro.status AS rollout_status,
+           a.agent, c.step, c.rollout_calls, c.policy_version, c.has_ids, c.s_rid, c.c_rid,
+           c.response_id, c.status_code, c.order_ns, c.agent_end_ns,
+           c.offset_ns AS clock_offset_ns, c.s_trace AS server_trace_id, c.s_span AS server_span_id,
+           c.c_trace AS client_trace_id, c.c_span AS client_span_id
+    FROM calls c
+    JOIN ro ON ro.rollout_id = c.rollout_id
+    LEFT JOIN agents a ON a.w_key = c.w_key
+    WHERE __CALL_FILTER__
 )
-SELECT 'call' AS row_kind, c.rollout_id, ro.task_id, ro.attempt, ro.mode, ro.status AS rollout_status,
-       a.agent, c.step, c.rollout_calls, c.policy_version, c.has_ids, c.s_rid AS server_rowid,
-       c.c_rid AS client_rowid, c.response_id, c.status_code, c.order_ns, c.agent_end_ns,
-       c.offset_ns AS clock_offset_ns, c.s_trace AS server_trace_id, c.s_span AS server_span_id,
-       c.c_trace AS client_trace_id, c.c_span AS client_span_id,
+SELECT 'call' AS row_kind, f.* EXCLUDE (s_rid, c_rid, has_ids),
        sx.prompt_token_ids AS prompt_ids, sx.completion_token_ids AS completion_ids, sx.logprobs,
        cx.attributes ->> '$."{sc.GEN_AI_INPUT_MESSAGES}"' AS input_messages,
        cx.attributes ->> '$."{sc.GEN_AI_OUTPUT_MESSAGES}"' AS output_messages
-FROM calls c
-JOIN ro ON ro.rollout_id = c.rollout_id
-LEFT JOIN agents a ON a.w_key = c.w_key
-LEFT JOIN spans sx ON sx.rowid = c.s_rid
+FROM out_calls f
+LEFT JOIN spans sx ON sx.rowid = f.s_rid
 LEFT JOIN (
-    SELECT rowid AS rid, attributes FROM spans WHERE rowid IN (SELECT c_rid FROM calls WHERE NOT has_ids)
-) cx ON cx.rid = c.c_rid
-WHERE {_CF}
+    SELECT rowid AS rid, attributes FROM spans WHERE rowid IN (SELECT c_rid FROM out_calls WHERE NOT has_ids)
+) cx ON cx.rid = f.c_rid
 UNION ALL BY NAME
 SELECT 'reward' AS row_kind, rw.rollout_id, rw.name, rw.value, rw.time_ns, rw.source,
        coalesce(c.step, -1)::INTEGER AS step, coalesce(n.rollout_calls, 0)::INTEGER AS rollout_calls
