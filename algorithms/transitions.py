@@ -6,7 +6,7 @@ optionally merges the calls of a multi-turn conversation into one sample. Everyt
 counted in ``TransitionBatch.report``, which the trainer logs; nothing is dropped silently.
 
 Report keys: ``rollouts``, ``calls``, ``transitions``, ``retokenized``, ``skipped_no_ids`` (a call
-without token ids, and no tokenizer or no messages to retokenize), ``skipped_retokenize_error``,
+without token ids, and no tokenizer or no messages to retokenize), ``skipped_failed_calls`` (status ERROR, no ids), ``skipped_retokenize_error``,
 ``skipped_bad_logprobs`` (logprobs not aligned with completion ids), ``missing_logprobs`` (left empty),
 ``skipped_no_reward`` / ``defaulted_no_reward``, ``nan_reward`` / ``skipped_nan_reward``,
 ``skipped_rollout_calls`` (calls of skipped rollouts), ``rewards_before_first_call``,
@@ -236,7 +236,7 @@ def load_transitions(
         ),
     )
     report: dict[str, int] = dict(dec.report)
-    for key in ("retokenized", "skipped_no_ids", "skipped_retokenize_error", "skipped_bad_logprobs",
+    for key in ("retokenized", "skipped_no_ids", "skipped_failed_calls", "skipped_retokenize_error", "skipped_bad_logprobs",
                 "missing_logprobs", "skipped_rollout_calls", "merged", "no_task_id"):
         report.setdefault(key, 0)
     calls = dec.calls
@@ -264,6 +264,9 @@ def load_transitions(
     no_ids = ~has_ids_np
     if no_ids.any():
         for row in calls.filter(pa.array(no_ids)).to_pylist():
+            if row["status_code"] == "ERROR":  # the call failed: nothing was generated
+                report["skipped_failed_calls"] += 1
+                continue
             if tokenizer is None or not row["input_messages"]:
                 report["skipped_no_ids"] += 1
                 continue

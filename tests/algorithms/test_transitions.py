@@ -303,6 +303,21 @@ def test_misaligned_or_missing_logprobs_are_counted(collector: Any) -> None:
     assert batch.report["skipped_bad_logprobs"] == 1 and batch.report["missing_logprobs"] == 1
 
 
+def test_failed_call_without_ids_is_skipped_and_counted(collector: Any) -> None:
+    rec = Recorder()
+    r = Rollout(rec, "a")
+    root = r.root(0, 100)
+    r.call(root, 10, [1], [2])
+    r.call(root, 30, [], [], error=True)  # the policy server failed the request
+    r.reward(root, 90, 1.0)
+    deliver(collector, rec.spans())
+
+    batch = load_transitions(collector.store, credit=NO_BASELINE)
+
+    assert by_rollout(batch, "step") == {"a": [(0,)]}
+    assert batch.report["skipped_failed_calls"] == 1 and batch.report["calls"] == 2
+
+
 def test_to_arrow_has_the_transitions_schema(collector: Any) -> None:
     rec = Recorder()
     one_call_rollout(rec, "a", "t1", 1.0, calls=2)

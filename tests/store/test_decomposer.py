@@ -6,10 +6,12 @@ tests/algorithms/test_transitions.py. Times are explicit, so every expectation i
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import numpy as np
 import pytest
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -125,6 +127,8 @@ class Rollout:
         version: int | None = 1,
         messages: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None,
         duration_ms: float = 10,
+        compact: bool = False,
+        error: bool = False,
     ) -> trace.Span | None:
         """An LLM call: the agent's client span [start, start + duration] (agent clock) and the policy
         server's span inside it (server clock), nested when ``propagate``, else in a trace of its own."""
@@ -141,16 +145,20 @@ class Rollout:
                                         end_ns=_ns(start_ms + duration_ms), parent=parent, kind=SpanKind.CLIENT,
                                         attributes=attrs)
         if server:
+            lps = logprobs if logprobs is not None else [-0.5] * len(completion)
             attrs = {sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT, sc.GEN_AI_RESPONSE_ID: response_id,
-                     sc.ROLLOUT_ID: self.rollout_id, sc.LLM_PROMPT_TOKEN_IDS: prompt,
-                     sc.LLM_COMPLETION_TOKEN_IDS: completion,
-                     sc.LLM_LOGPROBS: logprobs if logprobs is not None else [-0.5] * len(completion)}
+                     sc.ROLLOUT_ID: self.rollout_id}
+            if not error:  # a failed request records no tokens
+                attrs.update({
+                    sc.LLM_PROMPT_TOKEN_IDS: _b64(prompt, "<i4") if compact else prompt,
+                    sc.LLM_COMPLETION_TOKEN_IDS: _b64(completion, "<i4") if compact else completion,
+                    sc.LLM_LOGPROBS: _b64(lps, "<f4") if compact else lps})
             if version is not None:
                 attrs[sc.POLICY_VERSION] = version
             srv_parent = client_span if (propagate and client_span is not None) else None
             self.rec.span(self.server, "chat tiny", start_ns=_ns(start_ms + 1) + self.server_skew_ns,
                           end_ns=_ns(start_ms + duration_ms - 1) + self.server_skew_ns, parent=srv_parent,
-                          kind=SpanKind.SERVER, attributes=attrs)
+                          kind=SpanKind.SERVER, attributes=attrs, error=error)
         return client_span
 
     def reward(self, parent: trace.Span | None, at_ms: float, value: float, name: str | None = None) -> None:
@@ -164,6 +172,11 @@ class Rollout:
         attrs = {sc.GEN_AI_EVALUATION_NAME: name, sc.GEN_AI_EVALUATION_SCORE_VALUE: value}
         self.rec.span(self.agent, "evaluate", start_ns=_ns(at_ms), end_ns=_ns(at_ms + 1), parent=parent,
                       events=[(sc.GEN_AI_EVALUATION_RESULT_EVENT, _ns(at_ms), attrs)])
+
+
+def _b64(values: list[int] | list[float], dtype: str) -> str:
+    """The compact encoding of token arrays (instrumentation/semconv.py): base64 of little-endian values."""
+    return base64.b64encode(np.asarray(values, dtype=dtype).tobytes()).decode()
 
 
 def _ns(ms: float) -> int:
@@ -356,3 +369,15 @@ def test_selection_rejects_bad_fields() -> None:
         Selection(since_ns=9, until_ns=5).validate()
     with pytest.raises(ValueError, match="min_policy_version must be an integer, got '2'"):
         Selection(min_policy_version="2").validate()  # type: ignore[arg-type]
+
+
+def test_compact_base64_token_arrays_read_like_plain_arrays(collector: Any) -> None:
+    rec = Recorder()
+    r = Rollout(rec, "b64")
+    root = r.root(0, 100)
+    r.call(root, 10, [1, 70000, 3], [4, 5], [-0.25, -1.5], compact=True)
+    deliver(collector, rec.spans())
+
+    dec = decompose(collector.store)
+
+    assert rows(dec.calls, "prompt_ids", "completion_ids", "logprobs") == [([1, 70000, 3], [4, 5], [-0.25, -1.5])]
