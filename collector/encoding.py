@@ -81,6 +81,14 @@ _TOKEN_KEYS = {
 }
 
 
+# Hot keys, bound once (module globals are cheaper than attribute lookups in the span loop).
+_K_ROLLOUT, _K_TASK, _K_ATTEMPT, _K_MODE = sc.ROLLOUT_ID, sc.TASK_ID, sc.ATTEMPT, sc.MODE
+_K_AGENT, _K_OPERATION, _K_RESPONSE_ID = sc.GEN_AI_AGENT_NAME, sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_RESPONSE_ID
+_K_POLICY_VERSION = sc.POLICY_VERSION
+_K_REWARD_VALUE, _K_REWARD_NAME = sc.REWARD_VALUE, sc.REWARD_NAME
+_K_EVAL_SCORE, _K_EVAL_NAME = sc.GEN_AI_EVALUATION_SCORE_VALUE, sc.GEN_AI_EVALUATION_NAME
+
+
 class _BadSpan(Exception):
     """One span cannot be stored; the message says why."""
 
@@ -150,19 +158,21 @@ def _decode_tokens(key: str, v: Any, is_float: bool) -> np.ndarray:
         return np.frombuffer(raw, dtype=dtype)
     if kind == "array_value":
         values = v.array_value.values
-        out: list[float] = []
-        for i, x in enumerate(values):
-            k = x.WhichOneof("value")
+        # Fast path: read every element as the expected kind (a wrong kind reads as 0), then check
+        # only the zero entries' real kind.
+        if is_float:
+            arr = np.asarray([x.double_value for x in values], dtype=np.float64)
+        else:
+            arr = np.asarray([x.int_value for x in values], dtype=np.int64)
+        for i in np.flatnonzero(arr == 0).tolist():
+            k = values[i].WhichOneof("value")
             if k == "int_value":
-                out.append(x.int_value)
-            elif is_float and k == "double_value":
-                out.append(x.double_value)
-            else:
+                arr[i] = values[i].int_value
+            elif not (is_float and k == "double_value"):
                 want = "numbers" if is_float else "integers"
                 raise _BadSpan(f"{key}[{i}] is {k or 'empty'}, expected an array of {want}")
         if is_float:
-            return np.asarray(out, dtype=np.float32)
-        arr = np.asarray(out, dtype=np.int64)
+            return arr.astype(np.float32)
         if arr.size and (arr.min() < _INT32_MIN or arr.max() > _INT32_MAX):
             raise _BadSpan(f"{key} has a value outside the int32 range")
         return arr.astype(np.int32)
@@ -261,10 +271,10 @@ def encode_request(request: ExportTraceServiceRequest, *, pre_rejected: int = 0,
         res = _attrs(rs.resource.attributes)
         res_json = _dumps(res)
         r_service = _as_str(res.get(sc.SERVICE_NAME))
-        r_rollout = res.get(sc.ROLLOUT_ID)
-        r_task = res.get(sc.TASK_ID)
-        r_attempt = res.get(sc.ATTEMPT)
-        r_mode = res.get(sc.MODE)
+        r_rollout = _as_str(res.get(sc.ROLLOUT_ID))
+        r_task = _as_str(res.get(sc.TASK_ID))
+        r_attempt = _as_int(res.get(sc.ATTEMPT))
+        r_mode = _as_str(res.get(sc.MODE))
         for ss in rs.scope_spans:
             scope = ss.scope
             s_name = scope.name or None
@@ -288,7 +298,13 @@ def encode_request(request: ExportTraceServiceRequest, *, pre_rejected: int = 0,
                         slot = _TOKEN_KEYS.get(key)
                         if slot is None:
                             v = kv.value
-                            attrs[key] = _GETTERS[v.WhichOneof("value")](v)
+                            k = v.WhichOneof("value")
+                            if k == "string_value":
+                                attrs[key] = v.string_value
+                            elif k == "int_value":
+                                attrs[key] = v.int_value
+                            else:
+                                attrs[key] = _GETTERS[k](v)
                         else:
                             toks[slot] = _decode_tokens(key, kv.value, slot == 2)
                     ev_json = None
@@ -326,23 +342,31 @@ def encode_request(request: ExportTraceServiceRequest, *, pre_rejected: int = 0,
                 scope_names.append(s_name)
                 scope_versions.append(s_version)
                 get = attrs.get
-                rollout_ids.append(_as_str(get(sc.ROLLOUT_ID, r_rollout)))
-                task_ids.append(_as_str(get(sc.TASK_ID, r_task)))
-                attempts.append(_as_int(get(sc.ATTEMPT, r_attempt)))
-                modes.append(_as_str(get(sc.MODE, r_mode)))
-                agents.append(_as_str(get(sc.GEN_AI_AGENT_NAME)))
-                operations.append(_as_str(get(sc.GEN_AI_OPERATION_NAME)))
-                response_ids.append(_as_str(get(sc.GEN_AI_RESPONSE_ID)))
-                policy_versions.append(_as_int(get(sc.POLICY_VERSION)))
+                x = get(_K_ROLLOUT, r_rollout)
+                rollout_ids.append(x if x is None or x.__class__ is str else _as_str(x))
+                x = get(_K_TASK, r_task)
+                task_ids.append(x if x is None or x.__class__ is str else _as_str(x))
+                x = get(_K_ATTEMPT, r_attempt)
+                attempts.append(None if x is None else _as_int(x))
+                x = get(_K_MODE, r_mode)
+                modes.append(x if x is None or x.__class__ is str else _as_str(x))
+                x = get(_K_AGENT)
+                agents.append(x if x is None or x.__class__ is str else _as_str(x))
+                x = get(_K_OPERATION)
+                operations.append(x if x is None or x.__class__ is str else _as_str(x))
+                x = get(_K_RESPONSE_ID)
+                response_ids.append(x if x is None or x.__class__ is str else _as_str(x))
+                x = get(_K_POLICY_VERSION)
+                policy_versions.append(None if x is None else _as_int(x))
                 tokens[0].append(toks[0])
                 tokens[1].append(toks[1])
                 tokens[2].append(toks[2])
-                if sc.REWARD_VALUE in attrs:
-                    reward_values.append(_as_float(attrs[sc.REWARD_VALUE]))
-                    reward_names.append(_as_str(get(sc.REWARD_NAME)))
-                elif sc.GEN_AI_EVALUATION_SCORE_VALUE in attrs:
-                    reward_values.append(_as_float(attrs[sc.GEN_AI_EVALUATION_SCORE_VALUE]))
-                    reward_names.append(_as_str(get(sc.GEN_AI_EVALUATION_NAME)))
+                if _K_REWARD_VALUE in attrs:
+                    reward_values.append(_as_float(attrs[_K_REWARD_VALUE]))
+                    reward_names.append(_as_str(get(_K_REWARD_NAME)))
+                elif _K_EVAL_SCORE in attrs:
+                    reward_values.append(_as_float(attrs[_K_EVAL_SCORE]))
+                    reward_names.append(_as_str(get(_K_EVAL_NAME)))
                 else:
                     reward_values.append(None)
                     reward_names.append(None)

@@ -1,0 +1,360 @@
+"""Ingest benchmark: spans/s committed by `spanrl collector` over OTLP/gRPC, against the anchor.
+
+    .venv/bin/python bench/ingest.py [--seconds 3] [--repeats 3] [--skip-anchor]
+
+Workloads, each a pre-encoded OTLP request of 512 spans (decoding on the client side is not timed):
+  small         tool/agent spans, 6 short attributes each
+  agent-array   realistic agent mix: 1 span in 5 is an LLM call with 300 prompt token ids, 60 completion
+                ids, 60 logprobs (plain OTLP arrays) and 2 KB of message text; the rest are small
+  agent-b64     the same spans, token arrays in spanrl's compact encoding (base64 little-endian int32 /
+                float32, what spanrl's policy server writes)
+For each workload: 1 and 4 sender processes (each keeps --inflight requests in flight, as an
+OpenTelemetry Collector exporter with several consumers does) against a fresh collector subprocess;
+a request counts only once acknowledged, i.e. committed to DuckDB on disk. Collector peak RSS is
+VmHWM from /proc.
+
+In the same run, the same spans go into the anchor, agentlightning==0.3.0's
+InMemoryLightningStore.add_many_spans (512 per call, pre-built Span objects, in memory: the most
+favourable setting for the anchor), installed into its own venv (--anchor-venv, ~780 MB, no torch).
+Figures are medians of --repeats runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import multiprocessing as mp
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1 import common_pb2
+
+from spanrl.instrumentation import semconv as sc
+
+SPANS_PER_REQUEST = 512
+DISTINCT_REQUESTS = 8
+LLM_EVERY_N_SPANS = 5
+PROMPT_IDS, COMPLETION_IDS = 300, 60
+MESSAGE_TEXT_BYTES = 2048
+EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+READY_PREFIX = "spanrl collector ready"
+ANCHOR_PACKAGE = "agentlightning==0.3.0"
+WORKLOADS = ("small", "agent-array", "agent-b64")
+
+
+# --- workloads ------------------------------------------------------------------------------------------
+def _small_attrs(i: int, rng: random.Random) -> dict[str, Any]:
+    return {
+        sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL,
+        sc.GEN_AI_TOOL_NAME: rng.choice(["calculator", "search", "sql"]),
+        sc.GEN_AI_TOOL_CALL_ID: f"call_{rng.getrandbits(48):012x}",
+        sc.GEN_AI_TOOL_CALL_ARGUMENTS: '{"a": 3, "b": 4}',
+        "tool.latency_ms": rng.randint(1, 500),
+        "step": i,
+    }
+
+
+def _llm_attrs(rng: random.Random, compact: bool) -> dict[str, Any]:
+    prompt = [rng.randrange(32000) for _ in range(PROMPT_IDS)]
+    completion = [rng.randrange(32000) for _ in range(COMPLETION_IDS)]
+    logprobs = [-rng.random() * 3 for _ in range(COMPLETION_IDS)]
+    text = ("The user asks for the total of the invoice lines; " * 64)[:MESSAGE_TEXT_BYTES]
+    attrs: dict[str, Any] = {
+        sc.GEN_AI_OPERATION_NAME: sc.OP_CHAT,
+        sc.GEN_AI_REQUEST_MODEL: "policy",
+        sc.GEN_AI_RESPONSE_ID: f"chatcmpl-{rng.getrandbits(64):016x}",
+        sc.GEN_AI_USAGE_INPUT_TOKENS: PROMPT_IDS,
+        sc.GEN_AI_USAGE_OUTPUT_TOKENS: COMPLETION_IDS,
+        sc.GEN_AI_INPUT_MESSAGES: json.dumps([{"role": "user", "parts": [{"type": "text", "content": text}]}]),
+        sc.GEN_AI_OUTPUT_MESSAGES: json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "<call> add 3 4 </call>"}]}]),
+        sc.POLICY_VERSION: 3,
+    }
+    if compact:
+        attrs[sc.LLM_PROMPT_TOKEN_IDS] = base64.b64encode(np.asarray(prompt, "<i4").tobytes()).decode()
+        attrs[sc.LLM_COMPLETION_TOKEN_IDS] = base64.b64encode(np.asarray(completion, "<i4").tobytes()).decode()
+        attrs[sc.LLM_LOGPROBS] = base64.b64encode(np.asarray(logprobs, "<f4").tobytes()).decode()
+    else:
+        attrs[sc.LLM_PROMPT_TOKEN_IDS] = prompt
+        attrs[sc.LLM_COMPLETION_TOKEN_IDS] = completion
+        attrs[sc.LLM_LOGPROBS] = logprobs
+    return attrs
+
+
+def make_spans(workload: str, seed: int) -> list[dict[str, Any]]:
+    """512 span descriptions (plain Python), the single source for both stores."""
+    rng = random.Random(seed)
+    trace_id = rng.getrandbits(128).to_bytes(16, "big")
+    root = rng.getrandbits(64).to_bytes(8, "big")
+    spans = []
+    t0 = 1_790_000_000_000_000_000 + seed * 10**9
+    for i in range(SPANS_PER_REQUEST):
+        llm = workload != "small" and i % LLM_EVERY_N_SPANS == 1
+        attrs = _llm_attrs(rng, workload == "agent-b64") if llm else _small_attrs(i, rng)
+        span_id = root if i == 0 else rng.getrandbits(64).to_bytes(8, "big")
+        spans.append({
+            "trace_id": trace_id, "span_id": span_id, "parent": None if i == 0 else root,
+            "name": "chat policy" if llm else f"execute_tool {attrs.get(sc.GEN_AI_TOOL_NAME)}",
+            "kind": 3 if llm else 1, "start": t0 + i * 1000, "end": t0 + i * 1000 + 900, "attributes": attrs,
+        })
+    return spans
+
+
+def _any(v: Any) -> common_pb2.AnyValue:
+    if isinstance(v, bool):
+        return common_pb2.AnyValue(bool_value=v)
+    if isinstance(v, int):
+        return common_pb2.AnyValue(int_value=v)
+    if isinstance(v, float):
+        return common_pb2.AnyValue(double_value=v)
+    if isinstance(v, list):
+        return common_pb2.AnyValue(array_value=common_pb2.ArrayValue(values=[_any(x) for x in v]))
+    return common_pb2.AnyValue(string_value=v)
+
+
+def encode_otlp(spans: list[dict[str, Any]], rollout_id: str) -> bytes:
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    for k, v in {sc.SERVICE_NAME: "bench-agent", sc.ROLLOUT_ID: rollout_id, sc.TASK_ID: "task-1"}.items():
+        rs.resource.attributes.add(key=k, value=_any(v))
+    ss = rs.scope_spans.add()
+    ss.scope.name = "bench"
+    for s in spans:
+        p = ss.spans.add(trace_id=s["trace_id"], span_id=s["span_id"], parent_span_id=s["parent"] or b"", name=s["name"],
+                         kind=s["kind"], start_time_unix_nano=s["start"], end_time_unix_nano=s["end"])
+        for k, v in s["attributes"].items():
+            p.attributes.add(key=k, value=_any(v))
+    return req.SerializeToString()
+
+
+# --- spanrl: collector subprocess + sender processes --------------------------------------------------
+def _sender(endpoint: str, bodies: list[bytes], inflight: int, deadline: float, out: Any) -> None:
+    import grpc
+
+    channel = grpc.insecure_channel(endpoint, options=[("grpc.max_send_message_length", 64 << 20)])
+    call = channel.unary_unary(EXPORT_METHOD, request_serializer=None, response_deserializer=None)
+    counts = [0] * inflight
+
+    def loop(k: int) -> None:
+        j = k
+        while time.monotonic() < deadline:
+            call(bodies[j % len(bodies)], timeout=60)
+            counts[k] += 1
+            j += inflight
+
+    threads = [threading.Thread(target=loop, args=(k,)) for k in range(inflight)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    channel.close()
+    out.put(sum(counts))
+
+
+def _start_collector(db: Path) -> tuple[subprocess.Popen, str, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "spanrl", "--log-level", "WARNING", "collector", "--db", str(db), "--grpc-port", "0", "--http-port", "0"],
+                            stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()  # type: ignore[union-attr]
+    if not line.startswith(READY_PREFIX):
+        proc.kill()
+        raise RuntimeError(f"collector did not start: {line!r}")
+    fields = dict(p.split("=", 1) for p in line.split()[3:])
+    return proc, fields["grpc"], fields["http"]
+
+
+def _peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _count(http: str) -> int:
+    req = urllib.request.Request(f"{http}/v1/sql", data=json.dumps({"sql": "SELECT count(*) AS n FROM spans"}).encode(),
+                                 headers={"content-type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return int(json.loads(resp.read())["rows"][0]["n"])
+
+
+def run_spanrl(bodies: list[bytes], senders: int, inflight: int, seconds: float, tmp: Path) -> tuple[float, float, float]:
+    """One run: spans/s committed, spans per collector CPU-second, collector peak RSS (MiB)."""
+    db = tmp / f"bench-{time.monotonic_ns()}.duckdb"
+    proc, grpc_ep, http_ep = _start_collector(db)
+    try:
+        ctx = mp.get_context("fork")
+        # warm-up: one request per sender body, not timed
+        q = ctx.Queue()
+        _sender(grpc_ep, bodies[:1], 1, time.monotonic() + 0.3, q)
+        warm = q.get() * SPANS_PER_REQUEST
+        cpu0 = _cpu_s(proc.pid)
+        start = time.monotonic()
+        deadline = start + seconds
+        procs = [ctx.Process(target=_sender, args=(grpc_ep, bodies[k % len(bodies):] + bodies[: k % len(bodies)], inflight, deadline, q)) for k in range(senders)]
+        for p in procs:
+            p.start()
+        requests = sum(q.get() for _ in procs)
+        elapsed = time.monotonic() - start
+        cpu = _cpu_s(proc.pid) - cpu0
+        for p in procs:
+            p.join()
+        spans = requests * SPANS_PER_REQUEST
+        stored = _count(http_ep)
+        if stored != spans + warm:
+            raise RuntimeError(f"store holds {stored} spans, {spans + warm} were acknowledged")
+        rss = _peak_rss_mib(proc.pid)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(120)
+        for suffix in ("", ".wal"):
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+    return spans / elapsed, spans / max(cpu, 1e-9), rss
+
+
+# --- anchor ---------------------------------------------------------------------------------------------
+ANCHOR_SCRIPT = r"""
+import asyncio, json, statistics, sys, time
+from agentlightning.store.memory import InMemoryLightningStore
+from agentlightning.types import Span, TraceStatus, OtelResource, SpanContext
+
+spec = json.load(open(sys.argv[1]))
+repeats = int(sys.argv[2])
+
+async def main():
+    store = InMemoryLightningStore()
+    attempted = await store.start_rollout(input={"task": 1})
+    rid, aid = attempted.rollout_id, attempted.attempt.attempt_id
+    seq = 0
+    def build(spans):
+        nonlocal seq
+        out = []
+        for s in spans:
+            seq += 1
+            out.append(Span(rollout_id=rid, attempt_id=aid, sequence_id=seq, trace_id=s["trace_id"], span_id=s["span_id"],
+                            parent_id=s["parent"], name=s["name"], status=TraceStatus(status_code="UNSET"),
+                            attributes=s["attributes"], events=[], links=[], start_time=s["start"] / 1e9, end_time=s["end"] / 1e9,
+                            context=SpanContext(trace_id=s["trace_id"], span_id=s["span_id"], is_remote=False, trace_state={}),
+                            parent=None, resource=OtelResource(attributes={"service.name": "bench-agent"}, schema_url="")))
+        return out
+    rates, cpu_rates = [], []
+    for _ in range(repeats):
+        batches = [build(spans) for spans in spec]
+        n = sum(len(b) for b in batches)
+        t, c = time.perf_counter(), time.process_time()
+        for b in batches:
+            await store.add_many_spans(b)
+        rates.append(n / (time.perf_counter() - t))
+        cpu_rates.append(n / (time.process_time() - c))
+    print(json.dumps({"median": statistics.median(rates), "cpu_median": statistics.median(cpu_rates), "runs": rates}))
+
+asyncio.run(main())
+"""
+
+
+def ensure_anchor(venv: Path) -> Path:
+    python = venv / "bin" / "python"
+    probe = [str(python), "-c", "import agentlightning, importlib.metadata as m; print(m.version('agentlightning'))"]
+    if python.exists() and subprocess.run(probe, capture_output=True, text=True).stdout.strip() == ANCHOR_PACKAGE.split("==")[1]:
+        return python
+    print(f"installing {ANCHOR_PACKAGE} into {venv} (~780 MB, once)...", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", ANCHOR_PACKAGE], check=True)
+    return python
+
+
+def run_anchor(python: Path, spans_sets: list[list[dict[str, Any]]], repeats: int, tmp: Path) -> tuple[float, float]:
+    """The anchor's median spans/s (wall) and spans per CPU-second."""
+    def plain(s: dict[str, Any]) -> dict[str, Any]:
+        return {**s, "trace_id": s["trace_id"].hex(), "span_id": s["span_id"].hex(), "parent": s["parent"].hex() if s["parent"] else None}
+
+    spec = tmp / "anchor-spans.json"
+    spec.write_text(json.dumps([[plain(s) for s in spans] for spans in spans_sets]))
+    script = tmp / "anchor_bench.py"
+    script.write_text(ANCHOR_SCRIPT)
+    out = subprocess.run([str(python), str(script), str(spec), str(repeats)], capture_output=True, text=True, check=True, timeout=1800)
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    return float(doc["median"]), float(doc["cpu_median"])
+
+
+# --- main -----------------------------------------------------------------------------------------------
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=3.0, help="sending time per run")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per figure (median reported)")
+    parser.add_argument("--inflight", type=int, default=4, help="requests in flight per sender process")
+    parser.add_argument("--senders", default="1,4", help="sender process counts")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--anchor-venv", default="/tmp/anchor-venv")
+    parser.add_argument("--skip-anchor", action="store_true")
+    args = parser.parse_args()
+    workloads = args.workloads.split(",")
+    senders = [int(s) for s in args.senders.split(",")]
+    anchor_python = None if args.skip_anchor else ensure_anchor(Path(args.anchor_venv))
+
+    print(f"cores: {os.cpu_count()}, {SPANS_PER_REQUEST} spans/request, {args.inflight} in flight per sender, "
+          f"{args.seconds:.0f} s per run, median of {args.repeats}")
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="spanrl-bench-") as tmpdir:
+        tmp = Path(tmpdir)
+        for workload in workloads:
+            spans_sets = [make_spans(workload, seed) for seed in range(DISTINCT_REQUESTS)]
+            bodies = [encode_otlp(s, f"rollout-{k}") for k, s in enumerate(spans_sets)]
+            row: dict[str, Any] = {"request_kib": len(bodies[0]) / 1024}
+            for n in senders:
+                runs = [run_spanrl(bodies, n, args.inflight, args.seconds, tmp) for _ in range(args.repeats)]
+                row[f"spanrl_{n}"] = statistics.median(r[0] for r in runs)
+                row[f"cpu_{n}"] = statistics.median(r[1] for r in runs)
+                row[f"rss_{n}"] = max(r[2] for r in runs)
+                print(f"  {workload:12s} {n} sender(s): {row[f'spanrl_{n}']:>9,.0f} spans/s  (runs: "
+                      f"{', '.join(f'{r[0]:,.0f}' for r in runs)}); {row[f'cpu_{n}']:,.0f} spans per collector "
+                      f"CPU-second; peak RSS {row[f'rss_{n}']:.0f} MiB", flush=True)
+            if anchor_python is not None and workload != "agent-b64":  # the anchor has no compact encoding
+                row["anchor"], row["anchor_cpu"] = run_anchor(anchor_python, spans_sets, args.repeats, tmp)
+                print(f"  {workload:12s} anchor add_many_spans: {row['anchor']:>9,.0f} spans/s; "
+                      f"{row['anchor_cpu']:,.0f} spans per CPU-second", flush=True)
+            results[workload] = row
+
+    anchor_ref = {"small": "small", "agent-array": "agent-array", "agent-b64": "agent-array"}
+    print()
+    header = f"{'workload':12s} {'req KiB':>8s} " + " ".join(f"{f'spanrl {n}s':>12s}" for n in senders) + \
+        f" {'peak RSS':>9s} {'anchor':>10s} " + " ".join(f"{f'x anchor {n}s':>12s}" for n in senders)
+    header += f" {'CPU-s x anchor':>15s}"
+    print(header)
+    for workload, row in results.items():
+        anchor = results.get(anchor_ref[workload], {}).get("anchor")
+        anchor_cpu = results.get(anchor_ref[workload], {}).get("anchor_cpu")
+        cells = [f"{workload:12s}", f"{row['request_kib']:8.0f}"]
+        cells += [f"{row[f'spanrl_{n}']:12,.0f}" for n in senders]
+        cells.append(f"{max(row[f'rss_{n}'] for n in senders):8.0f}M")
+        cells.append(f"{anchor:10,.0f}" if anchor else f"{'-':>10s}")
+        cells += [f"{row[f'spanrl_{n}'] / anchor:11.1f}x" if anchor else f"{'-':>12s}" for n in senders]
+        best_cpu = max(row[f"cpu_{n}"] for n in senders)
+        cells.append(f"{best_cpu / anchor_cpu:14.1f}x" if anchor_cpu else f"{'-':>15s}")
+        print(" ".join(cells))
+    print("\nspanrl: spans/s acknowledged after commit to DuckDB on disk, OTLP/gRPC, collector in its own process.")
+    print("CPU-s x anchor: spans per CPU-second of the collector process (all its threads) over the anchor's spans "
+          "per CPU-second; steadier than wall time on a shared machine.")
+    print("anchor: agentlightning 0.3.0 InMemoryLightningStore.add_many_spans, in process, in memory, same spans "
+          "(agent-b64 compares against the anchor's agent-array figure).")
+
+
+if __name__ == "__main__":
+    main()
