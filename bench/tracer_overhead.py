@@ -1,0 +1,267 @@
+"""Tracer overhead per LLM call: an agent loop against a local OpenAI-compatible server, with and without
+instrumentation, and the anchor (agentlightning==0.3.0) tracer in the same run.
+
+Processes (nothing shares a GIL with the agent being timed):
+  server     tests/fake_openai.py, answering each chat completion after a delay so a call takes ~2 ms
+  collector  `spanrl collector` on free ports with a temporary DuckDB file
+  agent      one fresh process per measurement: N calls of `client.chat.completions.create` + one
+             `emit_reward` each, after a warm-up; prints per-call latencies as JSON
+
+Modes:
+  plain            spanrl venv, no OTel SDK (emit_reward is a no-op): the baseline
+  spanrl           the same script under `opentelemetry-instrument` (spanrl distro: OpenLLMetry spans,
+                   BatchSpanProcessor, OTLP/gRPC to the running collector)
+  anchor-plain     the anchor's venv, no tracer (agentlightning.emit_reward raises without one: no reward)
+  anchor           AgentOpsTracer (Agent Lightning 0.3's default tracer) writing each span synchronously
+                   to an in-process InMemoryLightningStore (its fastest store: no IPC)
+
+Rounds are interleaved; figures are medians over rounds of each round's median per-call latency.
+Overhead = mode - its own venv's baseline. CPU/call is the agent process's CPU time (all threads,
+span export included, flushed at the end) over the timed calls: steadier than wall time on a busy
+machine. Usage:
+
+    .venv/bin/python bench/tracer_overhead.py [--calls 300] [--rounds 5] [--call-ms 2.0]
+        [--anchor-python /tmp/anchor-venv/bin/python]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+DEFAULT_ANCHOR_PYTHON = "/tmp/anchor-venv/bin/python"
+DEFAULT_CALLS = 300
+DEFAULT_WARMUP_CALLS = 30
+DEFAULT_ROUNDS = 5
+DEFAULT_CALL_MS = 2.0
+_START_TIMEOUT_S = 120.0
+_AGENT_TIMEOUT_S = 600.0
+
+_SERVER = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    from fake_openai import FakeOpenAI
+    server = FakeOpenAI(reply="5", delay_s=float(sys.argv[1]), record=False).start()
+    print(server.url, flush=True)
+    sys.stdin.read()  # until the parent closes stdin
+    """
+)
+
+# The agent loop: identical code for every mode; `REWARD` is spanrl's or agentlightning's emit_reward.
+_AGENT = textwrap.dedent(
+    """
+    import json, os, statistics, sys, time
+    import openai
+    calls, warmup = int(sys.argv[1]), int(sys.argv[2])
+    mode = os.environ["BENCH_MODE"]
+    store = tracer = None
+    if mode == "anchor":
+        import agentlightning as agl
+        reward = agl.emit_reward
+    elif mode == "anchor-plain":  # agentlightning.emit_reward raises without an active tracer
+        reward = lambda value: None
+    else:
+        import spanrl
+        reward = spanrl.emit_reward
+    client = openai.OpenAI()
+    messages = [{"role": "system", "content": "You are a calculator."}, {"role": "user", "content": "What is 2 + 3?"}]
+
+    def loop(n):
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            answer = client.chat.completions.create(model="tiny", messages=messages).choices[0].message.content
+            reward(1.0 if answer == "5" else 0.0)
+            times.append(time.perf_counter() - t0)
+        return times
+
+    def run():
+        global cpu_s
+        loop(warmup)
+        t0, c0 = time.perf_counter(), time.process_time()
+        times = loop(calls)
+        wall = time.perf_counter() - t0
+        flush()
+        cpu_s = time.process_time() - c0  # every thread of the agent process, export included
+        return times, wall
+
+    stored = None
+    cpu_s = 0.0
+
+    def flush():
+        if mode == "spanrl":
+            from spanrl.instrumentation import flush as spanrl_flush
+            assert spanrl_flush(30.0), "flush timed out"
+
+    if mode == "anchor":
+        import asyncio
+        from agentlightning.store.memory import InMemoryLightningStore
+        from agentlightning.tracer.agentops import AgentOpsTracer
+
+        async def traced():
+            global stored
+            store = InMemoryLightningStore()
+            tracer = AgentOpsTracer()
+            tracer.init()
+            tracer.init_worker(0, store)
+            rollout = await store.start_rollout(input={"task": "bench"})
+            async with tracer.trace_context("bench", rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id):
+                result = run()
+            stored = len(await store.query_spans(rollout.rollout_id))
+            return result
+        times, wall = asyncio.run(traced())
+    else:
+        times, wall = run()
+    print("BENCH " + json.dumps({"median_s": statistics.median(times), "mean_s": wall / calls,
+                                 "cpu_s": cpu_s / calls, "stored": stored}), flush=True)
+    """
+)
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    drop = ("OTEL_", "SPANRL_", "TRACELOOP_", "OPENAI_", "AGENTOPS_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env.update(PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def _read_line(proc: subprocess.Popen[str], what: str) -> str:
+    line: list[str] = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    reader.join(_START_TIMEOUT_S)
+    if not line or not line[0].strip():
+        proc.kill()
+        raise RuntimeError(f"{what} did not start")
+    return line[0].strip()
+
+
+def start_server(delay_s: float) -> tuple[subprocess.Popen[str], str]:
+    code = _SERVER.format(tests=str(ROOT / "tests"))
+    proc = subprocess.Popen([sys.executable, "-c", code, str(delay_s)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    return proc, _read_line(proc, "fake OpenAI server")
+
+
+def start_collector(db: Path) -> tuple[subprocess.Popen[str], str, str]:
+    cmd = [sys.executable, "-m", "spanrl", "collector", "--db", str(db), "--grpc-port", "0", "--http-port", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=_clean_env())
+    line = _read_line(proc, "spanrl collector")
+    fields = dict(part.split("=", 1) for part in line.split()[3:])
+    return proc, fields["grpc"], fields["http"]
+
+
+def collector_count(http_endpoint: str, query: str) -> int:
+    req = urllib.request.Request(
+        f"{http_endpoint}/v1/sql", data=json.dumps({"sql": query}).encode(), headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        rows = json.loads(resp.read())["rows"]
+    return int(next(iter(rows[0].values())))
+
+
+def run_agent(mode: str, python: str, base_url: str, grpc: str, calls: int, warmup: int) -> dict[str, float]:
+    env = _clean_env(BENCH_MODE=mode, OPENAI_BASE_URL=base_url + "/v1", OPENAI_API_KEY="sk-bench")
+    cmd = [python, "-c", _AGENT, str(calls), str(warmup)]
+    if mode == "spanrl":
+        env.update(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://{grpc}", OTEL_PYTHON_DISTRO="spanrl",
+                   OTEL_PYTHON_CONFIGURATOR="spanrl", SPANRL_ROLLOUT_ID="bench")
+        cmd = [str(BIN / "opentelemetry-instrument"), *cmd]
+    if mode.startswith("anchor"):
+        env.update(AGENTOPS_API_KEY="dummy", LITELLM_LOCAL_MODEL_COST_MAP="True", AGENTOPS_LOG_LEVEL="ERROR")
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=_AGENT_TIMEOUT_S)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("BENCH ")]
+    if out.returncode != 0 or not lines:
+        raise RuntimeError(f"{mode} agent failed (rc {out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
+    return json.loads(lines[-1][len("BENCH "):])
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:9.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=DEFAULT_CALLS, help="timed calls per agent run")
+    parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP_CALLS, help="untimed calls first")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="interleaved rounds of every mode")
+    parser.add_argument("--call-ms", type=float, default=DEFAULT_CALL_MS, help="target plain call latency (ms)")
+    parser.add_argument("--anchor-python", default=DEFAULT_ANCHOR_PYTHON,
+                        help="python of a venv with agentlightning==0.3.0 ('' to skip the anchor)")
+    args = parser.parse_args(argv)
+
+    anchor = args.anchor_python and Path(args.anchor_python).exists()
+    if args.anchor_python and not anchor:
+        print(f"anchor venv {args.anchor_python} not found: create it with\n"
+              f"  python3 -m venv /tmp/anchor-venv && /tmp/anchor-venv/bin/pip install agentlightning==0.3.0")
+    modes = ["plain", "spanrl"] + (["anchor-plain", "anchor"] if anchor else [])
+    pythons = {"plain": str(BIN / "python"), "spanrl": str(BIN / "python"),
+               "anchor-plain": args.anchor_python, "anchor": args.anchor_python}
+
+    with tempfile.TemporaryDirectory() as tmp:
+        collector, grpc, http = start_collector(Path(tmp) / "bench.duckdb")
+        try:
+            # Calibrate the server delay so a plain call takes about --call-ms.
+            server, url = start_server(0.0)
+            base = run_agent("plain", pythons["plain"], url, grpc, 100, 20)["median_s"]
+            server.stdin.close()  # type: ignore[union-attr]
+            server.wait(10)
+            delay_s = max(0.0, args.call_ms / 1000 - base)
+            server, url = start_server(delay_s)
+            print(f"server: bare call {base * 1e3:.2f} ms, delay set to {delay_s * 1e3:.2f} ms; "
+                  f"{args.calls} calls x {args.rounds} rounds per mode; {os.cpu_count()} CPUs")
+            results: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
+            for r in range(args.rounds):
+                for mode in modes:
+                    results[mode].append(run_agent(mode, pythons[mode], url, grpc, args.calls, args.warmup))
+                print(f"  round {r + 1}/{args.rounds}: " + ", ".join(
+                    f"{m} {results[m][-1]['median_s'] * 1e3:.3f} ms" for m in modes), flush=True)
+            server.stdin.close()  # type: ignore[union-attr]
+            server.wait(10)
+            expected = args.rounds * (args.calls + args.warmup)
+            time.sleep(1.0)
+            stored = collector_count(http, "SELECT count(*) AS n FROM spans WHERE operation_name = 'chat'")
+            rewards = collector_count(http, "SELECT count(*) AS n FROM spans WHERE reward_value IS NOT NULL")
+        finally:
+            collector.terminate()
+            collector.wait(30)
+
+    med = {m: statistics.median(x["median_s"] for x in results[m]) for m in modes}
+    mean = {m: statistics.median(x["mean_s"] for x in results[m]) for m in modes}
+    cpu = {m: statistics.median(x["cpu_s"] for x in results[m]) for m in modes}
+    baseline = {"plain": "plain", "spanrl": "plain", "anchor-plain": "anchor-plain", "anchor": "anchor-plain"}
+    print()
+    print(f"{'mode':14s} {'median/call us':>15s} {'overhead us':>12s} {'overhead %':>11s} "
+          f"{'mean/call us':>13s} {'CPU/call us':>12s} {'CPU overhead us':>16s}")
+    for m in modes:
+        b = baseline[m]
+        over = med[m] - med[b]
+        print(f"{m:14s} {_us(med[m]):>15s} {_us(over):>12s} {100 * over / med[b]:10.1f}% "
+              f"{_us(mean[m]):>13s} {_us(cpu[m]):>12s} {_us(cpu[m] - cpu[b]):>16s}")
+    print(f"\nspanrl: chat spans in the store {stored}/{expected}, reward spans {rewards}/{expected}")
+    if anchor:
+        print(f"anchor: spans in its store per run {statistics.median(x['stored'] for x in results['anchor']):.0f} "
+              f"(expected {2 * (args.calls + args.warmup)} + session)")
+        ours = med["spanrl"] - med["plain"]
+        theirs = med["anchor"] - med["anchor-plain"]
+        ratio = theirs / ours if ours > 0 else float("inf")
+        print(f"overhead ratio anchor/spanrl: {ratio:.1f}x  (spanrl {ours * 1e6:.0f} us vs anchor {theirs * 1e6:.0f} us per call)")
+    print(f"goal: spanrl overhead < 5% of a {args.call_ms:.1f} ms call: "
+          f"{'MET' if (med['spanrl'] - med['plain']) / med['plain'] < 0.05 else 'NOT MET'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
