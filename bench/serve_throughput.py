@@ -1,0 +1,137 @@
+"""Policy server throughput: completion tokens/s with 1, 8 and 32 concurrent HTTP clients, against
+sequential ``model.generate`` of the same model in the same run (the baseline).
+
+    .venv/bin/python bench/serve_throughput.py [--model DIR|smollm2] [--max-tokens 32] [--repeats 3]
+
+Without ``--model`` it builds the tiny model (``spanrl.algorithms.tiny``). The server runs as a
+``spanrl serve`` subprocess (so clients and server do not share a GIL) with span export off; clients
+are asyncio tasks, each sending its requests one after another. Figures are medians over repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+
+_CLIENT_COUNTS = (1, 8, 32)
+_START_TIMEOUT_S = 300.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _prompts(count: int) -> list[str]:
+    return [f"what is {i % 50} add {(7 * i) % 50} ?" for i in range(count)]
+
+
+def sequential_generate(model_dir: str, max_tokens: int, requests: int) -> float:
+    """Baseline: HF ``generate``, one request at a time, sampling at temperature 1. Tokens/s."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tokens = 0
+    start = time.perf_counter()
+    for text in _prompts(requests):
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+        prompt = torch.tensor([tok(ids, add_special_tokens=False)["input_ids"]])
+        with torch.no_grad():
+            out = model.generate(prompt, max_new_tokens=max_tokens, do_sample=True, temperature=1.0, top_p=1.0, pad_token_id=tok.pad_token_id)
+        tokens += out.shape[1] - prompt.shape[1]
+    return tokens / (time.perf_counter() - start)
+
+
+async def _client_load(base_url: str, clients: int, per_client: int, max_tokens: int, model: str) -> tuple[float, float]:
+    """Tokens/s and mean batch size (from the responses' token counts) for ``clients`` concurrent clients."""
+    prompts = _prompts(clients * per_client)
+    tokens = 0
+    async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=httpx.Limits(max_connections=clients + 4)) as http:
+
+        async def one_client(c: int) -> None:
+            nonlocal tokens
+            for r in range(per_client):
+                body = {
+                    "model": model,
+                    "messages": [{"role": "user", "content": prompts[c * per_client + r]}],
+                    "max_tokens": max_tokens,
+                    "temperature": 1.0,
+                }
+                reply = await http.post("/v1/chat/completions", json=body)
+                reply.raise_for_status()
+                tokens += reply.json()["usage"]["completion_tokens"]
+
+        start = time.perf_counter()
+        await asyncio.gather(*(one_client(c) for c in range(clients)))
+        elapsed = time.perf_counter() - start
+    return tokens / elapsed, elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="model folder or 'smollm2' (default: a freshly built tiny model)")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--requests-per-client", type=int, default=4)
+    args = parser.parse_args(argv)
+
+    model_dir = args.model
+    if model_dir is None:
+        from spanrl.algorithms.tiny import build_tiny_model
+
+        words = [str(i) for i in range(100)] + ["add", "sub", "what", "is", "?"]
+        model_dir = str(build_tiny_model(tempfile.mkdtemp(prefix="spanrl-bench-") + "/tiny", words=words))
+    elif model_dir == "smollm2":
+        from spanrl.serving.models import resolve_model
+
+        model_dir = str(resolve_model("smollm2"))
+
+    baseline = [sequential_generate(model_dir, args.max_tokens, 16) for _ in range(args.repeats)]
+    base = statistics.median(baseline)
+    print(f"model {model_dir}  max_tokens {args.max_tokens}  cpu threads {os.cpu_count()}")
+    print(f"baseline: sequential model.generate          {base:9.1f} tokens/s (median of {args.repeats})")
+
+    port = _free_port()
+    cmd = [sys.executable, "-m", "spanrl", "--log-level", "WARNING", "serve", "--model", model_dir, "--port", str(port),
+           "--otlp-endpoint", "none", "--served-model-name", "bench", "--max-batch-size", "32"]
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while True:
+            if server.poll() is not None:
+                print(server.stderr.read() if server.stderr else "", file=sys.stderr)
+                raise SystemExit("the server exited before it was ready")
+            try:
+                if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("the server did not become ready")
+            time.sleep(0.5)
+        asyncio.run(_client_load(base_url, 4, 1, args.max_tokens, "bench"))  # warm-up
+        for clients in _CLIENT_COUNTS:
+            runs = [asyncio.run(_client_load(base_url, clients, args.requests_per_client, args.max_tokens, "bench"))[0] for _ in range(args.repeats)]
+            rate = statistics.median(runs)
+            print(f"server, {clients:2d} concurrent clients (HTTP)     {rate:9.1f} tokens/s   {rate / base:5.2f}x baseline")
+    finally:
+        server.terminate()
+        server.wait(30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
