@@ -102,7 +102,22 @@ class TransitionBatch:
     @cached_property
     def transitions(self) -> list[Transition]:
         """The transitions as dataclasses (built on first access; the Arrow table is cheaper)."""
-        return [Transition(**row) for row in self._table.to_pylist()]
+        columns = {}
+        for name in self._table.column_names:
+            column = self._table.column(name)
+            is_list = pa.types.is_list(column.type)
+            columns[name] = _pylists(column) if is_list else column.to_pylist()
+        return [Transition(**dict(zip(columns, values))) for values in zip(*columns.values())]
+
+
+def _pylists(column: pa.ChunkedArray) -> list[list[Any]]:
+    """A list column as Python lists, converting the flat values once (much faster than to_pylist)."""
+    array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if array.null_count:
+        return [v if v is not None else [] for v in array.to_pylist()]
+    flat = array.flatten().to_numpy(zero_copy_only=False).tolist()
+    offsets = (array.offsets.to_numpy() - array.offsets[0].as_py()).tolist()
+    return [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
 
 
 # --- retokenization -------------------------------------------------------------------------------
