@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass, field
 
 from spanrl import env
@@ -17,6 +18,8 @@ _GRPC_MAX_CONCURRENT_RPCS = 128
 _HTTP_MAX_CONCURRENCY = 128
 _SHUTDOWN_TIMEOUT_S = 30.0
 _MAX_PORT = 65535
+_DUCKDB_MEMORY_LIMIT = "1GB"
+_MEMORY_LIMIT_PATTERN = re.compile(r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
 
 
 @dataclass
@@ -43,6 +46,8 @@ class CollectorConfig:
     """HTTP connections+requests admitted at once; more get 503."""
     shutdown_timeout_s: float = _SHUTDOWN_TIMEOUT_S
     """How long shutdown waits for in-flight requests and the last commit."""
+    duckdb_memory_limit: str = _DUCKDB_MEMORY_LIMIT
+    """DuckDB buffer memory cap (e.g. "1GB"): with the write queue's cap, bounds the collector's memory."""
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     """Group-commit queue settings."""
 
@@ -68,6 +73,8 @@ class CollectorConfig:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.shutdown_timeout_s <= 0:
             raise ConfigError(f"shutdown_timeout_s must be positive, got {self.shutdown_timeout_s}")
+        if not _MEMORY_LIMIT_PATTERN.match(self.duckdb_memory_limit):
+            raise ConfigError(f"duckdb_memory_limit must be a size such as '1GB' or '512MiB', got {self.duckdb_memory_limit!r}")
         self.batcher.validate()
 
     @classmethod

@@ -123,8 +123,7 @@ class OtlpHttpApp:
 
     async def _read_body(self, receive: Receive, headers: dict[str, str]) -> bytes:
         length = headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self._max:
-            raise PayloadTooLargeError(f"body of {length} bytes is larger than max_request_bytes={self._max}")
+        too_large = length is not None and length.isdigit() and int(length) > self._max
         chunks: list[bytes] = []
         size = 0
         more = True
@@ -135,9 +134,14 @@ class OtlpHttpApp:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self._max:
-                raise PayloadTooLargeError(f"body is larger than max_request_bytes={self._max}")
-            chunks.append(chunk)
+                too_large = True
+            if not too_large:
+                chunks.append(chunk)
             more = message.get("more_body", False)
+        # An oversized body is read to its end and dropped (memory stays bounded), so that the client,
+        # still sending, gets the 413 instead of a reset connection.
+        if too_large:
+            raise PayloadTooLargeError(f"body of {size} bytes is larger than max_request_bytes={self._max}")
         body = b"".join(chunks)
         encoding = headers.get("content-encoding", "identity").strip().lower()
         if encoding == "gzip":

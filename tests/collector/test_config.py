@@ -27,6 +27,7 @@ def test_defaults_validate_and_match_the_spec():
         ({"token": "two words"}, "token must be a non-empty string without whitespace"),
         ({"max_request_bytes": 0}, "max_request_bytes must be at least 1, got 0"),
         ({"shutdown_timeout_s": 0}, "shutdown_timeout_s must be positive, got 0"),
+        ({"duckdb_memory_limit": "lots"}, "duckdb_memory_limit must be a size such as '1GB' or '512MiB', got 'lots'"),
     ],
 )
 def test_bad_field_is_named(fields, message):
