@@ -228,6 +228,15 @@ class Algorithm(abc.ABC):
     def load_state(self, checkpoint_dir: Path) -> None:
         """Resume exactly from what :meth:`save` wrote (call after :meth:`setup`)."""
 
+    def policy_weights(self) -> dict[str, torch.Tensor]:
+        """The policy's weights with the plain model's keys, as the policy server loads them (LoRA merged)."""
+        self._require_setup()
+        if hasattr(self.model, "merge_and_unload"):  # a PEFT model: merge a copy, leave training untouched
+            import copy
+
+            return copy.deepcopy(self.model).merge_and_unload().state_dict()
+        return self.model.state_dict()
+
     def values(self, batch: TransitionBatch) -> list[float]:
         """Critic value of each transition's state (the prompt); only when ``needs_values``."""
         raise TrainingError(f"{type(self).__name__} has no critic: needs_values is False")

@@ -315,8 +315,9 @@ class GRPO(Algorithm):
     def _logprobs(self, model: Any, data: PaddedBatch, *, ref: bool = False) -> torch.Tensor:
         """Per-token log-probs (B, C) of the completions under ``model`` (reference: adapters off)."""
         trainer = self.trainer
-        input_ids = torch.cat([data.prompt_ids, data.completion_ids], dim=1)
-        attention = torch.cat([data.prompt_mask, data.completion_mask], dim=1)
+        device = trainer.accelerator.device
+        input_ids = torch.cat([data.prompt_ids, data.completion_ids], dim=1).to(device)
+        attention = torch.cat([data.prompt_mask, data.completion_mask], dim=1).to(device)
         context = _adapters_off(trainer.model) if ref and trainer.ref_model is None else _nullcontext()
         with context:
             logps, _, _ = trainer._get_per_token_logps_and_entropies(

@@ -160,3 +160,19 @@ def test_lora_trains_only_the_adapter_and_saves_a_loadable_folder(model_path: Pa
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt")
     ids = torch.tensor([[1, 5, 6]])
     torch.testing.assert_close(merged(input_ids=ids).logits, algo.model(input_ids=ids).logits, atol=1e-5, rtol=1e-4)
+    # what the policy server reloads: the plain model's keys, adapter merged
+    plain = AutoModelForCausalLM.from_pretrained(model_path)
+    weights = algo.policy_weights()
+    assert set(weights) == set(plain.state_dict())
+    plain.load_state_dict(weights)
+    torch.testing.assert_close(plain(input_ids=ids).logits, merged(input_ids=ids).logits)
+
+
+def test_report_to_tensorboard_writes_the_metrics(model_path: Path, tmp_path: Path) -> None:
+    algo = GRPO()
+    algo.setup(model_path=model_path, output_dir=tmp_path / "run", seed=0, report_to=["tensorboard"])
+    algo.update(_batch(algo, seed=9, group=2))
+    events = list((tmp_path / "run" / "runs").rglob("events.out.tfevents.*"))
+    assert events and any(b"losses/policy_loss" in e.read_bytes() for e in events)
+    with pytest.raises(ConfigError, match="report_to entries must be one of"):
+        GRPO().setup(model_path=model_path, output_dir=tmp_path / "x", report_to=["mlflow"])

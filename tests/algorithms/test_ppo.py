@@ -101,3 +101,12 @@ def test_save_and_resume_exactly(model_path: Path, tmp_path: Path) -> None:
         torch.testing.assert_close(p, q)
     for p, q in zip(algo.model.parameters(), resumed.model.parameters()):
         torch.testing.assert_close(p, q)
+
+
+def test_report_to_tensorboard_writes_the_metrics(model_path: Path, tmp_path: Path) -> None:
+    algo = PPO()
+    algo.setup(model_path=model_path, output_dir=tmp_path / "run", seed=0, report_to=["tensorboard"])
+    gen = torch.Generator().manual_seed(4)
+    algo.update(_with_gae(algo, rollouts(algo.model, algo.tokenizer, tasks=TASKS, group=2, generator=gen)))
+    events = list((tmp_path / "run" / "runs").rglob("events.out.tfevents.*"))
+    assert events and any(b"losses/value_loss" in e.read_bytes() for e in events)
