@@ -4,10 +4,13 @@ together; usable in-process (the trainer) or as ``spanrl serve``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from spanrl.errors import ServingError
@@ -90,16 +93,30 @@ class PolicyServer:
         return self
 
     def serve_forever(self) -> None:
-        """Serve in the calling thread until interrupted (``spanrl serve``)."""
+        """Serve in the calling (main) thread until SIGINT / SIGTERM, then shut down cleanly: queued
+        generations finish and spans are flushed before this returns (``spanrl serve``)."""
         import uvicorn
 
+        class _Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:  # ours below; uvicorn's re-raises the signal
+                yield
+
         self._prepare()
-        server = uvicorn.Server(
+        server = _Server(
             uvicorn.Config(self._app(), host=self.config.host, port=self.config.port, log_level="info", lifespan="off")
         )
+        self._server = server
+
+        def stop(signum: int, frame: object) -> None:
+            server.should_exit = True
+
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             server.run()
         finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             self.shutdown()
 
     def shutdown(self) -> None:
