@@ -68,7 +68,7 @@ class Batcher:
         config.validate()
         self._config = config
         self._next = next_consumer
-        self._queue: collections.deque[tuple[pa.Table, int, Future[int]]] = collections.deque()
+        self._queue: collections.deque[tuple[pa.Table, int, Future[int], int]] = collections.deque()
         self._queued_bytes = 0
         self._cond = threading.Condition()
         self._stopping = False
@@ -110,7 +110,7 @@ class Batcher:
                     f"write queue full ({self._queued_bytes} of {self._config.max_queue_bytes} bytes queued); retry later",
                     retry_after_s=self._config.retry_after_s,
                 )
-            self._queue.append((batch.table, batch.accepted, fut))
+            self._queue.append((batch.table, batch.accepted, fut, size))
             self._queued_bytes += size
             self._cond.notify()
         return fut
@@ -125,7 +125,7 @@ class Batcher:
             if self._thread.is_alive():
                 _logger.error("writer thread did not finish within %.1f s; %d bytes still queued", timeout or 0, self._queued_bytes)
 
-    def _take(self) -> list[tuple[pa.Table, int, Future[int]]] | None:
+    def _take(self) -> list[tuple[pa.Table, int, Future[int], int]] | None:
         with self._cond:
             while not self._queue:
                 if self._stopping:
@@ -139,9 +139,9 @@ class Batcher:
                 spans += item[1]
             return taken
 
-    def _release(self, items: list[tuple[pa.Table, int, Future[int]]]) -> None:
+    def _release(self, items: list[tuple[pa.Table, int, Future[int], int]]) -> None:
         with self._cond:
-            self._queued_bytes -= sum(t.nbytes for t, _, _ in items)
+            self._queued_bytes -= sum(item[3] for item in items)
 
     def _run(self) -> None:
         while True:
@@ -153,9 +153,9 @@ class Batcher:
             finally:
                 self._release(items)
 
-    def _commit(self, items: list[tuple[pa.Table, int, Future[int]]]) -> None:
+    def _commit(self, items: list[tuple[pa.Table, int, Future[int], int]]) -> None:
         try:
-            self._next.consume([t for t, _, _ in items])
+            self._next.consume([item[0] for item in items])
         except Exception as exc:  # noqa: BLE001 - the writer thread must survive any store failure
             if len(items) == 1:
                 _logger.warning("commit of %d spans failed: %s", items[0][1], exc)
@@ -166,6 +166,6 @@ class Batcher:
                 self._commit([item])
             return
         self.commits += 1
-        for _, n, fut in items:
+        for _, n, fut, _ in items:
             self.committed_spans += n
             fut.set_result(n)
