@@ -33,6 +33,8 @@ class RolloutSpanProcessor(SpanProcessor):
             return
         try:
             entries = baggage.get_all(parent_context)
+            if not entries and not self.fallback:
+                return
             for key in ROLLOUT_KEYS:
                 value: Any = entries.get(key)
                 if value is None:

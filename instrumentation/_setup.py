@@ -1,7 +1,7 @@
 """Programmatic SDK setup for processes that do not run under ``opentelemetry-instrument``.
 
 ``configure()`` installs a ``TracerProvider`` (resource with the rollout ids from the environment,
-``RolloutSpanProcessor``, ``BatchSpanProcessor`` + OTLP/gRPC exporter) as the global provider, once.
+``RolloutSpanProcessor``, ``BatchSpanProcessor`` + ``FastOTLPSpanExporter`` over OTLP/gRPC) as the global provider, once.
 Under ``opentelemetry-instrument`` (or any code that already set an SDK provider) it only makes sure
 the rollout processor is attached and returns the existing provider.
 """
@@ -33,12 +33,12 @@ def configure(
     ``OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`` / ``OTEL_SERVICE_NAME``, then ``http://127.0.0.1:4317`` /
     ``spanrl-agent``. Raises ``ConfigError`` for a bad config (setup code, not agent hot path).
     """
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     from spanrl.instrumentation._processor import attach_rollout_processor
+    from spanrl.instrumentation.exporter import FastOTLPSpanExporter
 
     cfg = InstrumentationConfig(**vars(config)) if config is not None else InstrumentationConfig()
     if endpoint is not None:
@@ -63,7 +63,7 @@ def configure(
         attach_rollout_processor(provider)
         endpoint_url = cfg.resolved_endpoint()
         insecure = endpoint_url.startswith("http://")
-        exporter = OTLPSpanExporter(
+        exporter = FastOTLPSpanExporter(
             endpoint=endpoint_url,
             insecure=insecure,
             headers=tuple(cfg.resolved_headers().items()) or None,

@@ -61,7 +61,8 @@ def _is_set(environ: MutableMapping[str, str], *names: str) -> bool:
 def apply_env_defaults(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
     """Set spanrl's defaults for the standard variables the user left unset; return what was set.
 
-    Traces over OTLP/gRPC to 127.0.0.1:4317 (4318 when the user chose an HTTP protocol), a service name,
+    Traces over OTLP/gRPC to 127.0.0.1:4317 with spanrl's exporter (the standard OTLP exporter and port
+    4318 when the user chose an HTTP protocol), a service name,
     metrics and logs off, GenAI message content captured (OpenLLMetry and the official openai-v2
     instrumentation), a 500 ms batch delay and an attribute length limit that keeps messages whole.
     ``SPANRL_COLLECTOR_TOKEN`` becomes the bearer ``authorization`` header unless headers are set.
@@ -75,11 +76,12 @@ def apply_env_defaults(environ: MutableMapping[str, str] | None = None) -> dict[
             environ[name] = value
             chosen[name] = value
 
-    default(_OTEL_TRACES_EXPORTER, "otlp")
-    default(_OTEL_METRICS_EXPORTER, "none")
-    default(_OTEL_LOGS_EXPORTER, "none")
     default(_OTEL_PROTOCOL, "grpc", _OTEL_TRACES_PROTOCOL)
     protocol = (environ.get(_OTEL_TRACES_PROTOCOL) or environ.get(_OTEL_PROTOCOL) or "grpc").strip()
+    # `spanrl`: the SDK's OTLP/gRPC exporter with a faster encoder (exporter.py); HTTP: the standard one.
+    default(_OTEL_TRACES_EXPORTER, "spanrl" if protocol == "grpc" else "otlp")
+    default(_OTEL_METRICS_EXPORTER, "none")
+    default(_OTEL_LOGS_EXPORTER, "none")
     endpoint = DEFAULT_GRPC_ENDPOINT if protocol == "grpc" else DEFAULT_HTTP_ENDPOINT
     default(_OTEL_ENDPOINT, endpoint, _OTEL_TRACES_ENDPOINT)
     if "service.name=" not in environ.get(_OTEL_RESOURCE_ATTRIBUTES, ""):

@@ -12,7 +12,7 @@ from spanrl.instrumentation.config import apply_env_defaults
 def test_env_defaults_on_empty_environment():
     environ: dict[str, str] = {}
     chosen = apply_env_defaults(environ)
-    assert environ["OTEL_TRACES_EXPORTER"] == "otlp"
+    assert environ["OTEL_TRACES_EXPORTER"] == "spanrl"  # OTLP/gRPC with the fast encoder
     assert environ["OTEL_METRICS_EXPORTER"] == "none"
     assert environ["OTEL_LOGS_EXPORTER"] == "none"
     assert environ["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"
@@ -49,6 +49,7 @@ def test_env_defaults_http_protocol_gets_http_port_and_token_header():
     environ = {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "SPANRL_COLLECTOR_TOKEN": "s3cret"}
     apply_env_defaults(environ)
     assert environ["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://127.0.0.1:4318"
+    assert environ["OTEL_TRACES_EXPORTER"] == "otlp"
     assert environ["OTEL_EXPORTER_OTLP_HEADERS"] == "authorization=Bearer%20s3cret"
 
 
