@@ -37,8 +37,8 @@ class TinyRunConfig:
     """Model, checkpoints, spans.duckdb and result.json go here."""
     demos_per_task: int = 8
     """Demonstrator rollouts per training question (SFT data)."""
-    sft_updates: int = 150
-    """SFT optimizer steps over the demonstrations."""
+    sft_epochs: int = 20
+    """SFT passes over the demonstrations (one update: TRL's SFTTrainer is built once)."""
     sft_batch_size: int = 32
     """Transitions per SFT step."""
     sft_learning_rate: float = 1e-3
@@ -92,11 +92,11 @@ def run(config: TinyRunConfig | None = None) -> dict[str, Any]:
     with TeacherServer(demonstrator.answer, seed=cfg.seed) as teacher:
         sft = Trainer(
             model=model_dir, agent=agent, tasks=train, val_tasks=val,
-            algorithm=SFT(learning_rate=cfg.sft_learning_rate),
+            algorithm=SFT(learning_rate=cfg.sft_learning_rate, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch_size,
+                          reward_threshold=None),  # imitate every demonstration, mistakes included
             config=TrainerConfig(
                 output_dir=str(out / "sft"), db_path=db_path, llm_url=teacher.url, n_rollouts=cfg.demos_per_task,
-                tasks_per_step=len(train), max_steps=1, updates_per_step=cfg.sft_updates,
-                minibatch_size=cfg.sft_batch_size, eval_at_start=False, seed=cfg.seed, progress=cfg.progress,
+                tasks_per_step=len(train), max_steps=1, eval_at_start=False, seed=cfg.seed, progress=cfg.progress,
                 max_tokens=MAX_SQL_TOKENS, runner=dataclasses.replace(runner, require_token_spans=False)),
         )
         sft_history = sft.train()
