@@ -85,7 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--requests-per-client", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for baseline and server (default 1)")
     args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
 
     model_dir = args.model
     if model_dir is None:
@@ -100,13 +104,14 @@ def main(argv: list[str] | None = None) -> int:
 
     baseline = [sequential_generate(model_dir, args.max_tokens, 16) for _ in range(args.repeats)]
     base = statistics.median(baseline)
-    print(f"model {model_dir}  max_tokens {args.max_tokens}  cpu threads {os.cpu_count()}")
+    print(f"model {model_dir}  max_tokens {args.max_tokens}  torch threads {args.threads} of {os.cpu_count()} cpus")
     print(f"baseline: sequential model.generate          {base:9.1f} tokens/s (median of {args.repeats})")
 
     port = _free_port()
     cmd = [sys.executable, "-m", "spanrl", "--log-level", "WARNING", "serve", "--model", model_dir, "--port", str(port),
-           "--otlp-endpoint", "none", "--served-model-name", "bench", "--max-batch-size", "32"]
-    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+           "--otlp-endpoint", "none", "--served-model-name", "bench", "--max-batch-size", "32", "--threads", str(args.threads)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     base_url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + _START_TIMEOUT_S

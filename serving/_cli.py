@@ -25,6 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=f"{env.DEFAULT_HOST}:{env.DEFAULT_GRPC_PORT}",
         help="OTLP/gRPC endpoint for the server's spans; 'none' to export nothing",
     )
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--no-content", action="store_true", help="do not record message contents on spans")
     p.set_defaults(func=_serve)
 
@@ -47,6 +48,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_context_tokens=args.max_context_tokens,
         otlp_endpoint=None if args.otlp_endpoint.lower() == "none" else args.otlp_endpoint,
         record_content=not args.no_content,
+        torch_threads=args.threads,
     )
     PolicyServer(config).serve_forever()
     return 0

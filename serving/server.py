@@ -31,6 +31,10 @@ def _load_backend(config: ServerConfig) -> Backend:
     from spanrl.serving.models import resolve_model
 
     model_dir = resolve_model(config.model)
+    if config.torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(config.torch_threads)
     if config.backend == "vllm":
         from spanrl.serving.vllm_backend import VLLMBackend
 
