@@ -39,10 +39,10 @@ class DemoConfig:
     """Held-out tasks, balanced over the four operations; evaluated greedily."""
     demonstrations: int = 800
     """Demonstrator rollouts recorded for the SFT warm start."""
-    sft_updates: int = 300
-    """SFT optimizer steps over the demonstrations."""
+    sft_epochs: int = 12
+    """SFT passes over the demonstrations (800 x 12 / 32 = 300 optimizer steps)."""
     sft_batch_size: int = 32
-    """Transitions per SFT step."""
+    """Transitions per SFT optimizer step."""
     sft_learning_rate: float = 1e-3
     """SFT learning rate."""
     grpo_steps: int = 40
@@ -57,6 +57,8 @@ class DemoConfig:
     """Held-out evaluation every this many GRPO steps (points on the curve)."""
     workers: int = 4
     """Long-lived agent worker processes."""
+    torch_threads: int = 1
+    """Torch threads of the training process (on two cores, agents and server need the other)."""
     seed: int = 0
     """Seeds the tasks, the model, the demonstrator and training."""
     progress: bool = True
@@ -65,8 +67,8 @@ class DemoConfig:
     def validate(self) -> DemoConfig:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if field.type in ("int",) and (not isinstance(value, int) or value < (0 if field.name == "seed" else 1)):
-                raise ConfigError(f"{field.name} must be a positive integer, got {value!r}")
+            if field.type in ("int",) and (not isinstance(value, int) or value < (0 if field.name in ("seed", "eval_every") else 1)):
+                raise ConfigError(f"{field.name} must be an integer >= {0 if field.name in ('seed', 'eval_every') else 1}, got {value!r}")
         for name in ("sft_learning_rate", "grpo_learning_rate"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
@@ -137,7 +139,12 @@ def run_demo(config: DemoConfig | None = None, *, echo: Any = print) -> DemoResu
             agent=agent,
             tasks=train_tasks,
             val_tasks=val_tasks,
-            algorithm=SFT(learning_rate=cfg.sft_learning_rate),
+            algorithm=SFT(
+                learning_rate=cfg.sft_learning_rate,
+                epochs=cfg.sft_epochs,
+                batch_size=cfg.sft_batch_size,
+                reward_threshold=None,  # imitate every demonstration, mistakes included
+            ),
             config=TrainerConfig(
                 output_dir=str(out / "sft"),
                 db_path=str(db_path),
@@ -145,11 +152,10 @@ def run_demo(config: DemoConfig | None = None, *, echo: Any = print) -> DemoResu
                 n_rollouts=1,
                 tasks_per_step=cfg.demonstrations,
                 max_steps=1,
-                updates_per_step=cfg.sft_updates,
-                minibatch_size=cfg.sft_batch_size,
                 eval_at_start=False,
                 seed=cfg.seed,
                 progress=cfg.progress,
+                torch_threads=cfg.torch_threads,
                 runner=dataclasses.replace(runner, require_token_spans=False),
             ),
         )
@@ -178,6 +184,7 @@ def run_demo(config: DemoConfig | None = None, *, echo: Any = print) -> DemoResu
             eval_at_start=False,
             seed=cfg.seed,
             progress=cfg.progress,
+            torch_threads=cfg.torch_threads,
             runner=runner,
         ),
     )

@@ -53,12 +53,13 @@ STATUS_CRASHED = "crashed"  # the agent raised or its process exited non-zero
 STATUS_TIMEOUT = "timeout"  # the agent ran past rollout_timeout_s
 STATUS_NO_REWARD = "no_reward"  # the agent finished but no reward reached the store in span_timeout_s
 
-_POLL_INTERVAL_S = 0.05
+_POLL_INTERVAL_S = 0.1
+_WATERMARK_MARGIN_NS = 2_000_000_000  # clock skew allowance for "spans stored since this run began"
 _STDERR_TAIL_LINES = 20
 _BSP_SCHEDULE_DELAY_MILLIS = 100  # agents export spans promptly: the trainer waits for them
 
 AgentFn = Callable[[Any, "LLMEndpoint"], Any]
-ReadyFn = Callable[[Sequence[str]], set[str]]
+ReadyFn = Callable[[Sequence[str], int], set[str]]
 
 
 @dataclasses.dataclass
@@ -386,8 +387,9 @@ class RolloutRunner:
         otel_env: dict[str, str] | None = None,
         flush: Callable[[], Any] | None = None,
     ) -> None:
-        """``ready(rollout_ids)`` returns the ids whose spans are committed; ``flush`` (e.g. the policy
-        server's ``force_flush``) runs before each check; ``otel_env`` is the ``OTEL_*`` environment."""
+        """``ready(rollout_ids, since_ns)`` returns the ids whose spans are committed (only spans
+        ingested at or after ``since_ns`` need to be looked at); ``flush`` (e.g. the policy server's
+        ``force_flush``) runs before each check; ``otel_env`` is the ``OTEL_*`` environment."""
         config.validate()
         self.config = config
         self._ready = ready
@@ -446,7 +448,7 @@ class RolloutRunner:
     ) -> list[RolloutResult]:
         results: list[RolloutResult] = []
         slots = asyncio.Semaphore(self.config.max_concurrency)
-        waiter = _SpanWaiter(self._ready, self._flush)
+        waiter = _SpanWaiter(self._ready, self._flush, since_ns=time.time_ns() - _WATERMARK_MARGIN_NS)
         root = llm_url.rstrip("/")
 
         async def one(index: int, job: RolloutJob) -> None:
@@ -486,8 +488,9 @@ class RolloutRunner:
 class _SpanWaiter:
     """One poller for all rollouts waiting for their spans: one store query per round, not one each."""
 
-    def __init__(self, ready: ReadyFn, flush: Callable[[], Any] | None) -> None:
+    def __init__(self, ready: ReadyFn, flush: Callable[[], Any] | None, *, since_ns: int) -> None:
         self._ready = ready
+        self._since_ns = since_ns
         self._flush = flush
         self._pending: dict[str, asyncio.Future[bool]] = {}
         self._wake = asyncio.Event()
@@ -511,7 +514,7 @@ class _SpanWaiter:
             ids = list(self._pending)
             if self._flush is not None:
                 await asyncio.to_thread(self._flush)
-            done = await asyncio.to_thread(self._ready, ids)
+            done = await asyncio.to_thread(self._ready, ids, self._since_ns)
             for rollout_id in done:
                 future = self._pending.get(rollout_id)
                 if future is not None and not future.done():

@@ -29,6 +29,7 @@ import json
 import logging
 import random
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -37,6 +38,7 @@ from typing import Any
 
 from spanrl.algorithms.runner import RolloutJob, RolloutResult, RolloutRunner, RunnerConfig
 from spanrl.errors import ConfigError, TrainingError
+from spanrl.instrumentation import semconv
 
 __all__ = ["LightningRL", "Trainer", "TrainerConfig"]
 
@@ -51,6 +53,7 @@ CURVE_FILE = "reward_curve.png"
 DB_FILE = "spans.duckdb"
 SERVED_MODEL_NAME = "policy"
 _REPORTERS = ("none", "tensorboard", "wandb")
+_IN_PROCESS_EXPORT_DELAY_MILLIS = 100
 _STEP_SEED_STRIDE = 1_000_003  # per-step task sampling seed = seed * stride + step (resumable, no RNG state)
 
 
@@ -121,6 +124,9 @@ class TrainerConfig:
     """Train only this agent's LLM calls (``gen_ai.agent.name``) in a multi-agent system."""
     server_max_batch_size: int = 32
     """Generation requests the embedded policy server batches together."""
+    torch_threads: int | None = None
+    """``torch.set_num_threads`` for this process (training and the embedded server); None leaves it.
+    On a few shared cores 1 is much faster: agents, collector and server compete with torch's threads."""
     runner: RunnerConfig = dataclasses.field(default_factory=RunnerConfig)
     """How rollouts run: concurrency, timeouts, retries, command workers."""
 
@@ -134,6 +140,8 @@ class TrainerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.torch_threads is not None and (not isinstance(self.torch_threads, int) or self.torch_threads < 1):
+            raise ConfigError(f"torch_threads must be a positive integer or None, got {self.torch_threads!r}")
         if self.minibatch_size is not None and (not isinstance(self.minibatch_size, int) or self.minibatch_size < 1):
             raise ConfigError(f"minibatch_size must be a positive integer or None, got {self.minibatch_size!r}")
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
@@ -270,6 +278,10 @@ class Trainer:
         from spanrl.serving import PolicyServer, ServerConfig
 
         cfg = self.config
+        if cfg.torch_threads is not None:
+            import torch
+
+            torch.set_num_threads(cfg.torch_threads)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self._write_config()
         self.collector = Collector(CollectorConfig(db_path=str(self.db_path), host="127.0.0.1", grpc_port=0, http_port=0))
@@ -303,9 +315,7 @@ class Trainer:
                 flush=self.server.force_flush,
             )
             if callable(self.agent):
-                from spanrl.instrumentation import configure
-
-                configure(endpoint=self.collector.grpc_endpoint, service_name="spanrl-agent")
+                _InProcessTracing.point_at(self._agent_otel_env()["OTEL_EXPORTER_OTLP_ENDPOINT"])
             if "tensorboard" in cfg.report_to or "wandb" in cfg.report_to:
                 self._reporter = _Reporter(cfg.report_to, self.output_dir / "runs", self._config_dict())
         except BaseException:
@@ -318,6 +328,7 @@ class Trainer:
         """Stop the runner, server and collector (the DuckDB file stays); safe twice."""
         for name, stop in (
             ("runner", lambda: self._runner and self._runner.close()),
+            ("tracing", lambda: callable(self.agent) and self._started and _InProcessTracing.point_at(None)),
             ("reporter", lambda: self._reporter and self._reporter.close()),
             ("server", lambda: self.server and self.server.shutdown()),
             ("collector", lambda: self.collector and self.collector.shutdown()),
@@ -517,15 +528,21 @@ class Trainer:
             progress.remove_task(bar)
         return results
 
-    def _ready(self, rollout_ids: Sequence[str]) -> set[str]:
-        """Rollouts whose reward (and, if required, the server's token span) is committed."""
-        store = self.collector.store
-        query = "SELECT DISTINCT rollout_id FROM rewards WHERE list_contains(?, rollout_id)"
-        have = {row for row in store.sql(query, [list(rollout_ids)]).column("rollout_id").to_pylist()}
-        if self.config.runner.require_token_spans and not self.config.llm_url and have:
-            query = "SELECT DISTINCT rollout_id FROM spans WHERE list_contains(?, rollout_id) AND completion_token_ids IS NOT NULL"
-            have &= set(store.sql(query, [sorted(have)]).column("rollout_id").to_pylist())
-        return have
+    def _ready(self, rollout_ids: Sequence[str], since_ns: int) -> set[str]:
+        """Rollouts whose reward (and, if required, the server's token span) is committed.
+
+        Looks only at spans ingested since ``since_ns`` (DuckDB skips older row groups), so the poll
+        stays cheap as the store grows. A reward is a typed reward span or a reward event."""
+        query = (
+            "SELECT rollout_id, "
+            "bool_or(reward_value IS NOT NULL OR (events IS NOT NULL AND (contains(events, ?) OR contains(events, ?)))) AS rewarded, "
+            "bool_or(completion_token_ids IS NOT NULL) AS tokens "
+            "FROM spans WHERE ingested_ns >= ? AND list_contains(?, rollout_id) GROUP BY rollout_id"
+        )
+        params = [semconv.REWARD_SPAN_NAME, semconv.GEN_AI_EVALUATION_RESULT_EVENT, since_ns, list(rollout_ids)]
+        rows = self.collector.store.sql(query, params).to_pylist()
+        need_tokens = self.config.runner.require_token_spans and not self.config.llm_url
+        return {r["rollout_id"] for r in rows if r["rewarded"] and (r["tokens"] or not need_tokens)}
 
     def _final_rewards(self, rollout_ids: Sequence[str]) -> dict[str, float | None]:
         if not rollout_ids:
@@ -597,6 +614,63 @@ class Trainer:
 
     def _write_config(self) -> None:
         (self.output_dir / CONFIG_FILE).write_text(json.dumps(self._config_dict(), indent=1, default=str))
+
+
+class _InProcessTracing:
+    """Spans of in-process (callable) agents go to the running Trainer's collector.
+
+    The OTel provider is process-global and set once, but a process may run several Trainers (each with
+    its own collector). So one batch processor is added to the global SDK provider (created if there is
+    none) and its exporter forwards to whichever collector :meth:`point_at` names; None drops spans.
+    The OpenAI client is instrumented once (OpenLLMetry), as ``opentelemetry-instrument`` would.
+    """
+
+    _lock = threading.Lock()
+    _exporter: Any = None  # the collector's OTLP exporter now, or None
+    _installed = False
+
+    @classmethod
+    def point_at(cls, endpoint: str | None) -> None:
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+        from spanrl.instrumentation._processor import attach_rollout_processor
+        from spanrl.instrumentation.exporter import FastOTLPSpanExporter
+
+        with cls._lock:
+            if not cls._installed:
+                provider = trace.get_tracer_provider()
+                if not isinstance(provider, TracerProvider):
+                    provider = TracerProvider()
+                    trace.set_tracer_provider(provider)
+                    provider = trace.get_tracer_provider()
+                attach_rollout_processor(provider)
+
+                class Forward(SpanExporter):
+                    def export(self, spans: Any) -> Any:
+                        target = cls._exporter
+                        return target.export(spans) if target is not None else SpanExportResult.SUCCESS
+
+                    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+                        return True
+
+                processor = BatchSpanProcessor(Forward(), schedule_delay_millis=_IN_PROCESS_EXPORT_DELAY_MILLIS)
+                provider.add_span_processor(processor)  # type: ignore[attr-defined]
+                cls._processor = processor
+                cls._installed = True
+                try:
+                    from opentelemetry.instrumentation.openai import OpenAIInstrumentor
+
+                    if not OpenAIInstrumentor().is_instrumented_by_opentelemetry:
+                        OpenAIInstrumentor().instrument()
+                except ImportError:  # pragma: no cover - the train extra installs it
+                    _logger.warning("opentelemetry-instrumentation-openai is missing: agent LLM calls are not traced")
+            else:
+                cls._processor.force_flush()  # what the previous run's agents produced goes to its collector
+            old, cls._exporter = cls._exporter, (FastOTLPSpanExporter(endpoint=endpoint, insecure=True) if endpoint else None)
+            if old is not None:
+                old.shutdown()
 
 
 class _NoProgress:

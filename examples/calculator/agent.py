@@ -6,8 +6,8 @@ instrumentor records each call); the trainer sets the environment. Two ways to b
 - once per rollout: reads ``SPANRL_TASK`` (JSON), ``OPENAI_BASE_URL``, ``SPANRL_SAMPLING``; one rollout.
 - as a worker (``SPANRL_AGENT_PROTOCOL=jsonl``): reads one rollout per line on stdin (JSON with
   ``rollout_id``, ``task_id``, ``task``, ``attempt``, ``mode``, ``base_url``, ``model``, ``sampling``),
-  runs it inside ``spanrl.rollout(...)`` and answers ``{"spanrl_done": ROLLOUT_ID}`` on stdout (the
-  trainer then waits until the rollout's spans are stored). One process then serves many rollouts, which saves the ~1 s start-up of each.
+  runs it inside ``spanrl.rollout(...)``, flushes its spans and answers ``{"spanrl_done": ROLLOUT_ID}``
+  on stdout (the trainer then waits until the rollout's spans are stored). One process then serves many rollouts, which saves the ~1 s start-up of each.
 
 Each rollout: ask the model (tools = the four operations), run the tool it calls, emit the reward.
 """
@@ -23,6 +23,7 @@ import openai
 from opentelemetry import trace
 
 import spanrl
+from spanrl.instrumentation import flush
 from calculator import TOOL_SCHEMAS, apply_tool, parse_call, reward
 
 MAX_COMPLETION_TOKENS = 8
@@ -89,8 +90,7 @@ def serve_stdin() -> None:
                 )
         except Exception as exc:  # the trainer records it and retries; the worker lives on
             answer["error"] = f"{type(exc).__name__}: {exc}"
-        # No flush per rollout: the batch processor exports within OTEL_BSP_SCHEDULE_DELAY and the
-        # trainer waits until the spans are stored; one export per batch costs less than one per rollout.
+        flush()  # "done" means the spans left this process: a worker killed next loses nothing
         sys.stdout.write(json.dumps(answer) + "\n")
         sys.stdout.flush()
 

@@ -43,7 +43,7 @@ _FLAKY_AGENT = textwrap.dedent(
 
 
 def _ready_fn(store: Any):
-    def ready(ids: list[str]) -> set[str]:
+    def ready(ids: list[str], since_ns: int) -> set[str]:
         table = store.sql("SELECT DISTINCT rollout_id FROM rewards WHERE list_contains(?, rollout_id)", [list(ids)])
         return set(table.column("rollout_id").to_pylist())
 
@@ -152,4 +152,4 @@ def test_runner_config_rejects_bad_values() -> None:
     with pytest.raises(ConfigError, match="workers must be a non-negative integer"):
         RunnerConfig(workers=-2).validate()
     with pytest.raises(ConfigError, match="agent must be a callable or a command line, got int"):
-        RolloutRunner(3, config=RunnerConfig(), ready=lambda ids: set())  # type: ignore[arg-type]
+        RolloutRunner(3, config=RunnerConfig(), ready=lambda ids, since_ns: set())  # type: ignore[arg-type]
