@@ -11,7 +11,7 @@ without token ids, and no tokenizer or no messages to retokenize), ``skipped_fai
 ``skipped_no_reward`` / ``defaulted_no_reward``, ``nan_reward`` / ``skipped_nan_reward``,
 ``skipped_rollout_calls`` (calls of skipped rollouts), ``rewards_before_first_call``,
 ``singleton_groups``, ``unscaled_groups``, ``no_task_id``, ``merged``, ``prefix_mismatch_<reason>``
-(``retokenized``, ``template_drift``, ``history_changed``), and the decomposer's ``rewards``,
+(``retokenized``, ``same_prompt``, ``template_drift``, ``history_changed``), and the decomposer's ``rewards``,
 ``duplicate_spans`` (extra copies of call and reward spans, ignored), ``orphan_calls`` (calls whose
 ancestor chain breaks at a missing parent before any agent: agent None), ``late_arrivals`` (calls and
 rewards stored after their rollout's ``spanrl.rollout`` span; used), ``failed_rollouts``, ``open_rollouts``.
@@ -180,6 +180,8 @@ def _mismatch_reason(prev: dict[str, Any], nxt: dict[str, Any]) -> str | None:
     if prev["retokenized"] or nxt["retokenized"]:
         return "retokenized"
     head = prev["prompt_ids"]
+    if prompt == head:
+        return "same_prompt"  # parallel samples of one request (n > 1), or a retry
     if len(prompt) >= len(head) and prompt[: len(head)] == head:
         return "template_drift"  # the history is kept but the completion was re-rendered differently
     return "history_changed"  # the conversation was rewritten, truncated, or is another conversation

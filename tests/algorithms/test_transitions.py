@@ -221,14 +221,21 @@ def test_aggregation_counts_why_prefixes_do_not_match(collector: Any) -> None:
         [{"role": "user", "parts": [{"type": "text", "content": "3 add 4"}]}],
         [{"role": "assistant", "parts": [{"type": "text", "content": "7"}]}]))
     r.reward(root, 90, 1.0)
+    b = Rollout(rec, "b")
+    root_b = b.root(0, 100)
+    b.call(root_b, 10, [1, 2], [3])
+    b.call(root_b, 30, [1, 2], [4])  # a second sample of the same prompt
+    b.reward(root_b, 90, 0.0)
     deliver(collector, rec.spans())
 
     batch = load_transitions(collector.store, credit=NO_BASELINE, aggregate=True,
                              tokenizer=build_tiny_tokenizer(["3", "add", "4", "7"]))
 
-    assert [t.step for t in batch.transitions] == [0, 1, 2, 3]
+    assert [(t.rollout_id, t.step) for t in batch.transitions] == [("a", 0), ("a", 1), ("a", 2), ("a", 3),
+                                                                   ("b", 0), ("b", 1)]
     assert {k: v for k, v in batch.report.items() if k.startswith("prefix_mismatch_")} == {
-        "prefix_mismatch_template_drift": 1, "prefix_mismatch_history_changed": 1, "prefix_mismatch_retokenized": 1}
+        "prefix_mismatch_template_drift": 1, "prefix_mismatch_history_changed": 1, "prefix_mismatch_retokenized": 1,
+        "prefix_mismatch_same_prompt": 1}
     assert batch.report["merged"] == 0
 
 
