@@ -257,47 +257,7 @@ def load_transitions(
                 "missing_logprobs", "skipped_rollout_calls", "merged", "no_task_id"):
         report.setdefault(key, 0)
     calls = dec.calls
-
-    # --- which calls are usable: exact ids with aligned logprobs, or retokenizable messages ------
-    has_ids = pc.is_valid(calls.column("prompt_ids")) if calls.num_rows else pa.array([], pa.bool_())
-    has_ids = pc.and_(has_ids, pc.is_valid(calls.column("completion_ids"))) if calls.num_rows else has_ids
-    n_completion = pc.fill_null(pc.list_value_length(calls.column("completion_ids")), -1)
-    n_logprobs = pc.fill_null(pc.list_value_length(calls.column("logprobs")), -1)
-    has_ids_np = np.asarray(has_ids.to_numpy(zero_copy_only=False), dtype=bool)
-    nc = np.asarray(n_completion.to_numpy(zero_copy_only=False))
-    nl = np.asarray(n_logprobs.to_numpy(zero_copy_only=False))
-    missing_lp = has_ids_np & ((nl < 0) | ((nl == 0) & (nc > 0)))  # none recorded (null or empty)
-    fast = has_ids_np & (nl == nc) & ~missing_lp  # exact ids and aligned logprobs: vectorised path
-    bad_lp = has_ids_np & ~missing_lp & (nl != nc)
-    report["skipped_bad_logprobs"] = int(bad_lp.sum())
-    report["missing_logprobs"] = int(missing_lp.sum())
-
-    slow_rows: list[dict[str, Any]] = []  # built in Python: missing logprobs, retokenized
-    if missing_lp.any():
-        for row in calls.filter(pa.array(missing_lp)).to_pylist():
-            row["old_logprobs"] = []
-            row["retokenized"] = False
-            slow_rows.append(row)
-    no_ids = ~has_ids_np
-    if no_ids.any():
-        for row in calls.filter(pa.array(no_ids)).to_pylist():
-            if row["status_code"] == "ERROR":  # the call failed: nothing was generated
-                report["skipped_failed_calls"] += 1
-                continue
-            if tokenizer is None or not row["input_messages"]:
-                report["skipped_no_ids"] += 1
-                continue
-            try:
-                row["prompt_ids"], row["completion_ids"] = _retokenize(
-                    tokenizer, row["input_messages"], row["output_messages"]
-                )
-            except Exception:  # noqa: BLE001 - bad messages JSON or a template error: counted
-                report["skipped_retokenize_error"] += 1
-                continue
-            row["old_logprobs"] = []
-            row["retokenized"] = True
-            report["retokenized"] += 1
-            slow_rows.append(row)
+    fast_calls, slow_rows = _usable_calls(dec.calls, tokenizer, report)
 
     # --- credit over every selected rollout ------------------------------------------------------
     rollouts = dec.rollouts
@@ -309,7 +269,6 @@ def load_transitions(
     group_index: dict[str, int] = {}
     rollout_group = np.array([group_index.setdefault(k, len(group_index)) for k in group_keys], dtype=np.int64)
 
-    fast_calls = calls if fast.all() else calls.filter(pa.array(fast))
     usable = [fast_calls.select(["rollout_id", "step", "rollout_calls"])]
     if slow_rows:
         usable.append(pa.Table.from_pylist(
@@ -377,6 +336,53 @@ def load_transitions(
         rid: float(result.episode_reward[i]) for i, rid in enumerate(rollout_ids_all) if result.keep[i]
     }
     return TransitionBatch(table, report, rewards_by_rollout)
+
+
+def _usable_calls(calls: pa.Table, tokenizer: Any, report: dict[str, int]) -> tuple[pa.Table, list[dict[str, Any]]]:
+    """Split the calls: exact ids with aligned logprobs (an Arrow table, the vectorised path) and rows
+    built in Python (missing logprobs, retokenized); count the rest as skipped."""
+    has_ids = pc.is_valid(calls.column("prompt_ids")) if calls.num_rows else pa.array([], pa.bool_())
+    has_ids = pc.and_(has_ids, pc.is_valid(calls.column("completion_ids"))) if calls.num_rows else has_ids
+    n_completion = pc.fill_null(pc.list_value_length(calls.column("completion_ids")), -1)
+    n_logprobs = pc.fill_null(pc.list_value_length(calls.column("logprobs")), -1)
+    has_ids_np = np.asarray(has_ids.to_numpy(zero_copy_only=False), dtype=bool)
+    nc = np.asarray(n_completion.to_numpy(zero_copy_only=False))
+    nl = np.asarray(n_logprobs.to_numpy(zero_copy_only=False))
+    missing_lp = has_ids_np & ((nl < 0) | ((nl == 0) & (nc > 0)))  # none recorded (null or empty)
+    fast = has_ids_np & (nl == nc) & ~missing_lp  # exact ids and aligned logprobs: vectorised path
+    bad_lp = has_ids_np & ~missing_lp & (nl != nc)
+    report["skipped_bad_logprobs"] = int(bad_lp.sum())
+    report["missing_logprobs"] = int(missing_lp.sum())
+
+    slow_rows: list[dict[str, Any]] = []  # built in Python: missing logprobs, retokenized
+    if missing_lp.any():
+        for row in calls.filter(pa.array(missing_lp)).to_pylist():
+            row["old_logprobs"] = []
+            row["retokenized"] = False
+            slow_rows.append(row)
+    no_ids = ~has_ids_np
+    if no_ids.any():
+        for row in calls.filter(pa.array(no_ids)).to_pylist():
+            if row["status_code"] == "ERROR":  # the call failed: nothing was generated
+                report["skipped_failed_calls"] += 1
+                continue
+            if tokenizer is None or not row["input_messages"]:
+                report["skipped_no_ids"] += 1
+                continue
+            try:
+                row["prompt_ids"], row["completion_ids"] = _retokenize(
+                    tokenizer, row["input_messages"], row["output_messages"]
+                )
+            except Exception:  # noqa: BLE001 - bad messages JSON or a template error: counted
+                report["skipped_retokenize_error"] += 1
+                continue
+            row["old_logprobs"] = []
+            row["retokenized"] = True
+            report["retokenized"] += 1
+            slow_rows.append(row)
+
+    fast_calls = calls if fast.all() else calls.filter(pa.array(fast))
+    return fast_calls, slow_rows
 
 
 def _fast_table(calls: pa.Table, returns: np.ndarray, advantages: np.ndarray) -> pa.Table:
