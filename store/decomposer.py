@@ -82,7 +82,7 @@ class Selection:
     agents: Sequence[str] | None = None
     """Only calls whose agent (nearest ``invoke_agent`` ancestor) is one of these names."""
     mode: str | None = None
-    """Only rollouts of this mode (``train`` / ``val``)."""
+    """Only rollouts of this mode (``train`` / ``val``); a rollout that recorded no mode counts as ``train``."""
     since_ns: int | None = None
     """Only rollouts whose first span starts at or after this time (unix ns)."""
     until_ns: int | None = None
