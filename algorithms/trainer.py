@@ -359,11 +359,11 @@ class Trainer:
                 if cfg.eval_at_start and self.val_tasks and self.step == 0:
                     self._record({"step": 0, "val_success": self.evaluate(progress=progress)})
                 while self.step < cfg.max_steps:
-                    self._train_step(progress)
+                    row = self._train_step(progress)
                     last = self.step == cfg.max_steps
                     if self.val_tasks and (last or (cfg.eval_every and self.step % cfg.eval_every == 0)):
-                        self.history[-1]["val_success"] = self.evaluate(progress=progress)
-                        self._report(self.history[-1])
+                        row["val_success"] = self.evaluate(progress=progress)
+                    self._record(row)
                     if last or (cfg.save_every and self.step % cfg.save_every == 0):
                         self.save_checkpoint()
                     if progress is not None:
@@ -374,7 +374,8 @@ class Trainer:
                 self.close()
         return self.history
 
-    def _train_step(self, progress: Any) -> None:
+    def _train_step(self, progress: Any) -> dict[str, Any]:
+        """Rollouts, transitions, update(s), weight push; returns the step's history row (not recorded)."""
         cfg = self.config
         started = time.perf_counter()
         step = self.step + 1
@@ -415,7 +416,7 @@ class Trainer:
         row["time/rollouts_s"] = rollout_seconds
         row["time/step_s"] = time.perf_counter() - started
         self.step = step
-        self._record(row)
+        return row
 
     def evaluate(self, tasks: Sequence[Any] | None = None, *, progress: Any = None) -> float:
         """Held-out success: one greedy rollout per task through the policy server; the mean final

@@ -1,0 +1,81 @@
+"""The calculator task: tool, parsing, reward, the careless demonstrator and its OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+CALCULATOR = Path(__file__).resolve().parents[2] / "examples" / "calculator"
+sys.path.insert(0, str(CALCULATOR))
+
+import calculator  # noqa: E402
+from demonstrator import DemonstratorServer  # noqa: E402
+
+
+def test_parse_call_reads_the_tiny_models_tool_call() -> None:
+    assert calculator.parse_call("<call> sub 30 7 </call>") == ("sub", [30, 7])
+    assert calculator.parse_call("<call> add 1 2 </call> <eos>") == ("add", [1, 2])
+    assert calculator.parse_call("sub 30 7") is None
+    assert calculator.parse_call("<call> sub 30 </call>") == ("sub", [30])
+    assert calculator.parse_call(None) is None
+
+
+@pytest.mark.parametrize(
+    ("op", "call", "expected"),
+    [
+        ("sub", ("sub", [30, 7]), 1.0),
+        ("sub", ("sub", [7, 30]), 0.0),  # swapped operands: a different result
+        ("add", ("add", [7, 30]), 1.0),  # swapped but the same result: the tool's answer is what counts
+        ("sub", ("mul", [30, 7]), 0.0),
+        ("sub", ("sub", [30]), 0.0),
+        ("sub", ("pow", [30, 7]), 0.0),
+        ("sub", None, 0.0),
+    ],
+)
+def test_reward_is_one_when_the_tool_gives_the_answer(op: str, call: tuple[str, list[int]] | None, expected: float) -> None:
+    task = {"question": f"30 {op} 7", "op": op, "a": 30, "b": 7}
+    assert calculator.reward(task, call) == expected
+
+
+def test_div_by_zero_is_never_a_task_and_never_rewarded() -> None:
+    tasks = calculator.make_tasks()
+    assert len(tasks) == 4 * 50 * 50 - 50
+    assert not [t for t in tasks if t["op"] == "div" and t["b"] == 0]
+    assert calculator.reward({"op": "div", "a": 4, "b": 2}, ("div", [2, 0])) == 0.0
+
+
+def test_split_tasks_is_disjoint_and_balanced() -> None:
+    train, val = calculator.split_tasks(500, 100, seed=1)
+    assert len(train) == 500 and len(val) == 100
+    assert not {t["id"] for t in train} & {t["id"] for t in val}
+    assert sorted({t["op"] for t in val}) == sorted(calculator.OPS)
+    assert all(sum(t["op"] == op for t in val) == 25 for op in calculator.OPS)
+
+
+def test_demonstrator_swaps_sub_and_div_about_seventy_percent_of_the_time() -> None:
+    rng = random.Random(0)
+    tasks = calculator.make_tasks(2000, seed=2)
+    right = {op: [] for op in calculator.OPS}
+    for task in tasks:
+        call = calculator.parse_call(calculator.demonstrate(task["question"], rng))
+        right[task["op"]].append(call == (task["op"], [task["a"], task["b"]]))
+    assert all(right["add"]) and all(right["mul"])
+    for op in ("sub", "div"):
+        rate = sum(right[op]) / len(right[op])
+        assert abs(rate - (1 - calculator.DEMO_ERROR_RATE)) < 0.06, (op, rate)
+
+
+def test_demonstrator_server_answers_an_openai_client() -> None:
+    openai = pytest.importorskip("openai")
+    with DemonstratorServer(seed=0) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/rollouts/r-1/v1", api_key="x", max_retries=0)
+        answers = {
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "3 add 4"}]).choices[0].message.content
+            for _ in range(3)
+        }
+        assert answers == {"<call> add 3 4 </call>"}
+        with pytest.raises(openai.BadRequestError, match="question must be 'A OP B'"):
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hello"}])
