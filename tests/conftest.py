@@ -1,6 +1,7 @@
 """Shared fixtures. Others may append theirs below the collector's.
 
     collector_proc   `spanrl collector` as a SUBPROCESS on free ports with a tmp db (sql(), kill(), restart())
+    collector_proc_factory   start(token=..., name=...) more such subprocesses
     collector        an in-process `Collector` on free ports with a tmp db
 """
 
@@ -92,6 +93,25 @@ def collector_proc(tmp_path: Path) -> Iterator[CollectorProcess]:
     try:
         yield proc
     finally:
+        if proc.proc is not None and proc.proc.poll() is None:
+            try:
+                proc.terminate()
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@pytest.fixture
+def collector_proc_factory(tmp_path: Path) -> Iterator[Any]:
+    """``start(token=None, name="spans") -> CollectorProcess``; every process is stopped at teardown."""
+    started: list[CollectorProcess] = []
+
+    def start(*, token: str | None = None, name: str = "spans") -> CollectorProcess:
+        proc = CollectorProcess(tmp_path / f"{name}.duckdb", tmp_path / f"{name}.log", token=token).start()
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
         if proc.proc is not None and proc.proc.poll() is None:
             try:
                 proc.terminate()

@@ -135,16 +135,17 @@ def test_bad_spans_rejected_alone_with_partial_success(guarded):
     assert got == {ids[0], ids[2], ids[4]}
 
 
-def test_sdk_exporters_with_token_headers_are_accepted(guarded):
+def test_sdk_exporters_with_token_headers_and_gzip_are_accepted(guarded):
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+    from opentelemetry.exporter.otlp.proto.http import Compression
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
     header = {"authorization": f"Bearer {_TOKEN}"}
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(GrpcExporter(endpoint=guarded.grpc_endpoint, insecure=True, headers=header)))
-    provider.add_span_processor(SimpleSpanProcessor(HttpExporter(endpoint=f"{guarded.http_endpoint}/v1/traces", headers=header)))
+    provider.add_span_processor(SimpleSpanProcessor(GrpcExporter(endpoint=guarded.grpc_endpoint, insecure=True, headers=header, compression=grpc.Compression.Gzip)))
+    provider.add_span_processor(SimpleSpanProcessor(HttpExporter(endpoint=f"{guarded.http_endpoint}/v1/traces", headers=header, compression=Compression.Gzip)))
     with provider.get_tracer("t").start_as_current_span("authorized"):
         pass
     provider.shutdown()

@@ -66,3 +66,12 @@ def test_export_and_prune_through_collector_then_on_file(collector_proc, tmp_pat
     assert res.returncode == 0 and "deleted 4 spans" in res.stdout
     res = _spanrl("store", "prune", "--older-than", "soon", *where)
     assert res.returncode == 1 and "got 'soon'" in res.stderr
+
+
+def test_sql_through_collector_with_token(collector_proc_factory):
+    proc = collector_proc_factory(token="tok3n")
+    where = ["--url", proc.http_endpoint, "--db", str(proc.db_path)]
+    refused = _spanrl("sql", "SELECT 1 AS one", *where)
+    assert refused.returncode == 1 and "answered 401" in refused.stderr and "bearer token" in refused.stderr
+    ok = _spanrl("sql", "SELECT 1 AS one", *where, "--token", "tok3n", "--format", "json")
+    assert ok.returncode == 0 and json.loads(ok.stdout) == [{"one": 1}]
