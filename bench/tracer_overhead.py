@@ -221,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
             delay_s = max(0.0, args.call_ms / 1000 - base)
             server, url = start_server(delay_s)
             print(f"server: bare call {base * 1e3:.2f} ms, delay set to {delay_s * 1e3:.2f} ms; "
-                  f"{args.calls} calls x {args.rounds} rounds per mode; {os.cpu_count()} CPUs")
+                  f"{args.calls} calls x {args.rounds} rounds per mode; {os.cpu_count()} CPUs, "
+                  f"load average {os.getloadavg()[0]:.1f}")
             results: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
             for r in range(args.rounds):
                 for mode in modes:
@@ -258,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         theirs = med["anchor"] - med["anchor-plain"]
         ratio = theirs / ours if ours > 0 else float("inf")
         print(f"overhead ratio anchor/spanrl: {ratio:.1f}x  (spanrl {ours * 1e6:.0f} us vs anchor {theirs * 1e6:.0f} us per call)")
+    print(f"load average at the end {os.getloadavg()[0]:.1f} (figures scale with it: compare within a run)")
     print(f"goal: spanrl overhead < 5% of a {args.call_ms:.1f} ms call: "
           f"{'MET' if (med['spanrl'] - med['plain']) / med['plain'] < 0.05 else 'NOT MET'}")
     return 0
