@@ -381,3 +381,23 @@ def test_compact_base64_token_arrays_read_like_plain_arrays(collector: Any) -> N
     dec = decompose(collector.store)
 
     assert rows(dec.calls, "prompt_ids", "completion_ids", "logprobs") == [([1, 70000, 3], [4, 5], [-0.25, -1.5])]
+
+
+def test_spans_without_rollout_id_inherit_it_from_their_trace(collector: Any) -> None:
+    # An agent that knows nothing of spanrl: its only link to the rollout is the policy server span
+    # (rollout id from the URL path) nested under its client span by W3C trace context.
+    rec = Recorder()
+    r = Rollout(rec, "zero-code")
+    plain_agent = rec.tracer("plain-agent")  # no spanrl.rollout.id resource
+    root = rec.span(plain_agent, "main", start_ns=_ns(0), end_ns=_ns(100))
+    a = rec.span(plain_agent, "invoke_agent bot", start_ns=_ns(1), end_ns=_ns(99), parent=root,
+                 attributes={sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT, sc.GEN_AI_AGENT_NAME: "bot"})
+    r.agent = plain_agent
+    r.call(a, 10, [1, 2], [3])
+    r.reward(a, 50, 0.75)
+    deliver(collector, rec.spans())
+
+    dec = decompose(collector.store)
+
+    assert rows(dec.calls, "rollout_id", "step", "agent", "prompt_ids") == [("zero-code", 0, "bot", [1, 2])]
+    assert rows(dec.rewards, "rollout_id", "value", "step") == [("zero-code", 0.75, 0)]
