@@ -9,7 +9,7 @@ Routes:
                       application/vnd.apache.arrow.stream gives an Arrow IPC stream, else JSON
                       {"columns": [...], "rows": [{...}, ...]}. Only SELECT / EXPLAIN; 400 otherwise.
     POST /v1/prune    {"older_than_s": N} -> {"deleted_spans": n} (see spanrl.store.maintenance.prune).
-    GET  /health      {"status": "ok", "db": PATH} (no token needed).
+    GET  /health      {"status": "ok", "db": ABSOLUTE_PATH} (no token needed).
 Parsing, walking and SQL run in worker threads, never on the event loop.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import threading
 import time
@@ -92,7 +93,8 @@ class OtlpHttpApp:
         as_json = headers.get("content-type", "").split(";")[0].strip().lower() == _JSON_TYPE
         try:
             if path == "/health":
-                await _respond(send, 200, orjson.dumps({"status": "ok", "db": self._store.path}), _JSON_TYPE)
+                db = self._store.path if self._store.path == ":memory:" else os.path.abspath(self._store.path)
+                await _respond(send, 200, orjson.dumps({"status": "ok", "db": db}), _JSON_TYPE)
                 return
             if path not in ("/v1/traces", "/v1/sql", "/v1/prune"):
                 raise _HttpError(404, f"no route {path}; use POST /v1/traces, POST /v1/sql, POST /v1/prune or GET /health", grpc_code=5)
