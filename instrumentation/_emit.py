@@ -242,11 +242,37 @@ def emit_tool_call(
 
 
 class LLMCall:
-    """An LLM call opened by ``emit_prompt`` and closed by ``emit_response``."""
+    """An LLM call opened by ``emit_prompt`` and closed by ``emit_response``.
+
+    Also a context manager: on exit a call still open is ended anyway, marked ``spanrl.emit.error``
+    ("no emit_response"), or with the exception that left the block, so no span is left unexported::
+
+        with spanrl.emit_prompt(messages, model="m") as call:
+            text = my_llm(messages)
+            spanrl.emit_response(text, call=call)
+    """
 
     def __init__(self, span: Span) -> None:
         self.span = span
         self.ended = False
+
+    def __enter__(self) -> LLMCall:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if self.ended:
+            return
+        try:
+            self.ended = True
+            _pending.set(tuple(c for c in _pending.get() if c is not self))
+            if exc is not None:
+                self.span.record_exception(exc)
+                self.span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            else:
+                _warn(self.span, "emit_prompt: the call was closed without emit_response")
+            self.span.end()
+        except Exception:
+            _logger.exception("spanrl could not end the LLM call span")
 
 
 _NO_CALL = LLMCall(trace.INVALID_SPAN)

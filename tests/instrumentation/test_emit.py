@@ -193,3 +193,19 @@ def test_agent_decorator_sync_and_async_reraise_unchanged(spans):
     assert solver_spans[1].events[0].name == "exception"
     critic, writer = spans.one("invoke_agent critic"), spans.one("invoke_agent writer")
     assert critic.parent.span_id == writer.context.span_id
+
+
+def test_llm_call_context_manager_never_leaves_a_span_open(spans):
+    with spanrl.emit_prompt("a", model="ok") as call:
+        spanrl.emit_response("fine", call=call)
+    with spanrl.emit_prompt("b", model="forgot"):
+        pass
+    with pytest.raises(TimeoutError):
+        with spanrl.emit_prompt("c", model="failed"):
+            raise TimeoutError("llm down")
+    assert semconv.EMIT_ERROR not in spans.one("chat ok").attributes
+    assert "closed without emit_response" in spans.one("chat forgot").attributes[semconv.EMIT_ERROR]
+    failed = spans.one("chat failed")
+    assert failed.status.status_code == StatusCode.ERROR and failed.events[0].name == "exception"
+    spanrl.emit_response("late")  # nothing is pending any more: its own span, marked
+    assert "no open emit_prompt" in spans.one("chat").attributes[semconv.EMIT_ERROR]
