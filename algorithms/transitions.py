@@ -6,15 +6,16 @@ optionally merges the calls of a multi-turn conversation into one sample. Everyt
 counted in ``TransitionBatch.report``, which the trainer logs; nothing is dropped silently.
 
 Report keys: ``rollouts``, ``calls``, ``transitions``, ``retokenized``, ``skipped_no_ids`` (a call
-without token ids, and no tokenizer or no messages to retokenize), ``skipped_failed_calls`` (status ERROR, no ids), ``skipped_retokenize_error``,
-``skipped_bad_logprobs`` (logprobs not aligned with completion ids), ``missing_logprobs`` (left empty),
-``skipped_no_reward`` / ``defaulted_no_reward``, ``nan_reward`` / ``skipped_nan_reward``,
-``skipped_rollout_calls`` (calls of skipped rollouts), ``rewards_before_first_call``,
-``singleton_groups``, ``unscaled_groups``, ``no_task_id``, ``merged``, ``prefix_mismatch_<reason>``
-(``retokenized``, ``same_prompt``, ``template_drift``, ``history_changed``), and the decomposer's ``rewards``,
-``duplicate_spans`` (extra copies of call and reward spans, ignored), ``orphan_calls`` (calls whose
-ancestor chain breaks at a missing parent before any agent: agent None), ``late_arrivals`` (calls and
-rewards stored after their rollout's ``spanrl.rollout`` span; used), ``failed_rollouts``, ``open_rollouts``.
+without token ids, and no tokenizer or no messages to retokenize), ``skipped_failed_calls`` (status
+ERROR, no ids), ``skipped_retokenize_error``, ``skipped_bad_logprobs`` (logprobs not aligned with
+completion ids), ``missing_logprobs`` (left empty), ``skipped_no_reward`` / ``defaulted_no_reward``,
+``nan_reward`` / ``skipped_nan_reward``, ``skipped_rollout_calls`` (calls of skipped rollouts),
+``rewards_before_first_call``, ``singleton_groups``, ``unscaled_groups``, ``no_task_id``, ``merged``,
+``prefix_mismatch_<reason>`` (``retokenized``, ``same_prompt``, ``template_drift``, ``history_changed``),
+and the decomposer's ``rewards``, ``duplicate_spans`` (extra copies of call and reward spans, ignored),
+``orphan_calls`` (calls whose ancestor chain breaks at a missing parent before any agent: agent None),
+``late_arrivals`` (calls and rewards stored after their rollout's ``spanrl.rollout`` span; used),
+``failed_rollouts``, ``open_rollouts``.
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ class Transition:
     ``completion_mask`` is 1 on tokens the policy generated and 0 on tokens it did not (tool output,
     template glue between merged calls); ``old_logprobs`` is aligned with ``completion_ids``, 0.0 where
     the mask is 0, and EMPTY when the logprobs are unknown (retokenized calls, a server that sent none,
-    a merged sample with such a call): the trainer recomputes them with the current policy. ``reward`` is the call's return before the baseline (``identical``:
-    the episode reward); ``advantage`` is what the policy gradient uses. A merged sample takes the
+    a merged sample with such a call): the trainer recomputes them with the current policy. ``reward``
+    is the call's return before the baseline (``identical``: the episode reward); ``advantage`` is what
+    the policy gradient uses. A merged sample takes the
     step, reward, advantage and policy version of its first call.
     """
 
@@ -253,8 +255,8 @@ def load_transitions(
         ),
     )
     report: dict[str, int] = dict(dec.report)
-    for key in ("retokenized", "skipped_no_ids", "skipped_failed_calls", "skipped_retokenize_error", "skipped_bad_logprobs",
-                "missing_logprobs", "skipped_rollout_calls", "merged", "no_task_id"):
+    for key in ("retokenized", "skipped_no_ids", "skipped_failed_calls", "skipped_retokenize_error",
+                "skipped_bad_logprobs", "missing_logprobs", "skipped_rollout_calls", "merged", "no_task_id"):
         report.setdefault(key, 0)
     calls = dec.calls
     fast_calls, slow_rows = _usable_calls(dec.calls, tokenizer, report)
@@ -272,7 +274,7 @@ def load_transitions(
     usable = [fast_calls.select(["rollout_id", "step", "rollout_calls"])]
     if slow_rows:
         usable.append(pa.Table.from_pylist(
-            [{"rollout_id": r["rollout_id"], "step": r["step"], "rollout_calls": r["rollout_calls"]} for r in slow_rows],
+            [{k: r[k] for k in ("rollout_id", "step", "rollout_calls")} for r in slow_rows],
             schema=usable[0].schema,
         ))
     keys = pa.concat_tables(usable)
