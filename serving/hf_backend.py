@@ -7,6 +7,7 @@ row that finishes is dropped from the batch (and its KV cache) at once.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import pathlib
@@ -81,6 +82,8 @@ class TransformersBackend:
             except (OSError, ValueError) as exc:
                 raise ServingError(f"path: cannot load weights from {str(source)!r}: {exc}") from exc
             state = loaded.state_dict()
+        elif hasattr(source, "merge_and_unload"):  # a PEFT model: merge a copy, leave the trainer's untouched
+            state = copy.deepcopy(source).merge_and_unload().state_dict()
         elif isinstance(source, torch.nn.Module):
             state = source.state_dict()
         elif isinstance(source, dict):

@@ -75,7 +75,8 @@ class PolicyServer:
             return self
         self._prepare()
         app = self._app()
-        sock = socket.socket(socket.AF_INET6 if ":" in self.config.host else socket.AF_INET, socket.SOCK_STREAM)
+        # proto IPPROTO_TCP, so asyncio sets TCP_NODELAY on accepted connections (else +40 ms a request).
+        sock = socket.socket(socket.AF_INET6 if ":" in self.config.host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((self.config.host, self.config.port))
