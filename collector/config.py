@@ -19,6 +19,7 @@ _HTTP_MAX_CONCURRENCY = 64
 _SHUTDOWN_TIMEOUT_S = 30.0
 _MAX_PORT = 65535
 _DUCKDB_MEMORY_LIMIT = "1GB"
+_DUCKDB_CHECKPOINT_THRESHOLD = "256MB"  # bench: agent spans 14.6 -> 8.2 us/span of insert CPU vs DuckDB's 16MB
 _MEMORY_LIMIT_PATTERN = re.compile(r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
 
 
@@ -48,6 +49,8 @@ class CollectorConfig:
     """How long shutdown waits for in-flight requests and the last commit."""
     duckdb_memory_limit: str = _DUCKDB_MEMORY_LIMIT
     """DuckDB buffer memory cap (e.g. "1GB"): with the write queue's cap, bounds the collector's memory."""
+    duckdb_checkpoint_threshold: str = _DUCKDB_CHECKPOINT_THRESHOLD
+    """WAL size that triggers a DuckDB checkpoint; larger amortizes checkpoints, a restart replays more WAL."""
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     """Group-commit queue settings."""
 
@@ -73,8 +76,9 @@ class CollectorConfig:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.shutdown_timeout_s <= 0:
             raise ConfigError(f"shutdown_timeout_s must be positive, got {self.shutdown_timeout_s}")
-        if not _MEMORY_LIMIT_PATTERN.match(self.duckdb_memory_limit):
-            raise ConfigError(f"duckdb_memory_limit must be a size such as '1GB' or '512MiB', got {self.duckdb_memory_limit!r}")
+        for name in ("duckdb_memory_limit", "duckdb_checkpoint_threshold"):
+            if not _MEMORY_LIMIT_PATTERN.match(getattr(self, name)):
+                raise ConfigError(f"{name} must be a size such as '1GB' or '512MiB', got {getattr(self, name)!r}")
         self.batcher.validate()
 
     @classmethod

@@ -52,7 +52,9 @@ class Collector:
             self._state = "running"
         cfg = self._config
         try:
-            self._store = self._given_store if self._given_store is not None else SpanStore.open(cfg.db_path, memory_limit=cfg.duckdb_memory_limit)
+            self._store = self._given_store if self._given_store is not None else SpanStore.open(
+                cfg.db_path, memory_limit=cfg.duckdb_memory_limit, checkpoint_threshold=cfg.duckdb_checkpoint_threshold
+            )
             self._writer = SpanWriter(self._store)
             self._batcher = Batcher(cfg.batcher, self._writer)
             self._batcher.start()

@@ -50,12 +50,21 @@ class SpanStore:
 
     # --- lifecycle ---------------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | Path, *, read_only: bool = False, memory_limit: str | None = None) -> "SpanStore":
+    def open(
+        cls,
+        path: str | Path,
+        *,
+        read_only: bool = False,
+        memory_limit: str | None = None,
+        checkpoint_threshold: str | None = None,
+    ) -> "SpanStore":
         """Open (and, unless ``read_only``, create) the store at ``path``.
 
         ``memory_limit`` caps DuckDB's buffer memory (DuckDB syntax, e.g. ``"1GB"``; default: DuckDB's,
-        80% of RAM). Raises `StoreBusyError` when another process holds the file, `StoreError` when a
-        read-only open finds no file.
+        80% of RAM). ``checkpoint_threshold``: WAL size that triggers a checkpoint (DuckDB's default
+        16MB; larger amortizes checkpoints over more spans, a restart replays more WAL). Raises
+        `StoreBusyError` when another process holds the file, `StoreError` when a read-only open finds
+        no file.
         """
         path = str(path)
         if read_only and path != ":memory:" and not Path(path).exists():
@@ -63,7 +72,12 @@ class SpanStore:
         if not read_only and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         try:
-            con = duckdb.connect(path, read_only=read_only, config={"memory_limit": memory_limit} if memory_limit else {})
+            config = {}
+            if memory_limit:
+                config["memory_limit"] = memory_limit
+            if checkpoint_threshold and not read_only:
+                config["checkpoint_threshold"] = checkpoint_threshold
+            con = duckdb.connect(path, read_only=read_only, config=config)
         except duckdb.IOException as exc:
             if _LOCK_MESSAGE in str(exc):
                 raise StoreBusyError(

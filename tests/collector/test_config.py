@@ -28,6 +28,7 @@ def test_defaults_validate_and_match_the_spec():
         ({"max_request_bytes": 0}, "max_request_bytes must be at least 1, got 0"),
         ({"shutdown_timeout_s": 0}, "shutdown_timeout_s must be positive, got 0"),
         ({"duckdb_memory_limit": "lots"}, "duckdb_memory_limit must be a size such as '1GB' or '512MiB', got 'lots'"),
+        ({"duckdb_checkpoint_threshold": "1 fortnight"}, "duckdb_checkpoint_threshold must be a size such as '1GB'"),
     ],
 )
 def test_bad_field_is_named(fields, message):
