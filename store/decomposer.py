@@ -9,7 +9,8 @@ Three queries over the ``spans`` table (store/schema.sql), no per-span Python:
   span pairs with is an external call: it keeps its ``gen_ai.input.messages`` / ``output.messages`` for
   retokenization (``spanrl.algorithms.transitions``). Columns: ``step`` (0-based order in the rollout),
   ``rollout_calls``, ``agent`` (nearest ``invoke_agent`` ancestor's ``gen_ai.agent.name``, found by a
-  recursive CTE from the client span, else the server span), ``policy_version``, the id arrays, times.
+  recursive CTE from the client span, else the server span), ``policy_version``, ``rewards_after``
+  (the rewards that followed the call before the next one, summed by name), the id arrays, times.
 - ``rewards``: one row per reward (``spanrl.reward.value`` / ``gen_ai.evaluation.score.value`` on a
   span, ``spanrl.reward`` / ``gen_ai.evaluation.result`` events), with ``step``: the last call that
   ended before it (``-1``: before every call).
@@ -58,7 +59,7 @@ _REWARD_EVENTS = (sc.REWARD_SPAN_NAME, sc.GEN_AI_EVALUATION_RESULT_EVENT)
 _RF, _CF = "__ROLLOUT_FILTER__", "__CALL_FILTER__"
 _CALL_COLUMNS = (
     "rollout_id", "task_id", "attempt", "mode", "rollout_status", "agent", "step", "rollout_calls",
-    "policy_version", "prompt_ids", "completion_ids", "logprobs", "input_messages", "output_messages",
+    "policy_version", "rewards_after", "prompt_ids", "completion_ids", "logprobs", "input_messages", "output_messages",
     "response_id", "status_code", "order_ns", "agent_end_ns", "clock_offset_ns",
     "server_trace_id", "server_span_id", "client_trace_id", "client_span_id",
 )
@@ -296,15 +297,26 @@ lates AS (
 orphans AS (
     SELECT c.rollout_id, count(*) AS n FROM calls c JOIN agents a USING (w_key) WHERE a.broken GROUP BY c.rollout_id
 ),
+rw_step AS MATERIALIZED (  -- each reward with the step of the last call that ended before it (agent clock)
+    SELECT rw.*, coalesce(c.step, -1)::INTEGER AS step
+    FROM rw ASOF LEFT JOIN calls c ON c.rollout_id = rw.rollout_id AND rw.time_ns >= c.agent_end_ns
+),
+step_rewards AS (  -- per call: the rewards that followed it (before the next call), summed by name
+    SELECT rollout_id, step, map(list(name ORDER BY name), list(total ORDER BY name)) AS rewards_after
+    FROM (SELECT rollout_id, step, name, sum(value) AS total FROM rw_step WHERE step >= 0 GROUP BY ALL)
+    GROUP BY rollout_id, step
+),
 out_calls AS MATERIALIZED (  -- light columns; the arrays are joined last, probing with a scan of spans
     SELECT c.rollout_id, ro.task_id, ro.attempt, ro.mode, ro.status AS rollout_status,
            a.agent, c.step, c.rollout_calls, c.policy_version, c.has_ids, c.s_rid, c.c_rid,
+           coalesce(sr.rewards_after, MAP {{}}::MAP(VARCHAR, DOUBLE)) AS rewards_after,
            c.response_id, c.status_code, c.order_ns, c.agent_end_ns,
            c.offset_ns AS clock_offset_ns, c.s_trace AS server_trace_id, c.s_span AS server_span_id,
            c.c_trace AS client_trace_id, c.c_span AS client_span_id
     FROM calls c
     JOIN ro ON ro.rollout_id = c.rollout_id
     LEFT JOIN agents a ON a.w_key = c.w_key
+    LEFT JOIN step_rewards sr ON sr.rollout_id = c.rollout_id AND sr.step = c.step
     WHERE __CALL_FILTER__
 )
 SELECT 'call' AS row_kind, f.* EXCLUDE (s_rid, c_rid, has_ids),
@@ -317,9 +329,9 @@ LEFT JOIN (
     SELECT rowid AS rid, attributes FROM spans WHERE rowid IN (SELECT c_rid FROM out_calls WHERE NOT has_ids)
 ) cx ON cx.rid = f.c_rid
 UNION ALL BY NAME
-SELECT 'reward' AS row_kind, rw.rollout_id, rw.name, rw.value, rw.time_ns, rw.source,
-       coalesce(c.step, -1)::INTEGER AS step, coalesce(n.rollout_calls, 0)::INTEGER AS rollout_calls
-FROM rw ASOF LEFT JOIN calls c ON c.rollout_id = rw.rollout_id AND rw.time_ns >= c.agent_end_ns
+SELECT 'reward' AS row_kind, rw.rollout_id, rw.name, rw.value, rw.time_ns, rw.source, rw.step,
+       coalesce(n.rollout_calls, 0)::INTEGER AS rollout_calls
+FROM rw_step rw
 LEFT JOIN (SELECT rollout_id, count(*) AS rollout_calls FROM calls GROUP BY rollout_id) n
        ON n.rollout_id = rw.rollout_id
 UNION ALL BY NAME

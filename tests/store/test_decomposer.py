@@ -212,6 +212,7 @@ def test_multi_turn_calls_ordered_with_exact_ids_and_rewards_after_them(collecto
     ]
     assert [pytest.approx(lp) for lp in dec.calls.column("logprobs").to_pylist()[1]] == [-0.2, -0.3]
     assert rows(dec.rewards, "name", "value", "step") == [("format", 0.25, 0), ("reward", 1.0, 2)]
+    assert rows(dec.calls, "rewards_after") == [([("format", 0.25)],), ([],), ([("reward", 1.0)],)]
     assert dec.report["rollouts"] == 1 and dec.report["calls"] == 3
 
 
