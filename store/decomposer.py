@@ -1,6 +1,6 @@
 """The decomposer: span trees -> ordered LLM calls, rewards and rollouts, in DuckDB SQL.
 
-Three queries over the ``spans`` table (store/schema.sql), no per-span Python:
+Three tables from the ``spans`` table (store/schema.sql), no per-span Python:
 
 - ``calls``: one row per LLM call of each selected rollout. A call is one policy-server span
   (``kind = 'SERVER'``, ``gen_ai.operation.name`` chat/text_completion, exact token ids), paired with the
@@ -59,8 +59,8 @@ _REWARD_EVENTS = (sc.REWARD_SPAN_NAME, sc.GEN_AI_EVALUATION_RESULT_EVENT)
 _RF, _CF = "__ROLLOUT_FILTER__", "__CALL_FILTER__"
 _CALL_COLUMNS = (
     "rollout_id", "task_id", "attempt", "mode", "rollout_status", "agent", "step", "rollout_calls",
-    "policy_version", "rewards_after", "prompt_ids", "completion_ids", "logprobs", "input_messages", "output_messages",
-    "response_id", "status_code", "order_ns", "agent_end_ns", "clock_offset_ns",
+    "policy_version", "rewards_after", "prompt_ids", "completion_ids", "logprobs", "input_messages",
+    "output_messages", "response_id", "status_code", "order_ns", "agent_end_ns", "clock_offset_ns",
     "server_trace_id", "server_span_id", "client_trace_id", "client_span_id",
 )
 _REWARD_COLUMNS = ("rollout_id", "name", "value", "time_ns", "source", "step", "rollout_calls")
