@@ -1,8 +1,9 @@
 """The careless SQL demonstrator for the tiny-vocabulary subset: the SFT warm start's teacher.
 
 It writes the gold query for three of the five question shapes, and makes one systematic mistake
-``ERROR_RATE`` of the time on the other two (counts the wrong table; counts instead of taking the
-maximum). A model imitating it learns the mistake as the most likely answer there, so greedy accuracy
+``ERROR_RATE`` of the time on the other two: it forgets the department filter when counting projects
+(runs, wrong count) and takes salaries from the projects table (an error). Neither mistake is another
+shape's gold query, so rewarding one shape never reinforces another's mistake. A model imitating it learns the mistake as the most likely answer there, so greedy accuracy
 after SFT stays well below 1 and RL from the execution reward has something to fix. (A clean teacher
 reaches 1.0 by SFT alone and leaves RL nothing to show.)
 """
@@ -16,8 +17,8 @@ from examples.text2sql.make_data import TINY_TEMPLATES
 
 ERROR_RATE = 0.7
 _MISTAKES = {  # template -> the systematic wrong query, by department id
-    "tiny_count_proj": "SELECT COUNT(*) FROM employees WHERE dept_id = {d}",
-    "tiny_max_salary": "SELECT COUNT(*) FROM employees WHERE dept_id = {d}",
+    "tiny_count_proj": "SELECT COUNT(*) FROM projects",
+    "tiny_max_salary": "SELECT MAX(salary) FROM projects WHERE dept_id = {d}",
 }
 
 

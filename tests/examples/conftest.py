@@ -46,7 +46,7 @@ def run_pipeline(tmp_path: Path, *, agent_file: Path, words: Sequence[str], task
         model=model, agent=[sys.executable, str(agent_file)], tasks=tasks, algorithm=GRPO(learning_rate=1e-3),
         config=TrainerConfig(output_dir=str(tmp_path / "run"), n_rollouts=n_rollouts, tasks_per_step=tasks_per_step,
                              max_steps=steps, max_tokens=max_tokens, eval_at_start=False, progress=False,
-                             agent_name=agent_name,
+                             agent_name=agent_name, torch_threads=1,
                              runner=RunnerConfig(workers=workers, max_concurrency=2 * workers, max_attempts=2)),
     )
     history = trainer.train()
