@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
 from fake_openai import FakeOpenAI
 from spanrl.instrumentation import semconv
 
