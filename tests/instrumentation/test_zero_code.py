@@ -143,3 +143,20 @@ def test_long_lived_agent_rollouts_carry_ids_in_spans_and_baggage(collector_proc
             ("correct", 1.0),
             ("format", 0.5),
         ]
+
+
+def test_async_streaming_and_sync_in_loop_calls_are_captured(collector_proc):
+    with FakeOpenAI(reply="5") as server:
+        env = _agent_env(collector_proc, server, "r-async")
+        out = _run_agent("async_stream_agent.py", env)
+        assert "answers: ['5', '5', '5']" in out.stdout
+    rows = _spans(collector_proc)
+    chats = [r for r in rows if r["operation_name"] == "chat"]
+    prompts = sorted(_json(c["attributes"][semconv.GEN_AI_INPUT_MESSAGES])[0]["parts"][0]["content"] for c in chats)
+    assert prompts == ["plain 2+3", "stream 2+3", "sync 2+3"]
+    for chat in chats:
+        assert chat["rollout_id"] == "r-async"
+        assert _json(chat["attributes"][semconv.GEN_AI_OUTPUT_MESSAGES])[0]["parts"][0]["content"] == "5"
+    streamed = next(c for c in chats if "stream" in c["attributes"][semconv.GEN_AI_INPUT_MESSAGES])
+    assert streamed["attributes"]["gen_ai.is_streaming"] is True
+    assert [r["reward_value"] for r in rows if r["reward_value"] is not None] == [1.0]
