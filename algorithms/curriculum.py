@@ -14,14 +14,15 @@ window restarts after each promotion, so a level is judged on its own tasks only
 from __future__ import annotations
 
 import random
+import time
 from collections import deque
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from spanrl.errors import ConfigError
 
-__all__ = ["Curriculum", "CurriculumConfig", "default_curriculum_config"]
+__all__ = ["Curriculum", "CurriculumConfig", "default_curriculum_config", "train_with_curriculum"]
 
 
 @dataclass
@@ -150,3 +151,53 @@ class Curriculum:
         return {"level": self.level, "levels": list(self.levels), "success_rate": self.success_rate(),
                 "results_in_window": len(self._results), "promotions": list(self.promotions),
                 "config": asdict(self.config)}
+
+
+def train_with_curriculum(curriculum: Curriculum, make_trainer: Callable[[list[Mapping[str, Any]], int, bool], Any], *,
+                          steps_per_round: int, max_steps: int, review_tasks: int = 0) -> list[dict[str, Any]]:
+    """Train in rounds on the curriculum's current level, promoting by the success rate of the rounds'
+    own training rollouts (read back from the span store).
+
+    ``make_trainer(tasks, max_steps, resume)`` returns a ``spanrl.Trainer`` writing to the same
+    ``output_dir`` every time; each round trains up to ``max_steps`` (resuming from the previous round's
+    checkpoint), then every train rollout the round ran is recorded: ``curriculum.record(task, reward)``.
+    Tasks need an ``id`` field (how rollouts are matched back to tasks). ``review_tasks`` easier tasks
+    (sampled by the curriculum) join each round's pool. Returns one row per round.
+    """
+    from spanrl.store import SpanStore
+
+    if steps_per_round < 1 or max_steps < 1:
+        raise ConfigError(f"steps_per_round and max_steps must be >= 1, got {steps_per_round!r} and {max_steps!r}")
+    rounds: list[dict[str, Any]] = []
+    step = 0
+    while step < max_steps:
+        level = curriculum.level
+        tasks = list(curriculum.pool())
+        if review_tasks and curriculum._index > 0:
+            easier = [t for lv in curriculum.levels[: curriculum._index] for t in curriculum.pool(lv)]
+            tasks += curriculum._draw(easier, review_tasks)
+        by_id: dict[str, Mapping[str, Any]] = {}
+        for i, task in enumerate(tasks):
+            if "id" not in task:
+                raise ConfigError(f"train_with_curriculum needs an 'id' in every task; task {i} has none: {dict(task)!r}")
+            by_id.setdefault(str(task["id"]), task)
+        started_ns = time.time_ns()
+        trainer = make_trainer(list(by_id.values()), min(max_steps, step + steps_per_round), step > 0)
+        trainer.train()
+        if trainer.step <= step:
+            raise ConfigError(f"make_trainer's Trainer did not advance past step {step}: give it max_steps and resume")
+        step = trainer.step
+        with SpanStore.open(trainer.db_path, read_only=True) as store:
+            rows = store.sql("SELECT task_id, final_reward FROM rollouts WHERE mode = 'train' AND start_ns >= ? "
+                             "AND final_reward IS NOT NULL ORDER BY start_ns", [started_ns]).to_pylist()
+        promoted, successes, counted = False, 0, 0
+        for row in rows:
+            task = by_id.get(str(row["task_id"]))
+            if task is not None and task.get("difficulty", level) == level:
+                counted += 1
+                successes += row["final_reward"] >= curriculum.config.success_threshold
+            if task is not None:
+                promoted = curriculum.record(task, row["final_reward"]) or promoted
+        rounds.append({"step": step, "level": level, "rollouts": len(rows), "promoted": promoted,
+                       "round_success_rate": successes / counted if counted else None, "next_level": curriculum.level})
+    return rounds

@@ -37,7 +37,7 @@ class TinyRunConfig:
     """Model, checkpoints, spans.duckdb and result.json go here."""
     demos_per_task: int = 6
     """Demonstrator rollouts per training question (SFT data)."""
-    sft_epochs: int = 6
+    sft_epochs: int = 25
     """SFT passes over the demonstrations (one update: TRL's SFTTrainer is built once)."""
     sft_batch_size: int = 32
     """Transitions per SFT step."""

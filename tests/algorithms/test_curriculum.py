@@ -77,3 +77,38 @@ def test_tasks_without_difficulty_are_named():
         Curriculum([{"difficulty": 1}, {"id": "x"}])
     with pytest.raises(ConfigError, match="at least one task"):
         Curriculum([])
+
+
+def test_train_with_curriculum_promotes_from_the_rounds_rollouts(tmp_path):
+    """Two rounds of real training (tiny model, quick-start arithmetic env): the first round's rollouts,
+    read back from the span store, promote the curriculum; the second round resumes on the next level."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from examples.quickstart.arith import VOCAB, ArithEnv, ArithReward, make_tasks
+    from spanrl.algorithms import GRPO, Trainer, TrainerConfig
+    from spanrl.algorithms.curriculum import train_with_curriculum
+    from spanrl.algorithms.quickstart import env_agent
+    from spanrl.algorithms.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "model", words=VOCAB, hidden_size=32, num_layers=1, num_heads=2,
+                             intermediate_size=64)
+    tasks = [dict(t, difficulty=1 if t["question"].startswith("add") else 2) for t in make_tasks(40)]
+    # success_threshold 0: every finished rollout is a success, so round 1 must promote.
+    cur = Curriculum(tasks, config=CurriculumConfig(window=4, min_results=4, success_threshold=0.0))
+    seen_levels = []
+
+    def make_trainer(pool, max_steps, resume):
+        seen_levels.append({t["difficulty"] for t in pool})
+        return Trainer(model=model, agent=env_agent(ArithEnv, ArithReward), tasks=pool, algorithm=GRPO(learning_rate=1e-3),
+                       config=TrainerConfig(output_dir=str(tmp_path / "run"), n_rollouts=2, tasks_per_step=2,
+                                            max_steps=max_steps, resume=resume, max_tokens=2, progress=False,
+                                            torch_threads=1))
+
+    rounds = train_with_curriculum(cur, make_trainer, steps_per_round=1, max_steps=2)
+    assert [r["step"] for r in rounds] == [1, 2]
+    assert rounds[0]["level"] == 1 and rounds[0]["promoted"] and rounds[0]["rollouts"] == 4
+    assert rounds[0]["round_success_rate"] == 1.0
+    assert rounds[1]["level"] == 2 and seen_levels == [{1}, {2}]
+    assert cur.promotions[0]["from"] == 1 and cur.promotions[0]["to"] == 2
