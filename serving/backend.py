@@ -10,10 +10,26 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-__all__ = ["Backend", "Completion", "GenerationRequest", "GenerationResult", "SamplingParams", "TokenCallback"]
+__all__ = [
+    "AdmitCallback",
+    "Backend",
+    "Completion",
+    "DoneCallback",
+    "GenerationRequest",
+    "GenerationResult",
+    "SamplingParams",
+    "TokenCallback",
+]
 
 TokenCallback = Callable[[int, int, float], None]
 """Called from the batcher thread as ``(choice_index, token_id, logprob)`` for every new token."""
+
+
+DoneCallback = Callable[["GenerationRequest", list["Completion"], int], None]
+"""Called as ``(request, completions, batch_size)`` when every choice of a request is finished."""
+
+AdmitCallback = Callable[[int], Sequence["GenerationRequest"]]
+"""Called with the number of rows still generating; returns requests to join the running batch."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,10 @@
 """The batcher: one thread that owns the backend, groups requests that arrive together, and swaps
 weights between batches.
 
+Continuous batching: while a batch runs, requests that arrive join it between decode steps (up to
+``max_batch_size`` rows), and each request's result is delivered as soon as its own choices finish.
+A pending reload stops new requests from joining, so the running batch drains and the swap happens.
+
 Both HTTP routes and in-process callers go through ``submit``; weight updates go through ``reload``
 and take effect after the batch in flight, so no request is dropped and every result says which
 policy version produced it.
@@ -18,7 +22,7 @@ import time
 from typing import Any
 
 from spanrl.errors import ServingError
-from spanrl.serving.backend import Backend, GenerationRequest, GenerationResult
+from spanrl.serving.backend import Backend, Completion, GenerationRequest, GenerationResult
 
 __all__ = ["Batcher", "QueueFullError"]
 
@@ -150,14 +154,60 @@ class Batcher:
         if not jobs:
             return
         version = self._version
+        run = getattr(self.backend, "run", None)
+        if run is None:  # a backend without continuous batching
+            self._run_whole(jobs, version)
+            return
+        inflight = {id(job.request): job for job in jobs}
+        seen = len(jobs)
+        hold = False  # a reload or stop is waiting: let the running batch drain
+
+        def on_done(request: GenerationRequest, completions: list[Completion], batch_size: int) -> None:
+            job = inflight.pop(id(request))
+            job.future.set_result(GenerationResult(request.prompt_ids, completions, batch_size, version))
+
+        def admit(active_rows: int) -> list[GenerationRequest]:
+            nonlocal hold, seen
+            room = self.max_batch_size - active_rows
+            joined: list[GenerationRequest] = []
+            while room > 0 and not hold:
+                try:
+                    item = self._next(0)
+                except queue.Empty:
+                    break
+                if not isinstance(item, _Job):
+                    self._carry.appendleft(item)
+                    hold = True
+                elif item.request.n > room:
+                    self._carry.appendleft(item)
+                    break
+                elif item.future.set_running_or_notify_cancel():
+                    inflight[id(item.request)] = item
+                    joined.append(item.request)
+                    room -= item.request.n
+                    seen += 1
+            return joined
+
+        try:
+            run([job.request for job in jobs], on_done=on_done, admit=admit)
+        except Exception as exc:  # noqa: BLE001 - one bad request must not fail the others
+            left = list(inflight.values())
+            if seen == 1:
+                _logger.warning("generation failed: %s", exc)
+                for job in left:
+                    job.future.set_exception(_as_serving_error(exc))
+                return
+            _logger.warning("a batch failed (%s); retrying its %d unfinished requests one by one", exc, len(left))
+            for job in left:
+                self._run_alone(job, version)
+
+    def _run_whole(self, jobs: list[_Job], version: int) -> None:
         try:
             results = self.backend.generate([job.request for job in jobs])
-        except Exception as exc:  # noqa: BLE001 - one bad request must not fail the others
+        except Exception as exc:  # noqa: BLE001
             if len(jobs) == 1:
-                _logger.warning("generation failed: %s", exc)
-                jobs[0].future.set_exception(exc if isinstance(exc, ServingError) else ServingError(f"generation failed: {exc}"))
+                jobs[0].future.set_exception(_as_serving_error(exc))
                 return
-            _logger.warning("batch of %d failed (%s); retrying its requests one by one", len(jobs), exc)
             for job in jobs:
                 self._run_alone(job, version)
             return
@@ -169,7 +219,7 @@ class Batcher:
         try:
             completions = self.backend.generate([job.request])[0]
         except Exception as exc:  # noqa: BLE001
-            job.future.set_exception(exc if isinstance(exc, ServingError) else ServingError(f"generation failed: {exc}"))
+            job.future.set_exception(_as_serving_error(exc))
             return
         job.future.set_result(GenerationResult(job.request.prompt_ids, completions, job.request.n, version))
 
@@ -186,3 +236,7 @@ class Batcher:
             version = self._version
         _logger.info("weights reloaded: policy version %d", version)
         item.future.set_result(version)
+
+
+def _as_serving_error(exc: Exception) -> ServingError:
+    return exc if isinstance(exc, ServingError) else ServingError(f"generation failed: {exc}")

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from spanrl.errors import ServingError
-from spanrl.serving.backend import Completion, GenerationRequest
+from spanrl.serving.backend import AdmitCallback, Completion, DoneCallback, GenerationRequest
 
 __all__ = ["TransformersBackend"]
 
@@ -40,6 +40,10 @@ class _Row:
     text: str = ""
     finish_reason: str | None = None
     max_new: int = 0
+    peak: int = 0
+
+    def completion(self) -> Completion:
+        return Completion(self.token_ids, self.logprobs, self.text, self.finish_reason or "length", self.top)
 
 
 class TransformersBackend:
@@ -111,9 +115,78 @@ class TransformersBackend:
         self.model = None  # type: ignore[assignment]
 
     # --- generation -------------------------------------------------------------------------------
-    @torch.inference_mode()
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
         """Generate every choice of every request together; see the module docstring."""
+        done: dict[int, list[Completion]] = {}
+        self.run(requests, on_done=lambda req, completions, _size: done.__setitem__(id(req), completions))
+        return [done[id(req)] for req in requests]
+
+    @torch.inference_mode()
+    def run(
+        self,
+        requests: Sequence[GenerationRequest],
+        *,
+        on_done: DoneCallback,
+        admit: AdmitCallback | None = None,
+    ) -> None:
+        """Continuous batching: generate ``requests``, call ``on_done(request, completions, batch_size)``
+        as soon as each request's choices are all finished, and between decode steps take new requests
+        from ``admit(active_rows)`` into the running batch (prefilled, then merged into the KV cache).
+        Returns when no row is left and ``admit`` gives nothing. ``batch_size`` is the most rows
+        generated together during that request's life."""
+        dev = self.device
+        rows: list[_Row] = []
+        cache: Any = None
+        mask = next_pos = logits = torch.empty(0)
+        unfinished: dict[int, int] = {}
+        pending = list(requests)
+        while True:
+            if pending:
+                new_rows = self._rows(pending)
+                for req in pending:
+                    unfinished[id(req)] = req.n
+                new_cache, new_mask, new_pos, new_logits = self._prefill(new_rows)
+                if cache is None or not rows:
+                    cache, mask, next_pos, logits = new_cache, new_mask, new_pos, new_logits
+                else:
+                    cache, mask = _merge(cache, mask, new_cache, new_mask)
+                    next_pos, logits = torch.cat([next_pos, new_pos]), torch.cat([logits, new_logits])
+                rows += new_rows
+                pending = []
+            for row in rows:
+                row.peak = max(row.peak, len(rows))
+            temps = torch.tensor([r.request.params.temperature for r in rows], dtype=torch.float32)
+            top_ps = torch.tensor([r.request.params.top_p for r in rows], dtype=torch.float32)
+            tokens, token_lps, tops = self._sample(logits, rows, temps, top_ps)
+            keep: list[int] = []
+            for j, row in enumerate(rows):
+                if self._append(row, tokens[j], token_lps[j], tops[j] if tops else None):
+                    keep.append(j)
+                    continue
+                unfinished[id(row.request)] -= 1
+                if unfinished[id(row.request)] == 0:
+                    del unfinished[id(row.request)]
+                    mine = sorted((r for r in rows if r.request is row.request), key=lambda r: r.choice)
+                    on_done(row.request, [r.completion() for r in mine], max(r.peak for r in mine))
+            if len(keep) < len(rows):
+                index = torch.tensor(keep, dtype=torch.long)
+                if keep:
+                    cache.batch_select_indices(index.to(dev))
+                mask, next_pos = mask[index], next_pos[index]
+                tokens = [tokens[j] for j in keep]
+                rows = [rows[j] for j in keep]
+            if rows:
+                mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long)], dim=1)
+                cache, mask = _trim(cache, mask)
+                step_ids = torch.tensor(tokens, dtype=torch.long)[:, None]
+                logits = self._forward(step_ids.to(dev), mask.to(dev), next_pos[:, None].to(dev), cache)
+                next_pos = next_pos + 1
+            if admit is not None:
+                pending = list(admit(len(rows)))
+            if not rows and not pending:
+                return
+
+    def _rows(self, requests: Sequence[GenerationRequest]) -> list[_Row]:
         rows = [
             _Row(
                 request=req,
@@ -127,19 +200,10 @@ class TransformersBackend:
         for row in rows:
             if row.max_new < 1:
                 raise ServingError(f"prompt of {len(row.request.prompt_ids)} tokens leaves no room in the context")
-        self._run(rows)
-        out: list[list[Completion]] = []
-        it = iter(rows)
-        for req in requests:
-            out.append(
-                [
-                    Completion(r.token_ids, r.logprobs, r.text, r.finish_reason or "length", r.top)
-                    for r in (next(it) for _ in range(req.n))
-                ]
-            )
-        return out
+        return rows
 
-    def _run(self, rows: list[_Row]) -> None:
+    def _prefill(self, rows: list[_Row]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Left-padded prompts through the model: (cache, mask (B, W), next positions (B,), logits (B, V))."""
         from transformers import DynamicCache
 
         width = max(len(r.request.prompt_ids) for r in rows)
@@ -151,30 +215,9 @@ class TransformersBackend:
             mask[b, width - len(prompt) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
-        active = list(range(len(rows)))
-        temps = torch.tensor([r.request.params.temperature for r in rows], dtype=torch.float32)
-        top_ps = torch.tensor([r.request.params.top_p for r in rows], dtype=torch.float32)
         dev = self.device
-        logits = self._forward(ids.to(dev), mask.to(dev), positions.to(dev), cache)  # (B, V)
-        next_pos = positions[:, -1] + 1  # (B,)
-        while True:
-            tokens, token_lps, tops = self._sample(logits, [rows[i] for i in active], temps[active], top_ps[active])
-            keep: list[int] = []
-            for j, b in enumerate(active):
-                if self._append(rows[b], tokens[j], token_lps[j], tops[j] if tops else None):
-                    keep.append(j)
-            if not keep:
-                return
-            if len(keep) < len(active):
-                index = torch.tensor(keep, dtype=torch.long)
-                cache.batch_select_indices(index.to(dev))
-                mask, next_pos, tokens_t = mask[index], next_pos[index], torch.tensor(tokens)[index]
-                active = [active[j] for j in keep]
-            else:
-                tokens_t = torch.tensor(tokens)
-            mask = torch.cat([mask, torch.ones((len(active), 1), dtype=torch.long)], dim=1)
-            logits = self._forward(tokens_t[:, None].to(dev), mask.to(dev), next_pos[:, None].to(dev), cache)
-            next_pos = next_pos + 1
+        logits = self._forward(ids.to(dev), mask.to(dev), positions.to(dev), cache)
+        return cache, mask, positions[:, -1] + 1, logits
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
         out = self.model(
@@ -271,3 +314,31 @@ def _top_p_filter(probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
 def _is_tied_copy(key: str, own: dict[str, torch.Tensor]) -> bool:
     """``lm_head.weight`` may be absent from a state_dict of a model with tied embeddings."""
     return key.endswith("lm_head.weight") and any(k.endswith("embed_tokens.weight") for k in own)
+
+
+def _merge(cache: Any, mask: torch.Tensor, other: Any, other_mask: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    """Stack two KV caches along the batch, left-padding the shorter one (its mask is 0 there)."""
+    width = max(mask.shape[1], other_mask.shape[1])
+
+    def pad(t: torch.Tensor, missing: int) -> torch.Tensor:  # (B, H, L, D) -> (B, H, missing + L, D)
+        if not missing:
+            return t
+        return torch.cat([t.new_zeros(t.shape[0], t.shape[1], missing, t.shape[3]), t], dim=2)
+
+    for mine, theirs in zip(cache.layers, other.layers):
+        a, b = width - mine.keys.shape[2], width - theirs.keys.shape[2]
+        mine.keys = torch.cat([pad(mine.keys, a), pad(theirs.keys, b)], dim=0)
+        mine.values = torch.cat([pad(mine.values, a), pad(theirs.values, b)], dim=0)
+    masks = [torch.nn.functional.pad(m, (width - m.shape[1], 0)) for m in (mask, other_mask)]
+    return cache, torch.cat(masks, dim=0)
+
+
+def _trim(cache: Any, mask: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    """Drop leading columns that are padding in every row (left after long rows finished)."""
+    first = int(mask.any(dim=0).to(torch.int8).argmax())
+    if first == 0:
+        return cache, mask
+    for layer in cache.layers:
+        layer.keys = layer.keys[:, :, first:]
+        layer.values = layer.values[:, :, first:]
+    return cache, mask[:, first:]

@@ -14,6 +14,19 @@ from spanrl.serving import PolicyServer, ServerConfig
 WORDS = [str(i) for i in range(100)] + ["add", "sub", "what", "is", "?", "the", "answer"]
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread; on a busy 2-core machine two threads were 10x slower."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", words=WORDS, seed=0)

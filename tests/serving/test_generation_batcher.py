@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from spanrl.errors import ServingError
@@ -67,3 +69,24 @@ def test_full_queue_refuses_and_shutdown_is_safe_twice(backend) -> None:
     batcher.shutdown()
     with pytest.raises(ServingError, match="Cannot submit to a batcher once it has been shut down"):
         batcher.submit(GenerationRequest([5], GREEDY))
+
+
+def test_request_arriving_mid_batch_joins_it_and_returns_first(backend) -> None:
+    batcher = Batcher(backend, max_batch_size=8)
+    batcher.start()
+    started = threading.Event()
+    try:
+        long = batcher.submit(
+            GenerationRequest([5, 20, 30], SamplingParams(max_tokens=150, temperature=1.0, seed=0), on_token=lambda *_: started.set())
+        )
+        assert started.wait(60)
+        short_request = GenerationRequest([5, 21], GREEDY)
+        short = batcher.submit(short_request).result(timeout=60)
+        assert not long.done()  # delivered while the long one still runs
+        assert short.batch_size == 2
+        assert len(long.result(timeout=120).completions[0].token_ids) >= 1
+        alone = batcher.submit(GenerationRequest([5, 21], GREEDY)).result(timeout=60)
+        assert alone.batch_size == 1
+        assert short.completions[0].token_ids == alone.completions[0].token_ids  # merged cache, same result
+    finally:
+        batcher.shutdown()
