@@ -1,0 +1,128 @@
+"""`spanrl train CONFIG.yaml` and a Python callable agent: the same loop, other entry points."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spanrl.algorithms import GRPO, LightningRL, LLMEndpoint, RunnerConfig, Trainer, TrainerConfig
+from spanrl.algorithms._cli import build_trainer
+from spanrl.algorithms.tiny import build_tiny_model
+from spanrl.cli import main
+from spanrl.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+CALCULATOR = REPO / "examples" / "calculator"
+sys.path.insert(0, str(CALCULATOR))
+
+import calculator  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(
+        tmp_path_factory.mktemp("model") / "tiny", words=calculator.vocabulary(), hidden_size=32, num_layers=1,
+        num_heads=2, intermediate_size=64,
+    )
+
+
+def test_build_trainer_names_the_bad_setting(tiny_model: Path, tmp_path: Path) -> None:
+    good: dict[str, Any] = {"model": str(tiny_model), "agent": "python a.py", "tasks": [{"id": "a"}, {"id": "b"}], "tasks_per_step": 1}
+    trainer = build_trainer({**good, "algorithm": {"name": "grpo", "learning_rate": 1e-4}, "runner": {"workers": 2}})
+    assert trainer.algorithm.config.learning_rate == 1e-4 and trainer.config.runner.workers == 2
+    with pytest.raises(ConfigError, match="algorithm.name must be one of"):
+        build_trainer({**good, "algorithm": {"name": "reinforce"}})
+    with pytest.raises(ConfigError, match="'n_rollout' is not a trainer setting"):
+        build_trainer({**good, "n_rollout": 4})
+    with pytest.raises(ConfigError, match="runner.worker is not a runner setting"):
+        build_trainer({**good, "runner": {"worker": 2}})
+    with pytest.raises(ConfigError, match="the train config needs 'agent'"):
+        build_trainer({"model": str(tiny_model), "tasks": []})
+    with pytest.raises(ConfigError, match=r"tasks: no such file"):
+        build_trainer({**good, "tasks": "missing.jsonl"}, base=tmp_path)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": 1}\nnot json\n')
+    with pytest.raises(ConfigError, match=r"bad.jsonl:2 is not JSON"):
+        build_trainer({**good, "tasks": "bad.jsonl"}, base=tmp_path)
+
+
+@pytest.mark.slow
+def test_spanrl_train_from_yaml_then_resume(tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tasks, val = calculator.split_tasks(20, 4, seed=4)
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    (tmp_path / "val.json").write_text(json.dumps(val))
+    (tmp_path / "train.yaml").write_text(
+        f"""
+model: {tiny_model}
+agent: [{sys.executable}, {CALCULATOR / 'agent.py'}]
+tasks: tasks.jsonl
+val_tasks: val.json
+algorithm: {{name: grpo, learning_rate: 5.0e-4}}
+credit: {{mode: identical, baseline: rloo}}
+output_dir: {tmp_path / 'run'}
+n_rollouts: 2
+tasks_per_step: 2
+max_steps: 1
+max_tokens: 8
+save_every: 1
+eval_at_start: false
+progress: false
+torch_threads: 1
+report_to: [tensorboard]
+runner: {{workers: 2, max_concurrency: 4}}
+"""
+    )
+    assert main(["train", str(tmp_path / "train.yaml")]) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert first["step"] == 1 and 0.0 <= first["val_success"] <= 1.0
+    assert main(["train", str(tmp_path / "train.yaml"), "--resume", "--max-steps", "2"]) == 0
+    second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert second["step"] == 2
+    run = tmp_path / "run"
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    assert list((run / "runs").glob("events.out.tfevents.*"))  # TensorBoard scalars were written
+    config = json.loads((run / "config.json").read_text())
+    assert config["credit"]["baseline"] == "rloo" and config["algorithm"]["name"] == "GRPO"
+
+
+@pytest.mark.slow
+def test_callable_agent_trains_in_process(tiny_model: Path, tmp_path: Path) -> None:
+    seen: list[LLMEndpoint] = []
+
+    def agent(task: dict[str, Any], llm: LLMEndpoint) -> float:
+        seen.append(llm)
+        reply = llm.client().chat.completions.create(
+            model=llm.model, messages=[{"role": "user", "content": task["question"]}], max_tokens=8,
+            temperature=llm.sampling["temperature"],
+        )
+        message = reply.choices[0].message
+        text = message.content or ""
+        if message.tool_calls:
+            call = message.tool_calls[0].function
+            text = f"<call> {call.name} {' '.join(str(v) for v in json.loads(call.arguments).values())} </call>"
+        return calculator.reward(task, calculator.parse_call(text))  # returned: emitted as the reward
+
+    tasks = calculator.make_tasks(6, seed=6)
+    trainer = Trainer(
+        model=tiny_model, agent=agent, tasks=tasks, val_tasks=tasks[:2],
+        algorithm=GRPO(learning_rate=5e-4), credit=LightningRL(),
+        config=TrainerConfig(
+            output_dir=str(tmp_path / "run"), n_rollouts=3, tasks_per_step=2, max_steps=1, eval_at_start=False,
+            progress=False, torch_threads=1, runner=RunnerConfig(max_concurrency=3),
+        ),
+    )
+    history = trainer.train()
+    assert history[0]["rollouts_ok"] == 6 and history[0]["transitions"] == 6
+    assert history[0]["policy_version"] == 1
+    assert {llm.sampling["temperature"] for llm in seen} == {1.0, 0.0}  # training samples, evaluation greedy
+    assert all("/rollouts/" in llm.base_url for llm in seen)
+    client = trainer.deploy()
+    try:
+        answer = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "3 add 4"}], max_tokens=8)
+        assert answer.choices[0].message is not None
+    finally:
+        trainer.close()
