@@ -249,6 +249,12 @@ class Trainer:
         for name in ("setup", "update", "save", "load_state"):
             if not callable(getattr(algorithm, name, None)):
                 raise ConfigError(f"algorithm must be an Algorithm (GRPO(...), SFT(...), ...); it has no {name}()")
+        algo_temperature = getattr(getattr(algorithm, "config", None), "temperature", None)
+        if isinstance(algo_temperature, (int, float)) and cfg.temperature > 0 and algo_temperature != cfg.temperature:
+            raise ConfigError(
+                f"temperature {cfg.temperature!r} (the rollouts') differs from the algorithm's temperature "
+                f"{algo_temperature!r} (what its log-probs divide the logits by); set both to the same value"
+            )
         self.model_path = Path(model)
         self.agent = agent
         self.tasks = list(tasks)

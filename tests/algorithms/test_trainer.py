@@ -150,5 +150,7 @@ def test_trainer_rejects_bad_config(tiny_model: Path, tmp_path: Path) -> None:
         Trainer(model=tiny_model, agent="python a.py", tasks=[{"id": "x"}, {"id": "x"}], algorithm=GRPO(), tasks_per_step=1)
     with pytest.raises(ConfigError, match="algorithm must be an Algorithm"):
         Trainer(model=tiny_model, agent="python a.py", tasks=tasks, algorithm="grpo", tasks_per_step=1)
+    with pytest.raises(ConfigError, match=r"temperature 0.7 \(the rollouts'\) differs from the algorithm's temperature 1.0"):
+        Trainer(model=tiny_model, agent="python a.py", tasks=tasks, algorithm=GRPO(), config=TrainerConfig(temperature=0.7, tasks_per_step=1))
     with pytest.raises(ConfigError, match="LightningRL got an unknown field"):
         LightningRL(gama=0.9)
