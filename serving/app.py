@@ -92,6 +92,11 @@ def build_app(state: ServerState) -> FastAPI:
     async def _request_error(_: Request, exc: RequestError) -> JSONResponse:
         return JSONResponse(error_body(exc.message, type=exc.type, param=exc.param, code=exc.code), status_code=exc.status)
 
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        _logger.exception("unexpected error serving a request")
+        return JSONResponse(error_body(f"internal error: {exc}", type="server_error"), status_code=500)
+
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
@@ -418,7 +423,14 @@ async def _stream(state: ServerState, call: _Call) -> AsyncIterator[str]:
         choice.update(extra)
         return {"id": call.response_id, "object": kind, "created": created, "model": model, "choices": [choice]}
 
-    task = asyncio.ensure_future(_generate(state, call, on_token=[callback(o) for o in offsets]))
+    async def generate_and_record() -> tuple[list[GenerationResult], list[dict[str, Any]]]:
+        # recorded here, not after the last chunk: a client that hangs up still leaves its span
+        results = await _generate(state, call, on_token=[callback(o) for o in offsets])
+        choices = _choices(state, call, results)
+        _record(state, call, (results, choices))
+        return results, choices
+
+    task = asyncio.ensure_future(generate_and_record())
     task.add_done_callback(lambda _: events.put_nowait(None))
     first = chunk(0, {"role": "assistant", "content": ""} if chat else {}, [])
     first["prompt_token_ids"] = call.requests[0].prompt_ids if len(call.requests) == 1 else [r.prompt_ids for r in call.requests]
@@ -439,13 +451,11 @@ async def _stream(state: ServerState, call: _Call) -> AsyncIterator[str]:
         yield _sse(chunk(index, {"content": text[len(sent[index]) :]}, pending[index]))
         sent[index], pending[index] = text, []
     try:
-        results = task.result()
+        results, choices = task.result()
     except RequestError as exc:
         yield _sse(error_body(exc.message, type=exc.type, param=exc.param, code=exc.code))
         yield "data: [DONE]\n\n"
         return
-    choices = _choices(state, call, results)
-    _record(state, call, (results, choices))
     for choice in choices:
         i = choice["index"]
         if chat:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import signal
 import socket
@@ -206,7 +207,10 @@ class PolicyServer:
             compact=self.config.compact_token_arrays,
         )
         batcher.start()
-        self._state = ServerState(self.config, batcher, backend.tokenizer, backend.max_context_tokens, recorder)
+        # The HTTP side gets its own tokenizer copy: a Rust tokenizer shared across threads can fail with
+        # "Already borrowed" when one thread changes its settings while another encodes.
+        http_tokenizer = copy.deepcopy(backend.tokenizer)
+        self._state = ServerState(self.config, batcher, http_tokenizer, backend.max_context_tokens, recorder)
 
     def _app(self) -> Any:
         from spanrl.serving.app import build_app
