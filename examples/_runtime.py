@@ -21,6 +21,7 @@ from typing import Any
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 DEFAULT_MODEL = "policy"
 DEFAULT_API_KEY = "spanrl"
+CLIENT_TIMEOUT_S = 300.0  # one completion; generous for a real model on CPU, finite for a dead server
 
 Episode = Callable[[dict[str, Any], Any, str, dict[str, Any]], Any]
 
@@ -38,7 +39,7 @@ class LLMSettings:
         """An ``openai.OpenAI`` client (instrumented when running under opentelemetry-instrument)."""
         import openai
 
-        return openai.OpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=1)
+        return openai.OpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=1, timeout=CLIENT_TIMEOUT_S)
 
 
 def llm_settings(llm: Any = None) -> LLMSettings:

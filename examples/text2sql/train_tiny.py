@@ -49,7 +49,7 @@ class TinyRunConfig:
     """Questions per GRPO step (24: every training question, so the step's reward is comparable)."""
     grpo_group_size: int = 6
     """Rollouts per question (the GRPO group)."""
-    grpo_learning_rate: float = 5e-4
+    grpo_learning_rate: float = 3e-4
     """GRPO learning rate."""
     eval_every: int = 0
     """Held-out evaluation every this many GRPO steps (0: start and end only)."""
