@@ -160,3 +160,12 @@ def test_async_streaming_and_sync_in_loop_calls_are_captured(collector_proc):
     streamed = next(c for c in chats if "stream" in c["attributes"][semconv.GEN_AI_INPUT_MESSAGES])
     assert streamed["attributes"]["gen_ai.is_streaming"] is True
     assert [r["reward_value"] for r in rows if r["reward_value"] is not None] == [1.0]
+
+
+def test_http_protocol_choice_is_respected(collector_proc):
+    """The user picked OTLP/HTTP: the distro keeps the standard exporter and the collector's HTTP port."""
+    with FakeOpenAI(reply="5") as server:
+        env = _agent_env(collector_proc, server, "r-http", OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf")
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector_proc.http_endpoint
+        _run_agent("openai_agent.py", env)
+    _check_chat_and_reward(_spans(collector_proc), "r-http")
