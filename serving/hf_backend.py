@@ -267,20 +267,19 @@ class TransformersBackend:
                 row.request.on_token(row.choice, token, logprob)
             except Exception:  # a broken stream must not stop the batch
                 _logger.exception("token callback failed")
-        row.text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
         if token in self.stop_ids:
             row.finish_reason = "stop"
-            return False
+        elif len(row.token_ids) >= row.max_new:
+            row.finish_reason = "length"
+        if row.finish_reason is not None or row.request.params.stop:  # decode only when the text is needed
+            row.text = self.tokenizer.decode(row.token_ids, skip_special_tokens=True)
         for stop in row.request.params.stop:
             at = row.text.find(stop)
             if at >= 0:
                 row.text = row.text[:at]
                 row.finish_reason = "stop"
-                return False
-        if len(row.token_ids) >= row.max_new:
-            row.finish_reason = "length"
-            return False
-        return True
+                break
+        return row.finish_reason is None
 
     def _pad_id(self) -> int:
         for candidate in (self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, 0):
