@@ -84,3 +84,23 @@ def test_resolved_values_follow_precedence(monkeypatch):
     assert InstrumentationConfig(endpoint="http://arg:1").resolved_endpoint() == "http://arg:1"
     assert InstrumentationConfig().resolved_headers() == {"authorization": "Bearer tok"}
     assert InstrumentationConfig(headers={"Authorization": "x"}).resolved_headers() == {"Authorization": "x"}
+
+def test_distro_loads_one_openai_instrumentor_only():
+    from importlib.metadata import EntryPoint
+
+    from opentelemetry import trace
+
+    from spanrl.instrumentation.distro import SpanRLDistro
+    from spanrl.instrumentation.instrumentor import SpanRLInstrumentor
+
+    distro = SpanRLDistro()
+    # Not installed here: loading it would raise ModuleNotFoundError; the distro skips it instead.
+    distro.load_instrumentor(EntryPoint("openai_v2", "opentelemetry.instrumentation.openai_v2:OpenAIInstrumentor",
+                                        "opentelemetry_instrumentor"))
+    distro.load_instrumentor(EntryPoint("spanrl", "spanrl.instrumentation.instrumentor:SpanRLInstrumentor",
+                                        "opentelemetry_instrumentor"))
+    try:
+        assert SpanRLInstrumentor().is_instrumented_by_opentelemetry
+    finally:
+        SpanRLInstrumentor().uninstrument()
+    assert trace.get_tracer_provider() is not None
