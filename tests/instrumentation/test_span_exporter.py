@@ -78,3 +78,16 @@ def test_exporter_sends_to_a_real_collector(collector_proc, insecure):
     assert sorted(r["name"] for r in rows) == sorted(s.name for s in spans)
     root = next(r for r in rows if r["name"] == "root" and r["service_name"] == "a")
     assert root["rollout_id"] == "r-1" and root["status_code"] == "ERROR"
+
+
+def test_exporter_reconnects_after_the_collector_restarts(collector_proc):
+    spans = _varied_spans()
+    exporter = FastOTLPSpanExporter(endpoint=f"http://{collector_proc.grpc_endpoint}", insecure=True, timeout=2)
+    assert exporter.export(spans[:2]).name == "SUCCESS"
+    collector_proc.kill()
+    assert exporter.export(spans[2:4]).name == "FAILURE"  # UNAVAILABLE: the channel is rebuilt with our stub
+    collector_proc.start()
+    assert exporter.export(spans[4:]).name == "SUCCESS"
+    exporter.shutdown()
+    names = sorted(r["name"] for r in collector_proc.sql("SELECT name FROM spans"))
+    assert names == sorted(s.name for s in spans[:2] + spans[4:])
