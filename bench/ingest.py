@@ -166,6 +166,41 @@ def _sender(endpoint: str, bodies: list[bytes], inflight: int, deadline: float, 
     out.put(sum(counts))
 
 
+def _timed_sender(endpoint: str, bodies: list[bytes], inflight: int, seconds: float, out: Any, go: Any) -> None:
+    """A sender process: connect, report "ready", wait for ``go``, send for ``seconds``, report the count
+    of acknowledged requests (-1 if any request failed)."""
+    import grpc
+
+    channel = grpc.insecure_channel(endpoint, options=[("grpc.max_send_message_length", 64 << 20)])
+    grpc.channel_ready_future(channel).result(timeout=60)
+    call = channel.unary_unary(EXPORT_METHOD, request_serializer=None, response_deserializer=None)
+    counts = [0] * inflight
+    failed: list[BaseException] = []
+    out.put("ready")
+    go.wait()
+    deadline = time.monotonic() + seconds
+
+    def loop(k: int) -> None:
+        j = k
+        try:
+            while time.monotonic() < deadline:
+                call(bodies[j % len(bodies)], timeout=120)
+                counts[k] += 1
+                j += inflight
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            failed.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(k,)) for k in range(inflight)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    channel.close()
+    if failed:
+        print(f"sender failed: {failed[0]!r}", file=sys.stderr, flush=True)
+    out.put(-1 if failed else sum(counts))
+
+
 def _start_collector(db: Path) -> tuple[subprocess.Popen, str, str]:
     proc = subprocess.Popen([sys.executable, "-m", "spanrl", "--log-level", "WARNING", "collector", "--db", str(db), "--grpc-port", "0", "--http-port", "0"],
                             stdout=subprocess.PIPE, text=True)
@@ -202,22 +237,29 @@ def run_spanrl(bodies: list[bytes], senders: int, inflight: int, seconds: float,
     db = tmp / f"bench-{time.monotonic_ns()}.duckdb"
     proc, grpc_ep, http_ep = _start_collector(db)
     try:
-        ctx = mp.get_context("fork")
-        # warm-up: one request per sender body, not timed
+        # spawn, not fork: a child forked after this process used gRPC can hang in gRPC.
+        ctx = mp.get_context("spawn")
         q = ctx.Queue()
-        _sender(grpc_ep, bodies[:1], 1, time.monotonic() + 0.3, q)
-        warm = q.get() * SPANS_PER_REQUEST
-        cpu0 = _cpu_s(proc.pid)
-        start = time.monotonic()
-        deadline = start + seconds
-        procs = [ctx.Process(target=_sender, args=(grpc_ep, bodies[k % len(bodies):] + bodies[: k % len(bodies)], inflight, deadline, q)) for k in range(senders)]
+        _sender(grpc_ep, bodies[:1], 1, time.monotonic() + 0.3, q)  # warm-up, not timed
+        warm = q.get(timeout=120) * SPANS_PER_REQUEST
+        go = ctx.Event()
+        procs = [ctx.Process(target=_timed_sender, args=(grpc_ep, bodies[k % len(bodies):] + bodies[: k % len(bodies)], inflight, seconds, q, go))
+                 for k in range(senders)]
         for p in procs:
             p.start()
-        requests = sum(q.get() for _ in procs)
+        ready = [q.get(timeout=120) for _ in procs]  # each sender reports "ready" once imported and connected
+        assert all(r == "ready" for r in ready)
+        cpu0 = _cpu_s(proc.pid)
+        start = time.monotonic()
+        go.set()
+        counts = [q.get(timeout=seconds + 300) for _ in procs]
         elapsed = time.monotonic() - start
+        if any(c < 0 for c in counts):
+            raise RuntimeError("a sender's request failed; see its message above")
+        requests = sum(counts)
         cpu = _cpu_s(proc.pid) - cpu0
         for p in procs:
-            p.join()
+            p.join(60)
         spans = requests * SPANS_PER_REQUEST
         stored = _count(http_ep)
         if stored != spans + warm:
