@@ -39,14 +39,15 @@ class DemoConfig:
     """Held-out tasks, balanced over the four operations; evaluated greedily."""
     demonstrations: int = 800
     """Demonstrator rollouts recorded for the SFT warm start."""
-    sft_epochs: int = 12
-    """SFT passes over the demonstrations (800 x 12 / 32 = 300 optimizer steps)."""
+    sft_epochs: int = 4
+    """SFT passes over the demonstrations (800 x 4 / 32 = 100 optimizer steps). More epochs make the
+    policy confidently wrong on sub/div (it memorises), which leaves GRPO few right samples to learn from."""
     sft_batch_size: int = 32
     """Transitions per SFT optimizer step."""
     sft_learning_rate: float = 1e-3
     """SFT learning rate."""
-    grpo_steps: int = 40
-    """GRPO updates."""
+    grpo_steps: int = 30
+    """GRPO updates (measured: held-out 0.55 after SFT, 0.63 / 0.82 / 0.97 after 10 / 20 / 30 steps)."""
     grpo_tasks_per_step: int = 16
     """Tasks per GRPO step."""
     grpo_group_size: int = 8
