@@ -19,13 +19,10 @@ exact sampled ids, end token included) and ``token_logprobs`` (their logprobs, s
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import dataclasses
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -34,19 +31,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from spanrl.errors import ServingError
 from spanrl.instrumentation import semconv
-from spanrl.serving.backend import GenerationRequest, GenerationResult
-from spanrl.serving.batcher import Batcher, QueueFullError
-from spanrl.serving.chat import normalize_messages, normalize_tools, parse_tool_calls, render_prompt, semconv_messages
-from spanrl.serving.config import ServerConfig
+from spanrl.serving.backend import GenerationRequest
+from spanrl.serving.chat import normalize_messages, normalize_tools, render_prompt
 from spanrl.serving.errors import RequestError, error_body
 from spanrl.serving.protocol import ParsedParams, parse_params
-from spanrl.serving.telemetry import SpanRecorder
+from spanrl.serving.responses import PROVIDER, Call, ServerState, complete, respond, stream
 
 __all__ = ["ServerState", "build_app"]
 
 _logger = logging.getLogger(__name__)
 
-_PROVIDER = "spanrl"
 _ROLLOUT_HEADER, _TASK_HEADER, _ATTEMPT_HEADER = "x-spanrl-rollout-id", "x-spanrl-task-id", "x-spanrl-attempt"
 _PREFIXES = (
     "",
@@ -55,33 +49,6 @@ _PREFIXES = (
     "/tasks/{task_id}/rollouts/{rollout_id}",
     "/tasks/{task_id}/rollouts/{rollout_id}/attempts/{attempt}",
 )
-
-
-@dataclasses.dataclass
-class ServerState:
-    """What the routes share: the batcher (which owns the model), the tokenizer and the span recorder."""
-
-    config: ServerConfig
-    batcher: Batcher
-    tokenizer: Any
-    max_context_tokens: int
-    recorder: SpanRecorder
-
-
-@dataclasses.dataclass
-class _Call:
-    """One chat or completions request on its way through."""
-
-    operation: str
-    response_id: str
-    start_ns: int
-    parent: Any
-    rollout: dict[str, Any]
-    params: ParsedParams
-    requests: list[GenerationRequest]
-    input_messages: list[list[dict[str, Any]]]
-    tools: list[dict[str, Any]] | None = None
-
 
 def build_app(state: ServerState) -> FastAPI:
     """The FastAPI application serving ``state``."""
@@ -153,7 +120,7 @@ def build_app(state: ServerState) -> FastAPI:
         tools = normalize_tools(body.get("tools"))
         prompt_ids = render_prompt(state.tokenizer, messages, tools)
         params = params_of(body, len(prompt_ids), chat=True)
-        call = _Call(
+        call = Call(
             operation=semconv.OP_CHAT,
             response_id="chatcmpl-" + uuid.uuid4().hex,
             start_ns=start_ns,
@@ -165,9 +132,8 @@ def build_app(state: ServerState) -> FastAPI:
             tools=tools if body.get("tool_choice") != "none" else None,
         )
         if params.stream:
-            return StreamingResponse(_stream(state, call), media_type="text/event-stream")
-        results = await _generate(state, call)
-        return _response(state, call, results)
+            return StreamingResponse(stream(state, call), media_type="text/event-stream")
+        return respond(state, call, *(await complete(state, call)))
 
     async def completions(request: Request) -> Any:
         start_ns = time.time_ns()
@@ -175,7 +141,7 @@ def build_app(state: ServerState) -> FastAPI:
         rollout = rollout_of(request)
         prompts = _prompts(state.tokenizer, body.get("prompt"))
         params = [params_of(body, len(ids), chat=False) for ids, _ in prompts]
-        call = _Call(
+        call = Call(
             operation=semconv.OP_TEXT_COMPLETION,
             response_id="cmpl-" + uuid.uuid4().hex,
             start_ns=start_ns,
@@ -186,9 +152,8 @@ def build_app(state: ServerState) -> FastAPI:
             input_messages=[[{"role": "user", "content": text}] for _, text in prompts],
         )
         if call.params.stream:
-            return StreamingResponse(_stream(state, call), media_type="text/event-stream")
-        results = await _generate(state, call)
-        return _response(state, call, results)
+            return StreamingResponse(stream(state, call), media_type="text/event-stream")
+        return respond(state, call, *(await complete(state, call)))
 
     async def models(request: Request) -> dict[str, Any]:
         return {
@@ -198,7 +163,7 @@ def build_app(state: ServerState) -> FastAPI:
                     "id": model_name,
                     "object": "model",
                     "created": 0,
-                    "owned_by": _PROVIDER,
+                    "owned_by": PROVIDER,
                     "max_model_len": state.max_context_tokens,
                     "policy_version": state.batcher.version,
                 }
@@ -228,7 +193,6 @@ def build_app(state: ServerState) -> FastAPI:
 
     return app
 
-
 def _prompts(tokenizer: Any, prompt: Any) -> list[tuple[list[int], str]]:
     """(ids, text) per prompt: a string, a list of ids, or a list of either."""
 
@@ -247,228 +211,3 @@ def _prompts(tokenizer: Any, prompt: Any) -> list[tuple[list[int], str]]:
     if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         return [one(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
     return [one(prompt, "prompt")]
-
-
-async def _generate(state: ServerState, call: _Call, on_token: list[Callable[[int, int, float], None]] | None = None) -> list[GenerationResult]:
-    futures: list[concurrent.futures.Future[GenerationResult]] = []
-    try:
-        for i, req in enumerate(call.requests):
-            if on_token is not None:
-                req.on_token = on_token[i]
-            futures.append(state.batcher.submit(req))
-    except QueueFullError as exc:
-        for fut in futures:
-            fut.cancel()
-        raise RequestError(str(exc), status=503, type="server_busy", code="queue_full") from None
-    try:
-        results = list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
-    except Exception as exc:  # one failed generation fails this request only
-        _logger.warning("request %s failed: %s", call.response_id, exc)
-        _record(state, call, None, error=str(exc))
-        raise RequestError(f"generation failed: {exc}", status=500, type="server_error") from None
-    return results
-
-
-def _choices(state: ServerState, call: _Call, results: list[GenerationResult]) -> list[dict[str, Any]]:
-    """OpenAI choices (plus token_ids / token_logprobs) for every completion of every request."""
-    out: list[dict[str, Any]] = []
-    decode = state.tokenizer.decode
-    for result in results:
-        for completion in result.completions:
-            index = len(out)
-            choice: dict[str, Any] = {"index": index, "finish_reason": completion.finish_reason}
-            logprobs = None
-            if call.params.logprobs:
-                toks = [decode([t]) for t in completion.token_ids]
-                tops = completion.top_logprobs or [[] for _ in toks]
-                if call.operation == semconv.OP_CHAT:
-                    logprobs = {
-                        "content": [
-                            {
-                                "token": tok,
-                                "logprob": lp,
-                                "bytes": list(tok.encode()),
-                                "top_logprobs": [{"token": decode([i]), "logprob": v, "bytes": list(decode([i]).encode())} for i, v in top],
-                            }
-                            for tok, lp, top in zip(toks, completion.logprobs, tops)
-                        ]
-                    }
-                else:
-                    offsets, at = [], 0
-                    for tok in toks:
-                        offsets.append(at)
-                        at += len(tok)
-                    logprobs = {
-                        "tokens": toks,
-                        "token_logprobs": completion.logprobs,
-                        "top_logprobs": [{decode([i]): v for i, v in top} for top in tops],
-                        "text_offset": offsets,
-                    }
-            if call.operation == semconv.OP_CHAT:
-                content, calls = parse_tool_calls(completion.text, call.tools)
-                message: dict[str, Any] = {"role": "assistant", "content": content}
-                if calls:
-                    message["tool_calls"] = calls
-                    if completion.finish_reason == "stop":
-                        choice["finish_reason"] = "tool_calls"
-                choice["message"] = message
-            else:
-                choice["text"] = completion.text
-            choice["logprobs"] = logprobs
-            choice["token_ids"] = completion.token_ids
-            choice["token_logprobs"] = completion.logprobs
-            out.append(choice)
-    return out
-
-
-def _response(state: ServerState, call: _Call, results: list[GenerationResult]) -> dict[str, Any]:
-    choices = _choices(state, call, results)
-    _record(state, call, (results, choices))
-    prompt_tokens = sum(len(r.prompt_ids) for r in results)
-    completion_tokens = sum(len(c.token_ids) for r in results for c in r.completions)
-    return {
-        "id": call.response_id,
-        "object": "chat.completion" if call.operation == semconv.OP_CHAT else "text_completion",
-        "created": call.start_ns // 1_000_000_000,
-        "model": state.config.model_name,
-        "system_fingerprint": f"spanrl-policy-v{results[0].policy_version}",
-        "choices": choices,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
-        "prompt_token_ids": results[0].prompt_ids if len(results) == 1 else [r.prompt_ids for r in results],
-        "policy_version": results[0].policy_version,
-    }
-
-
-def _record(
-    state: ServerState, call: _Call, done: tuple[list[GenerationResult], list[dict[str, Any]]] | None, error: str | None = None
-) -> None:
-    """One SERVER span per choice (each with the full request attributes and its own token arrays)."""
-    rec = state.recorder
-    model = state.config.model_name
-    base: dict[str, Any] = {
-        semconv.GEN_AI_OPERATION_NAME: call.operation,
-        semconv.GEN_AI_PROVIDER_NAME: _PROVIDER,
-        semconv.GEN_AI_REQUEST_MODEL: model,
-        semconv.GEN_AI_RESPONSE_MODEL: model,
-        semconv.GEN_AI_RESPONSE_ID: call.response_id,
-        semconv.GEN_AI_REQUEST_TEMPERATURE: call.params.sampling.temperature,
-        semconv.GEN_AI_REQUEST_MAX_TOKENS: call.params.sampling.max_tokens,
-        **call.rollout,
-    }
-    if call.tools and state.config.record_content:
-        base[semconv.GEN_AI_TOOL_DEFINITIONS] = json.dumps(call.tools)
-    name = f"{call.operation} {model}"
-    if done is None:
-        attrs = dict(base, **{semconv.POLICY_VERSION: state.batcher.version})
-        rec.record(name, parent=call.parent, start_ns=call.start_ns, attributes=attrs, error=error)
-        return
-    results, choices = done
-    index = 0
-    for r, result in enumerate(results):
-        for completion in result.completions:
-            choice = choices[index]
-            attrs = dict(base)
-            attrs.update(
-                {
-                    semconv.POLICY_VERSION: result.policy_version,
-                    semconv.LLM_BATCH_SIZE: result.batch_size,
-                    semconv.LLM_CHOICE_INDEX: index,
-                    semconv.GEN_AI_RESPONSE_FINISH_REASONS: [choice["finish_reason"]],
-                    semconv.GEN_AI_USAGE_INPUT_TOKENS: len(result.prompt_ids),
-                    semconv.GEN_AI_USAGE_OUTPUT_TOKENS: len(completion.token_ids),
-                    semconv.LLM_PROMPT_TOKEN_IDS: rec.tokens(result.prompt_ids),
-                    semconv.LLM_COMPLETION_TOKEN_IDS: rec.tokens(completion.token_ids),
-                    semconv.LLM_LOGPROBS: rec.floats(completion.logprobs),
-                }
-            )
-            if state.config.record_content:
-                attrs[semconv.GEN_AI_INPUT_MESSAGES] = json.dumps(semconv_messages(call.input_messages[r]))
-                message = choice.get("message") or {"role": "assistant", "content": choice.get("text")}
-                attrs[semconv.GEN_AI_OUTPUT_MESSAGES] = json.dumps(
-                    semconv_messages([dict(message, finish_reason=choice["finish_reason"])])
-                )
-            rec.record(name, parent=call.parent, start_ns=call.start_ns, attributes=attrs)
-            index += 1
-
-
-def _sse(payload: Any) -> str:
-    return f"data: {json.dumps(payload)}\n\n"
-
-
-async def _stream(state: ServerState, call: _Call) -> AsyncIterator[str]:
-    """Server-sent events: a chunk per token (text held back while it may still change), then the
-    finish reasons, optional usage, and ``[DONE]``. With stop strings or tools the text of each choice
-    comes in one chunk at the end, because it may still be cut or turned into tool calls."""
-    loop = asyncio.get_running_loop()
-    events: asyncio.Queue[tuple[int, int, float] | None] = asyncio.Queue()
-    offsets, total = [], 0
-    for req in call.requests:
-        offsets.append(total)
-        total += req.n
-
-    def callback(offset: int) -> Callable[[int, int, float], None]:
-        return lambda choice, token, logprob: loop.call_soon_threadsafe(events.put_nowait, (offset + choice, token, logprob))
-
-    chat = call.operation == semconv.OP_CHAT
-    kind = "chat.completion.chunk" if chat else "text_completion"
-    created = call.start_ns // 1_000_000_000
-    model = state.config.model_name
-
-    def chunk(index: int, delta: dict[str, Any], token_ids: list[int], finish: str | None = None, **extra: Any) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": index, "finish_reason": finish, "token_ids": token_ids}
-        if chat:
-            choice["delta"] = delta
-        else:
-            choice["text"] = delta.get("content") or ""
-        choice.update(extra)
-        return {"id": call.response_id, "object": kind, "created": created, "model": model, "choices": [choice]}
-
-    async def generate_and_record() -> tuple[list[GenerationResult], list[dict[str, Any]]]:
-        # recorded here, not after the last chunk: a client that hangs up still leaves its span
-        results = await _generate(state, call, on_token=[callback(o) for o in offsets])
-        choices = _choices(state, call, results)
-        _record(state, call, (results, choices))
-        return results, choices
-
-    task = asyncio.ensure_future(generate_and_record())
-    task.add_done_callback(lambda _: events.put_nowait(None))
-    first = chunk(0, {"role": "assistant", "content": ""} if chat else {}, [])
-    first["prompt_token_ids"] = call.requests[0].prompt_ids if len(call.requests) == 1 else [r.prompt_ids for r in call.requests]
-    yield _sse(first)
-    held = bool(call.params.sampling.stop or call.tools)
-    ids: list[list[int]] = [[] for _ in range(total)]
-    sent = ["" for _ in range(total)]
-    pending: list[list[int]] = [[] for _ in range(total)]
-    while (event := await events.get()) is not None:
-        index, token, _ = event
-        ids[index].append(token)
-        pending[index].append(token)
-        if held:
-            continue
-        text = state.tokenizer.decode(ids[index], skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            continue
-        yield _sse(chunk(index, {"content": text[len(sent[index]) :]}, pending[index]))
-        sent[index], pending[index] = text, []
-    try:
-        results, choices = task.result()
-    except RequestError as exc:
-        yield _sse(error_body(exc.message, type=exc.type, param=exc.param, code=exc.code))
-        yield "data: [DONE]\n\n"
-        return
-    for choice in choices:
-        i = choice["index"]
-        if chat:
-            message = choice["message"]
-            delta: dict[str, Any] = {"content": (message["content"] or "")[len(sent[i]) :] if not held else message["content"]}
-            if message.get("tool_calls"):
-                delta["tool_calls"] = [dict(c, index=k) for k, c in enumerate(message["tool_calls"])]
-        else:
-            delta = {"content": choice["text"][len(sent[i]) :]}
-        yield _sse(chunk(i, delta, pending[i], choice["finish_reason"], logprobs=choice["logprobs"], token_logprobs=choice["token_logprobs"]))
-    if call.params.include_usage:
-        prompt_tokens = sum(len(r.prompt_ids) for r in results)
-        completion_tokens = sum(len(c) for c in ids)
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
-        yield _sse({"id": call.response_id, "object": kind, "created": created, "model": model, "choices": [], "usage": usage})
-    yield "data: [DONE]\n\n"
