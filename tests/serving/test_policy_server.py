@@ -247,3 +247,13 @@ def test_stop_strings_seed_and_max_tokens(served) -> None:
     assert cut["token_ids"] == a["token_ids"][: len(cut["token_ids"])]
     spans = served.spans()
     assert decode_float32(spans[-1].attributes[semconv.LLM_LOGPROBS]) == pytest.approx(cut["token_logprobs"], abs=1e-6)
+
+
+def test_completions_with_several_prompts_index_choices_in_order(served, tiny_model_dir) -> None:
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    resp = _client(served).completions.create(model="tiny", prompt=["3 add 4", "5 sub 1 ?"], max_tokens=3, n=2, temperature=0).model_dump()
+    assert resp["prompt_token_ids"] == [tok("3 add 4")["input_ids"], tok("5 sub 1 ?")["input_ids"]]
+    assert [c["index"] for c in resp["choices"]] == [0, 1, 2, 3]
+    assert resp["choices"][0]["token_ids"] == resp["choices"][1]["token_ids"]  # greedy: same per prompt
+    spans = sorted(served.spans(), key=lambda s: s.attributes[semconv.LLM_CHOICE_INDEX])
+    assert [decode_int32(s.attributes[semconv.LLM_PROMPT_TOKEN_IDS]) for s in spans] == [resp["prompt_token_ids"][i // 2] for i in range(4)]
