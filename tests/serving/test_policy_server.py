@@ -65,9 +65,13 @@ def test_completions_models_and_n_choices(served, tiny_model_dir) -> None:
     assert {s.attributes[semconv.GEN_AI_RESPONSE_ID] for s in spans} == {resp["id"]}
 
 
-def test_server_span_reaches_collector_with_ids_and_rollout(collector, tiny_model_dir) -> None:
+@pytest.mark.parametrize("compact", [True, False], ids=["base64", "arrays"])
+def test_server_span_reaches_collector_with_ids_and_rollout(collector, tiny_model_dir, compact) -> None:
     trace_id, parent_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
-    server = PolicyServer(ServerConfig(model=tiny_model_dir, port=0, otlp_endpoint=collector.grpc_endpoint, served_model_name="tiny"))
+    config = ServerConfig(
+        model=tiny_model_dir, port=0, otlp_endpoint=collector.grpc_endpoint, served_model_name="tiny", compact_token_arrays=compact
+    )
+    server = PolicyServer(config)
     with server:
         client = openai.OpenAI(base_url=server.rollout_base_url("rollout-42", attempt=2), api_key="unused", max_retries=0)
         resp = client.chat.completions.create(
