@@ -36,7 +36,9 @@ class DemoConfig:
     n_train_tasks: int = 3000
     """Training tasks (the held-out ones are never among them)."""
     n_val_tasks: int = 100
-    """Held-out tasks, balanced over the four operations; evaluated greedily."""
+    """Held-out tasks, balanced over the operations; evaluated greedily."""
+    ops: tuple[str, ...] = ("add", "sub", "mul", "div")
+    """Operations the tasks use (a subset makes a smaller, faster demo, e.g. ``("sub",)``)."""
     demonstrations: int = 800
     """Demonstrator rollouts recorded for the SFT warm start."""
     sft_epochs: int = 4
@@ -68,7 +70,7 @@ class DemoConfig:
     def validate(self) -> DemoConfig:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if field.type in ("int",) and (not isinstance(value, int) or value < (0 if field.name in ("seed", "eval_every") else 1)):
+            if field.type == "int" and (not isinstance(value, int) or value < (0 if field.name in ("seed", "eval_every") else 1)):
                 raise ConfigError(f"{field.name} must be an integer >= {0 if field.name in ('seed', 'eval_every') else 1}, got {value!r}")
         for name in ("sft_learning_rate", "grpo_learning_rate"):
             if not getattr(self, name) > 0:
@@ -125,7 +127,7 @@ def run_demo(config: DemoConfig | None = None, *, echo: Any = print) -> DemoResu
     out.mkdir(parents=True, exist_ok=True)
     db_path = out / DB_FILE
     calculator, demonstrator = _calculator_modules()
-    train_tasks, val_tasks = calculator.split_tasks(cfg.n_train_tasks, cfg.n_val_tasks, seed=cfg.seed)
+    train_tasks, val_tasks = calculator.split_tasks(cfg.n_train_tasks, cfg.n_val_tasks, seed=cfg.seed, ops=tuple(cfg.ops))
     agent = [sys.executable, str(calculator_dir() / _AGENT_FILE)]
     runner = RunnerConfig(workers=cfg.workers, max_concurrency=2 * cfg.workers, rollout_timeout_s=60.0)
 

@@ -88,13 +88,18 @@ def make_tasks(n: int | None = None, *, seed: int = 0) -> list[dict[str, Any]]:
     return tasks
 
 
-def split_tasks(n_train: int, n_val: int, *, seed: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Disjoint train and held-out task lists, the held-out ones balanced over the operations."""
-    tasks = make_tasks(seed=seed)
+def split_tasks(
+    n_train: int, n_val: int, *, seed: int = 0, ops: tuple[str, ...] = OPS
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Disjoint train and held-out task lists over ``ops``, the held-out ones balanced over them."""
+    unknown = [op for op in ops if op not in OPS]
+    if unknown or not ops:
+        raise ValueError(f"ops must be a non-empty subset of {OPS}, got {ops!r}")
+    tasks = [t for t in make_tasks(seed=seed) if t["op"] in ops]
     val: list[dict[str, Any]] = []
-    per_op = {op: 0 for op in OPS}
+    per_op = {op: 0 for op in ops}
     for task in tasks:
-        if len(val) < n_val and per_op[task["op"]] < -(-n_val // len(OPS)):
+        if len(val) < n_val and per_op[task["op"]] < -(-n_val // len(ops)):
             val.append(task)
             per_op[task["op"]] += 1
     val_ids = {t["id"] for t in val}
