@@ -261,3 +261,15 @@ def test_completions_with_several_prompts_index_choices_in_order(served, tiny_mo
     assert resp["choices"][0]["token_ids"] == resp["choices"][1]["token_ids"]  # greedy: same per prompt
     spans = sorted(served.spans(), key=lambda s: s.attributes[semconv.LLM_CHOICE_INDEX])
     assert [decode_int32(s.attributes[semconv.LLM_PROMPT_TOKEN_IDS]) for s in spans] == [resp["prompt_token_ids"][i // 2] for i in range(4)]
+
+
+def test_rollout_task_and_attempt_from_headers_and_path(served) -> None:
+    base = served.server.base_url
+    body = {"model": "tiny", "prompt": "3", "max_tokens": 1}
+    headers = {"x-spanrl-rollout-id": "r-h", "x-spanrl-task-id": "t-h", "x-spanrl-attempt": "3"}
+    assert httpx.post(f"{base}/v1/completions", json=body, headers=headers, timeout=30).status_code == 200
+    assert httpx.post(f"{base}/tasks/t-p/rollouts/r-p/attempts/2/v1/completions", json=body, headers=headers, timeout=30).status_code == 200
+    bad = httpx.post(f"{base}/rollouts/r-x/attempts/two/v1/completions", json=body, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "attempt"
+    keys = (semconv.ROLLOUT_ID, semconv.TASK_ID, semconv.ATTEMPT)
+    assert [tuple(s.attributes.get(k) for k in keys) for s in served.spans()] == [("r-h", "t-h", 3), ("r-p", "t-p", 2)]
