@@ -53,7 +53,10 @@ class Collector:
         cfg = self._config
         try:
             self._store = self._given_store if self._given_store is not None else SpanStore.open(
-                cfg.db_path, memory_limit=cfg.duckdb_memory_limit, checkpoint_threshold=cfg.duckdb_checkpoint_threshold
+                cfg.db_path,
+                memory_limit=cfg.duckdb_memory_limit,
+                checkpoint_threshold=cfg.duckdb_checkpoint_threshold,
+                threads=cfg.duckdb_threads,
             )
             self._writer = SpanWriter(self._store)
             self._batcher = Batcher(cfg.batcher, self._writer)

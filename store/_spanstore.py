@@ -57,12 +57,14 @@ class SpanStore:
         read_only: bool = False,
         memory_limit: str | None = None,
         checkpoint_threshold: str | None = None,
+        threads: int | None = None,
     ) -> "SpanStore":
         """Open (and, unless ``read_only``, create) the store at ``path``.
 
         ``memory_limit`` caps DuckDB's buffer memory (DuckDB syntax, e.g. ``"1GB"``; default: DuckDB's,
         80% of RAM). ``checkpoint_threshold``: WAL size that triggers a checkpoint (DuckDB's default
-        16MB; larger amortizes checkpoints over more spans, a restart replays more WAL). Raises
+        16MB; larger amortizes checkpoints over more spans, a restart replays more WAL). ``threads``:
+        DuckDB worker threads (default: one per core; 1 costs inserts less CPU, slows big queries). Raises
         `StoreBusyError` when another process holds the file, `StoreError` when a read-only open finds
         no file.
         """
@@ -72,11 +74,13 @@ class SpanStore:
         if not read_only and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         try:
-            config = {}
+            config: dict[str, str | int] = {}
             if memory_limit:
                 config["memory_limit"] = memory_limit
             if checkpoint_threshold and not read_only:
                 config["checkpoint_threshold"] = checkpoint_threshold
+            if threads is not None:
+                config["threads"] = threads
             con = duckdb.connect(path, read_only=read_only, config=config)
         except duckdb.IOException as exc:
             if _LOCK_MESSAGE in str(exc):

@@ -29,6 +29,7 @@ def test_defaults_validate_and_match_the_spec():
         ({"shutdown_timeout_s": 0}, "shutdown_timeout_s must be positive, got 0"),
         ({"duckdb_memory_limit": "lots"}, "duckdb_memory_limit must be a size such as '1GB' or '512MiB', got 'lots'"),
         ({"duckdb_checkpoint_threshold": "1 fortnight"}, "duckdb_checkpoint_threshold must be a size such as '1GB'"),
+        ({"duckdb_threads": 0}, "duckdb_threads must be None or at least 1, got 0"),
     ],
 )
 def test_bad_field_is_named(fields, message):
