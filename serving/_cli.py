@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from spanrl import env
+from spanrl.errors import SpanRLError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -50,5 +52,9 @@ def _serve(args: argparse.Namespace) -> int:
         record_content=not args.no_content,
         torch_threads=args.threads,
     )
-    PolicyServer(config).serve_forever()
+    try:
+        PolicyServer(config).serve_forever()
+    except SpanRLError as exc:  # a bad flag or model: say which, no traceback
+        print(f"spanrl serve: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -43,3 +43,10 @@ def test_spanrl_serve_answers_and_stops_on_sigterm(tiny_model_dir, tmp_path) -> 
         code = proc.wait(60)
         log.close()
     assert code == 0, (tmp_path / "serve.log").read_text()
+
+
+def test_spanrl_serve_bad_flag_says_which(tmp_path) -> None:
+    cmd = [sys.executable, "-m", "spanrl", "serve", "--model", str(tmp_path / "nothing"), "--otlp-endpoint", "none"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "is not a Hugging Face model folder" in done.stderr and "Traceback" not in done.stderr
