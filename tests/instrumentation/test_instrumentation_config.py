@@ -85,22 +85,36 @@ def test_resolved_values_follow_precedence(monkeypatch):
     assert InstrumentationConfig().resolved_headers() == {"authorization": "Bearer tok"}
     assert InstrumentationConfig(headers={"Authorization": "x"}).resolved_headers() == {"Authorization": "x"}
 
+class _EntryPoint:
+    """An entry point whose load() we control (no import, no global instrumentation in the test process)."""
+
+    def __init__(self, value: str, loaded: list[str]) -> None:
+        self.value = value
+        self.loaded = loaded
+
+    def load(self) -> type:
+        loaded = self.loaded
+        value = self.value
+
+        class Recorder:
+            def instrument(self, **kwargs: object) -> None:
+                loaded.append(value)
+
+        return Recorder
+
+
 def test_distro_loads_one_openai_instrumentor_only():
-    from importlib.metadata import EntryPoint
-
-    from opentelemetry import trace
-
     from spanrl.instrumentation.distro import SpanRLDistro
-    from spanrl.instrumentation.instrumentor import SpanRLInstrumentor
 
+    loaded: list[str] = []
     distro = SpanRLDistro()
-    # Not installed here: loading it would raise ModuleNotFoundError; the distro skips it instead.
-    distro.load_instrumentor(EntryPoint("openai_v2", "opentelemetry.instrumentation.openai_v2:OpenAIInstrumentor",
-                                        "opentelemetry_instrumentor"))
-    distro.load_instrumentor(EntryPoint("spanrl", "spanrl.instrumentation.instrumentor:SpanRLInstrumentor",
-                                        "opentelemetry_instrumentor"))
-    try:
-        assert SpanRLInstrumentor().is_instrumented_by_opentelemetry
-    finally:
-        SpanRLInstrumentor().uninstrument()
-    assert trace.get_tracer_provider() is not None
+    for value in (
+        "opentelemetry.instrumentation.openai_v2:OpenAIInstrumentor",  # skipped: OpenLLMetry is installed
+        "opentelemetry.instrumentation.openai:OpenAIInstrumentor",
+        "spanrl.instrumentation.instrumentor:SpanRLInstrumentor",
+    ):
+        distro.load_instrumentor(_EntryPoint(value, loaded), skip_dep_check=True)
+    assert loaded == [
+        "opentelemetry.instrumentation.openai:OpenAIInstrumentor",
+        "spanrl.instrumentation.instrumentor:SpanRLInstrumentor",
+    ]

@@ -14,6 +14,16 @@ from fake_openai import FakeOpenAI
 from spanrl.instrumentation import _openllmetry, semconv
 
 
+@pytest.fixture(autouse=True)
+def _restore_patch_state():
+    """Leave OpenLLMetry as the test found it (other tests in the process may rely on either state)."""
+    was_patched = hasattr(chat_wrappers.propagate_trace_context, "_spanrl_original")
+    yield
+    _openllmetry.unpatch()
+    if was_patched:
+        _openllmetry.patch()
+
+
 @pytest.fixture
 def wrapper(spans):
     """OpenLLMetry's chat wrapper on the test provider, called like the instrumented client calls it."""
