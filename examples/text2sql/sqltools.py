@@ -27,8 +27,8 @@ MAX_VM_STEPS = 2_000_000  # SQLite VM instructions before a query is aborted (ru
 _PROGRESS_EVERY_STEPS = 10_000
 _FLOAT_DIGITS = 6
 
-_FENCE = re.compile(r"```(?:sql|SQL)?\s*(.*?)```", re.DOTALL)
-_SQL_START = re.compile(r"\b(SELECT|WITH)\b", re.IGNORECASE)
+_FENCE = re.compile(r"```(?:sql|SQL)?\s*(.*?)(?:```|$)", re.DOTALL)  # an unclosed fence (truncated reply) too
+_SQL_START = re.compile(r"\bSELECT\b|\bWITH\s+\w+\s+AS\s*\(", re.IGNORECASE)  # not the prose word "with"
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,8 @@ def schema_text(db_path: Path = DB_PATH) -> str:
 
 
 def extract_sql(text: str) -> str:
-    """The SQL statement in a model's reply: a fenced block if any, else from the first SELECT/WITH,
-    cut at the first semicolon. Returns "" when there is none."""
+    """The SQL statement in a model's reply: a fenced block if any (closed or cut off), else from the
+    first SELECT (or ``WITH name AS (``), cut at the first semicolon. Returns "" when there is none."""
     fenced = _FENCE.search(text or "")
     body = fenced.group(1) if fenced else (text or "")
     start = _SQL_START.search(body)

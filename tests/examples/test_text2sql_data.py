@@ -122,6 +122,9 @@ def test_run_sql_interrupts_runaway_queries():
         ("Here it is: SELECT COUNT(*) FROM projects; thanks", "SELECT COUNT(*) FROM projects"),
         ("SELECT name FROM employees WHERE dept_id = 3", "SELECT name FROM employees WHERE dept_id = 3"),
         ("I do not know.", ""),
+        ("with a salary above 10:\n\n```sql\nSELECT name FROM employees WHERE salary > 10", "SELECT name FROM employees WHERE salary > 10"),
+        ("WITH t AS (SELECT 1) SELECT * FROM t;", "WITH t AS (SELECT 1) SELECT * FROM t"),
+        ("Use the employees table with care: SELECT name FROM employees", "SELECT name FROM employees"),
     ],
 )
 def test_extract_sql(reply, sql):
