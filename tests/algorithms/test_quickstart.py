@@ -117,3 +117,12 @@ def test_trainer_trains_and_deploys_through_the_pipeline(tmp_path):
     assert "val_success" in step and 0.0 <= step["val_success"] <= 1.0
     tokens = set(VOCAB) | set(ROLE_WORDS.values()) | {CALL_OPEN, CALL_CLOSE}
     assert isinstance(answer, str) and set(answer.split()) <= tokens  # the tiny policy's own words
+
+
+@pytest.mark.parametrize(("name", "cls"), [("grpo", "GRPO"), ("PPO", "PPO"), ("dpo", "DPO"), ("sft", "SFT")])
+def test_trainer_maps_algorithm_names_and_learning_rate(tmp_path, name, cls):
+    trainer = Trainer(model=tmp_path, env_class=ArithEnv, reward_class=ArithReward, tasks=make_tasks(8), algorithm=name,
+                      learning_rate=2e-4, batch_size=8, n_rollouts=4, output_dir=tmp_path / "run")
+    algorithm = trainer.trainer.algorithm
+    assert type(algorithm).__name__ == cls and algorithm.config.learning_rate == 2e-4
+    assert trainer.trainer.config.tasks_per_step == 2 and trainer.trainer.config.n_rollouts == 4
