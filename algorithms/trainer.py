@@ -527,10 +527,12 @@ class Trainer:
                 progress.advance(bar)
 
         started = time.time()
+        version = self._policy_version()
         results = self._runner.run(jobs, id_prefix=prefix, llm_url=llm_url, model=SERVED_MODEL_NAME, sampling=sampling, mode=mode, on_result=on_result)
         with log_path.open("a") as log:
             for r in results:
-                log.write(json.dumps({**dataclasses.asdict(r), "step": self.step, "time": started}) + "\n")
+                row = {**dataclasses.asdict(r), "step": self.step, "policy_version": version, "time": started}
+                log.write(json.dumps(row) + "\n")
         if progress is not None:
             progress.remove_task(bar)
         return results
