@@ -34,8 +34,8 @@ def test_demo_grpo_rises_above_the_sft_warm_start(tmp_path: Path) -> None:
     with SpanStore.open(result.db_path, read_only=True) as store:
         rows = store.sql("SELECT mode, count(*) AS n FROM rollouts GROUP BY mode").to_pylist()
         modes = {r["mode"]: r["n"] for r in rows}
-        assert modes["train"] == 800 + 16 * 16 * 8  # demonstrations + GRPO rollouts (none failed, none retried)
-        assert modes["val"] == 3 * 100  # after SFT, after step 8, after step 16
+        assert modes["train"] >= 800 + 16 * 16 * 8  # demonstrations + GRPO rollouts (+ any retried attempt)
+        assert modes["val"] >= 3 * 100  # after SFT, after step 8, after step 16
         versions = store.sql(
             "SELECT max(policy_version) AS v FROM spans WHERE completion_token_ids IS NOT NULL"
         ).to_pylist()[0]["v"]
