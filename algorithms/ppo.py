@@ -250,6 +250,11 @@ class PPO(Algorithm):
         data = pad_transitions(transitions, pad_token_id=self.tokenizer.pad_token_id)
         return state_values(self.critic, data).tolist()
 
+    def value_map(self, batch: TransitionBatch) -> dict[tuple[str, int], float]:
+        """:meth:`values` keyed ``(rollout_id, step)``, as ``load_transitions(values=...)`` takes them for gae."""
+        transitions = transitions_of(batch)
+        return {(t.rollout_id, t.step): v for t, v in zip(transitions, self.values(transitions))}
+
     def update(self, batch: TransitionBatch) -> dict[str, float]:
         """``num_iterations`` epochs of clipped PPO steps over shuffled mini-batches."""
         self._require_setup()

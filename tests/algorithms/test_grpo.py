@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from toy_task import batch_of, build_model, rollouts, success_rate
+from toy_task import batch_of, build_model, rollouts, success_rate, one_torch_thread  # noqa: F401 (autouse fixture)
 
 from spanrl.algorithms.grpo import GRPO, GRPOConfig
 from spanrl.algorithms.lora import LoRAConfig

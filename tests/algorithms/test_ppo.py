@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from toy_task import batch_of, build_model, rollouts, success_rate
+from toy_task import batch_of, build_model, rollouts, success_rate, one_torch_thread  # noqa: F401 (autouse fixture)
 
 from spanrl.algorithms.ppo import PPO, PPOConfig
 from spanrl.errors import ConfigError, TrainingError
@@ -66,6 +66,7 @@ def test_critic_starts_at_zero_and_learns_the_return(model_path: Path, tmp_path:
     for t in batch:
         t.reward = 1.0  # every state is worth 1
     assert algo.values(batch_of(batch)) == pytest.approx([0.0] * len(batch))
+    assert algo.value_map(batch) == {(t.rollout_id, t.step): pytest.approx(0.0) for t in batch}
     losses = [algo.update(_with_gae(algo, copy.deepcopy(batch)))["losses/value_loss"] for _ in range(15)]
     assert losses[-1] < 0.2 * losses[0], losses
     assert sum(algo.values(batch_of(batch))) / len(batch) == pytest.approx(1.0, abs=0.3)
