@@ -273,7 +273,6 @@ class Trainer:
         self._reporter: _Reporter | None = None
         self._run_tag = uuid.uuid4().hex[:8]  # rollout ids stay unique across runs sharing one store
         self._started = False
-        self._deployed: Any = None
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> Trainer:
