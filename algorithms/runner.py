@@ -466,7 +466,10 @@ class RolloutRunner:
                 )
                 start = time.monotonic()
                 async with slots:
-                    status, error = await self._agent.run(spec, self.config.rollout_timeout_s)
+                    try:
+                        status, error = await self._agent.run(spec, self.config.rollout_timeout_s)
+                    except Exception as exc:  # e.g. the agent could not be started, or wrote garbage
+                        status, error = STATUS_CRASHED, f"could not run the agent: {type(exc).__name__}: {exc}"
                 if status == STATUS_OK and not await waiter.wait(rollout_id, self.config.span_timeout_s):
                     status, error = STATUS_NO_REWARD, f"no reward stored within {self.config.span_timeout_s:g} s"
                 result = RolloutResult(rollout_id, job.task_id, attempt, mode, status, time.monotonic() - start, error)

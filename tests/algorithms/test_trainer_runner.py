@@ -153,3 +153,14 @@ def test_runner_config_rejects_bad_values() -> None:
         RunnerConfig(workers=-2).validate()
     with pytest.raises(ConfigError, match="agent must be a callable or a command line, got int"):
         RolloutRunner(3, config=RunnerConfig(), ready=lambda ids, since_ns: set())  # type: ignore[arg-type]
+
+
+def test_agent_that_cannot_start_is_recorded_not_raised(collector: Any, tmp_path: Path) -> None:
+    config = RunnerConfig(max_attempts=2, instrument=False, require_token_spans=False)
+    runner = RolloutRunner([str(tmp_path / "no-such-agent")], config=config, ready=_ready_fn(collector.store))
+    try:
+        results = runner.run([RolloutJob("t", {})], id_prefix="n-", llm_url="http://x", model="m", sampling={})
+    finally:
+        runner.close()
+    assert [(r.attempt, r.status) for r in results] == [(1, "crashed"), (2, "crashed")]
+    assert "could not run the agent: FileNotFoundError" in (results[0].error or "")
