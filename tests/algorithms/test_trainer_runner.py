@@ -88,7 +88,7 @@ def test_failed_rollouts_are_recorded_and_retried(collector: Any, tmp_path: Path
     script = tmp_path / "flaky_agent.py"
     script.write_text(_FLAKY_AGENT)
     config = RunnerConfig(
-        max_concurrency=4, rollout_timeout_s=4.0, span_timeout_s=2.0, max_attempts=2, instrument=False, require_token_spans=False
+        max_concurrency=4, rollout_timeout_s=8.0, span_timeout_s=3.0, max_attempts=2, instrument=False, require_token_spans=False
     )
     runner = RolloutRunner([sys.executable, str(script)], config=config, ready=_ready_fn(collector.store), otel_env=_otel_env(collector))
     jobs = [RolloutJob(kind, {"kind": kind}) for kind in ("ok", "crash_first", "hang", "no_reward")]
@@ -110,7 +110,7 @@ def test_failed_rollouts_are_recorded_and_retried(collector: Any, tmp_path: Path
     crash = next(r for r in results if r.status == "crashed")
     assert "exited with code 3" in (crash.error or "") and "boom: first attempt" in (crash.error or "")
     assert sorted(r.rollout_id for r in results if r.task_id == "crash_first") == ["f-1-a1", "f-1-a2"]  # fresh id per attempt
-    assert elapsed < 4.0 * 2 + 20  # the hung agent was killed at its timeout, twice, not waited for
+    assert elapsed < 8.0 * 2 + 30  # the hung agent was killed at its timeout, twice, not waited for (120 s)
 
 
 def test_hung_worker_is_killed_and_replaced(collector: Any, tmp_path: Path) -> None:
@@ -132,7 +132,7 @@ def test_hung_worker_is_killed_and_replaced(collector: Any, tmp_path: Path) -> N
             """
         )
     )
-    config = RunnerConfig(workers=1, rollout_timeout_s=3.0, span_timeout_s=5.0, max_attempts=2, instrument=False, require_token_spans=False)
+    config = RunnerConfig(workers=1, rollout_timeout_s=8.0, span_timeout_s=5.0, max_attempts=2, instrument=False, require_token_spans=False)
     runner = RolloutRunner([sys.executable, str(script)], config=config, ready=_ready_fn(collector.store), otel_env=_otel_env(collector))
     try:
         results = runner.run(
