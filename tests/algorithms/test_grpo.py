@@ -10,7 +10,7 @@ import pytest
 import torch
 from toy_task import batch_of, build_model, rollouts, success_rate, one_torch_thread  # noqa: F401 (autouse fixture)
 
-from spanrl.algorithms.grpo import GRPO, GRPOConfig
+from spanrl.algorithms.grpo import GRPO, LOSS_TYPES, GRPOConfig
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.errors import ConfigError, TrainingError
 
@@ -176,3 +176,15 @@ def test_report_to_tensorboard_writes_the_metrics(model_path: Path, tmp_path: Pa
     assert events and any(b"losses/policy_loss" in e.read_bytes() for e in events)
     with pytest.raises(ConfigError, match="report_to entries must be one of"):
         GRPO().setup(model_path=model_path, output_dir=tmp_path / "x", report_to=["mlflow"])
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_every_trl_loss_type_updates_the_policy(model_path: Path, tmp_path: Path, loss_type: str) -> None:
+    algo = _setup(model_path, tmp_path, loss_type=loss_type)
+    before = torch.cat([p.detach().flatten().clone() for p in algo.model.parameters()])
+    batch = _batch(algo, seed=10, group=4)
+    for i, t in enumerate(batch.transitions):
+        t.advantage = 1.0 if i % 2 else -1.0
+    metrics = algo.update(batch)
+    assert all(v == v for v in metrics.values()), metrics  # no NaN
+    assert not torch.equal(before, torch.cat([p.detach().flatten() for p in algo.model.parameters()]))
