@@ -38,6 +38,7 @@ from spanrl.algorithms.base import (
     seed_everything,
     set_rng_state,
     transitions_of,
+    without_train_start_gc,
 )
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.errors import ConfigError, TrainingError
@@ -219,6 +220,7 @@ class DPO(Algorithm):
             optimizers=(self.optimizer, torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)),
         )
         trainer.remove_callback(PrinterCallback)
+        without_train_start_gc(trainer)
         result = trainer.train()
         set_rng_state(rng)
         logs = [h for h in trainer.state.log_history if "loss" in h]

@@ -36,6 +36,7 @@ from spanrl.algorithms.base import (
     seed_everything,
     set_rng_state,
     transitions_of,
+    without_train_start_gc,
 )
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.errors import ConfigError, TrainingError
@@ -189,6 +190,7 @@ class SFT(Algorithm):
             optimizers=(self.optimizer, torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)),
         )
         trainer.remove_callback(PrinterCallback)  # metrics go to the caller and report_to, not stdout
+        without_train_start_gc(trainer)
         result = trainer.train()
         set_rng_state(rng)
         norms = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
