@@ -630,12 +630,15 @@ class _InProcessTracing:
     The OTel provider is process-global and set once, but a process may run several Trainers (each with
     its own collector). So one batch processor is added to the global SDK provider (created if there is
     none) and its exporter forwards to whichever collector :meth:`point_at` names; None drops spans.
-    The OpenAI client is instrumented once (OpenLLMetry), as ``opentelemetry-instrument`` would.
+    The OpenAI client is instrumented (OpenLLMetry) while a Trainer points here, as
+    ``opentelemetry-instrument`` would, and uninstrumented again by ``point_at(None)`` when the Trainer
+    closes, so the process is left as it was found (a client the user instrumented stays instrumented).
     """
 
     _lock = threading.Lock()
     _exporter: Any = None  # the collector's OTLP exporter now, or None
     _installed = False
+    _we_instrumented_openai = False
 
     @classmethod
     def point_at(cls, endpoint: str | None) -> None:
@@ -667,18 +670,29 @@ class _InProcessTracing:
                 provider.add_span_processor(processor)  # type: ignore[attr-defined]
                 cls._processor = processor
                 cls._installed = True
-                try:
-                    from opentelemetry.instrumentation.openai import OpenAIInstrumentor
-
-                    if not OpenAIInstrumentor().is_instrumented_by_opentelemetry:
-                        OpenAIInstrumentor().instrument()
-                except ImportError:  # pragma: no cover - the train extra installs it
-                    _logger.warning("opentelemetry-instrumentation-openai is missing: agent LLM calls are not traced")
             else:
                 cls._processor.force_flush()  # what the previous run's agents produced goes to its collector
+            cls._instrument_openai(endpoint is not None)
             old, cls._exporter = cls._exporter, (FastOTLPSpanExporter(endpoint=endpoint, insecure=True) if endpoint else None)
             if old is not None:
                 old.shutdown()
+
+    @classmethod
+    def _instrument_openai(cls, on: bool) -> None:
+        try:
+            from opentelemetry.instrumentation.openai import OpenAIInstrumentor
+        except ImportError:  # pragma: no cover - the train extra installs it
+            _logger.warning("opentelemetry-instrumentation-openai is missing: agent LLM calls are not traced")
+            return
+        instrumentor = OpenAIInstrumentor()
+        if on and not instrumentor.is_instrumented_by_opentelemetry:
+            instrumentor.instrument()
+            cls._we_instrumented_openai = True
+        elif not on and cls._we_instrumented_openai:
+            from spanrl.instrumentation._openllmetry import uninstrument_openai
+
+            uninstrument_openai()
+            cls._we_instrumented_openai = False
 
 
 class _NoProgress:

@@ -149,3 +149,36 @@ def unpatch() -> None:
             original = getattr(current, _MARK, None)
             if original is not None:
                 setattr(module, attr, original)
+
+
+# What OpenLLMetry 0.62 wraps, as (module, "Class.method"): its own _uninstrument() passes these to
+# OpenTelemetry's unwrap(), which splits the *module* path at its last dot and then looks up the dotted
+# "Class.method" as one attribute, so nothing is unwrapped and a later instrument() wraps twice.
+_OPENAI_WRAPPED = (
+    ("openai.resources.chat.completions", "Completions.create"),
+    ("openai.resources.chat.completions", "AsyncCompletions.create"),
+    ("openai.resources.completions", "Completions.create"),
+    ("openai.resources.completions", "AsyncCompletions.create"),
+    ("openai.resources.embeddings", "Embeddings.create"),
+    ("openai.resources.embeddings", "AsyncEmbeddings.create"),
+    ("openai.resources.images", "Images.generate"),
+    ("openai.resources.beta.chat.completions", "Completions.parse"),
+    ("openai.resources.beta.chat.completions", "AsyncCompletions.parse"),
+    ("openai.resources.responses", "Responses.create"),
+    ("openai.resources.responses", "AsyncResponses.create"),
+)
+
+
+def uninstrument_openai() -> None:
+    """``OpenAIInstrumentor().uninstrument()`` that really removes OpenLLMetry's wrappers."""
+    from opentelemetry.instrumentation.openai import OpenAIInstrumentor
+    from wrapt import BaseObjectProxy
+
+    OpenAIInstrumentor().uninstrument()
+    for module_name, dotted in _OPENAI_WRAPPED:
+        module = sys.modules.get(module_name)
+        class_name, method = dotted.split(".")
+        owner = getattr(module, class_name, None) if module is not None else None
+        func = vars(owner).get(method) if owner is not None else None
+        if isinstance(func, BaseObjectProxy) and hasattr(func, "__wrapped__"):
+            setattr(owner, method, func.__wrapped__)
