@@ -75,7 +75,8 @@ def run(cfg: SmolRunConfig) -> dict[str, Any]:
     val = _tasks("val", cfg.n_val, cfg.seed + 1, cfg, max_difficulty=3)
     trainer = Trainer(
         model=model, agent=[sys.executable, str(AGENT_FILE)], tasks=train, val_tasks=val,
-        algorithm=GRPO(learning_rate=cfg.learning_rate, max_completion_length=cfg.max_tokens),
+        # micro-batches of 2: the (B, T, 49k-vocab) logits of a full batch ran the 24 GiB machine out of memory
+        algorithm=GRPO(learning_rate=cfg.learning_rate, max_completion_length=cfg.max_tokens, micro_batch_size=2),
         credit=LightningRL(mode="identical", baseline="grpo"),
         config=TrainerConfig(
             output_dir=cfg.output_dir, n_rollouts=cfg.group, tasks_per_step=cfg.tasks_per_step, max_steps=cfg.steps,
