@@ -5,11 +5,13 @@ An agent is either a Python callable ``agent(task, llm)`` (sync or async; runs i
 language, started with the rollout's environment:
 
     SPANRL_ROLLOUT_ID, SPANRL_TASK_ID, SPANRL_TASK (JSON), SPANRL_ATTEMPT, SPANRL_MODE, SPANRL_MODEL,
-    SPANRL_SAMPLING (JSON), OPENAI_BASE_URL=<llm>/rollouts/<rollout_id>/v1, OPENAI_API_KEY, OTEL_*
+    SPANRL_SAMPLING (JSON), OPENAI_BASE_URL=<llm>/rollouts/<rollout_id>/v1, OPENAI_API_KEY, OTEL_*,
+    and SPANRL_PROMPT_TEMPLATE when the trainer gives the agent a prompt template (APO)
 
 A command runs once per rollout, or (``workers=N``) as N long-lived workers speaking the *jsonl worker
 protocol*: the runner sets ``SPANRL_AGENT_PROTOCOL=jsonl``, writes one JSON object per rollout on the
-worker's stdin (keys ``rollout_id task_id task attempt mode base_url model sampling``) and waits for a
+worker's stdin (keys ``rollout_id task_id task attempt mode base_url model sampling prompt_template``,
+the last one null without a template) and waits for a
 stdout line ``{"spanrl_done": "<rollout_id>"}`` (an ``"error"`` key marks a failed rollout). Other
 stdout lines are ignored. This saves the interpreter and instrumentation start-up of every rollout.
 
@@ -106,6 +108,9 @@ class LLMEndpoint:
     api_key: str = "spanrl"
     sampling: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Sampling parameters the trainer asks for, e.g. ``{"temperature": 1.0, "max_tokens": 8}``."""
+    prompt_template: str | None = None
+    """The prompt template the agent should use (``str.format`` fields filled from the task), or None
+    for its own; set by the Trainer (``prompt_template=``, and each candidate APO scores)."""
 
     def client(self) -> Any:
         """An ``openai.OpenAI`` client for this endpoint."""
@@ -140,6 +145,7 @@ class RolloutSpec:
     base_url: str
     model: str
     sampling: dict[str, Any]
+    prompt_template: str | None = None
 
     def message(self) -> dict[str, Any]:
         """The jsonl worker protocol's request line."""
@@ -157,6 +163,7 @@ class RolloutSpec:
             env.SPANRL_SAMPLING: json.dumps(self.sampling),
             "OPENAI_BASE_URL": self.base_url,
             "OPENAI_API_KEY": "spanrl",
+            **({env.SPANRL_PROMPT_TEMPLATE: self.prompt_template} if self.prompt_template is not None else {}),
         }
 
 
@@ -194,7 +201,9 @@ class _CallableAgent:
             emit_reward(float(value))
 
     async def run(self, spec: RolloutSpec, timeout_s: float) -> tuple[str, str | None]:
-        llm = LLMEndpoint(base_url=spec.base_url, model=spec.model, sampling=dict(spec.sampling))
+        llm = LLMEndpoint(
+            base_url=spec.base_url, model=spec.model, sampling=dict(spec.sampling), prompt_template=spec.prompt_template
+        )
         try:
             if inspect.iscoroutinefunction(self.fn):
 
@@ -419,13 +428,18 @@ class RolloutRunner:
         sampling: dict[str, Any],
         mode: str = "train",
         on_result: Callable[[RolloutResult], None] | None = None,
+        prompt_template: str | None = None,
     ) -> list[RolloutResult]:
         """Run every job (retrying failures); return every attempt's result, in completion order.
 
         Rollout ids are ``{id_prefix}{index}-a{attempt}``; each talks to ``{llm_url}/rollouts/{id}/v1``.
+        ``prompt_template`` reaches the agent (``llm.prompt_template`` / ``SPANRL_PROMPT_TEMPLATE``).
         """
         return self._loop.run_until_complete(
-            self._run(jobs, id_prefix=id_prefix, llm_url=llm_url, model=model, sampling=sampling, mode=mode, on_result=on_result)
+            self._run(
+                jobs, id_prefix=id_prefix, llm_url=llm_url, model=model, sampling=sampling, mode=mode,
+                on_result=on_result, prompt_template=prompt_template,
+            )
         )
 
     def close(self) -> None:
@@ -445,6 +459,7 @@ class RolloutRunner:
         sampling: dict[str, Any],
         mode: str,
         on_result: Callable[[RolloutResult], None] | None,
+        prompt_template: str | None = None,
     ) -> list[RolloutResult]:
         results: list[RolloutResult] = []
         slots = asyncio.Semaphore(self.config.max_concurrency)
@@ -463,6 +478,7 @@ class RolloutRunner:
                     base_url=f"{root}/rollouts/{rollout_id}/v1",
                     model=model,
                     sampling=dict(sampling),
+                    prompt_template=prompt_template,
                 )
                 start = time.monotonic()
                 async with slots:

@@ -39,6 +39,12 @@ SPANRL_SAMPLING = "SPANRL_SAMPLING"
 """Sampling parameters the trainer asks the agent to use, as JSON, e.g. ``{"temperature": 1.0}``
 (temperature 0 for held-out evaluation)."""
 
+SPANRL_PROMPT_TEMPLATE = "SPANRL_PROMPT_TEMPLATE"
+"""The prompt template the trainer asks the agent to use (a ``str.format`` template whose fields the
+agent fills from its task), set only when the Trainer has one: ``Trainer(prompt_template=...)`` and
+every candidate APO scores. Unset: the agent uses its own prompt. Callable agents get it as
+``llm.prompt_template``; jsonl workers as the request's ``prompt_template`` key."""
+
 SPANRL_AGENT_PROTOCOL = "SPANRL_AGENT_PROTOCOL"
 """``jsonl`` when the trainer runs the agent as a long-lived worker: one rollout per stdin line (JSON:
 ``rollout_id task_id task attempt mode base_url model sampling``), answered by a stdout line
