@@ -630,15 +630,17 @@ class _InProcessTracing:
     The OTel provider is process-global and set once, but a process may run several Trainers (each with
     its own collector). So one batch processor is added to the global SDK provider (created if there is
     none) and its exporter forwards to whichever collector :meth:`point_at` names; None drops spans.
-    The OpenAI client is instrumented (OpenLLMetry) while a Trainer points here, as
-    ``opentelemetry-instrument`` would, and uninstrumented again by ``point_at(None)`` when the Trainer
-    closes, so the process is left as it was found (a client the user instrumented stays instrumented).
+    The OpenAI client is instrumented (OpenLLMetry, then the ``spanrl`` instrumentor's adjustments: the
+    rollout ``baggage`` header and the speedups) while a Trainer points here, as ``opentelemetry-instrument``
+    would, and both are uninstrumented again by ``point_at(None)`` when the Trainer closes, so the process
+    is left as it was found (an instrumentor the user turned on stays on).
     """
 
     _lock = threading.Lock()
     _exporter: Any = None  # the collector's OTLP exporter now, or None
     _installed = False
     _we_instrumented_openai = False
+    _we_instrumented_spanrl = False
 
     @classmethod
     def point_at(cls, endpoint: str | None) -> None:
@@ -684,11 +686,21 @@ class _InProcessTracing:
         except ImportError:  # pragma: no cover - the train extra installs it
             _logger.warning("opentelemetry-instrumentation-openai is missing: agent LLM calls are not traced")
             return
-        instrumentor = OpenAIInstrumentor()
-        if on and not instrumentor.is_instrumented_by_opentelemetry:
-            instrumentor.instrument()
-            cls._we_instrumented_openai = True
-        elif not on and cls._we_instrumented_openai:
+        from spanrl.instrumentation.instrumentor import SpanRLInstrumentor
+
+        instrumentor, spanrl_instrumentor = OpenAIInstrumentor(), SpanRLInstrumentor()
+        if on:
+            if not instrumentor.is_instrumented_by_opentelemetry:
+                instrumentor.instrument()
+                cls._we_instrumented_openai = True
+            if not spanrl_instrumentor.is_instrumented_by_opentelemetry:  # after OpenLLMetry: it adjusts it
+                spanrl_instrumentor.instrument()
+                cls._we_instrumented_spanrl = True
+            return
+        if cls._we_instrumented_spanrl:
+            spanrl_instrumentor.uninstrument()
+            cls._we_instrumented_spanrl = False
+        if cls._we_instrumented_openai:
             from spanrl.instrumentation._openllmetry import uninstrument_openai
 
             uninstrument_openai()
