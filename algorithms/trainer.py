@@ -406,13 +406,16 @@ class Trainer:
             row["reward_mean"] = sum(rewards) / len(rewards) if rewards else None
             transitions = list(batch.transitions)
             row["transitions"] = len(transitions)
+            row["transitions_report"] = dict(batch.report)
+            if transitions:
+                row["advantage_mean"] = sum(t.advantage for t in transitions) / len(transitions)
             if transitions:
                 for _ in range(cfg.updates_per_step):
                     if cfg.minibatch_size and cfg.minibatch_size < len(transitions):
                         metrics = self.algorithm.update(sampler.sample(transitions, cfg.minibatch_size))
                     else:
                         metrics = self.algorithm.update(batch)
-                row["policy_version"] = self.server.reload(self.algorithm.model)
+                row["policy_version"] = self.server.reload(self._policy_weights())
             else:
                 _logger.warning("step %d: %d rollouts gave no transitions; no update", step, len(ok_ids))
         else:
@@ -561,12 +564,33 @@ class Trainer:
         return dict(zip(table.column("rollout_id").to_pylist(), table.column("final_reward").to_pylist()))
 
     def _transitions(self, rollout_ids: Sequence[str]) -> Any:
+        """The rollouts' transitions with advantages from ``credit``; for an algorithm with a critic
+        (``needs_values``, e.g. PPO) two passes: the critic values the states of the first, then GAE with
+        the algorithm's ``gamma``/``lam`` gives raw (unwhitened) advantages; the credit's selection rules
+        (``reward_name``, ``missing_reward``, ...) are kept."""
         from spanrl.algorithms.transitions import load_transitions
 
-        kwargs: dict[str, Any] = {"credit": self.credit, "rollout_ids": list(rollout_ids), "tokenizer": self.algorithm.tokenizer}
+        kwargs: dict[str, Any] = {"rollout_ids": list(rollout_ids), "tokenizer": self.algorithm.tokenizer}
         if self.config.agent_name:
             kwargs["agents"] = [self.config.agent_name]
-        return load_transitions(self.collector.store, **kwargs)
+        if not getattr(self.algorithm, "needs_values", False):
+            return load_transitions(self.collector.store, credit=self.credit, **kwargs)
+        states = load_transitions(
+            self.collector.store, credit=dataclasses.replace(self.credit, mode="identical", baseline="none"), **kwargs
+        )
+        if not len(states):
+            return states
+        algo_cfg = self.algorithm.config
+        # unwhitened: the algorithm's value target is advantages + V(s) (PPO whitens per mini-batch itself)
+        gae = dataclasses.replace(
+            self.credit, mode="gae", gamma=algo_cfg.gamma, lam=algo_cfg.lam, baseline="none", scale_std=False
+        )
+        return load_transitions(self.collector.store, credit=gae, values=self.algorithm.value_map(states), **kwargs)
+
+    def _policy_weights(self) -> Any:
+        """What the server reloads: plain-keyed weights (a LoRA adapter merged), else the model itself."""
+        weights = getattr(self.algorithm, "policy_weights", None)
+        return weights() if callable(weights) else self.algorithm.model
 
     def _policy_version(self) -> int | None:
         return getattr(self.server, "version", None)
