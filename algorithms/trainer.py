@@ -10,6 +10,13 @@
     trainer.train()
     client = trainer.deploy()                 # an openai.OpenAI client on the trained model
 
+Prompt optimisation instead of weight updates: ``Trainer(algorithm=APO(critic_base_url=...),
+prompt_template="Solve: {question}", ...)``; ``train()`` runs ``APO.optimize`` with a score that runs
+``n_rollouts`` rollouts of the same ``tasks_per_step`` tasks (sampled once) with each candidate template
+(mean final reward, a failed rollout counting 0), writes ``apo_result.json`` and keeps the best template
+in ``trainer.prompt_template`` for later rollouts. The template reaches the agent as ``llm.prompt_template``
+(callable agents) or ``SPANRL_PROMPT_TEMPLATE`` (commands); any Trainer can pass a fixed one.
+
 Embedded: the Trainer starts the collector (DuckDB at ``output_dir/spans.duckdb``) and the policy
 server itself. Each step samples ``tasks_per_step`` tasks, runs ``n_rollouts`` rollouts of each through
 the :class:`~spanrl.algorithms.runner.RolloutRunner` (bounded, retried, waited for until their spans are
@@ -50,6 +57,7 @@ CONFIG_FILE = "config.json"
 HISTORY_FILE = "history.jsonl"
 ROLLOUTS_FILE = "rollouts.jsonl"
 CURVE_FILE = "reward_curve.png"
+APO_RESULT_FILE = "apo_result.json"
 DB_FILE = "spans.duckdb"
 SERVED_MODEL_NAME = "policy"
 _REPORTERS = ("none", "tensorboard", "wandb")
@@ -224,9 +232,14 @@ class Trainer:
         report_to: str | Sequence[str] | None = None,
         seed: int | None = None,
         resume: bool | None = None,
+        prompt_template: str | None = None,
         config: TrainerConfig | None = None,
     ) -> None:
-        """Keyword arguments override the same fields of ``config`` (a :class:`TrainerConfig`)."""
+        """Keyword arguments override the same fields of ``config`` (a :class:`TrainerConfig`).
+
+        ``prompt_template`` is given to every rollout's agent (``llm.prompt_template`` /
+        ``SPANRL_PROMPT_TEMPLATE``); with ``algorithm=APO(...)`` it is the template optimisation starts from.
+        """
         cfg = dataclasses.replace(config) if config is not None else TrainerConfig()
         for name, value in (
             ("n_rollouts", n_rollouts),
@@ -246,9 +259,18 @@ class Trainer:
             raise ConfigError("tasks must hold at least one task")
         if cfg.tasks_per_step > len(tasks):
             raise ConfigError(f"tasks_per_step ({cfg.tasks_per_step}) is larger than the number of tasks ({len(tasks)})")
-        for name in ("setup", "update", "save", "load_state"):
-            if not callable(getattr(algorithm, name, None)):
-                raise ConfigError(f"algorithm must be an Algorithm (GRPO(...), SFT(...), ...); it has no {name}()")
+        self._optimizes_prompt = callable(getattr(algorithm, "optimize", None)) and not callable(getattr(algorithm, "update", None))
+        if prompt_template is not None and not isinstance(prompt_template, str):
+            raise ConfigError(f"prompt_template must be a string, got {type(prompt_template).__name__}")
+        if self._optimizes_prompt:
+            if not prompt_template:
+                raise ConfigError("prompt_template must be the initial template when the algorithm is APO, got None")
+            if cfg.resume:
+                raise ConfigError("resume must be False with APO: prompt optimisation keeps no checkpoints")
+        else:
+            for name in ("setup", "update", "save", "load_state"):
+                if not callable(getattr(algorithm, name, None)):
+                    raise ConfigError(f"algorithm must be an Algorithm (GRPO(...), SFT(...), APO(...), ...); it has no {name}()")
         algo_temperature = getattr(getattr(algorithm, "config", None), "temperature", None)
         if isinstance(algo_temperature, (int, float)) and cfg.temperature > 0 and algo_temperature != cfg.temperature:
             raise ConfigError(
@@ -262,6 +284,10 @@ class Trainer:
         self._task_jobs = _jobs(self.tasks)
         self._val_jobs = _jobs(self.val_tasks)
         self.algorithm = algorithm
+        self.prompt_template = prompt_template
+        """The template every rollout's agent is given (None: its own prompt); APO's best after ``train()``."""
+        self.apo_result: Any = None
+        """The :class:`~spanrl.algorithms.apo.APOResult` of the last APO ``train()``."""
         self.credit = credit if credit is not None else LightningRL()
         self.output_dir = Path(cfg.output_dir)
         self.db_path = Path(cfg.db_path) if cfg.db_path else self.output_dir / DB_FILE
@@ -292,9 +318,10 @@ class Trainer:
         self.collector = Collector(CollectorConfig(db_path=str(self.db_path), host="127.0.0.1", grpc_port=0, http_port=0))
         self.collector.start()
         try:
-            self.algorithm.setup(
-                model_path=self.model_path, output_dir=self.output_dir, seed=cfg.seed, report_to=list(cfg.report_to)
-            )
+            if not self._optimizes_prompt:
+                self.algorithm.setup(
+                    model_path=self.model_path, output_dir=self.output_dir, seed=cfg.seed, report_to=list(cfg.report_to)
+                )
             serve_from = self.model_path
             checkpoint = self.latest_checkpoint() if cfg.resume else None
             if checkpoint is not None:
@@ -363,7 +390,9 @@ class Trainer:
                 steps_bar = progress.add_task("steps", total=cfg.max_steps, completed=self.step) if progress else None
                 if cfg.eval_at_start and self.val_tasks and self.step == 0:
                     self._record({"step": 0, "val_success": self.evaluate(progress=progress)})
-                while self.step < cfg.max_steps:
+                if self._optimizes_prompt:
+                    self._optimize_prompt(progress)
+                while not self._optimizes_prompt and self.step < cfg.max_steps:
                     row = self._train_step(progress)
                     last = self.step == cfg.max_steps
                     if self.val_tasks and (last or (cfg.eval_every and self.step % cfg.eval_every == 0)):
@@ -425,6 +454,47 @@ class Trainer:
         row["time/step_s"] = time.perf_counter() - started
         self.step = step
         return row
+
+    def _optimize_prompt(self, progress: Any) -> None:
+        """APO: beam search over templates, each scored by rollouts on one fixed sample of tasks."""
+        from spanrl.algorithms.apo import Evaluation
+
+        cfg = self.config
+        chosen = random.Random(cfg.seed).sample(self._task_jobs, cfg.tasks_per_step)
+        jobs = [job for job in chosen for _ in range(cfg.n_rollouts)]
+        tasks = {job.task_id: job.task for job in chosen}
+        sampling: dict[str, Any] = {"temperature": cfg.temperature}
+        if cfg.max_tokens is not None:
+            sampling["max_tokens"] = cfg.max_tokens
+
+        def score(template: str) -> Evaluation:
+            started = time.perf_counter()
+            step = self.step + 1
+            results = self._run(
+                jobs, prefix=f"{self._run_tag}-p{step}-", sampling=sampling, mode="train", progress=progress, template=template
+            )
+            ok = [r for r in results if r.ok]
+            rewards = self._final_rewards([r.rollout_id for r in ok])
+            outcomes = sorted((rewards.get(r.rollout_id) or 0.0, r.task_id) for r in ok)
+            mean = sum(reward for reward, _ in outcomes) / len(jobs)  # a rollout that never succeeded counts 0
+            self.step = step
+            self._record({
+                "step": step, "rollouts_ok": len(ok), "rollouts_failed": sum(not r.ok for r in results),
+                "reward_mean": mean, "prompt_template": template, "time/step_s": time.perf_counter() - started,
+            })
+            examples = [f"task {json.dumps(tasks[task_id])[:200]} -> reward {reward:g}" for reward, task_id in outcomes]
+            return Evaluation(score=mean, examples=examples)
+
+        result = self.algorithm.optimize(self.prompt_template, score)
+        result.save(self.output_dir / APO_RESULT_FILE)
+        self.apo_result, self.prompt_template = result, result.best_template
+        row: dict[str, Any] = {
+            "step": self.step, "apo/initial_score": result.initial_score, "apo/best_score": result.best_score,
+            "prompt_template": result.best_template,
+        }
+        if self.val_tasks:
+            row["val_success"] = self.evaluate(progress=progress)
+        self._record(row)
 
     def evaluate(self, tasks: Sequence[Any] | None = None, *, progress: Any = None) -> float:
         """Held-out success: one greedy rollout per task through the policy server; the mean final
@@ -516,6 +586,7 @@ class Trainer:
         mode: str,
         progress: Any,
         policy: bool = False,
+        template: str | None = None,
     ) -> list[RolloutResult]:
         assert self._runner is not None and self.server is not None
         llm_url = self.server.base_url if policy or not self.config.llm_url else self.config.llm_url
@@ -530,7 +601,10 @@ class Trainer:
 
         started = time.time()
         version = self._policy_version()
-        results = self._runner.run(jobs, id_prefix=prefix, llm_url=llm_url, model=SERVED_MODEL_NAME, sampling=sampling, mode=mode, on_result=on_result)
+        results = self._runner.run(
+            jobs, id_prefix=prefix, llm_url=llm_url, model=SERVED_MODEL_NAME, sampling=sampling, mode=mode,
+            on_result=on_result, prompt_template=template if template is not None else self.prompt_template,
+        )
         with log_path.open("a") as log:
             for r in results:
                 row = {**dataclasses.asdict(r), "step": self.step, "policy_version": version, "time": started}
@@ -640,6 +714,7 @@ class Trainer:
             "agent": self.agent if isinstance(self.agent, (str, list, tuple)) else getattr(self.agent, "__qualname__", repr(self.agent)),
             "algorithm": {"name": type(self.algorithm).__name__, **(dataclasses.asdict(algo_cfg) if dataclasses.is_dataclass(algo_cfg) else {})},
             "credit": dataclasses.asdict(self.credit) if dataclasses.is_dataclass(self.credit) else repr(self.credit),
+            "prompt_template": self.prompt_template,
             "n_tasks": len(self.tasks),
             "n_val_tasks": len(self.val_tasks),
         }
