@@ -8,6 +8,7 @@ A train config (YAML or JSON) has the Trainer's knobs::
     val_tasks: val.jsonl              # optional
     algorithm: {name: grpo, learning_rate: 5.0e-4}   # grpo | ppo | sft | dpo | apo, fields by name
     credit: {mode: identical, baseline: grpo}        # LightningRL fields
+    prompt_template: "Solve: {question}"             # given to every agent; APO's starting template
     n_rollouts: 8                     # any TrainerConfig field
     runner: {workers: 4, rollout_timeout_s: 60}      # any RunnerConfig field
 """
@@ -23,7 +24,7 @@ from typing import Any
 from spanrl.errors import ConfigError
 
 _ALGORITHMS = {"grpo": "GRPO", "ppo": "PPO", "sft": "SFT", "dpo": "DPO", "apo": "APO"}
-_TOP_LEVEL = ("model", "agent", "tasks", "val_tasks", "algorithm", "credit")
+_TOP_LEVEL = ("model", "agent", "tasks", "val_tasks", "algorithm", "credit", "prompt_template")
 
 
 def register(subparsers: Any) -> None:
@@ -90,7 +91,7 @@ def build_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
         if key not in runner_fields:
             raise ConfigError(f"runner.{key} is not a runner setting; expected one of {sorted(runner_fields)}")
     trainer_fields = {f.name for f in dataclasses.fields(TrainerConfig)} - {"runner"}
-    model, agent = raw.pop("model"), raw.pop("agent")
+    model, agent, prompt_template = raw.pop("model"), raw.pop("agent"), raw.pop("prompt_template", None)
     tasks = _load_tasks(raw.pop("tasks"), base, "tasks")
     val_tasks = _load_tasks(raw.pop("val_tasks"), base, "val_tasks") if raw.get("val_tasks") else None
     raw.pop("val_tasks", None)
@@ -101,7 +102,10 @@ def build_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
         raw["report_to"] = tuple(raw["report_to"])
     config = TrainerConfig(**raw, runner=RunnerConfig(**runner_raw))
     model_path = Path(model) if Path(model).is_absolute() else base / model
-    return Trainer(model=model_path, agent=agent, tasks=tasks, val_tasks=val_tasks, algorithm=algorithm, credit=credit, config=config)
+    return Trainer(
+        model=model_path, agent=agent, tasks=tasks, val_tasks=val_tasks, algorithm=algorithm, credit=credit,
+        prompt_template=prompt_template, config=config,
+    )
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -120,7 +124,7 @@ def _train(args: argparse.Namespace) -> int:
     trainer = build_trainer(raw, base=path.parent)
     history = trainer.train()
     last = history[-1] if history else {}
-    print(json.dumps({"step": trainer.step, "output_dir": str(trainer.output_dir), **{k: last[k] for k in ("reward_mean", "val_success") if k in last}}))
+    print(json.dumps({"step": trainer.step, "output_dir": str(trainer.output_dir), **{k: last[k] for k in ("reward_mean", "val_success", "apo/best_score", "prompt_template") if k in last}}))
     return 0
 
 

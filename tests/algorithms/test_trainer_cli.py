@@ -34,6 +34,10 @@ def test_build_trainer_names_the_bad_setting(tiny_model: Path, tmp_path: Path) -
     good: dict[str, Any] = {"model": str(tiny_model), "agent": "python a.py", "tasks": [{"id": "a"}, {"id": "b"}], "tasks_per_step": 1}
     trainer = build_trainer({**good, "algorithm": {"name": "grpo", "learning_rate": 1e-4}, "runner": {"workers": 2}})
     assert trainer.algorithm.config.learning_rate == 1e-4 and trainer.config.runner.workers == 2
+    apo = build_trainer({**good, "algorithm": {"name": "apo", "critic_base_url": "http://127.0.0.1:9/v1", "rounds": 2}, "prompt_template": "Q: {question}"})
+    assert apo.prompt_template == "Q: {question}" and apo.algorithm.config.rounds == 2
+    with pytest.raises(ConfigError, match="prompt_template must be the initial template when the algorithm is APO"):
+        build_trainer({**good, "algorithm": {"name": "apo"}})
     with pytest.raises(ConfigError, match="algorithm.name must be one of"):
         build_trainer({**good, "algorithm": {"name": "reinforce"}})
     with pytest.raises(ConfigError, match="'n_rollout' is not a trainer setting"):
