@@ -36,13 +36,14 @@ import json
 import logging
 import random
 import re
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from spanrl.algorithms._reporting import NoProgress, Reporter
+from spanrl.algorithms._tracing import InProcessTracing
 from spanrl.algorithms.runner import RolloutJob, RolloutResult, RolloutRunner, RunnerConfig
 from spanrl.errors import ConfigError, TrainingError
 from spanrl.instrumentation import semconv
@@ -61,7 +62,6 @@ APO_RESULT_FILE = "apo_result.json"
 DB_FILE = "spans.duckdb"
 SERVED_MODEL_NAME = "policy"
 _REPORTERS = ("none", "tensorboard", "wandb")
-_IN_PROCESS_EXPORT_DELAY_MILLIS = 100
 _STEP_SEED_STRIDE = 1_000_003  # per-step task sampling seed = seed * stride + step (resumable, no RNG state)
 
 
@@ -181,38 +181,6 @@ def _jobs(tasks: Sequence[Any]) -> list[RolloutJob]:
     return jobs
 
 
-class _Reporter:
-    """TensorBoard / W&B scalars, one call per step."""
-
-    def __init__(self, report_to: Sequence[str], log_dir: Path, config: Mapping[str, Any]) -> None:
-        self._tb: Any = None
-        self._wandb: Any = None
-        if "tensorboard" in report_to:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(log_dir=str(log_dir))
-        if "wandb" in report_to:
-            try:
-                import wandb
-            except ImportError:
-                raise ConfigError("report_to='wandb' needs the wandb package: pip install wandb") from None
-            self._wandb = wandb.init(project="spanrl", config=dict(config), dir=str(log_dir))
-
-    def log(self, step: int, scalars: Mapping[str, float]) -> None:
-        if self._tb is not None:
-            for key, value in scalars.items():
-                self._tb.add_scalar(key, value, step)
-            self._tb.flush()
-        if self._wandb is not None:
-            self._wandb.log(dict(scalars), step=step)
-
-    def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
-        if self._wandb is not None:
-            self._wandb.finish()
-
-
 class Trainer:
     """Trains ``model`` with ``algorithm`` from the traces of ``agent`` running ``tasks``."""
 
@@ -296,7 +264,7 @@ class Trainer:
         self.collector: Any = None
         self.server: Any = None
         self._runner: RolloutRunner | None = None
-        self._reporter: _Reporter | None = None
+        self._reporter: Reporter | None = None
         self._run_tag = uuid.uuid4().hex[:8]  # rollout ids stay unique across runs sharing one store
         self._started = False
 
@@ -347,9 +315,9 @@ class Trainer:
                 flush=self.server.force_flush,
             )
             if callable(self.agent):
-                _InProcessTracing.point_at(self._agent_otel_env()["OTEL_EXPORTER_OTLP_ENDPOINT"])
+                InProcessTracing.point_at(self._agent_otel_env()["OTEL_EXPORTER_OTLP_ENDPOINT"])
             if "tensorboard" in cfg.report_to or "wandb" in cfg.report_to:
-                self._reporter = _Reporter(cfg.report_to, self.output_dir / "runs", self._config_dict())
+                self._reporter = Reporter(cfg.report_to, self.output_dir / "runs", self._config_dict())
         except BaseException:
             self.close()
             raise
@@ -360,7 +328,7 @@ class Trainer:
         """Stop the runner, server and collector (the DuckDB file stays); safe twice."""
         for name, stop in (
             ("runner", lambda: self._runner and self._runner.close()),
-            ("tracing", lambda: callable(self.agent) and self._started and _InProcessTracing.point_at(None)),
+            ("tracing", lambda: callable(self.agent) and self._started and InProcessTracing.point_at(None)),
             ("reporter", lambda: self._reporter and self._reporter.close()),
             ("server", lambda: self.server and self.server.shutdown()),
             ("collector", lambda: self.collector and self.collector.shutdown()),
@@ -701,7 +669,7 @@ class Trainer:
 
     def _progress(self) -> Any:
         if not self.config.progress:
-            return _NoProgress()
+            return NoProgress()
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -721,95 +689,3 @@ class Trainer:
 
     def _write_config(self) -> None:
         (self.output_dir / CONFIG_FILE).write_text(json.dumps(self._config_dict(), indent=1, default=str))
-
-
-class _InProcessTracing:
-    """Spans of in-process (callable) agents go to the running Trainer's collector.
-
-    The OTel provider is process-global and set once, but a process may run several Trainers (each with
-    its own collector). So one batch processor is added to the global SDK provider (created if there is
-    none) and its exporter forwards to whichever collector :meth:`point_at` names; None drops spans.
-    The OpenAI client is instrumented (OpenLLMetry, then the ``spanrl`` instrumentor's adjustments: the
-    rollout ``baggage`` header and the speedups) while a Trainer points here, as ``opentelemetry-instrument``
-    would, and both are uninstrumented again by ``point_at(None)`` when the Trainer closes, so the process
-    is left as it was found (an instrumentor the user turned on stays on).
-    """
-
-    _lock = threading.Lock()
-    _exporter: Any = None  # the collector's OTLP exporter now, or None
-    _installed = False
-    _we_instrumented_openai = False
-    _we_instrumented_spanrl = False
-
-    @classmethod
-    def point_at(cls, endpoint: str | None) -> None:
-        from opentelemetry import trace
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-
-        from spanrl.instrumentation._processor import attach_rollout_processor
-        from spanrl.instrumentation.exporter import FastOTLPSpanExporter
-
-        with cls._lock:
-            if not cls._installed:
-                provider = trace.get_tracer_provider()
-                if not isinstance(provider, TracerProvider):
-                    provider = TracerProvider()
-                    trace.set_tracer_provider(provider)
-                    provider = trace.get_tracer_provider()
-                attach_rollout_processor(provider)
-
-                class Forward(SpanExporter):
-                    def export(self, spans: Any) -> Any:
-                        target = cls._exporter
-                        return target.export(spans) if target is not None else SpanExportResult.SUCCESS
-
-                    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-                        return True
-
-                processor = BatchSpanProcessor(Forward(), schedule_delay_millis=_IN_PROCESS_EXPORT_DELAY_MILLIS)
-                provider.add_span_processor(processor)  # type: ignore[attr-defined]
-                cls._processor = processor
-                cls._installed = True
-            else:
-                cls._processor.force_flush()  # what the previous run's agents produced goes to its collector
-            cls._instrument_openai(endpoint is not None)
-            old, cls._exporter = cls._exporter, (FastOTLPSpanExporter(endpoint=endpoint, insecure=True) if endpoint else None)
-            if old is not None:
-                old.shutdown()
-
-    @classmethod
-    def _instrument_openai(cls, on: bool) -> None:
-        try:
-            from opentelemetry.instrumentation.openai import OpenAIInstrumentor
-        except ImportError:  # pragma: no cover - the train extra installs it
-            _logger.warning("opentelemetry-instrumentation-openai is missing: agent LLM calls are not traced")
-            return
-        from spanrl.instrumentation.instrumentor import SpanRLInstrumentor
-
-        instrumentor, spanrl_instrumentor = OpenAIInstrumentor(), SpanRLInstrumentor()
-        if on:
-            if not instrumentor.is_instrumented_by_opentelemetry:
-                instrumentor.instrument()
-                cls._we_instrumented_openai = True
-            if not spanrl_instrumentor.is_instrumented_by_opentelemetry:  # after OpenLLMetry: it adjusts it
-                spanrl_instrumentor.instrument()
-                cls._we_instrumented_spanrl = True
-            return
-        if cls._we_instrumented_spanrl:
-            spanrl_instrumentor.uninstrument()
-            cls._we_instrumented_spanrl = False
-        if cls._we_instrumented_openai:
-            from spanrl.instrumentation._openllmetry import uninstrument_openai
-
-            uninstrument_openai()
-            cls._we_instrumented_openai = False
-
-
-class _NoProgress:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
