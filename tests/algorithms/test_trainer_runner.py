@@ -164,3 +164,49 @@ def test_agent_that_cannot_start_is_recorded_not_raised(collector: Any, tmp_path
         runner.close()
     assert [(r.attempt, r.status) for r in results] == [(1, "crashed"), (2, "crashed")]
     assert "could not run the agent: FileNotFoundError" in (results[0].error or "")
+
+
+# Scores the prompt template it was given: 1.0 when it is "Be exact: {question}", 0.5 when another one
+# came, 0.0 without one. Per process it reads SPANRL_PROMPT_TEMPLATE; as a jsonl worker, the request key.
+_TEMPLATE_AGENT = textwrap.dedent(
+    """
+    import json, os, sys
+    from spanrl.instrumentation import configure, emit_reward, rollout
+
+    def score(template):
+        return 0.0 if template is None else 1.0 if template == "Be exact: {question}" else 0.5
+
+    provider = configure()
+    if os.environ.get("SPANRL_AGENT_PROTOCOL") == "jsonl":
+        for line in sys.stdin:
+            job = json.loads(line)
+            with rollout(job["rollout_id"], task_id=job["task_id"]):
+                emit_reward(score(job["prompt_template"]))
+            provider.force_flush()
+            print(json.dumps({"spanrl_done": job["rollout_id"]}), flush=True)
+    else:
+        emit_reward(score(os.environ.get("SPANRL_PROMPT_TEMPLATE")))
+        provider.force_flush()
+    """
+)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_prompt_template_reaches_command_agents(collector: Any, tmp_path: Path, workers: int) -> None:
+    script = tmp_path / "template_agent.py"
+    script.write_text(_TEMPLATE_AGENT)
+    config = RunnerConfig(workers=workers, rollout_timeout_s=30.0, instrument=False, require_token_spans=False)
+    runner = RolloutRunner([sys.executable, str(script)], config=config, ready=_ready_fn(collector.store), otel_env=_otel_env(collector))
+    try:
+        for prefix, template in ((f"pt{workers}-", "Be exact: {question}"), (f"pn{workers}-", None)):
+            results = runner.run(
+                [RolloutJob("t", {"question": "1 add 2"})], id_prefix=prefix, llm_url="http://x", model="m", sampling={},
+                prompt_template=template,
+            )
+            assert [r.status for r in results] == ["ok"]
+    finally:
+        runner.close()
+    rows = collector.store.sql(
+        "SELECT rollout_id, final_reward FROM rollouts WHERE rollout_id LIKE ? OR rollout_id LIKE ?", [f"pt{workers}-%", f"pn{workers}-%"]
+    ).to_pylist()
+    assert {r["rollout_id"].split("-")[0]: r["final_reward"] for r in rows} == {f"pt{workers}": 1.0, f"pn{workers}": 0.0}
