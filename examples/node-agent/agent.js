@@ -3,6 +3,9 @@
 // (OTEL_EXPORTER_OTLP_ENDPOINT, default http://127.0.0.1:4317) to the spanrl collector.
 //
 //   SPANRL_ROLLOUT_ID=r1 OPENAI_BASE_URL=http://127.0.0.1:8000/v1 node agent.js "What is 2 + 3?" 5
+//
+// Started by the spanrl Trainer as a command-line agent, it reads its task from SPANRL_TASK
+// ({"question": ..., "answer": ...}) and the sampling settings from SPANRL_SAMPLING (JSON).
 'use strict';
 
 const { NodeSDK, resources } = require('@opentelemetry/sdk-node');
@@ -13,6 +16,8 @@ const { ATTR, emitReward, rolloutResourceAttributes, toGenAIMessages } = require
 const MODEL = process.env.SPANRL_MODEL || 'tiny-calc';
 const BASE_URL = (process.env.OPENAI_BASE_URL || 'http://127.0.0.1:8000/v1').replace(/\/+$/, '');
 const ENDPOINT = process.env.OTEL_EXPORTER_OTLP_ENDPOINT || 'http://127.0.0.1:4317';
+// The trainer's sampling settings (temperature 1 while training, 0 for held-out evaluation).
+const SAMPLING = JSON.parse(process.env.SPANRL_SAMPLING || '{"temperature": 0}');
 
 const sdk = new NodeSDK({
   serviceName: process.env.OTEL_SERVICE_NAME || 'spanrl-node-agent',
@@ -40,7 +45,7 @@ async function chat(messages) {
       const res = await fetch(`${BASE_URL}/chat/completions`, {
         method: 'POST',
         headers,
-        body: JSON.stringify({ model: MODEL, messages, temperature: 0 }),
+        body: JSON.stringify({ model: MODEL, messages, ...SAMPLING }),
       });
       if (!res.ok) throw new Error(`HTTP ${res.status}: ${await res.text()}`);
       const body = await res.json();
@@ -66,8 +71,9 @@ async function chat(messages) {
 
 async function main() {
   sdk.start();
-  const question = process.argv[2] || 'What is 2 + 3?';
-  const expected = process.argv[3] || '5';
+  const task = process.env.SPANRL_TASK ? JSON.parse(process.env.SPANRL_TASK) : {};
+  const question = task.question ?? process.argv[2] ?? 'What is 2 + 3?';
+  const expected = String(task.answer ?? process.argv[3] ?? '5');
   const tracer = trace.getTracer('spanrl-node-agent');
   let exitCode = 0;
   await tracer.startActiveSpan('invoke_agent calculator', async (span) => {
