@@ -215,6 +215,37 @@ def load_policy_weights(model: Any, checkpoint_dir: Path, *, lora: LoRAConfig | 
     model.load_state_dict(saved.state_dict())
 
 
+def save_checkpoint(
+    algorithm: Algorithm, checkpoint_dir: Path, *, model: Any, optimizer: Any, name: str, extra: dict[str, Any] | None = None
+) -> Path:
+    """What every algorithm's :meth:`Algorithm.save` writes: the policy as a loadable HF folder,
+    ``STATE_FILE`` (optimizer, RNG, step, plus ``extra``) and ``CONFIG_FILE`` (the resolved config)."""
+    algorithm._require_setup()
+    checkpoint_dir = Path(checkpoint_dir)
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    save_policy(model, algorithm.tokenizer, checkpoint_dir, lora=algorithm.config.lora)
+    state = {"optimizer": optimizer.state_dict(), "rng": rng_state(), "step": algorithm.step, **(extra or {})}
+    torch.save(state, checkpoint_dir / STATE_FILE)
+    config = {"algorithm": name, "seed": algorithm._seed, "config": config_dict(algorithm.config)}
+    (checkpoint_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+    return checkpoint_dir
+
+
+def load_checkpoint(algorithm: Algorithm, checkpoint_dir: Path, *, model: Any, optimizer: Any) -> dict[str, Any]:
+    """Restore what :func:`save_checkpoint` wrote into ``model``, ``optimizer``, the RNGs and
+    ``algorithm.step``; returns the saved state so a caller can restore its ``extra`` entries."""
+    algorithm._require_setup()
+    checkpoint_dir = Path(checkpoint_dir)
+    if not (checkpoint_dir / STATE_FILE).exists():
+        raise TrainingError(f"{checkpoint_dir} has no {STATE_FILE}: not a spanrl checkpoint")
+    load_policy_weights(model, checkpoint_dir, lora=algorithm.config.lora)
+    state = torch.load(checkpoint_dir / STATE_FILE, weights_only=False)
+    optimizer.load_state_dict(state["optimizer"])
+    set_rng_state(state["rng"])
+    algorithm.step = state["step"]
+    return state
+
+
 class Algorithm(abc.ABC):
     """One training algorithm. The Trainer owns the rollout loop; the algorithm owns the model update."""
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Sequence
@@ -26,22 +25,19 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from spanrl.algorithms.base import (
-    CONFIG_FILE,
-    STATE_FILE,
     Algorithm,
     check_report_to,
     check_transitions,
-    config_dict,
-    load_policy_weights,
+    load_checkpoint,
     rng_state,
-    save_policy,
+    save_checkpoint,
     seed_everything,
     set_rng_state,
     transitions_of,
     without_train_start_gc,
 )
 from spanrl.algorithms.lora import LoRAConfig
-from spanrl.errors import ConfigError, TrainingError
+from spanrl.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from spanrl.algorithms.transitions import Transition, TransitionBatch
@@ -237,23 +233,8 @@ class DPO(Algorithm):
 
     def save(self, checkpoint_dir: Path) -> None:
         """HF folder + optimizer/RNG/step state + the config (the reference is the setup model)."""
-        self._require_setup()
-        checkpoint_dir = Path(checkpoint_dir)
-        checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        save_policy(self.model, self.tokenizer, checkpoint_dir, lora=self.config.lora)
-        torch.save({"optimizer": self.optimizer.state_dict(), "rng": rng_state(), "step": self.step}, checkpoint_dir / STATE_FILE)
-        (checkpoint_dir / CONFIG_FILE).write_text(
-            json.dumps({"algorithm": "dpo", "seed": self._seed, "config": config_dict(self.config)}, indent=2)
-        )
+        save_checkpoint(self, checkpoint_dir, model=self.model, optimizer=self.optimizer, name="dpo")
 
     def load_state(self, checkpoint_dir: Path) -> None:
         """Restore weights, optimizer, RNG and step from :meth:`save`'s folder."""
-        self._require_setup()
-        checkpoint_dir = Path(checkpoint_dir)
-        if not (checkpoint_dir / STATE_FILE).exists():
-            raise TrainingError(f"{checkpoint_dir} has no {STATE_FILE}: not a spanrl checkpoint")
-        load_policy_weights(self.model, checkpoint_dir, lora=self.config.lora)
-        state = torch.load(checkpoint_dir / STATE_FILE, weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
-        set_rng_state(state["rng"])
-        self.step = state["step"]
+        load_checkpoint(self, checkpoint_dir, model=self.model, optimizer=self.optimizer)

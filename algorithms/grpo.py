@@ -21,7 +21,6 @@ What TRL sees per micro-batch (B rows, P prompt and C completion positions)::
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from collections.abc import Sequence
@@ -31,19 +30,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from spanrl.algorithms.base import (
-    CONFIG_FILE,
-    STATE_FILE,
     Algorithm,
     PaddedBatch,
     check_report_to,
     check_transitions,
-    config_dict,
+    load_checkpoint,
     pad_transitions,
-    load_policy_weights,
-    rng_state,
-    save_policy,
+    save_checkpoint,
     seed_everything,
-    set_rng_state,
     transitions_of,
 )
 from spanrl.algorithms.lora import LoRAConfig
@@ -368,35 +362,14 @@ class GRPO(Algorithm):
     def save(self, checkpoint_dir: Path) -> None:
         """HF folder (merged weights when LoRA, plus the adapter in ``adapter/``) and training state."""
         self._require_setup()
-        checkpoint_dir = Path(checkpoint_dir)
-        checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        save_policy(self.trainer.model, self.tokenizer, checkpoint_dir, lora=self.config.lora)
-        torch.save(
-            {
-                "optimizer": self.trainer.optimizer.state_dict(),
-                "scheduler": self.trainer.lr_scheduler.state_dict(),
-                "rng": rng_state(),
-                "step": self.step,
-                "global_step": self.trainer.state.global_step,
-            },
-            checkpoint_dir / STATE_FILE,
-        )
-        (checkpoint_dir / CONFIG_FILE).write_text(
-            json.dumps({"algorithm": "grpo", "seed": self._seed, "config": config_dict(self.config)}, indent=2)
-        )
+        extra = {"scheduler": self.trainer.lr_scheduler.state_dict(), "global_step": self.trainer.state.global_step}
+        save_checkpoint(self, checkpoint_dir, model=self.trainer.model, optimizer=self.trainer.optimizer, name="grpo", extra=extra)
 
     def load_state(self, checkpoint_dir: Path) -> None:
         """Restore weights, optimizer, scheduler, RNG and step from :meth:`save`'s folder."""
         self._require_setup()
-        checkpoint_dir = Path(checkpoint_dir)
-        if not (checkpoint_dir / STATE_FILE).exists():
-            raise TrainingError(f"{checkpoint_dir} has no {STATE_FILE}: not a spanrl checkpoint")
-        load_policy_weights(self.trainer.model, checkpoint_dir, lora=self.config.lora)
-        state = torch.load(checkpoint_dir / STATE_FILE, weights_only=False)
-        self.trainer.optimizer.load_state_dict(state["optimizer"])
+        state = load_checkpoint(self, checkpoint_dir, model=self.trainer.model, optimizer=self.trainer.optimizer)
         self.trainer.lr_scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
-        self.step = state["step"]
         self.trainer.state.global_step = state["global_step"]
 
 

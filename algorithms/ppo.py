@@ -17,7 +17,6 @@ screen, from TRL's pieces (``selective_log_softmax``, ``entropy_from_logits``) a
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,24 +25,20 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from spanrl.algorithms.base import (
-    CONFIG_FILE,
-    STATE_FILE,
     Algorithm,
     PaddedBatch,
     Reporter,
     check_report_to,
     check_transitions,
     config_dict,
-    load_policy_weights,
+    load_checkpoint,
     pad_transitions,
-    rng_state,
-    save_policy,
+    save_checkpoint,
     seed_everything,
-    set_rng_state,
     transitions_of,
 )
 from spanrl.algorithms.lora import LoRAConfig
-from spanrl.errors import ConfigError, TrainingError
+from spanrl.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from spanrl.algorithms.transitions import TransitionBatch
@@ -325,31 +320,13 @@ class PPO(Algorithm):
 
     def save(self, checkpoint_dir: Path) -> None:
         """Policy as the HF folder, the critic in ``critic/``, optimizer/RNG/step and the config."""
-        self._require_setup()
-        checkpoint_dir = Path(checkpoint_dir)
-        checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        save_policy(self.model, self.tokenizer, checkpoint_dir, lora=self.config.lora)
+        checkpoint_dir = save_checkpoint(self, checkpoint_dir, model=self.model, optimizer=self.optimizer, name="ppo")
         self.critic.save_pretrained(checkpoint_dir / _CRITIC_DIR)
-        torch.save(
-            {"optimizer": self.optimizer.state_dict(), "rng": rng_state(), "step": self.step},
-            checkpoint_dir / STATE_FILE,
-        )
-        (checkpoint_dir / CONFIG_FILE).write_text(
-            json.dumps({"algorithm": "ppo", "seed": self._seed, "config": config_dict(self.config)}, indent=2)
-        )
 
     def load_state(self, checkpoint_dir: Path) -> None:
         """Restore policy, critic, optimizer, RNG and step from :meth:`save`'s folder."""
         from transformers import AutoModelForTokenClassification
 
-        self._require_setup()
-        checkpoint_dir = Path(checkpoint_dir)
-        if not (checkpoint_dir / STATE_FILE).exists():
-            raise TrainingError(f"{checkpoint_dir} has no {STATE_FILE}: not a spanrl checkpoint")
-        load_policy_weights(self.model, checkpoint_dir, lora=self.config.lora)
-        critic = AutoModelForTokenClassification.from_pretrained(checkpoint_dir / _CRITIC_DIR, dtype=torch.float32)
+        load_checkpoint(self, checkpoint_dir, model=self.model, optimizer=self.optimizer)
+        critic = AutoModelForTokenClassification.from_pretrained(Path(checkpoint_dir) / _CRITIC_DIR, dtype=torch.float32)
         self.critic.load_state_dict(critic.state_dict())
-        state = torch.load(checkpoint_dir / STATE_FILE, weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
-        set_rng_state(state["rng"])
-        self.step = state["step"]
