@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from spanrl.algorithms._distributed import average_gradients
 from spanrl.algorithms.base import (
     Algorithm,
     PaddedBatch,
@@ -164,6 +165,8 @@ class GRPO(Algorithm):
     """
 
     needs_values: ClassVar[bool] = False
+    supports_distributed: ClassVar[bool] = True
+    """Under many processes each rank updates on its shard; gradients are averaged before each step."""
 
     def __init__(self, config: GRPOConfig | None = None, **fields: Any) -> None:
         config = config or GRPOConfig()
@@ -323,6 +326,7 @@ class GRPO(Algorithm):
         """Clip, step the optimizer and scheduler, zero the gradients; returns the pre-clip grad norm."""
         trainer = self.trainer
         params = [p for p in trainer.model.parameters() if p.requires_grad]
+        average_gradients(params)  # many processes: the mean over ranks' shards (no-op when alone)
         if self.config.max_grad_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
         else:

@@ -27,6 +27,11 @@ pushes the weights into the server (in process) and logs. Failed rollouts are re
 Output: ``checkpoint-<step>/`` (HF folder + optimizer/RNG state + ``trainer_state.json``),
 ``config.json`` (resolved), ``history.jsonl``, ``reward_curve.png``, ``runs/`` (TensorBoard).
 ``resume=True`` continues from the newest checkpoint: same step count, history and task sequence.
+
+Many processes (``accelerate launch --num_processes N train.py``, GRPO): rank 0 does everything above;
+the other ranks only set the algorithm up and, each update, receive rank 0's transitions (broadcast),
+update on their shard and average gradients, so every rank holds the same weights. ``train()`` returns
+the history on rank 0 and an empty list elsewhere.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from spanrl.algorithms import _distributed
 from spanrl.algorithms._reporting import NoProgress, Reporter
 from spanrl.algorithms._tracing import InProcessTracing
 from spanrl.algorithms.runner import RolloutJob, RolloutResult, RolloutRunner, RunnerConfig
@@ -281,6 +287,14 @@ class Trainer:
             import torch
 
             torch.set_num_threads(cfg.torch_threads)
+        if _distributed.world() > 1:
+            if self._optimizes_prompt or not getattr(self.algorithm, "supports_distributed", False):
+                raise ConfigError(
+                    f"algorithm {type(self.algorithm).__name__} cannot train under {_distributed.world()} processes "
+                    "(WORLD_SIZE); launch it as one process, or use GRPO"
+                )
+            if not _distributed.is_main():
+                return self._start_follower()
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self._write_config()
         self.collector = Collector(CollectorConfig(db_path=str(self.db_path), host="127.0.0.1", grpc_port=0, http_port=0))
@@ -324,6 +338,16 @@ class Trainer:
         self._started = True
         return self
 
+    def _start_follower(self) -> Trainer:
+        """A rank other than 0: only the algorithm (and its resumed state); no collector, server or runner."""
+        cfg = self.config
+        self.algorithm.setup(model_path=self.model_path, output_dir=self.output_dir, seed=cfg.seed, report_to=[])
+        checkpoint = self.latest_checkpoint() if cfg.resume else None
+        if checkpoint is not None:
+            self._load_checkpoint(checkpoint)
+        self._started = True
+        return self
+
     def close(self) -> None:
         """Stop the runner, server and collector (the DuckDB file stays); safe twice."""
         for name, stop in (
@@ -353,6 +377,13 @@ class Trainer:
         cfg = self.config
         owns = not self._started
         self.start()
+        if not _distributed.is_main():
+            try:
+                self._follow()
+            finally:
+                if owns:
+                    self.close()
+            return []
         try:
             with self._progress() as progress:
                 steps_bar = progress.add_task("steps", total=cfg.max_steps, completed=self.step) if progress else None
@@ -372,9 +403,26 @@ class Trainer:
                         progress.update(steps_bar, completed=self.step, description=self._describe())
             self.plot()
         finally:
+            if _distributed.world() > 1:
+                _distributed.broadcast(None)  # the other ranks stop following
             if owns:
                 self.close()
         return self.history
+
+    def _update(self, transitions: Any) -> dict[str, float]:
+        """One algorithm update; under many processes rank 0 broadcasts the transitions and every rank
+        updates on its shard (the metrics are rank 0's shard's)."""
+        if _distributed.world() == 1:
+            return self.algorithm.update(transitions)
+        from spanrl.algorithms.base import transitions_of
+
+        items = _distributed.broadcast(transitions_of(transitions))
+        return self.algorithm.update(_distributed.shard(items))
+
+    def _follow(self) -> None:
+        """Ranks other than 0: update on each broadcast batch until rank 0 broadcasts None."""
+        while (items := _distributed.broadcast(None)) is not None:
+            self.algorithm.update(_distributed.shard(items))
 
     def _train_step(self, progress: Any) -> dict[str, Any]:
         """Rollouts, transitions, update(s), weight push; returns the step's history row (not recorded)."""
@@ -409,9 +457,9 @@ class Trainer:
             if transitions:
                 for _ in range(cfg.updates_per_step):
                     if cfg.minibatch_size and cfg.minibatch_size < len(transitions):
-                        metrics = self.algorithm.update(sampler.sample(transitions, cfg.minibatch_size))
+                        metrics = self._update(sampler.sample(transitions, cfg.minibatch_size))
                     else:
-                        metrics = self.algorithm.update(batch)
+                        metrics = self._update(batch)
                 row["policy_version"] = self.server.reload(self._policy_weights())
             else:
                 _logger.warning("step %d: %d rollouts gave no transitions; no update", step, len(ok_ids))

@@ -1,0 +1,98 @@
+"""Many processes: rank 0 rolls out and broadcasts, every rank updates on its shard, weights stay equal."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spanrl.algorithms import SFT, Trainer
+from spanrl.algorithms._distributed import broadcast, is_main, shard, world
+from spanrl.algorithms.tiny import build_tiny_model
+from spanrl.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).with_name("ddp_train.py")
+ACCELERATE = Path(sys.executable).with_name("accelerate")
+LAUNCH_TIMEOUT_S = 150
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_shard_gives_each_rank_an_equal_share_losing_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    items = list(range(5))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    shards = []
+    for r in ("0", "1"):
+        monkeypatch.setenv("RANK", r)
+        shards.append(shard(items))
+    assert shards == [[0, 2, 4], [1, 3, 0]]  # padded with the first item: same step count on both ranks
+    assert set(shards[0] + shards[1]) == set(items)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    assert shard([7]) == [7]  # fewer items than ranks: each rank still gets one
+
+
+def test_single_process_helpers_are_no_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    assert world() == 1 and is_main()
+    payload = {"a": [1, 2]}
+    assert broadcast(payload) is payload
+    assert shard([1, 2, 3]) == [1, 2, 3]
+
+
+def test_trainer_refuses_many_processes_for_an_algorithm_without_support(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    trainer = Trainer(
+        model=tmp_path, agent="python a.py", tasks=[{"id": "a"}], tasks_per_step=1, algorithm=SFT(), output_dir=tmp_path / "run"
+    )
+    with pytest.raises(ConfigError, match=r"algorithm SFT cannot train under 2 processes"):
+        trainer.start()
+    assert not (tmp_path / "run").exists()  # refused before anything started or was written
+
+
+@pytest.mark.slow
+def test_two_process_accelerate_launch_keeps_ranks_identical(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "examples" / "calculator"))
+    import calculator
+
+    model = build_tiny_model(
+        tmp_path / "tiny", words=calculator.vocabulary(), hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64
+    )
+    out = tmp_path / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    command = [
+        str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+        str(SCRIPT), str(model), str(out),
+    ]
+    done = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = [json.loads((out / f"weights-rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world"] for r in ranks] == [2, 2]
+    assert ranks[0]["before"] == ranks[1]["before"]
+    assert ranks[0]["after"] == ranks[1]["after"], "the ranks' weights diverged: gradients were not averaged"
+    assert ranks[0]["after"] != ranks[0]["before"], "the update did not change the weights"
+    history = ranks[0]["history"]
+    assert [row["step"] for row in history] == [1] and history[0]["transitions"] == 6
+    assert history[0]["charts/transitions"] == 3.0  # rank 0 updated on its half of the 6 transitions
+    assert ranks[1]["history"] == []  # only rank 0 records
+    run = out / "run"
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-1"]
+    rows = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1]
