@@ -258,6 +258,21 @@ class Algorithm(abc.ABC):
     tokenizer: transformers.PreTrainedTokenizerBase
     """The policy's tokenizer (pad token set)."""
 
+    config_class: ClassVar[type]
+    """The algorithm's config dataclass (with ``validate()``)."""
+
+    def __init__(self, config: Any = None, **fields: Any) -> None:
+        """``Algo(AlgoConfig(...))`` or, equivalently, ``Algo(field=value, ...)`` with the config's field names."""
+        config = config or self.config_class()
+        try:
+            config = dataclasses.replace(config, **fields)
+        except TypeError as exc:
+            raise ConfigError(f"{type(self).__name__} got an unknown config field: {exc}") from None
+        self.config = config.validate()
+        self.model = None  # type: ignore[assignment]
+        self.tokenizer = None  # type: ignore[assignment]
+        self.step = 0
+
     @abc.abstractmethod
     def setup(
         self, *, model_path: Path, output_dir: Path, seed: int = 0, report_to: Sequence[str] = ()

@@ -123,18 +123,11 @@ class DPO(Algorithm):
     """
 
     needs_values: ClassVar[bool] = False
+    config_class: ClassVar[type] = DPOConfig
 
     def __init__(self, config: DPOConfig | None = None, **fields: Any) -> None:
-        config = config or DPOConfig()
-        try:
-            config = dataclasses.replace(config, **fields)
-        except TypeError as exc:
-            raise ConfigError(f"DPO got an unknown config field: {exc}") from None
-        self.config = config.validate()
-        self.model = None  # type: ignore[assignment]
-        self.tokenizer = None  # type: ignore[assignment]
+        super().__init__(config, **fields)
         self.ref_model: Any = None
-        self.step = 0
 
     def setup(
         self, *, model_path: Path, output_dir: Path, seed: int = 0, report_to: Sequence[str] = ()

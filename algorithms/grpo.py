@@ -165,20 +165,13 @@ class GRPO(Algorithm):
     """
 
     needs_values: ClassVar[bool] = False
+    config_class: ClassVar[type] = GRPOConfig
     supports_distributed: ClassVar[bool] = True
     """Under many processes each rank updates on its shard; gradients are averaged before each step."""
 
     def __init__(self, config: GRPOConfig | None = None, **fields: Any) -> None:
-        config = config or GRPOConfig()
-        try:
-            config = dataclasses.replace(config, **fields)
-        except TypeError as exc:
-            raise ConfigError(f"GRPO got an unknown config field: {exc}") from None
-        self.config = config.validate()
-        self.model = None  # type: ignore[assignment]
-        self.tokenizer = None  # type: ignore[assignment]
+        super().__init__(config, **fields)
         self.trainer: Any = None
-        self.step = 0
 
     # --- setup ------------------------------------------------------------------------------------
     def setup(

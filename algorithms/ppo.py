@@ -184,18 +184,11 @@ class PPO(Algorithm):
     """
 
     needs_values: ClassVar[bool] = True
+    config_class: ClassVar[type] = PPOConfig
 
     def __init__(self, config: PPOConfig | None = None, **fields: Any) -> None:
-        config = config or PPOConfig()
-        try:
-            config = dataclasses.replace(config, **fields)
-        except TypeError as exc:
-            raise ConfigError(f"PPO got an unknown config field: {exc}") from None
-        self.config = config.validate()
-        self.model = None  # type: ignore[assignment]
-        self.tokenizer = None  # type: ignore[assignment]
+        super().__init__(config, **fields)
         self.critic: Any = None
-        self.step = 0
 
     def setup(
         self, *, model_path: Path, output_dir: Path, seed: int = 0, report_to: Sequence[str] = ()

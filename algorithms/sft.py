@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -94,17 +94,7 @@ class SFT(Algorithm):
     """
 
     needs_values: ClassVar[bool] = False
-
-    def __init__(self, config: SFTConfig | None = None, **fields: Any) -> None:
-        config = config or SFTConfig()
-        try:
-            config = dataclasses.replace(config, **fields)
-        except TypeError as exc:
-            raise ConfigError(f"SFT got an unknown config field: {exc}") from None
-        self.config = config.validate()
-        self.model = None  # type: ignore[assignment]
-        self.tokenizer = None  # type: ignore[assignment]
-        self.step = 0
+    config_class: ClassVar[type] = SFTConfig
 
     def setup(
         self, *, model_path: Path, output_dir: Path, seed: int = 0, report_to: Sequence[str] = ()
