@@ -1,4 +1,7 @@
-"""spanrl.algorithms: credit assignment, the training algorithms on TRL, the Trainer loop.
+"""spanrl.algorithms: what turns transitions into a better policy.
+
+The ``Algorithm`` contract, GRPO, PPO, SFT, DPO, APO, LoRA, LightningRL credit assignment and
+``load_transitions``. The loop around them lives in :mod:`spanrl.trainer`.
 
 Public names are loaded on first use, so importing one part does not import them all.
 """
@@ -18,16 +21,15 @@ _LAZY: dict[str, str] = {
     "DPOConfig": "spanrl.algorithms.dpo",
     "GRPO": "spanrl.algorithms.grpo",
     "GRPOConfig": "spanrl.algorithms.grpo",
-    "LLMEndpoint": "spanrl.algorithms.runner",
-    "LightningRL": "spanrl.algorithms.trainer",
+    "LightningRL": "spanrl.algorithms.credit",
     "LoRAConfig": "spanrl.algorithms.lora",
+    "CreditConfig": "spanrl.algorithms.credit",
     "PPO": "spanrl.algorithms.ppo",
     "PPOConfig": "spanrl.algorithms.ppo",
     "SFT": "spanrl.algorithms.sft",
     "SFTConfig": "spanrl.algorithms.sft",
-    "RunnerConfig": "spanrl.algorithms.runner",
-    "Trainer": "spanrl.algorithms.trainer",
-    "TrainerConfig": "spanrl.algorithms.trainer",
+    "TransitionBatch": "spanrl.algorithms.transitions",
+    "load_transitions": "spanrl.algorithms.transitions",
 }
 
 __all__ = sorted(_LAZY)

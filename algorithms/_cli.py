@@ -1,138 +1,116 @@
-"""``spanrl train CONFIG.yaml`` and ``spanrl demo``. Handlers import the heavy modules lazily.
+"""``spanrl export transitions``: training rows (ids, masks, logprobs, rewards, advantages) for offline work.
 
-A train config (YAML or JSON) has the Trainer's knobs::
-
-    model: tiny-model/                # a Hugging Face folder
-    agent: python examples/calculator/agent.py    # a command line (run under opentelemetry-instrument)
-    tasks: tasks.jsonl                # a JSONL/JSON file, or an inline list
-    val_tasks: val.jsonl              # optional
-    algorithm: {name: grpo, learning_rate: 5.0e-4}   # grpo | ppo | sft | dpo | apo, fields by name
-    credit: {mode: identical, baseline: grpo}        # LightningRL fields
-    prompt_template: "Solve: {question}"             # given to every agent; APO's starting template
-    n_rollouts: 8                     # any TrainerConfig field
-    runner: {workers: 4, rollout_timeout_s: 60}      # any RunnerConfig field
+Reads through a running collector (``--url``) when it serves the same ``--db``, else opens the file
+read-only, like ``spanrl sql``. Writes Parquet, JSON lines, or a Hugging Face ``datasets`` folder, and
+prints the data-quality report (what was skipped, defaulted, merged) as JSON on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-from pathlib import Path
+import sys
 from typing import Any
 
-from spanrl.errors import ConfigError
-
-_ALGORITHMS = {"grpo": "GRPO", "ppo": "PPO", "sft": "SFT", "dpo": "DPO", "apo": "APO"}
-_TOP_LEVEL = ("model", "agent", "tasks", "val_tasks", "algorithm", "credit", "prompt_template")
+_FORMATS = ("parquet", "jsonl", "hf")
 
 
-def register(subparsers: Any) -> None:
-    train = subparsers.add_parser("train", help="the training loop, from a YAML config")
-    train.add_argument("config", help="YAML or JSON file with the Trainer's settings")
-    train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in output_dir")
-    train.add_argument("--output-dir", help="override output_dir")
-    train.add_argument("--max-steps", type=int, help="override max_steps")
-    train.set_defaults(func=_train)
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from spanrl.store._cli import _common
 
-    demo = subparsers.add_parser("demo", help="everything, locally, on a tiny model (about 5 minutes)")
-    demo.add_argument("--output-dir", default="spanrl-demo", help="where everything goes (default spanrl-demo)")
-    demo.add_argument("--grpo-steps", type=int, help="GRPO updates (default from DemoConfig)")
-    demo.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    demo.add_argument("--no-progress", action="store_true", help="no progress bars")
-    demo.set_defaults(func=_demo)
-
-
-def _load_tasks(value: Any, base: Path, field: str) -> list[Any]:
-    if isinstance(value, list):
-        return value
-    if not isinstance(value, str):
-        raise ConfigError(f"{field} must be a list of tasks or a .jsonl/.json file path, got {type(value).__name__}")
-    path = (base / value) if not Path(value).is_absolute() else Path(value)
-    if not path.is_file():
-        raise ConfigError(f"{field}: no such file {str(path)!r}")
-    text = path.read_text()
-    if path.suffix == ".jsonl":
-        tasks = []
-        for number, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    tasks.append(json.loads(line))
-                except ValueError as exc:
-                    raise ConfigError(f"{field}: {path}:{number} is not JSON ({exc})") from None
-        return tasks
-    loaded = json.loads(text)
-    if not isinstance(loaded, list):
-        raise ConfigError(f"{field}: {path} must hold a JSON list of tasks")
-    return loaded
+    p = subparsers.add_parser("export", help="export training data: spanrl export transitions ...")
+    sub = p.add_subparsers(dest="export_command", metavar="WHAT", required=True)
+    t = sub.add_parser("transitions", help="transitions with advantages, as Parquet, JSON lines or a HF dataset")
+    t.add_argument("--output", "-o", required=True, help="output file (parquet, jsonl) or folder (hf)")
+    t.add_argument("--format", "-f", default="parquet", choices=_FORMATS, help="output format (default parquet)")
+    _common(t)
+    sel = t.add_argument_group("selection")
+    sel.add_argument("--rollout-id", action="append", default=None, help="only this rollout (repeatable)")
+    sel.add_argument("--agent", action="append", default=None, help="only calls of this agent (repeatable)")
+    sel.add_argument("--mode", default=None, help="only rollouts of this mode (train, val)")
+    sel.add_argument("--since-ns", type=int, default=None, help="only rollouts starting at or after (unix ns)")
+    sel.add_argument("--until-ns", type=int, default=None, help="only rollouts starting before (unix ns)")
+    sel.add_argument("--min-policy-version", type=int, default=None, help="only calls of this version or newer")
+    cr = t.add_argument_group("credit assignment (see spanrl.algorithms.credit)")
+    cr.add_argument("--credit-mode", default="identical", help="identical | discounted | step (default identical)")
+    cr.add_argument("--baseline", default="grpo", help="grpo | rloo | none (default grpo)")
+    cr.add_argument("--gamma", type=float, default=1.0, help="discount per call (default 1.0)")
+    cr.add_argument("--no-scale-std", action="store_true", help="do not divide by the group std")
+    cr.add_argument("--per-call", action="store_true", help="group statistics per call (Agent Lightning)")
+    cr.add_argument("--reward-name", default=None, help="only rewards of this name")
+    cr.add_argument("--missing-reward", default="skip", help="skip | zero (default skip)")
+    cr.add_argument("--nan-reward", default="skip", help="skip | zero (default skip)")
+    t.add_argument("--aggregate", action="store_true", help="merge multi-turn calls into one masked sample")
+    t.add_argument("--tokenizer", default=None, help="tokenizer folder to retokenize calls without ids")
+    t.set_defaults(func=_export_transitions)
 
 
-def build_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
-    """A :class:`Trainer` from a parsed config dict (see the module docstring)."""
-    import spanrl.algorithms as algorithms
-    from spanrl.algorithms.runner import RunnerConfig
-    from spanrl.algorithms.trainer import LightningRL, Trainer, TrainerConfig
+def _export_transitions(args: argparse.Namespace) -> int:
+    from spanrl.algorithms.credit import CreditConfig
+    from spanrl.algorithms.transitions import load_transitions
+    from spanrl.errors import SpanRLError
+    from spanrl.store import SpanStore
+    from spanrl.store._cli import _db_path, _remote
 
-    if not isinstance(raw, dict):
-        raise ConfigError("the train config must be a mapping of settings")
-    raw = dict(raw)
-    for key in ("model", "agent", "tasks"):
-        if key not in raw:
-            raise ConfigError(f"the train config needs {key!r}")
-    algo_raw = dict(raw.pop("algorithm", None) or {"name": "grpo"})
-    name = str(algo_raw.pop("name", "grpo")).lower()
-    if name not in _ALGORITHMS:
-        raise ConfigError(f"algorithm.name must be one of {sorted(_ALGORITHMS)}, got {name!r}")
-    algorithm = getattr(algorithms, _ALGORITHMS[name])(**algo_raw)
-    credit = LightningRL(**(raw.pop("credit", None) or {}))
-    runner_fields = {f.name for f in dataclasses.fields(RunnerConfig)}
-    runner_raw = raw.pop("runner", None) or {}
-    for key in runner_raw:
-        if key not in runner_fields:
-            raise ConfigError(f"runner.{key} is not a runner setting; expected one of {sorted(runner_fields)}")
-    trainer_fields = {f.name for f in dataclasses.fields(TrainerConfig)} - {"runner"}
-    model, agent, prompt_template = raw.pop("model"), raw.pop("agent"), raw.pop("prompt_template", None)
-    tasks = _load_tasks(raw.pop("tasks"), base, "tasks")
-    val_tasks = _load_tasks(raw.pop("val_tasks"), base, "val_tasks") if raw.get("val_tasks") else None
-    raw.pop("val_tasks", None)
-    for key in raw:
-        if key not in trainer_fields:
-            raise ConfigError(f"{key!r} is not a trainer setting; expected one of {sorted(trainer_fields | set(_TOP_LEVEL))}")
-    if isinstance(raw.get("report_to"), list):
-        raw["report_to"] = tuple(raw["report_to"])
-    config = TrainerConfig(**raw, runner=RunnerConfig(**runner_raw))
-    model_path = Path(model) if Path(model).is_absolute() else base / model
-    return Trainer(
-        model=model_path, agent=agent, tasks=tasks, val_tasks=val_tasks, algorithm=algorithm, credit=credit,
-        prompt_template=prompt_template, config=config,
-    )
+    try:
+        credit = CreditConfig(
+            mode=args.credit_mode,
+            baseline=args.baseline,
+            gamma=args.gamma,
+            scale_std=not args.no_scale_std,
+            per_rollout=not args.per_call,
+            reward_name=args.reward_name,
+            missing_reward=args.missing_reward,
+            nan_reward=args.nan_reward,
+        )
+        credit.validate()
+        tokenizer = None
+        if args.tokenizer:
+            from transformers import AutoTokenizer
 
-
-def _train(args: argparse.Namespace) -> int:
-    import yaml
-
-    path = Path(args.config)
-    if not path.is_file():
-        raise ConfigError(f"config: no such file {str(path)!r}")
-    raw = yaml.safe_load(path.read_text()) or {}
-    if args.resume:
-        raw["resume"] = True
-    if args.output_dir:
-        raw["output_dir"] = args.output_dir
-    if args.max_steps is not None:
-        raw["max_steps"] = args.max_steps
-    trainer = build_trainer(raw, base=path.parent)
-    history = trainer.train()
-    last = history[-1] if history else {}
-    print(json.dumps({"step": trainer.step, "output_dir": str(trainer.output_dir), **{k: last[k] for k in ("reward_mean", "val_success", "apo/best_score", "prompt_template") if k in last}}))
+            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        kwargs: dict[str, Any] = dict(
+            credit=credit,
+            rollout_ids=args.rollout_id,
+            agents=args.agent,
+            mode=args.mode,
+            since_ns=args.since_ns,
+            until_ns=args.until_ns,
+            min_policy_version=args.min_policy_version,
+            tokenizer=tokenizer,
+            aggregate=args.aggregate,
+        )
+        remote = _remote(args)
+        if remote is not None:
+            batch = load_transitions(remote, **kwargs)
+        else:
+            with SpanStore.open(_db_path(args), read_only=True) as store:
+                batch = load_transitions(store, **kwargs)
+        _write(batch.to_arrow(), args.format, args.output)
+    except SpanRLError as exc:
+        print(f"spanrl: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(batch.report, sort_keys=True), file=sys.stderr)
+    print(args.output)
     return 0
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from spanrl.algorithms.demo import DemoConfig, run_demo
+def _write(table: Any, fmt: str, output: str) -> None:
+    from spanrl.errors import ConfigError
 
-    config = DemoConfig(output_dir=args.output_dir, seed=args.seed, progress=not args.no_progress)
-    if args.grpo_steps is not None:
-        config.grpo_steps = args.grpo_steps
-    run_demo(config)
-    return 0
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, output)
+    elif fmt == "jsonl":
+        import orjson
+
+        with open(output, "wb") as out:
+            for row in table.to_pylist():
+                out.write(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+    else:
+        try:
+            import datasets
+        except ModuleNotFoundError:
+            raise ConfigError("format 'hf' needs the datasets package: pip install 'spanrl[train]'") from None
+        datasets.Dataset(table).save_to_disk(output)

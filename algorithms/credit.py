@@ -34,7 +34,7 @@ skipped or scored 0 (``missing_reward``); a NaN reward skips its rollout or coun
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -330,3 +330,25 @@ def _whiten(adv: np.ndarray, keep: np.ndarray, eps: float) -> np.ndarray:
         return adv
     std = kept.std(ddof=1)
     return (adv - kept.mean()) / (std + eps) if std >= eps else adv - kept.mean()
+
+
+def LightningRL(  # noqa: N802 - a config constructor, named like Agent Lightning's algorithm
+    *,
+    mode: str = "identical",
+    baseline: str = "grpo",
+    **fields: Any,
+) -> Any:
+    """Credit assignment as Agent Lightning users know it: a :class:`~spanrl.algorithms.credit.CreditConfig`.
+
+    ``mode``: how an episode's reward reaches each LLM call (``identical``: every call gets the final
+    reward; ``discounted``, ``step``, ``gae``); ``baseline``: ``grpo`` (group mean/std by task),
+    ``rloo``, or ``none``. Other ``CreditConfig`` fields pass through by name (e.g. ``gamma``).
+    """
+    try:
+        config = CreditConfig(mode=mode, baseline=baseline, **fields)
+    except TypeError as exc:
+        raise ConfigError(f"LightningRL got an unknown field: {exc}") from None
+    validate = getattr(config, "validate", None)
+    if validate is not None:
+        validate()
+    return config

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from spanrl.algorithms._distributed import average_gradients
+from spanrl.algorithms.distributed import average_gradients
 from spanrl.algorithms.base import (
     Algorithm,
     PaddedBatch,

@@ -45,7 +45,7 @@ import numpy as np
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1 import common_pb2
 
-from spanrl.instrumentation import semconv as sc
+from spanrl import semconv as sc
 
 SPANS_PER_REQUEST = 512
 DISTINCT_REQUESTS = 8

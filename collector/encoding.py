@@ -23,7 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from google.protobuf import json_format
 
 from spanrl.collector.errors import PermanentError
-from spanrl.instrumentation import semconv as sc
+from spanrl import semconv as sc
 
 __all__ = ["SPANS_ARROW_SCHEMA", "EncodedBatch", "decode_json_request", "decode_protobuf_request", "encode_request"]
 

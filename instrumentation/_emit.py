@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from opentelemetry import context, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from spanrl.instrumentation import semconv
+from spanrl import semconv
 from spanrl.instrumentation._rollout import _close, _decorate, tracer
 
 __all__ = [

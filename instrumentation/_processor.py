@@ -9,7 +9,7 @@ from typing import Any
 from opentelemetry import baggage, context
 from opentelemetry.sdk.trace import SpanProcessor
 
-from spanrl.instrumentation import semconv
+from spanrl import semconv
 from spanrl.instrumentation._rollout import ROLLOUT_KEYS, parse_attempt, rollout_resource_attributes
 
 _logger = logging.getLogger(__name__)

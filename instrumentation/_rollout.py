@@ -23,7 +23,7 @@ from opentelemetry import baggage, context, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from spanrl import env
-from spanrl.instrumentation import semconv
+from spanrl import semconv
 
 _logger = logging.getLogger(__name__)
 

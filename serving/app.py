@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from spanrl.errors import ServingError
-from spanrl.instrumentation import semconv
+from spanrl import semconv
 from spanrl.serving.backend import GenerationRequest
 from spanrl.serving.chat import normalize_messages, normalize_tools, render_prompt
 from spanrl.serving.errors import RequestError, error_body

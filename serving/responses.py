@@ -14,7 +14,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from spanrl.instrumentation import semconv
+from spanrl import semconv
 from spanrl.serving.backend import GenerationRequest, GenerationResult
 from spanrl.serving.batcher import Batcher, QueueFullError
 from spanrl.serving.chat import parse_tool_calls, semconv_messages

@@ -2,7 +2,7 @@
 
 The server has its own TracerProvider (never the global one), so embedding it in a process that is
 itself instrumented changes nothing there. Token ids and logprobs go on the span either as plain
-arrays or, compactly, as base64 of little-endian int32 / float32 (see ``instrumentation/semconv.py``).
+arrays or, compactly, as base64 of little-endian int32 / float32 (see ``spanrl/semconv.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from spanrl.instrumentation import semconv
+from spanrl import semconv
 
 __all__ = ["SpanRecorder", "decode_float32", "decode_int32", "encode_float32", "encode_int32"]
 

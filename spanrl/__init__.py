@@ -34,7 +34,7 @@ _LAZY: dict[str, str] = {
     "Collector": "spanrl.collector",
     "SpanStore": "spanrl.store",
     "PolicyServer": "spanrl.serving",
-    "Trainer": "spanrl.algorithms",
+    "Trainer": "spanrl.trainer",
     "GRPO": "spanrl.algorithms",
     "PPO": "spanrl.algorithms",
     "SFT": "spanrl.algorithms",
@@ -72,7 +72,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from spanrl.algorithms import APO, DPO, GRPO, PPO, SFT, LightningRL, Trainer
+    from spanrl.algorithms import APO, DPO, GRPO, PPO, SFT, LightningRL
     from spanrl.collector import Collector
     from spanrl.instrumentation import (
         agent,
@@ -85,3 +85,4 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from spanrl.serving import PolicyServer
     from spanrl.store import SpanStore
+    from spanrl.trainer import Trainer

@@ -22,8 +22,8 @@ _COMMAND_MODULES = (
     "spanrl.collector._cli",
     "spanrl.store._cli",
     "spanrl.serving._cli",
+    "spanrl.trainer._cli",
     "spanrl.algorithms._cli",
-    "spanrl.algorithms._export_cli",
 )
 
 

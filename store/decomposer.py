@@ -48,7 +48,7 @@ import numpy as np
 import pyarrow as pa
 
 from spanrl.errors import ConfigError, StoreError
-from spanrl.instrumentation import semconv as sc
+from spanrl import semconv as sc
 
 __all__ = ["Decomposition", "Selection", "decompose"]
 

@@ -24,7 +24,7 @@ from opentelemetry import trace
 import spanrl
 from examples._runtime import llm_settings, sampling_value, serve
 from examples.search_qa.search import DEFAULT_TOP_K, answer_reward, default_index
-from spanrl.instrumentation import semconv
+from spanrl import semconv
 
 DEFAULT_MAX_STEPS = 4
 DEFAULT_MAX_TOKENS = 64

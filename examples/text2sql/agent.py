@@ -33,7 +33,7 @@ from opentelemetry import trace
 import spanrl
 from examples._runtime import llm_settings, sampling_value, serve
 from examples.text2sql.sqltools import DB_PATH, SqlResult, execution_reward, extract_sql, run_sql, schema_text
-from spanrl.instrumentation import semconv
+from spanrl import semconv
 
 DEFAULT_MAX_TRIES = 3
 DEFAULT_MAX_TOKENS = 128

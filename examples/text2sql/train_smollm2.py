@@ -66,7 +66,8 @@ def _tasks(split: str, n: int, seed: int, cfg: SmolRunConfig, max_difficulty: in
 
 
 def run(cfg: SmolRunConfig) -> dict[str, Any]:
-    from spanrl.algorithms import GRPO, LightningRL, RunnerConfig, Trainer, TrainerConfig
+    from spanrl.algorithms import GRPO, LightningRL
+    from spanrl.trainer import RunnerConfig, Trainer, TrainerConfig
     from spanrl.serving.models import SMOLLM2, resolve_model
 
     started = time.perf_counter()

@@ -77,9 +77,10 @@ def tiny_tasks(split: str) -> list[dict[str, Any]]:
 
 def run(config: TinyRunConfig | None = None) -> dict[str, Any]:
     """SFT then GRPO; returns the figures (also written to ``output_dir/result.json``)."""
-    from spanrl.algorithms import GRPO, LightningRL, RunnerConfig, Trainer, TrainerConfig
+    from spanrl.algorithms import GRPO, LightningRL
+    from spanrl.trainer import RunnerConfig, Trainer, TrainerConfig
     from spanrl.algorithms.sft import SFT
-    from spanrl.algorithms.tiny import build_tiny_model
+    from spanrl.trainer.tiny import build_tiny_model
 
     cfg = (config or TinyRunConfig()).validate()
     started = time.perf_counter()

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from spanrl.instrumentation import semconv as sc
+from spanrl import semconv as sc
 
 
 def _spans(n: int, rollout_id: str) -> list[ReadableSpan]:

@@ -10,7 +10,7 @@ import pytest
 
 from _otlp import b64_int32, make_request
 from spanrl.collector.encoding import SPANS_ARROW_SCHEMA, encode_request
-from spanrl.instrumentation import semconv as sc
+from spanrl import semconv as sc
 
 
 def _one(attributes: dict) -> tuple[dict | None, str]:

@@ -13,7 +13,7 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from spanrl.instrumentation import semconv as sc
+from spanrl import semconv as sc
 
 
 def _emit(exporter, service: str) -> None:

@@ -37,8 +37,9 @@ def run_pipeline(tmp_path: Path, *, agent_file: Path, words: Sequence[str], task
     """Build a tiny model over ``words`` and run ``steps`` GRPO steps of the command-line agent
     ``agent_file`` (as jsonl workers under opentelemetry-instrument) through collector, store,
     decomposer, credit assignment, update and reload."""
-    from spanrl.algorithms import GRPO, RunnerConfig, Trainer, TrainerConfig
-    from spanrl.algorithms.tiny import build_tiny_model
+    from spanrl.algorithms import GRPO
+    from spanrl.trainer import RunnerConfig, Trainer, TrainerConfig
+    from spanrl.trainer.tiny import build_tiny_model
 
     model = build_tiny_model(tmp_path / "model", words=sorted(set(words)), hidden_size=32, num_layers=1,
                              num_heads=2, intermediate_size=64)

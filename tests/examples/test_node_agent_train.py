@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from spanrl.algorithms import GRPO, LightningRL, Trainer, TrainerConfig
-from spanrl.algorithms.tiny import build_tiny_model
+from spanrl.algorithms import GRPO, LightningRL
+from spanrl.trainer import Trainer, TrainerConfig
+from spanrl.trainer.tiny import build_tiny_model
 from spanrl.store import SpanStore
 
 NODE_AGENT = Path(__file__).resolve().parents[2] / "examples" / "node-agent"

@@ -11,7 +11,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
 import spanrl
-from spanrl.instrumentation import semconv
+from spanrl import semconv
 
 
 def test_emit_reward_number_is_child_of_current_span(spans):

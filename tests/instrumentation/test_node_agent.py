@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fake_openai import FakeOpenAI
-from spanrl.instrumentation import semconv
+from spanrl import semconv
 
 NODE_AGENT = Path(__file__).resolve().parents[2] / "examples" / "node-agent"
 

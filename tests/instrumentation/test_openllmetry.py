@@ -11,7 +11,8 @@ from opentelemetry.instrumentation.openai.shared import chat_wrappers
 
 import spanrl
 from fake_openai import FakeOpenAI
-from spanrl.instrumentation import _openllmetry, semconv
+from spanrl import semconv
+from spanrl.instrumentation import _openllmetry
 
 
 @pytest.fixture(autouse=True)

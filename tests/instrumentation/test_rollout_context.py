@@ -9,7 +9,8 @@ import pytest
 from opentelemetry import baggage, trace
 
 import spanrl
-from spanrl.instrumentation import current_rollout, rollout_resource_attributes, semconv
+from spanrl import semconv
+from spanrl.instrumentation import current_rollout, rollout_resource_attributes
 from spanrl.instrumentation._processor import RolloutSpanProcessor
 
 

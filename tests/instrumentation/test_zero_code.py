@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fake_openai import FakeOpenAI
-from spanrl.instrumentation import semconv
+from spanrl import semconv
 
 AGENTS = Path(__file__).parent / "agents"
 BIN = Path(sys.executable).parent

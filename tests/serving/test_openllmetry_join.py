@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from spanrl.instrumentation import semconv
+from spanrl import semconv
 
 
 def test_openllmetry_client_span_joins_the_server_span(served) -> None:

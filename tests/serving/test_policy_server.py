@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from spanrl.errors import ServingError
-from spanrl.instrumentation import semconv
+from spanrl import semconv
 from spanrl.serving import PolicyServer, ServerConfig, decode_float32, decode_int32
 
 CHAT = [{"role": "user", "content": "what is 3 add 4 ?"}]

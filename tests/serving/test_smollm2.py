@@ -7,7 +7,7 @@ import openai
 import pytest
 import torch
 
-from spanrl.instrumentation import semconv
+from spanrl import semconv
 from spanrl.serving import PolicyServer, ServerConfig
 from spanrl.serving.models import SMOLLM2, resolve_model
 

@@ -8,7 +8,7 @@ import openai
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from spanrl.instrumentation import semconv
+from spanrl import semconv
 
 TOOLS = [
     {

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from spanrl.instrumentation import semconv as sc
+from spanrl import semconv as sc
 from spanrl.store.decomposer import Selection, decompose
 
 T0_NS = 1_800_000_000_000_000_000
@@ -175,7 +175,7 @@ class Rollout:
 
 
 def _b64(values: list[int] | list[float], dtype: str) -> str:
-    """The compact encoding of token arrays (instrumentation/semconv.py): base64 of little-endian values."""
+    """The compact encoding of token arrays (spanrl/semconv.py): base64 of little-endian values."""
     return base64.b64encode(np.asarray(values, dtype=dtype).tobytes()).decode()
 
 

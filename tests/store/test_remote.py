@@ -8,7 +8,7 @@ import pytest
 from _otlp import make_request
 from spanrl.collector.encoding import encode_request
 from spanrl.errors import StoreError
-from spanrl.instrumentation import semconv as sc
+from spanrl import semconv as sc
 from spanrl.store import RemoteStore
 
 

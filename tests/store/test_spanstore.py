@@ -15,7 +15,7 @@ import pytest
 from _otlp import b64_int32, make_request
 from spanrl.collector.encoding import encode_request
 from spanrl.errors import ConfigError, StoreBusyError, StoreError
-from spanrl.instrumentation import semconv as sc
+from spanrl import semconv as sc
 from spanrl.store import SpanStore
 from spanrl.store.maintenance import export_parquet, parse_duration_s, prune
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from spanrl.algorithms.quickstart import AgentEnv, DeployedAgent, RewardFunction, Trainer, run_episode
+from spanrl.trainer.quickstart import AgentEnv, DeployedAgent, RewardFunction, Trainer, run_episode
 from spanrl.errors import ConfigError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -100,7 +100,7 @@ def test_trainer_needs_tasks_when_the_env_has_no_defaults(tmp_path):
 
 
 def test_trainer_trains_and_deploys_through_the_pipeline(tmp_path):
-    from spanrl.algorithms.tiny import CALL_CLOSE, CALL_OPEN, ROLE_WORDS, build_tiny_model
+    from spanrl.trainer.tiny import CALL_CLOSE, CALL_OPEN, ROLE_WORDS, build_tiny_model
 
     model = build_tiny_model(tmp_path / "model", words=VOCAB, hidden_size=32, num_layers=1, num_heads=2,
                              intermediate_size=64)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spanrl.algorithms.curriculum import Curriculum, CurriculumConfig
+from spanrl.trainer.curriculum import Curriculum, CurriculumConfig
 from spanrl.errors import ConfigError
 
 TASKS = [{"id": f"{d}-{i}", "difficulty": d} for d in (1, 2, 3) for i in range(5)]
@@ -87,10 +87,11 @@ def test_train_with_curriculum_promotes_from_the_rounds_rollouts(tmp_path):
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from examples.quickstart.arith import VOCAB, ArithEnv, ArithReward, make_tasks
-    from spanrl.algorithms import GRPO, Trainer, TrainerConfig
-    from spanrl.algorithms.curriculum import train_with_curriculum
-    from spanrl.algorithms.quickstart import env_agent
-    from spanrl.algorithms.tiny import build_tiny_model
+    from spanrl.algorithms import GRPO
+    from spanrl.trainer import Trainer, TrainerConfig
+    from spanrl.trainer.curriculum import train_with_curriculum
+    from spanrl.trainer.quickstart import env_agent
+    from spanrl.trainer.tiny import build_tiny_model
 
     model = build_tiny_model(tmp_path / "model", words=VOCAB, hidden_size=32, num_layers=1, num_heads=2,
                              intermediate_size=64)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from spanrl.algorithms.rewards import (
+from spanrl.instrumentation.rewards import (
     JudgeConfig,
     LLMJudge,
     agreement_evaluator,

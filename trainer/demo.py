@@ -1,6 +1,6 @@
 """``spanrl demo``: the whole pipeline, locally, on a tiny model, in a few minutes on two CPU cores.
 
-1. Build a tiny Llama (~667k parameters) and a word-level tokenizer (``algorithms/tiny.py``).
+1. Build a tiny Llama (~667k parameters) and a word-level tokenizer (``trainer/tiny.py``).
 2. Start the careless demonstrator (an OpenAI-compatible server that swaps the operands of ``sub`` and
    ``div`` 70% of the time) and run the calculator agent (``examples/calculator/agent.py``, a plain
    OpenAI-client program under ``opentelemetry-instrument``, as jsonl workers) against it; its traces go
@@ -115,11 +115,12 @@ def _calculator_modules() -> tuple[Any, Any]:
 def run_demo(config: DemoConfig | None = None, *, echo: Any = print) -> DemoResult:
     """Run the demo; ``echo`` prints the narration (``print`` by default)."""
     from spanrl.algorithms.grpo import GRPO
-    from spanrl.algorithms.plotting import plot_reward_curve
-    from spanrl.algorithms.runner import RunnerConfig
+    from spanrl.trainer.plotting import plot_reward_curve
+    from spanrl.trainer.runner import RunnerConfig
     from spanrl.algorithms.sft import SFT
-    from spanrl.algorithms.tiny import build_tiny_model
-    from spanrl.algorithms.trainer import CURVE_FILE, DB_FILE, LightningRL, Trainer, TrainerConfig
+    from spanrl.trainer.tiny import build_tiny_model
+    from spanrl.algorithms.credit import LightningRL
+    from spanrl.trainer.trainer import CURVE_FILE, DB_FILE, Trainer, TrainerConfig
 
     cfg = (config or DemoConfig()).validate()
     started = time.perf_counter()

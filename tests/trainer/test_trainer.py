@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from spanrl.algorithms import GRPO, LightningRL, RunnerConfig, Trainer, TrainerConfig
-from spanrl.algorithms.tiny import build_tiny_model
+from spanrl.algorithms import GRPO, LightningRL
+from spanrl.trainer import RunnerConfig, Trainer, TrainerConfig
+from spanrl.trainer.tiny import build_tiny_model
 from spanrl.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

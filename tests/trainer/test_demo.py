@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spanrl.algorithms.demo import DemoConfig, run_demo
+from spanrl.trainer.demo import DemoConfig, run_demo
 from spanrl.errors import ConfigError
 from spanrl.store import SpanStore
 

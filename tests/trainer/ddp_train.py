@@ -17,8 +17,9 @@ sys.path.insert(0, str(CALCULATOR))
 
 import calculator  # noqa: E402
 
-from spanrl.algorithms import GRPO, LightningRL, LLMEndpoint, RunnerConfig, Trainer, TrainerConfig  # noqa: E402
-from spanrl.algorithms._distributed import rank, world  # noqa: E402
+from spanrl.algorithms import GRPO, LightningRL
+from spanrl.trainer import LLMEndpoint, RunnerConfig, Trainer, TrainerConfig  # noqa: E402
+from spanrl.algorithms.distributed import rank, world  # noqa: E402
 
 
 def weights_sha256(model) -> str:

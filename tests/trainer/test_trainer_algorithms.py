@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 import torch
 
-from spanrl.algorithms import APO, GRPO, PPO, LLMEndpoint, RunnerConfig, Trainer, TrainerConfig
+from spanrl.algorithms import APO, GRPO, PPO
+from spanrl.trainer import LLMEndpoint, RunnerConfig, Trainer, TrainerConfig
 from spanrl.algorithms.lora import LoRAConfig
-from spanrl.algorithms.tiny import build_tiny_model
+from spanrl.trainer.tiny import build_tiny_model
 from spanrl.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

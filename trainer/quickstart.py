@@ -20,7 +20,7 @@ user message, the policy's reply is the action, ``env.step(action)`` advances th
 ``env.done`` or ``max_turns``. The reward function scores the finished trajectory and the reward is
 emitted as a span (``spanrl.emit_reward``); the LLM calls are traced like any agent's, so this trains
 through exactly the same spans -> transitions -> update path as every other agent. :class:`Trainer`
-wraps :class:`spanrl.algorithms.trainer.Trainer` (which runs the loop) with the flat arguments above.
+wraps :class:`spanrl.trainer.trainer.Trainer` (which runs the loop) with the flat arguments above.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ class RewardFunction(abc.ABC):
 
     @abc.abstractmethod
     def compute(self, env: AgentEnv, trajectory: Trajectory) -> float:
-        """The episode reward (use ``spanrl.algorithms.rewards.shaped_reward`` to add step rewards)."""
+        """The episode reward (use ``spanrl.instrumentation.rewards.shaped_reward`` to add step rewards)."""
 
 
 def run_episode(env: AgentEnv, client: Any, model: str, *, temperature: float = 1.0,
@@ -157,7 +157,7 @@ def env_agent(env_class: type[AgentEnv], reward_class: type[RewardFunction], *,
               max_turns: int | None = None) -> Callable[[Mapping[str, Any], Any], None]:
     """A callable agent ``agent(task, llm)`` that plays ``env_class(task)`` and emits the reward of
     ``reward_class().compute(env, trajectory)``. ``llm`` is the trainer's endpoint (base_url, model,
-    sampling; see ``spanrl.algorithms.runner.LLMEndpoint``)."""
+    sampling; see ``spanrl.trainer.runner.LLMEndpoint``)."""
     _check_classes(env_class, reward_class)
 
     def agent(task: Mapping[str, Any], llm: Any) -> None:
@@ -257,8 +257,8 @@ class Trainer:
         algo = _algorithm(algorithm, learning_rate) if isinstance(algorithm, str) else algorithm
         if not isinstance(algorithm, str) and learning_rate is not None:
             raise ConfigError("learning_rate applies to an algorithm given by name; set it in the algorithm object")
-        from spanrl.algorithms.trainer import Trainer as LoopTrainer
-        from spanrl.algorithms.trainer import TrainerConfig
+        from spanrl.trainer.trainer import Trainer as LoopTrainer
+        from spanrl.trainer.trainer import TrainerConfig
 
         self.env_class = env_class
         self.reward_class = reward_class

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from spanrl.algorithms import SFT, Trainer
-from spanrl.algorithms._distributed import broadcast, is_main, shard, world
-from spanrl.algorithms.tiny import build_tiny_model
+from spanrl.algorithms import SFT
+from spanrl.trainer import Trainer
+from spanrl.algorithms.distributed import broadcast, is_main, shard, world
+from spanrl.trainer.tiny import build_tiny_model
 from spanrl.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

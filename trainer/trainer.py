@@ -19,7 +19,7 @@ in ``trainer.prompt_template`` for later rollouts. The template reaches the agen
 
 Embedded: the Trainer starts the collector (DuckDB at ``output_dir/spans.duckdb``) and the policy
 server itself. Each step samples ``tasks_per_step`` tasks, runs ``n_rollouts`` rollouts of each through
-the :class:`~spanrl.algorithms.runner.RolloutRunner` (bounded, retried, waited for until their spans are
+the :class:`~spanrl.trainer.runner.RolloutRunner` (bounded, retried, waited for until their spans are
 committed), decomposes them with ``load_transitions`` (credit assignment included), updates the policy,
 pushes the weights into the server (in process) and logs. Failed rollouts are recorded in
 ``output_dir/rollouts.jsonl`` and excluded; they never stop training.
@@ -47,14 +47,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from spanrl.algorithms import _distributed
-from spanrl.algorithms._reporting import NoProgress, Reporter
-from spanrl.algorithms._tracing import InProcessTracing
-from spanrl.algorithms.runner import RolloutJob, RolloutResult, RolloutRunner, RunnerConfig
+from spanrl.algorithms import distributed as _distributed
+from spanrl.trainer.reporting import NoProgress, Reporter
+from spanrl.trainer.tracing import InProcessTracing
+from spanrl.trainer.runner import RolloutJob, RolloutResult, RolloutRunner, RunnerConfig
+from spanrl.algorithms.credit import LightningRL
 from spanrl.errors import ConfigError, TrainingError
-from spanrl.instrumentation import semconv
+from spanrl import semconv
 
-__all__ = ["LightningRL", "Trainer", "TrainerConfig"]
+__all__ = ["Trainer", "TrainerConfig"]
 
 _logger = logging.getLogger(__name__)
 
@@ -69,30 +70,6 @@ DB_FILE = "spans.duckdb"
 SERVED_MODEL_NAME = "policy"
 _REPORTERS = ("none", "tensorboard", "wandb")
 _STEP_SEED_STRIDE = 1_000_003  # per-step task sampling seed = seed * stride + step (resumable, no RNG state)
-
-
-def LightningRL(  # noqa: N802 - a config constructor, named like Agent Lightning's algorithm
-    *,
-    mode: str = "identical",
-    baseline: str = "grpo",
-    **fields: Any,
-) -> Any:
-    """Credit assignment as Agent Lightning users know it: a :class:`~spanrl.algorithms.credit.CreditConfig`.
-
-    ``mode``: how an episode's reward reaches each LLM call (``identical``: every call gets the final
-    reward; ``discounted``, ``step``, ``gae``); ``baseline``: ``grpo`` (group mean/std by task),
-    ``rloo``, or ``none``. Other ``CreditConfig`` fields pass through by name (e.g. ``gamma``).
-    """
-    from spanrl.algorithms.credit import CreditConfig
-
-    try:
-        config = CreditConfig(mode=mode, baseline=baseline, **fields)
-    except TypeError as exc:
-        raise ConfigError(f"LightningRL got an unknown field: {exc}") from None
-    validate = getattr(config, "validate", None)
-    if validate is not None:
-        validate()
-    return config
 
 
 @dataclasses.dataclass
@@ -589,7 +566,7 @@ class Trainer:
     # --- helpers -----------------------------------------------------------------------------------
     def plot(self) -> Path:
         """Write ``output_dir/reward_curve.png`` from the history."""
-        from spanrl.algorithms.plotting import plot_reward_curve
+        from spanrl.trainer.plotting import plot_reward_curve
 
         return plot_reward_curve(self.history, self.output_dir / CURVE_FILE, title=f"spanrl: {self.output_dir.name}")
 

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from spanrl.algorithms import GRPO, LightningRL, LLMEndpoint, RunnerConfig, Trainer, TrainerConfig
-from spanrl.algorithms._cli import build_trainer
-from spanrl.algorithms.tiny import build_tiny_model
+from spanrl.algorithms import GRPO, LightningRL
+from spanrl.trainer import LLMEndpoint, RunnerConfig, Trainer, TrainerConfig
+from spanrl.trainer._cli import build_trainer
+from spanrl.trainer.tiny import build_tiny_model
 from spanrl.cli import main
 from spanrl.errors import ConfigError
 
