@@ -32,7 +32,22 @@ _LAZY: dict[str, str] = {
     "load_transitions": "spanrl.algorithms.transitions",
 }
 
-__all__ = sorted(_LAZY)
+ALGORITHMS: dict[str, str] = {"grpo": "GRPO", "ppo": "PPO", "sft": "SFT", "dpo": "DPO", "apo": "APO"}
+"""The algorithm registry: the name a train config, the CLI or the quick-start API uses -> class name."""
+
+__all__ = sorted([*_LAZY, "ALGORITHMS", "algorithm_class"])
+
+
+def algorithm_class(name: str, *, field: str = "algorithm", allowed: tuple[str, ...] | None = None) -> type:
+    """The class registered as ``name`` (case-insensitive); a ConfigError naming ``field`` and the
+    choices (``allowed``, default every registered name) otherwise."""
+    from spanrl.errors import ConfigError
+
+    choices = tuple(allowed or ALGORITHMS)
+    key = name.lower() if isinstance(name, str) else name
+    if key not in choices:
+        raise ConfigError(f"{field} must be one of {choices}, got {name!r}")
+    return __getattr__(ALGORITHMS[key])
 
 
 def __getattr__(name: str) -> Any:

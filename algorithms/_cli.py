@@ -16,14 +16,14 @@ _FORMATS = ("parquet", "jsonl", "hf")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from spanrl.store._cli import _common
+    from spanrl.store.access import add_store_options
 
     p = subparsers.add_parser("export", help="export training data: spanrl export transitions ...")
     sub = p.add_subparsers(dest="export_command", metavar="WHAT", required=True)
     t = sub.add_parser("transitions", help="transitions with advantages, as Parquet, JSON lines or a HF dataset")
     t.add_argument("--output", "-o", required=True, help="output file (parquet, jsonl) or folder (hf)")
     t.add_argument("--format", "-f", default="parquet", choices=_FORMATS, help="output format (default parquet)")
-    _common(t)
+    add_store_options(t)
     sel = t.add_argument_group("selection")
     sel.add_argument("--rollout-id", action="append", default=None, help="only this rollout (repeatable)")
     sel.add_argument("--agent", action="append", default=None, help="only calls of this agent (repeatable)")
@@ -50,7 +50,7 @@ def _export_transitions(args: argparse.Namespace) -> int:
     from spanrl.algorithms.transitions import load_transitions
     from spanrl.errors import SpanRLError
     from spanrl.store import SpanStore
-    from spanrl.store._cli import _db_path, _remote
+    from spanrl.store.access import db_path, remote_store
 
     try:
         credit = CreditConfig(
@@ -80,11 +80,11 @@ def _export_transitions(args: argparse.Namespace) -> int:
             tokenizer=tokenizer,
             aggregate=args.aggregate,
         )
-        remote = _remote(args)
+        remote = remote_store(args)
         if remote is not None:
             batch = load_transitions(remote, **kwargs)
         else:
-            with SpanStore.open(_db_path(args), read_only=True) as store:
+            with SpanStore.open(db_path(args), read_only=True) as store:
                 batch = load_transitions(store, **kwargs)
         _write(batch.to_arrow(), args.format, args.output)
     except SpanRLError as exc:

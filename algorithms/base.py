@@ -186,6 +186,23 @@ def config_dict(config: Any) -> dict[str, Any]:
     """A dataclass config as JSON-ready data (nested dataclasses included)."""
     return json.loads(json.dumps(dataclasses.asdict(config), default=str))
 
+def load_policy(model_path: Path, *, lora: LoRAConfig | None = None) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` from a Hugging Face folder, as every algorithm loads them: the tokenizer
+    with a pad token (EOS when it has none), the causal LM in float32, wrapped in a LoRA adapter when
+    ``lora`` is given."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    if lora is not None:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, lora.to_peft())
+    return model, tokenizer
+
+
 def save_policy(model: Any, tokenizer: Any, checkpoint_dir: Path, *, lora: LoRAConfig | None = None) -> None:
     """Write a loadable HF folder; with LoRA, the merged weights plus the adapter in ``adapters/<name>``."""
     if lora is not None:
@@ -326,7 +343,7 @@ class Reporter:
                     import wandb
                 except ImportError:
                     raise ConfigError("report_to='wandb' needs the wandb package: pip install wandb") from None
-                run = wandb.run or wandb.init(config=config, dir=str(output_dir))
+                run = wandb.run or wandb.init(project="spanrl", config=config, dir=str(output_dir))
                 self._writers.append(run)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -338,3 +355,12 @@ class Reporter:
                 writer.flush()
             else:
                 writer.log(metrics, step=step)
+
+    def close(self) -> None:
+        """Close the TensorBoard writers and finish the W&B run; safe twice."""
+        for writer in self._writers:
+            if hasattr(writer, "add_scalar"):
+                writer.close()
+            else:
+                writer.finish()
+        self._writers = []

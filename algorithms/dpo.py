@@ -29,6 +29,7 @@ from spanrl.algorithms.base import (
     check_report_to,
     check_transitions,
     load_checkpoint,
+    load_policy,
     rng_state,
     save_checkpoint,
     seed_everything,
@@ -133,20 +134,11 @@ class DPO(Algorithm):
         self, *, model_path: Path, output_dir: Path, seed: int = 0, report_to: Sequence[str] = ()
     ) -> None:
         """Load the policy (and a frozen copy as the reference) from ``model_path``; build AdamW."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         cfg = self.config
         self._report_to = check_report_to(report_to)
         seed_everything(seed)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        if self.tokenizer.pad_token_id is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        if cfg.lora is not None:
-            from peft import get_peft_model
-
-            model = get_peft_model(model, cfg.lora.to_peft())  # reference = adapter disabled
-        else:
+        model, self.tokenizer = load_policy(model_path, lora=cfg.lora)  # with LoRA, reference = adapter disabled
+        if cfg.lora is None:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.model = model
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate)

@@ -36,6 +36,7 @@ from spanrl.algorithms.base import (
     check_report_to,
     check_transitions,
     load_checkpoint,
+    load_policy,
     pad_transitions,
     save_checkpoint,
     seed_everything,
@@ -179,7 +180,6 @@ class GRPO(Algorithm):
     ) -> None:
         """Load the HF folder ``model_path`` and build the GRPOTrainer, optimizer and scheduler."""
         from datasets import Dataset
-        from transformers import AutoModelForCausalLM, AutoTokenizer
         from trl import GRPOConfig as TRLGRPOConfig
 
         cfg = self.config
@@ -187,10 +187,7 @@ class GRPO(Algorithm):
         seed_everything(seed)
         output_dir = Path(output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        model, tokenizer = load_policy(model_path)  # TRL wraps it in the LoRA adapter (peft_config below)
         args = TRLGRPOConfig(
             output_dir=str(output_dir),
             use_cpu=not torch.cuda.is_available(),

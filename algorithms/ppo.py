@@ -32,6 +32,7 @@ from spanrl.algorithms.base import (
     check_transitions,
     config_dict,
     load_checkpoint,
+    load_policy,
     pad_transitions,
     save_checkpoint,
     seed_everything,
@@ -194,20 +195,13 @@ class PPO(Algorithm):
         self, *, model_path: Path, output_dir: Path, seed: int = 0, report_to: Sequence[str] = ()
     ) -> None:
         """Load the policy and a critic with the same backbone from ``model_path``; build AdamW."""
-        from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
+        from transformers import AutoModelForTokenClassification
         from transformers.utils import logging as hf_logging
 
         cfg = self.config
         check_report_to(report_to)
         seed_everything(seed)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        if self.tokenizer.pad_token_id is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        if cfg.lora is not None:
-            from peft import get_peft_model
-
-            policy = get_peft_model(policy, cfg.lora.to_peft())
+        policy, self.tokenizer = load_policy(model_path, lora=cfg.lora)
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # "score head newly initialized" is expected for the critic
         try:

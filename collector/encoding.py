@@ -12,7 +12,6 @@ request is kept and the receiver reports the rejected count (OTLP partial succes
 from __future__ import annotations
 
 import base64
-import binascii
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -23,6 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from google.protobuf import json_format
 
 from spanrl.collector.errors import PermanentError
+from spanrl import codec
 from spanrl import semconv as sc
 
 __all__ = ["SPANS_ARROW_SCHEMA", "EncodedBatch", "decode_json_request", "decode_protobuf_request", "encode_request"]
@@ -144,18 +144,14 @@ def _attrs(kvs: Any) -> dict[str, Any]:
 def _decode_tokens(key: str, v: Any, is_float: bool) -> np.ndarray:
     """An attribute value (base64 string, raw bytes, or array) -> int32 / float32 numpy array."""
     kind = v.WhichOneof("value")
-    dtype = np.dtype("<f4") if is_float else np.dtype("<i4")
     if kind == "string_value" or kind == "bytes_value":
-        if kind == "string_value":
-            try:
-                raw = base64.b64decode(v.string_value, validate=True)
-            except (binascii.Error, ValueError) as exc:
-                raise _BadSpan(f"{key} is a string but not valid base64 ({exc})") from None
-        else:
-            raw = v.bytes_value
-        if len(raw) % 4:
-            raise _BadSpan(f"{key} holds {len(raw)} bytes, not a multiple of 4 (little-endian 32-bit values)")
-        return np.frombuffer(raw, dtype=dtype)
+        dtype = codec.FLOAT32 if is_float else codec.INT32
+        try:
+            if kind == "string_value":
+                return codec.from_base64(v.string_value, dtype)
+            return codec.from_bytes(v.bytes_value, dtype)
+        except codec.CodecError as exc:
+            raise _BadSpan(f"{key} {exc}") from None
     if kind == "array_value":
         values = v.array_value.values
         # Fast path: read every element as the expected kind (a wrong kind reads as 0), then check

@@ -42,13 +42,7 @@ __all__ = ["ServerState", "build_app"]
 _logger = logging.getLogger(__name__)
 
 _ROLLOUT_HEADER, _TASK_HEADER, _ATTEMPT_HEADER = "x-spanrl-rollout-id", "x-spanrl-task-id", "x-spanrl-attempt"
-_PREFIXES = (
-    "",
-    "/rollouts/{rollout_id}",
-    "/rollouts/{rollout_id}/attempts/{attempt}",
-    "/tasks/{task_id}/rollouts/{rollout_id}",
-    "/tasks/{task_id}/rollouts/{rollout_id}/attempts/{attempt}",
-)
+_PREFIXES = semconv.ROLLOUT_PATH_PREFIXES
 
 def build_app(state: ServerState) -> FastAPI:
     """The FastAPI application serving ``state``."""

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from spanrl import semconv
 from spanrl.errors import ServingError
 from spanrl.serving.backend import Backend, GenerationRequest, GenerationResult, SamplingParams
 from spanrl.serving.batcher import Batcher
@@ -160,8 +161,7 @@ class PolicyServer:
 
     def rollout_base_url(self, rollout_id: str, attempt: int | None = None) -> str:
         """The ``OPENAI_BASE_URL`` that attributes a rollout's requests to it."""
-        suffix = f"/attempts/{attempt}" if attempt is not None else ""
-        return f"{self.base_url}/rollouts/{rollout_id}{suffix}/v1"
+        return semconv.rollout_base_url(self.base_url, rollout_id, attempt)
 
     @property
     def version(self) -> int:

@@ -2,17 +2,15 @@
 
 The server has its own TracerProvider (never the global one), so embedding it in a process that is
 itself instrumented changes nothing there. Token ids and logprobs go on the span either as plain
-arrays or, compactly, as base64 of little-endian int32 / float32 (see ``spanrl/semconv.py``).
+arrays or, compactly, as base64 of little-endian int32 / float32 (the codec: ``spanrl/codec.py``).
 """
 
 from __future__ import annotations
 
-import base64
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 from opentelemetry import context as otel_context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -21,6 +19,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from spanrl import semconv
+from spanrl.codec import decode_float32, decode_int32, encode_float32, encode_int32
 
 __all__ = ["SpanRecorder", "decode_float32", "decode_int32", "encode_float32", "encode_int32"]
 
@@ -28,26 +27,6 @@ _logger = logging.getLogger(__name__)
 
 _EXPORT_DELAY_MILLIS = 200
 _SCOPE_NAME = "spanrl.serving"
-
-
-def encode_int32(values: Sequence[int]) -> str:
-    """Base64 of the values as little-endian int32."""
-    return base64.b64encode(np.asarray(values, dtype="<i4").tobytes()).decode("ascii")
-
-
-def encode_float32(values: Sequence[float]) -> str:
-    """Base64 of the values as little-endian float32."""
-    return base64.b64encode(np.asarray(values, dtype="<f4").tobytes()).decode("ascii")
-
-
-def decode_int32(text: str) -> list[int]:
-    """Inverse of ``encode_int32``."""
-    return np.frombuffer(base64.b64decode(text), dtype="<i4").tolist()
-
-
-def decode_float32(text: str) -> list[float]:
-    """Inverse of ``encode_float32``."""
-    return np.frombuffer(base64.b64decode(text), dtype="<f4").tolist()
 
 
 class SpanRecorder:

@@ -17,6 +17,8 @@ import importlib
 import logging
 import sys
 
+from spanrl.errors import SpanRLError
+
 # Modules with a `register(subparsers)` function, in the order their commands are listed.
 _COMMAND_MODULES = (
     "spanrl.collector._cli",
@@ -29,7 +31,7 @@ _COMMAND_MODULES = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spanrl", description="Train agents with RL from their OpenTelemetry traces.")
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO; train and demo log to a file)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
@@ -43,7 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except SpanRLError as exc:  # bad input or a failed run: one clear line, no traceback
+        print(f"spanrl: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -13,6 +13,23 @@ ATTEMPT = "spanrl.rollout.attempt"
 MODE = "spanrl.rollout.mode"  # "train" | "val"
 ROLLOUT_SPAN_NAME = "spanrl.rollout"
 
+# --- Rollout URLs: a request's path names its rollout (policy server, any OpenAI-compatible proxy) --
+ROLLOUT_PATH_PREFIXES = (
+    "",
+    "/rollouts/{rollout_id}",
+    "/rollouts/{rollout_id}/attempts/{attempt}",
+    "/tasks/{task_id}/rollouts/{rollout_id}",
+    "/tasks/{task_id}/rollouts/{rollout_id}/attempts/{attempt}",
+)
+"""Path prefixes before ``/v1/...`` that attribute a request to a rollout (and an attempt, a task)."""
+
+
+def rollout_base_url(root: str, rollout_id: str, attempt: int | None = None) -> str:
+    """The ``OPENAI_BASE_URL`` under server ``root`` (``http://HOST:PORT``) attributing requests to a rollout."""
+    suffix = f"/attempts/{attempt}" if attempt is not None else ""
+    return f"{root.rstrip('/')}/rollouts/{rollout_id}{suffix}/v1"
+
+
 # --- Exact tokens, written by the policy server on its SERVER span --------------------------------
 # Each may be a plain array (int / double) or, compactly, a string holding base64 of little-endian
 # int32 (token ids) or float32 (logprobs). The store accepts both and fills typed columns.

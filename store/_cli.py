@@ -9,10 +9,12 @@ and goes through it when it answers and serves the same ``--db``; otherwise it o
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-_DEFAULT_URL = "http://127.0.0.1:4318"
+# the options and the collector-or-file choice are shared with `spanrl export` (store/access.py)
+from spanrl.store.access import add_store_options as _common
+from spanrl.store.access import db_path as _db_path
+from spanrl.store.access import remote_store as _remote
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,34 +35,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--older-than", required=True, metavar="AGE", help="age such as 7d, 12h, 30m, 2w")
     _common(r)
     r.set_defaults(func=_prune)
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--db", default=None, help="DuckDB file (env SPANRL_DB, default spanrl.duckdb)")
-    p.add_argument("--url", default=None, help=f"collector to ask first (env SPANRL_SQL_URL, default {_DEFAULT_URL})")
-    p.add_argument("--token", default=None, help="bearer token for the collector (env SPANRL_COLLECTOR_TOKEN)")
-
-
-def _remote(args: argparse.Namespace):  # -> RemoteStore | None
-    """The running collector to use, or None to open the file."""
-    from spanrl import env
-    from spanrl.store.remote import RemoteStore
-
-    url = args.url or env.get_str(env.SPANRL_SQL_URL, _DEFAULT_URL)
-    remote = RemoteStore(url, token=args.token or env.get_str(env.SPANRL_COLLECTOR_TOKEN))
-    health = remote.health()
-    if health is None:
-        return None
-    served = health.get("db")
-    if args.db is not None and served and os.path.abspath(served) != os.path.abspath(args.db):
-        return None  # that collector serves another file; read ours directly
-    return remote
-
-
-def _db_path(args: argparse.Namespace) -> str:
-    from spanrl import env
-
-    return args.db or env.get_str(env.SPANRL_DB, env.DEFAULT_DB_PATH) or env.DEFAULT_DB_PATH
 
 
 def _fail(message: object) -> int:

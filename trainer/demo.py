@@ -2,7 +2,7 @@
 
 1. Build a tiny Llama (~667k parameters) and a word-level tokenizer (``trainer/tiny.py``).
 2. Start the careless demonstrator (an OpenAI-compatible server that swaps the operands of ``sub`` and
-   ``div`` 70% of the time) and run the calculator agent (``examples/calculator/agent.py``, a plain
+   ``div`` 70% of the time) and run the calculator agent (``spanrl.trainer.calculator.agent``, a plain
    OpenAI-client program under ``opentelemetry-instrument``, as jsonl workers) against it; its traces go
    collector -> DuckDB -> transitions (retokenized from the recorded messages) -> SFT warm start.
 3. GRPO from the agent's own traces through the policy server (exact token ids and log-probs).
@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import sys
 import time
@@ -22,9 +21,10 @@ from typing import Any
 
 from spanrl.errors import ConfigError
 
-__all__ = ["DemoConfig", "DemoResult", "calculator_dir", "run_demo"]
+__all__ = ["DemoConfig", "DemoResult", "run_demo"]
 
-_AGENT_FILE = "agent.py"
+AGENT_MODULE = "spanrl.trainer.calculator.agent"
+"""The demo's agent, run as ``python -m AGENT_MODULE`` (it ships in the package: the demo runs from a wheel)."""
 
 
 @dataclasses.dataclass
@@ -67,6 +67,13 @@ class DemoConfig:
     progress: bool = True
     """Rich progress bars."""
 
+    @classmethod
+    def quick(cls, **fields: Any) -> DemoConfig:
+        """The shortest setting that still runs every stage (about a minute): a smoke test, not a result."""
+        small = dict(n_train_tasks=64, n_val_tasks=8, demonstrations=32, sft_epochs=1, grpo_steps=2,
+                     grpo_tasks_per_step=2, grpo_group_size=4, eval_every=0, workers=2)
+        return cls(**{**small, **fields})
+
     def validate(self) -> DemoConfig:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
@@ -97,72 +104,27 @@ class DemoResult:
     history: list[dict[str, Any]]
 
 
-def calculator_dir() -> Path:
-    """``examples/calculator`` of this source tree (the demo runs that agent as a separate process)."""
-    path = Path(__file__).resolve().parents[1] / "examples" / "calculator"
-    if not (path / _AGENT_FILE).is_file():
-        raise ConfigError(f"spanrl demo needs the source checkout's examples/calculator; {path} has no {_AGENT_FILE}")
-    return path
-
-
-def _calculator_modules() -> tuple[Any, Any]:
-    folder = str(calculator_dir())
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    return importlib.import_module("calculator"), importlib.import_module("demonstrator")
-
-
 def run_demo(config: DemoConfig | None = None, *, echo: Any = print) -> DemoResult:
     """Run the demo; ``echo`` prints the narration (``print`` by default)."""
-    from spanrl.algorithms.grpo import GRPO
+    from spanrl.trainer.calculator import tasks as calculator
+    from spanrl.trainer.calculator.demonstrator import DemonstratorServer
+    from spanrl.trainer.config import CURVE_FILE, DB_FILE
     from spanrl.trainer.plotting import plot_reward_curve
-    from spanrl.trainer.runner import RunnerConfig
-    from spanrl.algorithms.sft import SFT
     from spanrl.trainer.tiny import build_tiny_model
-    from spanrl.algorithms.credit import LightningRL
-    from spanrl.trainer.trainer import CURVE_FILE, DB_FILE, Trainer, TrainerConfig
 
     cfg = (config or DemoConfig()).validate()
     started = time.perf_counter()
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    db_path = out / DB_FILE
-    calculator, demonstrator = _calculator_modules()
     train_tasks, val_tasks = calculator.split_tasks(cfg.n_train_tasks, cfg.n_val_tasks, seed=cfg.seed, ops=tuple(cfg.ops))
-    agent = [sys.executable, str(calculator_dir() / _AGENT_FILE)]
-    runner = RunnerConfig(workers=cfg.workers, max_concurrency=2 * cfg.workers, rollout_timeout_s=60.0)
 
     echo(f"[1/4] building a tiny Llama + word tokenizer in {out / 'model'}")
     model_dir = build_tiny_model(out / "model", words=calculator.vocabulary(), seed=cfg.seed)
 
     echo(f"[2/4] SFT warm start on {cfg.demonstrations} traces of a careless demonstrator "
          f"(swaps sub/div operands {calculator.DEMO_ERROR_RATE:.0%} of the time)")
-    with demonstrator.DemonstratorServer(seed=cfg.seed) as teacher:
-        sft = Trainer(
-            model=model_dir,
-            agent=agent,
-            tasks=train_tasks,
-            val_tasks=val_tasks,
-            algorithm=SFT(
-                learning_rate=cfg.sft_learning_rate,
-                epochs=cfg.sft_epochs,
-                batch_size=cfg.sft_batch_size,
-                reward_threshold=None,  # imitate every demonstration, mistakes included
-            ),
-            config=TrainerConfig(
-                output_dir=str(out / "sft"),
-                db_path=str(db_path),
-                llm_url=teacher.url,
-                n_rollouts=1,
-                tasks_per_step=cfg.demonstrations,
-                max_steps=1,
-                eval_at_start=False,
-                seed=cfg.seed,
-                progress=cfg.progress,
-                torch_threads=cfg.torch_threads,
-                runner=dataclasses.replace(runner, require_token_spans=False),
-            ),
-        )
+    with DemonstratorServer(seed=cfg.seed) as teacher:
+        sft = _sft_trainer(cfg, teacher.url, model_dir, train_tasks, val_tasks)
         sft_history = sft.train()
     sft_success = float(sft_history[-1]["val_success"])
     demo_success = float(sft_history[-1].get("reward_mean") or 0.0)
@@ -170,29 +132,7 @@ def run_demo(config: DemoConfig | None = None, *, echo: Any = print) -> DemoResu
 
     echo(f"[3/4] GRPO from the agent's own traces: {cfg.grpo_steps} steps x {cfg.grpo_tasks_per_step} tasks "
          f"x {cfg.grpo_group_size} rollouts, policy server -> spans -> DuckDB -> transitions")
-    grpo = Trainer(
-        model=sft.latest_checkpoint() or model_dir,
-        agent=agent,
-        tasks=train_tasks,
-        val_tasks=val_tasks,
-        algorithm=GRPO(learning_rate=cfg.grpo_learning_rate),
-        credit=LightningRL(mode="identical", baseline="grpo"),
-        config=TrainerConfig(
-            output_dir=str(out / "grpo"),
-            db_path=str(db_path),
-            n_rollouts=cfg.grpo_group_size,
-            tasks_per_step=cfg.grpo_tasks_per_step,
-            max_steps=cfg.grpo_steps,
-            temperature=1.0,
-            eval_every=cfg.eval_every,
-            eval_at_start=False,
-            seed=cfg.seed,
-            progress=cfg.progress,
-            torch_threads=cfg.torch_threads,
-            runner=runner,
-        ),
-    )
-    grpo_history = grpo.train()
+    grpo_history = _grpo_trainer(cfg, sft.latest_checkpoint() or model_dir, train_tasks, val_tasks).train()
     grpo_success = float(grpo_history[-1]["val_success"])
 
     history = [{"step": 0, "val_success": sft_success}, *grpo_history]
@@ -201,17 +141,51 @@ def run_demo(config: DemoConfig | None = None, *, echo: Any = print) -> DemoResu
         json.dumps({"sft_success": sft_success, "grpo_success": grpo_success, "demonstrator_success": demo_success}, indent=1)
     )
     seconds = time.perf_counter() - started
+    db_path = out / DB_FILE
     echo(f"[4/4] held-out success (greedy, {len(val_tasks)} tasks): after SFT {sft_success:.2f} -> after GRPO "
          f"{grpo_success:.2f}   ({seconds:.0f} s)")
     echo(f"      reward curve: {curve}")
     echo(f"      spans: {db_path}  (try: spanrl sql --db {db_path} \"SELECT * FROM rollouts LIMIT 5\")")
     return DemoResult(
-        sft_success=sft_success,
-        grpo_success=grpo_success,
-        demonstrator_success=demo_success,
-        seconds=seconds,
-        output_dir=out,
-        db_path=db_path,
-        curve_path=curve,
-        history=history,
+        sft_success=sft_success, grpo_success=grpo_success, demonstrator_success=demo_success, seconds=seconds,
+        output_dir=out, db_path=db_path, curve_path=curve, history=history,
     )
+
+
+def _config(cfg: DemoConfig, stage: str, **fields: Any) -> Any:
+    """The TrainerConfig of one stage (``sft`` or ``grpo``): both write to one span store."""
+    from spanrl.trainer.config import DB_FILE, TrainerConfig
+    from spanrl.trainer.runner import RunnerConfig
+
+    out = Path(cfg.output_dir)
+    runner = RunnerConfig(workers=cfg.workers, max_concurrency=2 * cfg.workers, rollout_timeout_s=60.0)
+    if "runner" in fields:
+        runner = dataclasses.replace(runner, **fields.pop("runner"))
+    return TrainerConfig(output_dir=str(out / stage), db_path=str(out / DB_FILE), eval_at_start=False, seed=cfg.seed,
+                         progress=cfg.progress, torch_threads=cfg.torch_threads, runner=runner, **fields)
+
+
+def _sft_trainer(cfg: DemoConfig, teacher_url: str, model: Path, train_tasks: list[Any], val_tasks: list[Any]) -> Any:
+    """One SFT step over ``demonstrations`` rollouts of the agent against the demonstrator at ``teacher_url``."""
+    from spanrl.algorithms.sft import SFT
+    from spanrl.trainer.trainer import Trainer
+
+    algorithm = SFT(learning_rate=cfg.sft_learning_rate, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch_size,
+                    reward_threshold=None)  # imitate every demonstration, mistakes included
+    config = _config(cfg, "sft", llm_url=teacher_url, n_rollouts=1, tasks_per_step=cfg.demonstrations, max_steps=1,
+                     runner={"require_token_spans": False})
+    return Trainer(model=model, agent=[sys.executable, "-m", AGENT_MODULE], tasks=train_tasks, val_tasks=val_tasks,
+                   algorithm=algorithm, config=config)
+
+
+def _grpo_trainer(cfg: DemoConfig, model: Path, train_tasks: list[Any], val_tasks: list[Any]) -> Any:
+    """GRPO on the agent's own rollouts through the policy server."""
+    from spanrl.algorithms.credit import LightningRL
+    from spanrl.algorithms.grpo import GRPO
+    from spanrl.trainer.trainer import Trainer
+
+    config = _config(cfg, "grpo", n_rollouts=cfg.grpo_group_size, tasks_per_step=cfg.grpo_tasks_per_step,
+                     max_steps=cfg.grpo_steps, temperature=1.0, eval_every=cfg.eval_every)
+    return Trainer(model=model, agent=[sys.executable, "-m", AGENT_MODULE], tasks=train_tasks, val_tasks=val_tasks,
+                   algorithm=GRPO(learning_rate=cfg.grpo_learning_rate),
+                   credit=LightningRL(mode="identical", baseline="grpo"), config=config)

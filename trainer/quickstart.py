@@ -46,12 +46,12 @@ __all__ = [
 ]
 
 ALGORITHMS = ("grpo", "ppo", "dpo", "sft")
-"""Algorithm names the quick-start ``Trainer`` accepts (case-insensitive)."""
+"""Names from :data:`spanrl.algorithms.ALGORITHMS` the quick-start ``Trainer`` accepts (case-insensitive;
+APO needs a prompt template, which the quick-start API has not)."""
 
 DEFAULT_MAX_TURNS = 8
 DEFAULT_N_ROLLOUTS = 4
 DEFAULT_MAX_TOKENS = 64
-_ALGORITHM_CLASSES = {"grpo": "GRPO", "ppo": "PPO", "dpo": "DPO", "sft": "SFT"}
 
 
 # --- Environment and reward -----------------------------------------------------------------------------
@@ -201,15 +201,9 @@ class DeployedAgent:
 
 
 def _algorithm(name: str, learning_rate: float | None) -> Any:
-    import spanrl.algorithms as algorithms
+    from spanrl.algorithms import algorithm_class
 
-    key = name.lower() if isinstance(name, str) else name
-    if key not in _ALGORITHM_CLASSES:
-        raise ConfigError(f"algorithm must be one of {ALGORITHMS}, got {name!r}")
-    try:
-        cls = getattr(algorithms, _ALGORITHM_CLASSES[key])
-    except AttributeError:
-        raise ConfigError(f"algorithm {name!r} is not available in this spanrl build") from None
+    cls = algorithm_class(name, allowed=ALGORITHMS)
     return cls() if learning_rate is None else cls(learning_rate=learning_rate)
 
 

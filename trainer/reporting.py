@@ -1,54 +1,92 @@
-"""What the Trainer reports per step besides ``history.jsonl``: TensorBoard / W&B scalars, and the
-stand-in for rich progress bars when they are off."""
+"""Reporting as callbacks: every history row goes to each :class:`Callback` in turn.
+
+One contract (``on_row(row)``, ``on_end(history)``, ``close()``) for everything that reports:
+
+- :class:`HistoryFile`: ``history.jsonl`` (one JSON line per row);
+- :class:`Scalars`: TensorBoard / W&B, through the one scalar writer
+  :class:`spanrl.algorithms.base.Reporter` (``log(metrics, step)``) that PPO's own loop uses too;
+- :class:`~spanrl.trainer.console.Console`: the progress bar and one readable line per step;
+- :class:`CurvePlot`: ``reward_curve.png`` at the end.
+
+A row is a flat dict with ``step`` plus numbers (and a few lists / dicts, e.g. ``transitions_report``).
+"""
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from spanrl.errors import ConfigError
+__all__ = ["Callback", "CurvePlot", "HistoryFile", "Scalars", "log_row", "scalars_of"]
 
-__all__ = ["NoProgress", "Reporter"]
+_logger = logging.getLogger(__name__)
 
 
-class Reporter:
-    """TensorBoard / W&B scalars, one call per step."""
+class Callback:
+    """Receives each history row as it is recorded, the whole history at the end, then ``close()``."""
 
-    def __init__(self, report_to: Sequence[str], log_dir: Path, config: Mapping[str, Any]) -> None:
-        self._tb: Any = None
-        self._wandb: Any = None
-        if "tensorboard" in report_to:
-            from torch.utils.tensorboard import SummaryWriter
+    def on_row(self, row: Mapping[str, Any]) -> None:
+        """A row was recorded (a training step, an evaluation, an APO candidate)."""
 
-            self._tb = SummaryWriter(log_dir=str(log_dir))
-        if "wandb" in report_to:
-            try:
-                import wandb
-            except ImportError:
-                raise ConfigError("report_to='wandb' needs the wandb package: pip install wandb") from None
-            self._wandb = wandb.init(project="spanrl", config=dict(config), dir=str(log_dir))
-
-    def log(self, step: int, scalars: Mapping[str, float]) -> None:
-        if self._tb is not None:
-            for key, value in scalars.items():
-                self._tb.add_scalar(key, value, step)
-            self._tb.flush()
-        if self._wandb is not None:
-            self._wandb.log(dict(scalars), step=step)
+    def on_end(self, history: Sequence[Mapping[str, Any]]) -> None:
+        """``train()`` finished its steps; ``history`` holds every row."""
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
-        if self._wandb is not None:
-            self._wandb.finish()
+        """Release what the callback holds (files, writers); safe twice."""
 
 
-class NoProgress:
-    """The progress context when progress bars are off: ``with NoProgress() as progress`` gives None."""
+class HistoryFile(Callback):
+    """Appends each row to ``path`` (``history.jsonl``) as one JSON line."""
 
-    def __enter__(self) -> None:
-        return None
+    def __init__(self, path: Path) -> None:
+        self.path = path
 
-    def __exit__(self, *exc: object) -> None:
-        pass
+    def on_row(self, row: Mapping[str, Any]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def scalars_of(row: Mapping[str, Any]) -> dict[str, float]:
+    """The row's numbers, keyed as CleanRL does (``charts/`` for keys without a section)."""
+    return {
+        ("charts/" + k if "/" not in k else k): float(v)
+        for k, v in row.items()
+        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
+class Scalars(Callback):
+    """TensorBoard (``output_dir/runs``) and/or W&B scalars, one ``log`` per row."""
+
+    def __init__(self, report_to: Sequence[str], output_dir: Path, config: dict[str, Any]) -> None:
+        from spanrl.algorithms.base import Reporter
+
+        self._reporter: Any = Reporter([r for r in report_to if r != "none"], output_dir, config=config)
+
+    def on_row(self, row: Mapping[str, Any]) -> None:
+        if self._reporter is not None:
+            self._reporter.log(scalars_of(row), int(row["step"]))
+
+    def close(self) -> None:
+        if self._reporter is not None:
+            self._reporter.close()
+            self._reporter = None
+
+
+class CurvePlot(Callback):
+    """``reward_curve.png`` from the history when training ends."""
+
+    def __init__(self, path: Path, title: str) -> None:
+        self.path, self.title = path, title
+
+    def on_end(self, history: Sequence[Mapping[str, Any]]) -> None:
+        from spanrl.trainer.plotting import plot_reward_curve
+
+        plot_reward_curve(history, self.path, title=self.title)
+
+
+def log_row(row: Mapping[str, Any]) -> None:
+    """The whole row, for the log file (the terminal shows the console's short line instead)."""
+    _logger.info("step %s: %s", row.get("step"), {k: v for k, v in row.items() if k != "step"})

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from spanrl import env
+from spanrl import semconv
 from spanrl.errors import ConfigError
 
 __all__ = [
@@ -475,7 +476,7 @@ class RolloutRunner:
                     task=job.task,
                     attempt=attempt,
                     mode=mode,
-                    base_url=f"{root}/rollouts/{rollout_id}/v1",
+                    base_url=semconv.rollout_base_url(root, rollout_id),
                     model=model,
                     sampling=dict(sampling),
                     prompt_template=prompt_template,

@@ -40,7 +40,7 @@ class InProcessTracing:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-        from spanrl.instrumentation._processor import attach_rollout_processor
+        from spanrl.instrumentation.inprocess import attach_rollout_processor
         from spanrl.instrumentation.exporter import FastOTLPSpanExporter
 
         with cls._lock:
@@ -93,7 +93,7 @@ class InProcessTracing:
             spanrl_instrumentor.uninstrument()
             cls._we_instrumented_spanrl = False
         if cls._we_instrumented_openai:
-            from spanrl.instrumentation._openllmetry import uninstrument_openai
+            from spanrl.instrumentation.inprocess import uninstrument_openai
 
             uninstrument_openai()
             cls._we_instrumented_openai = False

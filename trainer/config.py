@@ -1,0 +1,190 @@
+"""The Trainer's knobs (:class:`TrainerConfig`), the names of the files it writes, and task jobs.
+
+The algorithm and credit assignment have their own configs; ``docs/train-config.md`` documents every
+key a ``spanrl train`` YAML may hold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pathlib import Path
+
+from spanrl.errors import ConfigError
+from spanrl.trainer.runner import RolloutJob, RunnerConfig
+
+__all__ = [
+    "APO_RESULT_FILE", "CHECKPOINT_PREFIX", "CONFIG_FILE", "CURVE_FILE", "DB_FILE", "HISTORY_FILE", "LOG_FILE",
+    "ROLLOUTS_FILE", "SERVED_MODEL_NAME", "TRAINER_STATE_FILE", "TrainerConfig", "check_arguments", "jobs_of", "run_description",
+]
+
+CHECKPOINT_PREFIX = "checkpoint-"
+TRAINER_STATE_FILE = "trainer_state.json"
+CONFIG_FILE = "config.json"
+HISTORY_FILE = "history.jsonl"
+ROLLOUTS_FILE = "rollouts.jsonl"
+CURVE_FILE = "reward_curve.png"
+APO_RESULT_FILE = "apo_result.json"
+DB_FILE = "spans.duckdb"
+LOG_FILE = "spanrl.log"
+SERVED_MODEL_NAME = "policy"
+REPORTERS = ("none", "tensorboard", "wandb")
+
+
+@dataclasses.dataclass
+class TrainerConfig:
+    """The training loop's knobs (the algorithm and credit assignment have their own configs)."""
+
+    output_dir: str = "spanrl-run"
+    """Checkpoints, the span store, logs and the reward curve go here."""
+    n_rollouts: int = 8
+    """Rollouts per task per step (the GRPO group size)."""
+    tasks_per_step: int = 8
+    """Tasks sampled per step (with replacement across steps, without within one)."""
+    max_steps: int = 50
+    """Policy updates in total (a resumed run counts the steps already done)."""
+    temperature: float = 1.0
+    """Sampling temperature asked of the agent for training rollouts (evaluation is greedy: 0)."""
+    max_tokens: int | None = None
+    """Completion token limit asked of the agent; None leaves it to the agent."""
+    updates_per_step: int = 1
+    """Algorithm updates per step over the step's transitions (e.g. SFT epochs over demonstrations)."""
+    minibatch_size: int | None = None
+    """Transitions per update, sampled from the step's; None = all of them."""
+    eval_every: int = 0
+    """Evaluate on val_tasks every this many steps (0 = only at start and end)."""
+    eval_at_start: bool = True
+    """Evaluate before the first update (the baseline the curve starts from)."""
+    save_every: int = 0
+    """Checkpoint every this many steps (0 = only at the end)."""
+    seed: int = 0
+    """Seeds task sampling, the algorithm and the server's sampler."""
+    report_to: tuple[str, ...] = ("none",)
+    """``tensorboard`` (``output_dir/runs``), ``wandb``, or ``none``."""
+    resume: bool = False
+    """Continue from the newest ``checkpoint-<step>`` in output_dir."""
+    progress: bool = True
+    """Show rich progress bars for rollouts and steps."""
+    llm_url: str | None = None
+    """Rollouts talk to this OpenAI-compatible root URL (e.g. a teacher, for SFT data) instead of the
+    embedded policy server; the server still runs (for evaluation and deploy)."""
+    db_path: str | None = None
+    """The span store; default ``output_dir/spans.duckdb``."""
+    agent_name: str | None = None
+    """Train only this agent's LLM calls (``gen_ai.agent.name``) in a multi-agent system."""
+    server_max_batch_size: int = 32
+    """Generation requests the embedded policy server batches together."""
+    torch_threads: int | None = None
+    """``torch.set_num_threads`` for this process (training and the embedded server); None leaves it.
+    On a few shared cores 1 is much faster: agents, collector and server compete with torch's threads."""
+    runner: RunnerConfig = dataclasses.field(default_factory=RunnerConfig)
+    """How rollouts run: concurrency, timeouts, retries, command workers."""
+
+    def validate(self) -> TrainerConfig:
+        """Raise :class:`ConfigError` naming the first bad field; return self."""
+        for name in ("n_rollouts", "tasks_per_step", "max_steps", "updates_per_step", "server_max_batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("eval_every", "save_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.torch_threads is not None and (not isinstance(self.torch_threads, int) or self.torch_threads < 1):
+            raise ConfigError(f"torch_threads must be a positive integer or None, got {self.torch_threads!r}")
+        if self.minibatch_size is not None and (not isinstance(self.minibatch_size, int) or self.minibatch_size < 1):
+            raise ConfigError(f"minibatch_size must be a positive integer or None, got {self.minibatch_size!r}")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+            raise ConfigError(f"max_tokens must be a positive integer or None, got {self.max_tokens!r}")
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature!r}")
+        report_to = [self.report_to] if isinstance(self.report_to, str) else list(self.report_to)
+        for name in report_to:
+            if name not in REPORTERS:
+                raise ConfigError(f"report_to entries must be one of {REPORTERS}, got {name!r}")
+        self.report_to = tuple(report_to)
+        self.runner.validate()
+        return self
+
+
+def _task_id(task: Any, index: int) -> str:
+    if isinstance(task, Mapping) and task.get("id") is not None:
+        return str(task["id"])
+    return f"task-{index}"
+
+
+def _jobs(tasks: Sequence[Any]) -> list[RolloutJob]:
+    jobs = [RolloutJob(_task_id(task, i), task) for i, task in enumerate(tasks)]
+    seen: set[str] = set()
+    for job in jobs:
+        if job.task_id in seen:
+            raise ConfigError(f"tasks: task id {job.task_id!r} appears twice; ids must be unique")
+        seen.add(job.task_id)
+    return jobs
+
+
+def _task_id(task: Any, index: int) -> str:
+    if isinstance(task, Mapping) and task.get("id") is not None:
+        return str(task["id"])
+    return f"task-{index}"
+
+
+def jobs_of(tasks: Sequence[Any]) -> list[RolloutJob]:
+    """One job per task, ids from ``task["id"]`` or the position; an id seen twice is an error."""
+    jobs = [RolloutJob(_task_id(task, i), task) for i, task in enumerate(tasks)]
+    seen: set[str] = set()
+    for job in jobs:
+        if job.task_id in seen:
+            raise ConfigError(f"tasks: task id {job.task_id!r} appears twice; ids must be unique")
+        seen.add(job.task_id)
+    return jobs
+
+
+def check_arguments(cfg: TrainerConfig, model: str | Path, tasks: Sequence[Any], algorithm: Any, prompt_template: str | None) -> bool:
+    """Refuse what cannot train (naming the argument); True when ``algorithm`` optimises the prompt (APO)."""
+    if not Path(model).is_dir():
+        raise ConfigError(f"model must be a Hugging Face model folder, got {str(model)!r} (not a directory)")
+    if not tasks:
+        raise ConfigError("tasks must hold at least one task")
+    if cfg.tasks_per_step > len(tasks):
+        raise ConfigError(f"tasks_per_step ({cfg.tasks_per_step}) is larger than the number of tasks ({len(tasks)})")
+    optimizes_prompt = callable(getattr(algorithm, "optimize", None)) and not callable(getattr(algorithm, "update", None))
+    if prompt_template is not None and not isinstance(prompt_template, str):
+        raise ConfigError(f"prompt_template must be a string, got {type(prompt_template).__name__}")
+    if optimizes_prompt:
+        if not prompt_template:
+            raise ConfigError("prompt_template must be the initial template when the algorithm is APO, got None")
+        if cfg.resume:
+            raise ConfigError("resume must be False with APO: prompt optimisation keeps no checkpoints")
+    else:
+        for name in ("setup", "update", "save", "load_state"):
+            if not callable(getattr(algorithm, name, None)):
+                raise ConfigError(f"algorithm must be an Algorithm (GRPO(...), SFT(...), APO(...), ...); it has no {name}()")
+    algo_temperature = getattr(getattr(algorithm, "config", None), "temperature", None)
+    if isinstance(algo_temperature, (int, float)) and cfg.temperature > 0 and algo_temperature != cfg.temperature:
+        raise ConfigError(
+            f"temperature {cfg.temperature!r} (the rollouts') differs from the algorithm's temperature "
+            f"{algo_temperature!r} (what its log-probs divide the logits by); set both to the same value"
+        )
+    return optimizes_prompt
+
+
+def run_description(trainer: Any) -> dict[str, Any]:
+    """What ``config.json`` and each checkpoint's trainer state record about a Trainer's run."""
+    algo_cfg = getattr(trainer.algorithm, "config", None)
+    agent = trainer.agent
+    return {
+        "trainer": dataclasses.asdict(trainer.config),
+        "model": str(trainer.model_path),
+        "agent": agent if isinstance(agent, (str, list, tuple)) else getattr(agent, "__qualname__", repr(agent)),
+        "algorithm": {
+            "name": type(trainer.algorithm).__name__,
+            **(dataclasses.asdict(algo_cfg) if dataclasses.is_dataclass(algo_cfg) else {}),
+        },
+        "credit": dataclasses.asdict(trainer.credit) if dataclasses.is_dataclass(trainer.credit) else repr(trainer.credit),
+        "prompt_template": trainer.prompt_template,
+        "n_tasks": len(trainer.tasks),
+        "n_val_tasks": len(trainer.val_tasks),
+    }

@@ -1,0 +1,103 @@
+"""The three services a training run needs, started and stopped together: the collector (span store),
+the policy server and the rollout runner (plus in-process tracing for callable agents).
+
+One :class:`contextlib.ExitStack` holds them, so a failure half-way through :meth:`Services.start`
+stops what already started, and :meth:`Services.close` stops everything in reverse order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from spanrl.trainer.config import SERVED_MODEL_NAME, TrainerConfig
+from spanrl.trainer.runner import RolloutRunner
+from spanrl.trainer.tracing import InProcessTracing
+
+__all__ = ["Services", "start_policy_server"]
+
+_logger = logging.getLogger(__name__)
+
+ReadyFn = Callable[[Sequence[str], int], set]
+
+
+def start_policy_server(model: Path, *, otlp_endpoint: str | None, max_batch_size: int = 32, seed: int = 0) -> Any:
+    """A started :class:`~spanrl.serving.PolicyServer` for ``model`` on a free local port."""
+    from spanrl.serving import PolicyServer, ServerConfig
+
+    server = PolicyServer(
+        ServerConfig(
+            model=str(model),
+            served_model_name=SERVED_MODEL_NAME,
+            host="127.0.0.1",
+            port=0,
+            otlp_endpoint=otlp_endpoint,
+            max_batch_size=max_batch_size,
+            seed=seed,
+        )
+    )
+    server.start()
+    return server
+
+
+class Services:
+    """Collector, policy server and rollout runner of one Trainer; ``close()`` is safe twice."""
+
+    def __init__(self) -> None:
+        self.collector: Any = None
+        self.server: Any = None
+        self.runner: RolloutRunner | None = None
+        self._stack = contextlib.ExitStack()
+
+    def start_collector(self, db_path: Path) -> None:
+        """The collector first: the algorithm's setup may take a while, spans may already arrive."""
+        from spanrl.collector import Collector, CollectorConfig
+
+        self.collector = Collector(CollectorConfig(db_path=str(db_path), host="127.0.0.1", grpc_port=0, http_port=0))
+        self.collector.start()
+        self._stack.callback(self._stop, "collector", self.collector.shutdown)
+
+    def start_rest(self, *, agent: Any, serve_from: Path, config: TrainerConfig, ready: ReadyFn) -> None:
+        """The policy server on ``serve_from``, the runner, and tracing of a callable agent."""
+        self.server = start_policy_server(
+            serve_from, otlp_endpoint=self.collector.grpc_endpoint, max_batch_size=config.server_max_batch_size, seed=config.seed
+        )
+        self._stack.callback(self._stop, "server", self.server.shutdown)
+        otel_env = self.agent_otel_env()
+        if callable(agent):
+            InProcessTracing.point_at(otel_env["OTEL_EXPORTER_OTLP_ENDPOINT"])
+            self._stack.callback(self._stop, "tracing", lambda: InProcessTracing.point_at(None))
+        self.runner = RolloutRunner(agent, config=config.runner, ready=ready, otel_env=otel_env, flush=self.server.force_flush)
+        self._stack.callback(self._stop, "runner", self.runner.close)
+
+    def serve_only(self, model: Path) -> None:
+        """Just a policy server (``Trainer.deploy`` after the run closed)."""
+        self.server = start_policy_server(model, otlp_endpoint=None)
+        self._stack.callback(self._stop, "server", self.server.shutdown)
+
+    def agent_otel_env(self) -> dict[str, str]:
+        """Where agent processes export their spans (the collector's OTLP/gRPC endpoint)."""
+        endpoint = self.collector.grpc_endpoint
+        return {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint if "://" in endpoint else f"http://{endpoint}",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+            "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        }
+
+    def close(self) -> None:
+        """Stop the runner, tracing, server and collector, in that order (the DuckDB file stays)."""
+        try:
+            self._stack.close()
+        finally:
+            self._stack = contextlib.ExitStack()
+            self.collector = self.server = self.runner = None
+
+    @staticmethod
+    def _stop(name: str, stop: Callable[[], Any]) -> None:
+        try:
+            stop()
+        except Exception:  # closing must go on
+            _logger.exception("could not stop the %s", name)

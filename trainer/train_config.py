@@ -1,0 +1,164 @@
+"""The ``spanrl train`` config: a YAML (or JSON) mapping -> a :class:`~spanrl.trainer.trainer.Trainer`.
+
+Every key, its default and its meaning: ``docs/train-config.md``. In short::
+
+    model: tiny-model/                # a Hugging Face folder, or {tiny: {...}} to build a tiny one
+    agent: [python, agent.py]         # a command line (run under opentelemetry-instrument)
+    tasks: tasks.jsonl                # a JSONL/JSON file, or an inline list
+    val_tasks: val.jsonl              # optional
+    algorithm: {name: grpo, learning_rate: 5.0e-4}   # grpo | ppo | sft | dpo | apo, fields by name
+    credit: {mode: identical, baseline: grpo}        # LightningRL fields
+    prompt_template: "Solve: {question}"             # given to every agent; APO's starting template
+    n_rollouts: 8                     # any TrainerConfig field
+    runner: {workers: 4, rollout_timeout_s: 60}      # any RunnerConfig field
+
+Paths of files the config names (tasks, model, ``words_file``) are relative to the config's folder;
+``output_dir`` is relative to the current folder, as on the command line. In ``agent``, a word naming a file next to the config is made
+absolute and a leading ``python`` is the Python running spanrl, so the config runs from any folder.
+An unknown key is an error naming the nearest valid one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import shlex
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from spanrl.errors import ConfigError
+
+__all__ = ["TOP_LEVEL_KEYS", "TINY_KEYS", "build_trainer", "load_tasks"]
+
+DOCS = "docs/train-config.md"
+TOP_LEVEL_KEYS = ("model", "agent", "tasks", "val_tasks", "algorithm", "credit", "prompt_template", "runner")
+TINY_KEYS = ("words", "words_file", "words_from_tasks", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+             "seed", "max_position_embeddings")
+_TINY_FOLDER = "model"
+
+
+def check_keys(raw: Mapping[str, Any], valid: Iterable[str], *, section: str = "") -> None:
+    """Refuse a key not in ``valid``, naming it, the nearest valid key and the docs."""
+    valid = sorted(valid)
+    for key in raw:
+        if key in valid:
+            continue
+        near = difflib.get_close_matches(str(key), valid, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        name = f"{section}.{key}" if section else repr(key)
+        kind = {"": "trainer", "runner": "runner", "credit": "credit", "model.tiny": "tiny model"}.get(section, section)
+        raise ConfigError(f"{name} is not a {kind} setting{hint} (valid: {', '.join(valid)}; see {DOCS})")
+
+
+def load_tasks(value: Any, base: Path, field: str) -> list[Any]:
+    """Tasks from an inline list or a ``.jsonl`` / ``.json`` file (relative to ``base``)."""
+    if isinstance(value, list):
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(f"{field} must be a list of tasks or a .jsonl/.json file path, got {type(value).__name__}")
+    path = (base / value) if not Path(value).is_absolute() else Path(value)
+    if not path.is_file():
+        raise ConfigError(f"{field}: no such file {str(path)!r}")
+    text = path.read_text()
+    if path.suffix == ".jsonl":
+        tasks = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    tasks.append(json.loads(line))
+                except ValueError as exc:
+                    raise ConfigError(f"{field}: {path}:{number} is not JSON ({exc})") from None
+        return tasks
+    loaded = json.loads(text)
+    if not isinstance(loaded, list):
+        raise ConfigError(f"{field}: {path} must hold a JSON list of tasks")
+    return loaded
+
+
+def build_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
+    """A :class:`Trainer` from a parsed config dict (see the module docstring)."""
+    from spanrl.algorithms import algorithm_class
+    from spanrl.algorithms.credit import CreditConfig, LightningRL
+    from spanrl.trainer.runner import RunnerConfig
+    from spanrl.trainer.trainer import Trainer, TrainerConfig
+
+    if not isinstance(raw, dict):
+        raise ConfigError("the train config must be a mapping of settings")
+    raw = dict(raw)
+    for key in ("model", "agent", "tasks"):
+        if key not in raw:
+            raise ConfigError(f"the train config needs {key!r}")
+    trainer_fields = {f.name for f in dataclasses.fields(TrainerConfig)} - {"runner"}
+    check_keys(raw, trainer_fields | set(TOP_LEVEL_KEYS))
+    algo_raw = dict(raw.pop("algorithm", None) or {"name": "grpo"})
+    cls = algorithm_class(str(algo_raw.pop("name", "grpo")), field="algorithm.name")
+    if dataclasses.is_dataclass(getattr(cls, "config_class", None)):
+        check_keys(algo_raw, {f.name for f in dataclasses.fields(cls.config_class)}, section="algorithm")
+    credit_raw = raw.pop("credit", None) or {}
+    check_keys(credit_raw, {f.name for f in dataclasses.fields(CreditConfig)}, section="credit")
+    runner_raw = raw.pop("runner", None) or {}
+    check_keys(runner_raw, {f.name for f in dataclasses.fields(RunnerConfig)}, section="runner")
+    tasks = load_tasks(raw.pop("tasks"), base, "tasks")
+    val_tasks = load_tasks(raw.pop("val_tasks"), base, "val_tasks") if raw.get("val_tasks") else None
+    raw.pop("val_tasks", None)
+    model, agent, prompt_template = raw.pop("model"), raw.pop("agent"), raw.pop("prompt_template", None)
+    if isinstance(raw.get("report_to"), list):
+        raw["report_to"] = tuple(raw["report_to"])
+    config = TrainerConfig(**raw, runner=RunnerConfig(**runner_raw))
+    return Trainer(
+        model=_model(model, base, Path(config.output_dir), [*tasks, *(val_tasks or [])]),
+        agent=_agent_command(agent, base), tasks=tasks, val_tasks=val_tasks, algorithm=cls(**algo_raw),
+        credit=LightningRL(**credit_raw), prompt_template=prompt_template, config=config,
+    )
+
+
+def _agent_command(value: Any, base: Path) -> Any:
+    """The agent command with files next to the config made absolute and ``python`` this Python."""
+    if not isinstance(value, (str, list)):
+        raise ConfigError(f"agent must be a command line (a string or a list of words), got {type(value).__name__}")
+    words = shlex.split(value) if isinstance(value, str) else [str(w) for w in value]
+    if not words:
+        raise ConfigError("agent must be a command line, got an empty one")
+    if words[0] in ("python", "python3"):
+        words[0] = sys.executable
+    return [str(base / w) if not Path(w).is_absolute() and (base / w).is_file() else w for w in words]
+
+
+def _model(value: Any, base: Path, output_dir: Path, tasks: list[Any]) -> Path:
+    """A model folder: a path (relative to the config) or ``{tiny: {...}}``, built into
+    ``output_dir/model`` the first time and reused after."""
+    if isinstance(value, str):
+        return Path(value) if Path(value).is_absolute() else base / value
+    if not isinstance(value, Mapping) or set(value) != {"tiny"}:
+        raise ConfigError(f"model must be a model folder path or {{tiny: {{...}}}}, got {value!r}")
+    spec = dict(value["tiny"] or {})
+    check_keys(spec, TINY_KEYS, section="model.tiny")
+    folder = output_dir / _TINY_FOLDER
+    if (folder / "config.json").is_file():
+        return folder
+    from spanrl.trainer.tiny import build_tiny_model
+
+    words = set(str(w) for w in spec.pop("words", None) or [])
+    words_file = spec.pop("words_file", None)
+    if words_file:
+        path = base / str(words_file)
+        if not path.is_file():
+            raise ConfigError(f"model.tiny.words_file: no such file {str(path)!r}")
+        words.update(path.read_text().split())
+    if spec.pop("words_from_tasks", False):
+        words.update(w for task in tasks for w in _task_words(task))
+    if not words:
+        raise ConfigError("model.tiny needs words: set words, words_file or words_from_tasks")
+    return build_tiny_model(folder, words=sorted(words), **spec)
+
+
+def _task_words(task: Any) -> list[str]:
+    """Whitespace-separated words of a task's string values (its ``id`` excepted)."""
+    if isinstance(task, Mapping):
+        return [w for k, v in task.items() if k != "id" for w in _task_words(v)]
+    if isinstance(task, list):
+        return [w for v in task for w in _task_words(v)]
+    return task.split() if isinstance(task, str) else []
