@@ -27,7 +27,7 @@ import string
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from spanrl.errors import ConfigError, TrainingError
 
@@ -142,6 +142,8 @@ class APO:
 
     ``APO(APOConfig(...))`` or ``APO(critic_base_url=..., rounds=...)`` with :class:`APOConfig` fields.
     """
+
+    config_class: ClassVar[type] = APOConfig
 
     def __init__(self, config: APOConfig | None = None, **fields: Any) -> None:
         config = config or APOConfig()

@@ -5,6 +5,7 @@ Every key, its default and its meaning: ``docs/train-config.md``. In short::
     model: tiny-model/                # a Hugging Face folder, or {tiny: {...}} to build a tiny one
     agent: [python, agent.py]         # a command line (run under opentelemetry-instrument)
     tasks: tasks.jsonl                # a JSONL/JSON file, or an inline list
+    task_defaults: {max_tries: 1}     # fields added to every task that lacks them
     val_tasks: val.jsonl              # optional
     algorithm: {name: grpo, learning_rate: 5.0e-4}   # grpo | ppo | sft | dpo | apo, fields by name
     credit: {mode: identical, baseline: grpo}        # LightningRL fields
@@ -34,7 +35,7 @@ from spanrl.errors import ConfigError
 __all__ = ["TOP_LEVEL_KEYS", "TINY_KEYS", "build_trainer", "load_tasks"]
 
 DOCS = "docs/train-config.md"
-TOP_LEVEL_KEYS = ("model", "agent", "tasks", "val_tasks", "algorithm", "credit", "prompt_template", "runner")
+TOP_LEVEL_KEYS = ("model", "agent", "tasks", "val_tasks", "task_defaults", "algorithm", "credit", "prompt_template", "runner")
 TINY_KEYS = ("words", "words_file", "words_from_tasks", "hidden_size", "num_layers", "num_heads", "intermediate_size",
              "seed", "max_position_embeddings")
 _TINY_FOLDER = "model"
@@ -49,8 +50,9 @@ def check_keys(raw: Mapping[str, Any], valid: Iterable[str], *, section: str = "
         near = difflib.get_close_matches(str(key), valid, n=1)
         hint = f"; did you mean {near[0]!r}?" if near else ""
         name = f"{section}.{key}" if section else repr(key)
-        kind = {"": "trainer", "runner": "runner", "credit": "credit", "model.tiny": "tiny model"}.get(section, section)
-        raise ConfigError(f"{name} is not a {kind} setting{hint} (valid: {', '.join(valid)}; see {DOCS})")
+        kind = {"": "a trainer", "runner": "a runner", "credit": "a credit", "model.tiny": "a tiny model",
+                "algorithm": "an algorithm", "algorithm.lora": "a LoRA"}.get(section, f"a {section}")
+        raise ConfigError(f"{name} is not {kind} setting{hint} (valid: {', '.join(valid)}; see {DOCS})")
 
 
 def load_tasks(value: Any, base: Path, field: str) -> list[Any]:
@@ -95,14 +97,21 @@ def build_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     check_keys(raw, trainer_fields | set(TOP_LEVEL_KEYS))
     algo_raw = dict(raw.pop("algorithm", None) or {"name": "grpo"})
     cls = algorithm_class(str(algo_raw.pop("name", "grpo")), field="algorithm.name")
-    if dataclasses.is_dataclass(getattr(cls, "config_class", None)):
-        check_keys(algo_raw, {f.name for f in dataclasses.fields(cls.config_class)}, section="algorithm")
+    check_keys(algo_raw, {f.name for f in dataclasses.fields(cls.config_class)}, section="algorithm")
+    if isinstance(algo_raw.get("lora"), Mapping):
+        from spanrl.algorithms.lora import LoRAConfig
+
+        check_keys(algo_raw["lora"], {f.name for f in dataclasses.fields(LoRAConfig)}, section="algorithm.lora")
+        algo_raw["lora"] = LoRAConfig(**algo_raw["lora"])
     credit_raw = raw.pop("credit", None) or {}
     check_keys(credit_raw, {f.name for f in dataclasses.fields(CreditConfig)}, section="credit")
     runner_raw = raw.pop("runner", None) or {}
     check_keys(runner_raw, {f.name for f in dataclasses.fields(RunnerConfig)}, section="runner")
-    tasks = load_tasks(raw.pop("tasks"), base, "tasks")
-    val_tasks = load_tasks(raw.pop("val_tasks"), base, "val_tasks") if raw.get("val_tasks") else None
+    defaults = raw.pop("task_defaults", None) or {}
+    if not isinstance(defaults, Mapping):
+        raise ConfigError(f"task_defaults must be a mapping of task fields, got {type(defaults).__name__}")
+    tasks = _with_defaults(load_tasks(raw.pop("tasks"), base, "tasks"), defaults)
+    val_tasks = _with_defaults(load_tasks(raw.pop("val_tasks"), base, "val_tasks"), defaults) if raw.get("val_tasks") else None
     raw.pop("val_tasks", None)
     model, agent, prompt_template = raw.pop("model"), raw.pop("agent"), raw.pop("prompt_template", None)
     if isinstance(raw.get("report_to"), list):
@@ -113,6 +122,11 @@ def build_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
         agent=_agent_command(agent, base), tasks=tasks, val_tasks=val_tasks, algorithm=cls(**algo_raw),
         credit=LightningRL(**credit_raw), prompt_template=prompt_template, config=config,
     )
+
+
+def _with_defaults(tasks: list[Any], defaults: Mapping[str, Any]) -> list[Any]:
+    """``defaults`` under each mapping task's own fields (a task's field wins)."""
+    return [{**defaults, **task} if defaults and isinstance(task, Mapping) else task for task in tasks]
 
 
 def _agent_command(value: Any, base: Path) -> Any:

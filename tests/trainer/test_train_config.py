@@ -1,0 +1,106 @@
+"""The ``spanrl train`` config: every example's train.yaml builds a Trainer from any folder, every key is
+documented in docs/train-config.md, and an unknown key names the nearest valid one."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from spanrl.algorithms import ALGORITHMS, algorithm_class
+from spanrl.algorithms.credit import CreditConfig
+from spanrl.algorithms.lora import LoRAConfig
+from spanrl.cli import main
+from spanrl.errors import ConfigError
+from spanrl.trainer import RunnerConfig, TrainerConfig
+from spanrl.trainer.train_config import TINY_KEYS, TOP_LEVEL_KEYS, build_trainer
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE_CONFIGS = sorted(REPO.glob("examples/*/train.yaml"))
+DOC = REPO / "docs" / "train-config.md"
+
+
+def _documented_keys() -> set[str]:
+    return set(re.findall(r"^\| `([a-z_]+)` \|", DOC.read_text(), flags=re.MULTILINE))
+
+
+def test_every_example_that_trains_ships_a_config() -> None:
+    names = {path.parent.name for path in EXAMPLE_CONFIGS}
+    assert {"calculator", "search_qa", "langchain_agent", "text2sql", "node-agent"} <= names
+
+
+@pytest.mark.parametrize("config", EXAMPLE_CONFIGS, ids=lambda p: p.parent.name)
+def test_example_config_builds_a_trainer_from_another_folder(config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # as a user would run it: not from the checkout
+    raw = yaml.safe_load(config.read_text())
+    trainer = build_trainer({**raw, "output_dir": str(tmp_path / "run")}, base=config.parent)
+    assert trainer.model_path.is_dir() and (trainer.model_path / "config.json").is_file()
+    assert len(trainer.tasks) >= trainer.config.tasks_per_step
+    assert trainer.algorithm.config is not None
+    agent = trainer.agent
+    assert agent[0] in (sys.executable, "node")
+    assert any(os.path.isabs(word) and Path(word).is_file() for word in agent[1:]), agent
+    # the tiny model is built once and reused
+    again = build_trainer({**raw, "output_dir": str(tmp_path / "run")}, base=config.parent)
+    assert again.model_path == trainer.model_path
+
+
+def test_the_docs_name_every_key() -> None:
+    documented = _documented_keys()
+    expected = set(TOP_LEVEL_KEYS) | set(TINY_KEYS)
+    for cls in (TrainerConfig, RunnerConfig, CreditConfig, LoRAConfig):
+        expected |= {f.name for f in dataclasses.fields(cls)} - {"runner"}
+    for name in ALGORITHMS:
+        expected |= {f.name for f in dataclasses.fields(algorithm_class(name).config_class)}
+    assert expected - documented == set(), "docs/train-config.md misses these keys"
+    text = DOC.read_text()
+    assert all(f"examples/{p.parent.name}/train.yaml" in text for p in EXAMPLE_CONFIGS)
+
+
+def test_train_help_points_to_the_docs(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "docs/train-config.md" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"n_rollout": 4}, "'n_rollout' is not a trainer setting; did you mean 'n_rollouts'?"),
+        ({"eval_evry": 4}, "'eval_evry' is not a trainer setting; did you mean 'eval_every'?"),
+        ({"runner": {"worker": 2}}, "runner.worker is not a runner setting; did you mean 'workers'?"),
+        ({"credit": {"baselin": "rloo"}}, "credit.baselin is not a credit setting; did you mean 'baseline'?"),
+        ({"algorithm": {"name": "grpo", "learning_rat": 1e-3}}, "algorithm.learning_rat is not an algorithm setting; did you mean 'learning_rate'?"),
+        ({"model": {"tiny": {"word": ["a"]}}}, "model.tiny.word is not a tiny model setting; did you mean 'words'?"),
+        ({"algorithm": {"name": "grpoo"}}, "algorithm.name must be one of"),
+        ({"zzz": 1}, "'zzz' is not a trainer setting \\(valid: "),
+    ],
+)
+def test_unknown_key_names_the_nearest_valid_one(change: dict[str, Any], message: str, tmp_path: Path) -> None:
+    raw: dict[str, Any] = {"model": {"tiny": {"words": ["a", "b"]}}, "agent": "python a.py", "tasks": [{"id": "a"}],
+                           "tasks_per_step": 1, "output_dir": str(tmp_path / "run"), **change}
+    with pytest.raises(ConfigError, match=message):
+        build_trainer(raw, base=tmp_path)
+
+
+def test_cli_reports_a_bad_key_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "train.yaml"
+    config.write_text("model: m\nagent: python a.py\ntasks: [{id: a}]\nn_rollout: 4\n")
+    assert main(["train", str(config), "--output-dir", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("spanrl: error: 'n_rollout' is not a trainer setting; did you mean 'n_rollouts'?")
+    assert "Traceback" not in err
+
+
+def test_task_defaults_fill_fields_a_task_lacks(tmp_path: Path) -> None:
+    raw = {"model": {"tiny": {"words_from_tasks": True}}, "agent": "python a.py", "tasks_per_step": 1,
+           "tasks": [{"id": "a", "question": "x y"}, {"id": "b", "question": "z", "max_tries": 3}],
+           "task_defaults": {"max_tries": 1}, "output_dir": str(tmp_path / "run")}
+    trainer = build_trainer(raw, base=tmp_path)
+    assert [t["max_tries"] for t in trainer.tasks] == [1, 3]
