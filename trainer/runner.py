@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import inspect
 import json
 import os
@@ -41,6 +40,18 @@ from typing import Any
 from spanrl import env
 from spanrl import semconv
 from spanrl.errors import ConfigError
+from spanrl.trainer.rollouts import (
+    STATUS_CRASHED,
+    STATUS_NO_REWARD,
+    STATUS_OK,
+    STATUS_TIMEOUT,
+    AgentFn,
+    LLMEndpoint,
+    RolloutJob,
+    RolloutResult,
+    RolloutSpec,
+    RunnerConfig,
+)
 
 __all__ = [
     "LLMEndpoint",
@@ -51,139 +62,12 @@ __all__ = [
     "RunnerConfig",
 ]
 
-STATUS_OK = "ok"
-STATUS_CRASHED = "crashed"  # the agent raised or its process exited non-zero
-STATUS_TIMEOUT = "timeout"  # the agent ran past rollout_timeout_s
-STATUS_NO_REWARD = "no_reward"  # the agent finished but no reward reached the store in span_timeout_s
-
 _POLL_INTERVAL_S = 0.1
 _WATERMARK_MARGIN_NS = 2_000_000_000  # clock skew allowance for "spans stored since this run began"
 _STDERR_TAIL_LINES = 20
 _BSP_SCHEDULE_DELAY_MILLIS = 100  # agents export spans promptly: the trainer waits for them
 
-AgentFn = Callable[[Any, "LLMEndpoint"], Any]
 ReadyFn = Callable[[Sequence[str], int], set[str]]
-
-
-@dataclasses.dataclass
-class RunnerConfig:
-    """How rollouts are run."""
-
-    max_concurrency: int = 8
-    """Rollouts in flight at once."""
-    rollout_timeout_s: float = 60.0
-    """Wall-clock limit of one rollout's agent run; past it the rollout is ``timeout`` (its process killed)."""
-    span_timeout_s: float = 10.0
-    """After the agent finishes, how long to wait for its reward to be committed in the store."""
-    max_attempts: int = 3
-    """Attempts per rollout (1 = no retry)."""
-    workers: int = 0
-    """Command agents: 0 starts one process per rollout; N keeps N workers on the jsonl protocol."""
-    instrument: bool = True
-    """Prefix a command with ``opentelemetry-instrument`` (unless it already starts with it)."""
-    require_token_spans: bool = True
-    """A rollout is only ok once a span with completion token ids (from the policy server) is stored."""
-    env: dict[str, str] = dataclasses.field(default_factory=dict)
-    """Extra environment for command agents."""
-
-    def validate(self) -> None:
-        if not isinstance(self.max_concurrency, int) or self.max_concurrency < 1:
-            raise ConfigError(f"max_concurrency must be a positive integer, got {self.max_concurrency!r}")
-        for name in ("rollout_timeout_s", "span_timeout_s"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
-        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
-            raise ConfigError(f"max_attempts must be a positive integer, got {self.max_attempts!r}")
-        if not isinstance(self.workers, int) or self.workers < 0:
-            raise ConfigError(f"workers must be a non-negative integer, got {self.workers!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class LLMEndpoint:
-    """The LLM a rollout talks to, as given to a callable agent (``agent(task, llm)``)."""
-
-    base_url: str
-    """OpenAI base URL for this rollout (``.../rollouts/<rollout_id>/v1``)."""
-    model: str
-    api_key: str = "spanrl"
-    sampling: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Sampling parameters the trainer asks for, e.g. ``{"temperature": 1.0, "max_tokens": 8}``."""
-    prompt_template: str | None = None
-    """The prompt template the agent should use (``str.format`` fields filled from the task), or None
-    for its own; set by the Trainer (``prompt_template=``, and each candidate APO scores)."""
-
-    def client(self) -> Any:
-        """An ``openai.OpenAI`` client for this endpoint."""
-        import openai
-
-        return openai.OpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0)
-
-    def async_client(self) -> Any:
-        """An ``openai.AsyncOpenAI`` client for this endpoint."""
-        import openai
-
-        return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0)
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutJob:
-    """One rollout to run: a task (JSON-serialisable) and its id."""
-
-    task_id: str
-    task: Any
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutSpec:
-    """One attempt of one rollout, as the agent sees it."""
-
-    rollout_id: str
-    task_id: str
-    task: Any
-    attempt: int
-    mode: str
-    base_url: str
-    model: str
-    sampling: dict[str, Any]
-    prompt_template: str | None = None
-
-    def message(self) -> dict[str, Any]:
-        """The jsonl worker protocol's request line."""
-        return dataclasses.asdict(self)
-
-    def environ(self) -> dict[str, str]:
-        """The ``SPANRL_*`` and ``OPENAI_*`` variables of this rollout."""
-        return {
-            env.SPANRL_ROLLOUT_ID: self.rollout_id,
-            env.SPANRL_TASK_ID: self.task_id,
-            env.SPANRL_TASK: json.dumps(self.task),
-            env.SPANRL_ATTEMPT: str(self.attempt),
-            env.SPANRL_MODE: self.mode,
-            env.SPANRL_MODEL: self.model,
-            env.SPANRL_SAMPLING: json.dumps(self.sampling),
-            "OPENAI_BASE_URL": self.base_url,
-            "OPENAI_API_KEY": "spanrl",
-            **({env.SPANRL_PROMPT_TEMPLATE: self.prompt_template} if self.prompt_template is not None else {}),
-        }
-
-
-@dataclasses.dataclass
-class RolloutResult:
-    """What happened to one attempt."""
-
-    rollout_id: str
-    task_id: str
-    attempt: int
-    mode: str
-    status: str
-    """``ok``, ``crashed``, ``timeout`` or ``no_reward``."""
-    duration_s: float
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == STATUS_OK
 
 
 class _CallableAgent:
