@@ -39,3 +39,23 @@ def test_cli_lists_every_command():
     out = subprocess.run([sys.executable, "-m", "spanrl", "--help"], capture_output=True, text=True, check=True)
     for command in ("collector", "sql", "store", "serve", "train", "demo", "export"):
         assert command in out.stdout
+
+
+def test_wire_contract_modules_are_light():
+    # the span vocabulary, the token-array codec and the rollout URL: no OTel SDK, no torch
+    code = (
+        "import sys; from spanrl import codec, semconv; "
+        "assert codec.decode_int32(codec.encode_int32([1, -2, 3])) == [1, -2, 3]; "
+        "assert semconv.rollout_base_url('http://h:1/', 'r-1', 2) == 'http://h:1/rollouts/r-1/attempts/2/v1'; "
+        "print(sorted(m for m in ('torch', 'opentelemetry.sdk', 'opentelemetry') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_one_algorithm_registry():
+    from spanrl.algorithms import ALGORITHMS, algorithm_class
+    from spanrl.trainer.quickstart import ALGORITHMS as QUICKSTART
+
+    assert set(QUICKSTART) <= set(ALGORITHMS)
+    assert {name: algorithm_class(name).__name__ for name in ALGORITHMS} == ALGORITHMS
