@@ -58,8 +58,11 @@ class Console(Callback):
 
     def __enter__(self) -> Console:
         if self.enabled:
+            from rich.console import Console as RichConsole
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+            if not RichConsole().is_terminal:  # output captured or piped: the step lines only
+                return self
             self._progress = Progress(
                 TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True
             )
@@ -79,7 +82,10 @@ class Console(Callback):
         return (lambda: progress.advance(bar)), (lambda: progress.remove_task(bar))
 
     def on_row(self, row: Mapping[str, Any]) -> None:
+        if not self.enabled:
+            return
         if self._progress is None:
+            print(step_line(row, self.max_steps), flush=True)
             return
         self._progress.console.print(step_line(row, self.max_steps), highlight=False)
         step = row.get("step")
