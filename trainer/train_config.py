@@ -3,7 +3,8 @@
 Every key, its default and its meaning: ``docs/train-config.md``. In short::
 
     model: tiny-model/                # a Hugging Face folder, or {tiny: {...}} to build a tiny one
-    agent: [python, agent.py]         # a command line (run under opentelemetry-instrument)
+    agent: [python, agent.py]         # a command line (run under opentelemetry-instrument), or
+                                      # {callable: module:fn}, or {env_class: m:Env, reward_class: m:Reward}
     tasks: tasks.jsonl                # a JSONL/JSON file, or an inline list
     task_defaults: {max_tries: 1}     # fields added to every task that lacks them
     val_tasks: val.jsonl              # optional
@@ -130,7 +131,19 @@ def _with_defaults(tasks: list[Any], defaults: Mapping[str, Any]) -> list[Any]:
 
 
 def _agent_command(value: Any, base: Path) -> Any:
-    """The agent command with files next to the config made absolute and ``python`` this Python."""
+    """The agent: a command with files next to the config made absolute and ``python`` this Python;
+    or ``{callable: module:name}``; or ``{env_class: module:Env, reward_class: module:Reward}`` (the
+    quick-start API's environment played as a callable agent). Modules next to the config import."""
+    if isinstance(value, Mapping):
+        if set(value) == {"callable"}:
+            return _import_ref(value["callable"], base, "agent.callable")
+        if set(value) == {"env_class", "reward_class"}:
+            from spanrl.trainer.quickstart import env_agent
+
+            return env_agent(_import_ref(value["env_class"], base, "agent.env_class"),
+                             _import_ref(value["reward_class"], base, "agent.reward_class"))
+        raise ConfigError(f"agent must be a command line, {{callable: module:name}} or {{env_class: ..., reward_class: ...}}, "
+                          f"got the keys {sorted(value)}")
     if not isinstance(value, (str, list)):
         raise ConfigError(f"agent must be a command line (a string or a list of words), got {type(value).__name__}")
     words = shlex.split(value) if isinstance(value, str) else [str(w) for w in value]
@@ -139,6 +152,21 @@ def _agent_command(value: Any, base: Path) -> Any:
     if words[0] in ("python", "python3"):
         words[0] = sys.executable
     return [str(base / w) if not Path(w).is_absolute() and (base / w).is_file() else w for w in words]
+
+
+def _import_ref(ref: Any, base: Path, field: str) -> Any:
+    """``module:name`` -> the object; the config's folder is searched first for the module."""
+    import importlib
+
+    module_name, _, name = str(ref).partition(":")
+    if not module_name or not name:
+        raise ConfigError(f"{field} must be 'module:name', got {ref!r}")
+    if str(base.resolve()) not in sys.path:
+        sys.path.insert(0, str(base.resolve()))
+    try:
+        return getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"{field}: cannot import {ref!r} ({exc})") from None
 
 
 def _model(value: Any, base: Path, output_dir: Path, tasks: list[Any]) -> Path:
