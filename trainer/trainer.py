@@ -143,6 +143,7 @@ class Trainer:
         self.step = 0
         self.history: list[dict[str, Any]] = []
         self.state = State.NEW
+        self._world = 1  # processes (WORLD_SIZE), decided by start()
         self._services = Services()
         self._callbacks: list[Callback] = []
         self._console: Console | None = None
@@ -171,10 +172,11 @@ class Trainer:
             import torch
 
             torch.set_num_threads(cfg.torch_threads)
-        if _distributed.world() > 1:
+        self._world = _distributed.world()
+        if self._world > 1:
             if self._optimizes_prompt or not getattr(self.algorithm, "supports_distributed", False):
                 raise ConfigError(
-                    f"algorithm {type(self.algorithm).__name__} cannot train under {_distributed.world()} processes "
+                    f"algorithm {type(self.algorithm).__name__} cannot train under {self._world} processes "
                     "(WORLD_SIZE); launch it as one process, or use GRPO"
                 )
             if not _distributed.is_main():
@@ -271,7 +273,7 @@ class Trainer:
                 callback.on_end(self.history)
         finally:
             self._console, self.state = None, State.RUNNING
-            if _distributed.world() > 1:
+            if self._world > 1:
                 _distributed.broadcast(None)  # the other ranks stop following
             if owns:
                 self.close()
@@ -316,7 +318,7 @@ class Trainer:
     def _update(self, transitions: Any) -> dict[str, float]:
         """One algorithm update; under many processes rank 0 broadcasts the transitions and every rank
         updates on its shard (the metrics are rank 0's shard's)."""
-        if _distributed.world() == 1:
+        if self._world == 1:
             return self.algorithm.update(transitions)
         from spanrl.algorithms.base import transitions_of
 

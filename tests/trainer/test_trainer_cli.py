@@ -81,10 +81,13 @@ report_to: [tensorboard]
 runner: {{workers: 2, max_concurrency: 4}}
 """
     )
-    assert main(["train", str(tmp_path / "train.yaml")]) == 0
-    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(["train", str(tmp_path / "train.yaml"), "--json"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0] == f"full logs: {tmp_path / 'run' / 'spanrl.log'}"
+    assert out[-2].startswith("done: 1 steps, reward ") and "held-out success" in out[-2]
+    first = json.loads(out[-1])
     assert first["step"] == 1 and 0.0 <= first["val_success"] <= 1.0
-    assert main(["train", str(tmp_path / "train.yaml"), "--resume", "--max-steps", "2"]) == 0
+    assert main(["train", str(tmp_path / "train.yaml"), "--resume", "--max-steps", "2", "--json"]) == 0
     second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert second["step"] == 2
     run = tmp_path / "run"
