@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.spanrl-installed
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo demo-quick test bench clean
 
 venv: $(STAMP)
 
@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml
 
 demo: venv
 	$(BIN)/spanrl demo
+
+# every stage of the demo in about a minute (a smoke test, not a result)
+demo-quick: venv
+	$(BIN)/spanrl demo --quick
 
 test: venv
 	cd examples/node-agent && npm install --no-audit --no-fund --loglevel=error
