@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.spanrl-installed
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test bench clean chromium
 
 venv: $(STAMP)
 
@@ -21,7 +21,11 @@ $(STAMP): pyproject.toml
 demo: venv
 	$(BIN)/spanrl demo
 
-test: venv
+# The viewer's tests drive Debian's headless Chromium over the DevTools protocol (tests/ui).
+chromium:
+	command -v chromium >/dev/null || { $$(command -v sudo) apt-get update -q && $$(command -v sudo) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+
+test: venv chromium
 	cd examples/node-agent && npm install --no-audit --no-fund --loglevel=error
 	$(BIN)/python -m pytest -q -ra
 

@@ -80,11 +80,12 @@ class UiServer:
                   port: int = 0) -> "UiServer":
         """As ``spanrl ui`` builds it: unset options fall back to SPANRL_DB, SPANRL_SQL_URL and
         SPANRL_COLLECTOR_TOKEN."""
-        db = db or env.get_str(env.SPANRL_DB, env.DEFAULT_DB_PATH)
+        named_db = db or env.get_str(env.SPANRL_DB)  # None: whatever file the collector serves
         url = url or env.get_str(env.SPANRL_SQL_URL, _DEFAULT_URL)
         token = token or env.get_str(env.SPANRL_COLLECTOR_TOKEN)
-        source = open_source(db=db, url=url, token=token)
-        found = discover_runs(runs, db if not source.remote or db else None)
+        source = open_source(db=named_db, url=url, token=token, default_db=env.DEFAULT_DB_PATH)
+        db = source.db_path
+        found = discover_runs(runs, db)
         folders: list[Any] = [tokenizer] if tokenizer else []
         folders += [run.config().get("model") for run in found if run.config().get("model")]
         app = UiApp(source, token=token, runs=found, credit=credit_of_runs(found), tokens=TokenText(folders))
