@@ -7,8 +7,10 @@ Timed (median of --rounds HTTP requests against `spanrl ui`'s app on uvicorn, in
   rollouts-live   the poll right after one new rollout (100 spans) was committed (incremental refresh;
                   collector only, a read-only file sees no new spans)
   filter          text filter + sort by reward
-  rollout         one rollout: spans, decomposed calls with tokens, rewards
-  credit          its transitions: load_transitions over its task group (8 rollouts)
+  rollout         one rollout first opened: spans, decomposed calls with tokens, rewards (a new rollout
+                  each round: the viewer remembers decompositions until the rollout's spans change)
+  credit          its transitions: load_transitions over its task group (8 rollouts), first time
+  rollout-again   the same rollout opened again (remembered), and credit-again likewise
   runs            the run page (history of one run + policy versions over time from the store)
   sql             a small SQL box query (GROUP BY over the rollouts view)
 
@@ -60,7 +62,7 @@ def _run_dir(folder: Path) -> Path:
     return run
 
 
-def _measure(label: str, url: str, rounds: int, rid: str, live=None) -> dict[str, float]:
+def _measure(label: str, url: str, rounds: int, rids: list[str], live=None) -> dict[str, float]:
     out = {"rollouts-cold": _get(url, "/api/rollouts?limit=200")}
     out["rollouts"] = _median(url, "/api/rollouts?limit=200", rounds)
     if live is not None:
@@ -70,8 +72,11 @@ def _measure(label: str, url: str, rounds: int, rid: str, live=None) -> dict[str
             samples.append(_get(url, "/api/rollouts?limit=200"))
         out["rollouts-live"] = statistics.median(samples)
     out["filter"] = _median(url, "/api/rollouts?q=t0012&sort=final_reward&limit=200", rounds)
-    out["rollout"] = _median(url, f"/api/rollout?id={rid}", rounds)
-    out["credit"] = _median(url, f"/api/credit?id={rid}", rounds)
+    first = [(_get(url, f"/api/rollout?id={rid}"), _get(url, f"/api/credit?id={rid}")) for rid in rids]
+    out["rollout"] = statistics.median(a for a, _ in first)
+    out["credit"] = statistics.median(b for _, b in first)
+    out["rollout-again"] = _median(url, f"/api/rollout?id={rids[0]}", rounds)
+    out["credit-again"] = _median(url, f"/api/credit?id={rids[0]}", rounds)
     out["runs"] = _median(url, "/api/runs", rounds)
     out["sql"] = _median(url, "/api/sql", rounds, {"sql": "SELECT status, count(*) AS n FROM rollouts GROUP BY status"})
     print(f"{label}:")
@@ -102,11 +107,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"generated {args.rollouts * dec.SPANS_PER_ROLLOUT:,} spans in {time.perf_counter() - t:.1f} s")
         run = _run_dir(Path(tmp))
         print(f"load before: {os.getloadavg()[0]:.1f} (1-min average, {os.cpu_count()} cores)")
-        rid = f"r{args.rollouts // 2:06d}"
+        # different tasks for each round and each source (nothing remembered between them)
+        rids = [f"r{args.rollouts // 4 + 9 * i:06d}" for i in range(2 * args.rounds)]
 
         server = UiServer.from_args(db=db, url="http://127.0.0.1:9", runs=[str(run)], port=0).start()
         try:
-            _measure(f"file {db} (read-only)", server.url, args.rounds, rid)
+            _measure(f"file {db} (read-only)", server.url, args.rounds, rids[: args.rounds])
         finally:
             server.stop()
 
@@ -124,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                 collector.store.append(one)
 
             try:
-                _measure(f"collector {collector.http_endpoint}", server.url, args.rounds, rid, live)
+                _measure(f"collector {collector.http_endpoint}", server.url, args.rounds, rids[args.rounds :], live)
             finally:
                 server.stop()
         finally:

@@ -15,10 +15,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spanrl.algorithms.credit import CreditConfig
-from spanrl.algorithms.transitions import load_transitions
-from spanrl.store.decomposer import Selection, decompose
+from spanrl.algorithms.transitions import TransitionBatch, load_transitions
 from spanrl.ui.source import Source
-from spanrl.ui.subset import Scratch, fetch_spans
+from spanrl.ui.subset import Scratch, fetch_spans, version_of
 
 __all__ = ["MAX_GROUP", "rollout_credit"]
 
@@ -32,9 +31,15 @@ def rollout_credit(
     """Transitions of ``rollout_id`` with return and advantage, the group they were computed over, and
     why each remaining call was skipped. ``rollouts`` is the cached rollouts table."""
     group = _group(rollouts, rollout_id)
-    with scratch.holding(fetch_spans(source, group["rollout_ids"])) as cur:
-        batch = load_transitions(cur, credit=credit, rollout_ids=group["rollout_ids"])
-        calls = decompose(cur, Selection(rollout_ids=[rollout_id])).calls.to_pylist()
+    spans = fetch_spans(source, group["rollout_ids"])
+    calls = scratch.decompose_rollout(spans, rollout_id).calls.to_pylist()
+
+    def transitions() -> TransitionBatch:
+        with scratch.holding(spans) as cur:
+            return load_transitions(cur, credit=credit, rollout_ids=group["rollout_ids"])
+
+    key = ("credit", tuple(group["rollout_ids"]), repr(credit), *version_of(spans))
+    batch = scratch.remember(key, transitions)
     table = batch.to_arrow()
     mine = table.filter(pc.equal(table.column("rollout_id"), rollout_id))
     rows = [

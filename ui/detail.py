@@ -7,7 +7,6 @@ import json
 from typing import Any
 
 from spanrl.errors import StoreError
-from spanrl.store.decomposer import Selection, decompose
 from spanrl.ui.source import Source
 from spanrl.ui.subset import Scratch, fetch_spans
 from spanrl.ui.tokens import TokenText
@@ -42,8 +41,7 @@ def rollout_detail(source: Source, scratch: Scratch, rollout_id: str, tokens: To
     table = fetch_spans(source, [rollout_id])
     if table.num_rows == 0:
         raise RolloutNotFoundError(f"no spans of rollout {rollout_id!r} are stored")
-    with scratch.holding(table) as cur:
-        dec = decompose(cur, Selection(rollout_ids=[rollout_id]))
+    dec = scratch.decompose_rollout(table, rollout_id)
     truncated = table.num_rows > MAX_SPANS
     spans = table.slice(0, MAX_SPANS).select(list(_SPAN_FIELDS)).to_pylist()
     for span in spans:

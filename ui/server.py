@@ -61,6 +61,7 @@ class UiServer:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self._sock.bind((host, port))
+            self._sock.listen(128)  # connections queue from now on, before uvicorn's loop accepts them
         except OSError as exc:
             self._sock.close()
             raise ConfigError(f"cannot serve on {host}:{port}: {exc}") from None

@@ -5,18 +5,22 @@ The copy keeps every column, ``ingested_ns`` included (late arrivals are judged 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from spanrl.store import SpanStore
-from spanrl.store.decomposer import decompose
+from spanrl.store.decomposer import Decomposition, Selection, decompose
 from spanrl.ui.source import Source
 
-__all__ = ["Scratch", "fetch_spans"]
+__all__ = ["Scratch", "fetch_spans", "version_of"]
+
+_REMEMBERED = 64  # results kept (the rollout page asks twice: spans, then credit; people go back and forth)
 
 # Spans without spanrl.rollout.id (a policy-server span nested under the agent's trace) belong to the
 # rollout of their trace, as in the decomposer. The IS NULL guard keeps DuckDB on the rollout_id filter.
@@ -33,6 +37,11 @@ def fetch_spans(source: Source, rollout_ids: Sequence[str]) -> pa.Table:
     return source.sql(_FETCH_SQL, {"ids": list(rollout_ids)})
 
 
+def version_of(spans: pa.Table) -> tuple[int, int | None]:
+    """(row count, newest ``ingested_ns``): changes whenever spans are added or pruned."""
+    return spans.num_rows, (pc.max(spans.column("ingested_ns")).as_py() if spans.num_rows else None)
+
+
 class Scratch:
     """One in-memory span store (schema and views), refilled per use under a lock. One DuckDB thread:
     on a few hundred spans, planning dominates and more threads only contend."""
@@ -40,6 +49,7 @@ class Scratch:
     def __init__(self) -> None:
         self._store = SpanStore.open(":memory:", threads=1)
         self._lock = threading.Lock()
+        self._remembered: OrderedDict[tuple, Decomposition] = OrderedDict()
         with self.holding(pa.table({})) as cur:
             decompose(cur)  # the first plan of the decomposer's statement is the slow one
 
@@ -57,6 +67,33 @@ class Scratch:
                 yield cur
             finally:
                 cur.close()
+
+    def remember(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        """``compute()``, remembered under ``key`` (which must change when the spans do)."""
+        with self._lock:
+            if key in self._remembered:
+                self._remembered.move_to_end(key)
+                return self._remembered[key]
+        value = compute()
+        with self._lock:
+            self._remembered[key] = value
+            while len(self._remembered) > _REMEMBERED:
+                self._remembered.popitem(last=False)
+        return value
+
+    def decompose_rollout(self, spans: pa.Table, rollout_id: str) -> Decomposition:
+        """The decomposer's view of one rollout among ``spans``; remembered until its spans change
+        (their count or newest ``ingested_ns``), since the decomposer's statement is the slow part."""
+        own = pc.fill_null(pc.equal(spans.column("rollout_id"), rollout_id), False)
+        traces = pc.unique(spans.filter(own).column("trace_id"))
+        inherited = pc.and_(pc.is_null(spans.column("rollout_id")), pc.is_in(spans.column("trace_id"), value_set=traces))
+        mine = spans.filter(pc.or_(own, inherited))  # as fetch_spans assigns them
+
+        def compute() -> Decomposition:
+            with self.holding(spans) as cur:
+                return decompose(cur, Selection(rollout_ids=[rollout_id]))
+
+        return self.remember(("decompose", rollout_id, *version_of(mine)), compute)
 
     def close(self) -> None:
         self._store.close()

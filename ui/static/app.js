@@ -20,6 +20,7 @@ function h(tag, attrs, ...children) {
   return el;
 }
 const num = (v, d = 3) => (v === null || v === undefined ? "" : (Number.isInteger(v) ? String(v) : (+v).toFixed(d)));
+const fixed = v => (v === null || v === undefined ? "" : (+v).toFixed(3));  // returns, advantages: always 3 places
 const ms = v => (v === null || v === undefined ? "" : v >= 1000 ? (v / 1000).toFixed(2) + " s" : v.toFixed(1) + " ms");
 const when = ns => (ns ? new Date(ns / 1e6).toLocaleString() : "");
 
@@ -29,7 +30,10 @@ async function api(path, opts) {
   const token = sessionStorage.getItem("spanrl-token");
   if (token) headers["Authorization"] = "Bearer " + token;
   const resp = await fetch(path, Object.assign({}, opts, { headers }));
-  if (resp.status === 401) { askToken(); throw new Error("the viewer needs the collector's token"); }
+  if (resp.status === 401) {
+    askToken();
+    throw Object.assign(new Error("the viewer needs the collector's token"), { handled: true });  // the form is shown
+  }
   if (!resp.ok) {
     let msg = resp.statusText;
     try { msg = (await resp.json()).error || msg; } catch (e) { /* not JSON */ }
@@ -49,7 +53,7 @@ function askToken() {
 
 // replaceChildren that skips null / false (conditional children)
 function fill(el, ...kids) { el.replaceChildren(...kids.flat().filter(k => k !== null && k !== undefined && k !== false)); return el; }
-function fail(err) { fill(main, h("div", { class: "error" }, String(err.message || err))); }
+function fail(err) { if (err.handled) return; fill(main, h("div", { class: "error" }, String(err.message || err))); }
 function stopTimer() { if (timer) { clearInterval(timer); timer = null; } }
 
 // --- router --------------------------------------------------------------------------------------
@@ -135,13 +139,23 @@ function waterfall(spans, detail) {
       document.querySelectorAll(".wf-row.sel").forEach(r => r.classList.remove("sel"));
       row.classList.add("sel");
       fill(detail, h("b", {}, s.name), ` ${s.kind} · ${s.status_code}${s.status_message ? ": " + s.status_message : ""} · ${ms((s.end_ns - s.start_ns) / 1e6)}`,
-        h("pre", {}, JSON.stringify({ attributes: s.attributes, events: s.events }, null, 1)));
+        h("pre", {}, JSON.stringify({ attributes: unnest(s.attributes), events: s.events }, null, 1)));
     });
     return row;
   });
   const legend = h("div", { class: "legend" }, [["agent", "--agent"], ["LLM call", "--llm"], ["tool", "--tool"], ["reward", "--reward"], ["error", "--err"]]
     .map(([label, v]) => { const i = h("i"); i.style.background = `var(${v})`; return h("span", {}, i, label); }));
   return h("div", { class: "card" }, legend, h("div", { class: "wf", id: "waterfall" }, rows), detail);
+}
+
+// Attribute values holding JSON text (gen_ai.input.messages, ...) shown as JSON, not as escaped strings.
+function unnest(attrs) {
+  const out = {};
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (typeof v === "string" && /^\s*[[{]/.test(v)) { try { out[k] = JSON.parse(v); continue; } catch (e) { /* text */ } }
+    out[k] = v;
+  }
+  return out;
 }
 
 // Depth-first, children by start time; a span whose parent is not stored starts a tree of its own.
@@ -231,7 +245,7 @@ function renderCalls(box, d, credit) {
       h("span", {}, c.model || ""), h("span", {}, "policy v" + (c.policy_version ?? "—")),
       h("span", {}, `tokens in ${c.input_tokens ?? "?"} / out ${c.output_tokens ?? "?"}`), h("span", {}, "latency " + ms(c.latency_ms)),
       h("span", {}, c.status_code),
-      t ? h("span", { class: "adv" }, h("b", {}, "return "), num(t.reward), h("b", {}, "  advantage "), num(t.advantage)) : null,
+      t ? h("span", { class: "adv" }, h("b", {}, "return "), fixed(t.reward), h("b", {}, "  advantage "), fixed(t.advantage)) : null,
       skipped.has(c.step) ? h("span", { class: "skip" }, "skipped: " + skipped.get(c.step)) : null);
     const msgs = h("details", {}, h("summary", {}, "messages"), h("div", {}, "input:"), messageList(c.input_messages),
       h("div", {}, "output:"), messageList(c.output_messages));
@@ -244,7 +258,7 @@ function renderCalls(box, d, credit) {
 function renderCredit(box, c) {
   const g = c.group;
   const rows = c.transitions.map(t => h("tr", { "data-step": t.step }, h("td", { class: "num" }, t.step), h("td", {}, t.agent ?? ""),
-    h("td", { class: "num" }, num(t.reward)), h("td", { class: "num advantage" }, num(t.advantage)),
+    h("td", { class: "num" }, fixed(t.reward)), h("td", { class: "num advantage" }, fixed(t.advantage)),
     h("td", { class: "num" }, t.completion_mask.reduce((a, b) => a + b, 0)), h("td", { class: "num" }, num(t.policy_version)),
     h("td", {}, t.retokenized ? "yes" : "")));
   fill(box, 
