@@ -35,6 +35,11 @@ def _json(text: str | None) -> Any:
         return text
 
 
+def _text(value: Any) -> str | None:
+    """An attribute that held JSON text arrives parsed (``_json``) or as text: text either way."""
+    return value if value is None or isinstance(value, str) else json.dumps(value)
+
+
 def rollout_detail(source: Source, scratch: Scratch, rollout_id: str, tokens: TokenText) -> dict[str, Any]:
     """Everything the rollout page shows except credit (see `spanrl.ui.credit`). `StoreError` when
     no span of the rollout is stored."""
@@ -79,8 +84,9 @@ def _call(row: dict[str, Any], spans: dict[str, dict[str, Any]], tokens: TokenTe
         "server_latency_ms": (server["end_ns"] - server["start_ns"]) / 1e6 if server else None,
         "input_tokens": len(row["prompt_ids"]) if row["prompt_ids"] is not None else attrs.get("gen_ai.usage.input_tokens"),
         "output_tokens": len(completion) if completion is not None else attrs.get("gen_ai.usage.output_tokens"),
-        "input_messages": _json(row["input_messages"]),
-        "output_messages": _json(row["output_messages"]),
+        # the decomposer keeps messages only for calls it may retokenize; the client span has them all
+        "input_messages": _json(row["input_messages"] or _text(attrs.get("gen_ai.input.messages"))),
+        "output_messages": _json(row["output_messages"] or _text(attrs.get("gen_ai.output.messages"))),
         "completion_ids": completion,
         "completion_text": tokens.pieces(completion) if completion is not None else None,
         "logprobs": row["logprobs"],

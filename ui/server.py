@@ -8,7 +8,6 @@ import logging
 import socket
 import threading
 import time
-from pathlib import Path
 from typing import Any, Sequence
 
 import uvicorn

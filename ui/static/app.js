@@ -181,11 +181,18 @@ function treeOrder(spans) {
   return out;
 }
 
+// One part of an OTel GenAI message: text, a tool call, or a tool's answer.
+function partText(p) {
+  if (p.type === "tool_call") return `→ ${p.name}(${typeof p.arguments === "string" ? p.arguments : JSON.stringify(p.arguments ?? {})})`;
+  if (p.type === "tool_call_response") return `← ${typeof p.response === "string" ? p.response : JSON.stringify(p.response)}`;
+  return p.content ?? JSON.stringify(p);
+}
+
 function messageList(messages) {
   if (!Array.isArray(messages)) return messages ? h("pre", {}, String(messages)) : null;
   return messages.map(m => {
     let body = m.content;
-    if (body === undefined && Array.isArray(m.parts)) body = m.parts.map(p => p.content ?? p.response ?? JSON.stringify(p)).join("\n");
+    if (body === undefined && Array.isArray(m.parts)) body = m.parts.map(partText).join("\n");
     if (typeof body !== "string") body = JSON.stringify(body ?? m);
     return h("div", { class: "msg" }, h("div", { class: "role" }, m.role || "message"), h("pre", {}, body));
   });
