@@ -13,6 +13,8 @@ Timed (median of --rounds HTTP requests against `spanrl ui`'s app on uvicorn, in
   rollout-again   the same rollout opened again (remembered), and credit-again likewise
   runs            the run page (history of one run + policy versions over time from the store)
   sql             a small SQL box query (GROUP BY over the rollouts view)
+Also, as the floor of `rollout` on this machine at this load: the decomposer's own statement on one
+rollout's 100 spans in memory (store/decomposer.py, which the viewer runs and does not own).
 
 Usage:  .venv/bin/python bench/ui.py [--rollouts 10000] [--rounds 7] [--db PATH]
 """
@@ -86,6 +88,25 @@ def _measure(label: str, url: str, rounds: int, rids: list[str], live=None) -> d
     return out
 
 
+def _decomposer_floor(db: str, rounds: int, n_rollouts: int) -> None:
+    from spanrl.store.decomposer import Selection, decompose
+    from spanrl.ui.source import open_source
+    from spanrl.ui.subset import Scratch, fetch_spans
+
+    source, scratch = open_source(db=db, url=None, token=None), Scratch()
+    samples = []
+    for i in range(rounds):
+        rid = f"r{n_rollouts // 8 + 9 * i:06d}"
+        spans = fetch_spans(source, [rid])
+        with scratch.holding(spans) as cur:
+            t = time.perf_counter()
+            decompose(cur, Selection(rollout_ids=[rid]))
+            samples.append((time.perf_counter() - t) * 1000)
+    scratch.close()
+    source.close()
+    print(f"floor: the decomposer alone on one rollout's {spans.num_rows} spans in memory: median {statistics.median(samples):.1f} ms")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rollouts", type=int, default=10_000)
@@ -107,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"generated {args.rollouts * dec.SPANS_PER_ROLLOUT:,} spans in {time.perf_counter() - t:.1f} s")
         run = _run_dir(Path(tmp))
         print(f"load before: {os.getloadavg()[0]:.1f} (1-min average, {os.cpu_count()} cores)")
+        _decomposer_floor(db, args.rounds, args.rollouts)
         # different tasks for each round and each source (nothing remembered between them)
         rids = [f"r{args.rollouts // 4 + 9 * i:06d}" for i in range(2 * args.rounds)]
 

@@ -91,8 +91,19 @@ class UiServer:
         app = UiApp(source, token=token, runs=found, credit=credit_of_runs(found), tokens=TokenText(folders))
         return cls(app, host, port, token)
 
+    def _warm(self) -> None:
+        """Aggregate the rollouts table in the background, so the first page view does not wait for it."""
+        def refresh() -> None:
+            try:
+                self.app.index.refresh()
+            except Exception as exc:  # noqa: BLE001 - the page will show the same error when it asks
+                _logger.warning("could not read the rollouts yet: %s", exc)
+
+        threading.Thread(target=refresh, name="spanrl-ui-warm", daemon=True).start()
+
     def run(self) -> None:
         """Serve until interrupted (Ctrl-C)."""
+        self._warm()
         try:
             self._server.run(sockets=[self._sock])
         finally:
@@ -100,6 +111,7 @@ class UiServer:
 
     def start(self) -> "UiServer":
         """Serve in a background thread; returns once it accepts connections."""
+        self._warm()
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + _START_TIMEOUT_S

@@ -64,6 +64,9 @@ def test_rollout_list_shows_the_demo_rollouts(demo_store, facts, ui_factory, bro
     for status, n in facts["counts"].items():
         assert buttons[status] == f"{status} {n}"
     browser.screenshot(shots / "rollouts.png")
+    assert facts["total"] > 200  # the demo's store has more than one page
+    browser.eval("document.getElementById('more').click()")
+    browser.wait(f"document.querySelectorAll('#rollouts tbody tr').length == {min(400, facts['total'])}")
 
     # filter by the picked rollout's task: only that task's rollouts remain
     task = facts["pick"].task_id

@@ -80,19 +80,20 @@ const SORTABLE = new Set(["rollout_id", "task_id", "mode", "status", "final_rewa
 
 async function rolloutsPage(params) {
   const state = { status: params.get("status") || "", mode: params.get("mode") || "", q: params.get("q") || "",
-                  sort: params.get("sort") || "start_ns", desc: params.get("desc") !== "0" };
+                  sort: params.get("sort") || "start_ns", desc: params.get("desc") !== "0", limit: 200 };
   const counts = h("div", { class: "toolbar", id: "status-counts" });
   const text = h("input", { type: "search", placeholder: "filter: rollout, task, agent", value: state.q, size: 30, id: "filter" });
   const mode = h("select", { id: "mode" }, ["", "train", "val"].map(m => h("option", { value: m, selected: m === state.mode }, m || "any mode")));
   const stamp = h("span", { class: "muted", id: "updated" });
   const table = h("div", { class: "scroll" });
-  fill(main, h("h1", {}, "Rollouts"), counts, h("div", { class: "toolbar" }, text, mode, stamp), table);
+  const more = h("button", { id: "more", onclick: () => { state.limit = Math.min(5000, state.limit + 200); reload(); } }, "show 200 more");
+  fill(main, h("h1", {}, "Rollouts"), counts, h("div", { class: "toolbar" }, text, mode, stamp), table, h("div", { class: "toolbar" }, more));
   const reload = () => load().catch(e => fill(stamp, h("span", { class: "error" }, e.message)));
   text.addEventListener("input", () => { state.q = text.value; reload(); });
   mode.addEventListener("change", () => { state.mode = mode.value; reload(); });
 
   async function load() {
-    const qs = new URLSearchParams({ status: state.status, mode: state.mode, q: state.q, sort: state.sort, desc: state.desc ? "1" : "0", limit: "200" });
+    const qs = new URLSearchParams({ status: state.status, mode: state.mode, q: state.q, sort: state.sort, desc: state.desc ? "1" : "0", limit: String(state.limit) });
     const data = await api("/api/rollouts?" + qs);
     const all = Object.values(data.counts).reduce((a, b) => a + b, 0);
     const button = (status, label, n) => h("button", { class: state.status === status ? "on" : "", "data-status": status || "all",
@@ -110,6 +111,7 @@ async function rolloutsPage(params) {
       h("td", {}, when(r.start_ns))));
     fill(table, h("table", { id: "rollouts" }, h("thead", {}, head), h("tbody", {}, rows)));
     stamp.textContent = `${data.total} rollouts match; showing ${data.rows.length}; updated ${new Date().toLocaleTimeString()} (live)`;
+    more.hidden = data.rows.length >= data.total || state.limit >= 5000;
   }
   await load();
   timer = setInterval(() => { if (!document.hidden) reload(); }, 2000);
