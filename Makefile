@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.spanrl-installed
 
-.PHONY: venv demo demo-quick test bench clean
+.PHONY: venv demo demo-quick test bench clean chromium
 
 venv: $(STAMP)
 
@@ -25,7 +25,11 @@ demo: venv
 demo-quick: venv
 	$(BIN)/spanrl demo --quick
 
-test: venv
+# The viewer's tests drive Debian's headless Chromium over the DevTools protocol (tests/ui).
+chromium:
+	command -v chromium >/dev/null || { $$(command -v sudo) apt-get update -q && $$(command -v sudo) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+
+test: venv chromium
 	cd examples/node-agent && npm install --no-audit --no-fund --loglevel=error
 	$(BIN)/python -m pytest -q -ra
 

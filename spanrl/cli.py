@@ -8,6 +8,7 @@ so ``spanrl sql`` never loads torch.
     spanrl serve --model PATH         OpenAI-compatible policy server
     spanrl train CONFIG.yaml          the training loop
     spanrl demo                       everything, locally, on a tiny model
+    spanrl ui                         the viewer in the browser (rollouts, credit, runs, SQL)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ _COMMAND_MODULES = (
     "spanrl.serving._cli",
     "spanrl.trainer._cli",
     "spanrl.algorithms._cli",
+    "spanrl.ui._cli",
 )
 
 

@@ -1,0 +1,85 @@
+"""The viewer's JSON API on a real collector (in process, free ports): the live rollouts cache agrees with
+the store's `rollouts` view as spans arrive, and bad input gets a 400 that names the field."""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collector"))
+from _otlp import make_request  # noqa: E402
+
+from spanrl import semconv as sc  # noqa: E402
+from spanrl.collector.encoding import encode_request  # noqa: E402
+from spanrl.errors import StoreError  # noqa: E402
+from spanrl.ui.server import UiServer  # noqa: E402
+from spanrl.ui.source import open_source  # noqa: E402
+
+
+def _get(url: str, path: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + path, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def _add(collector, n: int, rollout_id: str, **kw) -> None:
+    collector.store.append(encode_request(make_request(n, rollout_id=rollout_id, **kw)[0]).table)
+
+
+@pytest.fixture
+def ui(collector):
+    server = UiServer.from_args(url=collector.http_endpoint, port=0).start()
+    yield server
+    server.stop()
+
+
+def _view(collector) -> dict:
+    rows = collector.store.sql("SELECT rollout_id, status, final_reward, span_count FROM rollouts").to_pylist()
+    return {r["rollout_id"]: (r["status"], r["final_reward"], r["span_count"]) for r in rows}
+
+
+def test_rollout_list_follows_new_spans_and_matches_the_view(collector, ui):
+    _add(collector, 3, "a")
+    _add(collector, 2, "b", name=sc.ROLLOUT_SPAN_NAME)
+    status, first = _get(ui.url, "/api/rollouts")
+    assert status == 200 and first["total"] == 2 and first["counts"] == {"finished": 1, "error": 0, "open": 1}
+
+    _add(collector, 4, "a", attributes={sc.REWARD_VALUE: 0.5})  # more spans of "a", with a reward
+    _add(collector, 1, "c", name=sc.ROLLOUT_SPAN_NAME)
+    status, data = _get(ui.url, "/api/rollouts?sort=rollout_id&desc=0")
+    assert [r["rollout_id"] for r in data["rows"]] == ["a", "b", "c"]
+    shown = {r["rollout_id"]: (r["status"], r["final_reward"], r["span_count"]) for r in data["rows"]}
+    assert shown == _view(collector)  # the incremental refresh agrees with a full aggregate
+    assert shown["a"] == ("open", 0.5, 7)
+
+    status, only = _get(ui.url, "/api/rollouts?status=finished&q=C")
+    assert [r["rollout_id"] for r in only["rows"]] == ["c"] and only["counts"] == {"finished": 1, "error": 0, "open": 0}  # counts follow the text filter
+
+
+def test_bad_input_is_a_400_naming_the_field(collector, ui):
+    _add(collector, 2, "z")
+    assert _get(ui.url, "/api/rollouts?status=done") == (400, {"error": "status must be one of finished, error, open; got 'done'"})
+    assert _get(ui.url, "/api/rollouts?limit=many") == (400, {"error": "limit must be an integer, got 'many'"})
+    assert _get(ui.url, "/api/rollouts?sort=1;DROP") == (400, {"error": (
+        "sort must be one of start_ns, rollout_id, task_id, mode, status, final_reward, policy_version, span_count, "
+        "duration_ms, error_count; got '1;DROP'")})
+    assert _get(ui.url, "/api/rollout?id=missing") == (404, {"error": "no spans of rollout 'missing' are stored"})
+    assert _get(ui.url, "/api/nothing")[0] == 404
+    assert _get(ui.url, "/static/..%2Fapp.py")[0] == 404
+    request = urllib.request.Request(ui.url + "api/sql", data=b'{"sql": "DELETE FROM spans"}', method="POST")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(request, timeout=30)
+    assert err.value.code == 400 and "only read statements" in json.loads(err.value.read())["error"]
+    assert collector.store.span_count() == 2  # nothing deleted
+
+
+def test_open_source_names_what_is_missing(tmp_path):
+    with pytest.raises(StoreError, match="no collector answered at http://127.0.0.1:9 and no span store at '.*nope.duckdb'"):
+        open_source(db=str(tmp_path / "nope.duckdb"), url="http://127.0.0.1:9", token=None)

@@ -1,0 +1,105 @@
+"""The credit a rollout's calls got: ``load_transitions`` over the rollout's group, as the trainer ran it.
+
+A GRPO-style baseline compares a rollout with the other rollouts of its task, so the advantages are
+computed over the rollout's group: the rollouts of the same task and mode served by the same policy
+version (the trainer samples one step's group on one version). Every call of the rollout that did not
+become a transition is listed with the reason, from the same rules ``load_transitions`` applies.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spanrl.algorithms.credit import CreditConfig
+from spanrl.algorithms.transitions import TransitionBatch, load_transitions
+from spanrl.ui.source import Source
+from spanrl.ui.subset import Scratch, fetch_spans, version_of
+
+__all__ = ["MAX_GROUP", "rollout_credit"]
+
+MAX_GROUP = 256
+"""Rollouts of a group used at most (the newest ones besides the rollout itself)."""
+
+
+def rollout_credit(
+    source: Source, scratch: Scratch, rollouts: pa.Table, rollout_id: str, credit: CreditConfig
+) -> dict[str, Any]:
+    """Transitions of ``rollout_id`` with return and advantage, the group they were computed over, and
+    why each remaining call was skipped. ``rollouts`` is the cached rollouts table."""
+    group = _group(rollouts, rollout_id)
+    spans = fetch_spans(source, group["rollout_ids"])
+    calls = scratch.decompose_rollout(spans, rollout_id).calls.to_pylist()
+
+    def transitions() -> TransitionBatch:
+        with scratch.holding(spans) as cur:
+            return load_transitions(cur, credit=credit, rollout_ids=group["rollout_ids"])
+
+    key = ("credit", tuple(group["rollout_ids"]), repr(credit), *version_of(spans))
+    batch = scratch.remember(key, transitions)
+    table = batch.to_arrow()
+    mine = table.filter(pc.equal(table.column("rollout_id"), rollout_id))
+    rows = [
+        {k: r[k] for k in ("step", "agent", "reward", "advantage", "policy_version", "retokenized", "completion_mask")}
+        for r in mine.to_pylist()
+    ]
+    trained = {r["step"] for r in rows}
+    kept = rollout_id in batch.rewards_by_rollout
+    skipped = [
+        {"step": c["step"], "reason": _skip_reason(c, kept)} for c in calls if c["step"] not in trained
+    ]
+    group_rewards = [v for v in batch.rewards_by_rollout.values() if v is not None and not math.isnan(v)]
+    return {
+        "credit": {k: getattr(credit, k) for k in ("mode", "gamma", "lam", "baseline", "scale_std", "per_rollout")},
+        "group": {
+            "task_id": group["task_id"],
+            "mode": group["mode"],
+            "policy_version": group["policy_version"],
+            "rollouts": len(group["rollout_ids"]),
+            "reward_mean": sum(group_rewards) / len(group_rewards) if group_rewards else None,
+            "episode_reward": batch.rewards_by_rollout.get(rollout_id),
+        },
+        "transitions": rows,
+        "skipped": skipped,
+        "report": {k: v for k, v in batch.report.items() if v},
+    }
+
+
+def _group(rollouts: pa.Table, rollout_id: str) -> dict[str, Any]:
+    ids = rollouts.column("rollout_id")
+    me = rollouts.filter(pc.equal(ids, rollout_id)).to_pylist()
+    if not me:
+        return {"rollout_ids": [rollout_id], "task_id": None, "mode": None, "policy_version": None}
+    task, mode, version = me[0]["task_id"], me[0]["mode"], me[0]["policy_version"]
+    if task is None:  # no task: a group of one, as load_transitions treats it
+        return {"rollout_ids": [rollout_id], "task_id": None, "mode": mode, "policy_version": version}
+    mask = pc.and_(pc.equal(rollouts.column("task_id"), task), _equal_or_both_null(rollouts.column("mode"), mode))
+    mask = pc.and_(mask, _equal_or_both_null(rollouts.column("policy_version"), version))
+    peers = rollouts.filter(mask).sort_by([("start_ns", "descending")]).column("rollout_id").to_pylist()
+    peers = [rollout_id] + [p for p in peers if p != rollout_id][: MAX_GROUP - 1]
+    return {"rollout_ids": peers, "task_id": task, "mode": mode, "policy_version": version}
+
+
+def _equal_or_both_null(column: pa.ChunkedArray, value: Any) -> pa.ChunkedArray:
+    if value is None:
+        return pc.is_null(column)
+    return pc.fill_null(pc.equal(column, value), False)
+
+
+def _skip_reason(call: Mapping[str, Any], rollout_kept: bool) -> str:
+    """Why ``load_transitions`` made no transition of this call (its rules, in its order)."""
+    if call["completion_ids"] is None:  # a decomposed call: prompt_ids / completion_ids / logprobs
+        if call["status_code"] == "ERROR":
+            return "the call failed (status ERROR): nothing was generated"
+        if not call["input_messages"]:
+            return "no token ids and no messages to retokenize"
+        return "no token ids: only the trainer, with the policy's tokenizer, retokenizes it from its messages"
+    logprobs = call["logprobs"]
+    if logprobs and len(logprobs) != len(call["completion_ids"]):
+        return f"{len(logprobs)} log-probs for {len(call['completion_ids'])} completion tokens"
+    if not rollout_kept:
+        return "its rollout was skipped: no reward, or a NaN reward (credit missing_reward / nan_reward = skip)"
+    return "not selected"

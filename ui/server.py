@@ -1,0 +1,128 @@
+"""`UiServer`: the viewer's app on uvicorn, configured the way ``spanrl ui`` is (env defaults, run
+discovery, the credit and tokenizer of the runs)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import socket
+import threading
+import time
+from typing import Any, Sequence
+
+import uvicorn
+
+from spanrl import env
+from spanrl.algorithms.credit import CreditConfig
+from spanrl.errors import ConfigError
+from spanrl.ui.app import UiApp
+from spanrl.ui.runs import Run, discover_runs
+from spanrl.ui.source import open_source
+from spanrl.ui.tokens import TokenText
+
+__all__ = ["UiServer", "credit_of_runs"]
+
+_logger = logging.getLogger(__name__)
+_DEFAULT_URL = f"http://{env.DEFAULT_HOST}:{env.DEFAULT_HTTP_PORT}"
+_RL_ALGORITHMS = ("GRPO", "PPO")
+_START_TIMEOUT_S = 10.0
+
+
+def credit_of_runs(runs: Sequence[Run]) -> CreditConfig:
+    """The credit assignment a run trained with (the first GRPO/PPO run's ``config.json``), else the
+    LightningRL defaults. PPO's GAE needs its critic, so the viewer shows its credit without values."""
+    configs = [run.config() for run in runs]
+    configs.sort(key=lambda c: (c.get("algorithm") or {}).get("name") not in _RL_ALGORITHMS)
+    names = {f.name for f in dataclasses.fields(CreditConfig)}
+    for config in configs:
+        credit = config.get("credit")
+        if isinstance(credit, dict):
+            cfg = CreditConfig(**{k: v for k, v in credit.items() if k in names})
+            if cfg.mode == "gae":
+                cfg = dataclasses.replace(cfg, mode="discounted")
+            try:
+                cfg.validate()
+            except ConfigError as exc:
+                _logger.warning("ignoring the credit of a run's config.json: %s", exc)
+                continue
+            return cfg
+    return CreditConfig()
+
+
+class UiServer:
+    """The app, bound to a socket; `run` serves in the foreground, `start` / `stop` in a thread."""
+
+    def __init__(self, app: UiApp, host: str, port: int, token: str | None) -> None:
+        self.app = app
+        self.token = token
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._sock.bind((host, port))
+            self._sock.listen(128)  # connections queue from now on, before uvicorn's loop accepts them
+        except OSError as exc:
+            self._sock.close()
+            raise ConfigError(f"cannot serve on {host}:{port}: {exc}") from None
+        self.host, self.port = host, self._sock.getsockname()[1]
+        config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False)
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+    @classmethod
+    def from_args(cls, *, db: str | None = None, url: str | None = None, token: str | None = None,
+                  runs: Sequence[str] = (), tokenizer: str | None = None, host: str = env.DEFAULT_HOST,
+                  port: int = 0) -> "UiServer":
+        """As ``spanrl ui`` builds it: unset options fall back to SPANRL_DB, SPANRL_SQL_URL and
+        SPANRL_COLLECTOR_TOKEN."""
+        named_db = db or env.get_str(env.SPANRL_DB)  # None: whatever file the collector serves
+        url = url or env.get_str(env.SPANRL_SQL_URL, _DEFAULT_URL)
+        token = token or env.get_str(env.SPANRL_COLLECTOR_TOKEN)
+        source = open_source(db=named_db, url=url, token=token, default_db=env.DEFAULT_DB_PATH)
+        db = source.db_path
+        found = discover_runs(runs, db)
+        folders: list[Any] = [tokenizer] if tokenizer else []
+        folders += [run.config().get("model") for run in found if run.config().get("model")]
+        app = UiApp(source, token=token, runs=found, credit=credit_of_runs(found), tokens=TokenText(folders))
+        return cls(app, host, port, token)
+
+    def _warm(self) -> None:
+        """Aggregate the rollouts table in the background, so the first page view does not wait for it."""
+        def refresh() -> None:
+            try:
+                self.app.index.refresh()
+            except Exception as exc:  # noqa: BLE001 - the page will show the same error when it asks
+                _logger.warning("could not read the rollouts yet: %s", exc)
+
+        threading.Thread(target=refresh, name="spanrl-ui-warm", daemon=True).start()
+
+    def run(self) -> None:
+        """Serve until interrupted (Ctrl-C)."""
+        self._warm()
+        try:
+            self._server.run(sockets=[self._sock])
+        finally:
+            self.app.source.close()
+
+    def start(self) -> "UiServer":
+        """Serve in a background thread; returns once it accepts connections."""
+        self._warm()
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise ConfigError(f"the viewer did not start on {self.url}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=_START_TIMEOUT_S)
+        self.app.source.close()
