@@ -47,7 +47,7 @@ import numpy as np
 
 from spanrl.errors import ConfigError
 
-__all__ = ["CreditConfig", "CreditResult", "assign_credit", "default_config"]
+__all__ = ["CreditConfig", "CreditResult", "MissingValueError", "assign_credit", "default_config"]
 
 CreditMode = Literal["identical", "discounted", "step", "gae"]
 Baseline = Literal["grpo", "rloo", "none"]
@@ -108,6 +108,14 @@ class CreditConfig:
             raise ConfigError(f"reward_name must be a string or None, got {self.reward_name!r}")
         if not isinstance(self.eps, (int, float)) or not self.eps > 0:
             raise ConfigError(f"eps must be a positive number, got {self.eps!r}")
+
+
+class MissingValueError(ConfigError):
+    """``gae`` got no finite critic value for a call of a rollout it keeps (``call``: the call's index)."""
+
+    def __init__(self, call: int, value: float) -> None:
+        super().__init__(f"values must be finite for every call of a kept rollout; call {call} has {value!r}")
+        self.call = call
 
 
 def default_config() -> CreditConfig:
@@ -267,8 +275,7 @@ def _gae(
         raise ConfigError(f"values must have one entry per call ({len(call_rollout)}), got shape {values.shape}")
     missing = call_keep & ~np.isfinite(values)
     if missing.any():
-        raise ConfigError(f"values must be finite for every call of a kept rollout; call {int(np.argmax(missing))} "
-                          f"has {values[np.argmax(missing)]!r}")
+        raise MissingValueError(int(np.argmax(missing)), float(values[np.argmax(missing)]))
     order = np.lexsort((call_step, call_rollout))
     adv = np.zeros(len(order))
     # reward of chain element j: rewards at steps in [step_j, step_{j+1}) of its rollout

@@ -631,28 +631,13 @@ class Trainer:
         return dict(zip(table.column("rollout_id").to_pylist(), table.column("final_reward").to_pylist()))
 
     def _transitions(self, rollout_ids: Sequence[str]) -> Any:
-        """The rollouts' transitions with advantages from ``credit``; for an algorithm with a critic
-        (``needs_values``, e.g. PPO) two passes: the critic values the states of the first, then GAE with
-        the algorithm's ``gamma``/``lam`` gives raw (unwhitened) advantages; the credit's selection rules
-        (``reward_name``, ``missing_reward``, ...) are kept."""
-        from spanrl.algorithms.transitions import load_transitions
+        """The rollouts' transitions with advantages from ``credit`` (two passes for a critic, e.g. PPO;
+        calls sampled at another temperature than the algorithm's skipped): ``load_training_batch``."""
+        from spanrl.algorithms.transitions import load_training_batch
 
-        kwargs: dict[str, Any] = {"rollout_ids": list(rollout_ids), "tokenizer": self.algorithm.tokenizer}
-        if self.config.agent_name:
-            kwargs["agents"] = [self.config.agent_name]
-        if not getattr(self.algorithm, "needs_values", False):
-            return load_transitions(self.collector.store, credit=self.credit, **kwargs)
-        states = load_transitions(
-            self.collector.store, credit=dataclasses.replace(self.credit, mode="identical", baseline="none"), **kwargs
-        )
-        if not len(states):
-            return states
-        algo_cfg = self.algorithm.config
-        # unwhitened: the algorithm's value target is advantages + V(s) (PPO whitens per mini-batch itself)
-        gae = dataclasses.replace(
-            self.credit, mode="gae", gamma=algo_cfg.gamma, lam=algo_cfg.lam, baseline="none", scale_std=False
-        )
-        return load_transitions(self.collector.store, credit=gae, values=self.algorithm.value_map(states), **kwargs)
+        agents = [self.config.agent_name] if self.config.agent_name else None
+        return load_training_batch(self.collector.store, self.algorithm, credit=self.credit,
+                                   rollout_ids=list(rollout_ids), agents=agents)
 
     def _policy_weights(self) -> Any:
         """What the server reloads: plain-keyed weights (a LoRA adapter merged), else the model itself."""
