@@ -165,39 +165,9 @@ def assign_credit(
     n_rollouts = len(rollout_calls)
     report: dict[str, int] = {}
 
-    # --- rewards of the chosen name, NaN policy, episode reward = last by time --------------------
-    r_roll = np.asarray(reward_rollout, dtype=np.int64)
-    r_step = np.asarray(reward_step, dtype=np.int64)
-    r_val = np.asarray(reward_value, dtype=np.float64).copy()
-    r_time = np.asarray(reward_time_ns, dtype=np.int64)
-    if config.reward_name is not None and reward_name is not None:
-        chosen = np.asarray(reward_name, dtype=object) == config.reward_name
-        r_roll, r_step, r_val, r_time = r_roll[chosen], r_step[chosen], r_val[chosen], r_time[chosen]
-    keep = np.ones(n_rollouts, dtype=bool)
-    nan = np.isnan(r_val)
-    report["nan_reward"] = int(nan.sum())
-    if nan.any():
-        if config.nan_reward == "zero":
-            r_val[nan] = 0.0
-        else:
-            bad = np.unique(r_roll[nan])
-            keep[bad] = False
-            report["skipped_nan_reward"] = int(len(bad))
-    has_reward = np.bincount(r_roll, minlength=n_rollouts) > 0 if len(r_roll) else np.zeros(n_rollouts, bool)
-    episode = np.full(n_rollouts, np.nan)
-    if len(r_roll):
-        order = np.lexsort((r_time, r_roll))
-        last = order[np.r_[r_roll[order][1:] != r_roll[order][:-1], True]]
-        episode[r_roll[last]] = r_val[last]
-    no_reward = ~has_reward & keep
-    if config.missing_reward == "zero":
-        episode[no_reward] = 0.0
-        report["defaulted_no_reward"] = int(no_reward.sum())
-    else:
-        keep &= has_reward
-        report["skipped_no_reward"] = int(no_reward.sum())
-    kept_reward = keep[r_roll] if len(r_roll) else np.zeros(0, bool)
-    r_roll, r_step, r_val = r_roll[kept_reward], r_step[kept_reward], r_val[kept_reward]
+    keep, episode, r_roll, r_step, r_val = _rewards(
+        config, n_rollouts, reward_rollout, reward_step, reward_value, reward_time_ns, reward_name, report
+    )
 
     # --- returns ------------------------------------------------------------------------------------
     offsets = np.concatenate([[0], np.cumsum(rollout_calls)])
@@ -236,6 +206,53 @@ def assign_credit(
             advantages = advantages * _discount(config, rollout_calls, call_rollout, call_step)
     advantages = np.where(call_keep, advantages, np.nan)
     return CreditResult(returns=returns, advantages=advantages, keep=keep, episode_reward=episode, report=report)
+
+
+def _rewards(
+    config: CreditConfig,
+    n_rollouts: int,
+    reward_rollout: np.ndarray,
+    reward_step: np.ndarray,
+    reward_value: np.ndarray,
+    reward_time_ns: np.ndarray,
+    reward_name: np.ndarray | None,
+    report: dict[str, int],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rewards of the chosen name under the NaN and missing-reward policies: which rollouts are kept,
+    each one's episode reward (the last by time), and the kept rewards' rollout, step and value."""
+    r_roll = np.asarray(reward_rollout, dtype=np.int64)
+    r_step = np.asarray(reward_step, dtype=np.int64)
+    r_val = np.asarray(reward_value, dtype=np.float64).copy()
+    r_time = np.asarray(reward_time_ns, dtype=np.int64)
+    if config.reward_name is not None and reward_name is not None:
+        chosen = np.asarray(reward_name, dtype=object) == config.reward_name
+        r_roll, r_step, r_val, r_time = r_roll[chosen], r_step[chosen], r_val[chosen], r_time[chosen]
+    keep = np.ones(n_rollouts, dtype=bool)
+    nan = np.isnan(r_val)
+    report["nan_reward"] = int(nan.sum())
+    if nan.any():
+        if config.nan_reward == "zero":
+            r_val[nan] = 0.0
+        else:
+            bad = np.unique(r_roll[nan])
+            keep[bad] = False
+            report["skipped_nan_reward"] = int(len(bad))
+    has_reward = np.bincount(r_roll, minlength=n_rollouts) > 0 if len(r_roll) else np.zeros(n_rollouts, bool)
+    episode = np.full(n_rollouts, np.nan)
+    if len(r_roll):
+        order = np.lexsort((r_time, r_roll))
+        last = order[np.r_[r_roll[order][1:] != r_roll[order][:-1], True]]
+        episode[r_roll[last]] = r_val[last]
+    no_reward = ~has_reward & keep
+    if config.missing_reward == "zero":
+        episode[no_reward] = 0.0
+        report["defaulted_no_reward"] = int(no_reward.sum())
+    else:
+        keep &= has_reward
+        report["skipped_no_reward"] = int(no_reward.sum())
+    kept_reward = keep[r_roll] if len(r_roll) else np.zeros(0, bool)
+    r_roll, r_step, r_val = r_roll[kept_reward], r_step[kept_reward], r_val[kept_reward]
+    return keep, episode, r_roll, r_step, r_val
 
 
 def _discount(config: CreditConfig, rollout_calls: np.ndarray, call_rollout: np.ndarray,

@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spanrl.algorithms.credit import CreditConfig, MissingValueError, assign_credit
+from spanrl.algorithms.credit import CreditConfig, CreditResult, MissingValueError, assign_credit
 from spanrl.errors import ConfigError
 from spanrl.store.decomposer import Selection, decompose
 
@@ -268,10 +268,44 @@ def load_transitions(
                 "skipped_bad_logprobs", "missing_logprobs", "skipped_rollout_calls", "merged", "no_task_id",
                 "skipped_temperature_mismatch"):
         report.setdefault(key, 0)
-    calls = dec.calls
     fast_calls, slow_rows = _usable_calls(_same_temperature(dec.calls, temperature, report), tokenizer, report)
+    result, call_rollout, rollout_ids_all = _credit(dec, fast_calls, slow_rows, credit, values, report)
+    for key, value in result.report.items():
+        report[key] = report.get(key, 0) + value
+    keep_call = result.keep[call_rollout]
+    report["skipped_rollout_calls"] = int((~keep_call).sum())
 
-    # --- credit over every selected rollout ------------------------------------------------------
+    # --- assemble ------------------------------------------------------------------------------------
+    n_fast = fast_calls.num_rows
+    fast_keep = keep_call[:n_fast]
+    fast_table = _fast_table(fast_calls, result.returns[:n_fast], result.advantages[:n_fast])
+    if not fast_keep.all():
+        fast_table = fast_table.filter(pa.array(fast_keep))
+    slow_out = []
+    for i, row in enumerate(slow_rows):
+        j = n_fast + i
+        if not keep_call[j]:
+            continue
+        slow_out.append(_row_out(row, float(result.returns[j]), float(result.advantages[j])))
+    table = fast_table
+    if slow_out:
+        table = pa.concat_tables([table, pa.Table.from_pylist(slow_out, schema=TRANSITIONS_SCHEMA)])
+        table = table.sort_by([("rollout_id", "ascending"), ("step", "ascending")])
+    if aggregate or credit.trajectory_aggregation:
+        table = pa.Table.from_pylist(_aggregate(table.to_pylist(), report), schema=TRANSITIONS_SCHEMA)
+    report["transitions"] = table.num_rows
+    rewards_by_rollout = {
+        rid: float(result.episode_reward[i]) for i, rid in enumerate(rollout_ids_all) if result.keep[i]
+    }
+    return TransitionBatch(table, report, rewards_by_rollout)
+
+
+def _credit(dec: Any, fast_calls: pa.Table, slow_rows: list[dict[str, Any]], credit: CreditConfig,
+            values: Mapping[tuple[str, int], float] | None,
+            report: dict[str, int]) -> tuple[CreditResult, np.ndarray, list[str]]:
+    """Credit over every selected rollout for the usable calls (fast ones first, then ``slow_rows``):
+    the result, each call's rollout index, and the rollout ids in index order."""
+    calls = dec.calls
     rollouts = dec.rollouts
     rollout_ids_all = rollouts.column("rollout_id").to_pylist()
     index = {rid: i for i, rid in enumerate(rollout_ids_all)}
@@ -321,34 +355,7 @@ def load_transitions(
     except MissingValueError as exc:  # a call of a kept rollout that the critic did not value
         key = (keys.column("rollout_id")[exc.call].as_py(), int(call_step[exc.call]))
         raise ConfigError(f"values has no critic value for call (rollout_id, step) = {key!r}") from None
-    for key, value in result.report.items():
-        report[key] = report.get(key, 0) + value
-    keep_call = result.keep[call_rollout]
-    report["skipped_rollout_calls"] = int((~keep_call).sum())
-
-    # --- assemble ------------------------------------------------------------------------------------
-    n_fast = fast_calls.num_rows
-    fast_keep = keep_call[:n_fast]
-    fast_table = _fast_table(fast_calls, result.returns[:n_fast], result.advantages[:n_fast])
-    if not fast_keep.all():
-        fast_table = fast_table.filter(pa.array(fast_keep))
-    slow_out = []
-    for i, row in enumerate(slow_rows):
-        j = n_fast + i
-        if not keep_call[j]:
-            continue
-        slow_out.append(_row_out(row, float(result.returns[j]), float(result.advantages[j])))
-    table = fast_table
-    if slow_out:
-        table = pa.concat_tables([table, pa.Table.from_pylist(slow_out, schema=TRANSITIONS_SCHEMA)])
-        table = table.sort_by([("rollout_id", "ascending"), ("step", "ascending")])
-    if aggregate or credit.trajectory_aggregation:
-        table = pa.Table.from_pylist(_aggregate(table.to_pylist(), report), schema=TRANSITIONS_SCHEMA)
-    report["transitions"] = table.num_rows
-    rewards_by_rollout = {
-        rid: float(result.episode_reward[i]) for i, rid in enumerate(rollout_ids_all) if result.keep[i]
-    }
-    return TransitionBatch(table, report, rewards_by_rollout)
+    return result, call_rollout, rollout_ids_all
 
 
 def _same_temperature(calls: pa.Table, temperature: float | None, report: dict[str, int]) -> pa.Table:

@@ -7,7 +7,7 @@ A train config (YAML or JSON) has the Trainer's knobs::
     tasks: tasks.jsonl                # a JSONL/JSON file, or an inline list
     val_tasks: val.jsonl              # optional
     algorithm: {name: grpo, learning_rate: 5.0e-4}   # grpo | ppo | sft | dpo | apo, fields by name
-    credit: {mode: identical, baseline: grpo}        # LightningRL fields
+    credit: {mode: identical, baseline: grpo}        # LightningRL fields (trajectory_aggregation: true, ...)
     prompt_template: "Solve: {question}"             # given to every agent; APO's starting template
     n_rollouts: 8                     # any TrainerConfig field
     runner: {workers: 4, rollout_timeout_s: 60}      # any RunnerConfig field
