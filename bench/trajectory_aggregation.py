@@ -7,6 +7,10 @@ query's error goes back to the agent, which rewrites it), trained twice from the
 sample (``LightningRL()``), then each rollout's retries merged into one sample
 (``LightningRL(trajectory_aggregation=True)``). Prints per run: median GRPO update seconds, samples per
 step, merged calls, prefix mismatches, the training reward per step and the held-out accuracy.
+
+The update time inside those runs moves with the machine's load, so ``--updates-only`` then times the
+GRPO update alone on one fixed batch of stored rollouts (the per-call run's last step), with and
+without aggregation, interleaved, from the same warm-start weights each time (medians and their ratio).
 """
 
 from __future__ import annotations
@@ -23,6 +27,36 @@ if __package__ in (None, ""):
 from examples.text2sql.train_tiny import TinyRunConfig, run
 
 
+def time_updates(out: Path, reps: int) -> dict[str, object]:
+    """Median GRPO update seconds on one stored step's rollouts, each call a sample vs merged."""
+    import torch
+
+    from spanrl.algorithms import GRPO, LightningRL
+    from spanrl.algorithms.transitions import load_training_batch
+    from spanrl.store import SpanStore
+
+    run_dir = out / "per_call"
+    history = [json.loads(line) for line in (run_dir / "grpo" / "history.jsonl").read_text().splitlines()]
+    last = max(row["step"] for row in history if "reward_mean" in row)
+    checkpoint = run_dir / "sft" / "checkpoint-1"
+    torch.set_num_threads(1)
+    store = SpanStore.open(run_dir / "spans.duckdb", read_only=True)
+    ids = store.sql(f"SELECT rollout_id FROM rollouts WHERE rollout_id LIKE '%-s{last}-%'").column(0).to_pylist()
+    seconds: dict[str, list[float]] = {"per_call": [], "aggregated": []}
+    sizes = {}
+    for _ in range(reps):
+        for name, aggregate in (("per_call", False), ("aggregated", True)):
+            algo = GRPO(learning_rate=3e-4)
+            algo.setup(model_path=checkpoint, output_dir=out / "updates" / name, seed=0)
+            batch = load_training_batch(store, algo, credit=LightningRL(trajectory_aggregation=aggregate),
+                                        rollout_ids=ids)
+            sizes[name] = (len(batch), batch.report["calls"], batch.report["merged"])
+            seconds[name].append(algo.update(batch)["charts/update_seconds"])
+    medians = {k: statistics.median(v) for k, v in seconds.items()}
+    return {"step": last, "rollouts": len(ids), "samples_calls_merged": sizes, "seconds": seconds,
+            "median_s": medians, "ratio_aggregated_over_per_call": medians["aggregated"] / medians["per_call"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/bench-aggregation")
@@ -30,7 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--updates-only", action="store_true", help="only time updates on the stored runs")
+    parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args(argv)
+    if args.updates_only:
+        print(json.dumps(time_updates(Path(args.out), args.reps), indent=1))
+        return 0
     summary = {}
     for aggregate in (False, True):
         name = "aggregated" if aggregate else "per_call"
