@@ -1,7 +1,7 @@
 """spanrl.algorithms: what turns transitions into a better policy.
 
 The ``Algorithm`` contract, GRPO, PPO, SFT, DPO, APO, LoRA, LightningRL credit assignment and
-``load_transitions``. The loop around them lives in :mod:`spanrl.trainer`.
+``load_transitions`` / ``load_training_batch``. The loop around them lives in :mod:`spanrl.trainer`.
 
 Public names are loaded on first use, so importing one part does not import them all.
 """
@@ -29,6 +29,7 @@ _LAZY: dict[str, str] = {
     "SFT": "spanrl.algorithms.sft",
     "SFTConfig": "spanrl.algorithms.sft",
     "TransitionBatch": "spanrl.algorithms.transitions",
+    "load_training_batch": "spanrl.algorithms.transitions",
     "load_transitions": "spanrl.algorithms.transitions",
 }
 

@@ -19,7 +19,7 @@ import abc
 import dataclasses
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -40,6 +40,7 @@ __all__ = [
     "STATE_FILE",
     "PaddedBatch",
     "check_transitions",
+    "fill_missing_logprobs",
     "load_policy_weights",
     "pad_transitions",
     "save_policy",
@@ -104,7 +105,9 @@ class PaddedBatch:
 
 
 def pad_transitions(transitions: Sequence[Transition], *, pad_token_id: int) -> PaddedBatch:
-    """Pad transitions into a :class:`PaddedBatch`; ``old_logprobs`` is None unless every one has them."""
+    """Pad transitions into a :class:`PaddedBatch`. ``old_logprobs``: the server's log-probs where a
+    transition has them, NaN on the completion tokens of one that has none (retokenized: recompute
+    those rows only, :func:`fill_missing_logprobs`); None when no transition has any."""
     bsz = len(transitions)
     max_p = max(len(t.prompt_ids) for t in transitions)
     max_c = max(len(t.completion_ids) for t in transitions)
@@ -113,8 +116,8 @@ def pad_transitions(transitions: Sequence[Transition], *, pad_token_id: int) -> 
     completion_ids = torch.full((bsz, max_c), pad_token_id, dtype=torch.long)
     completion_mask = torch.zeros((bsz, max_c), dtype=torch.long)
     loss_mask = torch.zeros((bsz, max_c), dtype=torch.long)
-    have_logprobs = all(len(t.old_logprobs) == len(t.completion_ids) for t in transitions)
-    old_logprobs = torch.zeros((bsz, max_c), dtype=torch.float32) if have_logprobs else None
+    known = [bool(t.old_logprobs) and len(t.old_logprobs) == len(t.completion_ids) for t in transitions]
+    old_logprobs = torch.zeros((bsz, max_c), dtype=torch.float32) if any(known) else None
     for i, t in enumerate(transitions):
         p, c = len(t.prompt_ids), len(t.completion_ids)
         prompt_ids[i, max_p - p :] = torch.tensor(t.prompt_ids, dtype=torch.long)
@@ -123,7 +126,7 @@ def pad_transitions(transitions: Sequence[Transition], *, pad_token_id: int) -> 
         completion_mask[i, :c] = 1
         loss_mask[i, :c] = torch.tensor(t.completion_mask, dtype=torch.long)
         if old_logprobs is not None:
-            old_logprobs[i, :c] = torch.tensor(t.old_logprobs, dtype=torch.float32)
+            old_logprobs[i, :c] = torch.tensor(t.old_logprobs, dtype=torch.float32) if known[i] else float("nan")
     return PaddedBatch(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
@@ -134,6 +137,20 @@ def pad_transitions(transitions: Sequence[Transition], *, pad_token_id: int) -> 
         advantages=torch.tensor([float(t.advantage) for t in transitions], dtype=torch.float32),
         rewards=torch.tensor([float(t.reward) for t in transitions], dtype=torch.float32),
     )
+
+
+def fill_missing_logprobs(data: PaddedBatch, logprobs_of: Callable[[PaddedBatch], torch.Tensor]) -> torch.Tensor:
+    """``data.old_logprobs`` (B, C) with its unknown rows (a NaN, or every row when None) computed by
+    ``logprobs_of`` (the current policy) on those rows only; the server's log-probs are kept."""
+    known = data.old_logprobs
+    if known is None:
+        return logprobs_of(data)
+    rows = torch.isnan(known).any(dim=1).nonzero().squeeze(1)  # (b,)
+    if not len(rows):
+        return known
+    filled = known.clone()
+    filled[rows] = logprobs_of(data.select(rows)).to(filled.dtype)
+    return filled
 
 
 def without_train_start_gc(trainer: Any) -> None:

@@ -13,19 +13,26 @@ Returns ``G`` per call (``mode``), then a baseline over the rollouts of the same
   ``V`` per call, over the chain of calls in the batch: ``delta_j = r_j + gamma * V_{j+1} - V_j``,
   ``A_j = delta_j + gamma * lam * A_{j+1}``, ``G_j = A_j + V_j``. The critic is the baseline.
 
-Baselines (groups: rollouts of the same ``task_id``):
+Baselines (groups: rollouts of the same ``task_id``), chosen so that rollouts with identical rewards
+in one group get zero advantage at every step, in every mode (formulas: docs/credit.md):
 
-- ``grpo``: ``A = G - mean`` (Shao et al. 2024, arXiv 2402.03300), divided by the group's standard
+- ``grpo``: subtract the group mean (Shao et al. 2024, arXiv 2402.03300), divide by the group's standard
   deviation (ddof 1, as TRL) when ``scale_std``. A group whose std is below ``eps`` is not scaled.
-- ``rloo``: ``A = G - mean of the others`` (leave-one-out, Ahmadian et al. 2024, arXiv 2402.14740),
-  divided by the group std when ``scale_std``. A rollout alone in its group gets ``A = 0``.
+- ``rloo``: subtract the mean of the group's other rollouts (leave-one-out, Ahmadian et al. 2024,
+  arXiv 2402.14740), divide by the group std when ``scale_std``. A rollout alone in its group gets 0.
 - ``none``: ``A = G`` (the right choice with ``gae``); with ``scale_std`` the batch is whitened,
-  ``(A - mean) / std`` over all calls, as PPO implementations do.
+  ``(A - mean) / std`` over all calls, as PPO implementations do. No group comparison.
 
-``per_rollout`` (default): group statistics take one value per rollout (its return from the first
-call, ``G_0``; for ``identical`` that is ``R``), so a rollout with more calls does not weigh more.
-``per_rollout=False`` takes one value per call, as Agent Lightning 0.3 does (longer rollouts weigh
-more); RLOO then leaves out all calls of the same rollout.
+What the baseline compares, per mode: ``identical`` and ``discounted`` compare episode rewards ``R``
+(``discounted`` then scales each call's advantage by ``gamma ** (T - 1 - t)``); ``step`` compares the
+returns-to-go of the group's rollouts at the same step ``t`` (0 after a rollout's last call).
+``per_rollout`` (default): group statistics take one value per rollout, so a rollout with more calls
+does not weigh more. ``per_rollout=False`` takes one value per call, as Agent Lightning 0.3 does (longer
+rollouts weigh more; RLOO then leaves out all calls of the same rollout); in ``step`` mode each step's
+statistics already take one value per rollout, so it changes nothing there.
+
+``trajectory_aggregation`` (read by ``load_transitions``): merge the calls of a multi-turn
+conversation into one sample (the seed design's ``LightningRL(trajectory_aggregation=True)``).
 
 Bad data is handled by the config and counted, never dropped silently: a rollout without a reward is
 skipped or scored 0 (``missing_reward``); a NaN reward skips its rollout or counts as 0 (``nan_reward``).
@@ -40,7 +47,7 @@ import numpy as np
 
 from spanrl.errors import ConfigError
 
-__all__ = ["CreditConfig", "CreditResult", "assign_credit", "default_config"]
+__all__ = ["CreditConfig", "CreditResult", "MissingValueError", "assign_credit", "default_config"]
 
 CreditMode = Literal["identical", "discounted", "step", "gae"]
 Baseline = Literal["grpo", "rloo", "none"]
@@ -73,6 +80,8 @@ class CreditConfig:
     """A NaN reward: skip its whole rollout, or count the reward as 0."""
     eps: float = 1e-6
     """Added to the std before dividing; a std below it is not divided by."""
+    trajectory_aggregation: bool = False
+    """Merge consecutive calls of one conversation into one sample (``load_transitions(aggregate=True)``)."""
 
     def validate(self) -> None:
         """Raise `ConfigError` naming the first bad field, its value and what is allowed."""
@@ -92,14 +101,21 @@ class CreditConfig:
             value = getattr(self, name)
             if value not in _MISSING_POLICIES:
                 raise ConfigError(f"{name} must be 'skip' or 'zero', got {value!r}")
-        if not isinstance(self.scale_std, bool) or not isinstance(self.per_rollout, bool):
-            raise ConfigError(
-                f"scale_std and per_rollout must be booleans, got {self.scale_std!r} and {self.per_rollout!r}"
-            )
+        for name in ("scale_std", "per_rollout", "trajectory_aggregation"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be a boolean, got {getattr(self, name)!r}")
         if self.reward_name is not None and not isinstance(self.reward_name, str):
             raise ConfigError(f"reward_name must be a string or None, got {self.reward_name!r}")
         if not isinstance(self.eps, (int, float)) or not self.eps > 0:
             raise ConfigError(f"eps must be a positive number, got {self.eps!r}")
+
+
+class MissingValueError(ConfigError):
+    """``gae`` got no finite critic value for a call of a rollout it keeps (``call``: the call's index)."""
+
+    def __init__(self, call: int, value: float) -> None:
+        super().__init__(f"values must be finite for every call of a kept rollout; call {call} has {value!r}")
+        self.call = call
 
 
 def default_config() -> CreditConfig:
@@ -149,7 +165,61 @@ def assign_credit(
     n_rollouts = len(rollout_calls)
     report: dict[str, int] = {}
 
-    # --- rewards of the chosen name, NaN policy, episode reward = last by time --------------------
+    keep, episode, r_roll, r_step, r_val = _rewards(
+        config, n_rollouts, reward_rollout, reward_step, reward_value, reward_time_ns, reward_name, report
+    )
+
+    # --- returns ------------------------------------------------------------------------------------
+    offsets = np.concatenate([[0], np.cumsum(rollout_calls)])
+    call_pos = offsets[call_rollout] + call_step
+    call_keep = keep[call_rollout]
+    if config.mode in ("step", "gae"):
+        report["rewards_before_first_call"] = int((r_step < 0).sum())
+    to_go = None
+    if config.mode == "identical":
+        returns = episode[call_rollout]
+    elif config.mode == "discounted":
+        returns = episode[call_rollout] * _discount(config, rollout_calls, call_rollout, call_step)
+    elif config.mode == "step":
+        dense = np.zeros(offsets[-1])
+        ok = r_step >= 0
+        np.add.at(dense, offsets[r_roll[ok]] + r_step[ok], r_val[ok])
+        to_go = _discounted_cumsum(dense, offsets, config.gamma)
+        returns = to_go[call_pos]
+    else:
+        returns, advantages = _gae(config, call_rollout, call_step, call_keep, r_roll, r_step, r_val, values)
+    returns = np.where(call_keep, returns, np.nan)
+
+    # --- baselines ----------------------------------------------------------------------------------
+    if config.mode == "gae" or config.baseline == "none":
+        advantages = np.nan_to_num(returns) if config.mode != "gae" else advantages
+        if config.scale_std:
+            advantages = _whiten(advantages, call_keep, config.eps)
+    elif config.mode == "step":
+        assert to_go is not None
+        advantages = _step_baseline(config, to_go, offsets, rollout_calls, call_rollout, call_step, keep,
+                                    rollout_group, report)
+    else:  # identical, discounted: episode rewards compared; discounted scales by gamma ** (T - 1 - t)
+        advantages = _baseline(config, episode[call_rollout], call_rollout, call_keep, episode, keep,
+                               rollout_group, report)
+        if config.mode == "discounted":
+            advantages = advantages * _discount(config, rollout_calls, call_rollout, call_step)
+    advantages = np.where(call_keep, advantages, np.nan)
+    return CreditResult(returns=returns, advantages=advantages, keep=keep, episode_reward=episode, report=report)
+
+
+def _rewards(
+    config: CreditConfig,
+    n_rollouts: int,
+    reward_rollout: np.ndarray,
+    reward_step: np.ndarray,
+    reward_value: np.ndarray,
+    reward_time_ns: np.ndarray,
+    reward_name: np.ndarray | None,
+    report: dict[str, int],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rewards of the chosen name under the NaN and missing-reward policies: which rollouts are kept,
+    each one's episode reward (the last by time), and the kept rewards' rollout, step and value."""
     r_roll = np.asarray(reward_rollout, dtype=np.int64)
     r_step = np.asarray(reward_step, dtype=np.int64)
     r_val = np.asarray(reward_value, dtype=np.float64).copy()
@@ -182,40 +252,13 @@ def assign_credit(
         report["skipped_no_reward"] = int(no_reward.sum())
     kept_reward = keep[r_roll] if len(r_roll) else np.zeros(0, bool)
     r_roll, r_step, r_val = r_roll[kept_reward], r_step[kept_reward], r_val[kept_reward]
+    return keep, episode, r_roll, r_step, r_val
 
-    # --- returns ------------------------------------------------------------------------------------
-    offsets = np.concatenate([[0], np.cumsum(rollout_calls)])
-    call_pos = offsets[call_rollout] + call_step
-    if config.mode in ("step", "gae"):
-        report["rewards_before_first_call"] = int((r_step < 0).sum())
-    if config.mode == "identical":
-        returns = episode[call_rollout]
-        score = episode.copy()
-    elif config.mode == "discounted":
-        returns = episode[call_rollout] * config.gamma ** (rollout_calls[call_rollout] - 1 - call_step)
-        score = episode * config.gamma ** np.maximum(rollout_calls - 1, 0)
-    elif config.mode == "step":
-        dense = np.zeros(offsets[-1])
-        ok = r_step >= 0
-        np.add.at(dense, offsets[r_roll[ok]] + r_step[ok], r_val[ok])
-        to_go = _discounted_cumsum(dense, offsets, config.gamma)
-        returns = to_go[call_pos]
-        score = episode.copy()  # a rollout's score: its return from the first call
-        has_calls = rollout_calls > 0
-        score[has_calls] = to_go[offsets[:-1][has_calls]]
-    else:
-        returns, advantages = _gae(config, call_rollout, call_step, r_roll, r_step, r_val, values)
-        score = np.zeros(n_rollouts)
-    call_keep = keep[call_rollout]
-    returns = np.where(call_keep, returns, np.nan)
 
-    # --- baselines ----------------------------------------------------------------------------------
-    if config.mode != "gae":
-        advantages = _baseline(config, returns, call_rollout, call_keep, score, keep, rollout_group, report)
-    elif config.scale_std:
-        advantages = _whiten(advantages, call_keep, config.eps)
-    advantages = np.where(call_keep, advantages, np.nan)
-    return CreditResult(returns=returns, advantages=advantages, keep=keep, episode_reward=episode, report=report)
+def _discount(config: CreditConfig, rollout_calls: np.ndarray, call_rollout: np.ndarray,
+              call_step: np.ndarray) -> np.ndarray:
+    """``gamma ** (T - 1 - t)`` per call: the number of calls of its rollout that still followed."""
+    return config.gamma ** (rollout_calls[call_rollout] - 1 - call_step).astype(np.float64)
 
 
 def _discounted_cumsum(dense: np.ndarray, offsets: np.ndarray, gamma: float) -> np.ndarray:
@@ -235,16 +278,21 @@ def _gae(
     config: CreditConfig,
     call_rollout: np.ndarray,
     call_step: np.ndarray,
+    call_keep: np.ndarray,
     r_roll: np.ndarray,
     r_step: np.ndarray,
     r_val: np.ndarray,
     values: np.ndarray | None,
 ) -> tuple[np.ndarray, np.ndarray]:
+    """Returns and advantages by GAE; ``values`` may be NaN only on calls of skipped rollouts."""
     if values is None:
         raise ConfigError("values must be given (one critic value per call) when mode is 'gae'")
     values = np.asarray(values, dtype=np.float64)
     if values.shape != call_rollout.shape:
         raise ConfigError(f"values must have one entry per call ({len(call_rollout)}), got shape {values.shape}")
+    missing = call_keep & ~np.isfinite(values)
+    if missing.any():
+        raise MissingValueError(int(np.argmax(missing)), float(values[np.argmax(missing)]))
     order = np.lexsort((call_step, call_rollout))
     adv = np.zeros(len(order))
     # reward of chain element j: rewards at steps in [step_j, step_{j+1}) of its rollout
@@ -285,9 +333,8 @@ def _baseline(
     rollout_group: np.ndarray,
     report: dict[str, int],
 ) -> np.ndarray:
-    if config.baseline == "none":
-        adv = np.nan_to_num(returns)
-        return _whiten(adv, call_keep, config.eps) if config.scale_std else adv
+    """``(G - b) / std`` per call, ``b`` the group mean (grpo) or the others' mean (rloo) of ``score``
+    per rollout (``per_rollout``) or of ``returns`` per call."""
     n_groups = int(rollout_group.max()) + 1 if len(rollout_group) else 0
     call_group = rollout_group[call_rollout]
     if config.per_rollout:  # one value per kept rollout
@@ -321,6 +368,55 @@ def _baseline(
         scalable = np.isfinite(s) & (s >= config.eps)
         adv = np.where(scalable, adv / (np.where(scalable, s, 1.0) + config.eps), adv)
         report["unscaled_groups"] = int((~(np.isfinite(std) & (std >= config.eps)) & (count > 0)).sum())
+    return adv
+
+
+def _step_baseline(
+    config: CreditConfig,
+    to_go: np.ndarray,
+    offsets: np.ndarray,
+    rollout_calls: np.ndarray,
+    call_rollout: np.ndarray,
+    call_step: np.ndarray,
+    keep: np.ndarray,
+    rollout_group: np.ndarray,
+    report: dict[str, int],
+) -> np.ndarray:
+    """``step`` mode: at each step ``t``, ``G_t`` against the returns-to-go of the group's kept rollouts
+    at the same step (0 after a rollout's last call), scaled by that step's group std."""
+    n_rollouts = len(rollout_calls)
+    n_groups = int(rollout_group.max()) + 1 if n_rollouts else 0
+    width = int(rollout_calls.max()) if n_rollouts else 0
+    grid = np.zeros((n_rollouts, width))  # (R, T_max) returns-to-go, 0 past the rollout's end
+    rows = np.repeat(np.arange(n_rollouts), rollout_calls)
+    cols = np.arange(offsets[-1]) - np.repeat(offsets[:-1], rollout_calls)
+    grid[rows, cols] = to_go
+    kept = np.flatnonzero(keep)
+    count = np.bincount(rollout_group[kept], minlength=n_groups).astype(np.float64)  # (G,)
+    total = np.zeros((n_groups, width))
+    np.add.at(total, rollout_group[kept], grid[kept])
+    mean = total / np.maximum(count, 1)[:, None]  # (G, T_max)
+    sq = np.zeros((n_groups, width))
+    np.add.at(sq, rollout_group[kept], (grid[kept] - mean[rollout_group[kept]]) ** 2)
+    std = np.sqrt(np.divide(sq, (count - 1)[:, None], out=np.full_like(sq, np.nan), where=count[:, None] > 1))
+    g = rollout_group[call_rollout]
+    own = grid[call_rollout, call_step]
+    if config.baseline == "grpo":
+        base = mean[g, call_step]
+    else:  # rloo
+        others = count[g] - 1
+        base = np.divide(total[g, call_step] - own, others, out=own.copy(), where=others > 0)
+    report["singleton_groups"] = int((count == 1).sum())
+    adv = own - base
+    if config.scale_std:
+        s = std[g, call_step]
+        scalable = np.isfinite(s) & (s >= config.eps)
+        adv = np.where(scalable, adv / (np.where(scalable, s, 1.0) + config.eps), adv)
+        longest = np.zeros(n_groups, dtype=np.int64)
+        np.maximum.at(longest, rollout_group[kept], rollout_calls[kept])
+        within = np.arange(width)[None, :] < longest[:, None]  # steps some rollout of the group reached
+        unscaled = ~(np.isfinite(std) & (std >= config.eps)) & within  # (G, T_max)
+        report["unscaled_groups"] = int((unscaled.any(axis=1) & (count > 0)).sum())
     return adv
 
 

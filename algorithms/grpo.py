@@ -35,6 +35,7 @@ from spanrl.algorithms.base import (
     PaddedBatch,
     check_report_to,
     check_transitions,
+    fill_missing_logprobs,
     load_checkpoint,
     load_policy,
     pad_transitions,
@@ -242,11 +243,10 @@ class GRPO(Algorithm):
         check_transitions(transitions, vocab_size=self.model.config.vocab_size)
         started = time.perf_counter()
         data = pad_transitions(transitions, pad_token_id=self.tokenizer.pad_token_id)
-        if data.old_logprobs is None or not cfg.use_old_logprobs:
-            data.old_logprobs = self._logprobs(trainer.model, data)
-        elif torch.isnan(data.old_logprobs).any():  # unknown (retokenized call): the current policy's
-            missing = torch.isnan(data.old_logprobs)
-            data.old_logprobs = torch.where(missing, self._logprobs(trainer.model, data), data.old_logprobs)
+        if not cfg.use_old_logprobs:
+            data.old_logprobs = None
+        # unknown rows (retokenized calls): the current policy's log-probs, computed for those rows only
+        data.old_logprobs = fill_missing_logprobs(data, lambda part: self._logprobs(trainer.model, part))
         ref_logprobs = self._logprobs(trainer.ref_model or trainer.model, data, ref=True) if cfg.beta else None
 
         n = len(transitions)

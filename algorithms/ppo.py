@@ -31,6 +31,7 @@ from spanrl.algorithms.base import (
     check_report_to,
     check_transitions,
     config_dict,
+    fill_missing_logprobs,
     load_checkpoint,
     load_policy,
     pad_transitions,
@@ -248,11 +249,8 @@ class PPO(Algorithm):
         with torch.no_grad():
             self.model.eval(), self.critic.eval()
             old_values = state_values(self.critic, data)  # (B,)
-            if data.old_logprobs is None or torch.isnan(data.old_logprobs).any():
-                # unknown sampling log-probs (retokenized calls): the current policy's stand in
-                current = completion_logprobs(self.model, data, cfg.temperature)[0]
-                known = data.old_logprobs
-                data.old_logprobs = current if known is None else torch.where(torch.isnan(known), current, known)
+            # unknown sampling log-probs (retokenized calls): the current policy's stand in, for those rows only
+            data.old_logprobs = fill_missing_logprobs(data, lambda part: completion_logprobs(self.model, part, cfg.temperature)[0])
         returns = data.advantages + old_values  # (B,) the GAE value target
         self.model.train(), self.critic.train()
 

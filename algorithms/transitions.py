@@ -8,7 +8,8 @@ counted in ``TransitionBatch.report``, which the trainer logs; nothing is droppe
 Report keys: ``rollouts``, ``calls``, ``transitions``, ``retokenized``, ``skipped_no_ids`` (a call
 without token ids, and no tokenizer or no messages to retokenize), ``skipped_failed_calls`` (status
 ERROR, no ids), ``skipped_retokenize_error``, ``skipped_bad_logprobs`` (logprobs not aligned with
-completion ids), ``missing_logprobs`` (left empty), ``skipped_no_reward`` / ``defaulted_no_reward``,
+completion ids), ``missing_logprobs`` (left empty), ``skipped_temperature_mismatch`` (log-probs
+recorded at another temperature than the algorithm's), ``skipped_no_reward`` / ``defaulted_no_reward``,
 ``nan_reward`` / ``skipped_nan_reward``, ``skipped_rollout_calls`` (calls of skipped rollouts),
 ``rewards_before_first_call``, ``singleton_groups``, ``unscaled_groups``, ``no_task_id``, ``merged``,
 ``prefix_mismatch_<reason>`` (``retokenized``, ``same_prompt``, ``template_drift``, ``history_changed``),
@@ -30,11 +31,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spanrl.algorithms.credit import CreditConfig, assign_credit
+from spanrl.algorithms.credit import CreditConfig, CreditResult, MissingValueError, assign_credit
 from spanrl.errors import ConfigError
 from spanrl.store.decomposer import Selection, decompose
 
-__all__ = ["TRANSITIONS_SCHEMA", "Transition", "TransitionBatch", "load_transitions"]
+__all__ = ["TRANSITIONS_SCHEMA", "Transition", "TransitionBatch", "load_training_batch", "load_transitions"]
 
 TRANSITIONS_SCHEMA = pa.schema(
     [
@@ -51,9 +52,11 @@ TRANSITIONS_SCHEMA = pa.schema(
         ("advantage", pa.float64()),
         ("policy_version", pa.int32()),
         ("retokenized", pa.bool_()),
+        ("temperature", pa.float64()),
     ]
 )
 """Columns of `TransitionBatch.to_arrow` (and of ``spanrl export transitions``)."""
+_TEMPERATURE_TOLERANCE = 1e-6  # recorded as a double by the server; float32 round trips stay within it
 
 
 @dataclass
@@ -66,7 +69,8 @@ class Transition:
     a merged sample with such a call): the trainer recomputes them with the current policy. ``reward``
     is the call's return before the baseline (``identical``: the episode reward); ``advantage`` is what
     the policy gradient uses. A merged sample takes the
-    step, reward, advantage and policy version of its first call.
+    step, reward, advantage and policy version of its first call. ``temperature`` is the one the policy
+    server's log-probs were computed at (``spanrl.llm.logprobs_temperature``; None: not recorded).
     """
 
     rollout_id: str
@@ -82,6 +86,7 @@ class Transition:
     advantage: float
     policy_version: int | None
     retokenized: bool
+    temperature: float | None = None
 
 
 class TransitionBatch:
@@ -230,6 +235,7 @@ def load_transitions(
     tokenizer: Any = None,
     aggregate: bool = False,
     values: Mapping[tuple[str, int], float] | None = None,
+    temperature: float | None = None,
 ) -> TransitionBatch:
     """The transitions of the selected rollouts, with advantages.
 
@@ -239,7 +245,10 @@ def load_transitions(
     (``train`` / ``val``), ``since_ns`` / ``until_ns`` (rollout start), ``min_policy_version``.
     ``tokenizer`` (the policy's, with a chat template) retokenizes calls that have only messages.
     ``aggregate`` merges multi-turn calls into one sample (see `Transition`). ``values`` maps
-    ``(rollout_id, step)`` to the critic's value, for ``CreditConfig(mode="gae")``.
+    ``(rollout_id, step)`` to the critic's value, for ``CreditConfig(mode="gae")`` (calls of rollouts
+    the credit skips need none). ``temperature``: the one the algorithm divides its logits by; calls whose
+    log-probs the server computed at another are skipped and counted (``skipped_temperature_mismatch``).
+    ``credit.trajectory_aggregation`` also turns on ``aggregate``.
     """
     credit = credit or CreditConfig()
     credit.validate()
@@ -256,12 +265,47 @@ def load_transitions(
     )
     report: dict[str, int] = dict(dec.report)
     for key in ("retokenized", "skipped_no_ids", "skipped_failed_calls", "skipped_retokenize_error",
-                "skipped_bad_logprobs", "missing_logprobs", "skipped_rollout_calls", "merged", "no_task_id"):
+                "skipped_bad_logprobs", "missing_logprobs", "skipped_rollout_calls", "merged", "no_task_id",
+                "skipped_temperature_mismatch"):
         report.setdefault(key, 0)
-    calls = dec.calls
-    fast_calls, slow_rows = _usable_calls(dec.calls, tokenizer, report)
+    fast_calls, slow_rows = _usable_calls(_same_temperature(dec.calls, temperature, report), tokenizer, report)
+    result, call_rollout, rollout_ids_all = _credit(dec, fast_calls, slow_rows, credit, values, report)
+    for key, value in result.report.items():
+        report[key] = report.get(key, 0) + value
+    keep_call = result.keep[call_rollout]
+    report["skipped_rollout_calls"] = int((~keep_call).sum())
 
-    # --- credit over every selected rollout ------------------------------------------------------
+    # --- assemble ------------------------------------------------------------------------------------
+    n_fast = fast_calls.num_rows
+    fast_keep = keep_call[:n_fast]
+    fast_table = _fast_table(fast_calls, result.returns[:n_fast], result.advantages[:n_fast])
+    if not fast_keep.all():
+        fast_table = fast_table.filter(pa.array(fast_keep))
+    slow_out = []
+    for i, row in enumerate(slow_rows):
+        j = n_fast + i
+        if not keep_call[j]:
+            continue
+        slow_out.append(_row_out(row, float(result.returns[j]), float(result.advantages[j])))
+    table = fast_table
+    if slow_out:
+        table = pa.concat_tables([table, pa.Table.from_pylist(slow_out, schema=TRANSITIONS_SCHEMA)])
+        table = table.sort_by([("rollout_id", "ascending"), ("step", "ascending")])
+    if aggregate or credit.trajectory_aggregation:
+        table = pa.Table.from_pylist(_aggregate(table.to_pylist(), report), schema=TRANSITIONS_SCHEMA)
+    report["transitions"] = table.num_rows
+    rewards_by_rollout = {
+        rid: float(result.episode_reward[i]) for i, rid in enumerate(rollout_ids_all) if result.keep[i]
+    }
+    return TransitionBatch(table, report, rewards_by_rollout)
+
+
+def _credit(dec: Any, fast_calls: pa.Table, slow_rows: list[dict[str, Any]], credit: CreditConfig,
+            values: Mapping[tuple[str, int], float] | None,
+            report: dict[str, int]) -> tuple[CreditResult, np.ndarray, list[str]]:
+    """Credit over every selected rollout for the usable calls (fast ones first, then ``slow_rows``):
+    the result, each call's rollout index, and the rollout ids in index order."""
+    calls = dec.calls
     rollouts = dec.rollouts
     rollout_ids_all = rollouts.column("rollout_id").to_pylist()
     index = {rid: i for i, rid in enumerate(rollout_ids_all)}
@@ -293,51 +337,36 @@ def load_transitions(
         if values is None:
             raise ConfigError("values must map (rollout_id, step) to the critic's value when mode is 'gae'")
         rids = keys.column("rollout_id").to_pylist()
-        try:
-            value_arr = np.array([float(values[(r, int(s))]) for r, s in zip(rids, call_step)])
-        except KeyError as exc:
-            raise ConfigError(f"values has no critic value for call (rollout_id, step) = {exc.args[0]!r}") from None
-    result = assign_credit(
-        credit,
-        call_rollout=call_rollout,
-        call_step=call_step,
-        rollout_calls=rollout_calls,
-        rollout_group=rollout_group,
-        reward_rollout=r_roll,
-        reward_step=rewards.column("step").to_numpy() if rewards.num_rows else np.zeros(0, np.int64),
-        reward_value=rewards.column("value").to_numpy(zero_copy_only=False) if rewards.num_rows else np.zeros(0),
-        reward_time_ns=rewards.column("time_ns").to_numpy() if rewards.num_rows else np.zeros(0, np.int64),
-        reward_name=np.array(rewards.column("name").to_pylist(), dtype=object),
-        values=value_arr,
-    )
-    for key, value in result.report.items():
-        report[key] = report.get(key, 0) + value
-    keep_call = result.keep[call_rollout]
-    report["skipped_rollout_calls"] = int((~keep_call).sum())
+        value_arr = np.array([float(values.get((r, int(s)), np.nan)) for r, s in zip(rids, call_step)])
+    try:
+        result = assign_credit(
+            credit,
+            call_rollout=call_rollout,
+            call_step=call_step,
+            rollout_calls=rollout_calls,
+            rollout_group=rollout_group,
+            reward_rollout=r_roll,
+            reward_step=rewards.column("step").to_numpy() if rewards.num_rows else np.zeros(0, np.int64),
+            reward_value=rewards.column("value").to_numpy(zero_copy_only=False) if rewards.num_rows else np.zeros(0),
+            reward_time_ns=rewards.column("time_ns").to_numpy() if rewards.num_rows else np.zeros(0, np.int64),
+            reward_name=np.array(rewards.column("name").to_pylist(), dtype=object),
+            values=value_arr,
+        )
+    except MissingValueError as exc:  # a call of a kept rollout that the critic did not value
+        key = (keys.column("rollout_id")[exc.call].as_py(), int(call_step[exc.call]))
+        raise ConfigError(f"values has no critic value for call (rollout_id, step) = {key!r}") from None
+    return result, call_rollout, rollout_ids_all
 
-    # --- assemble ------------------------------------------------------------------------------------
-    n_fast = fast_calls.num_rows
-    fast_keep = keep_call[:n_fast]
-    fast_table = _fast_table(fast_calls, result.returns[:n_fast], result.advantages[:n_fast])
-    if not fast_keep.all():
-        fast_table = fast_table.filter(pa.array(fast_keep))
-    slow_out = []
-    for i, row in enumerate(slow_rows):
-        j = n_fast + i
-        if not keep_call[j]:
-            continue
-        slow_out.append(_row_out(row, float(result.returns[j]), float(result.advantages[j])))
-    table = fast_table
-    if slow_out:
-        table = pa.concat_tables([table, pa.Table.from_pylist(slow_out, schema=TRANSITIONS_SCHEMA)])
-        table = table.sort_by([("rollout_id", "ascending"), ("step", "ascending")])
-    if aggregate:
-        table = pa.Table.from_pylist(_aggregate(table.to_pylist(), report), schema=TRANSITIONS_SCHEMA)
-    report["transitions"] = table.num_rows
-    rewards_by_rollout = {
-        rid: float(result.episode_reward[i]) for i, rid in enumerate(rollout_ids_all) if result.keep[i]
-    }
-    return TransitionBatch(table, report, rewards_by_rollout)
+
+def _same_temperature(calls: pa.Table, temperature: float | None, report: dict[str, int]) -> pa.Table:
+    """The calls whose log-probs were computed at ``temperature`` or at an unrecorded one; the rest are
+    counted: their importance ratio would compare distributions of different temperatures."""
+    if temperature is None or not calls.num_rows:
+        return calls
+    recorded = np.asarray(calls.column("temperature").to_numpy(zero_copy_only=False), dtype=np.float64)  # null: NaN
+    other = np.isfinite(recorded) & (np.abs(recorded - float(temperature)) > _TEMPERATURE_TOLERANCE)
+    report["skipped_temperature_mismatch"] = int(other.sum())
+    return calls.filter(pa.array(~other)) if other.any() else calls
 
 
 def _usable_calls(calls: pa.Table, tokenizer: Any, report: dict[str, int]) -> tuple[pa.Table, list[dict[str, Any]]]:
@@ -406,6 +435,7 @@ def _fast_table(calls: pa.Table, returns: np.ndarray, advantages: np.ndarray) ->
             "advantage": pa.array(advantages, pa.float64()),
             "policy_version": calls.column("policy_version"),
             "retokenized": pa.array(np.zeros(calls.num_rows, dtype=bool)),
+            "temperature": calls.column("temperature"),
         },
         schema=TRANSITIONS_SCHEMA,
     )
@@ -416,3 +446,33 @@ def _row_out(row: dict[str, Any], ret: float, adv: float) -> dict[str, Any]:
     out["completion_mask"] = [1] * len(row["completion_ids"])
     out["reward"], out["advantage"] = ret, adv
     return out
+
+
+def load_training_batch(store: Any, algorithm: Any, *, credit: CreditConfig | None = None,
+                        **selection: Any) -> TransitionBatch:
+    """The transitions ``algorithm`` trains on, as the Trainer loads them each step.
+
+    `load_transitions` with the algorithm's tokenizer (retokenization) and temperature (calls sampled at
+    another are skipped and counted); ``selection`` passes through (``rollout_ids``, ``agents``, ...).
+    An algorithm with a critic (``needs_values``, e.g. PPO) gets two passes: the critic values the
+    states of every call the credit keeps, then GAE with the algorithm's ``gamma``/``lam`` gives raw
+    advantages (unwhitened: the value target is advantage + V, and PPO whitens per mini-batch itself).
+    Both passes apply the credit's selection rules (``reward_name``, ``missing_reward``, ``nan_reward``),
+    so a skipped rollout is skipped and counted in both, and the step trains on the rest.
+    """
+    import dataclasses
+
+    credit = credit or CreditConfig()
+    algo_cfg = getattr(algorithm, "config", None)
+    temperature = getattr(algo_cfg, "temperature", None)
+    common: dict[str, Any] = dict(selection, tokenizer=getattr(algorithm, "tokenizer", None),
+                                  temperature=temperature if isinstance(temperature, (int, float)) else None)
+    if not getattr(algorithm, "needs_values", False):
+        return load_transitions(store, credit=credit, **common)
+    states = load_transitions(  # one state per call, never merged: the critic values each call's prompt
+        store, credit=dataclasses.replace(credit, mode="identical", baseline="none", scale_std=False,
+                                          trajectory_aggregation=False), **common)
+    values = algorithm.value_map(states) if len(states) else {}
+    gae = dataclasses.replace(credit, mode="gae", gamma=algo_cfg.gamma, lam=algo_cfg.lam, baseline="none",
+                              scale_std=False)
+    return load_transitions(store, credit=gae, values=values, **common)

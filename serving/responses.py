@@ -197,6 +197,7 @@ def _record(
                     semconv.LLM_PROMPT_TOKEN_IDS: rec.tokens(result.prompt_ids),
                     semconv.LLM_COMPLETION_TOKEN_IDS: rec.tokens(completion.token_ids),
                     semconv.LLM_LOGPROBS: rec.floats(completion.logprobs),
+                    semconv.LLM_LOGPROBS_TEMPERATURE: call.params.sampling.temperature or 1.0,  # greedy: softmax
                 }
             )
             if state.config.record_content:

@@ -36,6 +36,9 @@ def rollout_base_url(root: str, rollout_id: str, attempt: int | None = None) -> 
 LLM_PROMPT_TOKEN_IDS = "spanrl.llm.prompt_token_ids"
 LLM_COMPLETION_TOKEN_IDS = "spanrl.llm.completion_token_ids"
 LLM_LOGPROBS = "spanrl.llm.logprobs"
+# The temperature the logprobs were computed at (the sampling temperature; 1.0 for a greedy request,
+# whose logprobs are a plain softmax): training divides its logits by the same one or skips the call.
+LLM_LOGPROBS_TEMPERATURE = "spanrl.llm.logprobs_temperature"  # double
 LLM_BATCH_SIZE = "spanrl.llm.batch_size"
 LLM_CHOICE_INDEX = "spanrl.llm.choice_index"
 POLICY_VERSION = "spanrl.policy.version"

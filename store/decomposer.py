@@ -9,11 +9,13 @@ Three tables from the ``spans`` table (store/schema.sql), no per-span Python:
   span pairs with is an external call: it keeps its ``gen_ai.input.messages`` / ``output.messages`` for
   retokenization (``spanrl.algorithms.transitions``). Columns: ``step`` (0-based order in the rollout),
   ``rollout_calls``, ``agent`` (nearest ``invoke_agent`` ancestor's ``gen_ai.agent.name``, found by a
-  recursive CTE from the client span, else the server span), ``policy_version``, ``rewards_after``
+  recursive CTE from the client span, else the server span), ``policy_version``, ``temperature`` (what
+  the server's log-probs were computed at: ``spanrl.llm.logprobs_temperature``, else its nonzero
+  ``gen_ai.request.temperature``, else NULL), ``rewards_after``
   (the rewards that followed the call before the next one, summed by name), the id arrays, times.
 - ``rewards``: one row per reward (``spanrl.reward.value`` / ``gen_ai.evaluation.score.value`` on a
-  span, ``spanrl.reward`` / ``gen_ai.evaluation.result`` events), with ``step``: the last call that
-  ended before it (``-1``: before every call).
+  span, each ``spanrl.reward`` / ``gen_ai.evaluation.result`` event: two events with the same name and
+  value are two rewards), with ``step``: the last call that ended before it (``-1``: before every call).
 - ``rollouts``: one row per selected rollout: task, attempt, mode, status (``error`` when its
   ``spanrl.rollout`` span failed, ``finished`` when it ended otherwise, ``open`` without one), times,
   stored span rows, and data-quality counts: ``duplicate_spans`` (extra copies of call and reward
@@ -31,7 +33,7 @@ rollout, else 0). Rewards are written by the agent, so they are placed on the ag
 follows a call when its time is at or after the call's client span end (for a call without a client
 span: server end minus the offset).
 
-Robustness: a span exported twice counts once (first ingested copy); spans arrive in any order and
+Robustness: a span exported twice counts once (first ingested copy, its rewards too); spans arrive in any order and
 after their rollout ended (the store is read as it is now); an orphan whose parent never arrived is
 walked up as far as its ancestors go (a call under a missing parent has no agent); a span without
 ``spanrl.rollout.id`` (e.g. a server span nested under the agent's trace) inherits its trace's rollout.
@@ -61,7 +63,7 @@ _CALL_COLUMNS = (
     "rollout_id", "task_id", "attempt", "mode", "rollout_status", "agent", "step", "rollout_calls",
     "policy_version", "rewards_after", "prompt_ids", "completion_ids", "logprobs", "input_messages",
     "output_messages", "response_id", "status_code", "order_ns", "agent_end_ns", "clock_offset_ns",
-    "server_trace_id", "server_span_id", "client_trace_id", "client_span_id",
+    "server_trace_id", "server_span_id", "client_trace_id", "client_span_id", "temperature",
 )
 _REWARD_COLUMNS = ("rollout_id", "name", "value", "time_ns", "source", "step", "rollout_calls")
 _ROLLOUT_COLUMNS = (
@@ -245,14 +247,14 @@ agents AS (
     FROM walk GROUP BY w_key
 ),
 -- rewards: span attributes and events, one row each, placed after the last call that ended before them
-rw0 AS (
-    SELECT trace_id, span_id, rollout_id, end_ns AS time_ns, ingested_ns,
+rw0 AS MATERIALIZED (
+    SELECT trace_id, span_id, rowid AS copy_rid, rollout_id, end_ns AS time_ns, ingested_ns,
            coalesce(reward_name, '{sc.DEFAULT_REWARD_NAME}') AS name,
            coalesce(reward_value, 'NaN'::DOUBLE) AS value, 'span' AS source
     FROM spans
     WHERE reward_value IS NOT NULL OR name = '{sc.REWARD_SPAN_NAME}'  -- a reward span without a value: NaN
     UNION ALL
-    SELECT trace_id, span_id, rollout_id, ev.time_ns, ingested_ns,
+    SELECT trace_id, span_id, copy_rid, rollout_id, ev.time_ns, ingested_ns,
            coalesce(ev.attributes ->> '$."{sc.REWARD_NAME}"', ev.attributes ->> '$."{sc.GEN_AI_EVALUATION_NAME}"',
                     '{sc.DEFAULT_REWARD_NAME}') AS name,
            coalesce(TRY_CAST(ev.attributes ->> '$."{sc.REWARD_VALUE}"' AS DOUBLE),
@@ -260,7 +262,8 @@ rw0 AS (
                     'NaN'::DOUBLE) AS value,
            'event' AS source
     FROM (
-        SELECT trace_id, span_id, rollout_id, ingested_ns, unnest(from_json(events, '{_EVENT_SCHEMA_JSON}')) AS ev
+        SELECT trace_id, span_id, rowid AS copy_rid, rollout_id, ingested_ns,
+               unnest(from_json(events, '{_EVENT_SCHEMA_JSON}')) AS ev
         FROM spans
         WHERE events IS NOT NULL
           AND (contains(events, '{_REWARD_EVENTS[0]}') OR contains(events, '{_REWARD_EVENTS[1]}'))
@@ -273,18 +276,27 @@ rw_trace AS (
     WHERE rollout_id IS NOT NULL AND trace_id IN (SELECT trace_id FROM rw0 WHERE rollout_id IS NULL)
     GROUP BY trace_id
 ),
-rw_dup AS (  -- a span exported twice, or a value both as attribute and as event, counts once
+rw_copy AS (  -- a span exported twice is stored twice: its rewards come from the first copy ingested
+    SELECT trace_id, span_id, arg_min(copy_rid, ingested_ns) AS first_rid
+    FROM rw0 GROUP BY trace_id, span_id
+),
+rw_dup AS (  -- each event of the kept copy is a reward of its own, even with the same name and value as
+             -- another; the span's attribute value is the same reward as an event repeating it on that span
     SELECT r.* REPLACE (coalesce(r.rollout_id, t.rollout_id) AS rollout_id),
-           row_number() OVER (PARTITION BY r.trace_id, r.span_id, r.name, r.value ORDER BY r.source DESC) AS copy
-    FROM rw0 r LEFT JOIN rw_trace t ON t.trace_id = r.trace_id
+           r.copy_rid <> k.first_rid
+           OR (r.source = 'span' AND bool_or(r.source = 'event') OVER (PARTITION BY r.copy_rid, r.name, r.value))
+           AS duplicate
+    FROM rw0 r
+    JOIN rw_copy k ON k.trace_id = r.trace_id AND k.span_id = r.span_id
+    LEFT JOIN rw_trace t ON t.trace_id = r.trace_id
     WHERE coalesce(r.rollout_id, t.rollout_id) IN (SELECT rollout_id FROM ro)
 ),
-rw AS (SELECT * EXCLUDE (copy) FROM rw_dup WHERE copy = 1),
+rw AS (SELECT * EXCLUDE (duplicate, copy_rid) FROM rw_dup WHERE NOT duplicate),
 dups AS (
     SELECT rollout_id, sum(n) AS n FROM (
         SELECT l.rollout_id, k.extra_copies AS n FROM llm l JOIN llm_keys k USING (rid) WHERE k.extra_copies > 0
         UNION ALL
-        SELECT rollout_id, 1 AS n FROM rw_dup WHERE copy > 1
+        SELECT rollout_id, count(DISTINCT copy_rid) AS n FROM rw_dup WHERE duplicate GROUP BY rollout_id
     ) GROUP BY rollout_id
 ),
 lates AS (
@@ -321,6 +333,8 @@ out_calls AS MATERIALIZED (  -- light columns; the arrays are joined last, probi
 )
 SELECT 'call' AS row_kind, f.* EXCLUDE (s_rid, c_rid, has_ids),
        sx.prompt_token_ids AS prompt_ids, sx.completion_token_ids AS completion_ids, sx.logprobs,
+       coalesce(TRY_CAST(sx.attributes ->> '$."{sc.LLM_LOGPROBS_TEMPERATURE}"' AS DOUBLE),
+                nullif(TRY_CAST(sx.attributes ->> '$."{sc.GEN_AI_REQUEST_TEMPERATURE}"' AS DOUBLE), 0.0)) AS temperature,
        cx.attributes ->> '$."{sc.GEN_AI_INPUT_MESSAGES}"' AS input_messages,
        cx.attributes ->> '$."{sc.GEN_AI_OUTPUT_MESSAGES}"' AS output_messages
 FROM out_calls f

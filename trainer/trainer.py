@@ -52,7 +52,7 @@ from spanrl.algorithms import distributed as _distributed
 from spanrl.algorithms.credit import LightningRL
 from spanrl.errors import ConfigError, TrainingError
 from spanrl.trainer import checkpoints
-from spanrl.trainer.batches import load_batch
+from spanrl.algorithms.transitions import load_training_batch
 from spanrl.trainer.config import (
     APO_RESULT_FILE,
     CHECKPOINT_PREFIX,
@@ -326,8 +326,9 @@ class Trainer:
         return self.algorithm.update(_distributed.shard(items))
 
     def _batch(self, rollout_ids: Sequence[str]) -> Any:
-        return load_batch(self.collector.store, algorithm=self.algorithm, credit=self.credit, rollout_ids=rollout_ids,
-                          agent_name=self.config.agent_name)
+        agents = [self.config.agent_name] if self.config.agent_name else None
+        return load_training_batch(self.collector.store, self.algorithm, credit=self.credit,
+                                   rollout_ids=list(rollout_ids), agents=agents)
 
     # --- rollouts ----------------------------------------------------------------------------------
     def evaluate(self, tasks: Sequence[Any] | None = None, *, progress: Any = None) -> float:

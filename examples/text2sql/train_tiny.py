@@ -57,6 +57,10 @@ class TinyRunConfig:
     """Agent worker processes."""
     torch_threads: int | None = 1
     """torch threads of the training process (1 is much faster on a few shared cores; None: torch's)."""
+    max_tries: int = 1
+    """Agent tries per question (>1: a failed query's error is fed back and the agent retries: multi-turn)."""
+    trajectory_aggregation: bool = False
+    """Merge each rollout's retries into one GRPO sample (``LightningRL(trajectory_aggregation=True)``)."""
     seed: int = 0
     """Seeds the model, the demonstrator and training."""
     progress: bool = False
@@ -70,9 +74,9 @@ class TinyRunConfig:
         return self
 
 
-def tiny_tasks(split: str) -> list[dict[str, Any]]:
-    """The tiny questions as tasks for the agent: bare-question prompts, one try, short completions."""
-    return [dict(q, prompt_style="tiny", max_tries=1, max_tokens=MAX_SQL_TOKENS) for q in load_questions(split)]
+def tiny_tasks(split: str, max_tries: int = 1) -> list[dict[str, Any]]:
+    """The tiny questions as tasks for the agent: bare-question prompts, ``max_tries`` tries, short completions."""
+    return [dict(q, prompt_style="tiny", max_tries=max_tries, max_tokens=MAX_SQL_TOKENS) for q in load_questions(split)]
 
 
 def run(config: TinyRunConfig | None = None) -> dict[str, Any]:
@@ -85,7 +89,7 @@ def run(config: TinyRunConfig | None = None) -> dict[str, Any]:
     cfg = (config or TinyRunConfig()).validate()
     started = time.perf_counter()
     out = Path(cfg.output_dir)
-    train, val = tiny_tasks("tiny_train"), tiny_tasks("tiny_val")
+    train, val = tiny_tasks("tiny_train", cfg.max_tries), tiny_tasks("tiny_val", cfg.max_tries)
     words = (DATA_DIR / "tiny_vocab.txt").read_text(encoding="utf-8").split()
     model_dir = build_tiny_model(out / "model", words=words, seed=cfg.seed)
     agent = [sys.executable, str(AGENT_FILE)]
@@ -110,7 +114,7 @@ def run(config: TinyRunConfig | None = None) -> dict[str, Any]:
     grpo = Trainer(
         model=sft.latest_checkpoint() or model_dir, agent=agent, tasks=train, val_tasks=val,
         algorithm=GRPO(learning_rate=cfg.grpo_learning_rate),
-        credit=LightningRL(mode="identical", baseline="grpo"),
+        credit=LightningRL(mode="identical", baseline="grpo", trajectory_aggregation=cfg.trajectory_aggregation),
         config=TrainerConfig(
             output_dir=str(out / "grpo"), db_path=db_path, n_rollouts=cfg.grpo_group_size,
             tasks_per_step=cfg.grpo_tasks_per_step, max_steps=cfg.grpo_steps, temperature=1.0,
@@ -124,6 +128,9 @@ def run(config: TinyRunConfig | None = None) -> dict[str, Any]:
         "val_after_sft": sft_val,
         "val_after_grpo": float(grpo_history[-1]["val_success"]),
         "train_reward_by_step": rewards,
+        "update_seconds_by_step": [row.get("charts/update_seconds") for row in grpo_history if "reward_mean" in row],
+        "transitions_by_step": [row.get("transitions") for row in grpo_history if "reward_mean" in row],
+        "transitions_report_by_step": [row.get("transitions_report") for row in grpo_history if "reward_mean" in row],
         "n_train": len(train),
         "n_val": len(val),
         "seconds": time.perf_counter() - started,

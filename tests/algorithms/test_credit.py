@@ -50,6 +50,7 @@ def test_default_config_validates_and_is_a_new_object() -> None:
         ({"nan_reward": None}, "nan_reward must be 'skip' or 'zero', got None"),
         ({"eps": 0}, "eps must be a positive number, got 0"),
         ({"reward_name": 3}, "reward_name must be a string or None, got 3"),
+        ({"trajectory_aggregation": "yes"}, "trajectory_aggregation must be a boolean, got 'yes'"),
     ],
 )
 def test_bad_config_fails_with_its_message(fields: dict, message: str) -> None:
@@ -70,10 +71,10 @@ def test_reward_name_selects_one_reward_dimension() -> None:
 
 
 def test_grpo_singleton_group_is_not_divided_by_a_zero_std() -> None:
-    # one rollout in its task: mean = its own score, std undefined -> advantage G - mean, unscaled
+    # one rollout in its task: at each step the baseline is its own return-to-go, std undefined -> 0, unscaled
     res = credit(CreditConfig(mode="step"), calls=[(0, 0), (0, 1)], n_calls=[2], groups=[0],
                  rewards=[(0, 0, 0.5), (0, 1, 1.0)])
-    assert res.advantages.tolist() == [0.0, -0.5]
+    assert res.advantages.tolist() == [0.0, 0.0]
     assert res.report["singleton_groups"] == 1 and res.report["unscaled_groups"] == 1
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from toy_task import batch_of, build_model, rollouts, success_rate, one_torch_thread  # noqa: F401 (autouse fixture)
 
+from spanrl.algorithms.base import pad_transitions
 from spanrl.algorithms.grpo import GRPO, LOSS_TYPES, GRPOConfig
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.errors import ConfigError, TrainingError
@@ -127,9 +128,17 @@ def test_masked_tokens_do_not_move_the_policy(model_path: Path, tmp_path: Path) 
 
 def test_minibatches_and_beta_use_trl_loss(model_path: Path, tmp_path: Path) -> None:
     algo = _setup(model_path, tmp_path, beta=0.04, mini_batch_size=16, micro_batch_size=8, loss_type="grpo", num_iterations=2)
-    metrics = algo.update(_batch(algo, seed=4))
+    batch = _batch(algo, seed=4)
+    data = pad_transitions(batch.transitions, pad_token_id=algo.tokenizer.pad_token_id)
+    ref = algo._logprobs(algo.trainer.model, data)  # (B, C) the reference: the policy before the update
+    metrics = algo.update(batch)
     assert algo.trainer.state.global_step == 2 * 64 // 16  # iterations x optimizer steps per pass
-    assert "losses/kl_ref" in metrics and metrics["losses/kl_ref"] >= 0.0
+    # kl_ref is TRL's k3 estimate of KL(policy || reference), averaged over the 8 micro-batch steps: 0 at
+    # the first (policy = reference), then growing as the policy moves, so between 0 and its final value
+    final = algo._logprobs(algo.trainer.model, data)
+    mask = data.loss_mask.bool()
+    final_kl = float((torch.exp(ref - final) - (ref - final) - 1)[mask].mean())
+    assert 0.0 < metrics["losses/kl_ref"] < final_kl, (metrics["losses/kl_ref"], final_kl)
 
 
 def test_save_and_resume_exactly(model_path: Path, tmp_path: Path) -> None:

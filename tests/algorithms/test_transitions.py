@@ -117,11 +117,12 @@ def test_step_mode_returns_to_go_over_intermediate_rewards(collector: Any) -> No
     assert advantages(flat) == {"a": [pytest.approx(1.2), 1.0, 1.0], "b": [0.4]}
     assert advantages(discounted) == {"a": [pytest.approx(0.45), 0.5, 1.0], "b": [0.4]}
     assert flat.report["rewards_before_first_call"] == 1
-    # GRPO over rollout scores G_0: [1.2, 0.4], mean 0.8, std sqrt(0.32)
-    s = math.sqrt(0.32)
+    # GRPO per step over the group's returns-to-go (b's is 0 after its one call): step 0 [1.2, 0.4], mean 0.8,
+    # std sqrt(0.32); steps 1 and 2 [1.0, 0.0], mean 0.5, std sqrt(0.5)
+    s0, s1 = math.sqrt(0.32), math.sqrt(0.5)
     assert advantages(grpo) == {
-        "a": [pytest.approx(0.4 / s, rel=1e-5), pytest.approx(0.2 / s, rel=1e-5), pytest.approx(0.2 / s, rel=1e-5)],
-        "b": [pytest.approx(-0.4 / s, rel=1e-5)]}
+        "a": [pytest.approx(0.4 / s0, rel=1e-5), pytest.approx(0.5 / s1, rel=1e-5), pytest.approx(0.5 / s1, rel=1e-5)],
+        "b": [pytest.approx(-0.4 / s0, rel=1e-5)]}
 
 
 def test_rloo_leave_one_out_per_rollout_and_per_call_and_singleton_group(collector: Any) -> None:
@@ -145,6 +146,60 @@ def test_rloo_leave_one_out_per_rollout_and_per_call_and_singleton_group(collect
     s = 0.5  # std of [1, 0, 0.5], ddof 1
     assert advantages(scaled)["b"] == [pytest.approx(-0.75 / s, rel=1e-5)]
     assert per_rollout.report["singleton_groups"] == 1
+
+
+def shaped_rollout(rec: Any, rid: str, task: str, rewards_after: list[float | None]) -> None:
+    """One call per entry (call i at 10 + 20 i ms, 10 ms long), then its reward (if not None) 5 ms later."""
+    r = Rollout(rec, rid, task_id=task)
+    root = r.root(0, 20 * len(rewards_after) + 50)
+    for i, reward in enumerate(rewards_after):
+        r.call(root, 10 + 20 * i, [1] + list(range(2, i + 3)), [i + 3])
+        if reward is not None:
+            r.reward(root, 10 + 20 * i + 15, reward)
+
+
+def deliver_identical_pair_and_a_varied_group(collector: Any) -> None:
+    rec = Recorder()
+    shaped_rollout(rec, "a", "t1", [0.2, None, 1.0])  # a and b: identical rewards in one task group
+    shaped_rollout(rec, "b", "t1", [0.2, None, 1.0])
+    shaped_rollout(rec, "c", "t2", [0.0, None, 1.0])  # c and d differ
+    shaped_rollout(rec, "d", "t2", [0.5, 0.0])
+    deliver(collector, rec.spans())
+
+
+@pytest.mark.parametrize("baseline", ["grpo", "rloo"])
+@pytest.mark.parametrize("mode", ["identical", "discounted", "step"])
+def test_identical_rewards_in_a_group_get_zero_advantage_at_every_step(collector: Any, mode: str,
+                                                                      baseline: str) -> None:
+    deliver_identical_pair_and_a_varied_group(collector)
+
+    for per_rollout in (True, False):
+        for scale_std in (True, False):
+            cfg = CreditConfig(mode=mode, baseline=baseline, gamma=0.9, per_rollout=per_rollout, scale_std=scale_std)
+            adv = advantages(load_transitions(collector.store, credit=cfg))
+            assert adv["a"] == [0.0, 0.0, 0.0] and adv["b"] == [0.0, 0.0, 0.0], (cfg, adv)
+            assert any(abs(x) > 0.01 for x in adv["c"] + adv["d"]), (cfg, adv)  # the varied group learns
+
+
+def test_baselines_per_mode_as_docs_credit_md_writes_them(collector: Any) -> None:
+    deliver_identical_pair_and_a_varied_group(collector)
+
+    def run(**fields: Any) -> dict[str, list[float]]:
+        adv = advantages(load_transitions(collector.store, credit=CreditConfig(scale_std=False, **fields)))
+        return {k: v for k, v in adv.items() if k in ("c", "d")}
+
+    # episode rewards R_c = 1, R_d = 0 (the last by time): grpo baseline 0.5, times gamma ** (T - 1 - t)
+    assert run(mode="discounted", gamma=0.5) == {"c": [0.125, 0.25, 0.5], "d": [-0.25, -0.5]}
+    # returns-to-go G_c = [1, 1, 1], G_d = [0.5, 0, (0 after its end)]: per-step means [0.75, 0.5, 0.5]
+    assert run(mode="step") == {"c": [0.25, 0.5, 0.5], "d": [-0.25, -0.5]}
+    assert run(mode="step", baseline="rloo") == {"c": [0.5, 1.0, 1.0], "d": [-0.5, -1.0]}
+    # scaled by the std of each step: [0.5, 0] at step 1 -> std sqrt(0.5); step 2 likewise
+    scaled = advantages(load_transitions(collector.store, credit=CreditConfig(mode="step")))
+    s = math.sqrt(0.125)  # step 0: [1, 0.5], ddof 1
+    assert scaled["c"][0] == pytest.approx(0.25 / s, rel=1e-5)
+    assert scaled["d"][1] == pytest.approx(-0.5 / math.sqrt(0.5), rel=1e-5)
+    # no baseline: the return itself, no group comparison
+    assert run(mode="discounted", gamma=0.5, baseline="none") == {"c": [0.25, 0.5, 1.0], "d": [0.0, 0.0]}
 
 
 def test_gae_with_critic_values(collector: Any) -> None:

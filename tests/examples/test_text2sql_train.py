@@ -18,4 +18,7 @@ def test_grpo_raises_the_execution_reward_after_a_careless_warm_start(tmp_path):
     assert 0.5 <= result["demonstrator_reward"] <= 0.9
     # Every step samples all 24 training questions, so steps are comparable: the reward rises.
     assert (rewards[-1] + rewards[-2]) / 2 >= rewards[0] + 0.08, rewards
-    assert 0.0 <= result["val_after_sft"] <= 1.0 and 0.0 <= result["val_after_grpo"] <= 1.0
+    # Held-out, greedy (6 questions): the warm start answers the clean shapes' questions (3 of 6), and GRPO on
+    # the training questions does not lose any of them
+    assert result["val_after_sft"] >= 0.5, result
+    assert result["val_after_grpo"] >= result["val_after_sft"], result

@@ -251,6 +251,7 @@ def test_stop_strings_seed_and_max_tokens(served) -> None:
     assert cut["token_ids"] == a["token_ids"][: len(cut["token_ids"])]
     spans = served.spans()
     assert decode_float32(spans[-1].attributes[semconv.LLM_LOGPROBS]) == pytest.approx(cut["token_logprobs"], abs=1e-6)
+    assert spans[-1].attributes[semconv.LLM_LOGPROBS_TEMPERATURE] == 1.0  # what training compares its own with
 
 
 def test_completions_with_several_prompts_index_choices_in_order(served, tiny_model_dir) -> None:

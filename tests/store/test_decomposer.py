@@ -129,6 +129,7 @@ class Rollout:
         duration_ms: float = 10,
         compact: bool = False,
         error: bool = False,
+        temperature: float | None = None,
     ) -> trace.Span | None:
         """An LLM call: the agent's client span [start, start + duration] (agent clock) and the policy
         server's span inside it (server clock), nested when ``propagate``, else in a trace of its own."""
@@ -155,6 +156,8 @@ class Rollout:
                     sc.LLM_LOGPROBS: _b64(lps, "<f4") if compact else lps})
             if version is not None:
                 attrs[sc.POLICY_VERSION] = version
+            if temperature is not None:
+                attrs[sc.LLM_LOGPROBS_TEMPERATURE] = temperature
             srv_parent = client_span if (propagate and client_span is not None) else None
             self.rec.span(self.server, "chat tiny", start_ns=_ns(start_ms + 1) + self.server_skew_ns,
                           end_ns=_ns(start_ms + duration_ms - 1) + self.server_skew_ns, parent=srv_parent,
@@ -402,3 +405,43 @@ def test_spans_without_rollout_id_inherit_it_from_their_trace(collector: Any) ->
 
     assert rows(dec.calls, "rollout_id", "step", "agent", "prompt_ids") == [("zero-code", 0, "bot", [1, 2])]
     assert rows(dec.rewards, "rollout_id", "value", "step") == [("zero-code", 0.75, 0)]
+
+
+def test_two_equal_evaluation_events_are_two_rewards_and_a_second_export_adds_none(collector: Any) -> None:
+    # Two gen_ai.evaluation.result events with the same name and value on one span, at different times,
+    # are two rewards (e.g. a checker run after each of two calls); only a span exported twice repeats one.
+    rec = Recorder()
+    r = Rollout(rec, "twice")
+    root = r.root(0, 100)
+    r.call(root, 10, [1], [2])
+    r.call(root, 40, [1, 2, 3], [4])
+    attrs = {sc.GEN_AI_EVALUATION_NAME: "tests_pass", sc.GEN_AI_EVALUATION_SCORE_VALUE: 1.0}
+    rec.span(r.agent, "checker", start_ns=_ns(25), end_ns=_ns(70), parent=root,
+             events=[(sc.GEN_AI_EVALUATION_RESULT_EVENT, _ns(25), attrs),  # after call 0 (ends 20 ms)
+                     (sc.GEN_AI_EVALUATION_RESULT_EVENT, _ns(60), attrs)])  # after call 1 (ends 50 ms)
+    r.reward(root, 80, 0.5, name="style")  # a reward span: attribute and nothing else
+    spans = rec.spans()
+    deliver(collector, spans)
+    deliver(collector, [s for s in spans if s.name in ("checker", sc.REWARD_SPAN_NAME)])  # exported again
+
+    dec = decompose(collector.store)
+
+    assert rows(dec.rewards, "name", "value", "step", "source") == [
+        ("tests_pass", 1.0, 0, "event"), ("tests_pass", 1.0, 1, "event"), ("style", 0.5, 1, "span")]
+    assert rows(dec.calls, "rewards_after") == [([("tests_pass", 1.0)],), ([("style", 0.5), ("tests_pass", 1.0)],)]
+    assert rows(dec.rollouts, "duplicate_spans") == [(2,)]  # the checker and the reward span, once each
+
+
+def test_reward_attribute_repeated_by_an_event_on_its_span_counts_once(collector: Any) -> None:
+    rec = Recorder()
+    r = Rollout(rec, "both")
+    root = r.root(0, 100)
+    r.call(root, 10, [1], [2])
+    rec.span(r.agent, sc.REWARD_SPAN_NAME, start_ns=_ns(30), end_ns=_ns(30), parent=root,
+             attributes={sc.REWARD_VALUE: 0.7, sc.REWARD_NAME: "reward"},
+             events=[(sc.REWARD_SPAN_NAME, _ns(30), {sc.REWARD_VALUE: 0.7, sc.REWARD_NAME: "reward"})])
+    deliver(collector, rec.spans())
+
+    dec = decompose(collector.store)
+
+    assert rows(dec.rewards, "name", "value", "source") == [("reward", 0.7, "event")]

@@ -67,7 +67,7 @@ agent: [{sys.executable}, {CALCULATOR / 'agent.py'}]
 tasks: tasks.jsonl
 val_tasks: val.json
 algorithm: {{name: grpo, learning_rate: 5.0e-4}}
-credit: {{mode: identical, baseline: rloo}}
+credit: {{mode: identical, baseline: rloo, trajectory_aggregation: true}}
 output_dir: {tmp_path / 'run'}
 n_rollouts: 2
 tasks_per_step: 2
@@ -95,6 +95,7 @@ runner: {{workers: 2, max_concurrency: 4}}
     assert list((run / "runs").glob("events.out.tfevents.*"))  # TensorBoard scalars were written
     config = json.loads((run / "config.json").read_text())
     assert config["credit"]["baseline"] == "rloo" and config["algorithm"]["name"] == "GRPO"
+    assert config["credit"]["trajectory_aggregation"] is True
 
 
 @pytest.mark.slow
