@@ -27,14 +27,17 @@ __all__ = ["ReadyRollout", "Watermark", "count_aged_out", "now_ns", "ready_rollo
 
 _NS_PER_S = 1_000_000_000
 
-# Per rollout, from spans ingested after $horizon_ns: completion, task, failure, policy versions, and
-# the resolved rewards (latest by time wins). Shared by both queries below.
+# Per rollout whose spans were all ingested after $horizon_ns: completion, task, failure, policy
+# versions, and the resolved rewards (latest by time wins). Shared by both queries below. The horizon
+# only grows (the caller keeps it 2 x max_age behind its watermark), so a rollout it excludes stays
+# excluded: its ready_ns can never change from a partial view. Spans are read from max_age before the
+# horizon, so only a rollout longer than max_age could still be cut.
 _ROLLOUT_STATE = f"""
 WITH rw AS (
     SELECT r.rollout_id, r.time_ns, r.value, r.name, s.ingested_ns, s.name = '{sc.FEEDBACK_SPAN_NAME}' AS is_feedback,
            s.response_id AS fb_response, s.attributes ->> '$."{sc.FEEDBACK_TRACE_ID}"' AS fb_trace
     FROM rewards r JOIN spans s ON s.trace_id = r.trace_id AND s.span_id = r.span_id
-    WHERE s.ingested_ns > $horizon_ns AND ($reward_name IS NULL OR r.name = $reward_name)
+    WHERE s.ingested_ns > $horizon_ns - $max_age_ns AND ($reward_name IS NULL OR r.name = $reward_name)
 ), by_response AS (
     SELECT response_id, any_value(rollout_id) AS rollout_id FROM spans
     WHERE response_id IN (SELECT fb_response FROM rw WHERE is_feedback)
@@ -65,8 +68,9 @@ WITH rw AS (
            min(policy_version) FILTER (WHERE prompt_token_ids IS NOT NULL) AS min_policy_version,
            count(*) FILTER (WHERE prompt_token_ids IS NOT NULL) AS token_calls
     FROM spans
-    WHERE rollout_id IS NOT NULL AND name <> '{sc.FEEDBACK_SPAN_NAME}' AND ingested_ns > $horizon_ns
+    WHERE rollout_id IS NOT NULL AND name <> '{sc.FEEDBACK_SPAN_NAME}' AND ingested_ns > $horizon_ns - $max_age_ns
     GROUP BY rollout_id
+    HAVING min(ingested_ns) > $horizon_ns  -- whole rollouts only: one the horizon cuts is never seen again
 ), st AS (
     SELECT ro.*, rewarded.reward, rewarded.first_reward_ns, coalesce(rewarded.reward_count, 0) AS reward_count,
            coalesce(rewarded.feedback_count, 0) AS feedback_count,
@@ -144,7 +148,7 @@ def ready_rollouts(
 ) -> list[ReadyRollout]:
     """Rollouts ready after ``watermark`` and at least ``settle_s`` before ``now``, oldest first.
 
-    Only spans ingested after ``horizon_ns`` are read. Feedback that first arrives more than
+    Only rollouts whose spans were all ingested after ``horizon_ns`` are considered. Feedback that first arrives more than
     ``max_age_s`` after its rollout completed is ignored (the rollout was counted as aged out).
     """
     params = _params(now, horizon_ns, quiet_s=quiet_s, max_age_s=max_age_s, reward_name=reward_name)

@@ -22,6 +22,7 @@ and never trains a rollout twice (``ledger.jsonl`` holds each handled rollout on
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import shutil
@@ -179,6 +180,8 @@ class OnlineTrainer:
         cfg = self.config
         if cfg.torch_threads is not None:
             torch.set_num_threads(cfg.torch_threads)
+        if not Path(cfg.model).is_dir():
+            raise ConfigError(f"model must be an HF model folder, got {cfg.model!r} (no such folder)")
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.state = OnlineState.load(self.output_dir, window=cfg.baseline_window, prior=cfg.baseline_prior)
         self.ledger = Ledger(self.output_dir, self.state.ledger_lines)
@@ -186,8 +189,11 @@ class OnlineTrainer:
         if self.state.checkpoint is not None:
             checkpoint = self.output_dir / self.state.checkpoint
             self.algorithm.load_state(checkpoint)
-            version = self.server.reload(checkpoint)  # the server may hold weights of a lost update
-            _logger.info("resumed at step %d from %s; policy version %d", self.state.step, checkpoint, version)
+            try:  # the server may hold the weights of an update that was never committed
+                version = self.server.reload(checkpoint)
+                _logger.info("resumed at step %d from %s; policy version %d", self.state.step, checkpoint, version)
+            except TrainingError as exc:
+                _logger.warning("spanrl online: could not sync the server to %s (%s); the next update will", checkpoint, exc)
         (self.output_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
         return self
 
@@ -235,15 +241,11 @@ class OnlineTrainer:
         state.aged_until_ns = now
         ready = ready_rollouts(self.store, state.watermark, settle_s=cfg.settle_s, limit=cfg.max_rollouts, **window)
         version = self.server.version()
-        fresh = [r for r in ready if r.rollout_id not in self.ledger.seen and self._usable(r, version)]
+        fresh = {r.rollout_id for r in ready if r.rollout_id not in self.ledger.seen and self._usable(r, version)}
         if len(fresh) >= cfg.min_rollouts:
             return self._update(ready, fresh, version)
         # Not enough to train: still move past a leading run of rollouts that will never train.
-        prefix = []
-        for r in ready:
-            if r in fresh:
-                break
-            prefix.append((r, self._status_untrained(r, version)))
+        prefix = list(itertools.takewhile(lambda r: r.rollout_id not in fresh, ready))
         if prefix or aged or failed:
             self._commit(prefix, trained={}, checkpoint=None, version=version)
         return None
@@ -252,28 +254,32 @@ class OnlineTrainer:
         lag = self._lag(rollout, version)
         return lag is not None and lag <= self.config.max_policy_lag
 
-    def _status_untrained(self, rollout: ReadyRollout, version: int) -> str:
-        if self.ledger is not None and rollout.rollout_id in self.ledger.seen:
-            return "already_handled"
-        return "no_transitions" if rollout.min_policy_version is None else "stale" if not self._usable(rollout, version) else "no_transitions"
+    def _status(self, rollout: ReadyRollout, version: int, trained: dict[str, tuple[float, float]]) -> str:
+        if rollout.rollout_id in trained:
+            return "trained"
+        return "stale" if rollout.min_policy_version is not None and not self._usable(rollout, version) else "no_transitions"
 
     @staticmethod
     def _lag(rollout: ReadyRollout, version: int) -> int | None:
         return None if rollout.min_policy_version is None else version - rollout.min_policy_version
 
-    def _update(self, ready: list[ReadyRollout], fresh: list[ReadyRollout], version: int) -> dict[str, Any]:
+    def _update(self, ready: list[ReadyRollout], fresh_ids: set[str], version: int) -> dict[str, Any] | None:
         from spanrl.algorithms import load_transitions
         from spanrl.algorithms.credit import CreditConfig
 
         cfg, state = self.config, self.state
         assert state is not None
         started = time.perf_counter()
+        fresh = [r for r in ready if r.rollout_id in fresh_ids]
         credit = CreditConfig(mode="identical", baseline="none", scale_std=False, missing_reward="zero", nan_reward="zero")
         batch = load_transitions(self.store, credit=credit, rollout_ids=[r.rollout_id for r in fresh],
                                  tokenizer=self.algorithm.tokenizer)
         transitions = batch.transitions
         with_calls = {t.rollout_id for t in transitions}
         used = [r for r in fresh if r.rollout_id in with_calls]
+        if not used:  # nothing token-level to learn from: move past them, no update
+            self._commit(ready, trained={}, checkpoint=None, version=version)
+            return None
         advantages = state.baseline.advantages([(r.task_id, r.reward) for r in used], scale_std=cfg.scale_std)
         by_rollout = {r.rollout_id: (r.reward, a) for r, a in zip(used, advantages)}
         transitions = [dataclasses.replace(t, reward=by_rollout[t.rollout_id][0], advantage=by_rollout[t.rollout_id][1])
@@ -281,8 +287,7 @@ class OnlineTrainer:
         metrics = self.algorithm.update(transitions) if transitions else {}
         state.step += 1
         checkpoint = self._save_checkpoint(state.step)
-        handled = [(r, "trained" if r.rollout_id in by_rollout else self._status_untrained(r, version)) for r in ready]
-        self._commit(handled, trained=by_rollout, checkpoint=checkpoint, version=version)
+        self._commit(ready, trained=by_rollout, checkpoint=checkpoint, version=version)
         try:
             new_version: int | None = self.server.reload(self.output_dir / checkpoint)
         except TrainingError as exc:  # the server is down: it is synced again after the next update or restart
@@ -305,22 +310,25 @@ class OnlineTrainer:
         return row
 
     # --- persistence --------------------------------------------------------------------------------
-    def _commit(self, handled: list[tuple[ReadyRollout, str]], *, trained: dict[str, tuple[float, float]],
+    def _commit(self, considered: list[ReadyRollout], *, trained: dict[str, tuple[float, float]],
                 checkpoint: str | None, version: int) -> None:
-        """Ledger lines for ``handled`` (rollout, status), then the state with the watermark past them
-        and ``checkpoint``: the commit point."""
+        """Ledger lines for ``considered`` (in watermark order), then the state with the watermark past
+        the last of them and ``checkpoint``: the commit point."""
         state, ledger = self.state, self.ledger
         assert state is not None and ledger is not None
         entries = []
-        for r, status in handled:
+        for r in considered:
+            if r.rollout_id in ledger.seen:  # a guard, never expected: the watermark is already past it
+                state.count("already_handled")
+                continue
+            status = self._status(r, version, trained)
             state.count(status)
             entries.append({"rollout_id": r.rollout_id, "task_id": r.task_id, "step": state.step, "status": status,
                             "reward": r.reward, "rewards": r.reward_count, "policy_version": r.min_policy_version,
                             "policy_lag": self._lag(r, version), "advantage": trained.get(r.rollout_id, (None, None))[1]})
         ledger.append(entries)
-        if handled:
-            last = handled[-1][0]
-            state.watermark = Watermark(ready_ns=last.ready_ns, rollout_id=last.rollout_id)
+        if considered:
+            state.watermark = Watermark(ready_ns=considered[-1].ready_ns, rollout_id=considered[-1].rollout_id)
         state.ledger_lines = ledger.lines
         if checkpoint is not None:
             state.checkpoint = checkpoint

@@ -21,10 +21,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
-from spanrl.errors import ConfigError
+from spanrl.errors import ConfigError, SpanRLError
 
 __all__ = ["build_online_trainer", "run_online"]
 
@@ -48,7 +49,16 @@ def build_online_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     for key in ("model", "output_dir"):
         if isinstance(raw.get(key), str) and not Path(raw[key]).is_absolute():
             raw[key] = str(base / raw[key])
-    return OnlineTrainer(OnlineConfig(**raw), algorithm=GRPO(**algo))
+    return OnlineTrainer(OnlineConfig(**raw), algorithm=GRPO(**algo), on_step=_print_step)
+
+
+def _print_step(row: dict[str, Any]) -> None:
+    """One line per update, for people watching the terminal."""
+    reward = "-" if row.get("reward_mean") is None else f"{row['reward_mean']:.2f}"
+    lag = "-" if row.get("policy_lag_mean") is None else f"{row['policy_lag_mean']:.1f}"
+    print(f"update {row['step']}: {row['rollouts']} rollouts, reward {reward}, lag {lag} versions, "
+          f"now serving v{row.get('policy_version')} (stale {row.get('stale', 0)}, aged out {row.get('aged_out', 0)}, "
+          f"trained {row.get('trained', 0)})", flush=True)
 
 
 def _quiet_third_party() -> None:
@@ -62,7 +72,16 @@ def _quiet_third_party() -> None:
 
 
 def run_online(path: Path, *, output_dir: str | None = None, max_updates: int | None = None) -> int:
-    """Build from ``path``, run until stopped, print a one-line JSON summary."""
+    """Build from ``path``, run until stopped, print a one-line JSON summary. A bad config or an
+    unreachable server/collector at start: one line on stderr, exit code 2."""
+    try:
+        return _run_online(path, output_dir=output_dir, max_updates=max_updates)
+    except SpanRLError as exc:
+        print(f"spanrl train --online: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run_online(path: Path, *, output_dir: str | None, max_updates: int | None) -> int:
     import yaml
 
     if not path.is_file():

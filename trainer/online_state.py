@@ -106,9 +106,9 @@ class OnlineState:
 
 
 class Ledger:
-    """``ledger.jsonl``: one line per rollout the trainer handled: ``{"rollout_id", "step", "status",
+    """``ledger.jsonl``: one line per rollout the trainer handled, once: ``{"rollout_id", "step", "status",
     "reward", "policy_lag", ...}`` with status ``trained`` | ``stale`` (more than K versions behind) | ``no_transitions`` (no
-    token-level calls) | ``already_handled`` (never expected: a guard)."""
+    token-level calls)."""
 
     def __init__(self, output_dir: Path, committed_lines: int) -> None:
         self.path = Path(output_dir) / LEDGER_FILE

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -33,7 +34,7 @@ from colors import TASKS, VOCABULARY, is_right  # noqa: E402
 
 _TASKS = {t["id"]: t for t in TASKS}
 _UPDATES_BEFORE_KILL = 4
-_UPDATES_TOTAL = 14
+_UPDATES_TOTAL = 16
 _STREAM_LIMIT_S = 420.0
 
 
@@ -103,7 +104,7 @@ def _config(tmp_path: Path, model: Path, server_url: str, store_url: str) -> Pat
         f"output_dir: {tmp_path / 'online'}\n"
         "algorithm: {name: grpo, learning_rate: 5.0e-2}\n"
         "poll_interval_s: 0.5\nsettle_s: 2.5\nmax_age_s: 8\nquiet_s: 30\n"
-        "min_rollouts: 16\nmax_rollouts: 64\nmax_policy_lag: 3\n"
+        "min_rollouts: 16\nmax_rollouts: 128\nmax_policy_lag: 3\n"
         f"max_updates: {_UPDATES_TOTAL}\n"
     )
     return path
@@ -157,13 +158,15 @@ def test_online_trainer_learns_from_a_production_stream(tmp_path: Path, collecto
     # Resumed, not restarted: the steps continue and the run ended at max_updates.
     assert state["step"] == _UPDATES_TOTAL and [row["step"] for row in history][-1] == _UPDATES_TOTAL
     assert killed_at >= _UPDATES_BEFORE_KILL
-    assert "resumed" in (tmp_path / "online-2.log").read_text() or state["step"] > killed_at
+    resumed_at = int(re.search(r"spanrl online ready step=(\d+)", (tmp_path / "online-2.log").read_text()).group(1))
+    assert killed_at <= resumed_at <= killed_at + 1  # +1: killed after a commit, before its history row
 
     # No rollout is handled (let alone trained) twice, across the crash.
     ids = [e["rollout_id"] for e in ledger]
     assert len(ids) == len(set(ids)), "a rollout appears twice in the ledger"
     trained = [e for e in ledger if e["status"] == "trained"]
     assert sum(row["rollouts"] for row in history) >= len(trained) > 0
+    assert state["counters"].get("already_handled", 0) == 0  # the watermark alone kept them apart
 
     # Only rollouts with feedback train; their reward is the user's LAST verdict.
     last_verdict: dict[str, float] = {}
@@ -200,9 +203,10 @@ def test_online_trainer_learns_from_a_production_stream(tmp_path: Path, collecto
         return sum(is_right(_TASKS[r["task_id"]], r["answer"]) for r in selected) / max(len(selected), 1)
 
     early = [r for r in requests.values() if r["policy_version"] == 0]
-    late = [r for r in requests.values() if r["policy_version"] >= _UPDATES_TOTAL - 2]
-    assert len(early) >= 20 and len(late) >= 10, (len(early), len(late))
-    assert success(late) >= success(early) + 0.2, (success(early), success(late), versions)
+    late = [r for r in requests.values() if r["policy_version"] >= _UPDATES_TOTAL - 3]
+    assert len(early) >= 50 and len(late) >= 50, (len(early), len(late))
+    # (measured: 0.17 -> 0.36..0.55 on a shared 2-core machine; 3 standard errors are about 0.1)
+    assert success(late) >= success(early) + 0.12, (success(early), success(late), versions)
 
 
 @pytest.mark.parametrize(
