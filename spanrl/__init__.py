@@ -25,6 +25,7 @@ __version__ = "0.1.0"
 # public name -> module that defines it; loaded lazily so `import spanrl` stays light.
 _LAZY: dict[str, str] = {
     "emit_reward": "spanrl.instrumentation",
+    "emit_feedback": "spanrl.instrumentation",
     "emit_observation": "spanrl.instrumentation",
     "emit_tool_call": "spanrl.instrumentation",
     "emit_prompt": "spanrl.instrumentation",
@@ -76,6 +77,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from spanrl.collector import Collector
     from spanrl.instrumentation import (
         agent,
+        emit_feedback,
         emit_observation,
         emit_prompt,
         emit_response,

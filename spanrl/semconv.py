@@ -49,6 +49,12 @@ REWARD_VALUE = "spanrl.reward.value"  # double
 REWARD_NAME = "spanrl.reward.name"  # optional, for multi-dimensional rewards; default "reward"
 DEFAULT_REWARD_NAME = "reward"
 
+# --- Late feedback (spanrl.emit_feedback): a reward for a finished rollout, from any process ---------
+# A span named spanrl.feedback with the reward attributes and exactly one key: spanrl.rollout.id,
+# gen_ai.response.id (a completion of the rollout) or spanrl.feedback.trace_id (a trace of the rollout).
+FEEDBACK_SPAN_NAME = "spanrl.feedback"
+FEEDBACK_TRACE_ID = "spanrl.feedback.trace_id"  # 32 lowercase hex characters
+
 # --- OpenTelemetry GenAI semantic conventions -----------------------------------------------------
 GEN_AI_OPERATION_NAME = "gen_ai.operation.name"  # "chat", "text_completion", "execute_tool", "invoke_agent"
 GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"

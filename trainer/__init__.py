@@ -14,6 +14,8 @@ from typing import Any
 # public name -> module that defines it
 _LAZY: dict[str, str] = {
     "LLMEndpoint": "spanrl.trainer.runner",
+    "OnlineConfig": "spanrl.trainer.online",
+    "OnlineTrainer": "spanrl.trainer.online",
     "RunnerConfig": "spanrl.trainer.runner",
     "Trainer": "spanrl.trainer.trainer",
     "TrainerConfig": "spanrl.trainer.trainer",

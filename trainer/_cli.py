@@ -30,9 +30,11 @@ def register(subparsers: Any) -> None:
     train.add_argument("config", help="YAML or JSON file with the Trainer's settings")
     train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in output_dir")
     train.add_argument("--output-dir", help="override output_dir")
-    train.add_argument("--max-steps", type=int, help="override max_steps")
+    train.add_argument("--max-steps", type=int, help="override max_steps (--online: max_updates)")
     train.add_argument("--json", action="store_true", help="end with one JSON line summing the run up (for scripts)")
     _output_options(train)
+    train.add_argument("--online", action="store_true",
+                       help="follow a running collector and policy server: train on live traffic (trainer/online_cli.py)")
     train.set_defaults(func=_train)
 
     demo = subparsers.add_parser("demo", help="everything, locally, on a tiny model (about 5 minutes)")
@@ -62,6 +64,10 @@ def _train(args: argparse.Namespace) -> int:
     import yaml
 
     path = Path(args.config)
+    if args.online:
+        from spanrl.trainer.online_cli import run_online
+
+        return run_online(path, output_dir=args.output_dir, max_updates=args.max_steps)
     if not path.is_file():
         raise ConfigError(f"config: no such file {str(path)!r}")
     raw = yaml.safe_load(path.read_text()) or {}

@@ -23,6 +23,7 @@ spanrl.emit_reward(0.5)
 spanrl.emit_reward({"a": 1, "b": 2})
 spanrl.emit_observation({"x": 1})
 spanrl.emit_tool_call("calc", {"a": 1}, 2)
+spanrl.emit_feedback(1.0, response_id="chatcmpl-1")
 call = spanrl.emit_prompt("hi", model="m")
 spanrl.emit_response("hello", call=call, completion_token_ids=[1, 2])
 with spanrl.rollout("r-1", task_id="t") as root:

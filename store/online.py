@@ -1,0 +1,174 @@
+"""Queries the online trainer follows the store with: rollouts that became trainable since a watermark.
+
+A rollout is **complete** when its ``spanrl.rollout`` span is stored (``complete_ns`` = when that span
+was ingested), or, for an agent that never opens one, once no span of it arrived for ``quiet_s``. It is
+**ready** when it is complete and has a reward: ``ready_ns = greatest(complete_ns, first_reward_ns)``,
+on the collector's clock (``ingested_ns``). ``ready_ns`` never changes once set (later feedback only
+arrives later), so ``(ready_ns, rollout_id)`` is a watermark: everything at or below it was handled.
+
+Rewards are the ``rewards`` view's rows (the agent's own reward spans and events) plus late feedback
+(``spanrl.feedback`` spans, ``docs/conventions.md``), each resolved to its rollout by its key:
+``gen_ai.response.id`` -> the rollout of the completion with that id, ``spanrl.feedback.trace_id`` ->
+the rollout of that trace, else ``spanrl.rollout.id``. Several rewards combine by one rule: **the
+latest by time wins** (the reward's own timestamp; a later judgment corrects an earlier one).
+
+Each query is ONE read-only statement, so it runs on a ``SpanStore`` or through a collector's SQL
+endpoint (``RemoteStore``) alike. Time windows are nanoseconds on the collector's clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from spanrl import semconv as sc
+
+__all__ = ["ReadyRollout", "Watermark", "count_aged_out", "now_ns", "ready_rollouts"]
+
+_NS_PER_S = 1_000_000_000
+
+# Per rollout whose spans were all ingested after $horizon_ns: completion, task, failure, policy
+# versions, and the resolved rewards (latest by time wins). Shared by both queries below. The horizon
+# only grows (the caller keeps it 2 x max_age behind its watermark), so a rollout it excludes stays
+# excluded: its ready_ns can never change from a partial view. Spans are read from max_age before the
+# horizon, so only a rollout longer than max_age could still be cut.
+_ROLLOUT_STATE = f"""
+WITH rw AS (
+    SELECT r.rollout_id, r.time_ns, r.value, r.name, s.ingested_ns, s.name = '{sc.FEEDBACK_SPAN_NAME}' AS is_feedback,
+           s.response_id AS fb_response, s.attributes ->> '$."{sc.FEEDBACK_TRACE_ID}"' AS fb_trace
+    FROM rewards r JOIN spans s ON s.trace_id = r.trace_id AND s.span_id = r.span_id
+    WHERE s.ingested_ns > $horizon_ns - $max_age_ns AND ($reward_name IS NULL OR r.name = $reward_name)
+), by_response AS (
+    SELECT response_id, any_value(rollout_id) AS rollout_id FROM spans
+    WHERE response_id IN (SELECT fb_response FROM rw WHERE is_feedback)
+      AND rollout_id IS NOT NULL AND name <> '{sc.FEEDBACK_SPAN_NAME}'
+    GROUP BY response_id
+), by_trace AS (
+    SELECT trace_id, any_value(rollout_id) AS rollout_id FROM spans
+    WHERE trace_id IN (SELECT fb_trace FROM rw WHERE is_feedback)
+      AND rollout_id IS NOT NULL AND name <> '{sc.FEEDBACK_SPAN_NAME}'
+    GROUP BY trace_id
+), resolved AS (
+    SELECT CASE WHEN rw.is_feedback AND rw.fb_response IS NOT NULL THEN br.rollout_id
+                WHEN rw.is_feedback AND rw.fb_trace IS NOT NULL THEN bt.rollout_id
+                ELSE rw.rollout_id END AS rollout_id,
+           rw.time_ns, rw.value, rw.ingested_ns, rw.is_feedback
+    FROM rw
+    LEFT JOIN by_response br ON rw.is_feedback AND br.response_id = rw.fb_response
+    LEFT JOIN by_trace bt ON rw.is_feedback AND bt.trace_id = rw.fb_trace
+), rewarded AS (
+    SELECT rollout_id, arg_max(value, time_ns) AS reward, min(ingested_ns) AS first_reward_ns,
+           count(*) AS reward_count, count(*) FILTER (WHERE is_feedback) AS feedback_count
+    FROM resolved WHERE rollout_id IS NOT NULL GROUP BY rollout_id
+), ro AS (
+    SELECT rollout_id, any_value(task_id) AS task_id,
+           min(ingested_ns) FILTER (WHERE name = '{sc.ROLLOUT_SPAN_NAME}') AS closed_ns,
+           bool_or(name = '{sc.ROLLOUT_SPAN_NAME}' AND status_code = 'ERROR') AS failed,
+           max(ingested_ns) AS last_ns,
+           min(policy_version) FILTER (WHERE prompt_token_ids IS NOT NULL) AS min_policy_version,
+           count(*) FILTER (WHERE prompt_token_ids IS NOT NULL) AS token_calls
+    FROM spans
+    WHERE rollout_id IS NOT NULL AND name <> '{sc.FEEDBACK_SPAN_NAME}' AND ingested_ns > $horizon_ns - $max_age_ns
+    GROUP BY rollout_id
+    HAVING min(ingested_ns) > $horizon_ns  -- whole rollouts only: one the horizon cuts is never seen again
+), st AS (
+    SELECT ro.*, rewarded.reward, rewarded.first_reward_ns, coalesce(rewarded.reward_count, 0) AS reward_count,
+           coalesce(rewarded.feedback_count, 0) AS feedback_count,
+           coalesce(ro.closed_ns, CASE WHEN ro.last_ns + $quiet_ns <= $now_ns THEN ro.last_ns + $quiet_ns END)
+               AS complete_ns
+    FROM ro LEFT JOIN rewarded USING (rollout_id)
+)
+"""
+
+_READY = _ROLLOUT_STATE + """
+SELECT rollout_id, task_id, reward, reward_count, feedback_count, min_policy_version, token_calls,
+       greatest(complete_ns, first_reward_ns) AS ready_ns
+FROM st
+WHERE NOT failed AND complete_ns IS NOT NULL AND first_reward_ns IS NOT NULL
+  AND first_reward_ns <= complete_ns + $max_age_ns
+  AND greatest(complete_ns, first_reward_ns) <= $now_ns - $settle_ns
+  AND (greatest(complete_ns, first_reward_ns) > $wm_ns
+       OR (greatest(complete_ns, first_reward_ns) = $wm_ns AND rollout_id > $wm_id))
+ORDER BY ready_ns, rollout_id
+LIMIT $limit
+"""
+
+_AGED = _ROLLOUT_STATE + """
+SELECT count(*) FILTER (WHERE NOT failed) AS aged_out, count(*) FILTER (WHERE failed) AS failed
+FROM st
+WHERE complete_ns IS NOT NULL AND complete_ns > $since_ns - $max_age_ns AND complete_ns <= $now_ns - $max_age_ns
+  AND (failed OR first_reward_ns IS NULL OR first_reward_ns > complete_ns + $max_age_ns)
+"""
+
+
+@dataclass(frozen=True)
+class Watermark:
+    """Everything with ``(ready_ns, rollout_id)`` at or below this was handled (trained or skipped)."""
+
+    ready_ns: int = 0
+    rollout_id: str = ""
+
+
+@dataclass(frozen=True)
+class ReadyRollout:
+    """A complete, rewarded rollout, with its combined reward (the latest wins)."""
+
+    rollout_id: str
+    task_id: str | None
+    reward: float
+    reward_count: int
+    feedback_count: int
+    min_policy_version: int | None
+    token_calls: int
+    ready_ns: int
+
+
+def now_ns(store: Any) -> int:
+    """The store's clock (the collector's, through its SQL endpoint): what ``ingested_ns`` is measured on."""
+    table = store.sql("SELECT epoch_us(get_current_timestamp()) * 1000 AS now_ns")
+    return int(table.column("now_ns")[0].as_py())
+
+
+def _params(now: int, horizon_ns: int, *, quiet_s: float, max_age_s: float, reward_name: str | None) -> dict[str, Any]:
+    return {"now_ns": now, "horizon_ns": horizon_ns, "quiet_ns": int(quiet_s * _NS_PER_S),
+            "max_age_ns": int(max_age_s * _NS_PER_S), "reward_name": reward_name}
+
+
+def ready_rollouts(
+    store: Any,
+    watermark: Watermark,
+    *,
+    now: int,
+    horizon_ns: int,
+    settle_s: float,
+    quiet_s: float,
+    max_age_s: float,
+    reward_name: str | None = None,
+    limit: int = 10_000,
+) -> list[ReadyRollout]:
+    """Rollouts ready after ``watermark`` and at least ``settle_s`` before ``now``, oldest first.
+
+    Only rollouts whose spans were all ingested after ``horizon_ns`` are considered. Feedback that first arrives more than
+    ``max_age_s`` after its rollout completed is ignored (the rollout was counted as aged out).
+    """
+    params = _params(now, horizon_ns, quiet_s=quiet_s, max_age_s=max_age_s, reward_name=reward_name)
+    params.update({"settle_ns": int(settle_s * _NS_PER_S), "wm_ns": watermark.ready_ns, "wm_id": watermark.rollout_id,
+                   "limit": int(limit)})
+    rows = store.sql(_READY, params).to_pylist()
+    return [ReadyRollout(
+        rollout_id=r["rollout_id"], task_id=r["task_id"], reward=float(r["reward"]), reward_count=int(r["reward_count"]),
+        feedback_count=int(r["feedback_count"]), min_policy_version=r["min_policy_version"],
+        token_calls=int(r["token_calls"]), ready_ns=int(r["ready_ns"]),
+    ) for r in rows]
+
+
+def count_aged_out(
+    store: Any, *, since_ns: int, now: int, horizon_ns: int, quiet_s: float, max_age_s: float,
+    reward_name: str | None = None,
+) -> tuple[int, int]:
+    """``(aged_out, failed)``: rollouts whose feedback window (``max_age_s`` after completion) closed in
+    ``(since_ns, now]`` without a reward, and failed rollouts (ERROR root span) in the same window."""
+    params = _params(now, horizon_ns, quiet_s=quiet_s, max_age_s=max_age_s, reward_name=reward_name)
+    params["since_ns"] = since_ns
+    row = store.sql(_AGED, params).to_pylist()[0]
+    return int(row["aged_out"] or 0), int(row["failed"] or 0)

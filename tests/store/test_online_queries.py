@@ -1,0 +1,85 @@
+"""`spanrl.store.online` on real spans: an in-process collector, the SDK's OTLP/gRPC exporter, plain
+OTel spans in the documented shape (what another language would send), queries through the store."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.trace import SpanKind
+
+from spanrl import semconv as sc
+from spanrl.store.online import Watermark, count_aged_out, now_ns, ready_rollouts
+
+_WINDOW: dict[str, Any] = {"horizon_ns": 0, "quiet_s": 60.0}
+
+
+def _provider(collector: Any, service: str) -> TracerProvider:
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=collector.grpc_endpoint, insecure=True)))
+    return provider
+
+
+def _rollout(tracer: Any, rollout_id: str, task_id: str, response_id: str, version: int) -> str:
+    """A finished rollout: root span + one policy-server call with token ids; returns its trace id."""
+    ids = {sc.ROLLOUT_ID: rollout_id, sc.TASK_ID: task_id}
+    with tracer.start_as_current_span(sc.ROLLOUT_SPAN_NAME, attributes=ids) as root:
+        with tracer.start_as_current_span("chat policy", kind=SpanKind.SERVER, attributes={
+            **ids, sc.GEN_AI_OPERATION_NAME: "chat", sc.GEN_AI_RESPONSE_ID: response_id, sc.POLICY_VERSION: version,
+            sc.LLM_PROMPT_TOKEN_IDS: [1, 2, 3], sc.LLM_COMPLETION_TOKEN_IDS: [4, 2], sc.LLM_LOGPROBS: [-0.5, -0.1],
+        }):
+            pass
+        return f"{root.get_span_context().trace_id:032x}"
+
+
+def _feedback(tracer: Any, value: float, **key: str) -> None:
+    """The documented `spanrl.feedback` span, written by hand as another language would."""
+    attributes = {sc.REWARD_VALUE: value, sc.REWARD_NAME: "reward", sc.GEN_AI_EVALUATION_SCORE_VALUE: value}
+    attributes.update({{"rollout_id": sc.ROLLOUT_ID, "response_id": sc.GEN_AI_RESPONSE_ID,
+                        "trace_id": sc.FEEDBACK_TRACE_ID}[k]: v for k, v in key.items()})
+    tracer.start_span(sc.FEEDBACK_SPAN_NAME, attributes=attributes).end()
+
+
+def test_feedback_resolves_by_each_key_latest_wins_and_unjudged_rollouts_age_out(collector):
+    agents, users = _provider(collector, "agent"), _provider(collector, "feedback-service")
+    agent, user = agents.get_tracer("agent"), users.get_tracer("users")
+    _rollout(agent, "r1", "sky", "chatcmpl-1", version=3)
+    trace_2 = _rollout(agent, "r2", "sky", "chatcmpl-2", version=4)
+    _rollout(agent, "r3", "snow", "chatcmpl-3", version=4)
+    _rollout(agent, "r4", "snow", "chatcmpl-4", version=4)  # never judged
+    _feedback(user, 0.0, response_id="chatcmpl-1")
+    time.sleep(0.01)
+    _feedback(user, 1.0, response_id="chatcmpl-1")  # the user changed their mind: this one counts
+    _feedback(user, 0.25, trace_id=trace_2)
+    _feedback(user, 0.75, rollout_id="r3")
+    _feedback(user, 1.0, response_id="chatcmpl-unknown")  # resolves to no rollout: ignored
+
+    now = now_ns(collector.store)
+    ready = ready_rollouts(collector.store, Watermark(), now=now, settle_s=0.0, max_age_s=30.0, **_WINDOW)
+    by_id = {r.rollout_id: r for r in ready}
+    assert set(by_id) == {"r1", "r2", "r3"}
+    assert (by_id["r1"].reward, by_id["r1"].feedback_count, by_id["r1"].min_policy_version) == (1.0, 2, 3)
+    assert (by_id["r2"].reward, by_id["r2"].task_id) == (0.25, "sky")
+    assert by_id["r3"].reward == 0.75 and by_id["r3"].token_calls == 1
+    assert [r.ready_ns for r in ready] == sorted(r.ready_ns for r in ready)
+
+    # The watermark: nothing at or below it comes back; settle_s holds back what just became ready.
+    last = ready[-1]
+    assert ready_rollouts(collector.store, Watermark(last.ready_ns, last.rollout_id), now=now, settle_s=0.0,
+                          max_age_s=30.0, **_WINDOW) == []
+    assert ready_rollouts(collector.store, Watermark(), now=now, settle_s=60.0, max_age_s=30.0, **_WINDOW) == []
+    assert ready_rollouts(collector.store, Watermark(), now=now, settle_s=0.0, max_age_s=30.0, reward_name="other",
+                          **_WINDOW) == []
+
+    # Aging: once max_age_s has passed since completion, only the never-judged rollout counts, once.
+    time.sleep(1.5)
+    later = now_ns(collector.store)
+    assert count_aged_out(collector.store, since_ns=0, now=later, max_age_s=1.0, **_WINDOW) == (1, 0)
+    assert count_aged_out(collector.store, since_ns=later, now=now_ns(collector.store), max_age_s=1.0, **_WINDOW) == (0, 0)
+    assert count_aged_out(collector.store, since_ns=0, now=later, max_age_s=30.0, **_WINDOW) == (0, 0)
+    agents.shutdown()
+    users.shutdown()

@@ -1,0 +1,351 @@
+"""Online training on live traffic: follow the span store, train on rollouts as their feedback arrives.
+
+Nothing here starts agents or servers. Agents run in production against a ``spanrl serve`` someone
+else started; their spans and (late) feedback reach a ``spanrl collector``. The ``OnlineTrainer`` loop:
+
+1. poll the store (through the collector's SQL endpoint) for rollouts that became *ready* (complete
+   and rewarded; ``spanrl.store.online``) after its watermark and ``settle_s`` ago;
+2. skip rollouts whose policy is more than ``max_policy_lag`` versions behind the server's (counted);
+3. ``load_transitions`` of the rest (recorded token ids and log-probs), every call scored with the
+   rollout's combined reward; advantages against the per-task running-mean baseline (``online_state``);
+4. one GRPO update: the ratio is taken against the *recorded* sampling log-probs and clipped, which
+   corrects for the policy lag of the rollouts that were kept;
+5. checkpoint, ledger, then ``online_state.json`` (the commit point), then reload the server through
+   its ``POST /v1/weights/reload`` route: serving never stops, and every later response carries the
+   new policy version.
+
+Feedback that first arrives more than ``max_age_s`` after its rollout completed is never trained on;
+such rollouts are counted as ``aged_out``. After a crash the trainer resumes from the committed state
+and never trains a rollout twice (``ledger.jsonl`` holds each handled rollout once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import shutil
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spanrl import env
+from spanrl.errors import ConfigError, StoreError, TrainingError
+from spanrl.store.online import ReadyRollout, Watermark, count_aged_out, now_ns, ready_rollouts
+from spanrl.trainer.online_state import Ledger, OnlineState
+
+__all__ = ["OnlineConfig", "OnlineTrainer", "PolicyClient"]
+
+_logger = logging.getLogger("spanrl.trainer.online")
+_CHECKPOINT_PREFIX = "checkpoint-"
+_NS_PER_S = 1_000_000_000
+_HTTP_TIMEOUT_S = 300.0
+
+
+@dataclass
+class OnlineConfig:
+    """The online trainer's settings (``spanrl train --online CONFIG`` takes the same fields)."""
+
+    model: str = ""
+    """The starting policy: an HF folder (the one ``spanrl serve`` was started with)."""
+    server_url: str = f"http://{env.DEFAULT_HOST}:{env.DEFAULT_POLICY_PORT}"
+    """The running policy server, reloaded after every update."""
+    store_url: str = f"http://{env.DEFAULT_HOST}:{env.DEFAULT_HTTP_PORT}"
+    """The collector's HTTP endpoint (its SQL route reads the span store)."""
+    collector_token: str | None = None
+    """Bearer token of the collector, if it has one."""
+    output_dir: str = "spanrl-online"
+    """Checkpoints, ``online_state.json``, ``ledger.jsonl``, ``history.jsonl``."""
+    poll_interval_s: float = 2.0
+    """Seconds between polls of the store when there is nothing to train."""
+    settle_s: float = 2.0
+    """A rollout is taken only this long after it became ready, so near-simultaneous feedback combines."""
+    quiet_s: float = 30.0
+    """An agent that opens no ``spanrl.rollout`` span: its rollout is complete after this long without spans."""
+    max_age_s: float = 600.0
+    """Feedback window: a rollout without a reward this long after it completed ages out, never trained."""
+    min_rollouts: int = 8
+    """Rollouts (after skipping stale ones) needed for an update."""
+    max_rollouts: int = 64
+    """Most rollouts in one update."""
+    max_policy_lag: int = 2
+    """K: rollouts sampled more than K policy versions before the server's current one are skipped."""
+    baseline_window: int = 20
+    """Running means of the baseline average over about this many recent rewards."""
+    baseline_prior: float = 2.0
+    """Weight of the global mean in a task's baseline (pseudo-observations)."""
+    scale_std: bool = True
+    """Divide advantages by the running reward std."""
+    reward_name: str | None = None
+    """Only rewards (and feedback) of this name; None: any."""
+    max_updates: int | None = None
+    """Stop after this many updates (all runs of this output dir together); None: run until stopped."""
+    max_seconds: float | None = None
+    """Stop after this many seconds of this run; None: run until stopped."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept in the output dir (the newest ones)."""
+    seed: int = 0
+    torch_threads: int | None = 1
+    """``torch.set_num_threads`` for this process; None leaves torch's default."""
+
+    def validate(self) -> "OnlineConfig":
+        """Raise `ConfigError` naming the first bad field; returns self."""
+        if not self.model:
+            raise ConfigError("model must be the HF folder the policy server started from, got ''")
+        for name in ("server_url", "store_url"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+                raise ConfigError(f"{name} must be an http(s) URL, got {value!r}")
+        for name in ("poll_interval_s", "settle_s", "quiet_s", "max_age_s", "baseline_prior"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
+        for name in ("min_rollouts", "max_rollouts", "baseline_window", "keep_checkpoints"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_rollouts < self.min_rollouts:
+            raise ConfigError(f"max_rollouts must be >= min_rollouts ({self.min_rollouts}), got {self.max_rollouts}")
+        if isinstance(self.max_policy_lag, bool) or not isinstance(self.max_policy_lag, int) or self.max_policy_lag < 0:
+            raise ConfigError(f"max_policy_lag must be an integer >= 0, got {self.max_policy_lag!r}")
+        if self.max_updates is not None and (not isinstance(self.max_updates, int) or self.max_updates < 1):
+            raise ConfigError(f"max_updates must be a positive integer or None, got {self.max_updates!r}")
+        return self
+
+
+class PolicyClient:
+    """The running policy server's ``/health`` (current policy version) and weight-reload route."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+
+    def _call(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method="GET" if body is None else "POST",
+                                         headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT_S) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            raise TrainingError(f"policy server {self.url}{path} answered {exc.code}: {exc.read()[:500]!r}") from None
+        except OSError as exc:
+            raise TrainingError(f"policy server {self.url} unreachable ({exc})") from None
+
+    def version(self) -> int:
+        return int(self._call("/health")["policy_version"])
+
+    def reload(self, path: Path) -> int:
+        """Ask the server to load the HF folder ``path`` (it must see the same file system); its new version."""
+        return int(self._call("/v1/weights/reload", {"path": str(Path(path).resolve())})["policy_version"])
+
+
+class OnlineTrainer:
+    """Follows the store and trains the served policy (see the module docstring).
+
+    ``algorithm``: a weight-training `Algorithm` (default ``GRPO()``); ``store``: anything with
+    ``sql(query, params)`` (default: ``RemoteStore(config.store_url)``); ``on_step``: called with each
+    history row. ``run()`` until ``max_updates`` / ``max_seconds`` / ``stop()``.
+    """
+
+    def __init__(self, config: OnlineConfig, *, algorithm: Any = None, store: Any = None,
+                 on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.config = config.validate()
+        if algorithm is None:
+            from spanrl.algorithms import GRPO
+
+            algorithm = GRPO()
+        self.algorithm = algorithm
+        if store is None:
+            from spanrl.store import RemoteStore
+
+            store = RemoteStore(config.store_url, token=config.collector_token)
+        self.store = store
+        self.server = PolicyClient(config.server_url)
+        self.output_dir = Path(config.output_dir)
+        self.on_step = on_step
+        self._stop = threading.Event()
+        self.state: OnlineState | None = None
+        self.ledger: Ledger | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------------------
+    def start(self) -> "OnlineTrainer":
+        """Load the committed state and checkpoint (or the starting model) and sync the server to it."""
+        import torch
+
+        cfg = self.config
+        if cfg.torch_threads is not None:
+            torch.set_num_threads(cfg.torch_threads)
+        if not Path(cfg.model).is_dir():
+            raise ConfigError(f"model must be an HF model folder, got {cfg.model!r} (no such folder)")
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.state = OnlineState.load(self.output_dir, window=cfg.baseline_window, prior=cfg.baseline_prior)
+        self.ledger = Ledger(self.output_dir, self.state.ledger_lines)
+        self.algorithm.setup(model_path=Path(cfg.model), output_dir=self.output_dir / "algorithm", seed=cfg.seed)
+        if self.state.checkpoint is not None:
+            checkpoint = self.output_dir / self.state.checkpoint
+            self.algorithm.load_state(checkpoint)
+            try:  # the server may hold the weights of an update that was never committed
+                version = self.server.reload(checkpoint)
+                _logger.info("resumed at step %d from %s; policy version %d", self.state.step, checkpoint, version)
+            except TrainingError as exc:
+                _logger.warning("spanrl online: could not sync the server to %s (%s); the next update will", checkpoint, exc)
+        (self.output_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+        return self
+
+    def stop(self) -> None:
+        """Ask ``run()`` to return after the current poll or update (safe from a signal handler)."""
+        self._stop.set()
+
+    def run(self) -> list[dict[str, Any]]:
+        """Poll and update until a stop condition; returns this run's history rows."""
+        if self.state is None:
+            self.start()
+        cfg, history = self.config, []
+        deadline = None if cfg.max_seconds is None else time.monotonic() + cfg.max_seconds
+        while not self._stop.is_set() and not self._done(deadline):
+            try:
+                row = self.poll_once()
+            except (TrainingError, StoreError) as exc:  # server or collector unreachable: wait, try again
+                if isinstance(exc, StoreError) and "no collector answered" not in str(exc) and " 503" not in str(exc):
+                    raise
+                _logger.warning("spanrl online: %s; retrying in %.0f s", exc, cfg.poll_interval_s)
+                row = None
+            if row is None:
+                self._stop.wait(cfg.poll_interval_s)
+                continue
+            history.append(row)
+        return history
+
+    def _done(self, deadline: float | None) -> bool:
+        assert self.state is not None
+        if self.config.max_updates is not None and self.state.step >= self.config.max_updates:
+            return True
+        return deadline is not None and time.monotonic() >= deadline
+
+    # --- one poll ----------------------------------------------------------------------------------
+    def poll_once(self) -> dict[str, Any] | None:
+        """One look at the store: an update (its history row) when enough fresh rollouts are ready."""
+        assert self.state is not None and self.ledger is not None, "call start() first"
+        cfg, state = self.config, self.state
+        now = now_ns(self.store)
+        horizon = max(0, min(state.watermark.ready_ns, state.aged_until_ns or now) - 2 * int(cfg.max_age_s * _NS_PER_S))
+        window = dict(now=now, horizon_ns=horizon, quiet_s=cfg.quiet_s, max_age_s=cfg.max_age_s, reward_name=cfg.reward_name)
+        aged, failed = count_aged_out(self.store, since_ns=state.aged_until_ns, **window)
+        state.count("aged_out", aged)
+        state.count("failed", failed)
+        state.aged_until_ns = now
+        ready = ready_rollouts(self.store, state.watermark, settle_s=cfg.settle_s, limit=cfg.max_rollouts, **window)
+        version = self.server.version()
+        fresh = {r.rollout_id for r in ready if r.rollout_id not in self.ledger.seen and self._usable(r, version)}
+        if len(fresh) >= cfg.min_rollouts:
+            return self._update(ready, fresh, version)
+        # Not enough to train: still move past a leading run of rollouts that will never train.
+        prefix = list(itertools.takewhile(lambda r: r.rollout_id not in fresh, ready))
+        if prefix or aged or failed:
+            self._commit(prefix, trained={}, checkpoint=None, version=version)
+        return None
+
+    def _usable(self, rollout: ReadyRollout, version: int) -> bool:
+        lag = self._lag(rollout, version)
+        return lag is not None and lag <= self.config.max_policy_lag
+
+    def _status(self, rollout: ReadyRollout, version: int, trained: dict[str, tuple[float, float]]) -> str:
+        if rollout.rollout_id in trained:
+            return "trained"
+        return "stale" if rollout.min_policy_version is not None and not self._usable(rollout, version) else "no_transitions"
+
+    @staticmethod
+    def _lag(rollout: ReadyRollout, version: int) -> int | None:
+        return None if rollout.min_policy_version is None else version - rollout.min_policy_version
+
+    def _update(self, ready: list[ReadyRollout], fresh_ids: set[str], version: int) -> dict[str, Any] | None:
+        from spanrl.algorithms import load_transitions
+        from spanrl.algorithms.credit import CreditConfig
+
+        cfg, state = self.config, self.state
+        assert state is not None
+        started = time.perf_counter()
+        fresh = [r for r in ready if r.rollout_id in fresh_ids]
+        credit = CreditConfig(mode="identical", baseline="none", scale_std=False, missing_reward="zero", nan_reward="zero")
+        batch = load_transitions(self.store, credit=credit, rollout_ids=[r.rollout_id for r in fresh],
+                                 tokenizer=self.algorithm.tokenizer)
+        transitions = batch.transitions
+        with_calls = {t.rollout_id for t in transitions}
+        used = [r for r in fresh if r.rollout_id in with_calls]
+        if not used:  # nothing token-level to learn from: move past them, no update
+            self._commit(ready, trained={}, checkpoint=None, version=version)
+            return None
+        advantages = state.baseline.advantages([(r.task_id, r.reward) for r in used], scale_std=cfg.scale_std)
+        by_rollout = {r.rollout_id: (r.reward, a) for r, a in zip(used, advantages)}
+        transitions = [dataclasses.replace(t, reward=by_rollout[t.rollout_id][0], advantage=by_rollout[t.rollout_id][1])
+                       for t in transitions if t.rollout_id in by_rollout]
+        metrics = self.algorithm.update(transitions) if transitions else {}
+        state.step += 1
+        checkpoint = self._save_checkpoint(state.step)
+        self._commit(ready, trained=by_rollout, checkpoint=checkpoint, version=version)
+        try:
+            new_version: int | None = self.server.reload(self.output_dir / checkpoint)
+        except TrainingError as exc:  # the server is down: it is synced again after the next update or restart
+            _logger.warning("spanrl online: reload failed, serving the previous weights: %s", exc)
+            new_version = None
+        self._prune_checkpoints()
+        lags = [self._lag(r, version) for r in used]
+        row = {
+            "step": state.step, "time": time.time(), "rollouts": len(used),
+            "skipped": len(ready) - len(used), "transitions": len(transitions),
+            "reward_mean": sum(r.reward for r in used) / len(used) if used else None,
+            "baseline_mean": state.baseline.mean, "policy_lag_mean": sum(lags) / len(lags) if lags else None,
+            "combined_feedback": sum(1 for r in used if r.reward_count > 1), "policy_version": new_version,
+            "update_seconds": time.perf_counter() - started, **dict(state.counters), **metrics,
+        }
+        with open(self.output_dir / "history.jsonl", "a") as handle:
+            handle.write(json.dumps(row) + "\n")
+        if self.on_step is not None:
+            self.on_step(row)
+        return row
+
+    # --- persistence --------------------------------------------------------------------------------
+    def _commit(self, considered: list[ReadyRollout], *, trained: dict[str, tuple[float, float]],
+                checkpoint: str | None, version: int) -> None:
+        """Ledger lines for ``considered`` (in watermark order), then the state with the watermark past
+        the last of them and ``checkpoint``: the commit point."""
+        state, ledger = self.state, self.ledger
+        assert state is not None and ledger is not None
+        entries = []
+        for r in considered:
+            if r.rollout_id in ledger.seen:  # a guard, never expected: the watermark is already past it
+                state.count("already_handled")
+                continue
+            status = self._status(r, version, trained)
+            state.count(status)
+            entries.append({"rollout_id": r.rollout_id, "task_id": r.task_id, "step": state.step, "status": status,
+                            "reward": r.reward, "rewards": r.reward_count, "policy_version": r.min_policy_version,
+                            "policy_lag": self._lag(r, version), "advantage": trained.get(r.rollout_id, (None, None))[1]})
+        ledger.append(entries)
+        if considered:
+            state.watermark = Watermark(ready_ns=considered[-1].ready_ns, rollout_id=considered[-1].rollout_id)
+        state.ledger_lines = ledger.lines
+        if checkpoint is not None:
+            state.checkpoint = checkpoint
+        state.save(self.output_dir)
+
+    def _save_checkpoint(self, step: int) -> str:
+        name = f"{_CHECKPOINT_PREFIX}{step}"
+        path = self.output_dir / name
+        if path.exists():  # left by a crash before its commit
+            shutil.rmtree(path)
+        self.algorithm.save(path)
+        return name
+
+    def _prune_checkpoints(self) -> None:
+        assert self.state is not None
+        found = sorted((int(p.name[len(_CHECKPOINT_PREFIX):]), p) for p in self.output_dir.glob(f"{_CHECKPOINT_PREFIX}*")
+                       if p.name[len(_CHECKPOINT_PREFIX):].isdigit())
+        for step, path in found[:-self.config.keep_checkpoints]:
+            if path.name != self.state.checkpoint:
+                shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,103 @@
+"""``spanrl train --online CONFIG``: the online trainer from a YAML/JSON config.
+
+The config has `OnlineConfig`'s fields at the top level, plus the algorithm (GRPO only: the update
+must take its ratio against the recorded sampling log-probs)::
+
+    model: tiny-model/                 # the folder `spanrl serve` was started with
+    server_url: http://127.0.0.1:8000  # the running policy server
+    store_url: http://127.0.0.1:4318   # the collector (its SQL endpoint)
+    output_dir: online-run/
+    algorithm: {name: grpo, learning_rate: 1.0e-5}
+    min_rollouts: 8
+    max_policy_lag: 2
+    max_age_s: 600
+
+It runs until SIGTERM / SIGINT (then finishes the current update and exits 0), ``max_updates`` or
+``max_seconds``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from spanrl.errors import ConfigError, SpanRLError
+
+__all__ = ["build_online_trainer", "run_online"]
+
+
+def build_online_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
+    """An `OnlineTrainer` from a parsed config mapping (see the module docstring)."""
+    from spanrl.algorithms import GRPO
+    from spanrl.trainer.online import OnlineConfig, OnlineTrainer
+
+    if not isinstance(raw, dict):
+        raise ConfigError("the online config must be a mapping of settings")
+    raw = dict(raw)
+    algo = dict(raw.pop("algorithm", None) or {"name": "grpo"})
+    name = str(algo.pop("name", "grpo")).lower()
+    if name != "grpo":
+        raise ConfigError(f"algorithm.name must be 'grpo' for online training, got {name!r}")
+    fields = {f.name for f in dataclasses.fields(OnlineConfig)}
+    for key in raw:
+        if key not in fields:
+            raise ConfigError(f"{key!r} is not an online setting; expected one of {sorted(fields | {'algorithm'})}")
+    for key in ("model", "output_dir"):
+        if isinstance(raw.get(key), str) and not Path(raw[key]).is_absolute():
+            raw[key] = str(base / raw[key])
+    return OnlineTrainer(OnlineConfig(**raw), algorithm=GRPO(**algo), on_step=_print_step)
+
+
+def _print_step(row: dict[str, Any]) -> None:
+    """One line per update, for people watching the terminal."""
+    reward = "-" if row.get("reward_mean") is None else f"{row['reward_mean']:.2f}"
+    lag = "-" if row.get("policy_lag_mean") is None else f"{row['policy_lag_mean']:.1f}"
+    print(f"update {row['step']}: {row['rollouts']} rollouts, reward {reward}, lag {lag} versions, "
+          f"now serving v{row.get('policy_version')} (stale {row.get('stale', 0)}, aged out {row.get('aged_out', 0)}, "
+          f"trained {row.get('trained', 0)})", flush=True)
+
+
+def _quiet_third_party() -> None:
+    """Terminal output is for people: no per-checkpoint progress bars or deprecation notices from HF."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
+
+
+def run_online(path: Path, *, output_dir: str | None = None, max_updates: int | None = None) -> int:
+    """Build from ``path``, run until stopped, print a one-line JSON summary. A bad config or an
+    unreachable server/collector at start: one line on stderr, exit code 2."""
+    try:
+        return _run_online(path, output_dir=output_dir, max_updates=max_updates)
+    except SpanRLError as exc:
+        print(f"spanrl train --online: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run_online(path: Path, *, output_dir: str | None, max_updates: int | None) -> int:
+    import yaml
+
+    if not path.is_file():
+        raise ConfigError(f"config: no such file {str(path)!r}")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if output_dir:
+        raw["output_dir"] = output_dir
+    if max_updates is not None:
+        raw["max_updates"] = max_updates
+    _quiet_third_party()
+    trainer = build_online_trainer(raw, base=path.parent)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: trainer.stop())
+    trainer.start()
+    print(f"spanrl online ready step={trainer.state.step} output_dir={trainer.output_dir}", flush=True)
+    history = trainer.run()
+    print(json.dumps({"step": trainer.state.step, "updates_this_run": len(history), "output_dir": str(trainer.output_dir),
+                      **trainer.state.counters}), flush=True)
+    return 0
