@@ -6,7 +6,9 @@ language, started with the rollout's environment:
 
     SPANRL_ROLLOUT_ID, SPANRL_TASK_ID, SPANRL_TASK (JSON), SPANRL_ATTEMPT, SPANRL_MODE, SPANRL_MODEL,
     SPANRL_SAMPLING (JSON), OPENAI_BASE_URL=<llm>/rollouts/<rollout_id>/v1, OPENAI_API_KEY, OTEL_*,
-    and SPANRL_PROMPT_TEMPLATE when the trainer gives the agent a prompt template (APO)
+    and SPANRL_PROMPT_TEMPLATE when the trainer gives the agent a prompt template (APO); the rollout ids
+    also go in the standard OTEL_RESOURCE_ATTRIBUTES (merged with the user's) and OTEL_SERVICE_NAME is
+    set unless given, so any OTel SDK tags every span with no spanrl in the agent (agent_env.py)
 
 A command runs once per rollout, or (``workers=N``) as N long-lived workers speaking the *jsonl worker
 protocol*: the runner sets ``SPANRL_AGENT_PROTOCOL=jsonl``, writes one JSON object per rollout on the
@@ -15,8 +17,10 @@ the last one null without a template) and waits for a
 stdout line ``{"spanrl_done": "<rollout_id>"}`` (an ``"error"`` key marks a failed rollout). Other
 stdout lines are ignored. This saves the interpreter and instrumentation start-up of every rollout.
 
-A rollout is *ok* once the agent has finished and its reward is committed in the store (and, when
-``require_token_spans``, a span with completion token ids from the policy server). A rollout that
+A rollout is *ok* once the agent has finished, its end and its reward are committed in the store
+(and, when ``require_token_spans``, a span with completion token ids from the policy server). Its end is
+its ``spanrl.rollout`` span, or what ``on_end`` stores when a command agent exits or a worker answers
+(``spanrl.store.rollouts.record_end``); in-process spans are flushed before each check. A rollout that
 crashes, hangs past ``rollout_timeout_s``, or leaves no reward within ``span_timeout_s`` is recorded
 with its status and retried under a fresh rollout id, up to ``max_attempts``; it never raises.
 """
@@ -39,7 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from spanrl import env
+from spanrl import semconv
 from spanrl.errors import ConfigError
+from spanrl.trainer.agent_env import otel_rollout_env
 
 __all__ = [
     "LLMEndpoint",
@@ -62,6 +68,7 @@ _BSP_SCHEDULE_DELAY_MILLIS = 100  # agents export spans promptly: the trainer wa
 
 AgentFn = Callable[[Any, "LLMEndpoint"], Any]
 ReadyFn = Callable[[Sequence[str], int], set[str]]
+EndFn = Callable[..., None]  # on_end(rollout_id, reason, *, error, task_id, attempt, mode): record_end's shape
 
 
 @dataclasses.dataclass
@@ -147,6 +154,11 @@ class RolloutSpec:
     sampling: dict[str, Any]
     prompt_template: str | None = None
 
+    def ids(self) -> dict[str, str | int]:
+        """The rollout's ids under their span attribute names (``semconv.ROLLOUT_ID`` ...)."""
+        return {semconv.ROLLOUT_ID: self.rollout_id, semconv.TASK_ID: self.task_id,
+                semconv.ATTEMPT: self.attempt, semconv.MODE: self.mode}
+
     def message(self) -> dict[str, Any]:
         """The jsonl worker protocol's request line."""
         return dataclasses.asdict(self)
@@ -186,6 +198,8 @@ class RolloutResult:
 
 
 class _CallableAgent:
+    end_reason: str | None = None  # its spanrl.rollout span is its end
+
     def __init__(self, fn: AgentFn) -> None:
         self.fn = fn
 
@@ -246,6 +260,8 @@ def _kill(proc: asyncio.subprocess.Process) -> None:
 class _CommandAgent:
     """One process per rollout."""
 
+    end_reason = "agent_exit"
+
     def __init__(self, argv: list[str], base_env: dict[str, str]) -> None:
         self.argv = argv
         self.base_env = base_env
@@ -253,7 +269,7 @@ class _CommandAgent:
     async def run(self, spec: RolloutSpec, timeout_s: float) -> tuple[str, str | None]:
         proc = await asyncio.create_subprocess_exec(
             *self.argv,
-            env={**self.base_env, **spec.environ()},
+            env={**self.base_env, **spec.environ(), **otel_rollout_env(self.base_env, spec.ids())},
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
@@ -284,6 +300,8 @@ class _Worker:
 
 class _WorkerPool:
     """N long-lived agent processes on the jsonl worker protocol."""
+
+    end_reason = "agent_done"
 
     def __init__(self, argv: list[str], base_env: dict[str, str], workers: int) -> None:
         self.argv = argv
@@ -395,14 +413,18 @@ class RolloutRunner:
         ready: ReadyFn,
         otel_env: dict[str, str] | None = None,
         flush: Callable[[], Any] | None = None,
+        on_end: EndFn | None = None,
     ) -> None:
         """``ready(rollout_ids, since_ns)`` returns the ids whose spans are committed (only spans
         ingested at or after ``since_ns`` need to be looked at); ``flush`` (e.g. the policy server's
-        ``force_flush``) runs before each check; ``otel_env`` is the ``OTEL_*`` environment."""
+        ``force_flush``) runs before each check, after in-process spans are flushed; ``otel_env`` is the
+        ``OTEL_*`` environment; ``on_end`` stores a rollout's end when the runner knows it (a command agent
+        exited, a worker answered, a timeout), e.g. ``functools.partial(record_end, store)``."""
         config.validate()
         self.config = config
         self._ready = ready
         self._flush = flush
+        self._on_end = on_end
         self._loop = asyncio.new_event_loop()
         if callable(agent):
             self._agent: Any = _CallableAgent(agent)
@@ -442,6 +464,24 @@ class RolloutRunner:
             )
         )
 
+    def _flush_all(self) -> None:
+        """In-process spans (a callable agent's, still in a batch processor), then the caller's flush."""
+        if isinstance(self._agent, _CallableAgent):
+            from spanrl.instrumentation import flush
+
+            flush()
+        if self._flush is not None:
+            self._flush()
+
+    async def _store_end(self, spec: RolloutSpec, status: str, error: str | None) -> None:
+        """Store the rollout's end when this runner is the one that knows it (see ``on_end``)."""
+        reason = {STATUS_TIMEOUT: "timeout", STATUS_CRASHED: "crashed"}.get(status, self._agent.end_reason)
+        if self._on_end is None or reason is None or (reason == "crashed" and self._agent.end_reason is None):
+            return
+        await asyncio.to_thread(
+            self._on_end, spec.rollout_id, reason, error=error, task_id=spec.task_id, attempt=spec.attempt, mode=spec.mode
+        )
+
     def close(self) -> None:
         """Stop command workers; safe twice."""
         if self._loop.is_closed():
@@ -463,7 +503,7 @@ class RolloutRunner:
     ) -> list[RolloutResult]:
         results: list[RolloutResult] = []
         slots = asyncio.Semaphore(self.config.max_concurrency)
-        waiter = _SpanWaiter(self._ready, self._flush, since_ns=time.time_ns() - _WATERMARK_MARGIN_NS)
+        waiter = _SpanWaiter(self._ready, self._flush_all, since_ns=time.time_ns() - _WATERMARK_MARGIN_NS)
         root = llm_url.rstrip("/")
 
         async def one(index: int, job: RolloutJob) -> None:
@@ -486,6 +526,7 @@ class RolloutRunner:
                         status, error = await self._agent.run(spec, self.config.rollout_timeout_s)
                     except Exception as exc:  # e.g. the agent could not be started, or wrote garbage
                         status, error = STATUS_CRASHED, f"could not run the agent: {type(exc).__name__}: {exc}"
+                await self._store_end(spec, status, error)
                 if status == STATUS_OK and not await waiter.wait(rollout_id, self.config.span_timeout_s):
                     status, error = STATUS_NO_REWARD, f"no reward stored within {self.config.span_timeout_s:g} s"
                 result = RolloutResult(rollout_id, job.task_id, attempt, mode, status, time.monotonic() - start, error)

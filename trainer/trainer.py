@@ -37,6 +37,7 @@ the history on rank 0 and an empty list elsewhere.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import random
@@ -53,7 +54,7 @@ from spanrl.trainer.tracing import InProcessTracing
 from spanrl.trainer.runner import RolloutJob, RolloutResult, RolloutRunner, RunnerConfig
 from spanrl.algorithms.credit import LightningRL
 from spanrl.errors import ConfigError, TrainingError
-from spanrl import semconv
+from spanrl.store import rollouts as store_rollouts
 
 __all__ = ["Trainer", "TrainerConfig"]
 
@@ -304,6 +305,7 @@ class Trainer:
                 ready=self._ready,
                 otel_env=self._agent_otel_env(),
                 flush=self.server.force_flush,
+                on_end=functools.partial(store_rollouts.record_end, self.collector.store),
             )
             if callable(self.agent):
                 InProcessTracing.point_at(self._agent_otel_env()["OTEL_EXPORTER_OTLP_ENDPOINT"])
@@ -607,28 +609,11 @@ class Trainer:
         return results
 
     def _ready(self, rollout_ids: Sequence[str], since_ns: int) -> set[str]:
-        """Rollouts whose reward (and, if required, the server's token span) is committed.
-
-        Looks only at spans ingested since ``since_ns`` (DuckDB skips older row groups), so the poll
-        stays cheap as the store grows. A reward is a typed reward span or a reward event."""
-        query = (
-            "SELECT rollout_id, "
-            "bool_or(reward_value IS NOT NULL OR (events IS NOT NULL AND (contains(events, ?) OR contains(events, ?)))) AS rewarded, "
-            "bool_or(completion_token_ids IS NOT NULL) AS tokens "
-            "FROM spans WHERE ingested_ns >= ? AND list_contains(?, rollout_id) GROUP BY rollout_id"
-        )
-        params = [semconv.REWARD_SPAN_NAME, semconv.GEN_AI_EVALUATION_RESULT_EVENT, since_ns, list(rollout_ids)]
-        rows = self.collector.store.sql(query, params).to_pylist()
-        need_tokens = self.config.runner.require_token_spans and not self.config.llm_url
-        return {r["rollout_id"] for r in rows if r["rewarded"] and (r["tokens"] or not need_tokens)}
+        need = self.config.runner.require_token_spans and not self.config.llm_url
+        return store_rollouts.ready(self.collector.store, rollout_ids, since_ns, need_token_ids=need)
 
     def _final_rewards(self, rollout_ids: Sequence[str]) -> dict[str, float | None]:
-        if not rollout_ids:
-            return {}
-        table = self.collector.store.sql(
-            "SELECT rollout_id, final_reward FROM rollouts WHERE list_contains(?, rollout_id)", [list(rollout_ids)]
-        )
-        return dict(zip(table.column("rollout_id").to_pylist(), table.column("final_reward").to_pylist()))
+        return store_rollouts.final_rewards(self.collector.store, rollout_ids)
 
     def _transitions(self, rollout_ids: Sequence[str]) -> Any:
         """The rollouts' transitions with advantages from ``credit``; for an algorithm with a critic
