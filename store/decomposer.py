@@ -14,11 +14,12 @@ Three tables from the ``spans`` table (store/schema.sql), no per-span Python:
 - ``rewards``: one row per reward (``spanrl.reward.value`` / ``gen_ai.evaluation.score.value`` on a
   span, ``spanrl.reward`` / ``gen_ai.evaluation.result`` events), with ``step``: the last call that
   ended before it (``-1``: before every call).
-- ``rollouts``: one row per selected rollout: task, attempt, mode, status (``error`` when its
-  ``spanrl.rollout`` span failed, ``finished`` when it ended otherwise, ``open`` without one), times,
-  stored span rows, and data-quality counts: ``duplicate_spans`` (extra copies of call and reward
-  spans), ``late_arrivals`` (calls and rewards stored after the rollout span), ``orphan_calls`` (calls
-  whose ancestor chain breaks at a missing parent before reaching an agent).
+- ``rollouts``: one row per selected rollout: task, attempt, mode, ``status`` and ``ended_by``
+  (views.sql's ``rollout_state``: the one definition), times, stored span rows, and data-quality counts:
+  ``duplicate_spans`` (extra copies of call and reward spans), ``late_arrivals`` (calls and rewards
+  stored after the rollout's end), ``orphan_calls`` (calls whose ancestor chain breaks at a missing
+  parent before reaching an agent), ``duplicate_calls`` (client spans of a call already recorded by
+  another instrumentor: the inner of two nested LLM client spans is kept, then one per response id).
 
 All three come from ONE statement (rows told apart by ``row_kind``), so it also runs through the
 collector's read-only SQL endpoint; the token arrays are joined by ``rowid`` only at the end.
@@ -33,8 +34,8 @@ span: server end minus the offset).
 
 Robustness: a span exported twice counts once (first ingested copy); spans arrive in any order and
 after their rollout ended (the store is read as it is now); an orphan whose parent never arrived is
-walked up as far as its ancestors go (a call under a missing parent has no agent); a span without
-``spanrl.rollout.id`` (e.g. a server span nested under the agent's trace) inherits its trace's rollout.
+walked up as far as its ancestors go (a call under a missing parent has no agent); which rollout a span
+belongs to is views.sql's ``rollout_spans`` rule (own id, else its trace's, else by response id).
 """
 
 from __future__ import annotations

@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import HERE, framework_venv
-from requirements import FRAMEWORKS
+from framework_venvs import AGENTS, FRAMEWORKS, HERE, framework_venv
 from spanrl.algorithms import GRPO, LightningRL
 from spanrl.store import SpanStore
 from spanrl.trainer import Trainer, TrainerConfig
@@ -29,7 +28,7 @@ _TASKS = [{"id": f"add-{a}-{b}", "question": f"{a} add {b}", "answer": a + b} fo
 def _train_one_step(name: str, tmp_path: Path, **runner: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     venv = framework_venv(name)
     model = build_tiny_model(tmp_path / "tiny", words=_WORDS, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-    agent = [str(venv / "bin" / "opentelemetry-instrument"), str(venv / "bin" / "python"), str(HERE / "agents" / f"{name}.py")]
+    agent = [str(venv / "bin" / "opentelemetry-instrument"), str(venv / "bin" / "python"), str(HERE / "agents" / f"{AGENTS.get(name, name)}.py")]
     trainer = Trainer(
         model=model, agent=agent, tasks=_TASKS, algorithm=GRPO(learning_rate=5e-4), credit=LightningRL(),
         config=TrainerConfig(

@@ -183,7 +183,7 @@ def test_command_agent_without_spanrl_gets_its_ids_and_its_end_stored(collector:
     runner = RolloutRunner(
         [sys.executable, str(script)],
         config=RunnerConfig(instrument=False, require_token_spans=False, max_attempts=1,
-                            env={"OTEL_RESOURCE_ATTRIBUTES": "team=rl,spanrl.task.id=stale"}),
+                            env={"OTEL_RESOURCE_ATTRIBUTES": "team=rl,spanrl.task.id=stale", "OTEL_SERVICE_NAME": "plain-agent"}),
         ready=lambda ids, since: store_rollouts.ready(collector.store, ids, since, need_token_ids=False),
         otel_env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{collector.grpc_endpoint}", "OTEL_EXPORTER_OTLP_INSECURE": "true"},
         on_end=lambda *a, **k: store_rollouts.record_end(collector.store, *a, **k),
@@ -198,8 +198,8 @@ def test_command_agent_without_spanrl_gets_its_ids_and_its_end_stored(collector:
         "SELECT rollout_id, task_id, attempt, mode, service_name, resource ->> '$.team' AS team FROM spans "
         "WHERE name = 'evaluate' ORDER BY rollout_id").to_pylist()
     assert spans == [
-        {"rollout_id": "plain-0-a1", "task_id": "task one", "attempt": 1, "mode": "train", "service_name": "spanrl-agent", "team": "rl"},
-        {"rollout_id": "plain-1-a1", "task_id": "t2", "attempt": 1, "mode": "train", "service_name": "spanrl-agent", "team": "rl"},
+        {"rollout_id": "plain-0-a1", "task_id": "task one", "attempt": 1, "mode": "train", "service_name": "plain-agent", "team": "rl"},
+        {"rollout_id": "plain-1-a1", "task_id": "t2", "attempt": 1, "mode": "train", "service_name": "plain-agent", "team": "rl"},
     ]
     view = {r["rollout_id"]: (r["status"], r["ended_by"], r["final_reward"]) for r in
             collector.store.sql("FROM rollouts WHERE rollout_id LIKE 'plain-%'").to_pylist()}
