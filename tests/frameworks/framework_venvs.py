@@ -19,6 +19,8 @@ FRAMEWORKS: dict[str, list[str]] = {
                   "openai==3.57.0", "httpx"],
     "openllmetry_async_stream": [*_OTEL, "opentelemetry-instrumentation-openai==0.62.4", "openai==3.57.0"],
     "handmade_spans": [*_OTEL, "httpx"],
+    "langgraph_tool": [*_OTEL, "opentelemetry-instrumentation-openai==0.62.4", "openai==3.57.0", "langgraph==1.2.24",
+                       "langchain-openai==1.7.4", "langchain-core==1.8.3"],
     # both OpenAI instrumentors under the stock distro: two client spans per call, kept as one call
     "openai_v2_and_openllmetry": [*_OTEL, "opentelemetry-instrumentation-openai-v2==2.4b0",
                                   "opentelemetry-util-genai==1.1b0", "opentelemetry-instrumentation-openai==0.62.4",
@@ -42,7 +44,7 @@ def framework_venv(name: str) -> Path:
     stamp = venv / ".requirements"
     want = hashlib.sha256("\n".join(reqs).encode()).hexdigest()
     if stamp.is_file() and stamp.read_text() == want:
-        return venv
+        return _without_spanrl(name, venv)
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=120)
     proc = subprocess.run(
         [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", *reqs],
@@ -52,7 +54,12 @@ def framework_venv(name: str) -> Path:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
         pytest.fail(f"framework {name!r}: pip install {' '.join(reqs)} failed (exit {proc.returncode}):\n{tail}",
                     pytrace=False)
-    check = subprocess.run([str(venv / "bin" / "python"), "-c", "import spanrl"], capture_output=True)
-    assert check.returncode != 0, f"framework {name!r}: spanrl is importable in its venv; it must not be"
     stamp.write_text(want)
+    return _without_spanrl(name, venv)
+
+
+def _without_spanrl(name: str, venv: Path) -> Path:
+    check = subprocess.run([str(venv / "bin" / "python"), "-c", "import spanrl; print(spanrl.__file__)"],
+                           capture_output=True, text=True, cwd=venv)
+    assert check.returncode != 0, f"framework {name!r}: its venv imports spanrl from {check.stdout.strip()}; it must not"
     return venv
