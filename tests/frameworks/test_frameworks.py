@@ -47,7 +47,8 @@ def _train_one_step(name: str, tmp_path: Path, **runner: Any) -> tuple[dict[str,
 
 
 @pytest.mark.parametrize("name", sorted(FRAMEWORKS))
-def test_framework_agent_trains_without_spanrl(name: str, tmp_path: Path) -> None:
+def test_framework_agent_trains_without_spanrl(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # opentelemetry-instrument puts the cwd on PYTHONPATH: not this checkout
     step, rollouts = _train_one_step(name, tmp_path)
     assert step["rollouts_ok"] == 4, step
     assert step["transitions"] == 4, step  # one call per rollout: no doubled or lost client span
