@@ -22,6 +22,10 @@ FRAMEWORKS: dict[str, list[str]] = {
     "langgraph_tool": [*_OTEL, "opentelemetry-instrumentation-openai==0.62.4", "openai==3.57.0", "langgraph==1.2.24",
                        "langchain-openai==1.7.4", "langchain-core==1.8.3"],
     "openai_agents_sdk": [*_OTEL, "opentelemetry-instrumentation-openai==0.62.4", "openai-agents==0.24.0", "openai==3.57.0"],
+    # LiteLLM: offline it needs LITELLM_LOCAL_MODEL_COST_MAP=True (the agent sets it); httpx instrumentation
+    # carries traceparent, as no OpenAI instrumentor sees LiteLLM's requests
+    "litellm_httpx": [*_OTEL, "opentelemetry-instrumentation-httpx==0.66b2", "litellm==1.110.2", "openai==3.57.0",
+                      "httpx==0.28.1"],
     # both OpenAI instrumentors under the stock distro: two client spans per call, kept as one call
     "openai_v2_and_openllmetry": [*_OTEL, "opentelemetry-instrumentation-openai-v2==2.4b0",
                                   "opentelemetry-util-genai==1.1b0", "opentelemetry-instrumentation-openai==0.62.4",
