@@ -15,6 +15,7 @@ import pytest
 from framework_venvs import AGENTS, FRAMEWORKS, HERE, framework_venv
 from spanrl.algorithms import GRPO, LightningRL
 from spanrl.store import SpanStore
+from spanrl.store.decomposer import Selection, decompose
 from spanrl.trainer import Trainer, TrainerConfig
 from spanrl.trainer.runner import RunnerConfig
 from spanrl.trainer.tiny import build_tiny_model
@@ -43,7 +44,8 @@ def _train_one_step(name: str, tmp_path: Path, **runner: Any) -> tuple[dict[str,
         trainer.close()
     with SpanStore.open(tmp_path / "run" / "spans.duckdb", read_only=True) as store:
         rollouts = store.sql("SELECT * FROM rollouts WHERE mode = 'train' ORDER BY rollout_id").to_pylist()
-    return history[0], rollouts
+        duplicates = decompose(store, Selection(mode="train")).report["duplicate_calls"]
+    return {**history[0], "duplicate_calls": duplicates}, rollouts
 
 
 @pytest.mark.parametrize("name", sorted(FRAMEWORKS))
@@ -53,6 +55,8 @@ def test_framework_agent_trains_without_spanrl(name: str, tmp_path: Path, monkey
     assert step["rollouts_ok"] == 4, step
     assert step["transitions"] == 4, step  # one call per rollout: no doubled or lost client span
     assert step["policy_version"] == 1  # the update reached the server
+    # two instrumentors: each call's second client span is set aside and counted
+    assert step["duplicate_calls"] == (4 if name == "openai_v2_and_openllmetry" else 0)
     assert len(rollouts) == 4
     for row in rollouts:
         assert (row["status"], row["ended_by"], row["reward_count"]) == ("finished", "agent_exit", 1), row
