@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.spanrl-installed
 
-.PHONY: venv demo demo-quick test bench clean chromium
+.PHONY: venv demo demo-quick test test-frameworks bench clean chromium
 
 venv: $(STAMP)
 
@@ -32,6 +32,11 @@ chromium:
 test: venv chromium
 	cd examples/node-agent && npm install --no-audit --no-fund --loglevel=error
 	$(BIN)/python -m pytest -q -ra
+
+# Agents in other frameworks (one small venv each under tests/frameworks/.venvs, no spanrl in it), each
+# trained one GRPO step as the Trainer's command-line agent. A framework whose install fails fails loudly.
+test-frameworks: venv
+	$(BIN)/python -m pytest -q -ra -m frameworks tests/frameworks
 
 bench: venv
 	$(BIN)/python bench/ingest.py

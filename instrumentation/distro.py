@@ -12,18 +12,22 @@ from typing import Any
 
 from opentelemetry.instrumentation.distro import BaseDistro
 
+from spanrl import env
 from spanrl.instrumentation.config import apply_env_defaults
 
 _logger = logging.getLogger(__name__)
 _OPENAI_V2 = "opentelemetry.instrumentation.openai_v2"
 _OPENLLMETRY = "opentelemetry.instrumentation.openai"
+_CHOICES = {"openllmetry": (_OPENLLMETRY + ":", _OPENAI_V2), "openai-v2": (_OPENAI_V2, _OPENLLMETRY + ":")}
+_DEFAULT_CHOICE = "openllmetry"
 
 
 class SpanRLDistro(BaseDistro):
     """Sets spanrl's defaults for every standard variable the user left unset (see ``apply_env_defaults``).
 
-    One OpenAI instrumentor only: when OpenLLMetry is installed, the official ``-openai-v2`` one is not
-    loaded (both would record every call, and the second client span would count as a second call).
+    One OpenAI instrumentor only: when both are installed, the one ``SPANRL_OPENAI_INSTRUMENTOR`` names
+    (default OpenLLMetry) is loaded and the other is not (both would record every call, and the second
+    client span would count as a second call).
     """
 
     def _configure(self, **kwargs: Any) -> None:
@@ -31,7 +35,13 @@ class SpanRLDistro(BaseDistro):
 
     def load_instrumentor(self, entry_point: Any, **kwargs: Any) -> None:
         value = getattr(entry_point, "value", "")
-        if value.startswith(_OPENAI_V2) and importlib.util.find_spec(_OPENLLMETRY) is not None:
-            _logger.info("spanrl: %s not loaded, OpenLLMetry already traces OpenAI calls", value)
+        choice = env.get_str(env.SPANRL_OPENAI_INSTRUMENTOR, _DEFAULT_CHOICE)
+        if choice not in _CHOICES:
+            _logger.warning("%s=%r is not one of %s; using %s", env.SPANRL_OPENAI_INSTRUMENTOR, choice,
+                            ", ".join(_CHOICES), _DEFAULT_CHOICE)
+            choice = _DEFAULT_CHOICE
+        keep, drop = _CHOICES[choice]
+        if value.startswith(drop) and importlib.util.find_spec(keep.rstrip(":")) is not None:
+            _logger.info("spanrl: %s not loaded, %s already traces OpenAI calls", value, choice)
             return
         super().load_instrumentor(entry_point, **kwargs)

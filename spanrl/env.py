@@ -55,6 +55,12 @@ SPANRL_OPENLLMETRY_SPEEDUPS = "SPANRL_OPENLLMETRY_SPEEDUPS"
 """``0`` keeps the ``spanrl`` instrumentor from replacing OpenLLMetry's per-call ``asyncio.run`` and
 version parsing with cheaper equivalents (``instrumentation/_openllmetry.py``). Default ``1``."""
 
+SPANRL_OPENAI_INSTRUMENTOR = "SPANRL_OPENAI_INSTRUMENTOR"
+"""Which OpenAI instrumentor the ``spanrl`` distro loads when both are installed (both would record every
+call): ``openllmetry`` (default: ``opentelemetry-instrumentation-openai``) or ``openai-v2`` (the official
+``opentelemetry-instrumentation-openai-v2``). Other distros load both; the decomposer then keeps one
+client span per call and counts the other (``duplicate_calls``)."""
+
 # --- Collector and store ---------------------------------------------------------------------------
 SPANRL_DB = "SPANRL_DB"
 """Path of the DuckDB span store. Default ``spanrl.duckdb`` in the working directory."""

@@ -98,3 +98,7 @@ EMIT_ERROR = "spanrl.emit.error"  # set on a span when an emit_* call got a bad 
 
 # --- Standard resource attributes -----------------------------------------------------------------
 SERVICE_NAME = "service.name"
+
+# --- Rollout end, stored by the Trainer when it knows a rollout is over (store/rollouts.py) --------
+ROLLOUT_END_SPAN_NAME = "spanrl.rollout.end"
+ROLLOUT_END_REASON = "spanrl.rollout.end.reason"  # agent_exit | agent_done | timeout | crashed | trainer

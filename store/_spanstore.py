@@ -93,9 +93,11 @@ class SpanStore:
         if not read_only:
             con.execute(_sql_resource(_SCHEMA_FILE))
             con.execute(_sql_resource(_VIEWS_FILE))
-        elif not store._has_views():
-            # An older file without views: temporary views live in memory, so read-only is fine.
-            con.execute(_sql_resource(_VIEWS_FILE).replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW"))
+        else:
+            # The file's views may be older than this spanrl, or missing: temporary ones live in memory
+            # (so read-only is fine) and shadow the stored ones.
+            views = _sql_resource(_VIEWS_FILE).replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW")
+            con.execute(views.replace("CREATE OR REPLACE MACRO", "CREATE OR REPLACE TEMP MACRO"))
         return store
 
     def close(self) -> None:
@@ -212,9 +214,3 @@ class SpanStore:
             if cursor is None:
                 cur.close()
         return batch.num_rows
-
-    def _has_views(self) -> bool:
-        rows = self._con.execute(
-            "SELECT count(*) FROM duckdb_views() WHERE view_name IN ('rollouts', 'llm_calls', 'rewards')"
-        ).fetchone()
-        return bool(rows and rows[0] == 3)

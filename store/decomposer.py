@@ -16,11 +16,12 @@ Three tables from the ``spans`` table (store/schema.sql), no per-span Python:
 - ``rewards``: one row per reward (``spanrl.reward.value`` / ``gen_ai.evaluation.score.value`` on a
   span, each ``spanrl.reward`` / ``gen_ai.evaluation.result`` event: two events with the same name and
   value are two rewards), with ``step``: the last call that ended before it (``-1``: before every call).
-- ``rollouts``: one row per selected rollout: task, attempt, mode, status (``error`` when its
-  ``spanrl.rollout`` span failed, ``finished`` when it ended otherwise, ``open`` without one), times,
-  stored span rows, and data-quality counts: ``duplicate_spans`` (extra copies of call and reward
-  spans), ``late_arrivals`` (calls and rewards stored after the rollout span), ``orphan_calls`` (calls
-  whose ancestor chain breaks at a missing parent before reaching an agent).
+- ``rollouts``: one row per selected rollout: task, attempt, mode, ``status`` and ``ended_by``
+  (views.sql's ``rollout_state``: the one definition), times, stored span rows, and data-quality counts:
+  ``duplicate_spans`` (extra copies of call and reward spans), ``late_arrivals`` (calls and rewards
+  stored after the rollout's end), ``orphan_calls`` (calls whose ancestor chain breaks at a missing
+  parent before reaching an agent), ``duplicate_calls`` (client spans of a call already recorded by
+  another instrumentor: the inner of two nested LLM client spans is kept, then one per response id).
 
 All three come from ONE statement (rows told apart by ``row_kind``), so it also runs through the
 collector's read-only SQL endpoint; the token arrays are joined by ``rowid`` only at the end.
@@ -35,8 +36,8 @@ span: server end minus the offset).
 
 Robustness: a span exported twice counts once (first ingested copy, its rewards too); spans arrive in any order and
 after their rollout ended (the store is read as it is now); an orphan whose parent never arrived is
-walked up as far as its ancestors go (a call under a missing parent has no agent); a span without
-``spanrl.rollout.id`` (e.g. a server span nested under the agent's trace) inherits its trace's rollout.
+walked up as far as its ancestors go (a call under a missing parent has no agent); which rollout a span
+belongs to is views.sql's ``rollout_spans`` rule (own id, else its trace's, else by response id).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ _CALL_COLUMNS = (
 _REWARD_COLUMNS = ("rollout_id", "name", "value", "time_ns", "source", "step", "rollout_calls")
 _ROLLOUT_COLUMNS = (
     "rollout_id", "task_id", "attempt", "mode", "status", "start_ns", "end_ns", "span_count",
-    "duplicate_spans", "late_arrivals", "orphan_calls",
+    "duplicate_spans", "late_arrivals", "orphan_calls", "duplicate_calls", "ended_by",
 )
 
 
@@ -128,52 +129,43 @@ class Decomposition:
 
 _SQL = f"""
 WITH RECURSIVE
-ro_all AS (
-    SELECT rollout_id,
-           any_value(task_id) AS task_id,
-           max(attempt) AS attempt,
-           any_value(mode) AS mode,
-           min(start_ns) AS start_ns,
-           max(end_ns) AS end_ns,
-           bool_or(name = '{sc.ROLLOUT_SPAN_NAME}') AS has_rollout_span,
-           bool_or(name = '{sc.ROLLOUT_SPAN_NAME}' AND status_code = 'ERROR') AS rollout_failed,
-           min(ingested_ns) FILTER (WHERE name = '{sc.ROLLOUT_SPAN_NAME}') AS rollout_ingested_ns,
-           count(*) AS span_rows
-    FROM spans
-    WHERE rollout_id IS NOT NULL
-    GROUP BY rollout_id
-),
-ro AS (
-    SELECT *, CASE WHEN rollout_failed THEN 'error' WHEN has_rollout_span THEN 'finished' ELSE 'open' END AS status
-    FROM ro_all
+ro AS (  -- status and end: the one rule, views.sql's rollout_state (attribution: rollout_spans)
+    SELECT *, span_count AS span_rows, end_ingested_ns AS rollout_ingested_ns
+    FROM rollout_state(0)
     WHERE {_RF}
 ),
 -- LLM call spans: light columns only (the id arrays are fetched by rowid at the end)
 llm_keys AS (  -- a span exported twice is stored twice: keep the first copy ingested
-    SELECT arg_min(rowid, ingested_ns) AS rid, count(*) - 1 AS extra_copies
-    FROM spans
+    SELECT arg_min(rid, ingested_ns) AS rid, count(*) - 1 AS extra_copies
+    FROM rollout_spans(0)
     WHERE operation_name IN ({_LLM_OPS_SQL})
     GROUP BY trace_id, span_id
 ),
-llm0 AS (
-    SELECT rowid AS rid, trace_id, span_id, parent_span_id, kind, start_ns, end_ns, service_name, rollout_id,
+llm AS (  -- attributed to a rollout by views.sql's rule (rollout_spans)
+    SELECT rid, trace_id, span_id, parent_span_id, kind, start_ns, end_ns, service_name, rollout_id,
            response_id, policy_version, status_code, ingested_ns, prompt_token_ids IS NOT NULL AS has_ids
-    FROM spans
-    WHERE operation_name IN ({_LLM_OPS_SQL}) AND rowid IN (SELECT rid FROM llm_keys)
-),
-trace_rollout AS (  -- a span without a rollout id inherits its trace's (a server span under the agent's trace)
-    SELECT trace_id, min(rollout_id) AS rollout_id
-    FROM spans
-    WHERE rollout_id IS NOT NULL AND trace_id IN (SELECT trace_id FROM llm0 WHERE rollout_id IS NULL)
-    GROUP BY trace_id
-),
-llm AS (
-    SELECT l.* REPLACE (coalesce(l.rollout_id, t.rollout_id) AS rollout_id)
-    FROM llm0 l LEFT JOIN trace_rollout t ON t.trace_id = l.trace_id
-    WHERE coalesce(l.rollout_id, t.rollout_id) IN (SELECT rollout_id FROM ro)
+    FROM rollout_spans(0)
+    WHERE operation_name IN ({_LLM_OPS_SQL}) AND rid IN (SELECT rid FROM llm_keys)
+      AND rollout_id IN (SELECT rollout_id FROM ro)
 ),
 srv AS (SELECT * FROM llm WHERE kind = 'SERVER'),
-cli AS (SELECT * FROM llm WHERE kind <> 'SERVER'),
+cli_all AS (SELECT * FROM llm WHERE kind <> 'SERVER'),
+-- Two instrumentors (or a framework span and an instrumentor) record one call as two client spans:
+-- the outer one wraps the inner one, and both carry the response id. Keep the inner one (the server
+-- span's parent when trace context propagated), then one client span per response id in a rollout.
+cli_outer AS (
+    SELECT DISTINCT o.rid
+    FROM cli_all o JOIN cli_all i ON i.trace_id = o.trace_id AND i.parent_span_id = o.span_id
+),
+cli_ranked AS (
+    SELECT *, row_number() OVER (PARTITION BY rollout_id, response_id ORDER BY start_ns DESC, rid) AS nth
+    FROM cli_all
+    WHERE rid NOT IN (SELECT rid FROM cli_outer)
+),
+cli AS (SELECT * EXCLUDE (nth) FROM cli_ranked WHERE response_id IS NULL OR nth = 1),
+dup_calls AS (
+    SELECT rollout_id, count(*) AS n FROM cli_all WHERE rid NOT IN (SELECT rid FROM cli) GROUP BY rollout_id
+),
 pair AS (  -- each server span with its client span: its parent if that is one, else by response id
     SELECT s.rid AS s_rid, coalesce(cp.rid, cr.rid) AS c_rid
     FROM srv s
@@ -248,10 +240,10 @@ agents AS (
 ),
 -- rewards: span attributes and events, one row each, placed after the last call that ended before them
 rw0 AS MATERIALIZED (
-    SELECT trace_id, span_id, rowid AS copy_rid, rollout_id, end_ns AS time_ns, ingested_ns,
+    SELECT trace_id, span_id, rid AS copy_rid, rollout_id, end_ns AS time_ns, ingested_ns,
            coalesce(reward_name, '{sc.DEFAULT_REWARD_NAME}') AS name,
            coalesce(reward_value, 'NaN'::DOUBLE) AS value, 'span' AS source
-    FROM spans
+    FROM rollout_spans(0)
     WHERE reward_value IS NOT NULL OR name = '{sc.REWARD_SPAN_NAME}'  -- a reward span without a value: NaN
     UNION ALL
     SELECT trace_id, span_id, copy_rid, rollout_id, ev.time_ns, ingested_ns,
@@ -262,19 +254,13 @@ rw0 AS MATERIALIZED (
                     'NaN'::DOUBLE) AS value,
            'event' AS source
     FROM (
-        SELECT trace_id, span_id, rowid AS copy_rid, rollout_id, ingested_ns,
+        SELECT trace_id, span_id, rid AS copy_rid, rollout_id, ingested_ns,
                unnest(from_json(events, '{_EVENT_SCHEMA_JSON}')) AS ev
-        FROM spans
+        FROM rollout_spans(0)
         WHERE events IS NOT NULL
           AND (contains(events, '{_REWARD_EVENTS[0]}') OR contains(events, '{_REWARD_EVENTS[1]}'))
     )
     WHERE ev.name IN ('{_REWARD_EVENTS[0]}', '{_REWARD_EVENTS[1]}')
-),
-rw_trace AS (
-    SELECT trace_id, min(rollout_id) AS rollout_id
-    FROM spans
-    WHERE rollout_id IS NOT NULL AND trace_id IN (SELECT trace_id FROM rw0 WHERE rollout_id IS NULL)
-    GROUP BY trace_id
 ),
 rw_copy AS (  -- a span exported twice is stored twice: its rewards come from the first copy ingested
     SELECT trace_id, span_id, arg_min(copy_rid, ingested_ns) AS first_rid
@@ -282,14 +268,13 @@ rw_copy AS (  -- a span exported twice is stored twice: its rewards come from th
 ),
 rw_dup AS (  -- each event of the kept copy is a reward of its own, even with the same name and value as
              -- another; the span's attribute value is the same reward as an event repeating it on that span
-    SELECT r.* REPLACE (coalesce(r.rollout_id, t.rollout_id) AS rollout_id),
+    SELECT r.*,
            r.copy_rid <> k.first_rid
            OR (r.source = 'span' AND bool_or(r.source = 'event') OVER (PARTITION BY r.copy_rid, r.name, r.value))
            AS duplicate
     FROM rw0 r
     JOIN rw_copy k ON k.trace_id = r.trace_id AND k.span_id = r.span_id
-    LEFT JOIN rw_trace t ON t.trace_id = r.trace_id
-    WHERE coalesce(r.rollout_id, t.rollout_id) IN (SELECT rollout_id FROM ro)
+    WHERE r.rollout_id IN (SELECT rollout_id FROM ro)
 ),
 rw AS (SELECT * EXCLUDE (duplicate, copy_rid) FROM rw_dup WHERE NOT duplicate),
 dups AS (
@@ -349,11 +334,13 @@ FROM rw_step rw
 LEFT JOIN (SELECT rollout_id, count(*) AS rollout_calls FROM calls GROUP BY rollout_id) n
        ON n.rollout_id = rw.rollout_id
 UNION ALL BY NAME
-SELECT 'rollout' AS row_kind, ro.rollout_id, ro.task_id, ro.attempt, ro.mode, ro.status, ro.start_ns, ro.end_ns,
+SELECT 'rollout' AS row_kind, ro.rollout_id, ro.task_id, ro.attempt, ro.mode, ro.status, ro.ended_by,
+       ro.start_ns, ro.end_ns,
        ro.span_rows AS span_count, coalesce(d.n, 0) AS duplicate_spans, coalesce(l.n, 0) AS late_arrivals,
-       coalesce(o.n, 0) AS orphan_calls
+       coalesce(o.n, 0) AS orphan_calls, coalesce(dc.n, 0) AS duplicate_calls
 FROM ro
 LEFT JOIN dups d USING (rollout_id)
+LEFT JOIN dup_calls dc USING (rollout_id)
 LEFT JOIN lates l USING (rollout_id)
 LEFT JOIN orphans o USING (rollout_id)
 ORDER BY row_kind, rollout_id, time_ns, step
@@ -426,6 +413,7 @@ def decompose(
         "rewards": rewards.num_rows,
         "duplicate_spans": _sum(rollouts, "duplicate_spans"),
         "orphan_calls": _sum(rollouts, "orphan_calls"),
+        "duplicate_calls": _sum(rollouts, "duplicate_calls"),
         "late_arrivals": _sum(rollouts, "late_arrivals"),
         "failed_rollouts": _count_equal(rollouts, "status", "error"),
         "open_rollouts": _count_equal(rollouts, "status", "open"),

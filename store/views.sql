@@ -1,5 +1,89 @@
--- Views over the spans table (store/schema.sql). Created by SpanStore.open on every open, so they
--- always match this file. JSON keys with dots must be quoted: '$."gen_ai.request.model"'.
+-- Macros and views over the spans table (store/schema.sql). Created by SpanStore.open on every open, so
+-- they always match this file. JSON keys with dots must be quoted: '$."gen_ai.request.model"'.
+--
+-- Two rules are defined here once, and everything else (these views, store/rollouts.py, the decomposer)
+-- goes through them:
+--   * attribution (`trace_rollouts`, `rollout_spans`): which rollout a span belongs to;
+--   * status (`rollout_state`): when a rollout has finished.
+-- Each macro takes `since_ns`: only spans ingested at or after it are read (0: all), so a poll over
+-- the spans of one training run stays cheap as the store grows.
+
+-- Attribution, step 1: the rollout of each trace. A trace whose spans carry exactly one rollout id
+-- belongs to that rollout. A trace without ids belongs to the rollout the policy server attributed a
+-- call of it to (by URL path or headers): its client span has the server span's gen_ai.response.id.
+-- A trace whose spans name two rollouts is ambiguous: its spans without ids stay unattributed.
+CREATE OR REPLACE MACRO trace_rollouts(since_ns) AS TABLE
+WITH own AS (
+    SELECT trace_id, min(rollout_id) AS rollout_id, count(DISTINCT rollout_id) AS n
+    FROM spans
+    WHERE rollout_id IS NOT NULL AND ingested_ns >= since_ns
+    GROUP BY trace_id
+), linked AS (
+    SELECT c.trace_id, min(s.rollout_id) AS rollout_id, count(DISTINCT s.rollout_id) AS n
+    FROM spans c
+    JOIN spans s ON s.response_id = c.response_id
+    WHERE c.rollout_id IS NULL AND c.response_id IS NOT NULL AND c.kind <> 'SERVER' AND c.ingested_ns >= since_ns
+      AND s.rollout_id IS NOT NULL AND s.kind = 'SERVER' AND s.ingested_ns >= since_ns
+      AND c.trace_id NOT IN (SELECT trace_id FROM own)
+    GROUP BY c.trace_id
+)
+SELECT trace_id, rollout_id FROM own WHERE n = 1
+UNION ALL
+SELECT trace_id, rollout_id FROM linked WHERE n = 1;
+
+-- Attribution, step 2: every span with its rollout: its own spanrl.rollout.id (span attribute, else
+-- resource attribute), else its trace's. `rid` is the span's rowid in `spans`.
+CREATE OR REPLACE MACRO rollout_spans(since_ns) AS TABLE
+SELECT s.rowid AS rid, s.* REPLACE (coalesce(s.rollout_id, t.rollout_id) AS rollout_id)
+FROM spans s
+LEFT JOIN trace_rollouts(since_ns) t ON s.rollout_id IS NULL AND t.trace_id = s.trace_id
+WHERE s.ingested_ns >= since_ns;
+
+-- How long a rollout that never stored its end must be silent after a reward to count as finished.
+CREATE OR REPLACE MACRO rollout_quiet_ns() AS 60_000_000_000::BIGINT;
+
+-- Status: one row per rollout. A rollout's end is stored when
+--   * its spanrl.rollout span is stored (the span ends when the rollout does): ended_by 'rollout_span';
+--   * or a spanrl.rollout.end span is: written by the Trainer when the rollout's command-line agent
+--     exited ('agent_exit'; its SDK flushed at exit, and the collector acknowledges only committed
+--     spans), when a jsonl worker answered done ('agent_done'), when it timed out ('timeout'), or when
+--     the Trainer says so ('trainer').
+-- Without a stored end, a rollout with a reward and no span ingested for rollout_quiet_ns() is
+-- finished too ('quiet'). status: 'error' when the rollout span or the end span has status ERROR,
+-- 'finished' when it ended otherwise, 'open' before.
+CREATE OR REPLACE MACRO rollout_state(since_ns) AS TABLE
+WITH s AS (
+    SELECT rollout_id,
+           any_value(task_id) AS task_id,
+           max(attempt) AS attempt,
+           any_value(mode) AS mode,
+           min(start_ns) FILTER (WHERE name <> 'spanrl.rollout.end') AS start_ns,
+           max(end_ns) FILTER (WHERE name <> 'spanrl.rollout.end') AS end_ns,
+           count(*) AS span_count,
+           count(*) FILTER (WHERE status_code = 'ERROR') AS error_count,
+           bool_or(name = 'spanrl.rollout') AS has_rollout_span,
+           arg_min(attributes ->> '$."spanrl.rollout.end.reason"', ingested_ns)
+               FILTER (WHERE name = 'spanrl.rollout.end') AS end_reason,
+           bool_or(name IN ('spanrl.rollout', 'spanrl.rollout.end') AND status_code = 'ERROR') AS failed,
+           min(ingested_ns) FILTER (WHERE name IN ('spanrl.rollout', 'spanrl.rollout.end')) AS end_ingested_ns,
+           bool_or(reward_value IS NOT NULL OR name = 'spanrl.reward'
+                   OR (events IS NOT NULL AND (contains(events, 'spanrl.reward')
+                                               OR contains(events, 'gen_ai.evaluation.result')))) AS rewarded,
+           bool_or(completion_token_ids IS NOT NULL) AS has_token_ids,
+           max(ingested_ns) AS last_ingested_ns
+    FROM rollout_spans(since_ns)
+    WHERE rollout_id IS NOT NULL
+    GROUP BY rollout_id
+), e AS (
+    SELECT *,
+           CASE WHEN has_rollout_span THEN 'rollout_span'
+                WHEN end_reason IS NOT NULL THEN end_reason
+                WHEN rewarded AND last_ingested_ns < epoch_ns(now()) - rollout_quiet_ns() THEN 'quiet'
+           END AS ended_by
+    FROM s
+)
+SELECT *, CASE WHEN failed THEN 'error' WHEN ended_by IS NOT NULL THEN 'finished' ELSE 'open' END AS status
+FROM e;
 
 -- One row per reward: typed span rewards (spanrl.reward.value / gen_ai.evaluation.score.value on a span)
 -- and reward events (spanrl.reward / gen_ai.evaluation.result) unnested from the events JSON.
@@ -9,7 +93,7 @@ SELECT rollout_id, task_id, attempt, mode, trace_id, span_id,
        coalesce(reward_name, 'reward') AS name,
        reward_value AS value,
        'span' AS source
-FROM spans
+FROM rollout_spans(0)
 WHERE reward_value IS NOT NULL
 UNION ALL
 SELECT rollout_id, task_id, attempt, mode, trace_id, span_id,
@@ -23,7 +107,7 @@ SELECT rollout_id, task_id, attempt, mode, trace_id, span_id,
 FROM (
     SELECT rollout_id, task_id, attempt, mode, trace_id, span_id,
            unnest(from_json(events, '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "JSON"}]')) AS ev
-    FROM spans
+    FROM rollout_spans(0)
     WHERE events IS NOT NULL
       AND (contains(events, 'spanrl.reward') OR contains(events, 'gen_ai.evaluation.result'))
 )
@@ -45,34 +129,18 @@ SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, parent_span_id, na
        attributes ->> '$."gen_ai.output.messages"' AS output_messages,
        prompt_token_ids, completion_token_ids, logprobs,
        prompt_token_ids IS NOT NULL AS has_token_ids
-FROM spans
+FROM rollout_spans(0)
 WHERE operation_name IN ('chat', 'text_completion') OR prompt_token_ids IS NOT NULL;
 
--- One row per rollout. status: 'error' when the spanrl.rollout span ended in ERROR, 'finished' when it
--- ended otherwise, 'open' while no spanrl.rollout span is stored (still running, or an agent that never
--- opens one). final_reward: the last reward by time (any name).
+-- One row per rollout: its status (rollout_state above) and rewards. final_reward: the last reward by
+-- time (any name).
 CREATE OR REPLACE VIEW rollouts AS
-WITH s AS (
-    SELECT rollout_id,
-           any_value(task_id) AS task_id,
-           max(attempt) AS attempt,
-           any_value(mode) AS mode,
-           min(start_ns) AS start_ns,
-           max(end_ns) AS end_ns,
-           count(*) AS span_count,
-           count(*) FILTER (WHERE status_code = 'ERROR') AS error_count,
-           bool_or(name = 'spanrl.rollout') AS has_rollout_span,
-           bool_or(name = 'spanrl.rollout' AND status_code = 'ERROR') AS rollout_failed
-    FROM spans
-    WHERE rollout_id IS NOT NULL
-    GROUP BY rollout_id
-), r AS (
+WITH r AS (
     SELECT rollout_id, arg_max(value, time_ns) AS final_reward, count(*) AS reward_count
     FROM rewards
     WHERE rollout_id IS NOT NULL
     GROUP BY rollout_id
 )
-SELECT s.rollout_id, s.task_id, s.attempt, s.mode, s.start_ns, s.end_ns,
-       CASE WHEN s.rollout_failed THEN 'error' WHEN s.has_rollout_span THEN 'finished' ELSE 'open' END AS status,
+SELECT s.rollout_id, s.task_id, s.attempt, s.mode, s.start_ns, s.end_ns, s.status, s.ended_by,
        r.final_reward, coalesce(r.reward_count, 0) AS reward_count, s.span_count, s.error_count
-FROM s LEFT JOIN r USING (rollout_id);
+FROM rollout_state(0) s LEFT JOIN r USING (rollout_id);

@@ -165,6 +165,7 @@ def train_with_curriculum(curriculum: Curriculum, make_trainer: Callable[[list[M
     (sampled by the curriculum) join each round's pool. Returns one row per round.
     """
     from spanrl.store import SpanStore
+    from spanrl.store.rollouts import finished_rewards
 
     if steps_per_round < 1 or max_steps < 1:
         raise ConfigError(f"steps_per_round and max_steps must be >= 1, got {steps_per_round!r} and {max_steps!r}")
@@ -188,8 +189,7 @@ def train_with_curriculum(curriculum: Curriculum, make_trainer: Callable[[list[M
             raise ConfigError(f"make_trainer's Trainer did not advance past step {step}: give it max_steps and resume")
         step = trainer.step
         with SpanStore.open(trainer.db_path, read_only=True) as store:
-            rows = store.sql("SELECT task_id, final_reward FROM rollouts WHERE mode = 'train' AND start_ns >= ? "
-                             "AND final_reward IS NOT NULL ORDER BY start_ns", [started_ns]).to_pylist()
+            rows = finished_rewards(store, mode="train", since_ns=started_ns)
         promoted, successes, counted = False, 0, 0
         for row in rows:
             task = by_id.get(str(row["task_id"]))

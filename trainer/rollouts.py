@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from spanrl import env
+from spanrl import env, semconv
 from spanrl.errors import ConfigError
 
 __all__ = [
@@ -108,6 +108,11 @@ class RolloutSpec:
     model: str
     sampling: dict[str, Any]
     prompt_template: str | None = None
+
+    def ids(self) -> dict[str, str | int]:
+        """The rollout's ids under their span attribute names (``semconv.ROLLOUT_ID`` ...)."""
+        return {semconv.ROLLOUT_ID: self.rollout_id, semconv.TASK_ID: self.task_id,
+                semconv.ATTEMPT: self.attempt, semconv.MODE: self.mode}
 
     def message(self) -> dict[str, Any]:
         """The jsonl worker protocol's request line."""

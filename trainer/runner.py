@@ -6,7 +6,9 @@ language, started with the rollout's environment:
 
     SPANRL_ROLLOUT_ID, SPANRL_TASK_ID, SPANRL_TASK (JSON), SPANRL_ATTEMPT, SPANRL_MODE, SPANRL_MODEL,
     SPANRL_SAMPLING (JSON), OPENAI_BASE_URL=<llm>/rollouts/<rollout_id>/v1, OPENAI_API_KEY, OTEL_*,
-    and SPANRL_PROMPT_TEMPLATE when the trainer gives the agent a prompt template (APO)
+    and SPANRL_PROMPT_TEMPLATE when the trainer gives the agent a prompt template (APO); the rollout ids
+    also go in the standard OTEL_RESOURCE_ATTRIBUTES (merged with the user's), so any OTel SDK tags every
+    span with no spanrl in the agent (agent_env.py)
 
 A command runs once per rollout, or (``workers=N``) as N long-lived workers speaking the *jsonl worker
 protocol*: the runner sets ``SPANRL_AGENT_PROTOCOL=jsonl``, writes one JSON object per rollout on the
@@ -15,8 +17,10 @@ the last one null without a template) and waits for a
 stdout line ``{"spanrl_done": "<rollout_id>"}`` (an ``"error"`` key marks a failed rollout). Other
 stdout lines are ignored. This saves the interpreter and instrumentation start-up of every rollout.
 
-A rollout is *ok* once the agent has finished and its reward is committed in the store (and, when
-``require_token_spans``, a span with completion token ids from the policy server). A rollout that
+A rollout is *ok* once the agent has finished, its end and its reward are committed in the store
+(and, when ``require_token_spans``, a span with completion token ids from the policy server). Its end is
+its ``spanrl.rollout`` span, or what ``on_end`` stores when a command agent exits or a worker answers
+(``spanrl.store.rollouts.record_end``); in-process spans are flushed before each check. A rollout that
 crashes, hangs past ``rollout_timeout_s``, or leaves no reward within ``span_timeout_s`` is recorded
 with its status and retried under a fresh rollout id, up to ``max_attempts``; it never raises.
 """
@@ -24,22 +28,18 @@ with its status and retried under a fresh rollout id, up to ``max_attempts``; it
 from __future__ import annotations
 
 import asyncio
-import collections
+import dataclasses
 import inspect
 import json
 import os
-import shlex
-import shutil
-import signal
-import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from spanrl import env
 from spanrl import semconv
 from spanrl.errors import ConfigError
+from spanrl.trainer.agent_processes import CommandAgent, WorkerPool, command_argv
 from spanrl.trainer.rollouts import (
     STATUS_CRASHED,
     STATUS_NO_REWARD,
@@ -62,15 +62,18 @@ __all__ = [
     "RunnerConfig",
 ]
 
+
 _POLL_INTERVAL_S = 0.1
 _WATERMARK_MARGIN_NS = 2_000_000_000  # clock skew allowance for "spans stored since this run began"
-_STDERR_TAIL_LINES = 20
 _BSP_SCHEDULE_DELAY_MILLIS = 100  # agents export spans promptly: the trainer waits for them
 
 ReadyFn = Callable[[Sequence[str], int], set[str]]
+EndFn = Callable[..., None]  # on_end(rollout_id, reason, *, error, task_id, attempt, mode): record_end's shape
 
 
 class _CallableAgent:
+    end_reason: str | None = None  # its spanrl.rollout span is its end
+
     def __init__(self, fn: AgentFn) -> None:
         self.fn = fn
 
@@ -115,160 +118,6 @@ class _CallableAgent:
         pass
 
 
-def _kill(proc: asyncio.subprocess.Process) -> None:
-    """Kill the process group the agent was started in (agent and its children)."""
-    if proc.returncode is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        try:
-            proc.kill()
-        except ProcessLookupError:
-            pass
-
-
-class _CommandAgent:
-    """One process per rollout."""
-
-    def __init__(self, argv: list[str], base_env: dict[str, str]) -> None:
-        self.argv = argv
-        self.base_env = base_env
-
-    async def run(self, spec: RolloutSpec, timeout_s: float) -> tuple[str, str | None]:
-        proc = await asyncio.create_subprocess_exec(
-            *self.argv,
-            env={**self.base_env, **spec.environ()},
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
-        try:
-            _, stderr = await asyncio.wait_for(proc.communicate(), timeout_s)
-        except asyncio.TimeoutError:
-            _kill(proc)
-            await proc.wait()
-            return STATUS_TIMEOUT, f"agent ran past {timeout_s:g} s; killed"
-        if proc.returncode != 0:
-            tail = "\n".join(stderr.decode(errors="replace").splitlines()[-_STDERR_TAIL_LINES:])
-            return STATUS_CRASHED, f"agent exited with code {proc.returncode}: {tail}"
-        return STATUS_OK, None
-
-    async def close(self) -> None:
-        pass
-
-
-class _Worker:
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.proc: asyncio.subprocess.Process | None = None
-        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL_LINES)
-        self.drain: asyncio.Task[None] | None = None
-
-
-class _WorkerPool:
-    """N long-lived agent processes on the jsonl worker protocol."""
-
-    def __init__(self, argv: list[str], base_env: dict[str, str], workers: int) -> None:
-        self.argv = argv
-        self.base_env = {**base_env, env.SPANRL_AGENT_PROTOCOL: "jsonl"}
-        self.workers = [_Worker(i) for i in range(workers)]
-        self.idle: asyncio.Queue[_Worker] | None = None
-
-    async def _ensure(self, worker: _Worker) -> asyncio.subprocess.Process:
-        if worker.proc is None or worker.proc.returncode is not None:
-            worker.stderr_tail.clear()
-            worker.proc = await asyncio.create_subprocess_exec(
-                *self.argv,
-                env=self.base_env,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,
-                limit=2**24,
-            )
-            worker.drain = asyncio.ensure_future(self._drain_stderr(worker, worker.proc))
-        return worker.proc
-
-    @staticmethod
-    async def _drain_stderr(worker: _Worker, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stderr is not None
-        async for line in proc.stderr:
-            worker.stderr_tail.append(line.decode(errors="replace").rstrip())
-
-    async def _answer(self, proc: asyncio.subprocess.Process, rollout_id: str) -> dict[str, Any] | None:
-        assert proc.stdout is not None
-        while True:
-            line = await proc.stdout.readline()
-            if not line:
-                return None  # the worker exited
-            try:
-                answer = json.loads(line)
-            except ValueError:
-                continue  # the agent's own output
-            if isinstance(answer, dict) and answer.get("spanrl_done") == rollout_id:
-                return answer
-
-    async def run(self, spec: RolloutSpec, timeout_s: float) -> tuple[str, str | None]:
-        if self.idle is None:
-            self.idle = asyncio.Queue()
-            for worker in self.workers:
-                self.idle.put_nowait(worker)
-        worker = await self.idle.get()
-        try:
-            proc = await self._ensure(worker)
-            assert proc.stdin is not None
-            try:
-                proc.stdin.write((json.dumps(spec.message()) + "\n").encode())
-                await proc.stdin.drain()
-                answer = await asyncio.wait_for(self._answer(proc, spec.rollout_id), timeout_s)
-            except asyncio.TimeoutError:
-                _kill(proc)
-                await proc.wait()
-                return STATUS_TIMEOUT, f"worker {worker.index} ran past {timeout_s:g} s on this rollout; restarted"
-            except (BrokenPipeError, ConnectionResetError):
-                answer = None
-            if answer is None:
-                await proc.wait()
-                if worker.drain is not None:
-                    await asyncio.wait([worker.drain], timeout=1.0)
-                tail = "\n".join(worker.stderr_tail)
-                return STATUS_CRASHED, f"worker {worker.index} exited with code {proc.returncode}: {tail}"
-            if answer.get("error"):
-                return STATUS_CRASHED, str(answer["error"])
-            return STATUS_OK, None
-        finally:
-            self.idle.put_nowait(worker)
-
-    async def close(self) -> None:
-        for worker in self.workers:
-            proc = worker.proc
-            if proc is None or proc.returncode is not None:
-                continue
-            if proc.stdin is not None:
-                proc.stdin.close()
-            try:
-                await asyncio.wait_for(proc.wait(), 5.0)
-            except asyncio.TimeoutError:
-                _kill(proc)
-                await proc.wait()
-        self.idle = None
-
-
-def _command_argv(command: str | Sequence[str], instrument: bool) -> list[str]:
-    argv = shlex.split(command) if isinstance(command, str) else [str(part) for part in command]
-    if not argv:
-        raise ConfigError("agent command is empty")
-    if instrument and Path(argv[0]).name != "opentelemetry-instrument":
-        found = Path(sys.executable).parent / "opentelemetry-instrument"
-        launcher = str(found) if found.exists() else shutil.which("opentelemetry-instrument")
-        if launcher is None:
-            raise ConfigError("instrument=True but no opentelemetry-instrument executable was found")
-        argv = [launcher, *argv]
-    return argv
-
-
 class RolloutRunner:
     """Runs rollouts of one agent; reuse it across steps (command workers stay alive), then ``close()``."""
 
@@ -280,14 +129,18 @@ class RolloutRunner:
         ready: ReadyFn,
         otel_env: dict[str, str] | None = None,
         flush: Callable[[], Any] | None = None,
+        on_end: EndFn | None = None,
     ) -> None:
         """``ready(rollout_ids, since_ns)`` returns the ids whose spans are committed (only spans
         ingested at or after ``since_ns`` need to be looked at); ``flush`` (e.g. the policy server's
-        ``force_flush``) runs before each check; ``otel_env`` is the ``OTEL_*`` environment."""
+        ``force_flush``) runs before each check, after in-process spans are flushed; ``otel_env`` is the
+        ``OTEL_*`` environment; ``on_end`` stores a rollout's end when the runner knows it (a command agent
+        exited, a worker answered, a timeout), e.g. ``functools.partial(record_end, store)``."""
         config.validate()
         self.config = config
         self._ready = ready
         self._flush = flush
+        self._on_end = on_end
         self._loop = asyncio.new_event_loop()
         if callable(agent):
             self._agent: Any = _CallableAgent(agent)
@@ -298,8 +151,8 @@ class RolloutRunner:
                 **(otel_env or {}),
                 **config.env,
             }
-            argv = _command_argv(agent, config.instrument)
-            self._agent = _WorkerPool(argv, base_env, config.workers) if config.workers else _CommandAgent(argv, base_env)
+            argv = command_argv(agent, config.instrument)
+            self._agent = WorkerPool(argv, base_env, config.workers) if config.workers else CommandAgent(argv, base_env)
         else:
             raise ConfigError(f"agent must be a callable or a command line, got {type(agent).__name__}")
 
@@ -327,6 +180,24 @@ class RolloutRunner:
             )
         )
 
+    def _flush_all(self) -> None:
+        """In-process spans (a callable agent's, still in a batch processor), then the caller's flush."""
+        if isinstance(self._agent, _CallableAgent):
+            from spanrl.instrumentation import flush
+
+            flush()
+        if self._flush is not None:
+            self._flush()
+
+    async def _store_end(self, spec: RolloutSpec, status: str, error: str | None) -> None:
+        """Store the rollout's end when this runner is the one that knows it (see ``on_end``)."""
+        reason = {STATUS_TIMEOUT: "timeout", STATUS_CRASHED: "crashed"}.get(status, self._agent.end_reason)
+        if self._on_end is None or reason is None or (reason == "crashed" and self._agent.end_reason is None):
+            return
+        await asyncio.to_thread(
+            self._on_end, spec.rollout_id, reason, error=error, task_id=spec.task_id, attempt=spec.attempt, mode=spec.mode
+        )
+
     def close(self) -> None:
         """Stop command workers; safe twice."""
         if self._loop.is_closed():
@@ -348,7 +219,7 @@ class RolloutRunner:
     ) -> list[RolloutResult]:
         results: list[RolloutResult] = []
         slots = asyncio.Semaphore(self.config.max_concurrency)
-        waiter = _SpanWaiter(self._ready, self._flush, since_ns=time.time_ns() - _WATERMARK_MARGIN_NS)
+        waiter = _SpanWaiter(self._ready, self._flush_all, since_ns=time.time_ns() - _WATERMARK_MARGIN_NS)
         root = llm_url.rstrip("/")
 
         async def one(index: int, job: RolloutJob) -> None:
@@ -371,6 +242,7 @@ class RolloutRunner:
                         status, error = await self._agent.run(spec, self.config.rollout_timeout_s)
                     except Exception as exc:  # e.g. the agent could not be started, or wrote garbage
                         status, error = STATUS_CRASHED, f"could not run the agent: {type(exc).__name__}: {exc}"
+                await self._store_end(spec, status, error)
                 if status == STATUS_OK and not await waiter.wait(rollout_id, self.config.span_timeout_s):
                     status, error = STATUS_NO_REWARD, f"no reward stored within {self.config.span_timeout_s:g} s"
                 result = RolloutResult(rollout_id, job.task_id, attempt, mode, status, time.monotonic() - start, error)

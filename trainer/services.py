@@ -8,11 +8,13 @@ stops what already started, and :meth:`Services.close` stops everything in rever
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from spanrl.store import rollouts as store_rollouts
 from spanrl.trainer.config import SERVED_MODEL_NAME, TrainerConfig
 from spanrl.trainer.runner import RolloutRunner
 from spanrl.trainer.tracing import InProcessTracing
@@ -70,7 +72,8 @@ class Services:
         if callable(agent):
             InProcessTracing.point_at(otel_env["OTEL_EXPORTER_OTLP_ENDPOINT"])
             self._stack.callback(self._stop, "tracing", lambda: InProcessTracing.point_at(None))
-        self.runner = RolloutRunner(agent, config=config.runner, ready=ready, otel_env=otel_env, flush=self.server.force_flush)
+        self.runner = RolloutRunner(agent, config=config.runner, ready=ready, otel_env=otel_env, flush=self.server.force_flush,
+                                    on_end=functools.partial(store_rollouts.record_end, self.collector.store))
         self._stack.callback(self._stop, "runner", self.runner.close)
 
     def serve_only(self, model: Path) -> None:

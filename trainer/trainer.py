@@ -47,10 +47,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from spanrl import semconv
 from spanrl.algorithms import distributed as _distributed
 from spanrl.algorithms.credit import LightningRL
 from spanrl.errors import ConfigError, TrainingError
+from spanrl.store import rollouts as store_rollouts
 from spanrl.trainer import checkpoints
 from spanrl.algorithms.transitions import load_training_batch
 from spanrl.trainer.config import (
@@ -406,28 +406,11 @@ class Trainer:
         return results
 
     def _ready(self, rollout_ids: Sequence[str], since_ns: int) -> set[str]:
-        """Rollouts whose reward (and, if required, the server's token span) is committed.
-
-        Looks only at spans ingested since ``since_ns`` (DuckDB skips older row groups), so the poll
-        stays cheap as the store grows. A reward is a typed reward span or a reward event."""
-        query = (
-            "SELECT rollout_id, "
-            "bool_or(reward_value IS NOT NULL OR (events IS NOT NULL AND (contains(events, ?) OR contains(events, ?)))) AS rewarded, "
-            "bool_or(completion_token_ids IS NOT NULL) AS tokens "
-            "FROM spans WHERE ingested_ns >= ? AND list_contains(?, rollout_id) GROUP BY rollout_id"
-        )
-        params = [semconv.REWARD_SPAN_NAME, semconv.GEN_AI_EVALUATION_RESULT_EVENT, since_ns, list(rollout_ids)]
-        rows = self.collector.store.sql(query, params).to_pylist()
-        need_tokens = self.config.runner.require_token_spans and not self.config.llm_url
-        return {r["rollout_id"] for r in rows if r["rewarded"] and (r["tokens"] or not need_tokens)}
+        need = self.config.runner.require_token_spans and not self.config.llm_url
+        return store_rollouts.ready(self.collector.store, rollout_ids, since_ns, need_token_ids=need)
 
     def _final_rewards(self, rollout_ids: Sequence[str]) -> dict[str, float | None]:
-        if not rollout_ids:
-            return {}
-        table = self.collector.store.sql(
-            "SELECT rollout_id, final_reward FROM rollouts WHERE list_contains(?, rollout_id)", [list(rollout_ids)]
-        )
-        return dict(zip(table.column("rollout_id").to_pylist(), table.column("final_reward").to_pylist()))
+        return store_rollouts.final_rewards(self.collector.store, rollout_ids)
 
     # --- checkpoints, history, config ---------------------------------------------------------------
     def latest_checkpoint(self) -> Path | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from spanrl.errors import ConfigError
@@ -118,3 +120,32 @@ def test_distro_loads_one_openai_instrumentor_only():
         "opentelemetry.instrumentation.openai:OpenAIInstrumentor",
         "spanrl.instrumentation.instrumentor:SpanRLInstrumentor",
     ]
+
+
+def test_distro_keeps_the_openai_instrumentor_the_user_names(monkeypatch):
+    import importlib.machinery
+    import types
+
+    from spanrl.instrumentation.distro import SpanRLDistro
+
+    # openai-v2 present (as if installed beside OpenLLMetry, which the train extra brings)
+    v2 = "opentelemetry.instrumentation.openai_v2"
+    fake = types.ModuleType(v2)
+    fake.__spec__ = importlib.machinery.ModuleSpec(v2, None)
+    monkeypatch.setitem(sys.modules, v2, fake)
+    values = ("opentelemetry.instrumentation.openai_v2:OpenAIInstrumentor", "opentelemetry.instrumentation.openai:OpenAIInstrumentor")
+
+    def loaded_with(choice: str | None) -> list[str]:
+        if choice is None:
+            monkeypatch.delenv("SPANRL_OPENAI_INSTRUMENTOR", raising=False)
+        else:
+            monkeypatch.setenv("SPANRL_OPENAI_INSTRUMENTOR", choice)
+        loaded: list[str] = []
+        for value in values:
+            SpanRLDistro().load_instrumentor(_EntryPoint(value, loaded), skip_dep_check=True)
+        return [v.split(":")[0].rsplit(".", 1)[1] for v in loaded]
+
+    assert loaded_with(None) == ["openai"]
+    assert loaded_with("openllmetry") == ["openai"]
+    assert loaded_with("openai-v2") == ["openai_v2"]
+    assert loaded_with("both please") == ["openai"]  # a bad value: the default, with a warning
