@@ -26,7 +26,7 @@ def test_defaults_validate_and_match_the_spec():
         ({"grpc_port": -1, "http_port": -1}, "grpc_port and http_port are both -1"),
         ({"token": "two words"}, "token must be a non-empty string without whitespace"),
         ({"max_request_bytes": 0}, "max_request_bytes must be at least 1, got 0"),
-        ({"shutdown_timeout_s": 0}, "shutdown_timeout_s must be positive, got 0"),
+        ({"shutdown_timeout_s": 0}, "shutdown_timeout_s must be positive (seconds), got 0"),
         ({"duckdb_memory_limit": "lots"}, "duckdb_memory_limit must be a size such as '1GB' or '512MiB', got 'lots'"),
         ({"duckdb_checkpoint_threshold": "1 fortnight"}, "duckdb_checkpoint_threshold must be a size such as '1GB'"),
         ({"duckdb_threads": 0}, "duckdb_threads must be None or at least 1, got 0"),
