@@ -21,7 +21,9 @@ import threading
 from typing import Any
 
 from spanrl.collector.admission import Admission
+from spanrl import semconv
 from spanrl.collector.batcher import Batcher
+from spanrl.collector.encoding import encode_request
 from spanrl.collector.config import CollectorConfig
 from spanrl.collector.grpc import GrpcReceiver
 from spanrl.collector.http import HttpReceiver, OtlpHttpApp
@@ -73,6 +75,7 @@ class Collector:
             self._writer = SpanWriter(self._store, on_failed=lambda _: self.failed.set())
             self._batcher = Batcher(cfg.batcher, self._writer)
             self._batcher.start()
+            _warm_up()
             retry_s = cfg.batcher.retry_after_s
             # One byte budget for both receivers; a request count for each.
             inflight_bytes = Admission(max_requests=1, max_bytes=cfg.max_inflight_bytes, retry_after_s=retry_s)
@@ -167,6 +170,19 @@ class Collector:
     def committed_spans(self) -> int:
         """Spans committed since start."""
         return 0 if self._batcher is None else self._batcher.committed_spans
+
+
+def _warm_up() -> None:
+    """Walk one span with token arrays before serving: the first walk initialises pyarrow and numpy
+    lazily, and while a long SQL query ran that first walk waited for it (4 s in tests)."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
+
+    request = ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add(trace_id=b"\x01" * 16, span_id=b"\x01" * 8, name="warm-up")
+    ids = AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=1)]))
+    span.attributes.extend([KeyValue(key=semconv.LLM_PROMPT_TOKEN_IDS, value=ids), KeyValue(key="k", value=AnyValue(string_value="v"))])
+    encode_request(request)
 
 
 def _url_host(host: str) -> str:

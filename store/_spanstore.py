@@ -147,7 +147,10 @@ class SpanStore:
             except duckdb.Error:
                 pass  # an invalidated database may fail to close cleanly; its file is what matters
             self._con = _connect(self._path, self._read_only, self._config)
-            self._prepare()
+            try:
+                self._prepare()
+            except duckdb.Error as exc:
+                raise StoreError(f"cannot reopen the span store {self._path!r}: {exc}") from exc
             self.generation += 1
 
     def close(self) -> None:
