@@ -101,6 +101,21 @@ class OtlpHttpApp:
         method = scope["method"]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         as_json = headers.get("content-type", "").split(";")[0].strip().lower() == _JSON_TYPE
+        body_done = method != "POST"
+
+        async def tracked() -> dict[str, Any]:
+            nonlocal body_done
+            message = await receive()
+            body_done = message["type"] == "http.disconnect" or not message.get("more_body", False)
+            return message
+
+        async def fail(status: int, grpc_code: int, message: str, as_json: bool, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+            # A refusal decided before the body was read (caps, token) still drains it, chunk by chunk and
+            # kept nowhere, so the sender reads the answer instead of a connection reset mid-upload.
+            while not body_done:
+                await tracked()
+            await _error(send, status, grpc_code, message, as_json, extra)
+
         try:
             if path == "/health":
                 doc = self._health()
@@ -115,22 +130,22 @@ class OtlpHttpApp:
                 raise UnauthenticatedError("missing or wrong bearer token (header 'Authorization: Bearer <token>')")
             self._admission.enter("OTLP/HTTP")
             try:
-                await self._route(path, send, receive, headers)
+                await self._route(path, send, tracked, headers)
             finally:
                 self._admission.leave()
         except _HttpError as exc:
-            await _error(send, exc.status, exc.grpc_code, str(exc), as_json, exc.headers)
+            await fail(exc.status, exc.grpc_code, str(exc), as_json, exc.headers)
         except UnauthenticatedError as exc:
-            await _error(send, 401, _GRPC_UNAUTHENTICATED, str(exc), as_json, [(b"www-authenticate", b"Bearer")])
+            await fail(401, _GRPC_UNAUTHENTICATED, str(exc), as_json, [(b"www-authenticate", b"Bearer")])
         except PayloadTooLargeError as exc:
-            await _error(send, 413, _GRPC_RESOURCE_EXHAUSTED, str(exc), as_json)
+            await fail(413, _GRPC_RESOURCE_EXHAUSTED, str(exc), as_json)
         except (PermanentError, StoreError) as exc:
-            await _error(send, 400, _GRPC_INVALID_ARGUMENT, str(exc), as_json)
+            await fail(400, _GRPC_INVALID_ARGUMENT, str(exc), as_json)
         except RetryableError as exc:
-            await _error(send, 503, _GRPC_UNAVAILABLE, str(exc), as_json, [(b"retry-after", str(exc.retry_after_s).encode())])
+            await fail(503, _GRPC_UNAVAILABLE, str(exc), as_json, [(b"retry-after", str(exc.retry_after_s).encode())])
         except Exception as exc:  # noqa: BLE001
             _logger.exception("HTTP %s %s failed", method, path)
-            await _error(send, 503, _GRPC_UNAVAILABLE, f"collector error: {exc}", as_json, [(b"retry-after", b"1")])
+            await fail(503, _GRPC_UNAVAILABLE, f"collector error: {exc}", as_json, [(b"retry-after", b"1")])
 
     async def _route(self, path: str, send: Send, receive: Receive, headers: dict[str, str]) -> None:
         held = [0]  # bytes reserved in the memory budget for this request, released when it is queued or done
