@@ -105,7 +105,7 @@ def test_memory_budget_refuses_before_reading_and_admits_after(tmp_path):
         port = int(c.http_endpoint.rsplit(":", 1)[1])
         body = make_request(5)[0].SerializeToString()
         with socket.create_connection(("127.0.0.1", port), timeout=10) as hog:
-            # Announces 400 kB (1.6 MB decoded): admitted alone, it holds the budget while its body is awaited.
+            # Announces 400 kB (2.4 MB reserved): admitted alone, it holds the budget while its body is awaited.
             hog.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\nContent-Length: 400000\r\n\r\n")
             time.sleep(0.3)
             status, headers, reply = _http(f"{c.http_endpoint}/v1/traces", body)
