@@ -99,6 +99,26 @@ def test_concurrency_cap_refusals_are_retryable_with_delay(small):
     assert _http(f"{small.http_endpoint}/v1/traces", body)[0] == 200  # the slot is free again
 
 
+def test_grpc_concurrency_cap_refuses_with_retry_info_before_reading(small):
+    gate = threading.Event()
+
+    def never_sends():  # holds the one gRPC slot: admitted, its message never arrives
+        gate.wait(30)
+        yield make_request(2)[0].SerializeToString()
+
+    with grpc.insecure_channel(small.grpc_endpoint) as channel:
+        held = channel.stream_unary(_EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString)
+        pending = held.future(never_sends(), timeout=60)
+        time.sleep(0.5)
+        with pytest.raises(grpc.RpcError) as err:
+            _grpc_export(small.grpc_endpoint, make_request(3)[0].SerializeToString())
+        gate.set()
+        assert pending.result().partial_success.rejected_spans == 0
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "requests in flight" in err.value.details()
+    assert RetryInfo.FromString(dict(err.value.trailing_metadata())["google.rpc.retryinfo-bin"]).retry_delay.seconds == 1
+    assert _grpc_export(small.grpc_endpoint, make_request(3)[0].SerializeToString()).partial_success.rejected_spans == 0
+
+
 def test_memory_budget_refuses_before_reading_and_admits_after(tmp_path):
     cfg = CollectorConfig(db_path=str(tmp_path / "s.duckdb"), grpc_port=0, http_port=0, max_inflight_bytes=1_000_000)
     with Collector(cfg) as c:
