@@ -10,7 +10,7 @@ the README's "Reliability" section. Sections:
              and the store must hold exactly the spans acknowledged as accepted.
   sigkill    8 concurrent gRPC senders, the collector SIGKILLed 4 times mid-stream and restarted on the
              same file: every acknowledged span id must be in the store.
-  overload   6 clients sending ~32 MiB requests as fast as they can: peak RSS (VmHWM) must stay under
+  overload   6 clients sending ~34 MiB requests as fast as they can, over HTTP then gRPC: peak RSS (VmHWM) under
              max_inflight_bytes + max_queue_bytes + duckdb_memory_limit + 500 MiB, and every refusal must
              be a 503 with Retry-After.
   sql        file reads, writes, SET, ATTACH, EXPLAIN ANALYZE of writes: all 400, nothing written; 6 runaway
@@ -259,22 +259,38 @@ def bench_sigkill(tmp: Path, quick: bool) -> dict[str, Any]:
 
 # --- overload with big requests -----------------------------------------------------------------------------
 def bench_overload(tmp: Path, quick: bool) -> dict[str, Any]:
-    inflight, queue, duck = 256 * _MiB, 256 * _MiB, 512 * _MiB
-    col = Collector(tmp / "overload.duckdb", "--max-inflight-bytes", str(inflight), "--max-queue-bytes", str(queue),
-                    "--duckdb-memory-limit", "512MB").start()
     body = _request(24_000, payload=1400)[0].SerializeToString()  # ~34 MiB
+    return {transport: _overload(tmp, quick, body, transport) for transport in ("http", "grpc")}
+
+
+def _overload(tmp: Path, quick: bool, body: bytes, transport: str) -> dict[str, Any]:
+    inflight, queue, duck = 256 * _MiB, 256 * _MiB, 512 * _MiB
+    col = Collector(tmp / f"overload-{transport}.duckdb", "--max-inflight-bytes", str(inflight), "--max-queue-bytes", str(queue),
+                    "--duckdb-memory-limit", "512MB").start()
     counts: dict[str, int] = {}
     lock = threading.Lock()
     deadline = time.monotonic() + (10 if quick else 30)
 
+    def send_http() -> str:
+        status, headers, _ = _post(f"{col.http}/v1/traces", body, "application/x-protobuf", 120)
+        return f"{status}" + ("+retry-after" if status == 503 and "retry-after" in {k.lower() for k in headers} else "")
+
     def client() -> None:
-        while time.monotonic() < deadline:
-            status, headers, _ = _post(f"{col.http}/v1/traces", body, "application/x-protobuf", 120)
-            key = f"{status}" + ("+retry-after" if status == 503 and "retry-after" in {k.lower() for k in headers} else "")
-            with lock:
-                counts[key] = counts.get(key, 0) + 1
-            if status == 503:
-                time.sleep(0.2)
+        with grpc.insecure_channel(col.grpc, options=[("grpc.max_send_message_length", 128 * _MiB)]) as channel:
+            export = channel.unary_unary(_EXPORT, request_serializer=None)
+            while time.monotonic() < deadline:
+                if transport == "http":
+                    key = send_http()
+                else:
+                    try:
+                        export(body, timeout=120)
+                        key = "OK"
+                    except grpc.RpcError as exc:
+                        key = exc.code().name + ("+RetryInfo" if "google.rpc.retryinfo-bin" in dict(exc.trailing_metadata() or ()) else "")
+                with lock:
+                    counts[key] = counts.get(key, 0) + 1
+                if key not in ("200", "OK"):
+                    time.sleep(0.2)
 
     threads = [threading.Thread(target=client) for _ in range(6)]
     for t in threads:

@@ -47,6 +47,11 @@ class Admission:
         return Admission(max_requests=max_requests, max_bytes=self._bytes.limit, retry_after_s=self._retry_after_s, _shared=self._bytes)
 
     @property
+    def retry_after_s(self) -> int:
+        """The delay sent with this admission's refusals."""
+        return self._retry_after_s
+
+    @property
     def in_flight_bytes(self) -> int:
         """Bytes held now (all siblings)."""
         return self._bytes.held

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import threading
 from concurrent import futures
 from typing import Iterator, Protocol
 
@@ -36,6 +37,10 @@ _SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 _METHOD = "Export"
 # Threads beyond the concurrency cap: so a call over the cap finds a thread that refuses it at once.
 _SPARE_WORKERS = 16
+# Bodies received at once. A gRPC body has no announced size, so its bytes can be reserved only once it
+# is in memory: this caps what is held before that at _RECEIVING x max_request_bytes.
+_RECEIVING = 4
+_RECEIVE_WAIT_S = 30.0
 
 
 class BatchConsumer(Protocol):
@@ -74,6 +79,7 @@ class GrpcReceiver:
         self._max_request_bytes = max_request_bytes
         self._workers = max_concurrent_rpcs + _SPARE_WORKERS
         self._admission = admission
+        self._receiving = threading.BoundedSemaphore(_RECEIVING)
         self._next = next_consumer
         self._server: grpc.Server | None = None
         self.port: int | None = None
@@ -127,14 +133,19 @@ class GrpcReceiver:
             self._admission.leave()
 
     def _admitted(self, messages: Iterator[bytes], context: grpc.ServicerContext) -> ExportTraceServiceResponse:
-        body = next(messages, None)
-        if body is None or next(messages, None) is not None:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Export takes exactly one ExportTraceServiceRequest message")
-        reserved = len(body) * DECODE_FACTOR
+        if not self._receiving.acquire(timeout=_RECEIVE_WAIT_S):
+            _abort_retryable(context, RetryableError(f"{_RECEIVING} request bodies are being received, the limit; retry later",
+                                                     retry_after_s=self._admission.retry_after_s))
         try:
+            body = next(messages, None)
+            if body is None or next(messages, None) is not None:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Export takes exactly one ExportTraceServiceRequest message")
+            reserved = len(body) * DECODE_FACTOR
             self._admission.reserve(reserved)
         except RetryableError as exc:
             _abort_retryable(context, exc)
+        finally:
+            self._receiving.release()
         try:
             request = decode_protobuf_request(body)
             del body
