@@ -25,6 +25,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from _otlp import make_request
 from spanrl.collector import Collector, CollectorConfig
+from spanrl.store import RemoteStore
 
 _EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
@@ -243,10 +244,11 @@ def test_fatal_duckdb_error_reopens_and_settles_the_failed_commit(tmp_path):
         fsize.set(db.stat().st_size + 3_000_000)
 
         def watch() -> None:  # the operator frees disk space once the collector reports trouble
+            remote = RemoteStore(c.http_endpoint)
             while not states or states[-1] == "ok":
-                status, _, body = _http_get(f"{c.http_endpoint}/health")
-                states.append(json.loads(body)["status"])
-                if status != 200:
+                doc = remote.health(timeout_s=10)
+                states.append(doc["status"] if doc else "no answer")
+                if states[-1] != "ok":
                     fsize.lift()
                     return
                 time.sleep(0.005)
