@@ -40,9 +40,10 @@ def _run(args: argparse.Namespace) -> int:
         config = CollectorConfig.from_env(
             db_path=args.db, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port, token=args.token,
             duckdb_memory_limit=args.duckdb_memory_limit, duckdb_checkpoint_threshold=args.checkpoint_threshold,
-            max_inflight_bytes=args.max_inflight_bytes, max_queue_bytes=args.max_queue_bytes,
-            max_request_bytes=args.max_request_bytes, sql_timeout_s=args.sql_timeout_s,
+            max_inflight_bytes=args.max_inflight_bytes, max_request_bytes=args.max_request_bytes, sql_timeout_s=args.sql_timeout_s,
         )
+        if args.max_queue_bytes is not None:
+            config.batcher.max_queue_bytes = args.max_queue_bytes
         config.validate()
         collector = Collector(config)
         stop = threading.Event()

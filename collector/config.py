@@ -114,12 +114,9 @@ class CollectorConfig:
             sql_timeout_s=env.get_float(env.SPANRL_COLLECTOR_SQL_TIMEOUT_S, _SQL_TIMEOUT_S),
         )
         for name, value in overrides.items():
-            if not hasattr(config, name) and name != "max_queue_bytes":
+            if not hasattr(config, name):
                 raise ConfigError(f"CollectorConfig has no field {name!r}")
             if value is not None:
-                if name == "max_queue_bytes":
-                    config.batcher.max_queue_bytes = value  # type: ignore[assignment]
-                    continue
                 setattr(config, name, value)
         return config
 
