@@ -325,3 +325,25 @@ def test_store_that_cannot_reopen_exits_3_and_restart_on_the_same_file_succeeds(
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
+
+
+def test_restart_whose_wal_replay_needs_more_than_the_memory_limit_succeeds(tmp_path):
+    """A crash leaves a big WAL; replaying it under a small duckdb_memory_limit runs out of memory,
+    so the collector replays it once without the cap, then applies the cap."""
+    db = tmp_path / "spans.duckdb"
+    writer = (
+        "import duckdb, os, sys\n"
+        "con = duckdb.connect(sys.argv[1], config={'checkpoint_threshold': '10GB'})\n"
+        "import pyarrow as pa\n"
+        "con.execute('CREATE TABLE big (s VARCHAR)'); con.execute('CHECKPOINT')\n"
+        "for _ in range(3):\n"
+        "    con.register('b', pa.table({'s': [os.urandom(40).hex() for _ in range(50000)]}))\n"
+        "    con.execute('INSERT INTO big SELECT * FROM b'); con.unregister('b')\n"
+        "os._exit(0)  # a crash: no checkpoint, everything in the WAL\n"
+    )
+    subprocess.run([sys.executable, "-c", writer, str(db)], check=True, timeout=120)
+    assert Path(f"{db}.wal").stat().st_size > 5_000_000
+    cfg = CollectorConfig(db_path=str(db), grpc_port=0, http_port=0, duckdb_memory_limit="1MB")
+    with Collector(cfg) as c:
+        assert c.store.sql("SELECT count(*) AS n FROM big").column("n")[0].as_py() == 150_000
+        assert c.store.sql("SELECT current_setting('memory_limit') AS m").column("m")[0].as_py() != "0 bytes"
