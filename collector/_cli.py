@@ -10,6 +10,9 @@ import threading
 READY_PREFIX = "spanrl collector ready"
 """First line printed on stdout once both receivers accept: ``spanrl collector ready grpc=H:P http=URL db=PATH``."""
 
+EXIT_STORE_FAILED = 3
+"""Exit status when DuckDB invalidated the store and reopening it failed; a restart replays its WAL."""
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("collector", help="OTLP/gRPC + OTLP/HTTP collector writing the DuckDB span store")
@@ -18,6 +21,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--grpc-port", type=int, default=None, help="OTLP/gRPC port, 0 = any free, -1 = off (default 4317)")
     p.add_argument("--http-port", type=int, default=None, help="OTLP/HTTP + SQL port, 0 = any free, -1 = off (default 4318)")
     p.add_argument("--token", default=None, help="require 'Authorization: Bearer TOKEN' (env SPANRL_COLLECTOR_TOKEN)")
+    p.add_argument("--duckdb-memory-limit", default=None, help="DuckDB memory cap, e.g. 2GB (env SPANRL_DUCKDB_MEMORY_LIMIT, default 1GB)")
+    p.add_argument("--checkpoint-threshold", default=None,
+                   help="WAL size that triggers a checkpoint, e.g. 64MB (env SPANRL_DUCKDB_CHECKPOINT_THRESHOLD, default 256MB)")
+    p.add_argument("--max-inflight-bytes", type=int, default=None,
+                   help="request bytes being decoded at once; more get a retryable 503 (env SPANRL_COLLECTOR_MAX_INFLIGHT_BYTES, default 256 MiB)")
+    p.add_argument("--max-queue-bytes", type=int, default=None, help="Arrow bytes waiting for the writer (default 256 MiB)")
+    p.add_argument("--max-request-bytes", type=int, default=None, help="largest request body (default 64 MiB)")
+    p.add_argument("--sql-timeout-s", type=float, default=None, help="interrupt a /v1/sql query after this (env SPANRL_COLLECTOR_SQL_TIMEOUT_S, default 30)")
     p.set_defaults(func=_run)
 
 
@@ -26,7 +37,14 @@ def _run(args: argparse.Namespace) -> int:
     from spanrl.errors import SpanRLError
 
     try:
-        config = CollectorConfig.from_env(db_path=args.db, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port, token=args.token)
+        config = CollectorConfig.from_env(
+            db_path=args.db, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port, token=args.token,
+            duckdb_memory_limit=args.duckdb_memory_limit, duckdb_checkpoint_threshold=args.checkpoint_threshold,
+            max_inflight_bytes=args.max_inflight_bytes, max_request_bytes=args.max_request_bytes, sql_timeout_s=args.sql_timeout_s,
+        )
+        if args.max_queue_bytes is not None:
+            config.batcher.max_queue_bytes = args.max_queue_bytes
+        config.validate()
         collector = Collector(config)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -38,8 +56,14 @@ def _run(args: argparse.Namespace) -> int:
     print(f"{READY_PREFIX} grpc={collector.grpc_endpoint} http={collector.http_endpoint} db={config.db_path}", flush=True)
     try:
         while not stop.wait(0.5):
-            pass
+            if collector.failed.is_set():
+                break
     finally:
         collector.shutdown()
+    if collector.failed.is_set():
+        error = collector.health().get("error")
+        print(f"spanrl collector: error: the span store failed and could not be reopened ({error}); "
+              f"exiting {EXIT_STORE_FAILED} so a supervisor restarts it on the same file", file=sys.stderr, flush=True)
+        return EXIT_STORE_FAILED
     print(f"spanrl collector stopped; {collector.committed_spans} spans committed this run", flush=True)
     return 0

@@ -13,8 +13,11 @@ from spanrl.errors import ConfigError
 __all__ = ["CollectorConfig", "default_config"]
 
 _MAX_REQUEST_BYTES = 64 * 1024 * 1024  # the OTLP spec's recommended receive limit
-_GRPC_WORKERS = 32
 _GRPC_MAX_CONCURRENT_RPCS = 64
+_MAX_INFLIGHT_BYTES = 256 * 1024 * 1024
+_SQL_TIMEOUT_S = 30.0
+_SQL_WORKERS = 2
+_SQL_MAX_WAITING = 16
 _HTTP_MAX_CONCURRENCY = 64
 _SHUTDOWN_TIMEOUT_S = 30.0
 _MAX_PORT = 65535
@@ -39,12 +42,20 @@ class CollectorConfig:
     """Bearer token required on OTLP and SQL requests (``authorization: Bearer TOKEN``); None: no auth."""
     max_request_bytes: int = _MAX_REQUEST_BYTES
     """Largest accepted request body, bytes (after gzip decompression for HTTP)."""
-    grpc_workers: int = _GRPC_WORKERS
-    """gRPC handler threads; each holds at most one request while it waits for its commit."""
     grpc_max_concurrent_rpcs: int = _GRPC_MAX_CONCURRENT_RPCS
-    """RPCs admitted at once; grpcio refuses more instead of queueing them without bound."""
+    """Export RPCs handled at once; more get UNAVAILABLE with RetryInfo before their body is read."""
     http_max_concurrency: int = _HTTP_MAX_CONCURRENCY
-    """HTTP connections+requests admitted at once; more get 503."""
+    """HTTP requests handled at once (``/health`` aside); more get 503 + Retry-After before their body is read."""
+    max_inflight_bytes: int = _MAX_INFLIGHT_BYTES
+    """Received request data not yet in the write queue (bodies + their decoded form, estimated); past
+    it requests get a retryable refusal. Peak memory ~ this + batcher.max_queue_bytes + duckdb_memory_limit
+    + ~500 MiB of runtime."""
+    sql_timeout_s: float = _SQL_TIMEOUT_S
+    """Seconds a ``POST /v1/sql`` query may run before it is interrupted and answered 400."""
+    sql_workers: int = _SQL_WORKERS
+    """Threads running SQL-endpoint queries (their own pool: slow SQL never delays OTLP)."""
+    sql_max_waiting: int = _SQL_MAX_WAITING
+    """SQL queries running or waiting at once; more get 503 + Retry-After."""
     shutdown_timeout_s: float = _SHUTDOWN_TIMEOUT_S
     """How long shutdown waits for in-flight requests and the last commit."""
     duckdb_memory_limit: str = _DUCKDB_MEMORY_LIMIT
@@ -74,11 +85,12 @@ class CollectorConfig:
             raise ConfigError("grpc_port and http_port are both -1: at least one receiver must be on")
         if self.token is not None and (not self.token or any(c.isspace() for c in self.token)):
             raise ConfigError("token must be a non-empty string without whitespace, or None for no auth")
-        for name in ("max_request_bytes", "grpc_workers", "grpc_max_concurrent_rpcs", "http_max_concurrency"):
+        for name in ("max_request_bytes", "grpc_max_concurrent_rpcs", "http_max_concurrency", "max_inflight_bytes", "sql_workers", "sql_max_waiting"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.shutdown_timeout_s <= 0:
-            raise ConfigError(f"shutdown_timeout_s must be positive, got {self.shutdown_timeout_s}")
+        for name in ("shutdown_timeout_s", "sql_timeout_s"):
+            if not getattr(self, name) > 0:  # also refuses NaN
+                raise ConfigError(f"{name} must be positive (seconds), got {getattr(self, name)}")
         for name in ("duckdb_memory_limit", "duckdb_checkpoint_threshold"):
             if not _MEMORY_LIMIT_PATTERN.match(getattr(self, name)):
                 raise ConfigError(f"{name} must be a size such as '1GB' or '512MiB', got {getattr(self, name)!r}")
@@ -95,6 +107,11 @@ class CollectorConfig:
             grpc_port=env.get_int(env.SPANRL_COLLECTOR_GRPC_PORT, env.DEFAULT_GRPC_PORT),
             http_port=env.get_int(env.SPANRL_COLLECTOR_HTTP_PORT, env.DEFAULT_HTTP_PORT),
             token=env.get_str(env.SPANRL_COLLECTOR_TOKEN),
+            duckdb_memory_limit=env.get_str(env.SPANRL_DUCKDB_MEMORY_LIMIT, _DUCKDB_MEMORY_LIMIT) or _DUCKDB_MEMORY_LIMIT,
+            duckdb_checkpoint_threshold=env.get_str(env.SPANRL_DUCKDB_CHECKPOINT_THRESHOLD, _DUCKDB_CHECKPOINT_THRESHOLD)
+            or _DUCKDB_CHECKPOINT_THRESHOLD,
+            max_inflight_bytes=env.get_int(env.SPANRL_COLLECTOR_MAX_INFLIGHT_BYTES, _MAX_INFLIGHT_BYTES),
+            sql_timeout_s=env.get_float(env.SPANRL_COLLECTOR_SQL_TIMEOUT_S, _SQL_TIMEOUT_S),
         )
         for name, value in overrides.items():
             if not hasattr(config, name):

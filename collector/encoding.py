@@ -31,6 +31,7 @@ _TRACE_ID_BYTES = 16
 _SPAN_ID_BYTES = 8
 _MAX_ERRORS_REPORTED = 5
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+_INT64_MAX = 2**63 - 1  # start_ns / end_ns are BIGINT: a uint64 time past 2262 is rejected per span
 
 _KIND_NAMES = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")
 _STATUS_NAMES = ("UNSET", "OK", "ERROR")
@@ -287,6 +288,8 @@ def encode_request(request: ExportTraceServiceRequest, *, pre_rejected: int = 0,
                         raise _BadSpan(f"span_id must be {_SPAN_ID_BYTES} bytes, not all zero; got {len(sid)} bytes")
                     if pid and len(pid) != _SPAN_ID_BYTES:
                         raise _BadSpan(f"parent_span_id must be empty or {_SPAN_ID_BYTES} bytes; got {len(pid)} bytes")
+                    if span.start_time_unix_nano > _INT64_MAX or span.end_time_unix_nano > _INT64_MAX:
+                        raise _BadSpan(f"start/end_time_unix_nano must be below 2^63 (year 2262); got {span.start_time_unix_nano} / {span.end_time_unix_nano}")
                     attrs: dict[str, Any] = {}
                     toks: list[np.ndarray | None] = [None, None, None]
                     for kv in span.attributes:

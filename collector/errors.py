@@ -3,7 +3,8 @@ Retry-After: the sender keeps the data and tries again) and *permanent* (INVALID
 data is bad and retrying cannot help). Receivers map each class to its status.
 
     CollectorError (spanrl.errors)
-    ├── RetryableError          queue full, shutting down, store write failed transiently
+    ├── RetryableError          queue full, memory budget full, shutting down, store write failed
+    │   └── StoreFailedError    DuckDB invalidated the store and it could not be reopened
     ├── PermanentError          malformed body, wrong content type, oversized message
     │   └── PayloadTooLargeError   body over max_request_bytes (HTTP 413; gRPC RESOURCE_EXHAUSTED)
     └── UnauthenticatedError    missing or wrong bearer token (UNAUTHENTICATED / 401)
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from spanrl.errors import CollectorError
 
-__all__ = ["PayloadTooLargeError", "PermanentError", "RetryableError", "UnauthenticatedError"]
+__all__ = ["PayloadTooLargeError", "PermanentError", "RetryableError", "StoreFailedError", "UnauthenticatedError"]
 
 DEFAULT_RETRY_AFTER_S = 1
 
@@ -24,6 +25,10 @@ class RetryableError(CollectorError):
     def __init__(self, message: str, *, retry_after_s: int = DEFAULT_RETRY_AFTER_S) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class StoreFailedError(RetryableError):
+    """The store failed and could not be reopened: nothing more is stored until a restart."""
 
 
 class PermanentError(CollectorError):

@@ -1,22 +1,30 @@
 """OTLP/gRPC receiver: ``opentelemetry.proto.collector.trace.v1.TraceService/Export``.
 
-The handler takes the raw request bytes (so a malformed body is INVALID_ARGUMENT, not grpcio's
-INTERNAL), parses and walks them in its own thread, queues the batch and answers only after the commit.
-Errors: UNAUTHENTICATED (token), INVALID_ARGUMENT (malformed), UNAVAILABLE (queue full, shutting
-down: retryable), RESOURCE_EXHAUSTED from grpcio itself for a message over max_request_bytes.
+The method is registered as client-streaming (a unary call is the same on the wire): the handler
+runs before the request message is read, so a request over the concurrency cap is refused without
+its body ever being received. It then reads the raw bytes (a malformed body is INVALID_ARGUMENT, not
+grpcio's INTERNAL), reserves their decoding memory, parses and walks them in its own thread, queues
+the batch and answers only after the commit.
+Errors: UNAUTHENTICATED (token), INVALID_ARGUMENT (malformed), UNAVAILABLE with RetryInfo (over the
+concurrency cap or the memory budget, queue full, shutting down: retryable), RESOURCE_EXHAUSTED from
+grpcio itself for a message over max_request_bytes (permanent: no RetryInfo).
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+import threading
 from concurrent import futures
-from typing import Protocol
+from typing import Iterator, Protocol
 
 import grpc
 from concurrent.futures import Future
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from spanrl.collector.admission import DECODE_FACTOR, Admission
 from spanrl.collector.encoding import EncodedBatch, decode_protobuf_request, encode_request
 from spanrl.collector.errors import PermanentError, RetryableError
 from spanrl.errors import CollectorError
@@ -27,6 +35,12 @@ _logger = logging.getLogger(__name__)
 
 _SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 _METHOD = "Export"
+# Threads beyond the concurrency cap: so a call over the cap finds a thread that refuses it at once.
+_SPARE_WORKERS = 16
+# Bodies received at once. A gRPC body has no announced size, so its bytes can be reserved only once it
+# is in memory: this caps what is held before that at _RECEIVING x max_request_bytes.
+_RECEIVING = 4
+_RECEIVE_WAIT_S = 30.0
 
 
 class BatchConsumer(Protocol):
@@ -55,16 +69,17 @@ class GrpcReceiver:
         port: int,
         token: str | None,
         max_request_bytes: int,
-        workers: int,
         max_concurrent_rpcs: int,
+        admission: Admission,
         next_consumer: BatchConsumer,
     ) -> None:
         self._host = host
         self._requested_port = port
         self._token = token
         self._max_request_bytes = max_request_bytes
-        self._workers = workers
-        self._max_concurrent_rpcs = max_concurrent_rpcs
+        self._workers = max_concurrent_rpcs + _SPARE_WORKERS
+        self._admission = admission
+        self._receiving = threading.BoundedSemaphore(_RECEIVING)
         self._next = next_consumer
         self._server: grpc.Server | None = None
         self.port: int | None = None
@@ -77,7 +92,7 @@ class GrpcReceiver:
             handlers=[
                 grpc.method_handlers_generic_handler(
                     _SERVICE,
-                    {_METHOD: grpc.unary_unary_rpc_method_handler(self._export, response_serializer=ExportTraceServiceResponse.SerializeToString)},
+                    {_METHOD: grpc.stream_unary_rpc_method_handler(self._export, response_serializer=ExportTraceServiceResponse.SerializeToString)},
                 )
             ],
             options=[
@@ -85,7 +100,6 @@ class GrpcReceiver:
                 ("grpc.max_send_message_length", 4 * 1024 * 1024),
                 ("grpc.so_reuseport", 0),
             ],
-            maximum_concurrent_rpcs=self._max_concurrent_rpcs,
         )
         address = f"{self._host}:{self._requested_port}"
         try:
@@ -104,28 +118,71 @@ class GrpcReceiver:
             self._server.stop(grace=timeout).wait(timeout)
             self._server = None
 
-    def _export(self, body: bytes, context: grpc.ServicerContext) -> ExportTraceServiceResponse:
+    def _export(self, messages: Iterator[bytes], context: grpc.ServicerContext) -> ExportTraceServiceResponse:
         if self._token is not None:
             metadata = dict(context.invocation_metadata())
             if not _bearer_ok(metadata.get("authorization"), self._token):
                 context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (metadata 'authorization: Bearer <token>')")
         try:
+            self._admission.enter("OTLP/gRPC")
+        except RetryableError as exc:
+            _abort_retryable(context, exc)
+        try:
+            return self._admitted(messages, context)
+        finally:
+            self._admission.leave()
+
+    def _admitted(self, messages: Iterator[bytes], context: grpc.ServicerContext) -> ExportTraceServiceResponse:
+        if not self._receiving.acquire(timeout=_RECEIVE_WAIT_S):
+            _abort_retryable(context, RetryableError(f"{_RECEIVING} request bodies are being received, the limit; retry later",
+                                                     retry_after_s=self._admission.retry_after_s))
+        try:
+            body = next(messages, None)
+            if body is None or next(messages, None) is not None:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Export takes exactly one ExportTraceServiceRequest message")
+            reserved = len(body) * DECODE_FACTOR
+            self._admission.reserve(reserved)
+        except RetryableError as exc:
+            _abort_retryable(context, exc)
+        finally:
+            self._receiving.release()
+        try:
             request = decode_protobuf_request(body)
+            del body
             if not request.resource_spans:
                 return ExportTraceServiceResponse()
             batch = encode_request(request)
+            del request
             committed = self._next.consume(batch)
+            self._admission.release(reserved)
+            reserved = 0
             committed.result()
         except PermanentError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except RetryableError as exc:
-            context.set_trailing_metadata((("retry-after", str(exc.retry_after_s)),))
-            context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            _abort_retryable(context, exc)
         except Exception as exc:  # noqa: BLE001 - never leak a stack to the client; keep the data retryable
             _logger.exception("OTLP/gRPC export failed")
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"collector error: {exc}")
+            _abort_retryable(context, RetryableError(f"collector error: {exc}"))
+        finally:
+            self._admission.release(reserved)
         response = ExportTraceServiceResponse()
         if batch.rejected:
             response.partial_success.rejected_spans = batch.rejected
             response.partial_success.error_message = batch.error_message
         return response
+
+
+def _abort_retryable(context: grpc.ServicerContext, exc: RetryableError) -> None:
+    """UNAVAILABLE with the delay as RetryInfo, both where OTel SDKs read it (``google.rpc.retryinfo-bin``)
+    and where gRPC's rich status puts it (``grpc-status-details-bin``), plus ``retry-after``."""
+    retry = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=exc.retry_after_s))
+    detail = any_pb2.Any()
+    detail.Pack(retry)
+    status = status_pb2.Status(code=grpc.StatusCode.UNAVAILABLE.value[0], message=str(exc), details=[detail])
+    context.set_trailing_metadata((
+        ("google.rpc.retryinfo-bin", retry.SerializeToString()),
+        ("grpc-status-details-bin", status.SerializeToString()),
+        ("retry-after", str(exc.retry_after_s)),
+    ))
+    context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))

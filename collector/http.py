@@ -7,10 +7,15 @@ Routes:
                       Error bodies are a google.rpc.Status (protobuf, or JSON for JSON requests).
     POST /v1/sql      {"sql": "SELECT ...", "params": [...]} -> rows; Accept
                       application/vnd.apache.arrow.stream gives an Arrow IPC stream, else JSON
-                      {"columns": [...], "rows": [{...}, ...]}. Only SELECT / EXPLAIN; 400 otherwise.
+                      {"columns": [...], "rows": [{...}, ...]}. Only SELECT / EXPLAIN of a SELECT,
+                      no file access, interrupted after sql_timeout_s; 400 otherwise (see sql.py).
     POST /v1/prune    {"older_than_s": N} -> {"deleted_spans": n} (see spanrl.store.maintenance.prune).
-    GET  /health      {"status": "ok", "db": ABSOLUTE_PATH} (no token needed).
-Parsing, walking and SQL run in worker threads, never on the event loop.
+    GET  /health      200 {"status": "ok", "db": ABSOLUTE_PATH}; 503 {"status": "recovering" | "failed",
+                      "error": ...} while the store is reopened after a DuckDB failure or could not be
+                      (no token needed).
+Over http_max_concurrency requests, or past the memory budget, a request gets 503 + Retry-After with a
+google.rpc.Status body before its body is read. Parsing and walking run in worker threads, SQL in its
+own pool, never on the event loop.
 """
 
 from __future__ import annotations
@@ -25,14 +30,15 @@ import zlib
 from typing import Any, Awaitable, Callable
 
 import orjson
-import pyarrow as pa
 import uvicorn
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from spanrl.collector.admission import DECODE_FACTOR, Admission
 from spanrl.collector.encoding import EncodedBatch, decode_json_request, decode_protobuf_request, encode_request
 from spanrl.collector.errors import PayloadTooLargeError, PermanentError, RetryableError, UnauthenticatedError
 from spanrl.collector.grpc import BatchConsumer, _bearer_ok
+from spanrl.collector.sql import SqlRunner
 from spanrl.errors import CollectorError, StoreError
 from spanrl.store import SpanStore
 from spanrl.store.maintenance import prune
@@ -78,11 +84,15 @@ def _gunzip(body: bytes, limit: int) -> bytes:
 class OtlpHttpApp:
     """The ASGI application (usable on its own in tests)."""
 
-    def __init__(self, *, token: str | None, max_request_bytes: int, next_consumer: BatchConsumer, store: SpanStore) -> None:
+    def __init__(self, *, token: str | None, max_request_bytes: int, next_consumer: BatchConsumer, store: SpanStore,
+                 admission: Admission, sql: SqlRunner, health: Callable[[], dict[str, Any]]) -> None:
         self._token = token
         self._max = max_request_bytes
         self._next = next_consumer
         self._store = store
+        self._admission = admission
+        self._sql_runner = sql
+        self._health = health
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -91,10 +101,26 @@ class OtlpHttpApp:
         method = scope["method"]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         as_json = headers.get("content-type", "").split(";")[0].strip().lower() == _JSON_TYPE
+        body_done = method != "POST"
+
+        async def tracked() -> dict[str, Any]:
+            nonlocal body_done
+            message = await receive()
+            body_done = message["type"] == "http.disconnect" or not message.get("more_body", False)
+            return message
+
+        async def fail(status: int, grpc_code: int, message: str, as_json: bool, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+            # A refusal decided before the body was read (caps, token) still drains it, chunk by chunk and
+            # kept nowhere, so the sender reads the answer instead of a connection reset mid-upload.
+            while not body_done:
+                await tracked()
+            await _error(send, status, grpc_code, message, as_json, extra)
+
         try:
             if path == "/health":
-                db = self._store.path if self._store.path == ":memory:" else os.path.abspath(self._store.path)
-                await _respond(send, 200, orjson.dumps({"status": "ok", "db": db}), _JSON_TYPE)
+                doc = self._health()
+                doc["db"] = self._store.path if self._store.path == ":memory:" else os.path.abspath(self._store.path)
+                await _respond(send, 200 if doc["status"] == "ok" else 503, orjson.dumps(doc), _JSON_TYPE)
                 return
             if path not in ("/v1/traces", "/v1/sql", "/v1/prune"):
                 raise _HttpError(404, f"no route {path}; use POST /v1/traces, POST /v1/sql, POST /v1/prune or GET /health", grpc_code=5)
@@ -102,30 +128,47 @@ class OtlpHttpApp:
                 raise _HttpError(405, f"{path} takes POST, got {method}", grpc_code=12)
             if not _bearer_ok(headers.get("authorization"), self._token):
                 raise UnauthenticatedError("missing or wrong bearer token (header 'Authorization: Bearer <token>')")
-            body = await self._read_body(receive, headers)
+            self._admission.enter("OTLP/HTTP")
+            try:
+                await self._route(path, send, tracked, headers)
+            finally:
+                self._admission.leave()
+        except _HttpError as exc:
+            await fail(exc.status, exc.grpc_code, str(exc), as_json, exc.headers)
+        except UnauthenticatedError as exc:
+            await fail(401, _GRPC_UNAUTHENTICATED, str(exc), as_json, [(b"www-authenticate", b"Bearer")])
+        except PayloadTooLargeError as exc:
+            await fail(413, _GRPC_RESOURCE_EXHAUSTED, str(exc), as_json)
+        except (PermanentError, StoreError) as exc:
+            await fail(400, _GRPC_INVALID_ARGUMENT, str(exc), as_json)
+        except RetryableError as exc:
+            await fail(503, _GRPC_UNAVAILABLE, str(exc), as_json, [(b"retry-after", str(exc.retry_after_s).encode())])
+        except Exception as exc:  # noqa: BLE001
+            _logger.exception("HTTP %s %s failed", method, path)
+            await fail(503, _GRPC_UNAVAILABLE, f"collector error: {exc}", as_json, [(b"retry-after", b"1")])
+
+    async def _route(self, path: str, send: Send, receive: Receive, headers: dict[str, str]) -> None:
+        held = [0]  # bytes reserved in the memory budget for this request, released when it is queued or done
+        try:
+            body = await self._read_body(receive, headers, held)
             if path == "/v1/traces":
-                await self._traces(send, body, headers)
+                await self._traces(send, body, headers, held)
             elif path == "/v1/sql":
                 await self._sql(send, body, headers)
             else:
                 await self._prune(send, body)
-        except _HttpError as exc:
-            await _error(send, exc.status, exc.grpc_code, str(exc), as_json, exc.headers)
-        except UnauthenticatedError as exc:
-            await _error(send, 401, _GRPC_UNAUTHENTICATED, str(exc), as_json, [(b"www-authenticate", b"Bearer")])
-        except PayloadTooLargeError as exc:
-            await _error(send, 413, _GRPC_RESOURCE_EXHAUSTED, str(exc), as_json)
-        except (PermanentError, StoreError) as exc:
-            await _error(send, 400, _GRPC_INVALID_ARGUMENT, str(exc), as_json)
-        except RetryableError as exc:
-            await _error(send, 503, _GRPC_UNAVAILABLE, str(exc), as_json, [(b"retry-after", str(exc.retry_after_s).encode())])
-        except Exception as exc:  # noqa: BLE001
-            _logger.exception("HTTP %s %s failed", method, path)
-            await _error(send, 503, _GRPC_UNAVAILABLE, f"collector error: {exc}", as_json, [(b"retry-after", b"1")])
+        finally:
+            self._admission.release(held[0])
 
-    async def _read_body(self, receive: Receive, headers: dict[str, str]) -> bytes:
+    def _hold(self, held: list[int], nbytes: int) -> None:
+        self._admission.reserve(nbytes)
+        held[0] += nbytes
+
+    async def _read_body(self, receive: Receive, headers: dict[str, str], held: list[int]) -> bytes:
         length = headers.get("content-length")
         too_large = length is not None and length.isdigit() and int(length) > self._max
+        if not too_large and length is not None and length.isdigit():
+            self._hold(held, int(length) * DECODE_FACTOR)  # before reading: a refusal costs no memory
         chunks: list[bytes] = []
         size = 0
         more = True
@@ -139,6 +182,8 @@ class OtlpHttpApp:
                 too_large = True
             if not too_large:
                 chunks.append(chunk)
+                if size * DECODE_FACTOR > held[0]:  # chunked, or longer than announced
+                    self._hold(held, size * DECODE_FACTOR - held[0])
             more = message.get("more_body", False)
         # An oversized body is read to its end and dropped (memory stays bounded), so that the client,
         # still sending, gets the 413 instead of a reset connection.
@@ -148,16 +193,22 @@ class OtlpHttpApp:
         encoding = headers.get("content-encoding", "identity").strip().lower()
         if encoding == "gzip":
             body = await asyncio.to_thread(_gunzip, body, self._max)
+            if len(body) * DECODE_FACTOR > held[0]:
+                self._hold(held, len(body) * DECODE_FACTOR - held[0])
         elif encoding not in ("identity", ""):
             raise _HttpError(415, f"Content-Encoding {encoding!r} is not supported; use gzip or none", grpc_code=_GRPC_INVALID_ARGUMENT)
         return body
 
-    async def _traces(self, send: Send, body: bytes, headers: dict[str, str]) -> None:
+    async def _traces(self, send: Send, body: bytes, headers: dict[str, str], held: list[int]) -> None:
         ctype = headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype not in (_PROTOBUF_TYPE, _JSON_TYPE):
             raise _HttpError(415, f"Content-Type {ctype!r} is not supported; use {_PROTOBUF_TYPE} or {_JSON_TYPE}", grpc_code=_GRPC_INVALID_ARGUMENT)
         batch = await asyncio.to_thread(_decode_and_encode, body, ctype == _JSON_TYPE)
-        await asyncio.wrap_future(self._next.consume(batch))
+        del body
+        committed = self._next.consume(batch)
+        self._admission.release(held[0])  # the batcher's queue cap counts the batch from here on
+        held[0] = 0
+        await asyncio.wrap_future(committed)
         if ctype == _JSON_TYPE:
             doc: dict[str, Any] = {}
             if batch.rejected:
@@ -180,13 +231,9 @@ class OtlpHttpApp:
         params = doc.get("params")
         if params is not None and not isinstance(params, (list, dict)):
             raise PermanentError(f'"params" must be an array or an object, got {type(params).__name__}')
-        table = await asyncio.to_thread(self._store.read_sql, doc["sql"], params)
-        if ARROW_STREAM_TYPE in headers.get("accept", ""):
-            payload = await asyncio.to_thread(_arrow_ipc, table)
-            await _respond(send, 200, payload, ARROW_STREAM_TYPE)
-        else:
-            payload = await asyncio.to_thread(_rows_json, table)
-            await _respond(send, 200, payload, _JSON_TYPE)
+        arrow = ARROW_STREAM_TYPE in headers.get("accept", "")
+        payload = await self._sql_runner.query(doc["sql"], params, arrow=arrow)
+        await _respond(send, 200, payload, ARROW_STREAM_TYPE if arrow else _JSON_TYPE)
 
 
     async def _prune(self, send: Send, body: bytes) -> None:
@@ -208,17 +255,6 @@ def _decode_and_encode(body: bytes, as_json: bool) -> EncodedBatch:
     return encode_request(decode_protobuf_request(body))
 
 
-def _arrow_ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def _rows_json(table: pa.Table) -> bytes:
-    return orjson.dumps({"columns": table.column_names, "rows": table.to_pylist()}, default=str, option=orjson.OPT_SERIALIZE_NUMPY)
-
-
 async def _respond(send: Send, status: int, body: bytes, ctype: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
     headers = [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode())]
     headers.extend(extra or [])
@@ -237,12 +273,11 @@ async def _error(send: Send, status: int, grpc_code: int, message: str, as_json:
 class HttpReceiver:
     """Runs `OtlpHttpApp` under uvicorn on its own thread and event loop."""
 
-    def __init__(self, *, host: str, port: int, app: OtlpHttpApp, max_concurrency: int, graceful_timeout_s: float) -> None:
+    def __init__(self, *, host: str, port: int, app: OtlpHttpApp, graceful_timeout_s: float) -> None:
         self._graceful_timeout_s = graceful_timeout_s
         self._host = host
         self._requested_port = port
         self._app = app
-        self._max_concurrency = max_concurrency
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self.port: int | None = None
@@ -264,7 +299,9 @@ class HttpReceiver:
             log_level="warning",
             access_log=False,
             lifespan="off",
-            limit_concurrency=self._max_concurrency,
+            # No uvicorn limit_concurrency: its refusal is a plain-text 503 without Retry-After. The app
+            # admits requests itself (OtlpHttpApp, Admission) and refuses with a proper retryable 503.
+            backlog=4096,
             timeout_keep_alive=30,
             timeout_graceful_shutdown=max(1, int(self._graceful_timeout_s)),
         )

@@ -7,6 +7,10 @@
 
 Shutdown order: receivers stop taking requests and finish in-flight ones, the batcher commits what is
 queued, the store checkpoints and closes. Every acknowledged span is then in the file.
+
+Memory: requests in flight are bounded (count and bytes, `Admission`), then the write queue
+(``batcher.max_queue_bytes``), then DuckDB (``duckdb_memory_limit``). After a fatal DuckDB error the
+writer reopens the store (`SpanWriter`); `health` says ``recovering`` / ``failed`` meanwhile.
 """
 
 from __future__ import annotations
@@ -14,10 +18,16 @@ from __future__ import annotations
 import logging
 import threading
 
+from typing import Any
+
+from spanrl.collector.admission import Admission
+from spanrl import semconv
 from spanrl.collector.batcher import Batcher
+from spanrl.collector.encoding import encode_request
 from spanrl.collector.config import CollectorConfig
 from spanrl.collector.grpc import GrpcReceiver
 from spanrl.collector.http import HttpReceiver, OtlpHttpApp
+from spanrl.collector.sql import SqlRunner
 from spanrl.collector.writer import SpanWriter
 from spanrl.errors import CollectorError
 from spanrl.store import SpanStore
@@ -40,6 +50,9 @@ class Collector:
         self._writer: SpanWriter | None = None
         self._grpc: GrpcReceiver | None = None
         self._http: HttpReceiver | None = None
+        self._sql: SqlRunner | None = None
+        self.failed = threading.Event()
+        """Set when the store failed and could not be reopened (``spanrl collector`` then exits 3)."""
         self._lock = threading.Lock()
         self._state = "new"
 
@@ -57,25 +70,33 @@ class Collector:
                 memory_limit=cfg.duckdb_memory_limit,
                 checkpoint_threshold=cfg.duckdb_checkpoint_threshold,
                 threads=cfg.duckdb_threads,
+                sandboxed=True,
             )
-            self._writer = SpanWriter(self._store)
+            self._writer = SpanWriter(self._store, on_failed=lambda _: self.failed.set())
             self._batcher = Batcher(cfg.batcher, self._writer)
             self._batcher.start()
+            _warm_up()
+            retry_s = cfg.batcher.retry_after_s
+            # One byte budget for both receivers; a request count for each.
+            inflight_bytes = Admission(max_requests=1, max_bytes=cfg.max_inflight_bytes, retry_after_s=retry_s)
             if cfg.grpc_port != -1:
                 self._grpc = GrpcReceiver(
                     host=cfg.host,
                     port=cfg.grpc_port,
                     token=cfg.token,
                     max_request_bytes=cfg.max_request_bytes,
-                    workers=cfg.grpc_workers,
                     max_concurrent_rpcs=cfg.grpc_max_concurrent_rpcs,
+                    admission=inflight_bytes.with_request_cap(cfg.grpc_max_concurrent_rpcs),
                     next_consumer=self._batcher,
                 )
                 self._grpc.start()
             if cfg.http_port != -1:
-                app = OtlpHttpApp(token=cfg.token, max_request_bytes=cfg.max_request_bytes, next_consumer=self._batcher, store=self._store)
-                self._http = HttpReceiver(host=cfg.host, port=cfg.http_port, app=app, max_concurrency=cfg.http_max_concurrency,
-                                          graceful_timeout_s=cfg.shutdown_timeout_s)
+                self._sql = SqlRunner(self._store, workers=cfg.sql_workers, max_waiting=cfg.sql_max_waiting,
+                                      timeout_s=cfg.sql_timeout_s, retry_after_s=retry_s)
+                app = OtlpHttpApp(token=cfg.token, max_request_bytes=cfg.max_request_bytes, next_consumer=self._batcher,
+                                  store=self._store, admission=inflight_bytes.with_request_cap(cfg.http_max_concurrency),
+                                  sql=self._sql, health=self.health)
+                self._http = HttpReceiver(host=cfg.host, port=cfg.http_port, app=app, graceful_timeout_s=cfg.shutdown_timeout_s)
                 self._http.start()
         except BaseException:
             self.shutdown()
@@ -94,6 +115,8 @@ class Collector:
             self._grpc.shutdown(timeout)
         if self._http is not None:
             self._http.shutdown(timeout)
+        if self._sql is not None:
+            self._sql.shutdown()
         if self._batcher is not None:
             self._batcher.shutdown(timeout)
         if self._writer is not None:
@@ -136,10 +159,30 @@ class Collector:
             return None
         return f"http://{_url_host(self._config.host)}:{self._http.port}"
 
+    def health(self) -> dict[str, Any]:
+        """``{"status": "ok"}``, or ``recovering`` / ``failed`` with the DuckDB ``error`` after a store failure."""
+        writer = self._writer
+        if writer is None or writer.state == "ok":
+            return {"status": "ok"}
+        return {"status": writer.state, "error": writer.last_error}
+
     @property
     def committed_spans(self) -> int:
         """Spans committed since start."""
         return 0 if self._batcher is None else self._batcher.committed_spans
+
+
+def _warm_up() -> None:
+    """Walk one span with token arrays before serving: the first walk initialises pyarrow and numpy
+    lazily, and while a long SQL query ran that first walk waited for it (4 s in tests)."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
+
+    request = ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add(trace_id=b"\x01" * 16, span_id=b"\x01" * 8, name="warm-up")
+    ids = AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=1)]))
+    span.attributes.extend([KeyValue(key=semconv.LLM_PROMPT_TOKEN_IDS, value=ids), KeyValue(key="k", value=AnyValue(string_value="v"))])
+    encode_request(request)
 
 
 def _url_host(host: str) -> str:

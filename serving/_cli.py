@@ -27,6 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=f"{env.DEFAULT_HOST}:{env.DEFAULT_GRPC_PORT}",
         help="OTLP/gRPC endpoint for the server's spans; 'none' to export nothing",
     )
+    p.add_argument("--max-body-bytes", type=int, default=None,
+                   help="largest request body; larger gets 413 unread (env SPANRL_POLICY_MAX_BODY_BYTES, default 4 MiB)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--no-content", action="store_true", help="do not record message contents on spans")
     p.set_defaults(func=_serve)
@@ -52,6 +54,8 @@ def _serve(args: argparse.Namespace) -> int:
         record_content=not args.no_content,
         torch_threads=args.threads,
     )
+    if args.max_body_bytes is not None:
+        config.max_body_bytes = args.max_body_bytes
     try:
         PolicyServer(config).serve_forever()
     except SpanRLError as exc:  # a bad flag or model: say which, no traceback

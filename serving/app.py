@@ -19,7 +19,6 @@ exact sampled ids, end token included) and ``token_logprobs`` (their logprobs, s
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -34,6 +33,7 @@ from spanrl import semconv
 from spanrl.serving.backend import GenerationRequest
 from spanrl.serving.chat import normalize_messages, normalize_tools, render_prompt
 from spanrl.serving.errors import RequestError, error_body
+from spanrl.serving.intake import TokenizerPool, read_json_body
 from spanrl.serving.protocol import ParsedParams, parse_params
 from spanrl.serving.responses import PROVIDER, Call, ServerState, complete, respond, stream
 
@@ -48,6 +48,8 @@ def build_app(state: ServerState) -> FastAPI:
     """The FastAPI application serving ``state``."""
     app = FastAPI(title="spanrl policy server")
     model_name = state.config.model_name
+    tokenize = TokenizerPool(state.tokenizer)
+    app.state.tokenizer_pool = tokenize
 
     @app.exception_handler(RequestError)
     async def _request_error(_: Request, exc: RequestError) -> JSONResponse:
@@ -64,12 +66,7 @@ def build_app(state: ServerState) -> FastAPI:
         return JSONResponse(error_body(str(exc.detail), type=kind), status_code=exc.status_code)
 
     async def body_of(request: Request) -> dict[str, Any]:
-        try:
-            body = json.loads(await request.body())
-        except ValueError as exc:
-            raise RequestError(f"the request body is not valid JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
+        body = await read_json_body(request, state.config.max_body_bytes)
         model = body.get("model")
         if model is not None and model not in (model_name, str(state.config.model)):
             raise RequestError(
@@ -112,7 +109,7 @@ def build_app(state: ServerState) -> FastAPI:
         rollout = rollout_of(request)
         messages = normalize_messages(body.get("messages"))
         tools = normalize_tools(body.get("tools"))
-        prompt_ids = render_prompt(state.tokenizer, messages, tools)
+        prompt_ids = await tokenize.run(render_prompt, messages, tools)
         params = params_of(body, len(prompt_ids), chat=True)
         call = Call(
             operation=semconv.OP_CHAT,
@@ -133,7 +130,7 @@ def build_app(state: ServerState) -> FastAPI:
         start_ns = time.time_ns()
         body = await body_of(request)
         rollout = rollout_of(request)
-        prompts = _prompts(state.tokenizer, body.get("prompt"))
+        prompts = await tokenize.run(_prompts, body.get("prompt"))
         params = [params_of(body, len(ids), chat=False) for ids, _ in prompts]
         call = Call(
             operation=semconv.OP_TEXT_COMPLETION,

@@ -12,6 +12,7 @@ __all__ = ["ServerConfig", "default_config"]
 
 _BACKENDS = ("transformers", "vllm")
 _DTYPES = ("float32", "bfloat16", "float16", "auto")
+_MAX_BODY_BYTES = 4 * 1024 * 1024
 
 
 @dataclasses.dataclass
@@ -55,6 +56,8 @@ class ServerConfig:
     """Record ``gen_ai.input.messages`` / ``gen_ai.output.messages`` JSON on spans."""
     seed: int = 0
     """Seed of the sampler used by requests that give no ``seed``."""
+    max_body_bytes: int = dataclasses.field(default_factory=lambda: env.get_int(env.SPANRL_POLICY_MAX_BODY_BYTES, _MAX_BODY_BYTES))
+    """Largest request body read; a larger one gets 413 before it is read (env SPANRL_POLICY_MAX_BODY_BYTES)."""
     torch_threads: int | None = None
     """torch intra-op threads for the whole process (None: leave torch's setting). Small models on a
     busy CPU run much faster with 1."""
@@ -69,7 +72,7 @@ class ServerConfig:
             raise ConfigError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be an integer in 0..65535, got {self.port!r}")
-        for name in ("max_batch_size", "max_queue_size", "default_max_tokens"):
+        for name in ("max_batch_size", "max_queue_size", "default_max_tokens", "max_body_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")

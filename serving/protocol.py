@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from spanrl.serving.backend import SamplingParams
@@ -14,6 +15,7 @@ _MAX_N = 64
 _MAX_STOP_STRINGS = 16
 _MAX_TOP_LOGPROBS_CHAT = 20
 _MAX_LOGPROBS_COMPLETIONS = 5
+_SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1  # OpenAI's seed is an int64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +34,8 @@ def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: floa
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value > hi or value < lo or (lo_open and value == lo):
+    bad_type = isinstance(value, bool) or not isinstance(value, (int, float))
+    if bad_type or not math.isfinite(value) or value > hi or value < lo or (lo_open and value == lo):
         low = f"> {lo}" if lo_open else f">= {lo}"
         raise RequestError(f"{name} must be a number {low} and <= {hi}, got {value!r}", param=name)
     return float(value)
@@ -70,8 +73,8 @@ def parse_params(
     if best_of is not None and best_of != n:
         raise RequestError(f"best_of must equal n ({n}) on this server, got {best_of}", param="best_of")
     seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise RequestError(f"seed must be an integer, got {seed!r}", param="seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not _SEED_MIN <= seed <= _SEED_MAX):
+        raise RequestError(f"seed must be an integer between {_SEED_MIN} and {_SEED_MAX}, got {seed!r}", param="seed")
     stop_raw = body.get("stop")
     stop: tuple[str, ...]
     if stop_raw is None:

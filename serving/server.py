@@ -64,6 +64,7 @@ class PolicyServer:
         self._server: Any = None
         self._socket: socket.socket | None = None
         self._state: Any = None
+        self._app_obj: Any = None
         self._closed = False
 
     # --- lifecycle --------------------------------------------------------------------------------
@@ -215,10 +216,13 @@ class PolicyServer:
     def _app(self) -> Any:
         from spanrl.serving.app import build_app
 
-        return build_app(self._state)
+        self._app_obj = build_app(self._state)
+        return self._app_obj
 
     def _stop_parts(self) -> None:
         state, self._state = self._state, None
+        if self._app_obj is not None:
+            self._app_obj.state.tokenizer_pool.shutdown()
         if state is None:
             return
         state.batcher.shutdown(_STOP_TIMEOUT_S)

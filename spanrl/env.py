@@ -77,12 +77,30 @@ SPANRL_COLLECTOR_GRPC_PORT = "SPANRL_COLLECTOR_GRPC_PORT"
 SPANRL_COLLECTOR_HTTP_PORT = "SPANRL_COLLECTOR_HTTP_PORT"
 """OTLP/HTTP port of the collector (also serves read-only SQL). Default 4318."""
 
+SPANRL_DUCKDB_MEMORY_LIMIT = "SPANRL_DUCKDB_MEMORY_LIMIT"
+"""DuckDB buffer memory cap of the collector's store, e.g. ``2GB``. Default ``1GB``. A restart whose WAL
+replay needs more opens once without the cap, checkpoints, then applies it."""
+
+SPANRL_DUCKDB_CHECKPOINT_THRESHOLD = "SPANRL_DUCKDB_CHECKPOINT_THRESHOLD"
+"""WAL size that triggers a DuckDB checkpoint in the collector, e.g. ``64MB``. Default ``256MB``."""
+
+SPANRL_COLLECTOR_MAX_INFLIGHT_BYTES = "SPANRL_COLLECTOR_MAX_INFLIGHT_BYTES"
+"""Bytes of received-but-not-yet-queued request data (bodies and their decoded form) the collector
+holds at once; beyond it requests get a retryable 503 / UNAVAILABLE. Default 268435456 (256 MiB)."""
+
+SPANRL_COLLECTOR_SQL_TIMEOUT_S = "SPANRL_COLLECTOR_SQL_TIMEOUT_S"
+"""Seconds one ``POST /v1/sql`` query may run before it is interrupted (answered 400). Default 30."""
+
 SPANRL_SQL_URL = "SPANRL_SQL_URL"
 """Base URL where ``spanrl sql`` looks for a running collector. Default ``http://127.0.0.1:4318``."""
 
 # --- Policy server ---------------------------------------------------------------------------------
 SPANRL_POLICY_URL = "SPANRL_POLICY_URL"
 """Base URL of the policy server (without ``/v1``). Default ``http://127.0.0.1:8000``."""
+
+SPANRL_POLICY_MAX_BODY_BYTES = "SPANRL_POLICY_MAX_BODY_BYTES"
+"""Largest request body the policy server reads; larger ones get 413 before the body is read.
+Default 4194304 (4 MiB)."""
 
 SPANRL_CACHE_DIR = "SPANRL_CACHE_DIR"
 """Folder for converted models (GGUF -> Hugging Face) and other caches. Default ``~/.cache/spanrl``."""
@@ -109,6 +127,18 @@ def get_int(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         _logger.warning("%s=%r is not an integer; using the default %d", name, raw, default)
+        return default
+
+
+def get_float(name: str, default: float) -> float:
+    """The variable as a float; a bad value is logged and ``default`` used."""
+    raw = get_str(name)
+    if raw is None:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        _logger.warning("%s=%r is not a number; using the default %s", name, raw, default)
         return default
 
 

@@ -7,6 +7,8 @@ SQL endpoint (`spanrl.store.RemoteStore`) or open the file once no collector hol
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 import time
 from importlib import resources
@@ -20,13 +22,38 @@ from spanrl.errors import StoreBusyError, StoreError
 
 __all__ = ["READ_STATEMENT_TYPES", "SpanStore"]
 
+_logger = logging.getLogger(__name__)
+
 _SCHEMA_FILE = "schema.sql"
 _VIEWS_FILE = "views.sql"
 _LOCK_MESSAGE = "Could not set lock on file"
 _BATCH_VIEW = "__spanrl_append_batch"
+# EXPLAIN [ANALYZE | (options)] <statement>: the statement after it must itself be a read (EXPLAIN
+# ANALYZE runs it: `EXPLAIN ANALYZE COPY ... TO 'file'` would write).
+_EXPLAIN_PREFIX = re.compile(r"^\s*EXPLAIN\s+(?:ANALY[SZ]E\s+|\([^)]*\)\s*)?", re.IGNORECASE)
 
 READ_STATEMENT_TYPES = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
 """Statement types `SpanStore.read_sql` accepts (SELECT covers WITH, FROM-first, DESCRIBE, SHOW, SUMMARIZE)."""
+
+
+def _check_read_only_statement(cur: duckdb.DuckDBPyConnection, query: str) -> None:
+    try:
+        statements = cur.extract_statements(query)
+    except duckdb.Error as exc:
+        raise StoreError(f"SQL does not parse: {exc}") from exc
+    if len(statements) != 1:
+        raise StoreError(f"exactly one SQL statement is allowed, got {len(statements)}")
+    kind = statements[0].type
+    if kind not in READ_STATEMENT_TYPES:
+        raise StoreError(f"only read statements (SELECT, EXPLAIN) are allowed, got {kind.name}")
+    if kind == duckdb.StatementType.EXPLAIN:
+        inner = _EXPLAIN_PREFIX.sub("", query, count=1)
+        try:
+            inner_kinds = [st.type for st in cur.extract_statements(inner)]
+        except duckdb.Error:
+            inner_kinds = []
+        if inner_kinds != [duckdb.StatementType.SELECT]:
+            raise StoreError("EXPLAIN is allowed only of a SELECT statement (EXPLAIN ANALYZE runs what it explains)")
 
 
 def _sql_resource(name: str) -> str:
@@ -47,6 +74,10 @@ class SpanStore:
         self._read_only = read_only
         self._closed = False
         self._close_lock = threading.Lock()
+        self._config: dict[str, str | int | bool] = {}
+        self._sandboxed = False
+        self.generation = 0
+        """How many times `reopen` replaced the connection (cursor holders compare it)."""
 
     # --- lifecycle ---------------------------------------------------------------------------------
     @classmethod
@@ -58,50 +89,74 @@ class SpanStore:
         memory_limit: str | None = None,
         checkpoint_threshold: str | None = None,
         threads: int | None = None,
+        sandboxed: bool = False,
     ) -> "SpanStore":
         """Open (and, unless ``read_only``, create) the store at ``path``.
 
         ``memory_limit`` caps DuckDB's buffer memory (DuckDB syntax, e.g. ``"1GB"``; default: DuckDB's,
         80% of RAM). ``checkpoint_threshold``: WAL size that triggers a checkpoint (DuckDB's default
         16MB; larger amortizes checkpoints over more spans, a restart replays more WAL). ``threads``:
-        DuckDB worker threads (default: one per core; 1 costs inserts less CPU, slows big queries). Raises
-        `StoreBusyError` when another process holds the file, `StoreError` when a read-only open finds
-        no file.
+        DuckDB worker threads (default: one per core; 1 costs inserts less CPU, slows big queries).
+        ``sandboxed`` (the collector's store, which serves SQL to other processes): DuckDB may touch no
+        file but its own and its settings are locked, so no SQL can read ``/etc/passwd``, COPY a file
+        out, ATTACH, or SET a limit. Raises `StoreBusyError` when another process holds the file,
+        `StoreError` when a read-only open finds no file.
         """
         path = str(path)
         if read_only and path != ":memory:" and not Path(path).exists():
             raise StoreError(f"no span store at {path!r}: the file does not exist")
         if not read_only and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        try:
-            config: dict[str, str | int] = {}
-            if memory_limit:
-                config["memory_limit"] = memory_limit
-            if checkpoint_threshold and not read_only:
-                config["checkpoint_threshold"] = checkpoint_threshold
-            if threads is not None:
-                config["threads"] = threads
-            con = duckdb.connect(path, read_only=read_only, config=config)
-        except duckdb.IOException as exc:
-            if _LOCK_MESSAGE in str(exc):
-                raise StoreBusyError(
-                    f"the span store {path!r} is held by another process and no collector answered SQL "
-                    f"for it; query through that collector (spanrl sql --url URL) or stop it. ({exc})"
-                ) from exc
-            raise StoreError(f"cannot open the span store {path!r}: {exc}") from exc
-        store = cls(con, path, read_only=read_only)
-        if not read_only:
-            con.execute(_sql_resource(_SCHEMA_FILE))
-            con.execute(_sql_resource(_VIEWS_FILE))
-        else:
-            # The file's views may be older than this spanrl, or missing: temporary ones live in memory
-            # (so read-only is fine) and shadow the stored ones.
-            views = _sql_resource(_VIEWS_FILE).replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW")
-            con.execute(views.replace("CREATE OR REPLACE MACRO", "CREATE OR REPLACE TEMP MACRO"))
+        config: dict[str, str | int | bool] = {}
+        if memory_limit:
+            config["memory_limit"] = memory_limit
+        if checkpoint_threshold and not read_only:
+            config["checkpoint_threshold"] = checkpoint_threshold
+        if threads is not None:
+            config["threads"] = threads
+        if sandboxed:
+            config["enable_external_access"] = False
+        store = cls(_connect(path, read_only, config), path, read_only=read_only)
+        store._config = config
+        store._sandboxed = sandboxed
+        store._prepare()
         return store
 
+    def _prepare(self) -> None:
+        con = self._con
+        if not self._read_only:
+            con.execute(_sql_resource(_SCHEMA_FILE))
+            con.execute(_sql_resource(_VIEWS_FILE))
+        elif not self._has_views():
+            # An older file without views: temporary views (and their macros) live in memory, so read-only is fine.
+            views = _sql_resource(_VIEWS_FILE).replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW")
+            con.execute(views.replace("CREATE OR REPLACE MACRO", "CREATE OR REPLACE TEMP MACRO"))
+        if self._sandboxed:
+            con.execute("SET lock_configuration = true")
+
+    def reopen(self) -> None:
+        """Close the connection and open the file again (after DuckDB invalidated the database).
+
+        Cursors taken before fail from then on; take new ones. Raises `StoreError` when the file
+        cannot be opened again.
+        """
+        with self._close_lock:
+            if self._closed:
+                raise StoreError(f"the span store {self._path!r} is closed; open it again")
+            try:
+                self._con.close()
+            except duckdb.Error:
+                pass  # an invalidated database may fail to close cleanly; its file is what matters
+            self._con = _connect(self._path, self._read_only, self._config)
+            try:
+                self._prepare()
+            except duckdb.Error as exc:
+                raise StoreError(f"cannot reopen the span store {self._path!r}: {exc}") from exc
+            self.generation += 1
+
     def close(self) -> None:
-        """Checkpoint (when writable) and close. Safe to call twice."""
+        """Checkpoint (when writable) and close. Safe to call twice, and after DuckDB invalidated the
+        database (the WAL then holds the last commits; the next open replays it)."""
         with self._close_lock:
             if self._closed:
                 return
@@ -109,8 +164,13 @@ class SpanStore:
             try:
                 if not self._read_only:
                     self._con.execute("CHECKPOINT")
+            except duckdb.Error as exc:
+                _logger.warning("closing %s without a checkpoint: %s", self._path, str(exc).splitlines()[0])
             finally:
-                self._con.close()
+                try:
+                    self._con.close()
+                except duckdb.Error:
+                    pass
 
     def __enter__(self) -> "SpanStore":
         return self
@@ -137,9 +197,10 @@ class SpanStore:
     # --- access ------------------------------------------------------------------------------------
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A new DuckDB cursor on the shared connection, for use by one thread."""
-        if self._closed:
-            raise StoreError(f"the span store {self._path!r} is closed; open it again")
-        return self._con.cursor()
+        with self._close_lock:
+            if self._closed:
+                raise StoreError(f"the span store {self._path!r} is closed; open it again")
+            return self._con.cursor()
 
     def sql(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> pa.Table:
         """Run any SQL statement and return its result as an Arrow table (empty for statements without one)."""
@@ -152,30 +213,37 @@ class SpanStore:
         finally:
             cur.close()
 
-    def read_sql(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> pa.Table:
-        """Run one read statement (SELECT / EXPLAIN) and return its rows; anything else is refused.
+    def read_sql(
+        self, query: str, params: Sequence[Any] | dict[str, Any] | None = None, *, timeout_s: float | None = None
+    ) -> pa.Table:
+        """Run one read statement (SELECT / EXPLAIN of a SELECT) and return its rows; anything else is refused.
 
         The statement runs in a transaction that is rolled back, so even a read with side effects
-        leaves the store unchanged. Raises `StoreError` naming the refused statement type.
+        leaves the store unchanged. ``timeout_s``: interrupt the query after that many seconds. Raises
+        `StoreError` naming the refused statement type, or saying the time limit was reached.
         """
         cur = self.cursor()
         try:
-            try:
-                statements = cur.extract_statements(query)
-            except duckdb.Error as exc:
-                raise StoreError(f"SQL does not parse: {exc}") from exc
-            if len(statements) != 1:
-                raise StoreError(f"exactly one SQL statement is allowed, got {len(statements)}")
-            kind = statements[0].type
-            if kind not in READ_STATEMENT_TYPES:
-                raise StoreError(f"only read statements (SELECT, EXPLAIN) are allowed, got {kind.name}")
+            _check_read_only_statement(cur, query)
+            timer = None
+            if timeout_s is not None:
+                timer = threading.Timer(timeout_s, cur.interrupt)
+                timer.daemon = True
+                timer.start()
             cur.begin()
             try:
                 return cur.sql(query, params=params).to_arrow_table()
+            except duckdb.InterruptException:
+                raise StoreError(f"SQL interrupted: it ran longer than the time limit of {timeout_s:g} s (sql_timeout_s)") from None
             except duckdb.Error as exc:
                 raise StoreError(f"SQL failed: {exc}") from exc
             finally:
-                cur.rollback()
+                if timer is not None:
+                    timer.cancel()
+                try:
+                    cur.rollback()
+                except duckdb.Error:
+                    pass
         finally:
             cur.close()
 
@@ -214,3 +282,36 @@ class SpanStore:
             if cursor is None:
                 cur.close()
         return batch.num_rows
+
+    def _has_views(self) -> bool:
+        rows = self._con.execute(
+            "SELECT count(*) FROM duckdb_views() WHERE view_name IN ('rollouts', 'llm_calls', 'rewards')"
+        ).fetchone()
+        return bool(rows and rows[0] == 3)
+
+
+def _connect(path: str, read_only: bool, config: dict[str, str | int | bool]) -> duckdb.DuckDBPyConnection:
+    try:
+        return duckdb.connect(path, read_only=read_only, config=config)
+    except duckdb.IOException as exc:
+        if _LOCK_MESSAGE in str(exc):
+            raise StoreBusyError(
+                f"the span store {path!r} is held by another process and no collector answered SQL "
+                f"for it; query through that collector (spanrl sql --url URL) or stop it. ({exc})"
+            ) from exc
+        raise StoreError(f"cannot open the span store {path!r}: {exc}") from exc
+    except duckdb.Error as exc:
+        if "memory_limit" not in config or read_only:
+            raise StoreError(f"cannot open the span store {path!r}: {exc}") from exc
+        # Replaying a large WAL can need more than the configured cap: replay and checkpoint once
+        # without it (DuckDB's default, 80% of RAM), then open again with the cap.
+        _logger.warning("opening %s with memory_limit=%s failed (%s); replaying its WAL without the cap once",
+                        path, config["memory_limit"], str(exc).splitlines()[0])
+        relaxed = {k: v for k, v in config.items() if k != "memory_limit"}
+        try:
+            con = duckdb.connect(path, config=relaxed)
+            con.execute("CHECKPOINT")
+            con.close()
+            return duckdb.connect(path, read_only=read_only, config=config)
+        except duckdb.Error as exc2:
+            raise StoreError(f"cannot open the span store {path!r}: {exc2}") from exc2

@@ -31,13 +31,23 @@ class RemoteStore:
         self._timeout_s = timeout_s
 
     def health(self, timeout_s: float = _PING_TIMEOUT_S) -> dict[str, Any] | None:
-        """The collector's ``/health`` document, or None when nothing answers there."""
+        """The collector's ``/health`` document, or None when no collector answers there.
+
+        ``status`` is ``ok``, or ``recovering`` / ``failed`` (with ``error``) while the collector's store
+        is reopened after a DuckDB failure or could not be (answered 503, still this collector's file).
+        """
         try:
             with urllib.request.urlopen(f"{self.url}/health", timeout=timeout_s) as resp:
-                doc = json.loads(resp.read())
-        except (OSError, ValueError):
+                body = resp.read()
+        except urllib.error.HTTPError as exc:
+            body = exc.read() if exc.code == 503 else b""
+        except OSError:
             return None
-        return doc if isinstance(doc, dict) and doc.get("status") == "ok" else None
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            return None
+        return doc if isinstance(doc, dict) and doc.get("status") in ("ok", "recovering", "failed") else None
 
     def _post(self, path: str, doc: dict[str, Any], accept: str) -> bytes:
         headers = {"content-type": "application/json", "accept": accept}

@@ -9,14 +9,18 @@ import urllib.request
 import grpc
 import pyarrow as pa
 import pytest
+from google.rpc import status_pb2
+from google.rpc.error_details_pb2 import RetryInfo
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from _otlp import make_request
+from spanrl.collector.admission import Admission
 from spanrl.collector.batcher import Batcher, BatcherConfig
 from spanrl.collector.encoding import encode_request
 from spanrl.collector.errors import RetryableError
 from spanrl.collector.grpc import GrpcReceiver
 from spanrl.collector.http import HttpReceiver, OtlpHttpApp
+from spanrl.collector.sql import SqlRunner
 from spanrl.errors import ConfigError
 from spanrl.store import SpanStore
 
@@ -102,9 +106,13 @@ def test_receivers_answer_full_queue_with_unavailable_and_503_retry_after(tmp_pa
     blocker = batcher.consume(_batch(50))  # holds the queue: nothing else fits
     assert consumer.entered.wait(10)
     store = SpanStore.open(":memory:")
-    grpc_rx = GrpcReceiver(host="127.0.0.1", port=0, token=None, max_request_bytes=1 << 20, workers=2, max_concurrent_rpcs=8, next_consumer=batcher)
-    http_rx = HttpReceiver(host="127.0.0.1", port=0, app=OtlpHttpApp(token=None, max_request_bytes=1 << 20, next_consumer=batcher, store=store),
-                           max_concurrency=8, graceful_timeout_s=5)
+    admission = Admission(max_requests=8, max_bytes=1 << 30, retry_after_s=7)
+    sql = SqlRunner(store, workers=1, max_waiting=2, timeout_s=5, retry_after_s=7)
+    grpc_rx = GrpcReceiver(host="127.0.0.1", port=0, token=None, max_request_bytes=1 << 20, max_concurrent_rpcs=8,
+                           admission=admission, next_consumer=batcher)
+    app = OtlpHttpApp(token=None, max_request_bytes=1 << 20, next_consumer=batcher, store=store,
+                      admission=admission.with_request_cap(8), sql=sql, health=lambda: {"status": "ok"})
+    http_rx = HttpReceiver(host="127.0.0.1", port=0, app=app, graceful_timeout_s=5)
     grpc_rx.start()
     http_rx.start()
     try:
@@ -115,15 +123,19 @@ def test_receivers_answer_full_queue_with_unavailable_and_503_retry_after(tmp_pa
             with pytest.raises(grpc.RpcError) as err:
                 call(body, timeout=10)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "write queue full" in err.value.details()
+        retry = RetryInfo.FromString(dict(err.value.trailing_metadata())["google.rpc.retryinfo-bin"])
+        assert retry.retry_delay.seconds == 7
         req = urllib.request.Request(f"http://127.0.0.1:{http_rx.port}/v1/traces", data=body,
                                      headers={"content-type": "application/x-protobuf"}, method="POST")
         with pytest.raises(urllib.error.HTTPError) as herr:
             urllib.request.urlopen(req, timeout=10)
         assert herr.value.code == 503 and herr.value.headers["retry-after"] == "7"
+        assert "write queue full" in status_pb2.Status.FromString(herr.value.read()).message
     finally:
         consumer.gate.set()
         assert blocker.result(10) == 50
         grpc_rx.shutdown(5)
         http_rx.shutdown(5)
         batcher.shutdown(5)
+        sql.shutdown()
         store.close()

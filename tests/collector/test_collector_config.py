@@ -26,7 +26,7 @@ def test_defaults_validate_and_match_the_spec():
         ({"grpc_port": -1, "http_port": -1}, "grpc_port and http_port are both -1"),
         ({"token": "two words"}, "token must be a non-empty string without whitespace"),
         ({"max_request_bytes": 0}, "max_request_bytes must be at least 1, got 0"),
-        ({"shutdown_timeout_s": 0}, "shutdown_timeout_s must be positive, got 0"),
+        ({"shutdown_timeout_s": 0}, "shutdown_timeout_s must be positive (seconds), got 0"),
         ({"duckdb_memory_limit": "lots"}, "duckdb_memory_limit must be a size such as '1GB' or '512MiB', got 'lots'"),
         ({"duckdb_checkpoint_threshold": "1 fortnight"}, "duckdb_checkpoint_threshold must be a size such as '1GB'"),
         ({"duckdb_threads": 0}, "duckdb_threads must be None or at least 1, got 0"),
@@ -59,3 +59,18 @@ def test_shutdown_before_start_and_twice_is_safe(tmp_path):
     c.shutdown()
     with pytest.raises(CollectorError, match="Cannot start a collector that is stopped"):
         c.start()
+
+
+def test_store_and_limit_settings_from_env_then_flags(monkeypatch):
+    monkeypatch.setenv("SPANRL_DUCKDB_MEMORY_LIMIT", "3GB")
+    monkeypatch.setenv("SPANRL_DUCKDB_CHECKPOINT_THRESHOLD", "64MB")
+    monkeypatch.setenv("SPANRL_COLLECTOR_MAX_INFLIGHT_BYTES", "1000000")
+    monkeypatch.setenv("SPANRL_COLLECTOR_SQL_TIMEOUT_S", "2.5")
+    config = CollectorConfig.from_env(duckdb_memory_limit="2GB")
+    config.validate()
+    assert (config.duckdb_memory_limit, config.duckdb_checkpoint_threshold) == ("2GB", "64MB")
+    assert (config.max_inflight_bytes, config.sql_timeout_s) == (1_000_000, 2.5)
+    with pytest.raises(ConfigError, match="sql_timeout_s must be positive"):
+        CollectorConfig(sql_timeout_s=float("nan")).validate()
+    with pytest.raises(ConfigError, match="duckdb_memory_limit must be a size"):
+        CollectorConfig(duckdb_memory_limit="lots").validate()

@@ -1,0 +1,349 @@
+"""Faults and abuse the collector must survive: huge timestamps, the concurrency and memory caps, SQL
+that tries to write or read files, runaway SQL, and a DuckDB failure that invalidates the database."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.rpc import status_pb2
+from google.rpc.error_details_pb2 import RetryInfo
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from _otlp import make_request
+from spanrl.collector import Collector, CollectorConfig
+from spanrl.store import RemoteStore
+
+_EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+def _http(url: str, body: bytes, ctype: str = "application/x-protobuf", timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(url, data=body, headers={"content-type": ctype}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def _sql(base: str, query: str) -> tuple[int, Any]:
+    status, _, body = _http(f"{base}/v1/sql", json.dumps({"sql": query}).encode(), "application/json", timeout=60)
+    return status, json.loads(body)
+
+
+def _grpc_export(endpoint: str, body: bytes) -> ExportTraceServiceResponse:
+    with grpc.insecure_channel(endpoint) as channel:
+        call = channel.unary_unary(_EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString)
+        return call(body, timeout=30)
+
+
+def _count(c: Collector, ids: list[str]) -> int:
+    return int(c.store.sql("SELECT count(*) AS n FROM spans WHERE span_id IN (SELECT unnest(?))", [ids]).column("n")[0].as_py())
+
+
+@pytest.fixture
+def small(tmp_path: Path):
+    cfg = CollectorConfig(db_path=str(tmp_path / "spans.duckdb"), grpc_port=0, http_port=0, sql_timeout_s=1.0,
+                          grpc_max_concurrent_rpcs=1, http_max_concurrency=1)
+    with Collector(cfg) as c:
+        yield c
+
+
+# --- 5: uint64 timestamps ----------------------------------------------------------------------------
+def test_timestamp_past_int64_rejects_that_span_only(collector):
+    req, ids = make_request(4, rollout_id="ts")
+    req.resource_spans[0].scope_spans[0].spans[1].start_time_unix_nano = 2**63
+    req.resource_spans[0].scope_spans[0].spans[2].end_time_unix_nano = 2**64 - 1
+    reply = _grpc_export(collector.grpc_endpoint, req.SerializeToString())
+    assert reply.partial_success.rejected_spans == 2
+    assert "must be below 2^63" in reply.partial_success.error_message and "18446744073709551615" in reply.partial_success.error_message
+    assert _count(collector, ids) == 2
+
+    req, ids = make_request(3, rollout_id="ts-http")
+    req.resource_spans[0].scope_spans[0].spans[0].end_time_unix_nano = 2**63 + 5
+    status, _, body = _http(f"{collector.http_endpoint}/v1/traces", req.SerializeToString())
+    assert status == 200 and ExportTraceServiceResponse.FromString(body).partial_success.rejected_spans == 1
+    assert _count(collector, ids) == 2
+
+    doc = {"resourceSpans": [{"scopeSpans": [{"spans": [
+        {"traceId": "ab" * 16, "spanId": "01" * 8, "name": "late", "startTimeUnixNano": str(2**64 - 1), "endTimeUnixNano": "1"},
+        {"traceId": "ab" * 16, "spanId": "02" * 8, "name": "fine", "startTimeUnixNano": "1", "endTimeUnixNano": "2"}]}]}]}
+    status, _, body = _http(f"{collector.http_endpoint}/v1/traces", json.dumps(doc).encode(), "application/json")
+    assert status == 200 and json.loads(body)["partialSuccess"]["rejectedSpans"] == "1"
+    assert _count(collector, ["02" * 8]) == 1 and _count(collector, ["01" * 8]) == 0
+
+
+# --- 6 and 2: overload refusals carry the delay, before the body is read -----------------------------------
+def test_concurrency_cap_refusals_are_retryable_with_delay(small):
+    host, port = "127.0.0.1", int(small.http_endpoint.rsplit(":", 1)[1])
+    body = make_request(5)[0].SerializeToString()
+    with socket.create_connection((host, port), timeout=10) as hog:
+        # Headers only: this request is admitted and waits for its body, holding the one HTTP slot.
+        hog.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\n")
+        time.sleep(0.3)
+        status, headers, reply = _http(f"{small.http_endpoint}/v1/traces", body)
+    assert status == 503 and headers["retry-after"] == "1"
+    assert "requests in flight" in status_pb2.Status.FromString(reply).message
+    assert _http(f"{small.http_endpoint}/v1/traces", body)[0] == 200  # the slot is free again
+
+
+def test_grpc_concurrency_cap_refuses_with_retry_info_before_reading(small):
+    gate = threading.Event()
+
+    def never_sends():  # holds the one gRPC slot: admitted, its message never arrives
+        gate.wait(30)
+        yield make_request(2)[0].SerializeToString()
+
+    with grpc.insecure_channel(small.grpc_endpoint) as channel:
+        held = channel.stream_unary(_EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString)
+        pending = held.future(never_sends(), timeout=60)
+        time.sleep(0.5)
+        with pytest.raises(grpc.RpcError) as err:
+            _grpc_export(small.grpc_endpoint, make_request(3)[0].SerializeToString())
+        gate.set()
+        assert pending.result().partial_success.rejected_spans == 0
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "requests in flight" in err.value.details()
+    assert RetryInfo.FromString(dict(err.value.trailing_metadata())["google.rpc.retryinfo-bin"]).retry_delay.seconds == 1
+    assert _grpc_export(small.grpc_endpoint, make_request(3)[0].SerializeToString()).partial_success.rejected_spans == 0
+
+
+def test_memory_budget_refuses_before_reading_and_admits_after(tmp_path):
+    cfg = CollectorConfig(db_path=str(tmp_path / "s.duckdb"), grpc_port=0, http_port=0, max_inflight_bytes=1_000_000)
+    with Collector(cfg) as c:
+        port = int(c.http_endpoint.rsplit(":", 1)[1])
+        body = make_request(5)[0].SerializeToString()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as hog:
+            # Announces 400 kB (2.4 MB reserved): admitted alone, it holds the budget while its body is awaited.
+            hog.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\nContent-Length: 400000\r\n\r\n")
+            time.sleep(0.3)
+            status, headers, reply = _http(f"{c.http_endpoint}/v1/traces", body)
+            assert status == 503 and headers["retry-after"] == "1"
+            assert "max_inflight_bytes=1000000" in status_pb2.Status.FromString(reply).message
+            with pytest.raises(grpc.RpcError) as err:
+                _grpc_export(c.grpc_endpoint, body)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            meta = dict(err.value.trailing_metadata())
+            assert RetryInfo.FromString(meta["google.rpc.retryinfo-bin"]).retry_delay.seconds == 1
+            details = status_pb2.Status.FromString(meta["grpc-status-details-bin"]).details
+            assert details[0].Is(RetryInfo.DESCRIPTOR)
+        time.sleep(0.3)  # the hog hung up: its reservation is released
+        assert _http(f"{c.http_endpoint}/v1/traces", body)[0] == 200
+        assert _grpc_export(c.grpc_endpoint, body).partial_success.rejected_spans == 0
+
+
+# --- 3 and 4: the SQL endpoint only reads the store, within a time limit ------------------------------------
+@pytest.mark.parametrize("query", [
+    "SELECT * FROM read_text('/etc/passwd')",
+    "SELECT * FROM read_blob('/etc/passwd')",
+    "SELECT * FROM read_csv('/etc/passwd')",
+    "SELECT * FROM glob('/etc/*')",
+    "SELECT * FROM read_parquet('{tmp}/x.parquet')",
+    "COPY (SELECT 1) TO '{tmp}/copied.csv'",
+    "EXPLAIN ANALYZE COPY (SELECT 1) TO '{tmp}/explained.csv'",
+    "EXPLAIN ANALYZE SET GLOBAL memory_limit='64MB'",
+    "EXPLAIN ANALYZE CREATE TABLE t AS SELECT 1",
+    "EXPLAIN (ANALYZE) DELETE FROM spans",
+    "SET memory_limit='64MB'",
+    "ATTACH '{tmp}/other.duckdb'",
+    "PRAGMA memory_limit='64MB'",
+    "INSTALL httpfs",
+    "SELECT 1; DELETE FROM spans",
+])
+def test_sql_endpoint_refuses_writes_settings_and_files(collector, tmp_path, query):
+    before = collector.store.sql("SELECT current_setting('memory_limit') AS m").column("m")[0].as_py()
+    status, doc = _sql(collector.http_endpoint, query.format(tmp=tmp_path))
+    assert status == 400, doc
+    assert doc["message"]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("spans.duckdb")) == []
+    assert collector.store.sql("SELECT current_setting('memory_limit') AS m").column("m")[0].as_py() == before
+    req, ids = make_request(3)
+    assert _http(f"{collector.http_endpoint}/v1/traces", req.SerializeToString())[0] == 200
+
+
+def test_sql_reads_and_explains_still_work(collector):
+    assert _sql(collector.http_endpoint, "SELECT 41 + 1 AS x")[1]["rows"] == [{"x": 42}]
+    assert _sql(collector.http_endpoint, "EXPLAIN ANALYZE SELECT count(*) FROM spans")[0] == 200
+    assert _sql(collector.http_endpoint, "EXPLAIN SELECT * FROM rollouts")[0] == 200
+
+
+def test_runaway_sql_is_interrupted_and_never_delays_ingest(tmp_path):
+    cfg = CollectorConfig(db_path=str(tmp_path / "s.duckdb"), grpc_port=0, http_port=0, sql_timeout_s=1.0)
+    with Collector(cfg) as c:
+        _runaway_sql(c)
+
+
+def _runaway_sql(small: Collector) -> None:
+    slow = "SELECT count(*) FROM range(100000000) a, range(100000000) b"
+    results: list[tuple[int, Any]] = []
+    threads = [threading.Thread(target=lambda: results.append(_sql(small.http_endpoint, slow))) for _ in range(6)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    body = make_request(10)[0].SerializeToString()
+    waits = []
+    for _ in range(5):  # gRPC and HTTP ingest stay prompt while the cross joins run
+        t1 = time.monotonic()
+        assert _grpc_export(small.grpc_endpoint, body).partial_success.rejected_spans == 0
+        assert _http(f"{small.http_endpoint}/v1/traces", body)[0] == 200
+        waits.append(time.monotonic() - t1)
+    assert max(waits) < 2.0, waits
+    for t in threads:
+        t.join(60)
+    assert time.monotonic() - t0 < 30
+    assert len(results) == 6 and all(status == 400 and "time limit of 1 s" in doc["message"] for status, doc in results)
+
+
+# --- 1: DuckDB invalidates the database ----------------------------------------------------------------------
+def _payload_request(n: int, rollout: str) -> tuple[bytes, list[str]]:
+    req, ids = make_request(n, rollout_id=rollout, attributes={"payload": os.urandom(600).hex()})
+    return req.SerializeToString(), ids
+
+
+class _FileSizeLimit:
+    """RLIMIT_FSIZE on this process: writing past ``limit`` bytes of any file fails (EFBIG), as on a full disk."""
+
+    def __enter__(self) -> "_FileSizeLimit":
+        self._old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        self._old = resource.getrlimit(resource.RLIMIT_FSIZE)
+        return self
+
+    def set(self, limit: int) -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, self._old[1]))
+
+    def lift(self) -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, self._old)
+
+    def __exit__(self, *exc: object) -> None:
+        self.lift()
+        signal.signal(signal.SIGXFSZ, self._old_handler)
+
+
+def test_fatal_duckdb_error_reopens_and_settles_the_failed_commit(tmp_path):
+    """A checkpoint that cannot write invalidates the database; the collector says so on /health,
+    reopens the file once it can, and every acknowledged span is stored exactly once."""
+    db = tmp_path / "spans.duckdb"
+    cfg = CollectorConfig(db_path=str(db), grpc_port=0, http_port=0, duckdb_checkpoint_threshold="1MB")
+    acked: list[str] = []
+    refused: list[str] = []
+    states: list[str] = []
+    with Collector(cfg) as c, _FileSizeLimit() as fsize:
+        fsize.set(db.stat().st_size + 3_000_000)
+
+        def watch() -> None:  # the operator frees disk space once the collector reports trouble
+            remote = RemoteStore(c.http_endpoint)
+            while not states or states[-1] == "ok":
+                doc = remote.health(timeout_s=10)
+                states.append(doc["status"] if doc else "no answer")
+                if states[-1] != "ok":
+                    fsize.lift()
+                    return
+                time.sleep(0.005)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        for i in range(200):
+            body, ids = _payload_request(500, f"r{i}")
+            status, _, _ = _http(f"{c.http_endpoint}/v1/traces", body)
+            (acked if status == 200 else refused).extend(ids)
+            assert status in (200, 503)
+            if c.store.generation:  # reopened
+                break
+        watcher.join(30)
+        assert c.store.generation == 1 and "recovering" in states, states
+        assert c.health() == {"status": "ok"}
+        more, more_ids = _payload_request(100, "after")
+        assert _http(f"{c.http_endpoint}/v1/traces", more)[0] == 200
+        acked.extend(more_ids)
+        assert _count(c, acked) == len(acked)
+        rows = c.store.sql("SELECT count(*) AS n, count(DISTINCT span_id) AS d FROM spans").to_pylist()[0]
+        assert rows["n"] == rows["d"] == len(acked) + _count(c, refused)
+
+
+def _http_get(url: str) -> tuple[int, dict[str, str], bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def test_store_that_cannot_reopen_exits_3_and_restart_on_the_same_file_succeeds(tmp_path):
+    db = tmp_path / "spans.duckdb"
+    cmd = [sys.executable, "-m", "spanrl", "collector", "--db", str(db), "--grpc-port", "0", "--http-port", "0",
+           "--checkpoint-threshold", "1MB", "--duckdb-memory-limit", "512MB"]
+
+    def start(limit: int | None) -> tuple[subprocess.Popen[str], str]:
+        def preexec() -> None:
+            if limit is not None:
+                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+                resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec)
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        assert line.startswith("spanrl collector ready"), line + proc.stderr.read()  # type: ignore[union-attr]
+        return proc, dict(p.split("=", 1) for p in line.split()[3:])["http"]
+
+    proc, url = start(4_000_000)
+    acked: list[str] = []
+    try:
+        for i in range(200):
+            body, ids = _payload_request(500, f"r{i}")
+            try:
+                status = _http(f"{url}/v1/traces", body, timeout=30)[0]
+            except (urllib.error.URLError, ConnectionError):
+                break  # the process is gone
+            if status == 200:
+                acked.extend(ids)
+            if proc.poll() is not None:
+                break
+        rc = proc.wait(60)
+        stderr = proc.stderr.read()  # type: ignore[union-attr]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 3, stderr
+    assert "could not be reopened" in stderr and "Traceback" not in stderr
+    assert acked
+    proc, url = start(None)
+    try:
+        rows = _sql(url, f"SELECT count(*) AS n FROM spans WHERE span_id IN ({', '.join(repr(i) for i in acked)})")[1]["rows"]
+        assert rows == [{"n": len(acked)}]
+        assert json.loads(_http_get(f"{url}/health")[2])["status"] == "ok"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+
+
+def test_restart_whose_wal_replay_needs_more_than_the_memory_limit_succeeds(tmp_path):
+    """A crash leaves a big WAL; replaying it under a small duckdb_memory_limit runs out of memory,
+    so the collector replays it once without the cap, then applies the cap."""
+    db = tmp_path / "spans.duckdb"
+    writer = (
+        "import duckdb, os, sys\n"
+        "con = duckdb.connect(sys.argv[1], config={'checkpoint_threshold': '10GB'})\n"
+        "import pyarrow as pa\n"
+        "con.execute('CREATE TABLE big (s VARCHAR)'); con.execute('CHECKPOINT')\n"
+        "for _ in range(3):\n"
+        "    con.register('b', pa.table({'s': [os.urandom(40).hex() for _ in range(50000)]}))\n"
+        "    con.execute('INSERT INTO big SELECT * FROM b'); con.unregister('b')\n"
+        "os._exit(0)  # a crash: no checkpoint, everything in the WAL\n"
+    )
+    subprocess.run([sys.executable, "-c", writer, str(db)], check=True, timeout=120)
+    assert Path(f"{db}.wal").stat().st_size > 5_000_000
+    cfg = CollectorConfig(db_path=str(db), grpc_port=0, http_port=0, duckdb_memory_limit="1MB")
+    with Collector(cfg) as c:
+        assert c.store.sql("SELECT count(*) AS n FROM big").column("n")[0].as_py() == 150_000
+        assert c.store.sql("SELECT current_setting('memory_limit') AS m").column("m")[0].as_py() != "0 bytes"

@@ -1,0 +1,96 @@
+"""Bad requests to the policy server get 400/413 OpenAI-style errors, and never disturb the others."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from spanrl.serving import PolicyServer, ServerConfig
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "what is 1 add 2 ?"}], "max_tokens": 3}
+
+
+def _post_raw(base: str, path: str, content: bytes, **headers: str) -> httpx.Response:
+    return httpx.post(f"{base}{path}", content=content, headers={"content-type": "application/json", **headers}, timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("raw", "param", "needle"),
+    [
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "temperature": NaN}', None, "NaN is not a valid JSON number"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "top_p": NaN}', None, "NaN is not a valid JSON number"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "temperature": Infinity, "stream": true}', None, "Infinity"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "temperature": 1e999}', "temperature", "temperature must be a number"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "seed": 18446744073709551616}', "seed", "seed must be an integer between"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "seed": -9223372036854775809}', "seed", "seed must be an integer between"),
+        (b"[" * 100_000 + b"]" * 100_000, None, "nests deeper than 64 levels"),
+        (b'{"a": ' + b"[" * 200 + b"]" * 200 + b"}", None, "nests deeper than 64 levels"),
+    ],
+    ids=["temperature-nan", "top_p-nan", "stream-infinity", "temperature-1e999", "seed-2^64", "seed-below-int64", "nested-100000", "nested-200"],
+)
+def test_bad_numbers_and_deep_json_are_400_and_the_connection_lives_on(served, raw, param, needle):
+    base = served.server.base_url
+    with httpx.Client(timeout=30) as client:  # one keep-alive connection for both requests
+        reply = client.post(f"{base}/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["type"] == "invalid_request_error" and needle in error["message"] and error["param"] == param
+        assert client.post(f"{base}/v1/chat/completions", json=CHAT).status_code == 200
+
+
+def test_seed_at_int64_bounds_is_served(served):
+    for seed in (2**63 - 1, -(2**63)):
+        reply = httpx.post(f"{served.server.base_url}/v1/chat/completions", json={**CHAT, "seed": seed}, timeout=30)
+        assert reply.status_code == 200, reply.text
+
+
+def test_body_over_limit_is_413_before_the_body_is_read(tiny_model_dir):
+    config = ServerConfig(model=tiny_model_dir, port=0, otlp_endpoint=None, served_model_name="tiny", max_body_bytes=64 * 1024)
+    with PolicyServer(config) as server:
+        huge = b'{"model": "tiny", "prompt": "' + b"1 " * 50_000 + b'"}'
+        reply = _post_raw(server.base_url, "/v1/completions", huge)
+        assert reply.status_code == 413 and reply.json()["error"]["code"] == "request_too_large"
+        assert "65536 bytes" in reply.json()["error"]["message"]
+        # Announce 100 MiB but send only the headers: the 413 comes back without waiting for the body.
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 104857600\r\n\r\n")
+            head = sock.recv(4096)
+        assert head.startswith(b"HTTP/1.1 413")
+        # Chunked bodies (no Content-Length) are cut at the limit too.
+        chunks = (b"x" * 16_384 for _ in range(16))
+        reply = httpx.post(f"{server.base_url}/v1/completions", content=chunks, headers={"content-type": "application/json"}, timeout=30)
+        assert reply.status_code == 413
+        assert httpx.post(f"{server.base_url}/v1/completions", json={"model": "tiny", "prompt": "1 add 2", "max_tokens": 2}, timeout=30).status_code == 200
+
+
+def test_big_prompts_do_not_stall_health_or_other_requests(served):
+    """Tokenizing runs off the event loop: /health answers fast while 3 ~0.5 MB prompts are tokenized."""
+    base = served.server.base_url
+    big = {"model": "tiny", "prompt": "1 add 2 " * 60_000, "max_tokens": 1}  # ~480 kB, over the context
+    stop = threading.Event()
+    worst = [0.0]
+
+    def probe() -> None:
+        with httpx.Client(timeout=30) as client:
+            while not stop.is_set():
+                t0 = time.monotonic()
+                assert client.get(f"{base}/health").status_code == 200
+                worst[0] = max(worst[0], time.monotonic() - t0)
+                time.sleep(0.02)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            replies = list(pool.map(lambda _: httpx.post(f"{base}/v1/completions", json=big, timeout=120), range(4)))
+    finally:
+        stop.set()
+        prober.join()
+    assert all(r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded" for r in replies)
+    assert worst[0] < 1.0, f"/health took {worst[0]:.2f} s while big prompts were tokenized"
