@@ -127,8 +127,9 @@ class SpanStore:
         if not self._read_only:
             con.execute(_sql_resource(_SCHEMA_FILE))
             con.execute(_sql_resource(_VIEWS_FILE))
-        elif not self._has_views():
-            # An older file without views: temporary views (and their macros) live in memory, so read-only is fine.
+        else:
+            # The file's views may be older than this spanrl, or missing: temporary ones (and their macros)
+            # live in memory, so read-only is fine, and they shadow the stored ones.
             views = _sql_resource(_VIEWS_FILE).replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW")
             con.execute(views.replace("CREATE OR REPLACE MACRO", "CREATE OR REPLACE TEMP MACRO"))
         if self._sandboxed:
@@ -282,12 +283,6 @@ class SpanStore:
             if cursor is None:
                 cur.close()
         return batch.num_rows
-
-    def _has_views(self) -> bool:
-        rows = self._con.execute(
-            "SELECT count(*) FROM duckdb_views() WHERE view_name IN ('rollouts', 'llm_calls', 'rewards')"
-        ).fetchone()
-        return bool(rows and rows[0] == 3)
 
 
 def _connect(path: str, read_only: bool, config: dict[str, str | int | bool]) -> duckdb.DuckDBPyConnection:
