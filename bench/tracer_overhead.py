@@ -159,7 +159,9 @@ _BREAKDOWN = textwrap.dedent(
     from spanrl.instrumentation.exporter import FastOTLPSpanExporter
     from spanrl.instrumentation.instrumentor import SpanRLInstrumentor
     apply_env_defaults()  # the default capture: messages, usage, ids
-    provider = TracerProvider(resource=Resource.create({"service.name": "bench", "spanrl.rollout.id": "bench"}))
+    from spanrl.instrumentation import rollout_resource_attributes
+    # as the spanrl configurator builds it: the ids on the resource, the processor reads baggage only
+    provider = TracerProvider(resource=Resource.create({**rollout_resource_attributes(), "service.name": "bench"}))
     trace.set_tracer_provider(provider)
     OpenAIInstrumentor().instrument()
     SpanRLInstrumentor().instrument()
