@@ -206,6 +206,11 @@ def run_breakdown(grpc: str, calls: int, rounds: int) -> dict[str, float]:
     return json.loads(lines[-1][len("BENCH "):])
 
 
+def breakdown_total(b: dict[str, float]) -> float:
+    """CPU seconds per call that tracing adds: the traced call and reward, exported, minus the bare call."""
+    return b["call_export"] - b["plain"] + b["reward_export"]
+
+
 def print_breakdown(b: dict[str, float], call_ms: float) -> None:
     """The parts of the per-call overhead, in microseconds of CPU and as a share of a ``call_ms`` call."""
     parts = [
@@ -362,8 +367,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"overhead ratio anchor/spanrl: {ratio:.1f}x  (spanrl {ours * 1e6:.0f} us vs anchor {theirs * 1e6:.0f} us per call)")
     print_breakdown(breakdown, args.call_ms)
     print(f"load average at the end {os.getloadavg()[0]:.1f} (figures scale with it: compare within a run)")
-    print(f"goal: spanrl overhead < 5% of a {args.call_ms:.1f} ms call: "
-          f"{'MET' if (med['spanrl'] - med['plain']) / med['plain'] < 0.05 else 'NOT MET'}")
+    # The verdict needs both: the wall overhead (noisy on a busy machine, can even come out negative)
+    # and the CPU of the instrumentation's parts (steady), each under 5% of the call.
+    cpu_total = breakdown_total(breakdown)
+    wall_ok = 0 <= (med["spanrl"] - med["plain"]) / med["plain"] < 0.05
+    cpu_ok = cpu_total < 0.05 * args.call_ms / 1000
+    print(f"goal: spanrl overhead < 5% of a {args.call_ms:.1f} ms call: {'MET' if wall_ok and cpu_ok else 'NOT MET'} "
+          f"(wall {'ok' if wall_ok else 'not ok'}; CPU of the parts {cpu_total * 1e6:.0f} us, "
+          f"{'ok' if cpu_ok else 'not ok'})")
     return 0
 
 
