@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from spanrl.errors import ConfigError, TrainingError
@@ -44,6 +46,7 @@ __all__ = [
     "load_policy_weights",
     "pad_transitions",
     "save_policy",
+    "transition_table",
     "transitions_of",
 ]
 
@@ -53,32 +56,93 @@ _REPORTERS = ("none", "tensorboard", "wandb")
 
 
 def transitions_of(batch: TransitionBatch | Sequence[Transition]) -> list[Transition]:
-    """The transitions of a ``TransitionBatch`` (or of a plain sequence of transitions)."""
+    """The transitions of a ``TransitionBatch`` (or of a plain sequence of transitions) as dataclasses."""
     transitions = getattr(batch, "transitions", batch)
     return list(transitions)
 
 
-def check_transitions(transitions: Sequence[Transition], *, vocab_size: int | None = None) -> None:
-    """Raise :class:`ConfigError` naming the first malformed transition and field; loses nothing."""
-    if not transitions:
+def transition_table(batch: TransitionBatch | pa.Table | Sequence[Transition]) -> pa.Table:
+    """The transitions as an Arrow table with ``TRANSITIONS_SCHEMA``: the training path's input.
+
+    A ``TransitionBatch`` gives its table without building a dataclass per row, unless its dataclass view
+    (``batch.transitions``) was built: a caller may have edited those objects, so they are the truth then.
+    A plain sequence of transitions (a sampled mini-batch, a distributed shard) is converted once."""
+    if isinstance(batch, pa.Table):
+        return batch
+    if hasattr(batch, "to_arrow"):
+        if "transitions" not in vars(batch):
+            return batch.to_arrow()
+        batch = batch.transitions
+    from spanrl.algorithms.transitions import TRANSITIONS_SCHEMA
+
+    names = TRANSITIONS_SCHEMA.names
+    return pa.Table.from_pylist([{n: getattr(t, n) for n in names} for t in batch], schema=TRANSITIONS_SCHEMA)
+
+
+def _row_problem(row: dict[str, Any], vocab_size: int | None) -> str | None:
+    """What is wrong with one transition row (the first problem), or None."""
+    prompt, completion = row["prompt_ids"] or [], row["completion_ids"] or []
+    mask, logprobs = row["completion_mask"] or [], row["old_logprobs"] or []
+    if not prompt:
+        return "prompt_ids is empty"
+    if not completion:
+        return "completion_ids is empty"
+    n = len(completion)
+    if len(mask) != n:
+        return f"completion_mask has {len(mask)} entries, completion_ids {n}"
+    if logprobs and len(logprobs) != n:
+        return f"old_logprobs has {len(logprobs)} entries, completion_ids {n}"
+    advantage = row["advantage"]
+    if advantage is None or not np.isfinite(advantage):
+        return f"advantage must be finite, got {advantage!r}"
+    if vocab_size is not None:
+        bad = [x for x in (*prompt, *completion) if not 0 <= x < vocab_size]
+        if bad:
+            return f"token id {bad[0]} is outside the vocabulary (size {vocab_size})"
+    return None
+
+
+def _lengths(column: pa.ChunkedArray) -> np.ndarray:
+    """Entries per row of a list column (a null list counts as empty), as int64."""
+    return np.asarray(pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _flat(column: pa.ChunkedArray) -> np.ndarray:
+    """The values of a list column's rows, concatenated in row order (null rows contribute nothing)."""
+    flat = pc.list_flatten(column)
+    return flat.to_numpy() if flat.null_count == 0 else flat.to_numpy(zero_copy_only=False)
+
+
+def _out_of_vocab_rows(column: pa.ChunkedArray, lengths: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Rows with a token id outside ``[0, vocab_size)``."""
+    values = _flat(column)
+    rows = np.zeros(len(lengths), dtype=bool)
+    if len(values) and (values.min() < 0 or values.max() >= vocab_size):
+        bad_at = np.flatnonzero((values < 0) | (values >= vocab_size))
+        rows[np.searchsorted(np.cumsum(lengths), bad_at, side="right")] = True
+    return rows
+
+
+def check_transitions(transitions: TransitionBatch | pa.Table | Sequence[Transition], *,
+                      vocab_size: int | None = None) -> None:
+    """Raise :class:`ConfigError` naming the first malformed transition and field; loses nothing.
+    Columnar: the rows are checked with Arrow/NumPy; only the first bad row is read in Python."""
+    table = transition_table(transitions)
+    if not table.num_rows:
         raise ConfigError("batch has no transitions; an update needs at least one")
-    for i, t in enumerate(transitions):
-        where = f"transition {i} (rollout_id={t.rollout_id!r}, step={t.step})"
-        if not t.prompt_ids:
-            raise ConfigError(f"{where}: prompt_ids is empty")
-        if not t.completion_ids:
-            raise ConfigError(f"{where}: completion_ids is empty")
-        n = len(t.completion_ids)
-        if len(t.completion_mask) != n:
-            raise ConfigError(f"{where}: completion_mask has {len(t.completion_mask)} entries, completion_ids {n}")
-        if t.old_logprobs and len(t.old_logprobs) != n:
-            raise ConfigError(f"{where}: old_logprobs has {len(t.old_logprobs)} entries, completion_ids {n}")
-        if not np.isfinite(t.advantage):
-            raise ConfigError(f"{where}: advantage must be finite, got {t.advantage!r}")
-        if vocab_size is not None:
-            bad = [x for x in (*t.prompt_ids, *t.completion_ids) if not 0 <= x < vocab_size]
-            if bad:
-                raise ConfigError(f"{where}: token id {bad[0]} is outside the vocabulary (size {vocab_size})")
+    n_p, n_c = _lengths(table.column("prompt_ids")), _lengths(table.column("completion_ids"))
+    n_m, n_lp = _lengths(table.column("completion_mask")), _lengths(table.column("old_logprobs"))
+    advantage = np.asarray(table.column("advantage").to_numpy(zero_copy_only=False), dtype=np.float64)
+    bad = (n_p == 0) | (n_c == 0) | (n_m != n_c) | ((n_lp != 0) & (n_lp != n_c)) | ~np.isfinite(advantage)
+    if vocab_size is not None:
+        bad |= _out_of_vocab_rows(table.column("prompt_ids"), n_p, vocab_size)
+        bad |= _out_of_vocab_rows(table.column("completion_ids"), n_c, vocab_size)
+    if not bad.any():
+        return
+    i = int(np.flatnonzero(bad)[0])
+    row = table.slice(i, 1).to_pylist()[0]
+    problem = _row_problem(row, vocab_size)
+    raise ConfigError(f"transition {i} (rollout_id={row['rollout_id']!r}, step={row['step']}): {problem}")
 
 
 @dataclasses.dataclass
@@ -104,38 +168,43 @@ class PaddedBatch:
         )
 
 
-def pad_transitions(transitions: Sequence[Transition], *, pad_token_id: int) -> PaddedBatch:
+def pad_transitions(transitions: TransitionBatch | pa.Table | Sequence[Transition], *, pad_token_id: int) -> PaddedBatch:
     """Pad transitions into a :class:`PaddedBatch`. ``old_logprobs``: the server's log-probs where a
     transition has them, NaN on the completion tokens of one that has none (retokenized: recompute
-    those rows only, :func:`fill_missing_logprobs`); None when no transition has any."""
-    bsz = len(transitions)
-    max_p = max(len(t.prompt_ids) for t in transitions)
-    max_c = max(len(t.completion_ids) for t in transitions)
-    prompt_ids = torch.full((bsz, max_p), pad_token_id, dtype=torch.long)
-    prompt_mask = torch.zeros((bsz, max_p), dtype=torch.long)
-    completion_ids = torch.full((bsz, max_c), pad_token_id, dtype=torch.long)
-    completion_mask = torch.zeros((bsz, max_c), dtype=torch.long)
-    loss_mask = torch.zeros((bsz, max_c), dtype=torch.long)
-    known = [bool(t.old_logprobs) and len(t.old_logprobs) == len(t.completion_ids) for t in transitions]
-    old_logprobs = torch.zeros((bsz, max_c), dtype=torch.float32) if any(known) else None
-    for i, t in enumerate(transitions):
-        p, c = len(t.prompt_ids), len(t.completion_ids)
-        prompt_ids[i, max_p - p :] = torch.tensor(t.prompt_ids, dtype=torch.long)
-        prompt_mask[i, max_p - p :] = 1
-        completion_ids[i, :c] = torch.tensor(t.completion_ids, dtype=torch.long)
-        completion_mask[i, :c] = 1
-        loss_mask[i, :c] = torch.tensor(t.completion_mask, dtype=torch.long)
-        if old_logprobs is not None:
-            old_logprobs[i, :c] = torch.tensor(t.old_logprobs, dtype=torch.float32) if known[i] else float("nan")
+    those rows only, :func:`fill_missing_logprobs`); None when no transition has any.
+
+    Columnar: the (B, T) arrays are filled from the Arrow list columns with boolean masks (row-major
+    order is the order of the flattened values), no Python per row."""
+    table = transition_table(transitions)
+    n_p, n_c = _lengths(table.column("prompt_ids")), _lengths(table.column("completion_ids"))
+    max_p, max_c = int(n_p.max(initial=0)), int(n_c.max(initial=0))
+    p_real = np.arange(max_p)[None, :] >= (max_p - n_p)[:, None]  # left-padded prompts
+    c_real = np.arange(max_c)[None, :] < n_c[:, None]  # right-padded completions
+    prompt_ids = np.full(p_real.shape, pad_token_id, dtype=np.int64)
+    prompt_ids[p_real] = _flat(table.column("prompt_ids"))
+    completion_ids = np.full(c_real.shape, pad_token_id, dtype=np.int64)
+    completion_ids[c_real] = _flat(table.column("completion_ids"))
+    loss_mask = np.zeros(c_real.shape, dtype=np.int64)
+    loss_mask[c_real] = _flat(table.column("completion_mask"))
+    n_lp = _lengths(table.column("old_logprobs"))
+    known = (n_lp > 0) & (n_lp == n_c)
+    old_logprobs = None
+    if known.any():
+        old = np.zeros(c_real.shape, dtype=np.float32)
+        known_lp = table.column("old_logprobs") if known.all() else table.column("old_logprobs").filter(pa.array(known))
+        old[c_real & known[:, None]] = _flat(known_lp)
+        old[c_real & ~known[:, None]] = np.nan
+        old_logprobs = torch.from_numpy(old)
+    column = lambda name: np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=np.float32)  # noqa: E731
     return PaddedBatch(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        completion_ids=completion_ids,
-        completion_mask=completion_mask,
-        loss_mask=loss_mask,
+        prompt_ids=torch.from_numpy(prompt_ids),
+        prompt_mask=torch.from_numpy(p_real.astype(np.int64)),
+        completion_ids=torch.from_numpy(completion_ids),
+        completion_mask=torch.from_numpy(c_real.astype(np.int64)),
+        loss_mask=torch.from_numpy(loss_mask),
         old_logprobs=old_logprobs,
-        advantages=torch.tensor([float(t.advantage) for t in transitions], dtype=torch.float32),
-        rewards=torch.tensor([float(t.reward) for t in transitions], dtype=torch.float32),
+        advantages=torch.from_numpy(column("advantage")),
+        rewards=torch.from_numpy(column("reward")),
     )
 
 

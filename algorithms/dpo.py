@@ -155,8 +155,8 @@ class DPO(Algorithm):
 
         self._require_setup()
         cfg = self.config
+        check_transitions(batch, vocab_size=self.model.config.vocab_size)  # columnar, before any dataclass
         transitions = transitions_of(batch)
-        check_transitions(transitions, vocab_size=self.model.config.vocab_size)
         pairs = preference_pairs(transitions, cfg.min_reward_gap)
         started = time.perf_counter()
         metrics = {

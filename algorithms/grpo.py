@@ -41,7 +41,7 @@ from spanrl.algorithms.base import (
     pad_transitions,
     save_checkpoint,
     seed_everything,
-    transitions_of,
+    transition_table,
 )
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.errors import ConfigError, TrainingError
@@ -239,17 +239,17 @@ class GRPO(Algorithm):
         """One policy update: ``num_iterations`` passes of clipped GRPO steps over the batch."""
         self._require_setup()
         cfg, trainer = self.config, self.trainer
-        transitions = transitions_of(batch)
-        check_transitions(transitions, vocab_size=self.model.config.vocab_size)
+        table = transition_table(batch)
+        check_transitions(table, vocab_size=self.model.config.vocab_size)
         started = time.perf_counter()
-        data = pad_transitions(transitions, pad_token_id=self.tokenizer.pad_token_id)
+        data = pad_transitions(table, pad_token_id=self.tokenizer.pad_token_id)
         if not cfg.use_old_logprobs:
             data.old_logprobs = None
         # unknown rows (retokenized calls): the current policy's log-probs, computed for those rows only
         data.old_logprobs = fill_missing_logprobs(data, lambda part: self._logprobs(trainer.model, part))
         ref_logprobs = self._logprobs(trainer.ref_model or trainer.model, data, ref=True) if cfg.beta else None
 
-        n = len(transitions)
+        n = table.num_rows
         mini = cfg.mini_batch_size or n
         micro = min(cfg.micro_batch_size or mini, mini)
         stats: dict[str, list[float]] = {"policy_loss": [], "approx_kl": [], "grad_norm": []}

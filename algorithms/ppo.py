@@ -37,7 +37,7 @@ from spanrl.algorithms.base import (
     pad_transitions,
     save_checkpoint,
     seed_everything,
-    transitions_of,
+    transition_table,
 )
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.errors import ConfigError
@@ -227,25 +227,26 @@ class PPO(Algorithm):
     def values(self, batch: TransitionBatch) -> list[float]:
         """The critic's V(s) of each transition's prompt, in batch order."""
         self._require_setup()
-        transitions = transitions_of(batch)
-        check_transitions(transitions, vocab_size=self.model.config.vocab_size)
+        table = transition_table(batch)
+        check_transitions(table, vocab_size=self.model.config.vocab_size)
         self.critic.eval()
-        data = pad_transitions(transitions, pad_token_id=self.tokenizer.pad_token_id)
+        data = pad_transitions(table, pad_token_id=self.tokenizer.pad_token_id)
         return state_values(self.critic, data).tolist()
 
     def value_map(self, batch: TransitionBatch) -> dict[tuple[str, int], float]:
         """:meth:`values` keyed ``(rollout_id, step)``, as ``load_transitions(values=...)`` takes them for gae."""
-        transitions = transitions_of(batch)
-        return {(t.rollout_id, t.step): v for t, v in zip(transitions, self.values(transitions))}
+        table = transition_table(batch)
+        keys = zip(table.column("rollout_id").to_pylist(), table.column("step").to_pylist())
+        return dict(zip(keys, self.values(table)))
 
     def update(self, batch: TransitionBatch) -> dict[str, float]:
         """``num_iterations`` epochs of clipped PPO steps over shuffled mini-batches."""
         self._require_setup()
         cfg = self.config
-        transitions = transitions_of(batch)
-        check_transitions(transitions, vocab_size=self.model.config.vocab_size)
+        table = transition_table(batch)
+        check_transitions(table, vocab_size=self.model.config.vocab_size)
         started = time.perf_counter()
-        data = pad_transitions(transitions, pad_token_id=self.tokenizer.pad_token_id)
+        data = pad_transitions(table, pad_token_id=self.tokenizer.pad_token_id)
         with torch.no_grad():
             self.model.eval(), self.critic.eval()
             old_values = state_values(self.critic, data)  # (B,)
@@ -254,7 +255,7 @@ class PPO(Algorithm):
         returns = data.advantages + old_values  # (B,) the GAE value target
         self.model.train(), self.critic.train()
 
-        n = len(transitions)
+        n = table.num_rows
         mini = cfg.mini_batch_size or n
         logs: dict[str, list[float]] = {}
         for _ in range(cfg.num_iterations):

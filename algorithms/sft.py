@@ -123,8 +123,8 @@ class SFT(Algorithm):
 
         self._require_setup()
         cfg = self.config
+        check_transitions(batch, vocab_size=self.model.config.vocab_size)  # columnar, before any dataclass
         transitions = transitions_of(batch)
-        check_transitions(transitions, vocab_size=self.model.config.vocab_size)
         chosen = select_transitions(transitions, cfg.reward_threshold)
         started = time.perf_counter()
         metrics = {

@@ -10,7 +10,9 @@ Spans are generated with numpy and written straight into a DuckDB file through t
 
 Timed (median of --rounds):
   spanrl   `load_transitions(store, credit=CreditConfig())`: SQL decomposition (calls, rewards, rollouts),
-           GRPO credit, the Arrow transitions table. Also `batch.transitions` (Python dataclasses) once.
+           GRPO credit, the Arrow transitions table. Also `batch.transitions` (Python dataclasses) once,
+           and transitions -> padded (B, T) tensors: `check_transitions` + `TransitionBatch.to_padded`
+           (columnar) beside the per-row path they replace (dataclasses + a tensor per row), same rows.
   anchor   agentlightning==0.3.0 in its own venv (--anchor-python): the same spans (all, or the first
            --anchor-rollouts rollouts) given to `TracerTraceToTriplet().adapt` one rollout at a time, as
            its trainer does, after converting them to its `Span` objects (timed apart). The LLM call span
@@ -247,6 +249,67 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _legacy_pad(transitions: list, pad_token_id: int) -> dict:
+    """The training path before the columnar one (a dataclass per row, a tensor per row and field), kept
+    here as the baseline: the tensors `pad_transitions` must reproduce."""
+    import torch
+
+    bsz = len(transitions)
+    max_p = max(len(t.prompt_ids) for t in transitions)
+    max_c = max(len(t.completion_ids) for t in transitions)
+    out = {"prompt_ids": torch.full((bsz, max_p), pad_token_id, dtype=torch.long),
+           "prompt_mask": torch.zeros((bsz, max_p), dtype=torch.long),
+           "completion_ids": torch.full((bsz, max_c), pad_token_id, dtype=torch.long),
+           "completion_mask": torch.zeros((bsz, max_c), dtype=torch.long),
+           "loss_mask": torch.zeros((bsz, max_c), dtype=torch.long),
+           "old_logprobs": torch.zeros((bsz, max_c), dtype=torch.float32)}
+    for i, t in enumerate(transitions):
+        p, c = len(t.prompt_ids), len(t.completion_ids)
+        out["prompt_ids"][i, max_p - p:] = torch.tensor(t.prompt_ids, dtype=torch.long)
+        out["prompt_mask"][i, max_p - p:] = 1
+        out["completion_ids"][i, :c] = torch.tensor(t.completion_ids, dtype=torch.long)
+        out["completion_mask"][i, :c] = 1
+        out["loss_mask"][i, :c] = torch.tensor(t.completion_mask, dtype=torch.long)
+        out["old_logprobs"][i, :c] = torch.tensor(t.old_logprobs, dtype=torch.float32)
+    out["advantages"] = torch.tensor([float(t.advantage) for t in transitions], dtype=torch.float32)
+    out["rewards"] = torch.tensor([float(t.reward) for t in transitions], dtype=torch.float32)
+    return out
+
+
+def time_padding(store: object, rounds: int, load_s: float) -> None:
+    """Transitions -> padded (B, T) tensors: the columnar path against the per-row one, same run, same
+    rows; checks that both give identical tensors."""
+    import torch
+
+    from spanrl.algorithms.base import check_transitions
+    from spanrl.algorithms.credit import CreditConfig
+    from spanrl.algorithms.transitions import load_transitions
+
+    new_times, new_cpus, old_times, end_times = [], [], [], []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        batch = load_transitions(store, credit=CreditConfig())
+        t_loaded, c_loaded = time.perf_counter(), _cpu_s()
+        check_transitions(batch, vocab_size=32_000)
+        padded = batch.to_padded(pad_token_id=0)
+        t_done = time.perf_counter()
+        new_cpus.append(_cpu_s() - c_loaded)
+        new_times.append(t_done - t_loaded)
+        end_times.append(t_done - t)
+        t = time.perf_counter()
+        legacy = _legacy_pad(batch.transitions, pad_token_id=0)  # builds the dataclasses, as before
+        old_times.append(time.perf_counter() - t)
+    for name, tensor in legacy.items():
+        assert torch.equal(getattr(padded, name), tensor), f"columnar {name} differs from the per-row path"
+    new_s, old_s, end_s = (statistics.median(x) for x in (new_times, old_times, end_times))
+    shape = tuple(padded.prompt_ids.shape), tuple(padded.completion_ids.shape)
+    print(f"transitions -> padded tensors ({len(batch):,} rows, prompt {shape[0]}, completion {shape[1]}), "
+          f"median of {rounds}: columnar check + to_padded {new_s:.3f} s (CPU {statistics.median(new_cpus):.3f} s); per-row path (batch.transitions "
+          f"+ a tensor per row) {old_s:.2f} s: {old_s / new_s:.1f}x; identical tensors")
+    print(f"store -> tensors (load_transitions + check + to_padded), median: {end_s:.2f} s "
+          f"(load_transitions alone above: {load_s:.2f} s); load average {os.getloadavg()[0]:.1f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rollouts", type=int, default=10_000)
@@ -290,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
               f"load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         print(f"  + batch.transitions ({n_objects:,} dataclasses): {objects_s:.2f} s")
         print(f"  report: {json.dumps({k: v for k, v in batch.report.items() if v})}")
+        time_padding(store, args.rounds, ours_s)
 
         n_anchor = min(args.anchor_rollouts or args.rollouts, args.rollouts)
         if not Path(args.anchor_python).exists():

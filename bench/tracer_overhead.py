@@ -18,9 +18,10 @@ Modes:
 Rounds are interleaved; figures are medians over rounds of each round's median per-call latency.
 Overhead = mode - its own venv's baseline. CPU/call is the agent process's CPU time (all threads,
 span export included, flushed at the end) over the timed calls: steadier than wall time on a busy
-machine. Usage:
+machine. Then the breakdown: where the overhead's microseconds go, stage by stage in one process with
+the reply returned in-process (no HTTP noise), export thread included. Usage:
 
-    .venv/bin/python bench/tracer_overhead.py [--calls 300] [--rounds 5] [--call-ms 2.0]
+    .venv/bin/python bench/tracer_overhead.py [--calls 300] [--rounds 5] [--call-ms 2.0] [--breakdown-only]
         [--anchor-python /tmp/anchor-venv/bin/python]
 """
 
@@ -131,6 +132,101 @@ _AGENT = textwrap.dedent(
 )
 
 
+# Where the microseconds go: the same call with the server's reply returned in-process (no HTTP, so the
+# client's ~1.5 ms of CPU and its noise are gone), through OpenLLMetry and the SDK, stage by stage, in
+# one process; stages interleaved per round. CPU time of every thread (the export thread included: the
+# batch processor is flushed inside the timed window). Differences between stages are the parts.
+_BREAKDOWN = textwrap.dedent(
+    """
+    import json, statistics, sys, time
+    import openai
+    from openai.resources.chat.completions import Completions
+    from openai.types.chat import ChatCompletion
+    calls, rounds, grpc = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    REPLY = ChatCompletion.model_validate({
+        "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "tiny",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "5"}, "finish_reason": "stop",
+                     "logprobs": None}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}})
+    Completions.create = lambda self, *args, **kwargs: REPLY  # what OpenLLMetry wraps: the reply, no HTTP
+    import spanrl
+    from opentelemetry import trace
+    from opentelemetry.instrumentation.openai import OpenAIInstrumentor
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from spanrl.instrumentation.config import apply_env_defaults
+    from spanrl.instrumentation.exporter import FastOTLPSpanExporter
+    from spanrl.instrumentation.instrumentor import SpanRLInstrumentor
+    apply_env_defaults()  # the default capture: messages, usage, ids
+    from spanrl.instrumentation import rollout_resource_attributes
+    # as the spanrl configurator builds it: the ids on the resource, the processor reads baggage only
+    provider = TracerProvider(resource=Resource.create({**rollout_resource_attributes(), "service.name": "bench"}))
+    trace.set_tracer_provider(provider)
+    OpenAIInstrumentor().instrument()
+    SpanRLInstrumentor().instrument()
+    active = provider._active_span_processor
+    rollout = tuple(active._span_processors)
+    batch = BatchSpanProcessor(FastOTLPSpanExporter(endpoint=grpc, insecure=True))
+    client = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="sk-bench")
+    messages = [{"role": "system", "content": "You are a calculator."}, {"role": "user", "content": "What is 2 + 3?"}]
+    bare = Completions.create.__wrapped__
+    def plain(): bare(client.chat.completions, model="tiny", messages=messages)
+    def call(): client.chat.completions.create(model="tiny", messages=messages)
+    def reward(): spanrl.emit_reward(1.0)
+    def stage(fn, processors):
+        active._span_processors = processors
+        fn(); fn()
+        c0 = time.process_time()
+        for _ in range(calls):
+            fn()
+        if batch in processors:
+            provider.force_flush(30000)
+        return (time.process_time() - c0) / calls
+    stages = {"plain": (plain, ()), "call_bare_sdk": (call, ()), "call": (call, rollout),
+              "call_export": (call, rollout + (batch,)), "reward": (reward, rollout),
+              "reward_export": (reward, rollout + (batch,))}
+    out = {k: [] for k in stages}
+    for _ in range(rounds):
+        for name, (fn, procs) in stages.items():
+            out[name].append(stage(fn, procs))
+    print("BENCH " + json.dumps({k: statistics.median(v) for k, v in out.items()}), flush=True)
+    """
+)
+
+
+def run_breakdown(grpc: str, calls: int, rounds: int) -> dict[str, float]:
+    """Median CPU seconds per call of each stage of `_BREAKDOWN`."""
+    env = _clean_env(SPANRL_ROLLOUT_ID="bench")
+    out = subprocess.run([sys.executable, "-c", _BREAKDOWN, str(calls), str(rounds), grpc], env=env,
+                         capture_output=True, text=True, timeout=_AGENT_TIMEOUT_S)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("BENCH ")]
+    if out.returncode != 0 or not lines:
+        raise RuntimeError(f"breakdown failed (rc {out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
+    return json.loads(lines[-1][len("BENCH "):])
+
+
+def breakdown_total(b: dict[str, float]) -> float:
+    """CPU seconds per call that tracing adds: the traced call and reward, exported, minus the bare call."""
+    return b["call_export"] - b["plain"] + b["reward_export"]
+
+
+def print_breakdown(b: dict[str, float], call_ms: float) -> None:
+    """The parts of the per-call overhead, in microseconds of CPU and as a share of a ``call_ms`` call."""
+    parts = [
+        ("OpenLLMetry wrapper + chat span (capture on; SDK, no processor)", b["call_bare_sdk"] - b["plain"]),
+        ("spanrl rollout span processor (on_start)", b["call"] - b["call_bare_sdk"]),
+        ("chat span export (batch queue, spanrl encoder, gRPC; other thread)", b["call_export"] - b["call"]),
+        ("reward span (spanrl.emit_reward)", b["reward"]),
+        ("reward span export", b["reward_export"] - b["reward"]),
+    ]
+    total = sum(x for _, x in parts)
+    print(f"\nwhere the microseconds go (CPU per call, no HTTP, median of rounds; load {os.getloadavg()[0]:.1f}):")
+    for name, x in parts:
+        print(f"  {name:70s} {x * 1e6:7.1f} us {100 * x / total:5.1f}%")
+    print(f"  {'total':70s} {total * 1e6:7.1f} us = {100 * total / (call_ms / 1000):.1f}% of a {call_ms:.1f} ms call")
+
+
 def _clean_env(**extra: str) -> dict[str, str]:
     drop = ("OTEL_", "SPANRL_", "TRACELOOP_", "OPENAI_", "AGENTOPS_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
@@ -200,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--call-ms", type=float, default=DEFAULT_CALL_MS, help="target plain call latency (ms)")
     parser.add_argument("--anchor-python", default=DEFAULT_ANCHOR_PYTHON,
                         help="python of a venv with agentlightning==0.3.0 ('' to skip the anchor)")
+    parser.add_argument("--breakdown-calls", type=int, default=2000, help="calls per stage of the breakdown")
+    parser.add_argument("--breakdown-only", action="store_true", help="only the in-process breakdown")
     args = parser.parse_args(argv)
 
     anchor = args.anchor_python and Path(args.anchor_python).exists()
@@ -212,6 +310,13 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         collector, grpc, http = start_collector(Path(tmp) / "bench.duckdb")
+        if args.breakdown_only:
+            try:
+                print_breakdown(run_breakdown(grpc, args.breakdown_calls, args.rounds), args.call_ms)
+            finally:
+                collector.terminate()
+                collector.wait(30)
+            return 0
         try:
             # Calibrate the server delay so a plain call takes about --call-ms.
             server, url = start_server(0.0)
@@ -235,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(1.0)
             stored = collector_count(http, "SELECT count(*) AS n FROM spans WHERE operation_name = 'chat'")
             rewards = collector_count(http, "SELECT count(*) AS n FROM spans WHERE reward_value IS NOT NULL")
+            breakdown = run_breakdown(grpc, args.breakdown_calls, args.rounds)
         finally:
             collector.terminate()
             collector.wait(30)
@@ -259,9 +365,16 @@ def main(argv: list[str] | None = None) -> int:
         theirs = med["anchor"] - med["anchor-plain"]
         ratio = theirs / ours if ours > 0 else float("inf")
         print(f"overhead ratio anchor/spanrl: {ratio:.1f}x  (spanrl {ours * 1e6:.0f} us vs anchor {theirs * 1e6:.0f} us per call)")
+    print_breakdown(breakdown, args.call_ms)
     print(f"load average at the end {os.getloadavg()[0]:.1f} (figures scale with it: compare within a run)")
-    print(f"goal: spanrl overhead < 5% of a {args.call_ms:.1f} ms call: "
-          f"{'MET' if (med['spanrl'] - med['plain']) / med['plain'] < 0.05 else 'NOT MET'}")
+    # The verdict needs both: the wall overhead (noisy on a busy machine, can even come out negative)
+    # and the CPU of the instrumentation's parts (steady), each under 5% of the call.
+    cpu_total = breakdown_total(breakdown)
+    wall_ok = 0 <= (med["spanrl"] - med["plain"]) / med["plain"] < 0.05
+    cpu_ok = cpu_total < 0.05 * args.call_ms / 1000
+    print(f"goal: spanrl overhead < 5% of a {args.call_ms:.1f} ms call: {'MET' if wall_ok and cpu_ok else 'NOT MET'} "
+          f"(wall {'ok' if wall_ok else 'not ok'}; CPU of the parts {cpu_total * 1e6:.0f} us, "
+          f"{'ok' if cpu_ok else 'not ok'})")
     return 0
 
 

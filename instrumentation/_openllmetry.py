@@ -15,7 +15,10 @@ the ``spanrl`` instrumentor. Each replaces a module-level name in OpenLLMetry's 
   a traceback on every call (~0.3 ms) and skips ``gen_ai.usage.cache_read.input_tokens``. The null is
   read as ``{}``, the case the code was written for.
 
-``SPANRL_OPENLLMETRY_SPEEDUPS=0`` keeps the last two out.
+* ``_get_openai_base_url`` (speed): ``str(client.base_url)`` rebuilt from the parsed URL three times per
+  call; the string is kept per URL object (a client given a new ``base_url`` gets a new object).
+
+``SPANRL_OPENLLMETRY_SPEEDUPS=0`` keeps the speedups out (the baggage header stays).
 """
 
 from __future__ import annotations
@@ -95,7 +98,27 @@ def _null_details_as_empty(original: Any) -> Any:
     return _set_response_attributes
 
 
+def _cached_base_url(original: Any) -> Any:
+    cache: dict[int, tuple[Any, Any]] = {}  # id(client's URL object) -> (that object, the answer)
+
+    def _get_openai_base_url(instance: Any) -> Any:
+        url = getattr(getattr(instance, "_client", None), "_base_url", None)
+        if url is None:
+            return original(instance)
+        entry = cache.get(id(url))
+        if entry is not None and entry[0] is url:
+            return entry[1]
+        value = original(instance)
+        if len(cache) < _BASE_URL_CACHE_MAX:  # the URL object is kept: its id cannot be reused meanwhile
+            cache[id(url)] = (url, value)
+        return value
+
+    return _get_openai_base_url
+
+
+_BASE_URL_CACHE_MAX = 256
 _SPEEDUPS = {
+    "_get_openai_base_url": _cached_base_url,
     "run_async": _fast_run_async,
     "is_openai_v1": _constant,
     "is_reasoning_supported": _constant,

@@ -119,6 +119,8 @@ def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> list[bytes]
             av = b"\x0a" + (small[n] if n < 0x80 else _varint(n)) + raw
         elif kind is float:
             av = b"\x21" + _pack_d(value)
+        elif kind is int and 0 <= value < 0x80:  # token counts, ports, steps: one byte
+            av = b"\x18" + small[value]
         else:
             try:
                 av = _any_value(value)

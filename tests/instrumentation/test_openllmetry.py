@@ -97,3 +97,16 @@ def test_fast_run_async_drives_a_coroutine_and_falls_back_when_it_suspends():
     fast(quick())
     fast(suspends())  # closed, not run half-way in a loop that does not exist
     assert done == ["quick"]
+
+
+def test_cached_base_url_follows_a_new_base_url():
+    import openai
+    from opentelemetry.instrumentation.openai import shared
+
+    original = getattr(shared._get_openai_base_url, "_spanrl_original", shared._get_openai_base_url)
+    get = _openllmetry._cached_base_url(original)
+    client = openai.OpenAI(base_url="http://a.example:1234/v1", api_key="sk-test")
+    assert get(client.chat.completions) == get(client.chat.completions) == "http://a.example:1234/v1/"
+    client.base_url = "http://b.example/v2"  # a new URL object: the cache must not answer the old one
+    assert get(client.chat.completions) == "http://b.example/v2/"
+    assert get(object()) == ""  # not an OpenAI resource: OpenLLMetry's own answer

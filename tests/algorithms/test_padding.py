@@ -1,0 +1,67 @@
+"""The columnar training path: Arrow columns -> padded tensors and checks, without dataclasses."""
+
+import math
+
+import pyarrow as pa
+import pytest
+import torch
+
+from spanrl.algorithms.base import check_transitions, pad_transitions
+from spanrl.algorithms.transitions import TRANSITIONS_SCHEMA, Transition, TransitionBatch
+from spanrl.errors import ConfigError
+
+
+def _row(rid: str, prompt: list[int], completion: list[int], mask: list[int], logprobs: list[float],
+         advantage: float = 0.5) -> dict:
+    return dict(rollout_id=rid, task_id="t", attempt=1, agent=None, step=0, prompt_ids=prompt,
+                completion_ids=completion, completion_mask=mask, old_logprobs=logprobs, reward=1.0,
+                advantage=advantage, policy_version=0, retokenized=not logprobs, temperature=None)
+
+
+def _batch(rows: list[dict]) -> TransitionBatch:
+    return TransitionBatch(pa.Table.from_pylist(rows, schema=TRANSITIONS_SCHEMA), {}, {})
+
+
+def test_padding_from_arrow_columns_matches_the_layout() -> None:
+    batch = _batch([
+        _row("a", [5, 6, 7], [8], [1], [-0.5]),
+        _row("b", [9], [10, 11, 12], [1, 0, 1], [], advantage=-1.0),  # logprobs unknown: NaN on its tokens
+    ])
+    data = batch.to_padded(pad_token_id=0)
+    assert "transitions" not in vars(batch)  # no dataclass was built on the way
+    assert data.prompt_ids.tolist() == [[5, 6, 7], [0, 0, 9]]
+    assert data.prompt_mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert data.completion_ids.tolist() == [[8, 0, 0], [10, 11, 12]]
+    assert data.completion_mask.tolist() == [[1, 0, 0], [1, 1, 1]]
+    assert data.loss_mask.tolist() == [[1, 0, 0], [1, 0, 1]]
+    assert data.old_logprobs[0].tolist() == [-0.5, 0.0, 0.0]
+    assert all(math.isnan(x) for x in data.old_logprobs[1].tolist())
+    assert data.advantages.tolist() == [0.5, -1.0] and data.prompt_ids.dtype == torch.long
+
+
+def test_no_logprobs_anywhere_gives_none_and_edits_of_the_dataclass_view_count() -> None:
+    batch = _batch([_row("a", [5], [8, 9], [1, 1], [])])
+    assert pad_transitions(batch, pad_token_id=0).old_logprobs is None
+    batch.transitions[0].advantage = 2.0  # the dataclass view, once built, is what trains
+    assert pad_transitions(batch, pad_token_id=0).advantages.tolist() == [2.0]
+    plain = [Transition(**_row("p", [1, 2], [3], [1], [-1.0]))]  # a plain list (a sampled mini-batch)
+    assert pad_transitions(plain, pad_token_id=0).prompt_ids.tolist() == [[1, 2]]
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (_row("x", [1], [2, 3], [1], []), r"transition 1 \(rollout_id='x', step=0\): completion_mask has 1 entries"),
+        (_row("x", [1], [2], [1], [-1.0, -2.0]), "transition 1 .*old_logprobs has 2 entries, completion_ids 1"),
+        (_row("x", [], [2], [1], []), "transition 1 .*prompt_ids is empty"),
+        (_row("x", [1], [2], [1], [], advantage=float("nan")), "transition 1 .*advantage must be finite, got nan"),
+        (_row("x", [1, 99], [2], [1], []), r"transition 1 .*token id 99 is outside the vocabulary \(size 50\)"),
+        (_row("x", [1], [2, -3], [1, 1], []), "transition 1 .*token id -3 is outside the vocabulary"),
+    ],
+)
+def test_checks_name_the_first_bad_row_and_field(bad: dict, message: str) -> None:
+    good = _row("ok", [1, 2], [3], [1], [-0.1])
+    batch = _batch([good, bad, _row("later", [], [], [], [])])
+    with pytest.raises(ConfigError, match=message):
+        check_transitions(batch, vocab_size=50)
+    check_transitions(_batch([good]), vocab_size=50)  # a good batch passes
