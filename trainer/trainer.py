@@ -47,6 +47,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from spanrl.algorithms import distributed as _distributed
 from spanrl.algorithms.credit import LightningRL
 from spanrl.errors import ConfigError, TrainingError
@@ -293,17 +295,19 @@ class Trainer:
         rollout_seconds = time.perf_counter() - started
         metrics: dict[str, float] = {}
         batch = self._batch(ok_ids) if ok_ids else None
-        transitions = list(batch.transitions) if batch is not None else []
+        n_transitions = len(batch) if batch is not None else 0
         if batch is not None:
             rewards = [float(v) for v in batch.rewards_by_rollout.values() if v is not None]
             row["reward_mean"] = sum(rewards) / len(rewards) if rewards else None
-            row["transitions"] = len(transitions)
+            row["transitions"] = n_transitions
             row["transitions_report"] = dict(batch.report)
-        if transitions:
-            row["advantage_mean"] = sum(t.advantage for t in transitions) / len(transitions)
+        if n_transitions:  # columnar all the way: no dataclass per row on the training path
+            row["advantage_mean"] = float(np.mean(batch.to_arrow().column("advantage").to_numpy()))
             for _ in range(cfg.updates_per_step):
-                use_minibatch = cfg.minibatch_size and cfg.minibatch_size < len(transitions)
-                metrics = self._update(sampler.sample(transitions, cfg.minibatch_size) if use_minibatch else batch)
+                use_minibatch = cfg.minibatch_size and cfg.minibatch_size < n_transitions
+                # the same rows from the same RNG as sampling the list of transitions would pick
+                metrics = self._update(batch.take(sampler.sample(range(n_transitions), cfg.minibatch_size))
+                                       if use_minibatch else batch)
             row["policy_version"] = self.server.reload(self._policy_weights())
         elif ok_ids:
             _logger.warning("step %d: %d rollouts gave no transitions; no update", step, len(ok_ids))
