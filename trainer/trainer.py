@@ -388,18 +388,18 @@ class Trainer:
 
     def _update(self, transitions: Any) -> dict[str, float]:
         """One algorithm update; under many processes rank 0 broadcasts the transitions and every rank
-        updates on its shard (the metrics are rank 0's shard's)."""
+        updates on its shard (the metrics are reduced over ranks: those of the whole batch)."""
         if _distributed.world() == 1:
             return self.algorithm.update(transitions)
         from spanrl.algorithms.base import transitions_of
 
         items = _distributed.broadcast(transitions_of(transitions))
-        return self.algorithm.update(_distributed.shard(items))
+        return self.algorithm.update(_distributed.shard_transitions(items))
 
     def _follow(self) -> None:
         """Ranks other than 0: update on each broadcast batch until rank 0 broadcasts None."""
         while (items := _distributed.broadcast(None)) is not None:
-            self.algorithm.update(_distributed.shard(items))
+            self.algorithm.update(_distributed.shard_transitions(items))
 
     def _train_step(self, progress: Any) -> dict[str, Any]:
         """Rollouts, transitions, update(s), weight push; returns the step's history row (not recorded)."""
