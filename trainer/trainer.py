@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from spanrl.algorithms import distributed as _distributed
+from spanrl.trainer.policy_pool import PolicyPool, ServingConfig
 from spanrl.trainer.reporting import NoProgress, Reporter
 from spanrl.trainer.tracing import InProcessTracing
 from spanrl.trainer.runner import RolloutJob, RolloutResult, RolloutRunner, RunnerConfig
@@ -120,6 +121,9 @@ class TrainerConfig:
     On a few shared cores 1 is much faster: agents, collector and server compete with torch's threads."""
     runner: RunnerConfig = dataclasses.field(default_factory=RunnerConfig)
     """How rollouts run: concurrency, timeouts, retries, command workers."""
+    serving: ServingConfig = dataclasses.field(default_factory=ServingConfig)
+    """Backend, device and dtype of the embedded server, and servers it did not start (``urls``);
+    a mapping of ServingConfig fields is accepted (the YAML's ``serving:``)."""
 
     def validate(self) -> TrainerConfig:
         """Raise :class:`ConfigError` naming the first bad field; return self."""
@@ -145,6 +149,7 @@ class TrainerConfig:
                 raise ConfigError(f"report_to entries must be one of {_REPORTERS}, got {name!r}")
         self.report_to = tuple(report_to)
         self.runner.validate()
+        self.serving = ServingConfig.of(self.serving)
         return self
 
 
@@ -274,7 +279,10 @@ class Trainer:
                 return self._start_follower()
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self._write_config()
-        self.collector = Collector(CollectorConfig(db_path=str(self.db_path), host="127.0.0.1", grpc_port=0, http_port=0))
+        serving = cfg.serving
+        self.collector = Collector(
+            CollectorConfig(db_path=str(self.db_path), host=serving.collector_host, grpc_port=serving.collector_port, http_port=0)
+        )
         self.collector.start()
         try:
             if not self._optimizes_prompt:
@@ -295,9 +303,15 @@ class Trainer:
                     otlp_endpoint=self.collector.grpc_endpoint,
                     max_batch_size=cfg.server_max_batch_size,
                     seed=cfg.seed,
+                    backend=serving.backend,
+                    device=serving.device,
+                    dtype=serving.dtype,
                 )
             )
             self.server.start()
+            self.server = PolicyPool(
+                serving, embedded=self.server, weights_dir=self.output_dir / "served-weights", model_dir=Path(serve_from)
+            )
             self._runner = RolloutRunner(
                 self.agent,
                 config=cfg.runner,
@@ -582,7 +596,7 @@ class Trainer:
         template: str | None = None,
     ) -> list[RolloutResult]:
         assert self._runner is not None and self.server is not None
-        llm_url = self.server.base_url if policy or not self.config.llm_url else self.config.llm_url
+        llm_url = self.server if policy or not self.config.llm_url else self.config.llm_url  # a pool: lease()
         bar = progress.add_task(f"rollouts ({mode})", total=len(jobs)) if progress is not None else None
         log_path = self.output_dir / ROLLOUTS_FILE
 
