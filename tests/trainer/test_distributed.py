@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from spanrl.algorithms import SFT
+from spanrl.algorithms import GRPO, SFT
 from spanrl.trainer import Trainer
 from spanrl.algorithms.distributed import broadcast, is_main, shard, world
 from spanrl.trainer.tiny import build_tiny_model
@@ -86,6 +86,20 @@ def _max_relative_difference(a: dict, b: dict) -> float:
     """Largest |a - b| / max|b| over the tensors of two state dicts (same keys)."""
     assert a.keys() == b.keys()
     return max(float((a[k].float() - b[k].float()).abs().max() / b[k].float().abs().max().clamp(min=1e-12)) for k in a)
+
+
+@pytest.mark.parametrize(("variable", "name"), [("ACCELERATE_USE_DEEPSPEED", "DeepSpeed"), ("ACCELERATE_USE_FSDP", "FSDP")])
+def test_sharded_accelerate_configs_are_refused_before_any_rollout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str, name: str
+) -> None:
+    monkeypatch.setenv(variable, "true")  # what `accelerate launch --config_file deepspeed_zero2.yaml / fsdp.yaml` sets
+    model = build_tiny_model(tmp_path / "tiny", words=["a", "b"], hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    trainer = Trainer(
+        model=model, agent="python a.py", tasks=[{"id": "a"}], tasks_per_step=1, algorithm=GRPO(), output_dir=tmp_path / "run"
+    )
+    with pytest.raises(ConfigError, match=rf"GRPO cannot train under accelerate's {name} configuration \({variable} is set\)"):
+        trainer.start()
+    assert not (tmp_path / "run" / "rollouts.jsonl").exists() and trainer.server is None
 
 
 @pytest.mark.slow
