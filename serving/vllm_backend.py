@@ -75,47 +75,56 @@ class VLLMBackend:
 
     # --- generation -------------------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
-        """Generate every request in one ``LLM.generate`` call."""
+        """Generate every choice of every request in one ``LLM.generate`` call.
+
+        Each choice is its own vLLM request (``n=1``, seed ``seed + i``), as the transformers backend
+        seeds choices; vLLM refuses ``n > 1`` when greedy, and the prefix cache shares the prompt."""
         import torch
 
         if torch.get_num_threads() != self._threads:  # a new thread starts at OpenMP's default
             self._set_threads(self._threads)
-        params = [self._sampling_params(req) for req in requests]
-        prompts = [{"prompt_token_ids": list(req.prompt_ids)} for req in requests]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        return [self._completions(req, out) for req, out in zip(requests, outputs)]
+        rows = [(req, i) for req in requests for i in range(req.n)]
+        prompts = [{"prompt_token_ids": list(req.prompt_ids)} for req, _ in rows]
+        outputs = self.llm.generate(prompts, [self._sampling_params(req, i) for req, i in rows], use_tqdm=False)
+        done: dict[int, list[Completion]] = {id(req): [] for req in requests}
+        for (req, i), out in zip(rows, outputs):
+            done[id(req)].append(self._completion(req, i, out.outputs[0]))
+        return [done[id(req)] for req in requests]
 
-    def _sampling_params(self, req: GenerationRequest) -> Any:
+    def _sampling_params(self, req: GenerationRequest, choice: int) -> Any:
         p = req.params
         return self._vllm.SamplingParams(
-            n=req.n,
+            n=1,
             temperature=p.temperature,
             top_p=p.top_p,
             max_tokens=p.max_tokens,
-            seed=p.seed,
+            seed=None if p.seed is None else p.seed + choice,
             stop=list(p.stop) or None,
             logprobs=max(p.top_logprobs, 0),  # 0: the sampled token's log-prob only
-            skip_special_tokens=True,
         )
 
-    def _completions(self, req: GenerationRequest, out: Any) -> list[Completion]:
-        choices = []
-        for i, o in enumerate(sorted(out.outputs, key=lambda o: o.index)):
-            ids = [int(t) for t in o.token_ids]
-            steps = o.logprobs or [{} for _ in ids]
-            lps = [float(step[t].logprob) if t in step else float("nan") for step, t in zip(steps, ids)]
-            top = []
-            if req.params.top_logprobs:
-                top = [
-                    sorted(((int(k), float(v.logprob)) for k, v in step.items()), key=lambda kv: -kv[1])[: req.params.top_logprobs]
-                    for step in steps
-                ]
-            if req.on_token is not None:
-                for t, lp in zip(ids, lps):
-                    req.on_token(i, t, lp)
-            reason = "stop" if o.finish_reason == "stop" else "length"
-            choices.append(Completion(ids, lps, o.text, reason, top))
-        return choices
+    def _completion(self, req: GenerationRequest, choice: int, o: Any) -> Completion:
+        ids = [int(t) for t in o.token_ids]
+        steps = o.logprobs or [{} for _ in ids]
+        lps = [float(step[t].logprob) if t in step else float("nan") for step, t in zip(steps, ids)]
+        top = []
+        if req.params.top_logprobs:
+            top = [
+                sorted(((int(k), float(v.logprob)) for k, v in step.items()), key=lambda kv: -kv[1])[: req.params.top_logprobs]
+                for step in steps
+            ]
+        if req.on_token is not None:
+            for t, lp in zip(ids, lps):
+                req.on_token(choice, t, lp)
+        # The text as the transformers backend makes it (vLLM's incremental detokenizer can differ, e.g. a
+        # leading space): the ids decoded without special tokens, cut before the first stop string.
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        reason = "stop" if o.finish_reason == "stop" else "length"
+        for stop in req.params.stop:
+            at = text.find(stop)
+            if at >= 0:
+                text, reason = text[:at], "stop"
+        return Completion(ids, lps, text, reason, top)
 
     # --- weights ----------------------------------------------------------------------------------
     def load_weights(self, source: Any) -> None:
