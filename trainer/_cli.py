@@ -11,6 +11,7 @@ A train config (YAML or JSON) has the Trainer's knobs::
     prompt_template: "Solve: {question}"             # given to every agent; APO's starting template
     n_rollouts: 8                     # any TrainerConfig field
     runner: {workers: 4, rollout_timeout_s: 60}      # any RunnerConfig field
+    serving: {backend: transformers, device: cpu, urls: [http://gpu1:8000], collector_port: 4399}  # ServingConfig
 """
 
 from __future__ import annotations

@@ -112,3 +112,18 @@ def test_servers_at_another_version_are_refused_before_any_rollout(tiny_model: P
 def test_bad_serving_settings_name_the_field(serving: dict, message: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=message):
         TrainerConfig(output_dir=str(tmp_path), serving=serving).validate()
+
+
+def test_train_yaml_serving_section_reaches_the_trainer(tiny_model: Path, tmp_path: Path) -> None:
+    from spanrl.trainer._cli import build_trainer
+
+    raw = {
+        "model": str(tiny_model), "agent": "python agent.py", "tasks": [{"id": "a"}], "tasks_per_step": 1, "output_dir": str(tmp_path),
+        "serving": {"backend": "vllm", "dtype": "bfloat16", "urls": ["http://127.0.0.1:8001", "http://127.0.0.1:8002"],
+                    "balance": "round_robin", "collector_port": 4399},
+    }
+    serving = build_trainer(raw).config.serving
+    assert isinstance(serving, ServingConfig)
+    assert (serving.backend, serving.dtype, serving.urls, serving.balance, serving.collector_port) == (
+        "vllm", "bfloat16", ("http://127.0.0.1:8001", "http://127.0.0.1:8002"), "round_robin", 4399
+    )
