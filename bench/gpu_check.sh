@@ -2,7 +2,7 @@
 # The scale-out path on one GPU, in one short run (budget: 8 minutes on one H200):
 #   1. installs what it needs: vLLM (GPU build) in .venv-vllm-gpu, spanrl's training venv in .venv;
 #   2. serves SmolLM2-135M-Instruct with `spanrl serve --backend vllm` and prints generation tokens/s
-#      (32 concurrent chat requests, 128 tokens each);
+#      (32 concurrent chat requests, up to 128 tokens each; 8 on CPU);
 #   3. runs GRPO steps of the text-to-SQL agent whose rollouts that vLLM server generates (the Trainer
 #      drives it by URL, reloads it after each update) and prints each step's time and reward.
 #
@@ -19,10 +19,10 @@ START=$SECONDS
 say() { echo "gpu_check: $* ($((SECONDS - START)) s)"; }
 
 if [[ $MODE == gpu ]]; then
-    VLLM_VENV=.venv-vllm-gpu; DTYPE=bfloat16; STEPS=3; TASKS=8; GROUP=8; MAX_TOKENS=80; DEVICE=cuda
+    VLLM_VENV=.venv-vllm-gpu; DTYPE=bfloat16; STEPS=3; TASKS=8; GROUP=8; MAX_TOKENS=80; DEVICE=cuda; REQUESTS=32; MICRO=8
     make -s vllm-venv VLLM_VENV=$VLLM_VENV VLLM_PACKAGE=vllm==0.32.0 VLLM_DROP=
 else
-    VLLM_VENV=.venv-vllm; DTYPE=bfloat16; STEPS=1; TASKS=2; GROUP=2; MAX_TOKENS=48; DEVICE=cpu
+    VLLM_VENV=.venv-vllm; DTYPE=bfloat16; STEPS=1; TASKS=2; GROUP=2; MAX_TOKENS=48; DEVICE=cpu; REQUESTS=8; MICRO=2
     make -s vllm-venv
 fi
 make -s venv
@@ -45,11 +45,11 @@ done
 curl -sf "$URL/health" > /dev/null || { tail -40 "$OUT/vllm.log"; exit 1; }
 say "vLLM serving SmolLM2-135M ($DTYPE) at $URL"
 
-.venv/bin/python - "$URL" <<'PY'
+.venv/bin/python - "$URL" "$REQUESTS" <<'PY'
 import asyncio, sys, time
 import httpx
 
-async def main(url: str) -> None:
+async def main(url: str, n: int) -> None:
     async with httpx.AsyncClient(timeout=600) as client:
         async def one(i: int) -> int:
             body = {"model": "policy", "messages": [{"role": "user", "content": f"Write a long story about the number {i}."}],
@@ -59,14 +59,14 @@ async def main(url: str) -> None:
             return reply.json()["usage"]["completion_tokens"]
         await one(0)  # warm-up
         started = time.perf_counter()
-        tokens = sum(await asyncio.gather(*(one(i) for i in range(32))))
+        tokens = sum(await asyncio.gather(*(one(i) for i in range(n))))
         seconds = time.perf_counter() - started
-        print(f"gpu_check: generation {tokens / seconds:.0f} tokens/s ({tokens} tokens, 32 concurrent requests, {seconds:.1f} s)")
+        print(f"gpu_check: generation {tokens / seconds:.0f} tokens/s ({tokens} tokens, {n} concurrent requests, {seconds:.1f} s)")
 
-asyncio.run(main(sys.argv[1]))
+asyncio.run(main(sys.argv[1], int(sys.argv[2])))
 PY
 
-.venv/bin/python - "$URL" "$COLLECTOR_PORT" "$OUT" "$STEPS" "$TASKS" "$GROUP" "$MAX_TOKENS" "$DEVICE" <<'PY'
+.venv/bin/python - "$URL" "$COLLECTOR_PORT" "$OUT" "$STEPS" "$TASKS" "$GROUP" "$MAX_TOKENS" "$DEVICE" "$MICRO" <<'PY'
 import sys, time
 sys.path.insert(0, ".")
 from examples.text2sql.train_smollm2 import AGENT_FILE, SmolRunConfig, _tasks
@@ -75,12 +75,12 @@ from spanrl.serving.models import SMOLLM2, resolve_model
 from spanrl.trainer import RunnerConfig, Trainer, TrainerConfig
 from spanrl.trainer.policy_pool import ServingConfig
 
-url, collector_port, out, steps, tasks, group, max_tokens, device = sys.argv[1:9]
+url, collector_port, out, steps, tasks, group, max_tokens, device, micro = sys.argv[1:10]
 steps, tasks, group, max_tokens = int(steps), int(tasks), int(group), int(max_tokens)
 cfg = SmolRunConfig(steps=steps, tasks_per_step=tasks, group=group, max_tokens=max_tokens, tries=2)
 trainer = Trainer(
     model=resolve_model(SMOLLM2), agent=[sys.executable, str(AGENT_FILE)], tasks=_tasks("train", 64, 0, cfg, max_difficulty=2),
-    algorithm=GRPO(learning_rate=5e-6, max_completion_length=max_tokens, micro_batch_size=4),
+    algorithm=GRPO(learning_rate=5e-6, max_completion_length=max_tokens, micro_batch_size=int(micro)),
     credit=LightningRL(mode="identical", baseline="grpo"),
     config=TrainerConfig(
         output_dir=f"{out}/run", n_rollouts=group, tasks_per_step=tasks, max_steps=steps, temperature=1.0,
