@@ -40,6 +40,7 @@ class VLLMBackend:
     ) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # one process: tensors reach the worker
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", _CPU_KVCACHE_GIB)
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # no per-request INFO lines on screen
         try:
             import vllm
             from vllm.platforms import current_platform
