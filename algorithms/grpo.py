@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from spanrl.algorithms.distributed import average_gradients
+from spanrl.algorithms.distributed import all_reduce_sum, average_gradients, refuse_sharding, world
 from spanrl.algorithms.base import (
     Algorithm,
     PaddedBatch,
@@ -184,6 +184,7 @@ class GRPO(Algorithm):
         from trl import GRPOConfig as TRLGRPOConfig
 
         cfg = self.config
+        refuse_sharding("GRPO")  # before any model is loaded or rollout run
         reporters = check_report_to(report_to)
         seed_everything(seed)
         output_dir = Path(output_dir)
@@ -252,22 +253,27 @@ class GRPO(Algorithm):
         n = table.num_rows
         mini = cfg.mini_batch_size or n
         micro = min(cfg.micro_batch_size or mini, mini)
-        stats: dict[str, list[float]] = {"policy_loss": [], "approx_kl": [], "grad_norm": []}
+        stats: dict[str, list[float]] = {"policy_loss": [], "grad_norm": [], "kl": [0.0, 0.0]}
         for _ in range(cfg.num_iterations):
             order = torch.randperm(n)
             for start in range(0, n, mini):
                 rows = order[start : start + mini]
                 n_micro = math.ceil(len(rows) / micro)
-                tokens = float(data.loss_mask[rows].sum().clamp(min=1))
+                # Many processes: the divisor is the loss-token count of every rank's mini-batch together.
+                (tokens,) = all_reduce_sum([float(data.loss_mask[rows].sum())])
                 trainer.current_gradient_accumulation_steps = n_micro
                 step_loss = 0.0
                 for m in range(n_micro):
                     part = rows[m * micro : (m + 1) * micro]
-                    inputs = self._trl_inputs(data.select(part), ref_logprobs, part, tokens, n_micro)
+                    inputs = self._trl_inputs(data.select(part), ref_logprobs, part, max(tokens, 1.0), n_micro)
                     # TRL's compute_loss already scales for accumulation: the micro losses sum to the step's.
                     step_loss += float(trainer.training_step(trainer.model, inputs, None))
-                    stats["approx_kl"].append(_approx_kl(trainer._spanrl_last_logps, inputs))
-                stats["policy_loss"].append(step_loss)
+                    kl_sum, kl_tokens = _approx_kl(trainer._spanrl_last_logps, inputs)
+                    stats["kl"][0] += kl_sum
+                    stats["kl"][1] += kl_tokens
+                # Each rank's loss is world x its share of the global loss (TRL's convention, undone by the
+                # gradient mean): the mean over ranks is the one-process loss.
+                stats["policy_loss"].append(all_reduce_sum([step_loss])[0] / world())
                 stats["grad_norm"].append(self._optimizer_step())
         self.step += 1
         return self._metrics(stats, data, time.perf_counter() - started)
@@ -290,13 +296,18 @@ class GRPO(Algorithm):
             "tool_mask": part.loss_mask[:, :c_keep].to(device),
             "advantages": part.advantages.to(device),
             "old_per_token_logps": part.old_logprobs[:, :c_keep].to(device),
-            # dapo/cispo/vespo divide by num_items_in_batch * accumulation_steps / steps_per_generation(=1):
-            # this makes the divisor the mini-batch's loss-token count.
-            "num_items_in_batch": torch.tensor(tokens / n_micro, device=device),
+            # dapo/cispo/vespo divide by num_items_in_batch / num_processes * accumulation_steps /
+            # steps_per_generation(=1): this makes each rank's divisor (global mini-batch tokens) / world, and
+            # the gradient mean over ranks then gives sum(token losses) / global tokens, as in one process.
+            "num_items_in_batch": torch.tensor(tokens / n_micro * self._processes_per_rank(), device=device),
         }
         if ref_logprobs is not None:
             inputs["ref_per_token_logps"] = ref_logprobs[rows][:, :c_keep].to(device)
         return inputs
+
+    def _processes_per_rank(self) -> float:
+        """TRL divides the token count by ``accelerator.num_processes``; our ranks are ``world()``."""
+        return self.trainer.accelerator.num_processes / world()
 
     @torch.no_grad()
     def _logprobs(self, model: Any, data: PaddedBatch, *, ref: bool = False) -> torch.Tensor:
@@ -331,16 +342,23 @@ class GRPO(Algorithm):
         trl_metrics = {k: sum(v) / len(v) for k, v in self.trainer._metrics["train"].items() if v}
         self.trainer._metrics["train"].clear()
         mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+        # Over every rank's rows that carry loss tokens (shards are padded with inert rows that carry none).
+        real = data.loss_mask.sum(1) > 0
+        kl_sum, kl_tokens, rows, reward_sum, adv_sum, adv_sq = all_reduce_sum(
+            [*stats["kl"], float(real.sum()), float(data.rewards[real].sum()),
+             float(data.advantages[real].sum()), float(data.advantages[real].square().sum())]
+        )
+        adv_var = (adv_sq - adv_sum**2 / rows) / (rows - 1) if rows > 1 else 0.0
         metrics = {
             "losses/policy_loss": mean(stats["policy_loss"]),
-            "losses/approx_kl": mean(stats["approx_kl"]),
+            "losses/approx_kl": kl_sum / max(kl_tokens, 1.0),
             "losses/clipfrac": trl_metrics.get("clip_ratio/region_mean", 0.0),
             "losses/entropy": trl_metrics.get("entropy", 0.0),
             "charts/learning_rate": float(self.trainer.lr_scheduler.get_last_lr()[0]),
             "charts/grad_norm": mean(stats["grad_norm"]),
-            "charts/reward_mean": float(data.rewards.mean()),
-            "charts/advantage_std": float(data.advantages.std()) if len(data.advantages) > 1 else 0.0,
-            "charts/transitions": float(len(data.rewards)),
+            "charts/reward_mean": reward_sum / max(rows, 1.0),
+            "charts/advantage_std": math.sqrt(max(adv_var, 0.0)),
+            "charts/transitions": rows,
             "charts/update_seconds": seconds,
             "charts/step": float(self.step),
         }
@@ -371,12 +389,13 @@ def _unused_reward(completions: Any, **kwargs: Any) -> list[float]:  # pragma: n
     raise TrainingError("spanrl's GRPO takes rewards from transitions, not reward functions")
 
 
-def _approx_kl(new_logps: torch.Tensor, inputs: dict[str, Any]) -> float:
-    """Schulman's k3 estimator of KL(old || new) over loss tokens: mean(ratio - 1 - log ratio)."""
+def _approx_kl(new_logps: torch.Tensor, inputs: dict[str, Any]) -> tuple[float, float]:
+    """Schulman's k3 estimator of KL(old || new), ratio - 1 - log ratio, summed over loss tokens; and
+    their count (the update reports the token-weighted mean over all micro-batches and ranks)."""
     mask = (inputs["completion_mask"] * inputs["tool_mask"]).float()  # (B, C)
     log_ratio = new_logps - inputs["old_per_token_logps"]  # (B, C)
     kl = (log_ratio.exp() - 1) - log_ratio
-    return float((kl * mask).sum() / mask.sum().clamp(min=1))
+    return float((kl * mask).sum()), float(mask.sum())
 
 
 class _nullcontext:

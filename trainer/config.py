@@ -13,6 +13,7 @@ from typing import Any
 from pathlib import Path
 
 from spanrl.errors import ConfigError
+from spanrl.trainer.policy_pool import ServingConfig
 from spanrl.trainer.runner import RolloutJob, RunnerConfig
 
 __all__ = [
@@ -81,6 +82,9 @@ class TrainerConfig:
     On a few shared cores 1 is much faster: agents, collector and server compete with torch's threads."""
     runner: RunnerConfig = dataclasses.field(default_factory=RunnerConfig)
     """How rollouts run: concurrency, timeouts, retries, command workers."""
+    serving: ServingConfig = dataclasses.field(default_factory=ServingConfig)
+    """Backend, device and dtype of the embedded server, and servers it did not start (``urls``);
+    a mapping of ServingConfig fields is accepted (the YAML's ``serving:``)."""
 
     def validate(self) -> TrainerConfig:
         """Raise :class:`ConfigError` naming the first bad field; return self."""
@@ -106,6 +110,7 @@ class TrainerConfig:
                 raise ConfigError(f"report_to entries must be one of {REPORTERS}, got {name!r}")
         self.report_to = tuple(report_to)
         self.runner.validate()
+        self.serving = ServingConfig.of(self.serving)
         return self
 
 

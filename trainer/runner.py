@@ -28,6 +28,7 @@ with its status and retried under a fresh rollout id, up to ``max_attempts``; it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -161,7 +162,7 @@ class RolloutRunner:
         jobs: Sequence[RolloutJob],
         *,
         id_prefix: str,
-        llm_url: str,
+        llm_url: Any,
         model: str,
         sampling: dict[str, Any],
         mode: str = "train",
@@ -170,7 +171,8 @@ class RolloutRunner:
     ) -> list[RolloutResult]:
         """Run every job (retrying failures); return every attempt's result, in completion order.
 
-        Rollout ids are ``{id_prefix}{index}-a{attempt}``; each talks to ``{llm_url}/rollouts/{id}/v1``.
+        Rollout ids are ``{id_prefix}{index}-a{attempt}``; each talks to ``{llm_url}/rollouts/{id}/v1``
+        (``llm_url``: a server root, or a ``PolicyPool`` that leases one of its servers per rollout).
         ``prompt_template`` reaches the agent (``llm.prompt_template`` / ``SPANRL_PROMPT_TEMPLATE``).
         """
         return self._loop.run_until_complete(
@@ -210,7 +212,7 @@ class RolloutRunner:
         jobs: Sequence[RolloutJob],
         *,
         id_prefix: str,
-        llm_url: str,
+        llm_url: Any,
         model: str,
         sampling: dict[str, Any],
         mode: str,
@@ -220,28 +222,30 @@ class RolloutRunner:
         results: list[RolloutResult] = []
         slots = asyncio.Semaphore(self.config.max_concurrency)
         waiter = _SpanWaiter(self._ready, self._flush_all, since_ns=time.time_ns() - _WATERMARK_MARGIN_NS)
-        root = llm_url.rstrip("/")
+        # A str is one server's root; a PolicyPool (anything with lease()) spreads rollouts over its servers.
+        lease = llm_url.lease if hasattr(llm_url, "lease") else (lambda: contextlib.nullcontext(llm_url.rstrip("/")))
 
         async def one(index: int, job: RolloutJob) -> None:
             for attempt in range(1, self.config.max_attempts + 1):
                 rollout_id = f"{id_prefix}{index}-a{attempt}"
-                spec = RolloutSpec(
-                    rollout_id=rollout_id,
-                    task_id=job.task_id,
-                    task=job.task,
-                    attempt=attempt,
-                    mode=mode,
-                    base_url=semconv.rollout_base_url(root, rollout_id),
-                    model=model,
-                    sampling=dict(sampling),
-                    prompt_template=prompt_template,
-                )
                 start = time.monotonic()
                 async with slots:
-                    try:
-                        status, error = await self._agent.run(spec, self.config.rollout_timeout_s)
-                    except Exception as exc:  # e.g. the agent could not be started, or wrote garbage
-                        status, error = STATUS_CRASHED, f"could not run the agent: {type(exc).__name__}: {exc}"
+                    with lease() as root:  # one policy server for all of this rollout's calls
+                        spec = RolloutSpec(
+                            rollout_id=rollout_id,
+                            task_id=job.task_id,
+                            task=job.task,
+                            attempt=attempt,
+                            mode=mode,
+                            base_url=semconv.rollout_base_url(root, rollout_id),
+                            model=model,
+                            sampling=dict(sampling),
+                            prompt_template=prompt_template,
+                        )
+                        try:
+                            status, error = await self._agent.run(spec, self.config.rollout_timeout_s)
+                        except Exception as exc:  # e.g. the agent could not be started, or wrote garbage
+                            status, error = STATUS_CRASHED, f"could not run the agent: {type(exc).__name__}: {exc}"
                 await self._store_end(spec, status, error)
                 if status == STATUS_OK and not await waiter.wait(rollout_id, self.config.span_timeout_s):
                     status, error = STATUS_NO_REWARD, f"no reward stored within {self.config.span_timeout_s:g} s"

@@ -16,6 +16,7 @@ from typing import Any
 
 from spanrl.store import rollouts as store_rollouts
 from spanrl.trainer.config import SERVED_MODEL_NAME, TrainerConfig
+from spanrl.trainer.policy_pool import PolicyPool, ServingConfig
 from spanrl.trainer.runner import RolloutRunner
 from spanrl.trainer.tracing import InProcessTracing
 
@@ -26,10 +27,13 @@ _logger = logging.getLogger(__name__)
 ReadyFn = Callable[[Sequence[str], int], set]
 
 
-def start_policy_server(model: Path, *, otlp_endpoint: str | None, max_batch_size: int = 32, seed: int = 0) -> Any:
-    """A started :class:`~spanrl.serving.PolicyServer` for ``model`` on a free local port."""
+def start_policy_server(model: Path, *, otlp_endpoint: str | None, max_batch_size: int = 32, seed: int = 0,
+                        serving: Any = None) -> Any:
+    """A started :class:`~spanrl.serving.PolicyServer` for ``model`` on a free local port (backend, device
+    and dtype from ``serving``, a :class:`~spanrl.trainer.policy_pool.ServingConfig`)."""
     from spanrl.serving import PolicyServer, ServerConfig
 
+    serving = serving if serving is not None else ServingConfig()
     server = PolicyServer(
         ServerConfig(
             model=str(model),
@@ -39,6 +43,9 @@ def start_policy_server(model: Path, *, otlp_endpoint: str | None, max_batch_siz
             otlp_endpoint=otlp_endpoint,
             max_batch_size=max_batch_size,
             seed=seed,
+            backend=serving.backend,
+            device=serving.device,
+            dtype=serving.dtype,
         )
     )
     server.start()
@@ -54,19 +61,24 @@ class Services:
         self.runner: RolloutRunner | None = None
         self._stack = contextlib.ExitStack()
 
-    def start_collector(self, db_path: Path) -> None:
+    def start_collector(self, db_path: Path, serving: ServingConfig) -> None:
         """The collector first: the algorithm's setup may take a while, spans may already arrive."""
         from spanrl.collector import Collector, CollectorConfig
 
-        self.collector = Collector(CollectorConfig(db_path=str(db_path), host="127.0.0.1", grpc_port=0, http_port=0))
+        self.collector = Collector(CollectorConfig(db_path=str(db_path), host=serving.collector_host,
+                                                   grpc_port=serving.collector_port, http_port=0))
         self.collector.start()
         self._stack.callback(self._stop, "collector", self.collector.shutdown)
 
-    def start_rest(self, *, agent: Any, serve_from: Path, config: TrainerConfig, ready: ReadyFn) -> None:
-        """The policy server on ``serve_from``, the runner, and tracing of a callable agent."""
-        self.server = start_policy_server(
-            serve_from, otlp_endpoint=self.collector.grpc_endpoint, max_batch_size=config.server_max_batch_size, seed=config.seed
+    def start_rest(self, *, agent: Any, serve_from: Path, config: TrainerConfig, ready: ReadyFn, output_dir: Path) -> None:
+        """The policy server on ``serve_from`` (in a pool with the servers the Trainer did not start), the
+        runner, and tracing of a callable agent."""
+        embedded = start_policy_server(
+            serve_from, otlp_endpoint=self.collector.grpc_endpoint, max_batch_size=config.server_max_batch_size,
+            seed=config.seed, serving=config.serving,
         )
+        self.server = PolicyPool(config.serving, embedded=embedded, weights_dir=output_dir / "served-weights",
+                                 model_dir=Path(serve_from))
         self._stack.callback(self._stop, "server", self.server.shutdown)
         otel_env = self.agent_otel_env()
         if callable(agent):

@@ -36,7 +36,8 @@ from spanrl.errors import ConfigError
 __all__ = ["TOP_LEVEL_KEYS", "TINY_KEYS", "build_trainer", "load_tasks"]
 
 DOCS = "docs/train-config.md"
-TOP_LEVEL_KEYS = ("model", "agent", "tasks", "val_tasks", "task_defaults", "algorithm", "credit", "prompt_template", "runner")
+TOP_LEVEL_KEYS = ("model", "agent", "tasks", "val_tasks", "task_defaults", "algorithm", "credit", "prompt_template", "runner",
+                  "serving")
 TINY_KEYS = ("words", "words_file", "words_from_tasks", "hidden_size", "num_layers", "num_heads", "intermediate_size",
              "seed", "max_position_embeddings")
 _TINY_FOLDER = "model"
@@ -52,7 +53,7 @@ def check_keys(raw: Mapping[str, Any], valid: Iterable[str], *, section: str = "
         hint = f"; did you mean {near[0]!r}?" if near else ""
         name = f"{section}.{key}" if section else repr(key)
         kind = {"": "a trainer", "runner": "a runner", "credit": "a credit", "model.tiny": "a tiny model",
-                "algorithm": "an algorithm", "algorithm.lora": "a LoRA"}.get(section, f"a {section}")
+                "algorithm": "an algorithm", "algorithm.lora": "a LoRA", "serving": "a serving"}.get(section, f"a {section}")
         raise ConfigError(f"{name} is not {kind} setting{hint} (valid: {', '.join(valid)}; see {DOCS})")
 
 
@@ -85,6 +86,7 @@ def build_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     """A :class:`Trainer` from a parsed config dict (see the module docstring)."""
     from spanrl.algorithms import algorithm_class
     from spanrl.algorithms.credit import CreditConfig, LightningRL
+    from spanrl.trainer.policy_pool import ServingConfig
     from spanrl.trainer.runner import RunnerConfig
     from spanrl.trainer.trainer import Trainer, TrainerConfig
 
@@ -94,7 +96,7 @@ def build_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     for key in ("model", "agent", "tasks"):
         if key not in raw:
             raise ConfigError(f"the train config needs {key!r}")
-    trainer_fields = {f.name for f in dataclasses.fields(TrainerConfig)} - {"runner"}
+    trainer_fields = {f.name for f in dataclasses.fields(TrainerConfig)} - {"runner", "serving"}
     check_keys(raw, trainer_fields | set(TOP_LEVEL_KEYS))
     algo_raw = dict(raw.pop("algorithm", None) or {"name": "grpo"})
     cls = algorithm_class(str(algo_raw.pop("name", "grpo")), field="algorithm.name")
@@ -108,6 +110,8 @@ def build_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     check_keys(credit_raw, {f.name for f in dataclasses.fields(CreditConfig)}, section="credit")
     runner_raw = raw.pop("runner", None) or {}
     check_keys(runner_raw, {f.name for f in dataclasses.fields(RunnerConfig)}, section="runner")
+    serving_raw = raw.pop("serving", None) or {}
+    check_keys(serving_raw, {f.name for f in dataclasses.fields(ServingConfig)}, section="serving")
     defaults = raw.pop("task_defaults", None) or {}
     if not isinstance(defaults, Mapping):
         raise ConfigError(f"task_defaults must be a mapping of task fields, got {type(defaults).__name__}")
@@ -117,7 +121,7 @@ def build_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     model, agent, prompt_template = raw.pop("model"), raw.pop("agent"), raw.pop("prompt_template", None)
     if isinstance(raw.get("report_to"), list):
         raw["report_to"] = tuple(raw["report_to"])
-    config = TrainerConfig(**raw, runner=RunnerConfig(**runner_raw))
+    config = TrainerConfig(**raw, runner=RunnerConfig(**runner_raw), serving=ServingConfig.of(serving_raw))
     return Trainer(
         model=_model(model, base, Path(config.output_dir), [*tasks, *(val_tasks or [])]),
         agent=_agent_command(agent, base), tasks=tasks, val_tasks=val_tasks, algorithm=cls(**algo_raw),

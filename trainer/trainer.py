@@ -188,9 +188,10 @@ class Trainer:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         (self.output_dir / CONFIG_FILE).write_text(json.dumps(self._config_dict(), indent=1, default=str))
         try:
-            self._services.start_collector(self.db_path)
+            self._services.start_collector(self.db_path, cfg.serving)
             serve_from = self._setup_algorithm(report_to=list(cfg.report_to))
-            self._services.start_rest(agent=self.agent, serve_from=serve_from, config=cfg, ready=self._ready)
+            self._services.start_rest(agent=self.agent, serve_from=serve_from, config=cfg, ready=self._ready,
+                                      output_dir=self.output_dir)
             self._callbacks = self._reporting()
         except BaseException:
             self.close()
@@ -248,7 +249,7 @@ class Trainer:
         if self.state is State.FOLLOWING:
             try:
                 while (items := _distributed.broadcast(None)) is not None:  # until rank 0 broadcasts None
-                    self.algorithm.update(_distributed.shard(items))
+                    self.algorithm.update(_distributed.shard_transitions(items))
             finally:
                 if owns:
                     self.close()
@@ -327,7 +328,7 @@ class Trainer:
         from spanrl.algorithms.base import transitions_of
 
         items = _distributed.broadcast(transitions_of(transitions))
-        return self.algorithm.update(_distributed.shard(items))
+        return self.algorithm.update(_distributed.shard_transitions(items))
 
     def _batch(self, rollout_ids: Sequence[str]) -> Any:
         agents = [self.config.agent_name] if self.config.agent_name else None
@@ -387,7 +388,7 @@ class Trainer:
         sampling: dict[str, Any] = {"temperature": 0.0 if greedy else cfg.temperature}
         if cfg.max_tokens is not None:
             sampling["max_tokens"] = cfg.max_tokens
-        llm_url = cfg.llm_url if cfg.llm_url and not greedy else self.server.base_url
+        llm_url = cfg.llm_url if cfg.llm_url and not greedy else self.server  # a pool: each rollout lease()s a server
         advance, remove = self._console.rollout_bar(mode, len(jobs)) if self._console else (lambda: None, lambda: None)
 
         def on_result(result: RolloutResult) -> None:

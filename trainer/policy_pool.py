@@ -1,0 +1,228 @@
+"""Where rollouts are generated: the Trainer's own policy server and/or policy servers it did not start.
+
+``ServingConfig`` (``TrainerConfig.serving``, ``serving:`` in the train YAML) chooses the embedded
+server's backend, device and dtype, and lists the roots of other spanrl policy servers (``spanrl serve``,
+e.g. vLLM in its own virtual environment or on other machines). ``PolicyPool`` gives the Trainer one
+object with the surface of a ``PolicyServer`` (``base_url``, ``version``, ``reload``, ``force_flush``,
+``shutdown``) plus ``lease()``: each rollout takes one server (least loaded, ties round robin) and keeps
+it for all its calls, so spans stay attributed by the rollout's URL and prefix caches stay warm.
+
+After each update ``reload`` pushes the new weights to every server: in-process to the embedded one;
+to the others as a safetensors folder (``weights_dir``, which they must be able to read: same machine
+or a shared file system) named in ``POST /v1/weights/reload``. Every server must answer with the same
+new policy version, so each span's ``policy_version`` is the update that produced its tokens.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import itertools
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from spanrl.errors import ConfigError, ServingError
+
+__all__ = ["PolicyPool", "ServingConfig"]
+
+_BACKENDS = ("transformers", "vllm")
+_DTYPES = ("float32", "bfloat16", "float16", "auto")
+_BALANCE = ("least_loaded", "round_robin")
+_RELOAD_TIMEOUT_S = 600.0
+_HEALTH_TIMEOUT_S = 30.0
+
+
+@dataclasses.dataclass
+class ServingConfig:
+    """How the Trainer serves its policy for rollouts."""
+
+    backend: str = "transformers"
+    """Backend of the embedded server: ``transformers`` or ``vllm`` (needs vLLM importable here)."""
+    device: str = "cpu"
+    """torch device of the embedded transformers backend."""
+    dtype: str = "float32"
+    """Weights dtype of the embedded server: float32, bfloat16, float16 or auto."""
+    urls: tuple[str, ...] = ()
+    """Roots (``http://host:port``) of spanrl policy servers the Trainer did not start; rollouts use
+    them, and the embedded server only evaluates unless ``embedded_rollouts`` is set."""
+    embedded_rollouts: bool = False
+    """With ``urls``: also send rollouts to the embedded server."""
+    balance: str = "least_loaded"
+    """How rollouts pick a server: ``least_loaded`` (fewest running rollouts) or ``round_robin``."""
+    collector_port: int = 0
+    """gRPC port of the Trainer's collector (0: any free one). Servers it did not start export their
+    spans here, so give them ``--otlp-endpoint HOST:collector_port``."""
+    collector_host: str = "127.0.0.1"
+    """Address the Trainer's collector binds (``0.0.0.0`` for servers on other machines)."""
+
+    @classmethod
+    def of(cls, value: ServingConfig | dict[str, Any] | None) -> ServingConfig:
+        """A validated ServingConfig from itself, a mapping of its fields (the YAML) or None."""
+        if value is None:
+            return cls()
+        if isinstance(value, dict):
+            fields = {f.name for f in dataclasses.fields(cls)}
+            for key in value:
+                if key not in fields:
+                    raise ConfigError(f"serving.{key} is not a serving setting; expected one of {sorted(fields)}")
+            value = cls(**value)
+        if not isinstance(value, cls):
+            raise ConfigError(f"serving must be a mapping of serving settings, got {type(value).__name__}")
+        return value.validate()
+
+    def validate(self) -> ServingConfig:
+        """Raise :class:`ConfigError` naming the first bad field; return self."""
+        if self.backend not in _BACKENDS:
+            raise ConfigError(f"serving.backend must be one of {_BACKENDS}, got {self.backend!r}")
+        if self.dtype not in _DTYPES:
+            raise ConfigError(f"serving.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.balance not in _BALANCE:
+            raise ConfigError(f"serving.balance must be one of {_BALANCE}, got {self.balance!r}")
+        if isinstance(self.urls, str):
+            self.urls = (self.urls,)
+        self.urls = tuple(self.urls)
+        for url in self.urls:
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise ConfigError(f"serving.urls entries must be http(s):// roots of policy servers, got {url!r}")
+        if not isinstance(self.collector_port, int) or not 0 <= self.collector_port <= 65535:
+            raise ConfigError(f"serving.collector_port must be an integer in 0..65535, got {self.collector_port!r}")
+        return self
+
+
+@dataclasses.dataclass
+class _Member:
+    root: str
+    server: Any = None  # the embedded PolicyServer, else None (reached over HTTP)
+    running: int = 0
+
+
+class PolicyPool:
+    """The servers rollouts run on, reloaded together; see the module docstring."""
+
+    def __init__(self, config: ServingConfig, *, embedded: Any, weights_dir: Path, model_dir: Path) -> None:
+        self.config = config
+        self.embedded = embedded
+        self.weights_dir = Path(weights_dir)
+        self.model_dir = Path(model_dir)
+        remote = [_Member(url.rstrip("/")) for url in config.urls]
+        own = _Member(embedded.base_url, embedded)
+        self._members = remote + ([own] if config.embedded_rollouts or not remote else [])
+        self._turn = itertools.count()
+        self._lock = threading.Lock()
+        self._version = embedded.version
+        versions = {self._remote_version(m) for m in remote}
+        if versions - {self._version}:
+            raise ServingError(
+                f"serving.urls: the policy servers are at versions {sorted(versions)}, the Trainer's policy at "
+                f"{self._version}; start them on the same weights (a fresh server is at version 0)"
+            )
+
+    # --- the PolicyServer surface the Trainer uses ------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        """The embedded server's root (evaluation, deploy)."""
+        return self.embedded.base_url
+
+    @property
+    def version(self) -> int:
+        """Policy version of every server (they are reloaded together)."""
+        return self._version
+
+    @property
+    def roots(self) -> list[str]:
+        """Roots of the servers rollouts run on."""
+        return [m.root for m in self._members]
+
+    def force_flush(self) -> bool:
+        """Flush the embedded server's spans (the others export on their own schedule)."""
+        return self.embedded.force_flush()
+
+    def shutdown(self) -> None:
+        """Stop the embedded server (the others are not ours to stop)."""
+        self.embedded.shutdown()
+
+    @contextlib.contextmanager
+    def lease(self) -> Iterator[str]:
+        """A server root for one rollout, held (counted as running) until the block ends."""
+        with self._lock:
+            if self.config.balance == "round_robin":
+                member = self._members[next(self._turn) % len(self._members)]
+            else:  # fewest running; ties in turn, so an idle pool still spreads
+                start = next(self._turn)
+                order = [self._members[(start + i) % len(self._members)] for i in range(len(self._members))]
+                member = min(order, key=lambda m: m.running)
+            member.running += 1
+        try:
+            yield member.root
+        finally:
+            with self._lock:
+                member.running -= 1
+
+    def reload(self, weights: Any) -> int:
+        """Push ``weights`` (a module or a state_dict) to every server; returns the new version."""
+        version = self.embedded.reload(weights)
+        remote = [m for m in self._members if m.server is None]
+        if remote:
+            folder = self._save(weights)
+            with concurrent.futures.ThreadPoolExecutor(len(remote)) as pool:
+                versions = list(pool.map(lambda m: self._remote_reload(m, folder), remote))
+            if set(versions) != {version}:
+                raise ServingError(
+                    f"policy servers disagree after a reload: versions {versions} at {[m.root for m in remote]}, "
+                    f"the embedded server {version}; was one of them reloaded or restarted by someone else?"
+                )
+        self._version = version
+        return version
+
+    # --- servers reached over HTTP ----------------------------------------------------------------
+    def _save(self, weights: Any) -> Path:
+        """The weights as a Hugging Face folder the other servers read (overwritten every update): the
+        served model's config files and one safetensors file."""
+        import shutil
+
+        from safetensors.torch import save_file
+
+        state = weights.state_dict() if hasattr(weights, "state_dict") else dict(weights)
+        self.weights_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("config.json", "generation_config.json"):
+            if (self.model_dir / name).is_file():
+                shutil.copyfile(self.model_dir / name, self.weights_dir / name)
+        seen: set[int] = set()
+        tensors = {}
+        for key, tensor in state.items():  # safetensors refuses shared storage: copy a tensor seen before
+            tensor = tensor.detach().cpu().contiguous()
+            tensors[key] = tensor.clone() if tensor.data_ptr() in seen else tensor
+            seen.add(tensor.data_ptr())
+        save_file(tensors, str(self.weights_dir / "model.safetensors"), metadata={"format": "pt"})
+        return self.weights_dir
+
+    def _remote_version(self, member: _Member) -> int:
+        import httpx
+
+        try:
+            reply = httpx.get(f"{member.root}/health", timeout=_HEALTH_TIMEOUT_S)
+            reply.raise_for_status()
+            return int(reply.json()["policy_version"])
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            raise ServingError(f"serving.urls: no spanrl policy server answers at {member.root}: {exc}") from exc
+
+    def _remote_reload(self, member: _Member, folder: Path) -> int:
+        import httpx
+
+        try:
+            reply = httpx.post(
+                f"{member.root}/v1/weights/reload", json={"path": str(folder.resolve())}, timeout=_RELOAD_TIMEOUT_S
+            )
+        except httpx.HTTPError as exc:
+            raise ServingError(f"reload of the policy server at {member.root} failed: {exc}") from exc
+        if reply.status_code != 200:
+            raise ServingError(f"reload of the policy server at {member.root} failed: HTTP {reply.status_code} {reply.text[:500]}")
+        return int(reply.json()["policy_version"])
+
+
+def servers_of(pool: PolicyPool | Any) -> Sequence[str]:
+    """The roots rollouts run on (one embedded server when ``pool`` is a plain PolicyServer)."""
+    return pool.roots if isinstance(pool, PolicyPool) else [pool.base_url]
