@@ -11,15 +11,8 @@
 
 from __future__ import annotations
 
-from spanrl.instrumentation._emit import (
-    LLMCall,
-    agent,
-    emit_observation,
-    emit_prompt,
-    emit_response,
-    emit_reward,
-    emit_tool_call,
-)
+from spanrl.instrumentation._emit import agent, emit_observation, emit_reward, emit_tool_call
+from spanrl.instrumentation._llm_calls import LLMCall, emit_prompt, emit_response
 from spanrl.instrumentation.feedback import emit_feedback
 from spanrl.instrumentation._rollout import current_rollout, rollout, rollout_resource_attributes
 from spanrl.instrumentation._setup import configure, flush

@@ -47,9 +47,20 @@ _PREFIXES = semconv.ROLLOUT_PATH_PREFIXES
 def build_app(state: ServerState) -> FastAPI:
     """The FastAPI application serving ``state``."""
     app = FastAPI(title="spanrl policy server")
-    model_name = state.config.model_name
-    tokenize = TokenizerPool(state.tokenizer)
-    app.state.tokenizer_pool = tokenize
+    routes = _Routes(state)
+    app.state.tokenizer_pool = routes.tokenize
+    _add_error_handlers(app)
+    for prefix in _PREFIXES:
+        app.add_api_route(f"{prefix}/v1/chat/completions", routes.chat_completions, methods=["POST"])
+        app.add_api_route(f"{prefix}/v1/completions", routes.completions, methods=["POST"])
+        app.add_api_route(f"{prefix}/v1/models", routes.models, methods=["GET"])
+    app.add_api_route("/health", routes.health, methods=["GET"])
+    app.add_api_route("/v1/weights/reload", routes.reload, methods=["POST"])
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as an OpenAI-style body: ours with their status, unexpected ones as 500."""
 
     @app.exception_handler(RequestError)
     async def _request_error(_: Request, exc: RequestError) -> JSONResponse:
@@ -65,52 +76,63 @@ def build_app(state: ServerState) -> FastAPI:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return JSONResponse(error_body(str(exc.detail), type=kind), status_code=exc.status_code)
 
-    async def body_of(request: Request) -> dict[str, Any]:
-        body = await read_json_body(request, state.config.max_body_bytes)
+
+def _rollout_of(request: Request) -> dict[str, Any]:
+    """The rollout ids of a request: from its path, else its ``x-spanrl-*`` headers."""
+    path, headers = request.path_params, request.headers
+    attrs: dict[str, Any] = {}
+    rollout = path.get("rollout_id") or headers.get(_ROLLOUT_HEADER)
+    task = path.get("task_id") or headers.get(_TASK_HEADER)
+    attempt = path.get("attempt") or headers.get(_ATTEMPT_HEADER)
+    if rollout:
+        attrs[semconv.ROLLOUT_ID] = rollout
+    if task:
+        attrs[semconv.TASK_ID] = task
+    if attempt:
+        try:
+            attrs[semconv.ATTEMPT] = int(attempt)
+        except ValueError:
+            raise RequestError(f"attempt must be an integer, got {attempt!r}", param="attempt") from None
+    return attrs
+
+
+class _Routes:
+    """The route handlers of one server, as bound methods (``build_app`` only wires them)."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.model_name = state.config.model_name
+        self.tokenize = TokenizerPool(state.tokenizer)  # templating and tokenizing off the event loop
+
+    async def _body(self, request: Request) -> dict[str, Any]:
+        body = await read_json_body(request, self.state.config.max_body_bytes)
         model = body.get("model")
-        if model is not None and model not in (model_name, str(state.config.model)):
+        if model is not None and model not in (self.model_name, str(self.state.config.model)):
             raise RequestError(
-                f"The model {model!r} does not exist; this server serves {model_name!r}",
+                f"The model {model!r} does not exist; this server serves {self.model_name!r}",
                 param="model",
                 status=404,
                 code="model_not_found",
             )
         return body
 
-    def rollout_of(request: Request) -> dict[str, Any]:
-        path, headers = request.path_params, request.headers
-        attrs: dict[str, Any] = {}
-        rollout = path.get("rollout_id") or headers.get(_ROLLOUT_HEADER)
-        task = path.get("task_id") or headers.get(_TASK_HEADER)
-        attempt = path.get("attempt") or headers.get(_ATTEMPT_HEADER)
-        if rollout:
-            attrs[semconv.ROLLOUT_ID] = rollout
-        if task:
-            attrs[semconv.TASK_ID] = task
-        if attempt:
-            try:
-                attrs[semconv.ATTEMPT] = int(attempt)
-            except ValueError:
-                raise RequestError(f"attempt must be an integer, got {attempt!r}", param="attempt") from None
-        return attrs
-
-    def params_of(body: dict[str, Any], prompt_tokens: int, *, chat: bool) -> ParsedParams:
+    def _params(self, body: dict[str, Any], prompt_tokens: int, *, chat: bool) -> ParsedParams:
         return parse_params(
             body,
             chat=chat,
             prompt_tokens=prompt_tokens,
-            max_context_tokens=state.max_context_tokens,
-            default_max_tokens=state.config.default_max_tokens,
+            max_context_tokens=self.state.max_context_tokens,
+            default_max_tokens=self.state.config.default_max_tokens,
         )
 
-    async def chat_completions(request: Request) -> Any:
-        start_ns = time.time_ns()
-        body = await body_of(request)
-        rollout = rollout_of(request)
+    async def chat_completions(self, request: Request) -> Any:
+        state, start_ns = self.state, time.time_ns()
+        body = await self._body(request)
+        rollout = _rollout_of(request)
         messages = normalize_messages(body.get("messages"))
         tools = normalize_tools(body.get("tools"))
-        prompt_ids = await tokenize.run(render_prompt, messages, tools)
-        params = params_of(body, len(prompt_ids), chat=True)
+        prompt_ids = await self.tokenize.run(render_prompt, messages, tools)
+        params = self._params(body, len(prompt_ids), chat=True)
         call = Call(
             operation=semconv.OP_CHAT,
             response_id="chatcmpl-" + uuid.uuid4().hex,
@@ -126,12 +148,12 @@ def build_app(state: ServerState) -> FastAPI:
             return StreamingResponse(stream(state, call), media_type="text/event-stream")
         return respond(state, call, *(await complete(state, call)))
 
-    async def completions(request: Request) -> Any:
-        start_ns = time.time_ns()
-        body = await body_of(request)
-        rollout = rollout_of(request)
-        prompts = await tokenize.run(_prompts, body.get("prompt"))
-        params = [params_of(body, len(ids), chat=False) for ids, _ in prompts]
+    async def completions(self, request: Request) -> Any:
+        state, start_ns = self.state, time.time_ns()
+        body = await self._body(request)
+        rollout = _rollout_of(request)
+        prompts = await self.tokenize.run(_prompts, body.get("prompt"))
+        params = [self._params(body, len(ids), chat=False) for ids, _ in prompts]
         call = Call(
             operation=semconv.OP_TEXT_COMPLETION,
             response_id="cmpl-" + uuid.uuid4().hex,
@@ -146,43 +168,25 @@ def build_app(state: ServerState) -> FastAPI:
             return StreamingResponse(stream(state, call), media_type="text/event-stream")
         return respond(state, call, *(await complete(state, call)))
 
-    async def models(request: Request) -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": model_name,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": PROVIDER,
-                    "max_model_len": state.max_context_tokens,
-                    "policy_version": state.batcher.version,
-                }
-            ],
-        }
+    async def models(self) -> dict[str, Any]:
+        model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": PROVIDER,
+                 "max_model_len": self.state.max_context_tokens, "policy_version": self.state.batcher.version}
+        return {"object": "list", "data": [model]}
 
-    for prefix in _PREFIXES:
-        app.add_api_route(f"{prefix}/v1/chat/completions", chat_completions, methods=["POST"])
-        app.add_api_route(f"{prefix}/v1/completions", completions, methods=["POST"])
-        app.add_api_route(f"{prefix}/v1/models", models, methods=["GET"])
+    async def health(self) -> dict[str, Any]:
+        return {"status": "ok", "model": self.model_name, "policy_version": self.state.batcher.version}
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": model_name, "policy_version": state.batcher.version}
-
-    @app.post("/v1/weights/reload")
-    async def reload(request: Request) -> dict[str, Any]:
-        body = await body_of(request)
+    async def reload(self, request: Request) -> dict[str, Any]:
+        body = await self._body(request)
         path = body.get("path")
         if not isinstance(path, str) or not path:
             raise RequestError(f"path must be a model folder path, got {path!r}", param="path")
         try:
-            version = await asyncio.wrap_future(state.batcher.reload_async(path))
+            version = await asyncio.wrap_future(self.state.batcher.reload_async(path))
         except ServingError as exc:
             raise RequestError(str(exc), param="path") from None
         return {"status": "ok", "policy_version": version}
 
-    return app
 
 def _prompts(tokenizer: Any, prompt: Any) -> list[tuple[list[int], str]]:
     """(ids, text) per prompt: a string, a list of ids, or a list of either."""
