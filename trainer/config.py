@@ -120,22 +120,6 @@ def _task_id(task: Any, index: int) -> str:
     return f"task-{index}"
 
 
-def _jobs(tasks: Sequence[Any]) -> list[RolloutJob]:
-    jobs = [RolloutJob(_task_id(task, i), task) for i, task in enumerate(tasks)]
-    seen: set[str] = set()
-    for job in jobs:
-        if job.task_id in seen:
-            raise ConfigError(f"tasks: task id {job.task_id!r} appears twice; ids must be unique")
-        seen.add(job.task_id)
-    return jobs
-
-
-def _task_id(task: Any, index: int) -> str:
-    if isinstance(task, Mapping) and task.get("id") is not None:
-        return str(task["id"])
-    return f"task-{index}"
-
-
 def jobs_of(tasks: Sequence[Any]) -> list[RolloutJob]:
     """One job per task, ids from ``task["id"]`` or the position; an id seen twice is an error."""
     jobs = [RolloutJob(_task_id(task, i), task) for i, task in enumerate(tasks)]

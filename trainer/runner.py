@@ -29,15 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import inspect
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from spanrl import env
 from spanrl import semconv
 from spanrl.errors import ConfigError
 from spanrl.trainer.agent_processes import CommandAgent, WorkerPool, command_argv

@@ -88,9 +88,9 @@ class Services:
                                     on_end=functools.partial(store_rollouts.record_end, self.collector.store))
         self._stack.callback(self._stop, "runner", self.runner.close)
 
-    def serve_only(self, model: Path) -> None:
+    def serve_only(self, model: Path, serving: ServingConfig) -> None:
         """Just a policy server (``Trainer.deploy`` after the run closed)."""
-        self.server = start_policy_server(model, otlp_endpoint=None)
+        self.server = start_policy_server(model, otlp_endpoint=None, serving=serving)
         self._stack.callback(self._stop, "server", self.server.shutdown)
 
     def agent_otel_env(self) -> dict[str, str]:

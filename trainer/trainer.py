@@ -375,7 +375,7 @@ class Trainer:
             checkpoint = self.latest_checkpoint()
             if checkpoint is None:
                 raise TrainingError(f"nothing to deploy: no {CHECKPOINT_PREFIX}<step> folder in {self.output_dir}")
-            self._services.serve_only(checkpoint)
+            self._services.serve_only(checkpoint, self.config.serving)
         return openai.OpenAI(base_url=f"{self.server.base_url}/v1", api_key="spanrl")
 
     def _run_rollouts(
@@ -388,7 +388,9 @@ class Trainer:
         sampling: dict[str, Any] = {"temperature": 0.0 if greedy else cfg.temperature}
         if cfg.max_tokens is not None:
             sampling["max_tokens"] = cfg.max_tokens
-        llm_url = cfg.llm_url if cfg.llm_url and not greedy else self.server  # a pool: each rollout lease()s a server
+        # training rollouts: a teacher's URL, else the pool (each rollout lease()s one of its servers);
+        # greedy evaluation: the embedded server
+        llm_url = self.server.base_url if greedy else (cfg.llm_url or self.server)
         advance, remove = self._console.rollout_bar(mode, len(jobs)) if self._console else (lambda: None, lambda: None)
 
         def on_result(result: RolloutResult) -> None:
