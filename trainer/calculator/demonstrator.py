@@ -1,12 +1,14 @@
-"""The careless demonstrator as an OpenAI-compatible chat server (standard library only).
+"""Scripted OpenAI-compatible chat servers (standard library only): the demo's careless demonstrator, and
+the generic :class:`ScriptedChatServer` it is made of (examples use it as an SFT teacher).
 
-The calculator agent talks to it exactly as it talks to the policy server (any path prefix, so
+Agents talk to them exactly as to the policy server (any path prefix, so
 ``/rollouts/<id>/v1/chat/completions`` works); the OpenAI instrumentor records each call's messages, and
-spanrl turns those traces into supervised-fine-tuning data. Each answer is
-``tasks.demonstrate(last user message)``.
+spanrl turns those traces into supervised-fine-tuning data (``Trainer(llm_url=server.url)``).
 
     with DemonstratorServer(seed=0) as server:
         base_url = server.url + "/v1"
+    with ScriptedChatServer(lambda messages, rng: "SELECT 1", seed=0) as teacher:
+        ...
 """
 
 from __future__ import annotations
@@ -16,31 +18,40 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from spanrl.trainer.calculator.tasks import demonstrate
 
-__all__ = ["DemonstratorServer"]
+__all__ = ["AnswerFn", "DemonstratorServer", "ScriptedChatServer"]
+
+AnswerFn = Callable[[list[dict[str, Any]], random.Random], str]
+"""``answer(messages, rng) -> text``; a ValueError is answered 400 with its message."""
 
 
-class DemonstratorServer:
-    """Serves ``POST .../chat/completions`` with the demonstrator's answers, in a daemon thread."""
+class ScriptedChatServer:
+    """Serves ``POST .../chat/completions`` with ``answer(messages, rng)``, in a daemon thread."""
 
-    def __init__(self, *, seed: int = 0, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, answer: AnswerFn, *, seed: int = 0, host: str = "127.0.0.1", port: int = 0,
+                 name: str = "teacher") -> None:
+        self._answer = answer
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, port), self._handler())
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="demonstrator", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, name=name, daemon=True)
         self.host = host
+        self.name = name
+        self.requests = 0
+        """Chat requests answered so far."""
 
     @property
     def url(self) -> str:
         """Root URL, e.g. ``http://127.0.0.1:PORT`` (append ``/v1`` for an OpenAI client)."""
         return f"http://{self.host}:{self._server.server_address[1]}"
 
-    def start(self) -> DemonstratorServer:
+    def start(self) -> ScriptedChatServer:
         self._thread.start()
         return self
 
@@ -48,16 +59,27 @@ class DemonstratorServer:
         self._server.shutdown()
         self._server.server_close()
 
-    def __enter__(self) -> DemonstratorServer:
+    def __enter__(self) -> ScriptedChatServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    def answer(self, body: dict[str, Any]) -> str:
-        question = next((m.get("content") for m in reversed(body.get("messages", [])) if m.get("role") == "user"), "")
+    def completion(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The chat.completion answering ``body`` (raises ValueError for a request it cannot answer)."""
         with self._lock:
-            return demonstrate(str(question), self._rng)
+            self.requests += 1
+            text = self._answer(list(body.get("messages") or []), self._rng)
+        words = len(text.split())
+        return {
+            "id": f"chatcmpl-{self.name}-{uuid.uuid4().hex[:12]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model") or self.name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop",
+                         "logprobs": None}],
+            "usage": {"prompt_tokens": 0, "completion_tokens": words, "total_tokens": words},
+        }
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         owner = self
@@ -83,31 +105,24 @@ class DemonstratorServer:
                 except ValueError:
                     self._send(400, {"error": {"message": "request body is not JSON"}})
                     return
-                if not self.path.rstrip("/").endswith("/chat/completions"):
+                if not self.path.split("?", 1)[0].rstrip("/").endswith("/chat/completions"):
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
                     return
                 try:
-                    text = owner.answer(body)
+                    self._send(200, owner.completion(body))
                 except ValueError as exc:
                     self._send(400, {"error": {"message": str(exc)}})
-                    return
-                words = len(text.split())
-                self._send(
-                    200,
-                    {
-                        "id": f"chatcmpl-{uuid.uuid4().hex}",
-                        "object": "chat.completion",
-                        "created": int(time.time()),
-                        "model": body.get("model", "demonstrator"),
-                        "choices": [
-                            {
-                                "index": 0,
-                                "message": {"role": "assistant", "content": text},
-                                "finish_reason": "stop",
-                            }
-                        ],
-                        "usage": {"prompt_tokens": 4, "completion_tokens": words, "total_tokens": 4 + words},
-                    },
-                )
 
         return Handler
+
+
+def _demonstrate_last_question(messages: list[dict[str, Any]], rng: random.Random) -> str:
+    question = next((m.get("content") for m in reversed(messages) if m.get("role") == "user"), "")
+    return demonstrate(str(question), rng)
+
+
+class DemonstratorServer(ScriptedChatServer):
+    """The careless demonstrator: each answer is ``tasks.demonstrate(last user message)``."""
+
+    def __init__(self, *, seed: int = 0, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__(_demonstrate_last_question, seed=seed, host=host, port=port, name="demonstrator")
