@@ -18,11 +18,12 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from spanrl.trainer.rollouts import RolloutResult
 
-__all__ = ["RolloutPrefetch", "StepRollouts"]
+__all__ = ["RolloutPrefetch", "StepRollouts", "policy_lag"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,3 +70,12 @@ class RolloutPrefetch:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         self._pending.clear()
+
+
+def policy_lag(transitions: Sequence[Any], version: int | None) -> dict[str, int]:
+    """The oldest policy version among ``transitions`` and how many updates it lags ``version`` (the
+    policy the update starts from): ``rollout_policy_version`` and ``policy_lag`` for the history row."""
+    versions = [t.policy_version for t in transitions if t.policy_version is not None]
+    if version is None or not versions:
+        return {}
+    return {"rollout_policy_version": min(versions), "policy_lag": version - min(versions)}

@@ -27,6 +27,7 @@ pushes the weights into the server (in process) and logs. Failed rollouts are re
 Output: ``checkpoint-<step>/`` (HF folder + optimizer/RNG state + ``trainer_state.json``),
 ``config.json`` (resolved), ``history.jsonl``, ``reward_curve.png``, ``runs/`` (TensorBoard).
 ``resume=True`` continues from the newest checkpoint: same step count, history and task sequence.
+``async_steps=True`` runs the next step's rollouts while the current update computes (``overlap.py``).
 
 Many processes (``accelerate launch --num_processes N train.py``, GRPO): rank 0 does everything above;
 the other ranks only set the algorithm up and, each update, receive rank 0's transitions (broadcast),
@@ -69,7 +70,7 @@ from spanrl.trainer.config import (
     run_description,
 )
 from spanrl.trainer.console import Console
-from spanrl.trainer.overlap import RolloutPrefetch, StepRollouts
+from spanrl.trainer.overlap import RolloutPrefetch, StepRollouts, policy_lag
 from spanrl.trainer.reporting import Callback, CurvePlot, HistoryFile, Scalars, log_row
 from spanrl.trainer.runner import RolloutJob, RolloutResult
 from spanrl.trainer.services import Services
@@ -309,7 +310,7 @@ class Trainer:
         update_started = time.perf_counter()
         if transitions:
             row["advantage_mean"] = sum(t.advantage for t in transitions) / len(transitions)
-            row.update(_lag(transitions, self._policy_version()))
+            row.update(policy_lag(transitions, self._policy_version()))
             for _ in range(cfg.updates_per_step):
                 use_minibatch = cfg.minibatch_size and cfg.minibatch_size < len(transitions)
                 metrics = self._update(sampler.sample(transitions, cfg.minibatch_size) if use_minibatch else batch)
@@ -478,14 +479,6 @@ class Trainer:
 
     def _config_dict(self) -> dict[str, Any]:
         return run_description(self)
-
-
-def _lag(transitions: Sequence[Any], version: int | None) -> dict[str, int]:
-    """How many updates behind ``version`` (the policy this update starts from) the oldest sample is."""
-    versions = [t.policy_version for t in transitions if t.policy_version is not None]
-    if version is None or not versions:
-        return {}
-    return {"rollout_policy_version": min(versions), "policy_lag": version - min(versions)}
 
 
 _WHY = {
