@@ -80,6 +80,13 @@ class TrainerConfig:
     torch_threads: int | None = None
     """``torch.set_num_threads`` for this process (training and the embedded server); None leaves it.
     On a few shared cores 1 is much faster: agents, collector and server compete with torch's threads."""
+    async_steps: bool = False
+    """Run the next step's rollouts while the current update computes (on a background thread); each
+    update then learns from rollouts of a policy up to ``max_staleness`` updates old (GRPO's clipped
+    ratio corrects with the recorded log-probs). False: every step waits for its own rollouts."""
+    max_staleness: int = 1
+    """With ``async_steps``: rollouts start at most this many steps ahead, so they lag the policy they
+    update by at most this many versions."""
     runner: RunnerConfig = dataclasses.field(default_factory=RunnerConfig)
     """How rollouts run: concurrency, timeouts, retries, command workers."""
     serving: ServingConfig = dataclasses.field(default_factory=ServingConfig)
@@ -96,6 +103,10 @@ class TrainerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+        if not isinstance(self.async_steps, bool):
+            raise ConfigError(f"async_steps must be true or false, got {self.async_steps!r}")
+        if not isinstance(self.max_staleness, int) or isinstance(self.max_staleness, bool) or self.max_staleness < 1:
+            raise ConfigError(f"max_staleness must be a positive integer, got {self.max_staleness!r}")
         if self.torch_threads is not None and (not isinstance(self.torch_threads, int) or self.torch_threads < 1):
             raise ConfigError(f"torch_threads must be a positive integer or None, got {self.torch_threads!r}")
         if self.minibatch_size is not None and (not isinstance(self.minibatch_size, int) or self.minibatch_size < 1):

@@ -27,6 +27,7 @@ pushes the weights into the server (in process) and logs. Failed rollouts are re
 Output: ``checkpoint-<step>/`` (HF folder + optimizer/RNG state + ``trainer_state.json``),
 ``config.json`` (resolved), ``history.jsonl``, ``reward_curve.png``, ``runs/`` (TensorBoard).
 ``resume=True`` continues from the newest checkpoint: same step count, history and task sequence.
+``async_steps=True`` runs the next step's rollouts while the current update computes (``overlap.py``).
 
 Many processes (``accelerate launch --num_processes N train.py``, GRPO): rank 0 does everything above;
 the other ranks only set the algorithm up and, each update, receive rank 0's transitions (broadcast),
@@ -71,6 +72,7 @@ from spanrl.trainer.config import (
     run_description,
 )
 from spanrl.trainer.console import Console
+from spanrl.trainer.overlap import RolloutPrefetch, StepRollouts, policy_lag
 from spanrl.trainer.reporting import Callback, CurvePlot, HistoryFile, Scalars, log_row
 from spanrl.trainer.runner import RolloutJob, RolloutResult
 from spanrl.trainer.services import Services
@@ -149,6 +151,7 @@ class Trainer:
         self._services = Services()
         self._callbacks: list[Callback] = []
         self._console: Console | None = None
+        self._prefetch: RolloutPrefetch | None = None  # inside train(): runs rollouts (ahead, with async_steps)
         self._run_tag = uuid.uuid4().hex[:8]  # rollout ids stay unique across runs sharing one store
 
     @property
@@ -256,6 +259,8 @@ class Trainer:
             return []
         cfg = self.config
         self.state = State.TRAINING
+        bound = cfg.max_staleness if cfg.async_steps else 0
+        self._prefetch = RolloutPrefetch(self._step_rollouts, bound=bound, last_step=cfg.max_steps)
         try:
             with Console(enabled=cfg.progress, max_steps=cfg.max_steps, done=self.step) as self._console:
                 if cfg.eval_at_start and self.val_tasks and self.step == 0:
@@ -275,7 +280,8 @@ class Trainer:
             for callback in self._callbacks:
                 callback.on_end(self.history)
         finally:
-            self._console, self.state = None, State.RUNNING
+            self._prefetch.close()  # rollouts run ahead and not trained are dropped (a resume runs them again)
+            self._console, self.state, self._prefetch = None, State.RUNNING, None
             if self._world > 1:
                 _distributed.broadcast(None)  # the other ranks stop following
             if owns:
@@ -283,17 +289,19 @@ class Trainer:
         return self.history
 
     def _train_step(self) -> dict[str, Any]:
-        """Rollouts, transitions, update(s), weight push; returns the step's history row (not recorded)."""
+        """Rollouts (taken from the prefetch: run now, or ahead while the last update computed),
+        transitions, update(s), weight push; returns the step's history row (not recorded)."""
         cfg = self.config
         started = time.perf_counter()
         step = self.step + 1
-        sampler = random.Random(cfg.seed * _STEP_SEED_STRIDE + step)
-        jobs = [job for job in sampler.sample(self._task_jobs, cfg.tasks_per_step) for _ in range(cfg.n_rollouts)]
-        results = self._run_rollouts(jobs, tag=f"s{step}", mode="train")
+        sampler, _ = self._step_jobs(step)
+        assert self._prefetch is not None
+        got, waited = self._prefetch.take(step)
+        self._prefetch.ahead(step)  # the next steps' rollouts run while this step updates
+        results = got.results
         ok_ids = [r.rollout_id for r in results if r.ok]
         row: dict[str, Any] = {"step": step, "rollouts_ok": len(ok_ids), "rollouts_failed": len(results) - len(ok_ids),
-                               "policy_version": self._policy_version()}
-        rollout_seconds = time.perf_counter() - started
+                               "policy_version": got.policy_version}
         metrics: dict[str, float] = {}
         batch = self._batch(ok_ids) if ok_ids else None
         n_transitions = len(batch) if batch is not None else 0
@@ -302,8 +310,10 @@ class Trainer:
             row["reward_mean"] = sum(rewards) / len(rewards) if rewards else None
             row["transitions"] = n_transitions
             row["transitions_report"] = dict(batch.report)
+        update_started = time.perf_counter()
         if n_transitions:  # columnar all the way: no dataclass per row on the training path
             row["advantage_mean"] = float(np.mean(batch.to_arrow().column("advantage").to_numpy()))
+            row.update(policy_lag(batch, self._policy_version()))
             for _ in range(cfg.updates_per_step):
                 use_minibatch = cfg.minibatch_size and cfg.minibatch_size < n_transitions
                 # the same rows from the same RNG as sampling the list of transitions would pick
@@ -315,10 +325,23 @@ class Trainer:
         else:
             _logger.warning("step %d: every rollout failed; no update (see %s)", step, ROLLOUTS_FILE)
         row.update({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
-        row["time/rollouts_s"] = rollout_seconds
-        row["time/step_s"] = time.perf_counter() - started
+        row.update({"time/rollouts_s": got.seconds, "time/rollout_wait_s": waited,
+                    "time/update_s": time.perf_counter() - update_started, "time/step_s": time.perf_counter() - started})
         self.step = step
         return row
+
+    def _step_jobs(self, step: int) -> tuple[random.Random, list[RolloutJob]]:
+        """Step ``step``'s rollout jobs and the sampler (seeded by the step) that later picks minibatches."""
+        cfg = self.config
+        sampler = random.Random(cfg.seed * _STEP_SEED_STRIDE + step)
+        jobs = [job for job in sampler.sample(self._task_jobs, cfg.tasks_per_step) for _ in range(cfg.n_rollouts)]
+        return sampler, jobs
+
+    def _step_rollouts(self, step: int) -> StepRollouts:
+        """Run step ``step``'s rollouts (in the loop's thread, or the prefetch's)."""
+        started, version = time.perf_counter(), self._policy_version()
+        results = self._run_rollouts(self._step_jobs(step)[1], tag=f"s{step}", mode="train")
+        return StepRollouts(results, version, time.perf_counter() - started)
 
     def _update(self, transitions: Any) -> dict[str, float]:
         """One algorithm update; under many processes rank 0 broadcasts the transitions and every rank
@@ -343,6 +366,7 @@ class Trainer:
         self._refuse("evaluate()", State.FOLLOWING)
         owns = self.state in (State.NEW, State.CLOSED)
         self.start()
+        self._runner_free()
         try:
             jobs = self._val_jobs if tasks is None else jobs_of(tasks)
             if not jobs:
@@ -359,6 +383,7 @@ class Trainer:
         """Run rollouts without updating (e.g. to record demonstrations); return every attempt's result."""
         self._refuse("collect()", State.FOLLOWING)
         self.start()
+        self._runner_free()
         jobs = [job for job in jobs_of(tasks) for _ in range(n_rollouts)]
         return self._run_rollouts(jobs, tag=f"c{self.step}", mode=mode)
 
@@ -411,6 +436,11 @@ class Trainer:
             for r in results:
                 log.write(json.dumps({**dataclasses.asdict(r), "step": self.step, "policy_version": version, "time": started}) + "\n")
         return results
+
+    def _runner_free(self) -> None:
+        """The runner runs one batch at a time: wait for rollouts running ahead (async steps)."""
+        if self._prefetch is not None:
+            self._prefetch.settle()
 
     def _ready(self, rollout_ids: Sequence[str], since_ns: int) -> set[str]:
         need = self.config.runner.require_token_spans and not self.config.llm_url
