@@ -2,8 +2,8 @@
 policy-gradient algorithms.
 
 Padding is compute thrown away: a micro-batch is padded to its longest row, so rows of similar length
-belong together. ``length_sorted_micro_batches`` sorts a mini-batch's rows by length before cutting it
-into micro-batches of a fixed row count. The gradient is a sum over micro-batches, so the order changes
+belong together. ``length_sorted_micro_batches`` sorts a mini-batch's rows by (prompt, completion)
+length before cutting it into micro-batches of a fixed row count. The gradient is a sum over micro-batches, so the order changes
 nothing but the padding (the row counts, and so TRL's per-micro-batch normalisation, stay as before).
 """
 
@@ -35,12 +35,18 @@ def update_autocast(enabled: bool, device: torch.device | str = "cpu") -> contex
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
 
 
-def length_sorted_micro_batches(rows: torch.Tensor, lengths: torch.Tensor, micro: int, *, sort: bool = True) -> Iterator[torch.Tensor]:
-    """``rows`` (indices) in micro-batches of ``micro`` rows, longest first when ``sort``.
+def length_sorted_micro_batches(
+    rows: torch.Tensor, prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor, micro: int, *, sort: bool = True
+) -> Iterator[torch.Tensor]:
+    """``rows`` (indices) in micro-batches of ``micro`` rows; when ``sort``, longest prompt first, then
+    longest completion (lengths indexed by row index).
 
-    ``lengths`` holds every row's (prompt + completion) length, indexed by row index."""
+    A micro-batch is padded to its longest prompt plus its longest completion (prompts left-padded,
+    completions right-padded, as TRL lays them out), so sorting on the pair beats sorting on the total:
+    a GRPO group's rollouts share one prompt and stay together, their completions sorted."""
     if sort:
-        rows = rows[torch.argsort(lengths[rows], descending=True, stable=True)]
+        key = prompt_lengths[rows] * (int(completion_lengths.max()) + 1) + completion_lengths[rows]
+        rows = rows[torch.argsort(key, descending=True, stable=True)]
     for start in range(0, len(rows), micro):
         yield rows[start : start + micro]
 

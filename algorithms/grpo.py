@@ -276,7 +276,7 @@ class GRPO(Algorithm):
         n = len(transitions)
         mini = cfg.mini_batch_size or n
         micro = min(cfg.micro_batch_size or mini, mini)
-        lengths = data.prompt_mask.sum(1) + data.completion_mask.sum(1)
+        prompt_lengths, completion_lengths = data.prompt_mask.sum(1), data.completion_mask.sum(1)
         device = trainer.accelerator.device
         stats: dict[str, list[float]] = {"policy_loss": [], "approx_kl": [], "grad_norm": []}
         for _ in range(cfg.num_iterations):
@@ -287,7 +287,9 @@ class GRPO(Algorithm):
                 tokens = float(data.loss_mask[rows].sum().clamp(min=1))
                 trainer.current_gradient_accumulation_steps = n_micro
                 step_loss = 0.0
-                for part in length_sorted_micro_batches(rows, lengths, micro, sort=cfg.length_bucketing):
+                for part in length_sorted_micro_batches(
+                    rows, prompt_lengths, completion_lengths, micro, sort=cfg.length_bucketing
+                ):
                     inputs = self._trl_inputs(data.select(part), ref_logprobs, part, tokens, n_micro)
                     # TRL's compute_loss already scales for accumulation: the micro losses sum to the step's.
                     with update_autocast(self.bf16, device):

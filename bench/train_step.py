@@ -24,6 +24,11 @@ threads) runs gave 0.65x-0.91x interleaved; a non-interleaved run once gave 1.12
 Usage:
     OMP_NUM_THREADS=1 .venv/bin/python bench/train_step.py [--steps 20] [--warmup 3] [--prompts 16] [--generations 8]
         [--new-tokens 8] [--hidden 128] [--layers 4]
+
+SmolLM2 case (``--model smollm2``, bench/train_step_smollm2.py): a real 134.5M-parameter model's GRPO
+update in tokens/s against this machine's matmul bound measured in the same run:
+
+    .venv/bin/python bench/train_step.py --model smollm2 [--rollouts 16] [--steps 3] [--threads 2]
 """
 
 from __future__ import annotations
@@ -149,7 +154,7 @@ def run(model_path: Path, out_dir: Path, args: argparse.Namespace) -> tuple[list
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=16)
@@ -157,7 +162,16 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
-    args = parser.parse_args()
+    parser.add_argument("--model", choices=("tiny", "smollm2"), default="tiny",
+                        help="tiny: spanrl vs TRL on the tiny model; smollm2: tokens/s against the matmul bound")
+    args, rest = parser.parse_known_args()
+    if args.model == "smollm2":
+        import train_step_smollm2
+
+        train_step_smollm2.main(rest)
+        return
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:

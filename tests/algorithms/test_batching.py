@@ -9,14 +9,15 @@ from spanrl.algorithms.batching import bf16_supported, length_sorted_micro_batch
 
 def test_length_sorting_keeps_every_row_once_and_cuts_padding() -> None:
     gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(20, 300, (32,), generator=gen)
+    prompt = torch.randint(20, 300, (4,), generator=gen).repeat_interleave(8)  # GRPO groups share a prompt
     completion = torch.randint(5, 120, (32,), generator=gen)
     rows = torch.randperm(32, generator=gen)
-    sorted_batches = list(length_sorted_micro_batches(rows, prompt + completion, 4))
-    random_batches = list(length_sorted_micro_batches(rows, prompt + completion, 4, sort=False))
+    sorted_batches = list(length_sorted_micro_batches(rows, prompt, completion, 4))
+    random_batches = list(length_sorted_micro_batches(rows, prompt, completion, 4, sort=False))
     assert sorted(torch.cat(sorted_batches).tolist()) == list(range(32))
     assert [len(b) for b in sorted_batches] == [4] * 8  # same row counts: TRL's normalisation is unchanged
     real = int((prompt + completion).sum())
+    assert all(len(set(prompt[b].tolist())) == 1 for b in sorted_batches)  # a group stays together
     assert padded_tokens(prompt, completion, sorted_batches) < padded_tokens(prompt, completion, random_batches)
     assert padded_tokens(prompt, completion, sorted_batches) >= real
 
