@@ -154,6 +154,14 @@ def run(model_path: Path, out_dir: Path, args: argparse.Namespace) -> tuple[list
 
 
 def main() -> None:
+    first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    first.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
+    chosen, rest = first.parse_known_args()
+    if chosen.model == "smollm2":  # its own options (train_step_smollm2.py)
+        import train_step_smollm2
+
+        train_step_smollm2.main(rest)
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
@@ -164,14 +172,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--model", choices=("tiny", "smollm2"), default="tiny",
                         help="tiny: spanrl vs TRL on the tiny model; smollm2: tokens/s against the matmul bound")
-    args, rest = parser.parse_known_args()
-    if args.model == "smollm2":
-        import train_step_smollm2
-
-        train_step_smollm2.main(rest)
-        return
-    if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args = parser.parse_args(rest)
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
