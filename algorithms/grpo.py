@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from spanrl.algorithms.batching import bf16_supported, length_sorted_micro_batches, update_autocast
 from spanrl.algorithms.distributed import all_reduce_sum, average_gradients, refuse_sharding, world
 from spanrl.algorithms.base import (
     Algorithm,
@@ -97,6 +98,15 @@ class GRPOConfig:
     """Use the server's log-probs as the old policy; False recomputes them with the current model."""
     lora: LoRAConfig | None = None
     """Train a LoRA adapter (PEFT) instead of all weights."""
+    # --- speed (spanrl.algorithms.batching) ---
+    bf16: bool | None = None
+    """bf16 autocast for the update's forwards and backwards (weights and optimizer stay fp32); None = on
+    where bf16 is fast (a CPU with AVX512-BF16 or AMX, a CUDA device with bf16), else off."""
+    fp32_lm_head: bool = True
+    """Under bf16, project the LM head (the log-probs) in fp32, so the ratio to the server's log-probs
+    is not bf16 rounding noise (not with ``lora``: TRL 1.16 cannot cast a PEFT model's head)."""
+    length_bucketing: bool = True
+    """Sort each mini-batch's rows by length before cutting micro-batches: less compute on padding."""
 
     def validate(self) -> GRPOConfig:
         """Raise :class:`ConfigError` naming the first bad field; return self."""
@@ -117,6 +127,11 @@ class GRPOConfig:
         for name in ("num_iterations", "max_completion_length"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        for name in ("bf16", "fp32_lm_head", "length_bucketing"):
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (name == "bf16" and value is None):
+                allowed = "True, False or None" if name == "bf16" else "True or False"
+                raise ConfigError(f"{name} must be {allowed}, got {value!r}")
         for name in ("mini_batch_size", "micro_batch_size", "max_steps"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -174,6 +189,8 @@ class GRPO(Algorithm):
     def __init__(self, config: GRPOConfig | None = None, **fields: Any) -> None:
         super().__init__(config, **fields)
         self.trainer: Any = None
+        self.bf16 = False
+        """Whether updates run under bf16 autocast: ``config.bf16`` resolved for this machine by setup()."""
 
     # --- setup ------------------------------------------------------------------------------------
     def setup(
@@ -190,10 +207,14 @@ class GRPO(Algorithm):
         output_dir = Path(output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
         model, tokenizer = load_policy(model_path)  # TRL wraps it in the LoRA adapter (peft_config below)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.bf16 = cfg.bf16 if cfg.bf16 is not None else bf16_supported(device)
         args = TRLGRPOConfig(
             output_dir=str(output_dir),
             use_cpu=not torch.cuda.is_available(),
-            bf16=False,
+            bf16=False,  # autocast is ours (update_autocast): TRL's would also cast generation-time paths
+            # TRL 1.16 cannot cast a PEFT model's head (it looks for embed_tokens on the wrong module)
+            cast_lm_head_to_fp32=self.bf16 and cfg.fp32_lm_head and cfg.lora is None,
             seed=seed,
             report_to=reporters or "none",
             learning_rate=cfg.learning_rate,
@@ -253,6 +274,8 @@ class GRPO(Algorithm):
         n = table.num_rows
         mini = cfg.mini_batch_size or n
         micro = min(cfg.micro_batch_size or mini, mini)
+        prompt_lengths, completion_lengths = data.prompt_mask.sum(1), data.completion_mask.sum(1)
+        device = trainer.accelerator.device
         stats: dict[str, list[float]] = {"policy_loss": [], "grad_norm": [], "kl": [0.0, 0.0]}
         for _ in range(cfg.num_iterations):
             order = torch.randperm(n)
@@ -263,11 +286,13 @@ class GRPO(Algorithm):
                 (tokens,) = all_reduce_sum([float(data.loss_mask[rows].sum())])
                 trainer.current_gradient_accumulation_steps = n_micro
                 step_loss = 0.0
-                for m in range(n_micro):
-                    part = rows[m * micro : (m + 1) * micro]
+                for part in length_sorted_micro_batches(
+                    rows, prompt_lengths, completion_lengths, micro, sort=cfg.length_bucketing
+                ):
                     inputs = self._trl_inputs(data.select(part), ref_logprobs, part, max(tokens, 1.0), n_micro)
                     # TRL's compute_loss already scales for accumulation: the micro losses sum to the step's.
-                    step_loss += float(trainer.training_step(trainer.model, inputs, None))
+                    with update_autocast(self.bf16, device):
+                        step_loss += float(trainer.training_step(trainer.model, inputs, None))
                     kl_sum, kl_tokens = _approx_kl(trainer._spanrl_last_logps, inputs)
                     stats["kl"][0] += kl_sum
                     stats["kl"][1] += kl_tokens
@@ -317,7 +342,7 @@ class GRPO(Algorithm):
         input_ids = torch.cat([data.prompt_ids, data.completion_ids], dim=1).to(device)
         attention = torch.cat([data.prompt_mask, data.completion_mask], dim=1).to(device)
         context = _adapters_off(trainer.model) if ref and trainer.ref_model is None else _nullcontext()
-        with context:
+        with context, update_autocast(self.bf16, device):
             logps, _, _ = trainer._get_per_token_logps_and_entropies(
                 model, input_ids, attention, data.completion_ids.size(1), batch_size=self.config.micro_batch_size
             )

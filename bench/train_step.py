@@ -24,6 +24,11 @@ threads) runs gave 0.65x-0.91x interleaved; a non-interleaved run once gave 1.12
 Usage:
     OMP_NUM_THREADS=1 .venv/bin/python bench/train_step.py [--steps 20] [--warmup 3] [--prompts 16] [--generations 8]
         [--new-tokens 8] [--hidden 128] [--layers 4]
+
+SmolLM2 case (``--model smollm2``, bench/train_step_smollm2.py): a real 134.5M-parameter model's GRPO
+update in tokens/s against this machine's matmul bound measured in the same run:
+
+    .venv/bin/python bench/train_step.py --model smollm2 [--rollouts 16] [--steps 3] [--threads 2]
 """
 
 from __future__ import annotations
@@ -149,7 +154,15 @@ def run(model_path: Path, out_dir: Path, args: argparse.Namespace) -> tuple[list
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    first.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
+    chosen, rest = first.parse_known_args()
+    if chosen.model == "smollm2":  # its own options (train_step_smollm2.py)
+        import train_step_smollm2
+
+        train_step_smollm2.main(rest)
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=16)
@@ -157,7 +170,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
-    args = parser.parse_args()
+    parser.add_argument("--model", choices=("tiny", "smollm2"), default="tiny",
+                        help="tiny: spanrl vs TRL on the tiny model; smollm2: tokens/s against the matmul bound")
+    args = parser.parse_args(rest)
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:

@@ -48,6 +48,7 @@ def test_default_config_validates() -> None:
         ({"lr_scheduler_type": "linear"}, "lr_scheduler_type='linear' needs max_steps"),
         ({"lora": LoRAConfig(r=0)}, "lora.r must be a positive integer, got 0"),
         ({"no_such_field": 1}, "unknown config field"),
+        ({"bf16": "yes"}, "bf16 must be True, False or None, got 'yes'"),
     ],
 )
 def test_bad_config_names_the_field(fields: dict, message: str) -> None:

@@ -1,0 +1,157 @@
+"""GRPO update speed on a real model (SmolLM2-135M-Instruct) against this machine's matmul bound.
+
+    .venv/bin/python bench/train_step.py --model smollm2 [--rollouts 16] [--steps 3] [--threads 2]
+
+Each case builds spanrl's ``GRPO`` on the model and times ``update()`` on the same batch of synthetic
+agent transitions (random token ids; groups of ``GROUP`` rollouts share a prompt, as in GRPO; prompt
+and completion lengths drawn uniformly from the given ranges, as an agent's calls vary; old log-probs from the model itself, as the policy server records
+them, computed outside the timer). Right before each timed update, the same process times a
+2048x2048 ``torch.matmul`` in fp32 and in bf16: the bound, under the same machine load.
+
+Cases: ``fp32`` (the update before this bench: fp32, micro-batches in random order) and ``bf16``
+(bf16 autocast with an fp32 LM head, micro-batches sorted by length: GRPOConfig's defaults on a CPU
+with AVX512-BF16). Useful FLOPs = 6 x (linear-layer parameters outside the embedding) x real tokens
++ 6 x (LM head parameters) x completion tokens (TRL projects only completion positions); attention
+score FLOPs and padding are not counted. Fraction = useful GFLOP/s / the matmul bound of the
+update's dtype.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+LEARNING_RATE = 1e-6
+GROUP = 4
+"""Rollouts per prompt (a GRPO group)."""
+MATMUL_SIZE = 2048
+CASES = {
+    "fp32": {"bf16": False, "length_bucketing": False},
+    "bf16": {"bf16": True, "length_bucketing": True},
+}
+
+
+def matmul_gflops(dtype: torch.dtype, size: int = MATMUL_SIZE, repeats: int = 3) -> float:
+    """Median GFLOP/s of ``size`` x ``size`` matmuls in ``dtype`` (one warm-up)."""
+    a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+    a @ b
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        seconds.append(time.perf_counter() - start)
+    return 2 * size**3 / statistics.median(seconds) / 1e9
+
+
+def synthetic_transitions(model: Any, vocab: int, n: int, prompt: tuple[int, int], completion: tuple[int, int],
+                          seed: int) -> list:
+    """``n`` transitions of random tokens with the model's own (fp32) log-probs as the old ones."""
+    from spanrl.algorithms.transitions import Transition
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        if i % GROUP == 0:  # a GRPO group's rollouts share the prompt
+            p = [rng.randrange(100, vocab) for _ in range(rng.randint(*prompt))]
+        c = [rng.randrange(100, vocab) for _ in range(rng.randint(*completion))]
+        with torch.no_grad():
+            logits = model(torch.tensor([p + c])).logits[0, len(p) - 1 : -1].float()
+        logps = torch.log_softmax(logits, -1).gather(1, torch.tensor(c)[:, None]).squeeze(1)
+        out.append(Transition(
+            rollout_id=f"r{i}", task_id=f"t{i // 8}", attempt=1, agent=None, step=0, prompt_ids=p, completion_ids=c,
+            completion_mask=[1] * len(c), old_logprobs=logps.tolist(), reward=float(i % 2),
+            advantage=1.0 if i % 2 else -1.0, policy_version=0, retokenized=False,
+        ))
+    return out
+
+
+def flop_counts(model: Any) -> tuple[int, int]:
+    """(linear-layer parameters outside the embedding, LM head parameters)."""
+    head = model.get_output_embeddings().weight
+    body = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and p is not head and "embed" not in n)
+    return body, head.numel()
+
+
+def run_case(name: str, model_path: Path, out: Path, transitions: list, args: argparse.Namespace) -> dict[str, Any]:
+    """Timed updates of one case, each right after a matmul-bound measurement."""
+    from spanrl.algorithms.grpo import GRPO
+
+    algo = GRPO(learning_rate=LEARNING_RATE, micro_batch_size=args.micro, max_completion_length=args.completion[1],
+                **CASES[name])
+    algo.setup(model_path=model_path, output_dir=out / name, seed=0)
+    algo.update(transitions)  # warm-up: allocator, kernels, optimizer state
+    seconds, fp32, bf16 = [], [], []
+    for _ in range(args.steps):
+        fp32.append(matmul_gflops(torch.float32))
+        bf16.append(matmul_gflops(torch.bfloat16))
+        start = time.perf_counter()
+        algo.update(transitions)
+        seconds.append(time.perf_counter() - start)
+    return {"seconds": statistics.median(seconds), "fp32": statistics.median(fp32), "bf16": statistics.median(bf16),
+            "bound": statistics.median(bf16 if algo.bf16 else fp32), "all_seconds": seconds}
+
+
+def padding_share(transitions: list, micro: int, sort: bool) -> float:
+    """Share of the computed positions that are padding, for one pass in random (or length) order."""
+    from spanrl.algorithms.batching import length_sorted_micro_batches, padded_tokens
+
+    p = torch.tensor([len(t.prompt_ids) for t in transitions])
+    c = torch.tensor([len(t.completion_ids) for t in transitions])
+    rows = torch.randperm(len(transitions), generator=torch.Generator().manual_seed(0))
+    batches = list(length_sorted_micro_batches(rows, p, c, micro, sort=sort))
+    return 1 - int((p + c).sum()) / padded_tokens(p, c, batches)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rollouts", type=int, default=16)
+    parser.add_argument("--prompt", type=int, nargs=2, default=(60, 300), metavar=("MIN", "MAX"))
+    parser.add_argument("--completion", type=int, nargs=2, default=(10, 120), metavar=("MIN", "MAX"))
+    parser.add_argument("--micro", type=int, default=4, help="micro-batch rows")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--cases", default="fp32,bf16")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(args.threads)
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from spanrl.serving.models import SMOLLM2, resolve_model
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    model_path = resolve_model(SMOLLM2)
+    model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+    transitions = synthetic_transitions(model, model.config.vocab_size, args.rollouts, tuple(args.prompt),
+                                        tuple(args.completion), seed=0)
+    body, head = flop_counts(model)
+    del model
+    tokens = sum(len(t.prompt_ids) + len(t.completion_ids) for t in transitions)
+    completion = sum(len(t.completion_ids) for t in transitions)
+    useful = 6 * body * tokens + 6 * head * completion
+    print(f"SmolLM2-135M-Instruct: {body / 1e6:.1f}M linear + {head / 1e6:.1f}M LM head parameters; {args.rollouts} "
+          f"transitions, {tokens} tokens ({completion} completion), micro-batches of {args.micro}; torch threads "
+          f"{args.threads} of {os.cpu_count()} cpus; load {os.getloadavg()[0]:.1f}")
+    print(f"padding share of computed positions: random order {padding_share(transitions, args.micro, False):.0%}, "
+          f"length-sorted {padding_share(transitions, args.micro, True):.0%}")
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.cases.split(","):
+            r = results[name] = run_case(name, model_path, Path(tmp), transitions, args)
+            gflops = useful / r["seconds"] / 1e9
+            print(f"{name}: update median {r['seconds']:6.1f} s ({', '.join(f'{s:.1f}' for s in r['all_seconds'])}) "
+                  f"= {tokens / r['seconds']:6.0f} tokens/s = {gflops:5.0f} GFLOP/s; matmul bound fp32 "
+                  f"{r['fp32']:4.0f}, bf16 {r['bf16']:4.0f} GFLOP/s -> {gflops / r['bound']:.0%} of its dtype's bound; "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)
+    if {"fp32", "bf16"} <= set(results):
+        print(f"speed-up bf16 over fp32: {results['fp32']['seconds'] / results['bf16']['seconds']:.2f}x")

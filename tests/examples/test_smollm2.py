@@ -1,0 +1,45 @@
+"""A real pretrained model learns through the whole pipeline: a shortened examples/smollm2/train.py run
+(SmolLM2-135M-Instruct, multiplication whose reply must end with the answer, GRPO, callable agent ->
+policy server spans -> DuckDB -> transitions -> update -> reload)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from examples.smollm2.tasks import exact, lenient, reward, split
+
+STEPS = 4
+LR = 2e-5
+N_VAL = 40
+
+
+def test_reward_wants_the_reply_to_end_with_the_answer() -> None:
+    assert reward("18", "18") == reward("6 * 3 = 18", "18") == reward("The answer is 18.", "18") == 1.0
+    assert reward("6 * 3 = 18\n\nThis is a classic example of", "18") == 0.0  # runs on (or is cut off)
+    assert reward("6 * 3 = 81", "18") == reward("", "18") == 0.0
+    assert exact("18.", "18") == 1.0 and exact("6 * 3 = 18", "18") == 0.0
+    assert lenient("6 * 3 = 18, since", "18") == 1.0
+
+
+def test_held_out_operands_never_appear_in_training() -> None:
+    train, val = split("mul", 100, 100)
+    assert len(val) == 100 and len({t["question"] for t in val}) == 100
+    assert not {t["key"] for t in train} & {t["key"] for t in val}
+
+
+@pytest.mark.slow
+@pytest.mark.skip(reason="not yet calibrated: on the shared machine (load 10-25) one step took 7-14 minutes, so no "
+                  "shortened run has finished; calibrate STEPS/LR/N_VAL on a quiet machine (target: under ~5 min)")
+def test_smollm2_held_out_success_rises(tmp_path: Path) -> None:
+    pytest.importorskip("gguf")
+    from examples.smollm2.train import SmolConfig, run
+
+    cfg = SmolConfig(output_dir=str(tmp_path / "run"), steps=STEPS, tasks_per_step=4, group=8, learning_rate=LR,
+                     n_val=N_VAL, eval_every=0, max_minutes=None, threads=1)
+    result = run(cfg)
+    assert result["steps"] == STEPS and result["rollouts"] == STEPS * 4 * 8
+    assert (tmp_path / "run" / "reward_curve.png").stat().st_size > 0
+    # greedy on held-out operand pairs: the same tasks before and after, no sampling noise
+    assert result["val_after"] >= result["val_before"] + 0.1, result
