@@ -10,14 +10,15 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-# what the wheel is built from (pyproject's package-dir folders, plus the files setuptools reads)
-_SOURCES = ("pyproject.toml", "README.md", "LICENSE", "spanrl", "instrumentation", "collector", "store", "algorithms",
-            "trainer", "serving")
+# what the wheel is built from: pyproject's package-dir folders, plus the files setuptools reads
+_PACKAGE_DIRS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+_SOURCES = ("pyproject.toml", "README.md", "LICENSE", *sorted({d.split("/")[0] for d in _PACKAGE_DIRS.values()}))
 _DEMO_TIMEOUT_S = 900
 _NOISE = ("Warning", "warnings.warn", "Loading weights", "Writing model shards", "it/s]", "{'", "INFO", "Traceback")
 
