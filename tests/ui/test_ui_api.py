@@ -83,3 +83,24 @@ def test_bad_input_is_a_400_naming_the_field(collector, ui):
 def test_open_source_names_what_is_missing(tmp_path):
     with pytest.raises(StoreError, match="no collector answered at http://127.0.0.1:9 and no span store at '.*nope.duckdb'"):
         open_source(db=str(tmp_path / "nope.duckdb"), url="http://127.0.0.1:9", token=None)
+
+
+def test_rollouts_ended_by_the_trainer_show_their_end_not_open(collector, ui):
+    """A command agent without spanrl never stores a spanrl.rollout span: its end is the Trainer's
+    spanrl.rollout.end span (store/views.sql's rollout_state), and the list shows it once stored."""
+    from spanrl.store.rollouts import record_end
+
+    for rid in ("timed-out", "exited", "running"):
+        _add(collector, 3, rid)
+    status, first = _get(ui.url, "/api/rollouts")
+    assert status == 200 and first["counts"] == {"finished": 0, "error": 0, "open": 3}
+
+    record_end(collector.store, "timed-out", "timeout", error="ran past 60 s")
+    record_end(collector.store, "exited", "agent_exit")
+    status, data = _get(ui.url, "/api/rollouts?sort=rollout_id&desc=0")
+    shown = {r["rollout_id"]: (r["status"], r["ended_by"], r["span_count"]) for r in data["rows"]}
+    assert shown == {"exited": ("finished", "agent_exit", 4), "running": ("open", None, 3),
+                     "timed-out": ("error", "timeout", 4)}
+    assert data["counts"] == {"finished": 1, "error": 1, "open": 1}
+    assert {k: v[:1] for k, v in shown.items()} == {k: (v[0],) for k, v in _view(collector).items()}
+    assert "first_ns" not in data["rows"][0]  # the cache's bookkeeping is not shown
