@@ -104,3 +104,27 @@ def test_rollouts_ended_by_the_trainer_show_their_end_not_open(collector, ui):
     assert data["counts"] == {"finished": 1, "error": 1, "open": 1}
     assert {k: v[:1] for k, v in shown.items()} == {k: (v[0],) for k, v in _view(collector).items()}
     assert "first_ns" not in data["rows"][0]  # the cache's bookkeeping is not shown
+
+
+def _spans(collector, *rows: tuple[str, str | None]) -> None:
+    """One trace: a span per (name, rollout id or None), appended as the collector stores them."""
+    import os
+    import pyarrow as pa
+
+    trace = os.urandom(16).hex()
+    collector.store.append(pa.Table.from_pylist([
+        {"trace_id": trace, "span_id": os.urandom(8).hex(), "name": name, "kind": "INTERNAL", "start_ns": 1_000 + i,
+         "end_ns": 2_000 + i, "status_code": "OK", "service_name": "agent", "rollout_id": rid}
+        for i, (name, rid) in enumerate(rows)]))
+
+
+def test_a_rollout_page_shows_the_spans_the_store_attributes_to_it(collector, ui):
+    """A span without a rollout id belongs to its trace's rollout, unless the trace names two (views.sql)."""
+    _spans(collector, ("root", "a"), ("tool call", None))
+    _spans(collector, ("root", "b"), ("root", "c"), ("who knows", None))
+    status, a = _get(ui.url, "/api/rollout?id=a")
+    assert status == 200 and sorted(s["name"] for s in a["spans"]) == ["root", "tool call"]
+    status, b = _get(ui.url, "/api/rollout?id=b")
+    assert status == 200 and [s["name"] for s in b["spans"]] == ["root"]
+    status, rows = _get(ui.url, "/api/rollouts?sort=rollout_id&desc=0")
+    assert [(r["rollout_id"], r["span_count"]) for r in rows["rows"]] == [("a", 2), ("b", 1), ("c", 1)]
