@@ -31,11 +31,16 @@ linked AS (
     SELECT DISTINCT trace_id FROM spans
     WHERE kind <> 'SERVER' AND rollout_id IS NULL
       AND response_id IN (SELECT response_id FROM own WHERE kind = 'SERVER' AND response_id IS NOT NULL)
-), traces AS (SELECT trace_id FROM own UNION SELECT trace_id FROM linked)
-SELECT * FROM spans
-WHERE trace_id IN (SELECT trace_id FROM traces)
-   OR (kind = 'SERVER' AND rollout_id IS NOT NULL AND response_id IN (
-        SELECT response_id FROM spans WHERE trace_id IN (SELECT trace_id FROM linked) AND kind <> 'SERVER'))
+), traces AS (SELECT trace_id FROM own UNION SELECT trace_id FROM linked),
+named AS (
+    SELECT response_id FROM spans
+    WHERE trace_id IN (SELECT trace_id FROM linked) AND kind <> 'SERVER' AND response_id IS NOT NULL
+), picked AS (  -- row ids first: an OR of IN-lists over every column would read the whole table
+    SELECT rowid AS r FROM spans WHERE trace_id IN (SELECT trace_id FROM traces)
+    UNION
+    SELECT rowid FROM spans WHERE kind = 'SERVER' AND rollout_id IS NOT NULL AND response_id IN (SELECT response_id FROM named)
+)
+SELECT * FROM spans WHERE rowid IN (SELECT r FROM picked)
 """
 # Those candidates attributed by the one rule, in a store of their own: each span's rollout_id is the
 # rollout it belongs to (its own id, else its trace's).
@@ -44,6 +49,7 @@ SELECT * EXCLUDE (rid) FROM rollout_spans(0) WHERE list_contains($ids, rollout_i
 """
 _attribution: tuple[SpanStore, threading.Lock] | None = None
 _attribution_lock = threading.Lock()
+_attributed: OrderedDict[tuple, pa.Table] = OrderedDict()  # by ids and candidates' version: pages are reopened
 
 
 def fetch_spans(source: Source, rollout_ids: Sequence[str]) -> pa.Table:
@@ -52,7 +58,11 @@ def fetch_spans(source: Source, rollout_ids: Sequence[str]) -> pa.Table:
     global _attribution
     ids = list(rollout_ids)
     candidates = source.sql(_CANDIDATES_SQL, {"ids": ids})
+    key = (tuple(ids), *version_of(candidates))
     with _attribution_lock:
+        if key in _attributed:
+            _attributed.move_to_end(key)
+            return _attributed[key]
         if _attribution is None:
             _attribution = (SpanStore.open(":memory:", threads=1), threading.Lock())
         store, lock = _attribution
@@ -64,9 +74,14 @@ def fetch_spans(source: Source, rollout_ids: Sequence[str]) -> pa.Table:
                 cur.register("__ui_candidates", candidates)
                 cur.execute("INSERT INTO spans BY NAME SELECT * FROM __ui_candidates")
                 cur.unregister("__ui_candidates")
-            return cur.sql(_ATTRIBUTED_SQL, params={"ids": ids}).to_arrow_table()
+            table = cur.sql(_ATTRIBUTED_SQL, params={"ids": ids}).to_arrow_table()
         finally:
             cur.close()
+    with _attribution_lock:
+        _attributed[key] = table
+        while len(_attributed) > _REMEMBERED:
+            _attributed.popitem(last=False)
+    return table
 
 
 def version_of(spans: pa.Table) -> tuple[int, int | None]:
