@@ -106,25 +106,31 @@ def test_rollouts_ended_by_the_trainer_show_their_end_not_open(collector, ui):
     assert "first_ns" not in data["rows"][0]  # the cache's bookkeeping is not shown
 
 
-def _spans(collector, *rows: tuple[str, str | None]) -> None:
-    """One trace: a span per (name, rollout id or None), appended as the collector stores them."""
+def _spans(collector, *rows: tuple[str, str | None], trace: str | None = None) -> str:
+    """A span per (name, rollout id or None) in one trace (new unless given), appended as the collector
+    stores them; returns the trace id."""
     import os
     import pyarrow as pa
 
-    trace = os.urandom(16).hex()
+    trace = trace or os.urandom(16).hex()
     collector.store.append(pa.Table.from_pylist([
         {"trace_id": trace, "span_id": os.urandom(8).hex(), "name": name, "kind": "INTERNAL", "start_ns": 1_000 + i,
          "end_ns": 2_000 + i, "status_code": "OK", "service_name": "agent", "rollout_id": rid}
         for i, (name, rid) in enumerate(rows)]))
+    return trace
 
 
 def test_a_rollout_page_shows_the_spans_the_store_attributes_to_it(collector, ui):
     """A span without a rollout id belongs to its trace's rollout, unless the trace names two (views.sql)."""
-    _spans(collector, ("root", "a"), ("tool call", None))
+    trace_a = _spans(collector, ("root", "a"))
     _spans(collector, ("root", "b"), ("root", "c"), ("who knows", None))
+    assert _get(ui.url, "/api/rollouts")[1]["total"] == 3
+    _spans(collector, ("tool call", None), trace=trace_a)  # arrives later, without an id: a's by its trace
     status, a = _get(ui.url, "/api/rollout?id=a")
     assert status == 200 and sorted(s["name"] for s in a["spans"]) == ["root", "tool call"]
     status, b = _get(ui.url, "/api/rollout?id=b")
     assert status == 200 and [s["name"] for s in b["spans"]] == ["root"]
     status, rows = _get(ui.url, "/api/rollouts?sort=rollout_id&desc=0")
     assert [(r["rollout_id"], r["span_count"]) for r in rows["rows"]] == [("a", 2), ("b", 1), ("c", 1)]
+    assert {r["rollout_id"]: r["span_count"] for r in rows["rows"]} == {
+        r["rollout_id"]: r["span_count"] for r in collector.store.sql("SELECT * FROM rollouts").to_pylist()}
