@@ -1,15 +1,19 @@
 """Queries the online trainer follows the store with: rollouts that became trainable since a watermark.
 
-A rollout is **complete** when its ``spanrl.rollout`` span is stored (``complete_ns`` = when that span
-was ingested), or, for an agent that never opens one, once no span of it arrived for ``quiet_s``. It is
+A rollout is **complete** when its end is stored (``store/views.sql``'s ``rollout_state``: its
+``spanrl.rollout`` span or a ``spanrl.rollout.end`` span; ``complete_ns`` = when that span was ingested),
+or, for an agent that stores neither, once no span of it (feedback aside) arrived for ``quiet_s``. It
+**failed** when that span has status ERROR (``rollout_state``'s ``failed``). It is
 **ready** when it is complete and has a reward: ``ready_ns = greatest(complete_ns, first_reward_ns)``,
 on the collector's clock (``ingested_ns``). ``ready_ns`` never changes once set (later feedback only
 arrives later), so ``(ready_ns, rollout_id)`` is a watermark: everything at or below it was handled.
 
-Rewards are the ``rewards`` view's rows (the agent's own reward spans and events) plus late feedback
+Rewards are ``rollout_rewards``' rows (the agent's own reward spans and events) plus late feedback
 (``spanrl.feedback`` spans, ``docs/conventions.md``), each resolved to its rollout by its key:
-``gen_ai.response.id`` -> the rollout of the completion with that id, ``spanrl.feedback.trace_id`` ->
-the rollout of that trace, else ``spanrl.rollout.id``. Several rewards combine by one rule: **the
+``gen_ai.response.id`` -> the one rollout of the calls with that id, ``spanrl.feedback.trace_id`` ->
+the rollout of that trace (``trace_rollouts``), else ``spanrl.rollout.id``; a key two rollouts claim
+resolves to none. Spans belong to rollouts by ``rollout_spans``; every macro reads only spans ingested
+since the horizon less ``max_age_s``, so a poll costs the same however large the store grows. Several rewards combine by one rule: **the
 latest by time wins** (the reward's own timestamp; a later judgment corrects an earlier one).
 
 Each query is ONE read-only statement, so it runs on a ``SpanStore`` or through a collector's SQL
@@ -31,23 +35,27 @@ _NS_PER_S = 1_000_000_000
 # versions, and the resolved rewards (latest by time wins). Shared by both queries below. The horizon
 # only grows (the caller keeps it 2 x max_age behind its watermark), so a rollout it excludes stays
 # excluded: its ready_ns can never change from a partial view. Spans are read from max_age before the
-# horizon, so only a rollout longer than max_age could still be cut.
+# horizon, so only a rollout longer than max_age could still be cut. Attribution, stored end, failure
+# and rewards are store/views.sql's (rollout_spans, rollout_state, rollout_rewards, trace_rollouts),
+# all bounded by that since; quiet_s and the feedback keys are the online trainer's own. Feedback spans
+# never count as a rollout's activity, so late feedback cannot move a quiet rollout's completion.
 _ROLLOUT_STATE = f"""
-WITH rw AS (
-    SELECT r.rollout_id, r.time_ns, r.value, r.name, s.ingested_ns, s.name = '{sc.FEEDBACK_SPAN_NAME}' AS is_feedback,
+WITH sp AS (
+    SELECT * FROM rollout_spans($horizon_ns - $max_age_ns)
+), rw AS (
+    SELECT r.rollout_id, r.time_ns, r.value, r.ingested_ns, s.name = '{sc.FEEDBACK_SPAN_NAME}' AS is_feedback,
            s.response_id AS fb_response, s.attributes ->> '$."{sc.FEEDBACK_TRACE_ID}"' AS fb_trace
-    FROM rewards r JOIN spans s ON s.trace_id = r.trace_id AND s.span_id = r.span_id
-    WHERE s.ingested_ns > $horizon_ns - $max_age_ns AND ($reward_name IS NULL OR r.name = $reward_name)
-), by_response AS (
-    SELECT response_id, any_value(rollout_id) AS rollout_id FROM spans
+    FROM rollout_rewards($horizon_ns - $max_age_ns) r JOIN sp s ON s.rid = r.rid
+    WHERE $reward_name IS NULL OR r.name = $reward_name
+), by_response AS (  -- the one rollout of the calls with that response id (none when two claim it)
+    SELECT response_id, min(rollout_id) AS rollout_id FROM sp
     WHERE response_id IN (SELECT fb_response FROM rw WHERE is_feedback)
       AND rollout_id IS NOT NULL AND name <> '{sc.FEEDBACK_SPAN_NAME}'
     GROUP BY response_id
+    HAVING count(DISTINCT rollout_id) = 1
 ), by_trace AS (
-    SELECT trace_id, any_value(rollout_id) AS rollout_id FROM spans
+    SELECT trace_id, rollout_id FROM trace_rollouts($horizon_ns - $max_age_ns)
     WHERE trace_id IN (SELECT fb_trace FROM rw WHERE is_feedback)
-      AND rollout_id IS NOT NULL AND name <> '{sc.FEEDBACK_SPAN_NAME}'
-    GROUP BY trace_id
 ), resolved AS (
     SELECT CASE WHEN rw.is_feedback AND rw.fb_response IS NOT NULL THEN br.rollout_id
                 WHEN rw.is_feedback AND rw.fb_trace IS NOT NULL THEN bt.rollout_id
@@ -61,22 +69,19 @@ WITH rw AS (
            count(*) AS reward_count, count(*) FILTER (WHERE is_feedback) AS feedback_count
     FROM resolved WHERE rollout_id IS NOT NULL GROUP BY rollout_id
 ), ro AS (
-    SELECT rollout_id, any_value(task_id) AS task_id,
-           min(ingested_ns) FILTER (WHERE name = '{sc.ROLLOUT_SPAN_NAME}') AS closed_ns,
-           bool_or(name = '{sc.ROLLOUT_SPAN_NAME}' AND status_code = 'ERROR') AS failed,
-           max(ingested_ns) AS last_ns,
+    SELECT rollout_id, max(ingested_ns) AS last_ns,
            min(policy_version) FILTER (WHERE prompt_token_ids IS NOT NULL) AS min_policy_version,
            count(*) FILTER (WHERE prompt_token_ids IS NOT NULL) AS token_calls
-    FROM spans
-    WHERE rollout_id IS NOT NULL AND name <> '{sc.FEEDBACK_SPAN_NAME}' AND ingested_ns > $horizon_ns - $max_age_ns
+    FROM sp
+    WHERE rollout_id IS NOT NULL AND name <> '{sc.FEEDBACK_SPAN_NAME}'
     GROUP BY rollout_id
     HAVING min(ingested_ns) > $horizon_ns  -- whole rollouts only: one the horizon cuts is never seen again
 ), st AS (
-    SELECT ro.*, rewarded.reward, rewarded.first_reward_ns, coalesce(rewarded.reward_count, 0) AS reward_count,
-           coalesce(rewarded.feedback_count, 0) AS feedback_count,
-           coalesce(ro.closed_ns, CASE WHEN ro.last_ns + $quiet_ns <= $now_ns THEN ro.last_ns + $quiet_ns END)
+    SELECT ro.*, rs.task_id, rs.failed, rs.end_ingested_ns AS closed_ns, rewarded.reward, rewarded.first_reward_ns,
+           coalesce(rewarded.reward_count, 0) AS reward_count, coalesce(rewarded.feedback_count, 0) AS feedback_count,
+           coalesce(rs.end_ingested_ns, CASE WHEN ro.last_ns + $quiet_ns <= $now_ns THEN ro.last_ns + $quiet_ns END)
                AS complete_ns
-    FROM ro LEFT JOIN rewarded USING (rollout_id)
+    FROM ro JOIN rollout_state($horizon_ns - $max_age_ns) rs USING (rollout_id) LEFT JOIN rewarded USING (rollout_id)
 )
 """
 
@@ -167,7 +172,7 @@ def count_aged_out(
     reward_name: str | None = None,
 ) -> tuple[int, int]:
     """``(aged_out, failed)``: rollouts whose feedback window (``max_age_s`` after completion) closed in
-    ``(since_ns, now]`` without a reward, and failed rollouts (ERROR root span) in the same window."""
+    ``(since_ns, now]`` without a reward, and failed rollouts (stored end with status ERROR) in the same window."""
     params = _params(now, horizon_ns, quiet_s=quiet_s, max_age_s=max_age_s, reward_name=reward_name)
     params["since_ns"] = since_ns
     row = store.sql(_AGED, params).to_pylist()[0]

@@ -85,18 +85,19 @@ WITH s AS (
 SELECT *, CASE WHEN failed THEN 'error' WHEN ended_by IS NOT NULL THEN 'finished' ELSE 'open' END AS status
 FROM e;
 
--- One row per reward: typed span rewards (spanrl.reward.value / gen_ai.evaluation.score.value on a span)
--- and reward events (spanrl.reward / gen_ai.evaluation.result) unnested from the events JSON.
-CREATE OR REPLACE VIEW rewards AS
-SELECT rollout_id, task_id, attempt, mode, trace_id, span_id,
+-- One row per reward among spans ingested at or after since_ns: typed span rewards
+-- (spanrl.reward.value / gen_ai.evaluation.score.value on a span) and reward events (spanrl.reward /
+-- gen_ai.evaluation.result) unnested from the events JSON. `rid` and `ingested_ns` are the span's.
+CREATE OR REPLACE MACRO rollout_rewards(since_ns) AS TABLE
+SELECT rid, ingested_ns, rollout_id, task_id, attempt, mode, trace_id, span_id,
        end_ns AS time_ns,
        coalesce(reward_name, 'reward') AS name,
        reward_value AS value,
        'span' AS source
-FROM rollout_spans(0)
+FROM rollout_spans(since_ns)
 WHERE reward_value IS NOT NULL
 UNION ALL
-SELECT rollout_id, task_id, attempt, mode, trace_id, span_id,
+SELECT rid, ingested_ns, rollout_id, task_id, attempt, mode, trace_id, span_id,
        ev.time_ns AS time_ns,
        coalesce(ev.attributes ->> '$."spanrl.reward.name"',
                 ev.attributes ->> '$."gen_ai.evaluation.name"',
@@ -105,15 +106,20 @@ SELECT rollout_id, task_id, attempt, mode, trace_id, span_id,
                 TRY_CAST(ev.attributes ->> '$."gen_ai.evaluation.score.value"' AS DOUBLE)) AS value,
        'event' AS source
 FROM (
-    SELECT rollout_id, task_id, attempt, mode, trace_id, span_id,
+    SELECT rid, ingested_ns, rollout_id, task_id, attempt, mode, trace_id, span_id,
            unnest(from_json(events, '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "JSON"}]')) AS ev
-    FROM rollout_spans(0)
+    FROM rollout_spans(since_ns)
     WHERE events IS NOT NULL
       AND (contains(events, 'spanrl.reward') OR contains(events, 'gen_ai.evaluation.result'))
 )
 WHERE ev.name IN ('spanrl.reward', 'gen_ai.evaluation.result')
   AND coalesce(TRY_CAST(ev.attributes ->> '$."spanrl.reward.value"' AS DOUBLE),
                TRY_CAST(ev.attributes ->> '$."gen_ai.evaluation.score.value"' AS DOUBLE)) IS NOT NULL;
+
+-- Every reward of the store (rollout_rewards over all spans).
+CREATE OR REPLACE VIEW rewards AS
+SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, time_ns, name, value, source
+FROM rollout_rewards(0);
 
 -- One row per LLM call span: client spans of instrumentors (gen_ai.operation.name chat/text_completion)
 -- and the policy server's spans carrying exact token ids. The decomposer pairs and de-duplicates them.

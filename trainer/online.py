@@ -37,12 +37,12 @@ from typing import Any
 from spanrl import env
 from spanrl.errors import ConfigError, StoreError, TrainingError
 from spanrl.store.online import ReadyRollout, Watermark, count_aged_out, now_ns, ready_rollouts
+from spanrl.trainer.config import CHECKPOINT_PREFIX, CONFIG_FILE, HISTORY_FILE
 from spanrl.trainer.online_state import Ledger, OnlineState
 
 __all__ = ["OnlineConfig", "OnlineTrainer", "PolicyClient"]
 
 _logger = logging.getLogger("spanrl.trainer.online")
-_CHECKPOINT_PREFIX = "checkpoint-"
 _NS_PER_S = 1_000_000_000
 _HTTP_TIMEOUT_S = 300.0
 
@@ -194,7 +194,7 @@ class OnlineTrainer:
                 _logger.info("resumed at step %d from %s; policy version %d", self.state.step, checkpoint, version)
             except TrainingError as exc:
                 _logger.warning("spanrl online: could not sync the server to %s (%s); the next update will", checkpoint, exc)
-        (self.output_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+        (self.output_dir / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
         return self
 
     def stop(self) -> None:
@@ -303,7 +303,7 @@ class OnlineTrainer:
             "combined_feedback": sum(1 for r in used if r.reward_count > 1), "policy_version": new_version,
             "update_seconds": time.perf_counter() - started, **dict(state.counters), **metrics,
         }
-        with open(self.output_dir / "history.jsonl", "a") as handle:
+        with open(self.output_dir / HISTORY_FILE, "a") as handle:
             handle.write(json.dumps(row) + "\n")
         if self.on_step is not None:
             self.on_step(row)
@@ -335,7 +335,7 @@ class OnlineTrainer:
         state.save(self.output_dir)
 
     def _save_checkpoint(self, step: int) -> str:
-        name = f"{_CHECKPOINT_PREFIX}{step}"
+        name = f"{CHECKPOINT_PREFIX}{step}"
         path = self.output_dir / name
         if path.exists():  # left by a crash before its commit
             shutil.rmtree(path)
@@ -344,8 +344,8 @@ class OnlineTrainer:
 
     def _prune_checkpoints(self) -> None:
         assert self.state is not None
-        found = sorted((int(p.name[len(_CHECKPOINT_PREFIX):]), p) for p in self.output_dir.glob(f"{_CHECKPOINT_PREFIX}*")
-                       if p.name[len(_CHECKPOINT_PREFIX):].isdigit())
+        found = sorted((int(p.name[len(CHECKPOINT_PREFIX):]), p) for p in self.output_dir.glob(f"{CHECKPOINT_PREFIX}*")
+                       if p.name[len(CHECKPOINT_PREFIX):].isdigit())
         for step, path in found[:-self.config.keep_checkpoints]:
             if path.name != self.state.checkpoint:
                 shutil.rmtree(path, ignore_errors=True)

@@ -33,7 +33,9 @@ __all__ = ["build_online_trainer", "run_online"]
 def build_online_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     """An `OnlineTrainer` from a parsed config mapping (see the module docstring)."""
     from spanrl.algorithms import GRPO
+    from spanrl.algorithms.grpo import GRPOConfig
     from spanrl.trainer.online import OnlineConfig, OnlineTrainer
+    from spanrl.trainer.train_config import check_keys
 
     if not isinstance(raw, dict):
         raise ConfigError("the online config must be a mapping of settings")
@@ -42,10 +44,8 @@ def build_online_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     name = str(algo.pop("name", "grpo")).lower()
     if name != "grpo":
         raise ConfigError(f"algorithm.name must be 'grpo' for online training, got {name!r}")
-    fields = {f.name for f in dataclasses.fields(OnlineConfig)}
-    for key in raw:
-        if key not in fields:
-            raise ConfigError(f"{key!r} is not an online setting; expected one of {sorted(fields | {'algorithm'})}")
+    check_keys(raw, {f.name for f in dataclasses.fields(OnlineConfig)} | {"algorithm"})
+    check_keys(algo, {f.name for f in dataclasses.fields(GRPOConfig)}, section="algorithm")
     for key in ("model", "output_dir"):
         if isinstance(raw.get(key), str) and not Path(raw[key]).is_absolute():
             raw[key] = str(base / raw[key])

@@ -14,6 +14,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from spanrl.errors import ConfigError
 from spanrl.ui.source import Source
@@ -24,40 +25,45 @@ SORT_COLUMNS = ("start_ns", "rollout_id", "task_id", "mode", "status", "final_re
                 "span_count", "duration_ms", "error_count")
 STATUSES = ("finished", "error", "open")
 
-# status as the store's `rollouts` view defines it (store/views.sql); rewards from the `rewards` view
+# Status, attribution and rewards by the store's one definition (store/views.sql: rollout_state,
+# rollout_spans, rollout_rewards), over spans ingested at or after $since, for the rollouts __FILTER__
+# keeps. first_ns, last_ingested_ns and rewarded are kept for the next refresh, never shown.
 _AGGREGATE_SQL = """
-WITH s AS (
-    SELECT rollout_id,
-           any_value(task_id) AS task_id,
-           max(attempt) AS attempt,
-           any_value(mode) AS mode,
-           min(start_ns) AS start_ns,
-           max(end_ns) AS end_ns,
-           count(*) AS span_count,
-           count(*) FILTER (WHERE status_code = 'ERROR') AS error_count,
-           bool_or(name = 'spanrl.rollout') AS has_rollout_span,
-           bool_or(name = 'spanrl.rollout' AND status_code = 'ERROR') AS rollout_failed,
-           max(policy_version) AS policy_version,
+WITH x AS (
+    SELECT rollout_id, max(policy_version) AS policy_version,
            string_agg(DISTINCT agent_name, ', ' ORDER BY agent_name) AS agents,
-           count(*) FILTER (WHERE operation_name IN ('chat', 'text_completion')) AS llm_spans
-    FROM spans
+           count(*) FILTER (WHERE operation_name IN ('chat', 'text_completion')) AS llm_spans,
+           min(ingested_ns) AS first_ns
+    FROM rollout_spans($since)
     WHERE rollout_id IS NOT NULL __FILTER__
     GROUP BY rollout_id
 ), r AS (
     SELECT rollout_id, arg_max(value, time_ns) AS final_reward, count(*) AS reward_count
-    FROM rewards
+    FROM rollout_rewards($since)
     WHERE rollout_id IS NOT NULL __FILTER__
     GROUP BY rollout_id
 )
-SELECT s.rollout_id, s.task_id, s.attempt, s.mode,
-       CASE WHEN s.rollout_failed THEN 'error' WHEN s.has_rollout_span THEN 'finished' ELSE 'open' END AS status,
-       r.final_reward, coalesce(r.reward_count, 0) AS reward_count, s.policy_version, s.agents,
-       s.span_count, s.error_count, s.llm_spans, s.start_ns, s.end_ns,
-       (s.end_ns - s.start_ns) / 1e6 AS duration_ms
-FROM s LEFT JOIN r USING (rollout_id)
+SELECT s.rollout_id, s.task_id, s.attempt, s.mode, s.status, s.ended_by,
+       r.final_reward, coalesce(r.reward_count, 0) AS reward_count, x.policy_version, x.agents,
+       s.span_count, s.error_count, x.llm_spans, s.start_ns, s.end_ns,
+       (s.end_ns - s.start_ns) / 1e6 AS duration_ms,
+       x.first_ns, s.last_ingested_ns, s.rewarded
+FROM rollout_state($since) s JOIN x USING (rollout_id) LEFT JOIN r USING (rollout_id)
+WHERE TRUE __FILTER__
 """
-_CHANGED = "AND rollout_id IN (SELECT DISTINCT rollout_id FROM spans WHERE ingested_ns >= $since)"
-_WATERMARK_SQL = "SELECT count(*) AS n, max(ingested_ns) AS newest FROM spans"
+_HIDDEN = ("first_ns", "last_ingested_ns", "rewarded")
+_CHANGED = "AND list_contains($ids, rollout_id)"
+# The store's clock less the quiet period: an open, rewarded rollout silent since before it has
+# finished by the quiet rule without any new span, so it is aggregated again.
+_WATERMARK_SQL = ("SELECT count(*) AS n, max(ingested_ns) AS newest, "
+                  "epoch_ns(now()) - rollout_quiet_ns() AS quiet_before FROM spans")
+# The rollouts that spans ingested at or after $since may change: the own ids in every trace they
+# touch (a span without an id joins its trace's rollout), and the oldest ingestion in those traces.
+_TOUCHED_SQL = """
+WITH t AS (SELECT DISTINCT trace_id FROM spans WHERE ingested_ns >= $since)
+SELECT list(DISTINCT rollout_id) FILTER (WHERE rollout_id IS NOT NULL) AS ids, min(ingested_ns) AS oldest
+FROM spans WHERE trace_id IN (SELECT trace_id FROM t)
+"""
 
 
 @dataclass
@@ -101,15 +107,43 @@ class RolloutIndex:
         with self._lock:
             row = self._source.sql(_WATERMARK_SQL).to_pylist()[0]
             count, newest = int(row["n"]), row["newest"]
-            if self._table is not None and count == self._count and newest == self._newest:
+            due = self._quiet_due(int(row["quiet_before"]))
+            if self._table is not None and count == self._count and newest == self._newest and not due:
                 return self._table
             if self._table is None or count < self._count or self._newest is None:
-                self._table = self._source.sql(_AGGREGATE_SQL.replace("__FILTER__", ""))
+                self._table = self._aggregate(0, None)
             else:
-                changed = self._source.sql(_AGGREGATE_SQL.replace("__FILTER__", _CHANGED), {"since": self._newest})
-                self._table = self._merge(self._table, changed)
+                self._table = self._merge(self._table, self._changed(due))
             self._count, self._newest = count, newest
             return self._table
+
+    def _aggregate(self, since: int, ids: list[str] | None) -> pa.Table:
+        sql = _AGGREGATE_SQL.replace("__FILTER__", "" if ids is None else _CHANGED)
+        return self._source.sql(sql, {"since": since} if ids is None else {"since": since, "ids": ids})
+
+    def _quiet_due(self, quiet_before: int) -> list[str]:
+        """Open rollouts with a reward and no span since before ``quiet_before``: now finished by the quiet rule."""
+        t = self._table
+        if t is None or t.num_rows == 0:
+            return []
+        mask = pc.and_(pc.and_(pc.equal(t.column("status"), "open"), pc.fill_null(t.column("rewarded"), False)),
+                       pc.less(t.column("last_ingested_ns"), quiet_before))
+        return t.filter(mask).column("rollout_id").to_pylist()
+
+    def _changed(self, due: list[str]) -> pa.Table:
+        """The rows of the rollouts that spans since the watermark touch (and of ``due``), aggregated from
+        the oldest ingestion among them: the cached first span of each, or the oldest span of a touched
+        trace, so every span of theirs is read and the rest of the store is not."""
+        assert self._table is not None and self._newest is not None
+        touched = self._source.sql(_TOUCHED_SQL, {"since": self._newest}).to_pylist()[0]
+        ids = sorted(set(touched["ids"] or []) | set(due))
+        if not ids:
+            return self._table.slice(0, 0)
+        since = min(self._newest, touched["oldest"] if touched["oldest"] is not None else self._newest)
+        cached = self._table.filter(pc.is_in(self._table.column("rollout_id"), value_set=pa.array(ids, pa.string())))
+        if cached.num_rows:
+            since = min(since, pc.min(cached.column("first_ns")).as_py())
+        return self._aggregate(since, ids)
 
     def _merge(self, old: pa.Table, changed: pa.Table) -> pa.Table:
         if changed.num_rows == 0:
@@ -150,7 +184,7 @@ class RolloutIndex:
             total = cur.sql(f"SELECT count(*) FROM r WHERE {where}", params=params).fetchall()[0][0]
             order = f"{flt.sort} {'DESC' if flt.descending else 'ASC'} NULLS LAST, rollout_id"
             rows = cur.sql(
-                f"SELECT * FROM r WHERE {where} ORDER BY {order} LIMIT {flt.limit} OFFSET {flt.offset}", params=params
+                f"SELECT * EXCLUDE ({', '.join(_HIDDEN)}) FROM r WHERE {where} ORDER BY {order} LIMIT {flt.limit} OFFSET {flt.offset}", params=params
             ).to_arrow_table().to_pylist()
         finally:
             cur.close()

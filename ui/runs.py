@@ -9,14 +9,13 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from spanrl.trainer.config import CONFIG_FILE, HISTORY_FILE
 from spanrl.ui.source import Source
 
 __all__ = ["HISTORY_FILE", "Run", "discover_runs", "policy_versions"]
 
 _logger = logging.getLogger(__name__)
 
-HISTORY_FILE = "history.jsonl"
-_CONFIG_FILE = "config.json"
 
 _VERSIONS_SQL = """
 SELECT policy_version AS version, min(start_ns) AS first_ns, max(end_ns) AS last_ns, count(*) AS calls
@@ -36,7 +35,7 @@ class Run:
 
     def config(self) -> dict[str, Any]:
         try:
-            return json.loads((self.path / _CONFIG_FILE).read_text())
+            return json.loads((self.path / CONFIG_FILE).read_text())
         except (OSError, ValueError):
             return {}
 

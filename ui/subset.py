@@ -22,19 +22,66 @@ __all__ = ["Scratch", "fetch_spans", "version_of"]
 
 _REMEMBERED = 64  # results kept (the rollout page asks twice: spans, then credit; people go back and forth)
 
-# Spans without spanrl.rollout.id (a policy-server span nested under the agent's trace) belong to the
-# rollout of their trace, as in the decomposer. The IS NULL guard keeps DuckDB on the rollout_id filter.
-_FETCH_SQL = """
-WITH t AS (SELECT DISTINCT trace_id FROM spans WHERE list_contains($ids, rollout_id))
-SELECT * FROM spans
-WHERE list_contains($ids, rollout_id) OR (rollout_id IS NULL AND trace_id IN (SELECT trace_id FROM t))
-ORDER BY start_ns, span_id
+# The spans a rollout's attribution can depend on (store/views.sql's rollout_spans): every span of each
+# trace holding one of its own spans or linked to one of its server spans by gen_ai.response.id, and
+# the server spans (of any rollout) those linked traces' calls name (the ambiguity check needs them).
+_CANDIDATES_SQL = """
+WITH own AS (SELECT trace_id, response_id, kind FROM spans WHERE list_contains($ids, rollout_id)),
+linked AS (
+    SELECT DISTINCT trace_id FROM spans
+    WHERE kind <> 'SERVER' AND rollout_id IS NULL
+      AND response_id IN (SELECT response_id FROM own WHERE kind = 'SERVER' AND response_id IS NOT NULL)
+), traces AS (SELECT trace_id FROM own UNION SELECT trace_id FROM linked),
+named AS (
+    SELECT response_id FROM spans
+    WHERE trace_id IN (SELECT trace_id FROM linked) AND kind <> 'SERVER' AND response_id IS NOT NULL
+), picked AS (  -- row ids first: an OR of IN-lists over every column would read the whole table
+    SELECT rowid AS r FROM spans WHERE trace_id IN (SELECT trace_id FROM traces)
+    UNION
+    SELECT rowid FROM spans WHERE kind = 'SERVER' AND rollout_id IS NOT NULL AND response_id IN (SELECT response_id FROM named)
+)
+SELECT * FROM spans WHERE rowid IN (SELECT r FROM picked)
 """
+# Those candidates attributed by the one rule, in a store of their own: each span's rollout_id is the
+# rollout it belongs to (its own id, else its trace's).
+_ATTRIBUTED_SQL = """
+SELECT * EXCLUDE (rid) FROM rollout_spans(0) WHERE list_contains($ids, rollout_id) ORDER BY start_ns, span_id
+"""
+_attribution: tuple[SpanStore, threading.Lock] | None = None
+_attribution_lock = threading.Lock()
+_attributed: OrderedDict[tuple, pa.Table] = OrderedDict()  # by ids and candidates' version: pages are reopened
 
 
 def fetch_spans(source: Source, rollout_ids: Sequence[str]) -> pa.Table:
-    """Every stored column of the spans of ``rollout_ids``, by start time."""
-    return source.sql(_FETCH_SQL, {"ids": list(rollout_ids)})
+    """Every stored column of the spans of ``rollout_ids`` (attributed as store/views.sql's
+    ``rollout_spans`` does; ``rollout_id`` is the rollout each belongs to), by start time."""
+    global _attribution
+    ids = list(rollout_ids)
+    candidates = source.sql(_CANDIDATES_SQL, {"ids": ids})
+    key = (tuple(ids), *version_of(candidates))
+    with _attribution_lock:
+        if key in _attributed:
+            _attributed.move_to_end(key)
+            return _attributed[key]
+        if _attribution is None:
+            _attribution = (SpanStore.open(":memory:", threads=1), threading.Lock())
+        store, lock = _attribution
+    with lock:
+        cur = store.cursor()
+        try:
+            cur.execute("DELETE FROM spans")
+            if candidates.num_rows:
+                cur.register("__ui_candidates", candidates)
+                cur.execute("INSERT INTO spans BY NAME SELECT * FROM __ui_candidates")
+                cur.unregister("__ui_candidates")
+            table = cur.sql(_ATTRIBUTED_SQL, params={"ids": ids}).to_arrow_table()
+        finally:
+            cur.close()
+    with _attribution_lock:
+        _attributed[key] = table
+        while len(_attributed) > _REMEMBERED:
+            _attributed.popitem(last=False)
+    return table
 
 
 def version_of(spans: pa.Table) -> tuple[int, int | None]:
@@ -84,10 +131,7 @@ class Scratch:
     def decompose_rollout(self, spans: pa.Table, rollout_id: str) -> Decomposition:
         """The decomposer's view of one rollout among ``spans``; remembered until its spans change
         (their count or newest ``ingested_ns``), since the decomposer's statement is the slow part."""
-        own = pc.fill_null(pc.equal(spans.column("rollout_id"), rollout_id), False)
-        traces = pc.unique(spans.filter(own).column("trace_id"))
-        inherited = pc.and_(pc.is_null(spans.column("rollout_id")), pc.is_in(spans.column("trace_id"), value_set=traces))
-        mine = spans.filter(pc.or_(own, inherited))  # as fetch_spans assigns them
+        mine = spans.filter(pc.fill_null(pc.equal(spans.column("rollout_id"), rollout_id), False))  # fetch_spans attributed them
 
         def compute() -> Decomposition:
             with self.holding(spans) as cur:

@@ -83,3 +83,36 @@ def test_feedback_resolves_by_each_key_latest_wins_and_unjudged_rollouts_age_out
     assert count_aged_out(collector.store, since_ns=0, now=later, max_age_s=30.0, **_WINDOW) == (0, 0)
     agents.shutdown()
     users.shutdown()
+
+
+def test_an_end_stored_by_the_trainer_completes_a_rollout_and_a_timeout_fails_it(collector):
+    """Agents without spanrl open no spanrl.rollout span: the spanrl.rollout.end span (store/views.sql's
+    rollout_state) completes them at once instead of after quiet_s, and a timeout is a failure. A
+    response id two rollouts claim resolves to neither."""
+    from spanrl.store.rollouts import record_end
+
+    agents, users = _provider(collector, "agent"), _provider(collector, "feedback-service")
+    agent, user = agents.get_tracer("agent"), users.get_tracer("users")
+    for rid, response in (("exited", "chatcmpl-e"), ("timed-out", "chatcmpl-t"), ("twice-a", "chatcmpl-2"),
+                          ("twice-b", "chatcmpl-2")):
+        with agent.start_as_current_span("chat policy", kind=SpanKind.SERVER, attributes={
+            sc.ROLLOUT_ID: rid, sc.TASK_ID: "t", sc.GEN_AI_RESPONSE_ID: response, sc.POLICY_VERSION: 1,
+            sc.LLM_PROMPT_TOKEN_IDS: [1, 2], sc.LLM_COMPLETION_TOKEN_IDS: [3], sc.LLM_LOGPROBS: [-0.1],
+        }):
+            pass
+    for response in ("chatcmpl-e", "chatcmpl-t", "chatcmpl-2"):
+        _feedback(user, 1.0, response_id=response)
+    record_end(collector.store, "exited", "agent_exit")
+    record_end(collector.store, "timed-out", "timeout", error="ran past 60 s")
+    record_end(collector.store, "twice-a", "agent_exit")
+    record_end(collector.store, "twice-b", "agent_exit")
+
+    now = now_ns(collector.store)
+    ready = ready_rollouts(collector.store, Watermark(), now=now, settle_s=0.0, max_age_s=30.0, **_WINDOW)
+    assert [r.rollout_id for r in ready] == ["exited"]  # quiet_s is 60: only the stored end completes it
+    time.sleep(1.5)
+    later = now_ns(collector.store)
+    # aged out: the two rollouts whose feedback named a response id both claim; failed: the timeout
+    assert count_aged_out(collector.store, since_ns=0, now=later, max_age_s=1.0, **_WINDOW) == (2, 1)
+    agents.shutdown()
+    users.shutdown()

@@ -234,8 +234,10 @@ def test_online_cli_config_rejects_unknown_setting_and_other_algorithms(tmp_path
     from spanrl.errors import ConfigError
     from spanrl.trainer.online_cli import build_online_trainer
 
-    with pytest.raises(ConfigError, match="'n_rollouts' is not an online setting; expected one of"):
-        build_online_trainer({"model": "m", "n_rollouts": 8})
+    with pytest.raises(ConfigError, match="'max_age' is not a trainer setting; did you mean 'max_age_s'\\? \\(valid: "):
+        build_online_trainer({"model": "m", "max_age": 600})
+    with pytest.raises(ConfigError, match="algorithm.learning_rat is not an algorithm setting; did you mean 'learning_rate'"):
+        build_online_trainer({"model": "m", "algorithm": {"name": "grpo", "learning_rat": 1e-3}})
     with pytest.raises(ConfigError, match="algorithm.name must be 'grpo' for online training, got 'ppo'"):
         build_online_trainer({"model": "m", "algorithm": {"name": "ppo"}})
     trainer = build_online_trainer({"model": "m", "output_dir": "out", "algorithm": {"learning_rate": 1e-3}}, base=tmp_path)

@@ -83,3 +83,54 @@ def test_bad_input_is_a_400_naming_the_field(collector, ui):
 def test_open_source_names_what_is_missing(tmp_path):
     with pytest.raises(StoreError, match="no collector answered at http://127.0.0.1:9 and no span store at '.*nope.duckdb'"):
         open_source(db=str(tmp_path / "nope.duckdb"), url="http://127.0.0.1:9", token=None)
+
+
+def test_rollouts_ended_by_the_trainer_show_their_end_not_open(collector, ui):
+    """A command agent without spanrl never stores a spanrl.rollout span: its end is the Trainer's
+    spanrl.rollout.end span (store/views.sql's rollout_state), and the list shows it once stored."""
+    from spanrl.store.rollouts import record_end
+
+    for rid in ("timed-out", "exited", "running"):
+        _add(collector, 3, rid)
+    status, first = _get(ui.url, "/api/rollouts")
+    assert status == 200 and first["counts"] == {"finished": 0, "error": 0, "open": 3}
+
+    record_end(collector.store, "timed-out", "timeout", error="ran past 60 s")
+    record_end(collector.store, "exited", "agent_exit")
+    status, data = _get(ui.url, "/api/rollouts?sort=rollout_id&desc=0")
+    shown = {r["rollout_id"]: (r["status"], r["ended_by"], r["span_count"]) for r in data["rows"]}
+    assert shown == {"exited": ("finished", "agent_exit", 4), "running": ("open", None, 3),
+                     "timed-out": ("error", "timeout", 4)}
+    assert data["counts"] == {"finished": 1, "error": 1, "open": 1}
+    assert {k: v[:1] for k, v in shown.items()} == {k: (v[0],) for k, v in _view(collector).items()}
+    assert "first_ns" not in data["rows"][0]  # the cache's bookkeeping is not shown
+
+
+def _spans(collector, *rows: tuple[str, str | None], trace: str | None = None) -> str:
+    """A span per (name, rollout id or None) in one trace (new unless given), appended as the collector
+    stores them; returns the trace id."""
+    import os
+    import pyarrow as pa
+
+    trace = trace or os.urandom(16).hex()
+    collector.store.append(pa.Table.from_pylist([
+        {"trace_id": trace, "span_id": os.urandom(8).hex(), "name": name, "kind": "INTERNAL", "start_ns": 1_000 + i,
+         "end_ns": 2_000 + i, "status_code": "OK", "service_name": "agent", "rollout_id": rid}
+        for i, (name, rid) in enumerate(rows)]))
+    return trace
+
+
+def test_a_rollout_page_shows_the_spans_the_store_attributes_to_it(collector, ui):
+    """A span without a rollout id belongs to its trace's rollout, unless the trace names two (views.sql)."""
+    trace_a = _spans(collector, ("root", "a"))
+    _spans(collector, ("root", "b"), ("root", "c"), ("who knows", None))
+    assert _get(ui.url, "/api/rollouts")[1]["total"] == 3
+    _spans(collector, ("tool call", None), trace=trace_a)  # arrives later, without an id: a's by its trace
+    status, a = _get(ui.url, "/api/rollout?id=a")
+    assert status == 200 and sorted(s["name"] for s in a["spans"]) == ["root", "tool call"]
+    status, b = _get(ui.url, "/api/rollout?id=b")
+    assert status == 200 and [s["name"] for s in b["spans"]] == ["root"]
+    status, rows = _get(ui.url, "/api/rollouts?sort=rollout_id&desc=0")
+    assert [(r["rollout_id"], r["span_count"]) for r in rows["rows"]] == [("a", 2), ("b", 1), ("c", 1)]
+    assert {r["rollout_id"]: r["span_count"] for r in rows["rows"]} == {
+        r["rollout_id"]: r["span_count"] for r in collector.store.sql("SELECT * FROM rollouts").to_pylist()}
