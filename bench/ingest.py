@@ -1,6 +1,6 @@
 """Ingest benchmark: spans/s committed by `spanrl collector` over OTLP/gRPC, against the anchor.
 
-    .venv/bin/python bench/ingest.py [--seconds 3] [--repeats 3] [--skip-anchor]
+    .venv/bin/python bench/ingest.py [--seconds 3] [--repeats 3] [--skip-anchor] [--baseline GIT_REF]
 
 Workloads, each a pre-encoded OTLP request of 512 spans (decoding on the client side is not timed):
   small         tool/agent spans, 6 short attributes each
@@ -18,7 +18,9 @@ InMemoryLightningStore.add_many_spans (512 per call, in memory, no durability), 
 venv (--anchor-venv, ~780 MB, no torch). The ratio uses its time to build its Span objects from the
 span data plus add_many_spans (spanrl's figure likewise starts from wire bytes); add_many_spans alone is
 printed too.
-Figures are medians of --repeats runs.
+Figures are medians of --repeats runs. --baseline REF also runs the collector of an older commit (exported
+with `git archive`, put first on PYTHONPATH), one of its runs before each of this tree's, and prints the
+ratios: before/after under the same machine load.
 """
 
 from __future__ import annotations
@@ -408,6 +410,23 @@ def bench_layouts(rows: int, tmp: Path) -> None:
 
 
 # --- main -----------------------------------------------------------------------------------------------
+def measure(workload: str, bodies: list[bytes], n: int, args: argparse.Namespace, tmp: Path,
+            baseline: Path | None) -> list[tuple[float, float, float]]:
+    """--repeats runs of this tree's collector; with --baseline, each after one of the baseline's."""
+    runs, base_runs = [], []
+    for _ in range(args.repeats):  # interleaved, so both versions see the same machine load
+        if baseline is not None:
+            base_runs.append(run_spanrl(bodies, n, args.inflight, args.seconds, tmp, baseline))
+        runs.append(run_spanrl(bodies, n, args.inflight, args.seconds, tmp))
+    if base_runs:
+        b_rate, b_cpu = (statistics.median(r[k] for r in base_runs) for k in (0, 1))
+        rate, cpu = (statistics.median(r[k] for r in runs) for k in (0, 1))
+        print(f"  {workload:12s} {n} sender(s): baseline {args.baseline}: {b_rate:>9,.0f} spans/s (runs: "
+              f"{', '.join(f'{r[0]:,.0f}' for r in base_runs)}), {b_cpu:,.0f} per collector CPU-second; "
+              f"this tree x{rate / b_rate:.2f} spans/s, x{cpu / b_cpu:.2f} per CPU-second", flush=True)
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=3.0, help="sending time per run")
@@ -441,17 +460,7 @@ def main() -> None:
             bodies = [encode_otlp(s, f"rollout-{k}") for k, s in enumerate(spans_sets)]
             row: dict[str, Any] = {"request_kib": len(bodies[0]) / 1024}
             for n in senders:
-                runs, base_runs = [], []
-                for _ in range(args.repeats):  # interleaved, so both versions see the same machine load
-                    if baseline is not None:
-                        base_runs.append(run_spanrl(bodies, n, args.inflight, args.seconds, tmp, baseline))
-                    runs.append(run_spanrl(bodies, n, args.inflight, args.seconds, tmp))
-                if base_runs:
-                    b_rate, b_cpu = (statistics.median(r[k] for r in base_runs) for k in (0, 1))
-                    rate, cpu = (statistics.median(r[k] for r in runs) for k in (0, 1))
-                    print(f"  {workload:12s} {n} sender(s): baseline {args.baseline}: {b_rate:>9,.0f} spans/s, "
-                          f"{b_cpu:,.0f} per collector CPU-second; this tree x{rate / b_rate:.2f} spans/s, "
-                          f"x{cpu / b_cpu:.2f} per CPU-second", flush=True)
+                runs = measure(workload, bodies, n, args, tmp, baseline)
                 row[f"spanrl_{n}"] = statistics.median(r[0] for r in runs)
                 row[f"cpu_{n}"] = statistics.median(r[1] for r in runs)
                 row[f"rss_{n}"] = max(r[2] for r in runs)

@@ -182,7 +182,7 @@ def _dumps(x: Any) -> str:
 
 
 # --- one span -> one row ----------------------------------------------------------------------------------
-def _check_ids_and_times(span: Any) -> tuple[bytes, bytes, bytes]:
+def _check_ids_and_times(span: Any) -> tuple[bytes, bytes, bytes, int, int]:
     tid, sid, pid = span.trace_id, span.span_id, span.parent_span_id
     if len(tid) != _TRACE_ID_BYTES or not any(tid):
         raise BadSpan(f"trace_id must be {_TRACE_ID_BYTES} bytes, not all zero; got {len(tid)} bytes")
@@ -190,11 +190,10 @@ def _check_ids_and_times(span: Any) -> tuple[bytes, bytes, bytes]:
         raise BadSpan(f"span_id must be {_SPAN_ID_BYTES} bytes, not all zero; got {len(sid)} bytes")
     if pid and len(pid) != _SPAN_ID_BYTES:
         raise BadSpan(f"parent_span_id must be empty or {_SPAN_ID_BYTES} bytes; got {len(pid)} bytes")
-    if span.start_time_unix_nano > _INT64_MAX or span.end_time_unix_nano > _INT64_MAX:
-        raise BadSpan(
-            f"start/end_time_unix_nano must be below 2^63 (year 2262); got {span.start_time_unix_nano} / {span.end_time_unix_nano}"
-        )
-    return tid, sid, pid
+    start, end = span.start_time_unix_nano, span.end_time_unix_nano
+    if start > _INT64_MAX or end > _INT64_MAX:
+        raise BadSpan(f"start/end_time_unix_nano must be below 2^63 (year 2262); got {start} / {end}")
+    return tid, sid, pid, start, end
 
 
 def _span_attributes(span: Any) -> tuple[dict[str, Any], Any]:
@@ -247,7 +246,7 @@ def _resource_context(res: dict[str, Any]) -> tuple[str, str | None, str | None,
 def _span_row(span: Any, res: tuple, scope_name: str | None, scope_version: str | None) -> tuple[tuple, Any]:
     """One span -> its row in `SPANS_ARROW_SCHEMA` order less the token columns, and its token arrays
     (see `_span_attributes`); BadSpan if it cannot be stored."""
-    tid, sid, pid = _check_ids_and_times(span)
+    tid, sid, pid, start, end = _check_ids_and_times(span)
     attrs, toks = _span_attributes(span)
     ev, ln = _events_links_json(span)
     get = attrs.get
@@ -268,8 +267,8 @@ def _span_row(span: Any, res: tuple, scope_name: str | None, scope_version: str 
         pid.hex() if pid else None,
         span.name,
         _KIND_NAMES[k] if 0 <= k < _N_KINDS else "UNSPECIFIED",
-        span.start_time_unix_nano,
-        span.end_time_unix_nano,
+        start,
+        end,
         _STATUS_NAMES[c] if 0 <= c < _N_STATUS else "UNSET",
         status.message or None,
         res[1],
@@ -338,7 +337,11 @@ def encode_request(request: ExportTraceServiceRequest, *, pre_rejected: int = 0,
 
 def _to_table(rows: list[tuple], tokens: list[Any]) -> pa.Table:
     """Rows -> one Arrow table: one transpose (zip, in C), then one array per column."""
-    columns = [pa.array(values, field.type) for values, field in zip(zip(*rows), _ROW_FIELDS)]
+    n = len(rows)
+    columns = [
+        pa.nulls(n, field.type) if values.count(None) == n else pa.array(values, field.type)
+        for values, field in zip(zip(*rows), _ROW_FIELDS)
+    ]
     no = _NO_TOKENS
     for slot, (np_dtype, pa_type) in enumerate(((np.int32, _INT_LIST), (np.int32, _INT_LIST), (np.float32, _FLOAT_LIST))):
         column = list_column([None if t is no else t[slot] for t in tokens], np_dtype, pa_type)
