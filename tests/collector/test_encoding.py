@@ -127,3 +127,23 @@ def test_wire_decoders_match_protobuf_and_refuse_other_shapes():
     empty_element = common_pb2.ArrayValue(values=[common_pb2.AnyValue(int_value=3), common_pb2.AnyValue()])
     assert wire_ints(empty_element.SerializeToString()) is None
     assert wire_doubles(any_value([0.5, 1]).array_value.SerializeToString()) is None  # an int among floats: the walk reads it
+
+
+def test_many_large_plain_arrays_across_decode_chunks_with_one_bad():
+    """More than one chunk of wire bytes (16 KiB) per column; a bad array in a later chunk rejects only its span."""
+    from _otlp import kv
+
+    req, ids = make_request(40)
+    rng = np.random.default_rng(1)
+    want = {}
+    for i, span in enumerate(req.resource_spans[0].scope_spans[0].spans):
+        prompt = rng.integers(0, 200_000, 300).tolist()
+        if i == 30:
+            prompt[17] = "x"
+        span.attributes.append(kv(sc.LLM_PROMPT_TOKEN_IDS, prompt))
+        want[ids[i]] = prompt
+    batch = encode_request(req)
+    assert (batch.accepted, batch.rejected) == (39, 1)
+    assert "span 30 ('span'): spanrl.llm.prompt_token_ids[17] is string_value" in batch.error_message
+    for row in batch.table.to_pylist():
+        assert row["prompt_token_ids"] == want[row["span_id"]]
