@@ -278,15 +278,14 @@ def run_spanrl(bodies: list[bytes], senders: int, inflight: int, seconds: float,
 
 
 def export_baseline(ref: str, tmp: Path) -> Path:
-    """`git archive` of ``ref`` laid out as an importable `spanrl` package (the pyproject's folder mapping
-    by symlinks), so a collector of that version runs beside this one: PYTHONPATH wins over the
-    editable install."""
+    """`git archive` of ``ref`` as an importable `spanrl` (pyproject's folder mapping, by symlinks): on
+    PYTHONPATH it wins over the editable install, so that version's collector runs beside this one."""
     root = Path(__file__).resolve().parent.parent
     src, pkg = tmp / "baseline-src", tmp / "baseline-pkg" / "spanrl"
     src.mkdir()
+    pkg.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(root), "archive", ref], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
-    pkg.mkdir(parents=True)
     for f in (src / "spanrl").iterdir():
         (pkg / f.name).symlink_to(f)
     for sub in ("instrumentation", "collector", "store", "algorithms", "trainer", "serving", "ui"):
