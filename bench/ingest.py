@@ -1,6 +1,6 @@
 """Ingest benchmark: spans/s committed by `spanrl collector` over OTLP/gRPC, against the anchor.
 
-    .venv/bin/python bench/ingest.py [--seconds 3] [--repeats 3] [--skip-anchor]
+    .venv/bin/python bench/ingest.py [--seconds 3] [--repeats 3] [--skip-anchor] [--baseline GIT_REF]
 
 Workloads, each a pre-encoded OTLP request of 512 spans (decoding on the client side is not timed):
   small         tool/agent spans, 6 short attributes each
@@ -18,7 +18,9 @@ InMemoryLightningStore.add_many_spans (512 per call, in memory, no durability), 
 venv (--anchor-venv, ~780 MB, no torch). The ratio uses its time to build its Span objects from the
 span data plus add_many_spans (spanrl's figure likewise starts from wire bytes); add_many_spans alone is
 printed too.
-Figures are medians of --repeats runs.
+Figures are medians of --repeats runs. --baseline REF also runs the collector of an older commit (exported
+with `git archive`, put first on PYTHONPATH), one of its runs before each of this tree's, and prints the
+ratios: before/after under the same machine load.
 """
 
 from __future__ import annotations
@@ -201,9 +203,10 @@ def _timed_sender(endpoint: str, bodies: list[bytes], inflight: int, seconds: fl
     out.put(-1 if failed else sum(counts))
 
 
-def _start_collector(db: Path) -> tuple[subprocess.Popen, str, str]:
+def _start_collector(db: Path, pythonpath: Path | None = None) -> tuple[subprocess.Popen, str, str]:
+    env = dict(os.environ, PYTHONPATH=str(pythonpath)) if pythonpath else None
     proc = subprocess.Popen([sys.executable, "-m", "spanrl", "--log-level", "WARNING", "collector", "--db", str(db), "--grpc-port", "0", "--http-port", "0"],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()  # type: ignore[union-attr]
     if not line.startswith(READY_PREFIX):
         proc.kill()
@@ -232,10 +235,11 @@ def _count(http: str) -> int:
         return int(json.loads(resp.read())["rows"][0]["n"])
 
 
-def run_spanrl(bodies: list[bytes], senders: int, inflight: int, seconds: float, tmp: Path) -> tuple[float, float, float]:
+def run_spanrl(bodies: list[bytes], senders: int, inflight: int, seconds: float, tmp: Path,
+               pythonpath: Path | None = None) -> tuple[float, float, float]:
     """One run: spans/s committed, spans per collector CPU-second, collector peak RSS (MiB)."""
     db = tmp / f"bench-{time.monotonic_ns()}.duckdb"
-    proc, grpc_ep, http_ep = _start_collector(db)
+    proc, grpc_ep, http_ep = _start_collector(db, pythonpath)
     try:
         # spawn, not fork: a child forked after this process used gRPC can hang in gRPC.
         ctx = mp.get_context("spawn")
@@ -271,6 +275,23 @@ def run_spanrl(bodies: list[bytes], senders: int, inflight: int, seconds: float,
         for suffix in ("", ".wal"):
             Path(f"{db}{suffix}").unlink(missing_ok=True)
     return spans / elapsed, spans / max(cpu, 1e-9), rss
+
+
+def export_baseline(ref: str, tmp: Path) -> Path:
+    """`git archive` of ``ref`` as an importable `spanrl` (pyproject's folder mapping, by symlinks): on
+    PYTHONPATH it wins over the editable install, so that version's collector runs beside this one."""
+    root = Path(__file__).resolve().parent.parent
+    src, pkg = tmp / "baseline-src", tmp / "baseline-pkg" / "spanrl"
+    src.mkdir()
+    pkg.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(root), "archive", ref], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    for f in (src / "spanrl").iterdir():
+        (pkg / f.name).symlink_to(f)
+    for sub in ("instrumentation", "collector", "store", "algorithms", "trainer", "serving", "ui"):
+        if (src / sub).is_dir():
+            (pkg / sub).symlink_to(src / sub)
+    return pkg.parent
 
 
 # --- anchor ---------------------------------------------------------------------------------------------
@@ -388,6 +409,23 @@ def bench_layouts(rows: int, tmp: Path) -> None:
 
 
 # --- main -----------------------------------------------------------------------------------------------
+def measure(workload: str, bodies: list[bytes], n: int, args: argparse.Namespace, tmp: Path,
+            baseline: Path | None) -> list[tuple[float, float, float]]:
+    """--repeats runs of this tree's collector; with --baseline, each after one of the baseline's."""
+    runs, base_runs = [], []
+    for _ in range(args.repeats):  # interleaved, so both versions see the same machine load
+        if baseline is not None:
+            base_runs.append(run_spanrl(bodies, n, args.inflight, args.seconds, tmp, baseline))
+        runs.append(run_spanrl(bodies, n, args.inflight, args.seconds, tmp))
+    if base_runs:
+        b_rate, b_cpu = (statistics.median(r[k] for r in base_runs) for k in (0, 1))
+        rate, cpu = (statistics.median(r[k] for r in runs) for k in (0, 1))
+        print(f"  {workload:12s} {n} sender(s): baseline {args.baseline}: {b_rate:>9,.0f} spans/s (runs: "
+              f"{', '.join(f'{r[0]:,.0f}' for r in base_runs)}), {b_cpu:,.0f} per collector CPU-second; "
+              f"this tree x{rate / b_rate:.2f} spans/s, x{cpu / b_cpu:.2f} per CPU-second", flush=True)
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=3.0, help="sending time per run")
@@ -397,6 +435,8 @@ def main() -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--anchor-venv", default="/tmp/anchor-venv")
     parser.add_argument("--skip-anchor", action="store_true")
+    parser.add_argument("--baseline", metavar="GIT_REF",
+                        help="also run the collector of this commit, interleaved run by run, and print the ratio")
     parser.add_argument("--layouts", type=int, default=0, metavar="ROWS",
                         help="only compare attribute layouts (JSON vs MAP) on ROWS agent spans, then exit")
     args = parser.parse_args()
@@ -413,12 +453,13 @@ def main() -> None:
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="spanrl-bench-") as tmpdir:
         tmp = Path(tmpdir)
+        baseline = export_baseline(args.baseline, tmp) if args.baseline else None
         for workload in workloads:
             spans_sets = [make_spans(workload, seed) for seed in range(DISTINCT_REQUESTS)]
             bodies = [encode_otlp(s, f"rollout-{k}") for k, s in enumerate(spans_sets)]
             row: dict[str, Any] = {"request_kib": len(bodies[0]) / 1024}
             for n in senders:
-                runs = [run_spanrl(bodies, n, args.inflight, args.seconds, tmp) for _ in range(args.repeats)]
+                runs = measure(workload, bodies, n, args, tmp, baseline)
                 row[f"spanrl_{n}"] = statistics.median(r[0] for r in runs)
                 row[f"cpu_{n}"] = statistics.median(r[1] for r in runs)
                 row[f"rss_{n}"] = max(r[2] for r in runs)

@@ -2,8 +2,9 @@
 
 The walk runs in the receiver's thread (gRPC handler or HTTP worker), never on the writer thread.
 Attributes, resource, events and links become JSON text (orjson); the hot keys are also copied into
-typed columns. The three token arrays (`spanrl.llm.*`) go only into their INTEGER[] / FLOAT[] columns,
-decoded from the compact base64 little-endian encoding with numpy, or from a plain array.
+typed columns. The three token arrays (`spanrl.llm.*`) go only into their INTEGER[] / FLOAT[] columns
+(`tokens.py`: compact base64, raw bytes, or a plain array decoded from its wire bytes with numpy).
+OTLP/JSON bodies are turned into the same protobuf request first (`otlp_json.py`).
 
 A span that cannot be stored (bad id length, undecodable token ids) is rejected alone: the rest of the
 request is kept and the receiver reports the rejected count (OTLP partial success).
@@ -19,22 +20,22 @@ import numpy as np
 import orjson
 import pyarrow as pa
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from google.protobuf import json_format
 
-from spanrl.collector.errors import PermanentError
-from spanrl import codec
 from spanrl import semconv as sc
+from spanrl.collector.errors import PermanentError
+from spanrl.collector.otlp_json import MAX_ERRORS_REPORTED, decode_json_request
+from spanrl.collector.tokens import BadSpan, decode_tokens, list_column, resolve_arrays
 
 __all__ = ["SPANS_ARROW_SCHEMA", "EncodedBatch", "decode_json_request", "decode_protobuf_request", "encode_request"]
 
 _TRACE_ID_BYTES = 16
 _SPAN_ID_BYTES = 8
-_MAX_ERRORS_REPORTED = 5
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _INT64_MAX = 2**63 - 1  # start_ns / end_ns are BIGINT: a uint64 time past 2262 is rejected per span
 
 _KIND_NAMES = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")
 _STATUS_NAMES = ("UNSET", "OK", "ERROR")
+_N_KINDS, _N_STATUS = len(_KIND_NAMES), len(_STATUS_NAMES)
 
 _INT_LIST = pa.list_(pa.int32())
 _FLOAT_LIST = pa.list_(pa.float32())
@@ -74,7 +75,7 @@ SPANS_ARROW_SCHEMA = pa.schema(
 )
 """Arrow schema of one encoded batch: the spans table's columns except ``ingested_ns`` (set at commit)."""
 
-# Token-array attributes: key -> (numpy dtype of the compact encoding, column index in the token lists).
+# Token-array attributes: key -> index among the three token columns (2, log-probs, is float).
 _TOKEN_KEYS = {
     sc.LLM_PROMPT_TOKEN_IDS: 0,
     sc.LLM_COMPLETION_TOKEN_IDS: 1,
@@ -82,16 +83,17 @@ _TOKEN_KEYS = {
 }
 
 
+_TOKEN_KEY_NAMES = (sc.LLM_PROMPT_TOKEN_IDS, sc.LLM_COMPLETION_TOKEN_IDS, sc.LLM_LOGPROBS)
+_TOKEN_COLUMN = SPANS_ARROW_SCHEMA.get_field_index("prompt_token_ids")  # the three token columns start here
+_ROW_FIELDS = [f for f in SPANS_ARROW_SCHEMA if f.name not in ("prompt_token_ids", "completion_token_ids", "logprobs")]
+_NO_TOKENS = (None, None, None)  # shared by every span without token arrays
+
 # Hot keys, bound once (module globals are cheaper than attribute lookups in the span loop).
 _K_ROLLOUT, _K_TASK, _K_ATTEMPT, _K_MODE = sc.ROLLOUT_ID, sc.TASK_ID, sc.ATTEMPT, sc.MODE
 _K_AGENT, _K_OPERATION, _K_RESPONSE_ID = sc.GEN_AI_AGENT_NAME, sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_RESPONSE_ID
 _K_POLICY_VERSION = sc.POLICY_VERSION
 _K_REWARD_VALUE, _K_REWARD_NAME = sc.REWARD_VALUE, sc.REWARD_NAME
 _K_EVAL_SCORE, _K_EVAL_NAME = sc.GEN_AI_EVALUATION_SCORE_VALUE, sc.GEN_AI_EVALUATION_NAME
-
-
-class _BadSpan(Exception):
-    """One span cannot be stored; the message says why."""
 
 
 @dataclass(slots=True)
@@ -141,57 +143,9 @@ def _attrs(kvs: Any) -> dict[str, Any]:
     return {kv.key: _GETTERS[kv.value.WhichOneof("value")](kv.value) for kv in kvs}
 
 
-# --- token arrays ---------------------------------------------------------------------------------------
-def _decode_tokens(key: str, v: Any, is_float: bool) -> np.ndarray:
-    """An attribute value (base64 string, raw bytes, or array) -> int32 / float32 numpy array."""
-    kind = v.WhichOneof("value")
-    if kind == "string_value" or kind == "bytes_value":
-        dtype = codec.FLOAT32 if is_float else codec.INT32
-        try:
-            if kind == "string_value":
-                return codec.from_base64(v.string_value, dtype)
-            return codec.from_bytes(v.bytes_value, dtype)
-        except codec.CodecError as exc:
-            raise _BadSpan(f"{key} {exc}") from None
-    if kind == "array_value":
-        values = v.array_value.values
-        # Fast path: read every element as the expected kind (a wrong kind reads as 0), then check
-        # only the zero entries' real kind.
-        if is_float:
-            arr = np.asarray([x.double_value for x in values], dtype=np.float64)
-        else:
-            arr = np.asarray([x.int_value for x in values], dtype=np.int64)
-        for i in np.flatnonzero(arr == 0).tolist():
-            k = values[i].WhichOneof("value")
-            if k == "int_value":
-                arr[i] = values[i].int_value
-            elif not (is_float and k == "double_value"):
-                want = "numbers" if is_float else "integers"
-                raise _BadSpan(f"{key}[{i}] is {k or 'empty'}, expected an array of {want}")
-        if is_float:
-            return arr.astype(np.float32)
-        if arr.size and (arr.min() < _INT32_MIN or arr.max() > _INT32_MAX):
-            raise _BadSpan(f"{key} has a value outside the int32 range")
-        return arr.astype(np.int32)
-    raise _BadSpan(f"{key} is {kind or 'empty'}; expected an array or a base64 string")
-
-
-def _list_column(items: list[np.ndarray | None], np_dtype: str, pa_type: pa.DataType) -> pa.Array:
-    n = len(items)
-    if all(a is None for a in items):
-        return pa.nulls(n, pa_type)
-    lengths = np.fromiter((0 if a is None else a.size for a in items), dtype=np.int32, count=n)
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    present = [a for a in items if a is not None]
-    values = np.concatenate(present).astype(np_dtype, copy=False)
-    mask = np.fromiter((a is None for a in items), dtype=bool, count=n)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values), mask=pa.array(mask))
-
-
 # --- typed-column coercions (a wrong type leaves the column NULL; the JSON keeps the value) ------------
 def _as_str(x: Any) -> str | None:
-    if x is None or isinstance(x, str):
+    if x is None or x.__class__ is str:
         return x
     if isinstance(x, (dict, list)):
         return None
@@ -227,275 +181,177 @@ def _dumps(x: Any) -> str:
     return orjson.dumps(x).decode("utf-8")
 
 
-# --- the walk -------------------------------------------------------------------------------------------
+# --- one span -> one row ----------------------------------------------------------------------------------
+def _check_ids_and_times(span: Any) -> tuple[bytes, bytes, bytes, int, int]:
+    tid, sid, pid = span.trace_id, span.span_id, span.parent_span_id
+    if len(tid) != _TRACE_ID_BYTES or not any(tid):
+        raise BadSpan(f"trace_id must be {_TRACE_ID_BYTES} bytes, not all zero; got {len(tid)} bytes")
+    if len(sid) != _SPAN_ID_BYTES or not any(sid):
+        raise BadSpan(f"span_id must be {_SPAN_ID_BYTES} bytes, not all zero; got {len(sid)} bytes")
+    if pid and len(pid) != _SPAN_ID_BYTES:
+        raise BadSpan(f"parent_span_id must be empty or {_SPAN_ID_BYTES} bytes; got {len(pid)} bytes")
+    start, end = span.start_time_unix_nano, span.end_time_unix_nano
+    if start > _INT64_MAX or end > _INT64_MAX:
+        raise BadSpan(f"start/end_time_unix_nano must be below 2^63 (year 2262); got {start} / {end}")
+    return tid, sid, pid, start, end
+
+
+def _span_attributes(span: Any) -> tuple[dict[str, Any], Any]:
+    """The span's attributes as Python values, and its token arrays apart (they never go into the JSON):
+    `_NO_TOKENS`, or a 3-list of arrays / ArrayValues (plain arrays, decoded later for the whole request)."""
+    attrs: dict[str, Any] = {}
+    toks: Any = _NO_TOKENS
+    for kv in span.attributes:
+        key = kv.key
+        slot = _TOKEN_KEYS.get(key)
+        v = kv.value
+        if slot is not None:
+            if toks is _NO_TOKENS:
+                toks = [None, None, None]
+            toks[slot] = decode_tokens(key, v, slot == 2)
+            continue
+        k = v.WhichOneof("value")
+        if k == "string_value":  # the common kinds without the table lookup
+            attrs[key] = v.string_value
+        elif k == "int_value":
+            attrs[key] = v.int_value
+        else:
+            attrs[key] = _GETTERS[k](v)
+    return attrs, toks
+
+
+def _events_links_json(span: Any) -> tuple[str | None, str | None]:
+    ev = ln = None
+    if span.events:
+        ev = _dumps([{"name": e.name, "time_ns": e.time_unix_nano, "attributes": _attrs(e.attributes)} for e in span.events])
+    if span.links:
+        ln = _dumps(
+            [{"trace_id": x.trace_id.hex(), "span_id": x.span_id.hex(), "attributes": _attrs(x.attributes)} for x in span.links]
+        )
+    return ev, ln
+
+
+def _resource_context(res: dict[str, Any]) -> tuple[str, str | None, str | None, str | None, int | None, str | None]:
+    """(resource JSON, service, rollout, task, attempt, mode): the resource's share of every span row."""
+    return (
+        _dumps(res),
+        _as_str(res.get(sc.SERVICE_NAME)),
+        _as_str(res.get(sc.ROLLOUT_ID)),
+        _as_str(res.get(sc.TASK_ID)),
+        _as_int(res.get(sc.ATTEMPT)),
+        _as_str(res.get(sc.MODE)),
+    )
+
+
+def _span_row(span: Any, res: tuple, scope_name: str | None, scope_version: str | None) -> tuple[tuple, Any]:
+    """One span -> its row in `SPANS_ARROW_SCHEMA` order less the token columns, and its token arrays
+    (see `_span_attributes`); BadSpan if it cannot be stored."""
+    tid, sid, pid, start, end = _check_ids_and_times(span)
+    attrs, toks = _span_attributes(span)
+    ev, ln = _events_links_json(span)
+    get = attrs.get
+    k = span.kind
+    status = span.status
+    c = status.code
+    if _K_REWARD_VALUE in attrs:
+        reward = _as_float(attrs[_K_REWARD_VALUE]), _as_str(get(_K_REWARD_NAME))
+    elif _K_EVAL_SCORE in attrs:
+        reward = _as_float(attrs[_K_EVAL_SCORE]), _as_str(get(_K_EVAL_NAME))
+    else:
+        reward = None, None
+    attempt = get(_K_ATTEMPT, res[4])
+    version = get(_K_POLICY_VERSION)
+    row = (
+        tid.hex(),
+        sid.hex(),
+        pid.hex() if pid else None,
+        span.name,
+        _KIND_NAMES[k] if 0 <= k < _N_KINDS else "UNSPECIFIED",
+        start,
+        end,
+        _STATUS_NAMES[c] if 0 <= c < _N_STATUS else "UNSET",
+        status.message or None,
+        res[1],
+        scope_name,
+        scope_version,
+        _as_str(get(_K_ROLLOUT, res[2])),
+        _as_str(get(_K_TASK, res[3])),
+        None if attempt is None else _as_int(attempt),
+        _as_str(get(_K_MODE, res[5])),
+        _as_str(get(_K_AGENT)),
+        _as_str(get(_K_OPERATION)),
+        _as_str(get(_K_RESPONSE_ID)),
+        None if version is None else _as_int(version),
+        reward[0],
+        reward[1],
+        _dumps(attrs),
+        res[0],
+        ev,
+        ln,
+    )
+    return row, toks
+
+
+# --- the request -------------------------------------------------------------------------------------------
 def encode_request(request: ExportTraceServiceRequest, *, pre_rejected: int = 0, pre_errors: list[str] | None = None) -> EncodedBatch:
     """Walk one request into Arrow columns. ``pre_rejected``/``pre_errors`` carry spans the JSON decoder
     already dropped, so the reply counts them."""
-    trace_ids: list[str] = []
-    span_ids: list[str] = []
-    parent_ids: list[str | None] = []
-    names: list[str] = []
-    kinds: list[str] = []
-    starts: list[int] = []
-    ends: list[int] = []
-    status_codes: list[str] = []
-    status_messages: list[str | None] = []
-    services: list[str | None] = []
-    scope_names: list[str | None] = []
-    scope_versions: list[str | None] = []
-    rollout_ids: list[str | None] = []
-    task_ids: list[str | None] = []
-    attempts: list[int | None] = []
-    modes: list[str | None] = []
-    agents: list[str | None] = []
-    operations: list[str | None] = []
-    response_ids: list[str | None] = []
-    policy_versions: list[int | None] = []
-    tokens: tuple[list[np.ndarray | None], ...] = ([], [], [])
-    reward_values: list[float | None] = []
-    reward_names: list[str | None] = []
-    attributes: list[str] = []
-    resources: list[str] = []
-    events: list[str | None] = []
-    links: list[str | None] = []
-
-    errors = list(pre_errors or [])
+    rows: list[tuple] = []
+    tokens: list[Any] = []
+    indexes: list[int] = []  # each row's span index in the request, for late rejections
+    errors = [(-1, e) for e in pre_errors or ()]
     rejected = pre_rejected
-    span_index = -1
-    n_kinds, n_status = len(_KIND_NAMES), len(_STATUS_NAMES)
-
+    index = -1
     for rs in request.resource_spans:
-        res = _attrs(rs.resource.attributes)
-        res_json = _dumps(res)
-        r_service = _as_str(res.get(sc.SERVICE_NAME))
-        r_rollout = _as_str(res.get(sc.ROLLOUT_ID))
-        r_task = _as_str(res.get(sc.TASK_ID))
-        r_attempt = _as_int(res.get(sc.ATTEMPT))
-        r_mode = _as_str(res.get(sc.MODE))
+        res = _resource_context(_attrs(rs.resource.attributes))
         for ss in rs.scope_spans:
             scope = ss.scope
-            s_name = scope.name or None
-            s_version = scope.version or None
+            s_name, s_version = scope.name or None, scope.version or None
             for span in ss.spans:
-                span_index += 1
+                index += 1
                 try:
-                    tid = span.trace_id
-                    sid = span.span_id
-                    pid = span.parent_span_id
-                    if len(tid) != _TRACE_ID_BYTES or not any(tid):
-                        raise _BadSpan(f"trace_id must be {_TRACE_ID_BYTES} bytes, not all zero; got {len(tid)} bytes")
-                    if len(sid) != _SPAN_ID_BYTES or not any(sid):
-                        raise _BadSpan(f"span_id must be {_SPAN_ID_BYTES} bytes, not all zero; got {len(sid)} bytes")
-                    if pid and len(pid) != _SPAN_ID_BYTES:
-                        raise _BadSpan(f"parent_span_id must be empty or {_SPAN_ID_BYTES} bytes; got {len(pid)} bytes")
-                    if span.start_time_unix_nano > _INT64_MAX or span.end_time_unix_nano > _INT64_MAX:
-                        raise _BadSpan(f"start/end_time_unix_nano must be below 2^63 (year 2262); got {span.start_time_unix_nano} / {span.end_time_unix_nano}")
-                    attrs: dict[str, Any] = {}
-                    toks: list[np.ndarray | None] = [None, None, None]
-                    for kv in span.attributes:
-                        key = kv.key
-                        slot = _TOKEN_KEYS.get(key)
-                        if slot is None:
-                            v = kv.value
-                            k = v.WhichOneof("value")
-                            if k == "string_value":
-                                attrs[key] = v.string_value
-                            elif k == "int_value":
-                                attrs[key] = v.int_value
-                            else:
-                                attrs[key] = _GETTERS[k](v)
-                        else:
-                            toks[slot] = _decode_tokens(key, kv.value, slot == 2)
-                    ev_json = None
-                    if span.events:
-                        ev_json = _dumps(
-                            [{"name": e.name, "time_ns": e.time_unix_nano, "attributes": _attrs(e.attributes)} for e in span.events]
-                        )
-                    ln_json = None
-                    if span.links:
-                        ln_json = _dumps(
-                            [
-                                {"trace_id": ln.trace_id.hex(), "span_id": ln.span_id.hex(), "attributes": _attrs(ln.attributes)}
-                                for ln in span.links
-                            ]
-                        )
-                except _BadSpan as exc:
+                    row, toks = _span_row(span, res, s_name, s_version)
+                except BadSpan as exc:
                     rejected += 1
-                    if len(errors) < _MAX_ERRORS_REPORTED:
-                        errors.append(f"span {span_index} ({span.name!r}): {exc}")
+                    if len(errors) < MAX_ERRORS_REPORTED:  # in index order, so these are the first ones
+                        errors.append((index, f"span {index} ({span.name!r}): {exc}"))
                     continue
-
-                trace_ids.append(tid.hex())
-                span_ids.append(sid.hex())
-                parent_ids.append(pid.hex() if pid else None)
-                names.append(span.name)
-                k = span.kind
-                kinds.append(_KIND_NAMES[k] if 0 <= k < n_kinds else "UNSPECIFIED")
-                starts.append(span.start_time_unix_nano)
-                ends.append(span.end_time_unix_nano)
-                status = span.status
-                c = status.code
-                status_codes.append(_STATUS_NAMES[c] if 0 <= c < n_status else "UNSET")
-                status_messages.append(status.message or None)
-                services.append(r_service)
-                scope_names.append(s_name)
-                scope_versions.append(s_version)
-                get = attrs.get
-                x = get(_K_ROLLOUT, r_rollout)
-                rollout_ids.append(x if x is None or x.__class__ is str else _as_str(x))
-                x = get(_K_TASK, r_task)
-                task_ids.append(x if x is None or x.__class__ is str else _as_str(x))
-                x = get(_K_ATTEMPT, r_attempt)
-                attempts.append(None if x is None else _as_int(x))
-                x = get(_K_MODE, r_mode)
-                modes.append(x if x is None or x.__class__ is str else _as_str(x))
-                x = get(_K_AGENT)
-                agents.append(x if x is None or x.__class__ is str else _as_str(x))
-                x = get(_K_OPERATION)
-                operations.append(x if x is None or x.__class__ is str else _as_str(x))
-                x = get(_K_RESPONSE_ID)
-                response_ids.append(x if x is None or x.__class__ is str else _as_str(x))
-                x = get(_K_POLICY_VERSION)
-                policy_versions.append(None if x is None else _as_int(x))
-                tokens[0].append(toks[0])
-                tokens[1].append(toks[1])
-                tokens[2].append(toks[2])
-                if _K_REWARD_VALUE in attrs:
-                    reward_values.append(_as_float(attrs[_K_REWARD_VALUE]))
-                    reward_names.append(_as_str(get(_K_REWARD_NAME)))
-                elif _K_EVAL_SCORE in attrs:
-                    reward_values.append(_as_float(attrs[_K_EVAL_SCORE]))
-                    reward_names.append(_as_str(get(_K_EVAL_NAME)))
-                else:
-                    reward_values.append(None)
-                    reward_names.append(None)
-                attributes.append(_dumps(attrs))
-                resources.append(res_json)
-                events.append(ev_json)
-                links.append(ln_json)
-
+                rows.append(row)
+                tokens.append(toks)
+                indexes.append(index)
+    bad = resolve_arrays(tokens, _TOKEN_KEY_NAMES, _NO_TOKENS)
+    if bad:
+        rejected += len(bad)
+        errors.extend((indexes[r], f"span {indexes[r]} ({rows[r][3]!r}): {reason}") for r, reason in bad.items())
+        keep = [r for r in range(len(rows)) if r not in bad]
+        rows, tokens = [rows[r] for r in keep], [tokens[r] for r in keep]
     message = ""
     if rejected:
-        shown = "; ".join(errors)
-        more = rejected - len(errors)
-        message = f"{rejected} span(s) rejected: {shown}" + (f" (and {more} more)" if more > 0 else "")
-    accepted = len(span_ids)
-    if not accepted:
+        shown = [e for _, e in sorted(errors, key=lambda x: x[0])[:MAX_ERRORS_REPORTED]]
+        more = rejected - len(shown)
+        message = f"{rejected} span(s) rejected: {'; '.join(shown)}" + (f" (and {more} more)" if more > 0 else "")
+    if not rows:
         return EncodedBatch(None, 0, rejected, message)
-    string = pa.string()
+    return EncodedBatch(_to_table(rows, tokens), len(rows), rejected, message)
+
+
+def _to_table(rows: list[tuple], tokens: list[Any]) -> pa.Table:
+    """Rows -> one Arrow table: one transpose (zip, in C), then one array per column."""
+    n = len(rows)
     columns = [
-        pa.array(trace_ids, string),
-        pa.array(span_ids, string),
-        pa.array(parent_ids, string),
-        pa.array(names, string),
-        pa.array(kinds, string),
-        pa.array(starts, pa.int64()),
-        pa.array(ends, pa.int64()),
-        pa.array(status_codes, string),
-        pa.array(status_messages, string),
-        pa.array(services, string),
-        pa.array(scope_names, string),
-        pa.array(scope_versions, string),
-        pa.array(rollout_ids, string),
-        pa.array(task_ids, string),
-        pa.array(attempts, pa.int32()),
-        pa.array(modes, string),
-        pa.array(agents, string),
-        pa.array(operations, string),
-        pa.array(response_ids, string),
-        pa.array(policy_versions, pa.int32()),
-        _list_column(tokens[0], "int32", _INT_LIST),
-        _list_column(tokens[1], "int32", _INT_LIST),
-        _list_column(tokens[2], "float32", _FLOAT_LIST),
-        pa.array(reward_values, pa.float64()),
-        pa.array(reward_names, string),
-        pa.array(attributes, string),
-        pa.array(resources, string),
-        pa.array(events, string),
-        pa.array(links, string),
+        pa.nulls(n, field.type) if values.count(None) == n else pa.array(values, field.type)
+        for values, field in zip(zip(*rows), _ROW_FIELDS)
     ]
-    return EncodedBatch(pa.Table.from_arrays(columns, schema=SPANS_ARROW_SCHEMA), accepted, rejected, message)
+    no = _NO_TOKENS
+    for slot, (np_dtype, pa_type) in enumerate(((np.int32, _INT_LIST), (np.int32, _INT_LIST), (np.float32, _FLOAT_LIST))):
+        column = list_column([None if t is no else t[slot] for t in tokens], np_dtype, pa_type)
+        columns.insert(_TOKEN_COLUMN + slot, column)
+    return pa.Table.from_arrays(columns, schema=SPANS_ARROW_SCHEMA)
 
 
-# --- decoding request bodies ----------------------------------------------------------------------------
 def decode_protobuf_request(body: bytes) -> ExportTraceServiceRequest:
     """Parse an OTLP protobuf body; a malformed one raises `PermanentError` (INVALID_ARGUMENT / 400)."""
     try:
         return ExportTraceServiceRequest.FromString(body)
     except Exception as exc:  # upb raises google.protobuf.message.DecodeError
         raise PermanentError(f"malformed OTLP protobuf ExportTraceServiceRequest ({len(body)} bytes): {exc}") from None
-
-
-def _hex_to_b64(value: Any, field: str) -> str:
-    if not isinstance(value, str):
-        raise _BadSpan(f"{field} must be a hex string, got {type(value).__name__}")
-    try:
-        raw = bytes.fromhex(value)
-    except ValueError:
-        raise _BadSpan(f"{field} {value[:40]!r} is not hex") from None
-    return base64.b64encode(raw).decode("ascii")
-
-
-def _fix_span_ids(span: dict[str, Any]) -> None:
-    for field in ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"):
-        if field in span:
-            span[field] = _hex_to_b64(span[field], field)
-    for link in span.get("links") or ():
-        if isinstance(link, dict):
-            for field in ("traceId", "spanId", "trace_id", "span_id"):
-                if field in link:
-                    link[field] = _hex_to_b64(link[field], f"links.{field}")
-
-
-def decode_json_request(body: bytes) -> tuple[ExportTraceServiceRequest, int, list[str]]:
-    """Parse an OTLP/JSON body (hex ids, int64 as strings or numbers, integer enums, unknown fields ignored).
-
-    Returns the request, the number of spans dropped for bad hex ids, and their messages. A body that is
-    not JSON, or not an ExportTraceServiceRequest, raises `PermanentError`.
-    """
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise PermanentError(f"malformed OTLP/JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise PermanentError(f"OTLP/JSON body must be an object with resourceSpans, got {type(doc).__name__}")
-    rejected = 0
-    errors: list[str] = []
-    index = -1
-    for rs in _list_field(doc, "resourceSpans", "resource_spans"):
-        for ss in _list_field(rs, "scopeSpans", "scope_spans"):
-            spans = _list_field(ss, "spans")
-            kept = []
-            for span in spans:
-                index += 1
-                try:
-                    if not isinstance(span, dict):
-                        raise _BadSpan(f"must be an object, got {type(span).__name__}")
-                    _fix_span_ids(span)
-                    kept.append(span)
-                except _BadSpan as exc:
-                    rejected += 1
-                    if len(errors) < _MAX_ERRORS_REPORTED:
-                        name = span.get("name") if isinstance(span, dict) else None
-                        errors.append(f"span {index} ({name!r}): {exc}")
-            if isinstance(ss, dict) and "spans" in ss:
-                ss["spans"] = kept
-    try:
-        request = json_format.ParseDict(doc, ExportTraceServiceRequest(), ignore_unknown_fields=True)
-    except json_format.ParseError as exc:
-        raise PermanentError(f"invalid OTLP/JSON ExportTraceServiceRequest: {exc}") from None
-    return request, rejected, errors
-
-
-def _list_field(obj: Any, *names: str) -> list[Any]:
-    if not isinstance(obj, dict):
-        raise PermanentError(f"invalid OTLP/JSON: expected an object, got {type(obj).__name__}")
-    for name in names:
-        if name in obj:
-            value = obj[name]
-            if value is None:
-                return []
-            if not isinstance(value, list):
-                raise PermanentError(f"invalid OTLP/JSON: {name} must be an array, got {type(value).__name__}")
-            return value
-    return []

@@ -67,3 +67,83 @@ def test_batch_columns_are_store_columns():
         columns = [r["column_name"] for r in store.sql("SELECT column_name FROM duckdb_columns() WHERE table_name = 'spans'").to_pylist()]
     # Columns added to schema.sql later are filled with NULL (the insert is BY NAME).
     assert set(SPANS_ARROW_SCHEMA.names) <= set(columns) and "ingested_ns" not in SPANS_ARROW_SCHEMA.names
+
+
+def test_plain_arrays_across_a_request_keep_each_span_its_own_values():
+    """The request's plain arrays are decoded together; each span still gets exactly its own ids."""
+    from _otlp import kv
+
+    req, ids = make_request(6)
+    spans = req.resource_spans[0].scope_spans[0].spans
+    expected = {}
+    for i, span in enumerate(spans):
+        if i == 3:
+            continue  # a span without token arrays between ones with them
+        prompt = [i, 0, 127, 128, 16383, 16384, 2**31 - 1, -(2**31), -1][: 3 + i]
+        logprobs = [-0.25 * i, 0.0, 1e-30][: 1 + i % 3]
+        span.attributes.extend([kv(sc.LLM_PROMPT_TOKEN_IDS, prompt), kv(sc.LLM_LOGPROBS, logprobs),
+                                kv(sc.LLM_COMPLETION_TOKEN_IDS, [] if i == 1 else [7] * i)])
+        expected[ids[i]] = (prompt, logprobs, [] if i == 1 else [7] * i)
+    batch = encode_request(req)
+    assert (batch.accepted, batch.rejected) == (6, 0)
+    for row in batch.table.to_pylist():
+        got = (row["prompt_token_ids"], row["logprobs"], row["completion_token_ids"])
+        want = expected.get(row["span_id"], (None, None, None))
+        assert got[0] == want[0] and got[2] == want[2]
+        assert got[1] == (None if want[1] is None else pytest.approx(want[1]))
+
+
+def test_one_bad_plain_array_rejects_only_its_span_and_errors_stay_in_span_order():
+    from _otlp import kv
+
+    req, ids = make_request(4)
+    spans = req.resource_spans[0].scope_spans[0].spans
+    for i, span in enumerate(spans):
+        span.attributes.append(kv(sc.LLM_PROMPT_TOKEN_IDS, [1, 2, 3]))
+    spans[2].attributes.append(kv(sc.LLM_COMPLETION_TOKEN_IDS, [5, 2**40]))  # found late, after the walk
+    spans[3].trace_id = b"\x01" * 3  # found during the walk
+    batch = encode_request(req)
+    assert (batch.accepted, batch.rejected) == (2, 2)
+    assert [r["span_id"] for r in batch.table.to_pylist()] == ids[:2]
+    assert [r["prompt_token_ids"] for r in batch.table.to_pylist()] == [[1, 2, 3], [1, 2, 3]]
+    assert batch.error_message.index("span 2 ") < batch.error_message.index("span 3 ")
+    assert "spanrl.llm.completion_token_ids has a value outside the int32 range" in batch.error_message
+
+
+def test_wire_decoders_match_protobuf_and_refuse_other_shapes():
+    from opentelemetry.proto.common.v1 import common_pb2
+
+    from _otlp import any_value
+    from spanrl.collector.tokens import wire_doubles, wire_ints
+
+    rng = np.random.default_rng(0)
+    ints = [0, 1, 127, 128, 2**31 - 1, -1, -(2**31), 2**63 - 1, -(2**63)] + rng.integers(0, 200_000, 500).tolist()
+    assert wire_ints(any_value(ints).array_value.SerializeToString()).tolist() == ints
+    floats = [0.0, -0.5, 1e-300] + rng.normal(size=100).tolist()
+    assert wire_doubles(any_value(floats).array_value.SerializeToString()).tolist() == floats
+    assert wire_ints(b"").tolist() == [] and wire_doubles(b"").tolist() == []
+    for mixed in ([1, "x"], [1, 0.5], [1, True], [1, [2]]):
+        assert wire_ints(any_value(mixed).array_value.SerializeToString()) is None
+    empty_element = common_pb2.ArrayValue(values=[common_pb2.AnyValue(int_value=3), common_pb2.AnyValue()])
+    assert wire_ints(empty_element.SerializeToString()) is None
+    assert wire_doubles(any_value([0.5, 1]).array_value.SerializeToString()) is None  # an int among floats: the walk reads it
+
+
+def test_many_large_plain_arrays_across_decode_chunks_with_one_bad():
+    """More than one chunk of wire bytes (16 KiB) per column; a bad array in a later chunk rejects only its span."""
+    from _otlp import kv
+
+    req, ids = make_request(40)
+    rng = np.random.default_rng(1)
+    want = {}
+    for i, span in enumerate(req.resource_spans[0].scope_spans[0].spans):
+        prompt = rng.integers(0, 200_000, 300).tolist()
+        if i == 30:
+            prompt[17] = "x"
+        span.attributes.append(kv(sc.LLM_PROMPT_TOKEN_IDS, prompt))
+        want[ids[i]] = prompt
+    batch = encode_request(req)
+    assert (batch.accepted, batch.rejected) == (39, 1)
+    assert "span 30 ('span'): spanrl.llm.prompt_token_ids[17] is string_value" in batch.error_message
+    for row in batch.table.to_pylist():
+        assert row["prompt_token_ids"] == want[row["span_id"]]
