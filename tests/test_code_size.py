@@ -1,5 +1,5 @@
 """Small modules, short functions (the team's guide): no product module over 500 lines, no function
-over 80, in the rooms held to it so far. ``python tests/test_code_size.py`` lists the biggest everywhere."""
+over 80, in every product package. ``python tests/test_code_size.py`` lists the biggest everywhere."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 
 REPO = Path(__file__).resolve().parents[1]
-PRODUCT = ("spanrl", "instrumentation", "collector", "store", "algorithms", "trainer", "serving")
-HELD = ("trainer", "spanrl", "algorithms/_cli.py")  # rooms that keep the limits (the others: see __main__)
+PRODUCT = ("spanrl", "instrumentation", "collector", "store", "algorithms", "trainer", "serving", "ui")
+HELD = PRODUCT  # every room keeps the limits
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
 
