@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import logging
 import pathlib
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,10 @@ __all__ = ["TransformersBackend"]
 _logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# transformers' from_pretrained builds the model under process-wide contexts (meta device, init
+# patches): two loads at once in one process (servers reloading in parallel) can leave parameters on
+# the meta device. Loads in this process take turns.
+_LOAD_LOCK = threading.Lock()
 _FALLBACK_CONTEXT_TOKENS = 2048
 
 
@@ -63,7 +68,8 @@ class TransformersBackend:
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
             torch_dtype = "auto" if dtype == "auto" else _DTYPES[dtype]
-            self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch_dtype)
+            with _LOAD_LOCK:
+                self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch_dtype)
         except (OSError, ValueError) as exc:
             raise ServingError(f"model: cannot load a causal LM from {str(model_dir)!r}: {exc}") from exc
         self.model.to(device).eval()
@@ -82,7 +88,8 @@ class TransformersBackend:
             from transformers import AutoModelForCausalLM
 
             try:
-                loaded = AutoModelForCausalLM.from_pretrained(str(source), dtype=self.model.dtype)
+                with _LOAD_LOCK:
+                    loaded = AutoModelForCausalLM.from_pretrained(str(source), dtype=self.model.dtype)
             except (OSError, ValueError) as exc:
                 raise ServingError(f"path: cannot load weights from {str(source)!r}: {exc}") from exc
             state = loaded.state_dict()

@@ -27,7 +27,7 @@ DOC = REPO / "docs" / "train-config.md"
 
 
 def _documented_keys() -> set[str]:
-    return set(re.findall(r"^\| `([a-z_]+)` \|", DOC.read_text(), flags=re.MULTILINE))
+    return set(re.findall(r"^\| `([a-z0-9_]+)` \|", DOC.read_text(), flags=re.MULTILINE))
 
 
 def test_every_example_that_trains_ships_a_config() -> None:

@@ -89,7 +89,7 @@ def test_lora_policy_reloads_into_the_server(tiny_model: Path, tmp_path: Path) -
         answer = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "3 add 4"}], max_tokens=4)
         assert answer.choices[0].message.content is not None
         # it serves the trained policy: the adapter merged into the base weights, as the checkpoint holds them
-        served = trainer.server.embedded._state.batcher.backend.model.state_dict()
+        served = trainer.server._state.batcher.backend.model.state_dict()  # deploy() after close: a plain server
         merged = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "checkpoint-1").state_dict()
         base = AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
         assert all(torch.equal(served[k], merged[k]) for k in merged)
