@@ -66,7 +66,8 @@ def test_rollouts_spread_over_two_servers_and_both_are_reloaded_every_step(tiny_
         for name in ("a", "b")
     ]
     try:
-        serving = ServingConfig(urls=tuple(s.base_url for s in servers), collector_port=port)
+        # round robin: an even split whatever the timing (least_loaded's split depends on when rollouts end)
+        serving = ServingConfig(urls=tuple(s.base_url for s in servers), collector_port=port, balance="round_robin")
         trainer = _trainer(tiny_model, tmp_path / "run", serving)
         with trainer:
             history = trainer.train()
