@@ -143,4 +143,8 @@ def test_two_processes_update_exactly_like_one_process_on_the_same_batch(tmp_pat
     assert two["losses/approx_kl"] == pytest.approx(one["losses/approx_kl"], rel=1e-4, abs=1e-7)
     after_two = torch.load(out / "rank0.pt", weights_only=False)["weights"]
     after_one = torch.load(out / "replay.pt", weights_only=False)["weights"]
-    assert _max_relative_difference(after_two, after_one) <= 1e-5
+    # Adam's first step moves each weight by ~lr * g / (|g| + eps): for the few gradient components near
+    # zero, float summation order (two shards vs one batch) changes that step by up to ~lr, so the weights
+    # agree to ~1e-4 relative (measured 0 to 2.2e-4 over runs), not 1e-5; the gradient itself (grad norm,
+    # loss above) is what the world-size bug scaled, and it agrees to 1e-5.
+    assert _max_relative_difference(after_two, after_one) <= 1e-3
