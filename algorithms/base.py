@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from spanrl.algorithms.reporters import check_report_to
 from spanrl.errors import ConfigError, TrainingError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,7 +53,6 @@ __all__ = [
 
 CONFIG_FILE = "spanrl_config.json"
 STATE_FILE = "spanrl_state.pt"
-_REPORTERS = ("none", "tensorboard", "wandb")
 
 
 def transitions_of(batch: TransitionBatch | Sequence[Transition]) -> list[Transition]:
@@ -244,16 +244,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def check_report_to(report_to: Sequence[str]) -> list[str]:
-    """``report_to`` as a list, each entry one of ``none``, ``tensorboard``, ``wandb``."""
-    if isinstance(report_to, str):
-        report_to = [report_to]
-    for name in report_to:
-        if name not in _REPORTERS:
-            raise ConfigError(f"report_to entries must be one of {_REPORTERS}, got {name!r}")
-    return [r for r in report_to if r != "none"]
 
 
 def rng_state() -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from pathlib import Path
 
+from spanrl.algorithms.reporters import check_report_to
 from spanrl.errors import ConfigError
 from spanrl.trainer.policy_pool import ServingConfig
 from spanrl.trainer.runner import RolloutJob, RunnerConfig
@@ -31,7 +32,6 @@ APO_RESULT_FILE = "apo_result.json"
 DB_FILE = "spans.duckdb"
 LOG_FILE = "spanrl.log"
 SERVED_MODEL_NAME = "policy"
-REPORTERS = ("none", "tensorboard", "wandb")
 
 
 @dataclasses.dataclass
@@ -116,9 +116,7 @@ class TrainerConfig:
         if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature!r}")
         report_to = [self.report_to] if isinstance(self.report_to, str) else list(self.report_to)
-        for name in report_to:
-            if name not in REPORTERS:
-                raise ConfigError(f"report_to entries must be one of {REPORTERS}, got {name!r}")
+        check_report_to(report_to)
         self.report_to = tuple(report_to)
         self.runner.validate()
         self.serving = ServingConfig.of(self.serving)
