@@ -33,10 +33,10 @@ _LAZY = {
     "SamplingParams": "spanrl.serving.backend",
     "Completion": "spanrl.serving.backend",
     "GenerationResult": "spanrl.serving.backend",
-    "decode_float32": "spanrl.serving.telemetry",
-    "decode_int32": "spanrl.serving.telemetry",
-    "encode_float32": "spanrl.serving.telemetry",
-    "encode_int32": "spanrl.serving.telemetry",
+    "decode_float32": "spanrl.codec",
+    "decode_int32": "spanrl.codec",
+    "encode_float32": "spanrl.codec",
+    "encode_int32": "spanrl.codec",
     "resolve_model": "spanrl.serving.models",
 }
 
@@ -54,4 +54,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from spanrl.serving.backend import Completion, GenerationResult, SamplingParams
     from spanrl.serving.models import resolve_model
     from spanrl.serving.server import PolicyServer
-    from spanrl.serving.telemetry import decode_float32, decode_int32, encode_float32, encode_int32
+    from spanrl.codec import decode_float32, decode_int32, encode_float32, encode_int32

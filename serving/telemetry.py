@@ -19,9 +19,9 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from spanrl import semconv
-from spanrl.codec import decode_float32, decode_int32, encode_float32, encode_int32
+from spanrl.codec import encode_float32, encode_int32
 
-__all__ = ["SpanRecorder", "decode_float32", "decode_int32", "encode_float32", "encode_int32"]
+__all__ = ["SpanRecorder"]
 
 _logger = logging.getLogger(__name__)
 
