@@ -12,15 +12,13 @@ import argparse
 import sys
 
 # the options and the collector-or-file choice are shared with `spanrl export` (store/access.py)
-from spanrl.store.access import add_store_options as _common
-from spanrl.store.access import db_path as _db_path
-from spanrl.store.access import remote_store as _remote
+from spanrl.store.access import add_store_options, db_path, remote_store
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("sql", help="SQL over the span store (through a running collector, or the file)")
     p.add_argument("query", help='one read statement, e.g. "SELECT * FROM rollouts"')
-    _common(p)
+    add_store_options(p)
     p.add_argument("--format", "-f", default="table", choices=("table", "csv", "json", "parquet"), help="output format (default table)")
     p.add_argument("--output", "-o", default=None, help="write to this file instead of stdout")
     p.set_defaults(func=_sql)
@@ -29,11 +27,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = store.add_subparsers(dest="store_command", metavar="ACTION", required=True)
     e = sub.add_parser("export", help="write spans and the views to Parquet files")
     e.add_argument("--parquet", required=True, metavar="DIR", help="output folder (created)")
-    _common(e)
+    add_store_options(e)
     e.set_defaults(func=_export)
     r = sub.add_parser("prune", help="delete rollouts that ended longer ago than --older-than")
     r.add_argument("--older-than", required=True, metavar="AGE", help="age such as 7d, 12h, 30m, 2w")
-    _common(r)
+    add_store_options(r)
     r.set_defaults(func=_prune)
 
 
@@ -48,11 +46,11 @@ def _sql(args: argparse.Namespace) -> int:
     from spanrl.store._format import write_result
 
     try:
-        remote = _remote(args)
+        remote = remote_store(args)
         if remote is not None:
             table = remote.sql(args.query)
         else:
-            with SpanStore.open(_db_path(args), read_only=True) as store:
+            with SpanStore.open(db_path(args), read_only=True) as store:
                 table = store.read_sql(args.query)
         if args.output:
             with open(args.output, "wb") as out:
@@ -71,11 +69,11 @@ def _export(args: argparse.Namespace) -> int:
     from spanrl.store.maintenance import export_parquet
 
     try:
-        remote = _remote(args)
+        remote = remote_store(args)
         if remote is not None:
             paths = export_parquet(remote, args.parquet)
         else:
-            with SpanStore.open(_db_path(args), read_only=True) as store:
+            with SpanStore.open(db_path(args), read_only=True) as store:
                 paths = export_parquet(store, args.parquet)
     except SpanRLError as exc:
         return _fail(exc)
@@ -91,11 +89,11 @@ def _prune(args: argparse.Namespace) -> int:
 
     try:
         older_than_s = parse_duration_s(args.older_than)
-        remote = _remote(args)
+        remote = remote_store(args)
         if remote is not None:
             deleted = remote.prune(older_than_s)
         else:
-            with SpanStore.open(_db_path(args)) as store:
+            with SpanStore.open(db_path(args)) as store:
                 deleted = prune(store, older_than_s)
     except SpanRLError as exc:
         return _fail(exc)
