@@ -137,27 +137,33 @@ def average_gradients(params: Sequence[Any]) -> None:
         p.grad.div_(n_ranks)
 
 
-_SHARDING = {
-    "ACCELERATE_USE_FSDP": "FSDP",
-    "ACCELERATE_USE_DEEPSPEED": "DeepSpeed",
-}
-"""Variables ``accelerate launch`` sets for a sharded configuration (fsdp.yaml, deepspeed_zero2.yaml)."""
-
-
-def refuse_sharding(algorithm: str) -> None:
+def refuse_sharding(algorithm: str, *, fsdp: bool = False, lora: bool = False) -> None:
     """Raise :class:`ConfigError` when launched with a sharding configuration the update cannot honour.
 
-    The update drives TRL's ``training_step`` on the unwrapped model and averages gradients itself, so
-    under FSDP every rank would keep the whole model (no memory saved) and under DeepSpeed the engine
-    is never built (``deepspeed_engine_wrapped`` is None: the first backward would crash mid-step,
-    after the rollouts). Refused at setup, before any rollout."""
-    for variable, name in _SHARDING.items():
-        if os.environ.get(variable, "").lower() in ("1", "true", "yes"):
-            from spanrl.errors import ConfigError
+    DeepSpeed (``ACCELERATE_USE_DEEPSPEED``): always refused. The update drives TRL's ``training_step`` on
+    its own model and never builds the DeepSpeed engine (``deepspeed_engine_wrapped`` is None: the first
+    backward would crash mid-step, after the rollouts), and deepspeed is not a dependency.
+    FSDP (``ACCELERATE_USE_FSDP``): refused unless the algorithm shards (``fsdp=True``: GRPO, through
+    :mod:`spanrl.algorithms.sharding`), and then only for the configurations that module cannot honour.
+    Refused at setup, before any rollout."""
+    from spanrl.errors import ConfigError
 
+    def flag(variable: str) -> bool:
+        return os.environ.get(variable, "").lower() in ("1", "true", "yes")
+
+    if flag("ACCELERATE_USE_DEEPSPEED"):
+        raise ConfigError(
+            f"{algorithm} cannot train under accelerate's DeepSpeed configuration (ACCELERATE_USE_DEEPSPEED is set): "
+            "the update does not build a DeepSpeed engine (it would be missing at the first backward) and "
+            "deepspeed is not installed with spanrl; launch with examples/accelerate/fsdp.yaml (FSDP2, sharded) or "
+            "examples/accelerate/ddp.yaml (data parallel) instead"
+        )
+    if flag("ACCELERATE_USE_FSDP"):
+        if not fsdp:
             raise ConfigError(
-                f"{algorithm} cannot train under accelerate's {name} configuration ({variable} is set): "
-                f"the update does not hand the model to accelerator.prepare, so {name} would not shard it"
-                + (" and the DeepSpeed engine would be missing at the first backward" if name == "DeepSpeed" else "")
-                + "; launch with examples/accelerate/ddp.yaml (data parallel, tested) instead"
+                f"{algorithm} cannot train under accelerate's FSDP configuration (ACCELERATE_USE_FSDP is set): "
+                "only GRPO shards its update; launch with examples/accelerate/ddp.yaml instead"
             )
+        from spanrl.algorithms.sharding import check_fsdp
+
+        check_fsdp(algorithm, lora=lora)

@@ -31,6 +31,7 @@ import torch
 
 from spanrl.algorithms.batching import bf16_supported, length_sorted_micro_batches, update_autocast
 from spanrl.algorithms.distributed import all_reduce_sum, average_gradients, refuse_sharding, world
+from spanrl.algorithms.sharding import Sharding, fsdp_requested
 from spanrl.algorithms.base import (
     Algorithm,
     PaddedBatch,
@@ -184,13 +185,16 @@ class GRPO(Algorithm):
     needs_values: ClassVar[bool] = False
     config_class: ClassVar[type] = GRPOConfig
     supports_distributed: ClassVar[bool] = True
-    """Under many processes each rank updates on its shard; gradients are averaged before each step."""
+    """Under many processes each rank updates on its shard; gradients are averaged before each step, or
+    reduce-scattered by FSDP2 under an FSDP launch (``sharding``)."""
 
     def __init__(self, config: GRPOConfig | None = None, **fields: Any) -> None:
         super().__init__(config, **fields)
         self.trainer: Any = None
         self.bf16 = False
         """Whether updates run under bf16 autocast: ``config.bf16`` resolved for this machine by setup()."""
+        self.sharding: Sharding | None = None
+        """FSDP2 over every rank (an FSDP launch with several processes), else None."""
 
     # --- setup ------------------------------------------------------------------------------------
     def setup(
@@ -201,7 +205,7 @@ class GRPO(Algorithm):
         from trl import GRPOConfig as TRLGRPOConfig
 
         cfg = self.config
-        refuse_sharding("GRPO")  # before any model is loaded or rollout run
+        refuse_sharding("GRPO", fsdp=True, lora=cfg.lora is not None)  # before any model is loaded or rollout run
         reporters = check_report_to(report_to)
         seed_everything(seed)
         output_dir = Path(output_dir)
@@ -246,7 +250,11 @@ class GRPO(Algorithm):
             processing_class=tokenizer,
             peft_config=cfg.lora.to_peft() if cfg.lora is not None else None,
         )
+        # FSDP2 replaces the parameters with DTensors: shard before the optimizer is built on them.
+        self.sharding = Sharding(self.trainer.model) if fsdp_requested() else None
         self.trainer.create_optimizer_and_scheduler(num_training_steps=cfg.max_steps or 1)
+        if self.sharding is not None:
+            self.sharding.optimizer = self.trainer.optimizer
         self.trainer.current_gradient_accumulation_steps = 1
         self.model = self.trainer.model
         self.tokenizer = tokenizer
@@ -267,8 +275,7 @@ class GRPO(Algorithm):
         data = pad_transitions(table, pad_token_id=self.tokenizer.pad_token_id)
         if not cfg.use_old_logprobs:
             data.old_logprobs = None
-        # unknown rows (retokenized calls): the current policy's log-probs, computed for those rows only
-        data.old_logprobs = fill_missing_logprobs(data, lambda part: self._logprobs(trainer.model, part))
+        data.old_logprobs = self._old_logprobs(data)
         ref_logprobs = self._logprobs(trainer.ref_model or trainer.model, data, ref=True) if cfg.beta else None
 
         n = table.num_rows
@@ -300,8 +307,21 @@ class GRPO(Algorithm):
                 # gradient mean): the mean over ranks is the one-process loss.
                 stats["policy_loss"].append(all_reduce_sum([step_loss])[0] / world())
                 stats["grad_norm"].append(self._optimizer_step())
+        if self.sharding is not None:
+            self.sharding.gather()  # every rank: full weights (reload, checkpoint) onto rank 0
         self.step += 1
         return self._metrics(stats, data, time.perf_counter() - started)
+
+    def _old_logprobs(self, data: PaddedBatch) -> torch.Tensor:
+        """The server's log-probs; unknown rows (retokenized calls) from the current policy, for those rows
+        only. Sharded, every rank's forwards are collectives: all rows on every rank when any rank needs some."""
+        model = self.trainer.model
+        if self.sharding is not None and data.old_logprobs is not None:
+            (missing,) = all_reduce_sum([float(torch.isnan(data.old_logprobs).any(dim=1).sum())])
+            if missing:
+                current = self._logprobs(model, data)
+                return torch.where(torch.isnan(data.old_logprobs), current, data.old_logprobs)
+        return fill_missing_logprobs(data, lambda part: self._logprobs(model, part))
 
     def _trl_inputs(
         self, part: PaddedBatch, ref_logprobs: torch.Tensor | None, rows: torch.Tensor, tokens: float, n_micro: int
@@ -352,11 +372,14 @@ class GRPO(Algorithm):
         """Clip, step the optimizer and scheduler, zero the gradients; returns the pre-clip grad norm."""
         trainer = self.trainer
         params = [p for p in trainer.model.parameters() if p.requires_grad]
-        average_gradients(params)  # many processes: the mean over ranks' shards (no-op when alone)
-        if self.config.max_grad_norm > 0:
-            norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        if self.sharding is not None:  # FSDP already reduce-scattered the mean gradient onto each shard
+            norm = self.sharding.grad_norm_and_clip(params, self.config.max_grad_norm)
         else:
-            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+            average_gradients(params)  # many processes: the mean over ranks' shards (no-op when alone)
+            if self.config.max_grad_norm > 0:
+                norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+            else:
+                norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
         trainer.optimizer.step()
         trainer.lr_scheduler.step()
         trainer.optimizer.zero_grad(set_to_none=True)
@@ -400,14 +423,27 @@ class GRPO(Algorithm):
         """HF folder (merged weights when LoRA, plus the adapter in ``adapter/``) and training state."""
         self._require_setup()
         extra = {"scheduler": self.trainer.lr_scheduler.state_dict(), "global_step": self.trainer.state.global_step}
-        save_checkpoint(self, checkpoint_dir, model=self.trainer.model, optimizer=self.trainer.optimizer, name="grpo", extra=extra)
+        model, optimizer = self.trainer.model, self.trainer.optimizer
+        if self.sharding is not None:  # rank 0's full copies from the last update's gather
+            model, optimizer = self.sharding.saved_model(), self.sharding.saved_optimizer()
+        save_checkpoint(self, checkpoint_dir, model=model, optimizer=optimizer, name="grpo", extra=extra)
 
     def load_state(self, checkpoint_dir: Path) -> None:
         """Restore weights, optimizer, scheduler, RNG and step from :meth:`save`'s folder."""
         self._require_setup()
-        state = load_checkpoint(self, checkpoint_dir, model=self.trainer.model, optimizer=self.trainer.optimizer)
+        model, optimizer = self.trainer.model, self.trainer.optimizer
+        if self.sharding is not None:  # every rank reads the full checkpoint and keeps its shard
+            model, optimizer = self.sharding.loaded_model(), self.sharding.saved_optimizer()
+        state = load_checkpoint(self, checkpoint_dir, model=model, optimizer=optimizer)
         self.trainer.lr_scheduler.load_state_dict(state["scheduler"])
         self.trainer.state.global_step = state["global_step"]
+
+
+    def policy_weights(self) -> dict[str, torch.Tensor]:
+        """The plain weights the policy server reloads; sharded, rank 0's full copy from the last update."""
+        if self.sharding is not None:
+            return self.sharding.weights
+        return super().policy_weights()
 
 
 def _unused_reward(completions: Any, **kwargs: Any) -> list[float]:  # pragma: no cover - never called
