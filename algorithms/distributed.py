@@ -7,6 +7,10 @@ The algorithms drive TRL's ``training_step`` directly (never ``Trainer.train``),
 model in DDP: the explicit all-reduce is what keeps the ranks in step. Under one process every helper
 is a no-op (``broadcast`` returns its argument, ``shard`` the whole list, ``all_reduce_sum`` its values).
 
+Under an FSDP launch (``fsdp.yaml``) GRPO shards the model and optimizer with FSDP2
+(:mod:`spanrl.algorithms.sharding`): FSDP reduce-scatters the mean gradient, so :func:`average_gradients`
+does not run there; everything else here (broadcast, shards, global token count) is the same.
+
 The update equals the one-process update on the same batch: each rank's loss is normalised by the
 *global* token count (:func:`all_reduce_sum`), shards are padded with inert copies (no loss tokens,
 zero advantage) rather than duplicates, and the logged loss, KL and reward are reduced over ranks.

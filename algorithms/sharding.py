@@ -87,6 +87,11 @@ class Sharding:
 
         from spanrl.algorithms.distributed import world
 
+        if any(p.is_meta for p in model.parameters()):  # transformers loaded rank 0 only (efficient loading)
+            raise ConfigError(
+                "FSDP: this rank's model was loaded without weights (fsdp_cpu_ram_efficient_loading: true with the "
+                "process group already up); set fsdp_cpu_ram_efficient_loading: false: every rank loads, then shards"
+            )
         self.model = model
         self.optimizer: torch.optim.Optimizer | None = None
         self.full_numel = sum(p.numel() for p in model.parameters())
@@ -116,7 +121,10 @@ class Sharding:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         self.weights = get_model_state_dict(self.model, options=options)
         if self.optimizer is not None:
-            self.optimizer_state = get_optimizer_state_dict(self.model, self.optimizer, options=options)
+            state = get_optimizer_state_dict(self.model, self.optimizer, options=options)
+            for entry in state.get("state", {}).values():  # scalar ``step`` tensors come back as the live objects
+                entry.update({k: v.clone() for k, v in entry.items() if torch.is_tensor(v) and not v.dim()})
+            self.optimizer_state = state
 
     def grad_norm_and_clip(self, params: list[torch.nn.Parameter], max_norm: float) -> float:
         """The global pre-clip gradient norm over every rank's shard; clips in place when ``max_norm`` > 0."""

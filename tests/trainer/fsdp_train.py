@@ -6,7 +6,9 @@ Usage:
       and ``rank<r>.pt`` (the transitions it updated on); rank 0 also writes ``rank0.pt``'s ``weights`` (the
       full weights it gathered) and ``served`` (the embedded policy server's weights after the reload);
   ``fsdp_train.py replay MODEL_DIR OUTPUT_DIR``  one process, no FSDP: one update on the ranks' re-joined
-      batch; writes ``replay.json`` (metrics, element counts) and ``replay.pt`` (weights).
+      batch; writes ``replay.json`` (metrics, element counts) and ``replay.pt`` (weights);
+  ``fsdp_train.py resume MODEL_DIR OUTPUT_DIR``  (launched like ``train``, after it) resumes from
+      ``checkpoint-1`` and takes step 2; rank 0 writes ``resume.pt``.
 """
 
 from __future__ import annotations
@@ -31,20 +33,24 @@ def _counts(algorithm: GRPO) -> dict[str, int]:
     return {"params": local_numel(algorithm.model), "optimizer": optimizer_state_numel(algorithm.trainer.optimizer)}
 
 
-def train(model_dir: str, output_dir: str) -> None:
-    algorithm = ddp_train.RecordingGRPO(learning_rate=ddp_train.LEARNING_RATE, bf16=False, length_bucketing=False)
-    trainer = Trainer(
+def _trainer(model_dir: str, output_dir: str, algorithm: GRPO, *, steps: int = 1) -> Trainer:
+    return Trainer(
         model=model_dir,
         agent=ddp_train.agent,
         tasks=ddp_train.calculator.make_tasks(8, seed=3),
         algorithm=algorithm,
         credit=LightningRL(mode="identical", baseline="none", scale_std=False),
         config=TrainerConfig(
-            output_dir=str(Path(output_dir) / "run"), n_rollouts=5, tasks_per_step=1, max_steps=1, max_tokens=8,
+            output_dir=str(Path(output_dir) / "run"), n_rollouts=5, tasks_per_step=1, max_steps=steps, max_tokens=8,
             eval_at_start=False, progress=False, torch_threads=1, seed=ddp_train.SEED,
-            runner=RunnerConfig(max_concurrency=5),
+            runner=RunnerConfig(max_concurrency=5), resume=steps > 1,
         ),
     )
+
+
+def train(model_dir: str, output_dir: str) -> None:
+    algorithm = ddp_train.RecordingGRPO(learning_rate=ddp_train.LEARNING_RATE, bf16=False, length_bucketing=False)
+    trainer = _trainer(model_dir, output_dir, algorithm)
     saved: dict = {"seen": algorithm.seen}
     with trainer:
         history = trainer.train()
@@ -56,6 +62,19 @@ def train(model_dir: str, output_dir: str) -> None:
     result = {"rank": rank(), "world": world(), "sharded": sharded, "history": history, **_counts(algorithm)}
     (out / f"rank{rank()}.json").write_text(json.dumps(result))
     torch.save(saved, out / f"rank{rank()}.pt")
+
+
+def resume(model_dir: str, output_dir: str) -> None:
+    """Every rank resumes from ``checkpoint-1`` (each keeps its shard) and takes step 2; rank 0 writes
+    ``resume.pt``: what it gathered right after loading (weights, optimizer state) and the history."""
+    algorithm = GRPO(learning_rate=ddp_train.LEARNING_RATE, bf16=False, length_bucketing=False)
+    trainer = _trainer(model_dir, output_dir, algorithm, steps=2)
+    with trainer:
+        assert algorithm.sharding is not None
+        loaded = {"weights": algorithm.sharding.weights, "optimizer": algorithm.sharding.optimizer_state}
+        history = trainer.train()
+    if rank() == 0:
+        torch.save({**loaded, "history": history, "after": algorithm.policy_weights()}, Path(output_dir) / "resume.pt")
 
 
 def replay(model_dir: str, output_dir: str) -> None:
@@ -73,4 +92,4 @@ def replay(model_dir: str, output_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    {"train": train, "replay": replay}[sys.argv[1]](*sys.argv[2:4])
+    {"train": train, "resume": resume, "replay": replay}[sys.argv[1]](*sys.argv[2:4])

@@ -122,3 +122,15 @@ def test_fsdp_shards_and_updates_exactly_like_one_process(tmp_path: Path) -> Non
     state = torch.load(next(checkpoint.glob("*.pt")), weights_only=False)
     optimizer_numel = sum(v.numel() for s in state["optimizer"]["state"].values() for v in s.values() if v.dim())
     assert optimizer_numel == replay["optimizer"]  # the checkpoint holds the full (gathered) optimizer state
+
+    # Resume under FSDP: every rank reads checkpoint-1 and keeps its shard; what rank 0 gathers right after
+    # loading is exactly what was saved (weights and AdamW state, step included); then step 2 trains.
+    _launch(["resume", str(model), str(out)])
+    resumed = torch.load(out / "resume.pt", weights_only=False)
+    assert _max_relative_difference(resumed["weights"], saved) == 0.0
+    loaded = resumed["optimizer"]["state"]
+    assert loaded.keys() == state["optimizer"]["state"].keys()
+    for name, entry in state["optimizer"]["state"].items():
+        assert all(torch.equal(loaded[name][key], value) for key, value in entry.items()), name
+    assert [row["step"] for row in resumed["history"]] == [1, 2] and resumed["history"][1]["transitions"] == 5
+    assert _max_relative_difference(resumed["after"], saved) > 1e-4  # step 2 moved the weights
