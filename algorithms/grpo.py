@@ -255,6 +255,7 @@ class GRPO(Algorithm):
         self.trainer.create_optimizer_and_scheduler(num_training_steps=cfg.max_steps or 1)
         if self.sharding is not None:
             self.sharding.optimizer = self.trainer.optimizer
+            self.sharding.gather()  # rank 0 can reload / save before the first update too
         self.trainer.current_gradient_accumulation_steps = 1
         self.model = self.trainer.model
         self.tokenizer = tokenizer

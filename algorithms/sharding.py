@@ -10,7 +10,7 @@ root. It must run before the optimizer is built (``fully_shard`` replaces the pa
 
 FSDP reduce-scatters the gradient *mean* over ranks, so the explicit ``average_gradients`` of the DDP
 path does not run; the loss normalisation by the global token count stays. Whatever needs full weights
-gets them from :meth:`Sharding.gather`, a collective every rank calls at the end of each update: rank 0
+gets them from :meth:`Sharding.gather`, a collective every rank calls after setup, a resume and each update: rank 0
 then holds the full model state dict (server reload, checkpoint) and the full optimizer state
 (checkpoint), both on CPU; the other ranks hold nothing.
 
@@ -27,7 +27,7 @@ import torch
 
 from spanrl.errors import ConfigError
 
-__all__ = ["Sharding", "fsdp_requested", "local_numel", "optimizer_state_numel"]
+__all__ = ["Sharding", "check_fsdp", "fsdp_requested", "local_numel", "optimizer_state_numel"]
 
 
 def _flag(name: str, default: str = "false") -> bool:
@@ -120,7 +120,9 @@ class Sharding:
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         self.weights = get_model_state_dict(self.model, options=options)
-        if self.optimizer is not None:
+        # Not before the first step: on an empty optimizer, get_optimizer_state_dict initialises the state
+        # with a step of its own (Adam's step count becomes 1 and the first real step's bias correction changes).
+        if self.optimizer is not None and self.optimizer.state:
             state = get_optimizer_state_dict(self.model, self.optimizer, options=options)
             for entry in state.get("state", {}).values():  # scalar ``step`` tensors come back as the live objects
                 entry.update({k: v.clone() for k, v in entry.items() if torch.is_tensor(v) and not v.dim()})
@@ -153,7 +155,9 @@ class _SavedModel:
 
     def save_pretrained(self, directory: Any) -> None:
         if not self._weights:
-            raise ConfigError("no gathered weights to save: only rank 0 saves, after an update")
+            from spanrl.errors import TrainingError
+
+            raise TrainingError("no gathered weights to save: under FSDP only rank 0 saves")
         self._model.save_pretrained(directory, state_dict=self._weights)
 
 
