@@ -23,6 +23,8 @@ DEFAULT_MODEL = "policy"
 DEFAULT_API_KEY = "spanrl"
 CLIENT_TIMEOUT_S = 300.0  # one completion; generous for a real model on CPU, finite for a dead server
 
+_SHARED_CLIENTS: dict[str, Any] = {}  # api key -> the process's one openai.OpenAI (its HTTP client is shared)
+
 Episode = Callable[[dict[str, Any], Any, str, dict[str, Any]], Any]
 
 
@@ -36,10 +38,15 @@ class LLMSettings:
     sampling: dict[str, Any] = field(default_factory=dict)
 
     def client(self) -> Any:
-        """An ``openai.OpenAI`` client (instrumented when running under opentelemetry-instrument)."""
+        """An ``openai.OpenAI`` client (instrumented when running under opentelemetry-instrument); all of
+        a process's clients share one HTTP client (a new one builds an SSL context: tens of ms a rollout)."""
         import openai
 
-        return openai.OpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=1, timeout=CLIENT_TIMEOUT_S)
+        shared = _SHARED_CLIENTS.get(self.api_key)
+        if shared is None:
+            shared = _SHARED_CLIENTS[self.api_key] = openai.OpenAI(
+                base_url=self.base_url, api_key=self.api_key, max_retries=1, timeout=CLIENT_TIMEOUT_S)
+        return shared.with_options(base_url=self.base_url)
 
 
 def llm_settings(llm: Any = None) -> LLMSettings:

@@ -8,18 +8,21 @@ One contract (``on_row(row)``, ``on_end(history)``, ``close()``) for everything 
 - :class:`~spanrl.trainer.console.Console`: the progress bar and one readable line per step;
 - :class:`CurvePlot`: ``reward_curve.png`` at the end.
 
-A row is a flat dict with ``step`` plus numbers (and a few lists / dicts, e.g. ``transitions_report``).
+A row is a flat dict with ``step`` plus numbers (and a few lists / dicts, e.g. ``transitions_report``);
+a step's seconds per stage come from a :class:`StageClock` as ``time/<stage>_s``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Callback", "CurvePlot", "HistoryFile", "Scalars", "log_row", "scalars_of"]
+__all__ = ["Callback", "CurvePlot", "HistoryFile", "Scalars", "StageClock", "log_row", "scalars_of"]
 
 _logger = logging.getLogger(__name__)
 
@@ -90,3 +93,23 @@ class CurvePlot(Callback):
 def log_row(row: Mapping[str, Any]) -> None:
     """The whole row, for the log file (the terminal shows the console's short line instead)."""
     _logger.info("step %s: %s", row.get("step"), {k: v for k, v in row.items() if k != "step"})
+
+
+class StageClock:
+    """Seconds of one step's stages, for its history row: ``time/<stage>_s`` for each stage timed with
+    ``with clock("stage"):`` (the named ones 0.0 when they did not run) and ``time/step_s`` since creation."""
+
+    def __init__(self, *stages: str) -> None:
+        self._started = time.perf_counter()
+        self.seconds = dict.fromkeys(stages, 0.0)
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - started
+
+    def row(self) -> dict[str, float]:
+        return {**{f"time/{k}_s": v for k, v in self.seconds.items()}, "time/step_s": time.perf_counter() - self._started}

@@ -73,7 +73,7 @@ from spanrl.trainer.config import (
 )
 from spanrl.trainer.console import Console
 from spanrl.trainer.overlap import RolloutPrefetch, StepRollouts, policy_lag
-from spanrl.trainer.reporting import Callback, CurvePlot, HistoryFile, Scalars, log_row
+from spanrl.trainer.reporting import Callback, CurvePlot, HistoryFile, Scalars, StageClock, log_row
 from spanrl.trainer.runner import RolloutJob, RolloutResult
 from spanrl.trainer.services import Services
 
@@ -273,7 +273,9 @@ class Trainer:
                     row = self._train_step()
                     last = self.step == cfg.max_steps
                     if self.val_tasks and (last or (cfg.eval_every and self.step % cfg.eval_every == 0)):
+                        eval_started = time.perf_counter()
                         row["val_success"] = self.evaluate()
+                        row["time/eval_s"] = time.perf_counter() - eval_started
                     self._record(row)
                     if last or (cfg.save_every and self.step % cfg.save_every == 0):
                         self.save_checkpoint()
@@ -291,8 +293,7 @@ class Trainer:
     def _train_step(self) -> dict[str, Any]:
         """Rollouts (taken from the prefetch: run now, or ahead while the last update computed),
         transitions, update(s), weight push; returns the step's history row (not recorded)."""
-        cfg = self.config
-        started = time.perf_counter()
+        cfg, clock = self.config, StageClock("decompose", "update", "reload")
         step = self.step + 1
         sampler, _ = self._step_jobs(step)
         assert self._prefetch is not None
@@ -303,30 +304,31 @@ class Trainer:
         row: dict[str, Any] = {"step": step, "rollouts_ok": len(ok_ids), "rollouts_failed": len(results) - len(ok_ids),
                                "policy_version": got.policy_version}
         metrics: dict[str, float] = {}
-        batch = self._batch(ok_ids) if ok_ids else None
+        with clock("decompose"):
+            batch = self._batch(ok_ids) if ok_ids else None
         n_transitions = len(batch) if batch is not None else 0
         if batch is not None:
             rewards = [float(v) for v in batch.rewards_by_rollout.values() if v is not None]
             row["reward_mean"] = sum(rewards) / len(rewards) if rewards else None
             row["transitions"] = n_transitions
             row["transitions_report"] = dict(batch.report)
-        update_started = time.perf_counter()
         if n_transitions:  # columnar all the way: no dataclass per row on the training path
             row["advantage_mean"] = float(np.mean(batch.to_arrow().column("advantage").to_numpy()))
             row.update(policy_lag(batch, self._policy_version()))
-            for _ in range(cfg.updates_per_step):
-                use_minibatch = cfg.minibatch_size and cfg.minibatch_size < n_transitions
-                # the same rows from the same RNG as sampling the list of transitions would pick
-                metrics = self._update(batch.take(sampler.sample(range(n_transitions), cfg.minibatch_size))
-                                       if use_minibatch else batch)
-            row["policy_version"] = self.server.reload(self._policy_weights())
+            with clock("update"):
+                for _ in range(cfg.updates_per_step):
+                    use_minibatch = cfg.minibatch_size and cfg.minibatch_size < n_transitions
+                    # the same rows from the same RNG as sampling the list of transitions would pick
+                    metrics = self._update(batch.take(sampler.sample(range(n_transitions), cfg.minibatch_size))
+                                           if use_minibatch else batch)
+            with clock("reload"):
+                row["policy_version"] = self.server.reload(self._policy_weights())
         elif ok_ids:
             _logger.warning("step %d: %d rollouts gave no transitions; no update", step, len(ok_ids))
         else:
             _logger.warning("step %d: every rollout failed; no update (see %s)", step, ROLLOUTS_FILE)
         row.update({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
-        row.update({"time/rollouts_s": got.seconds, "time/rollout_wait_s": waited,
-                    "time/update_s": time.perf_counter() - update_started, "time/step_s": time.perf_counter() - started})
+        row.update({"time/rollouts_s": got.seconds, "time/rollout_wait_s": waited, **clock.row()})
         self.step = step
         return row
 

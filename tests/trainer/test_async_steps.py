@@ -79,6 +79,9 @@ def test_async_steps_overlap_bounded_staleness_and_exact_resume(tiny_model: Path
     assert all(row["policy_lag"] <= 1 for row in history) and max(row["policy_lag"] for row in history[1:]) == 1
     for row in history[1:]:  # the overlap: the loop waited less than the rollouts took
         assert row["time/rollout_wait_s"] < row["time/rollouts_s"]
+    for row in history:  # each stage's seconds, and the loop's own stages add up to no more than the step
+        stages = [row[f"time/{k}_s"] for k in ("rollout_wait", "decompose", "update", "reload")]
+        assert all(s >= 0 for s in stages) and row["time/update_s"] > 0 and sum(stages) <= row["time/step_s"]
     assert history[-1]["policy_version"] == 3  # every step updated and pushed its weights
     for row in history:  # learning still works on stale rollouts: rewards and a finite, bounded update
         assert row["rollouts_ok"] == 8 and row["transitions"] >= 8 and row["reward_mean"] is not None
