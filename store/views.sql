@@ -65,8 +65,8 @@ WITH s AS (
            count(*) AS span_count,
            count(*) FILTER (WHERE status_code = 'ERROR') AS error_count,
            bool_or(name = 'spanrl.rollout') AS has_rollout_span,
-           arg_min(attributes ->> '$."spanrl.rollout.end.reason"', ingested_ns)
-               FILTER (WHERE name = 'spanrl.rollout.end') AS end_reason,
+           arg_min(CASE WHEN name = 'spanrl.rollout.end' THEN attributes ->> '$."spanrl.rollout.end.reason"' END,
+                   ingested_ns) FILTER (WHERE name = 'spanrl.rollout.end') AS end_reason,  -- JSON of end spans only
            bool_or(name IN ('spanrl.rollout', 'spanrl.rollout.end') AND status_code = 'ERROR') AS failed,
            min(ingested_ns) FILTER (WHERE name IN ('spanrl.rollout', 'spanrl.rollout.end')) AS end_ingested_ns,
            bool_or(reward_value IS NOT NULL OR name = 'spanrl.reward'
