@@ -8,11 +8,12 @@ Spans are generated with numpy and written straight into a DuckDB file through t
                                           step k > execute_tool > 15 child spans (http, db, ...)
     plus a spanrl.reward span after the last call and 2 more spans under the root: 100 spans.
 
-Timed (median of --rounds):
+Timed (median of --rounds; wall and CPU time, `time.process_time`, which counts DuckDB's threads too):
   spanrl   `load_transitions(store, credit=CreditConfig())`: SQL decomposition (calls, rewards, rollouts),
-           GRPO credit, the Arrow transitions table. Also `batch.transitions` (Python dataclasses) once,
-           and transitions -> padded (B, T) tensors: `check_transitions` + `TransitionBatch.to_padded`
-           (columnar) beside the per-row path they replace (dataclasses + a tensor per row), same rows.
+           GRPO credit, the Arrow transitions table. Then store -> padded (B, T) tensors by stage:
+           `load_transitions` (its decomposer SQL apart), `check_transitions`, `TransitionBatch.to_padded`,
+           end to end against the 0.5 s goal, beside the old per-row path (dataclasses + a tensor per
+           row, --old-rounds) in the same run; both must give identical tensors.
   anchor   agentlightning==0.3.0 in its own venv (--anchor-python): the same spans (all, or the first
            --anchor-rollouts rollouts) given to `TracerTraceToTriplet().adapt` one rollout at a time, as
            its trainer does, after converting them to its `Span` objects (timed apart). The LLM call span
@@ -20,7 +21,7 @@ Timed (median of --rounds):
 
 Usage:
     .venv/bin/python bench/decompose.py [--rollouts 10000] [--rounds 3] [--anchor-rollouts 10000]
-        [--anchor-python /tmp/anchor-venv/bin/python] [--db PATH]
+        [--old-rounds 1] [--anchor-python /tmp/anchor-venv/bin/python] [--db PATH]
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -242,13 +244,6 @@ def run_anchor(python: str, spans_path: Path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _cpu_s() -> float:
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _legacy_pad(transitions: list, pad_token_id: int) -> dict:
     """The training path before the columnar one (a dataclass per row, a tensor per row and field), kept
     here as the baseline: the tensors `pad_transitions` must reproduce."""
@@ -276,38 +271,80 @@ def _legacy_pad(transitions: list, pad_token_id: int) -> dict:
     return out
 
 
-def time_padding(store: object, rounds: int, load_s: float) -> None:
-    """Transitions -> padded (B, T) tensors: the columnar path against the per-row one, same run, same
-    rows; checks that both give identical tensors."""
+GOAL_S = 0.5  # issue 17: store -> padded tensors for 50k transitions, on a quiet machine
+
+
+def _timed(fn: Any) -> tuple[Any, float, float]:
+    """``fn()``, its wall time and its CPU time (``time.process_time``: every thread of this process,
+    DuckDB's included)."""
+    w, c = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - w, time.process_time() - c
+
+
+def time_stages(store: object, rounds: int, old_rounds: int) -> None:
+    """Store -> padded (B, T) tensors by stage, median of ``rounds``: `load_transitions` (its decomposer
+    SQL timed apart, in the same call) + `check_transitions` + `to_padded`; beside the old per-row path (`load_transitions` + a dataclass per row + a tensor per
+    row and field) in the same run, checking that both give identical tensors."""
     import torch
 
+    import spanrl.algorithms.transitions as transitions_module
     from spanrl.algorithms.base import check_transitions
     from spanrl.algorithms.credit import CreditConfig
     from spanrl.algorithms.transitions import load_transitions
 
-    new_times, new_cpus, old_times, end_times = [], [], [], []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        batch = load_transitions(store, credit=CreditConfig())
-        t_loaded, c_loaded = time.perf_counter(), _cpu_s()
-        check_transitions(batch, vocab_size=32_000)
-        padded = batch.to_padded(pad_token_id=0)
-        t_done = time.perf_counter()
-        new_cpus.append(_cpu_s() - c_loaded)
-        new_times.append(t_done - t_loaded)
-        end_times.append(t_done - t)
-        t = time.perf_counter()
-        legacy = _legacy_pad(batch.transitions, pad_token_id=0)  # builds the dataclasses, as before
-        old_times.append(time.perf_counter() - t)
+    stages: dict[str, list[tuple[float, float]]] = {k: [] for k in ("sql", "load", "check", "pad", "total")}
+    decompose = transitions_module.decompose
+
+    def timed_decompose(*args: Any, **kwargs: Any) -> Any:  # the SQL's share of each load_transitions
+        out, wall, cpu = _timed(lambda: decompose(*args, **kwargs))
+        stages["sql"].append((wall, cpu))
+        return out
+
+    transitions_module.decompose = timed_decompose
+    try:
+        for _ in range(rounds):
+            batch, *load = _timed(lambda: load_transitions(store, credit=CreditConfig()))
+            _, *check = _timed(lambda: check_transitions(batch, vocab_size=32_000))
+            padded, *pad = _timed(lambda: batch.to_padded(pad_token_id=0))
+            stages["load"].append(tuple(load))
+            stages["check"].append(tuple(check))
+            stages["pad"].append(tuple(pad))
+            stages["total"].append((load[0] + check[0] + pad[0], load[1] + check[1] + pad[1]))
+    finally:
+        transitions_module.decompose = decompose
+    rest = [(lw - sw, lc - sc) for (lw, lc), (sw, sc) in zip(stages["load"], stages["sql"])]
+    med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in stages.items()}
+    old = []
+    for _ in range(old_rounds):
+        def old_path() -> dict:
+            rows = load_transitions(store, credit=CreditConfig()).transitions  # a dataclass per row
+            return _legacy_pad(rows, pad_token_id=0)
+        legacy, *timing = _timed(old_path)
+        old.append(timing)
     for name, tensor in legacy.items():
         assert torch.equal(getattr(padded, name), tensor), f"columnar {name} differs from the per-row path"
-    new_s, old_s, end_s = (statistics.median(x) for x in (new_times, old_times, end_times))
     shape = tuple(padded.prompt_ids.shape), tuple(padded.completion_ids.shape)
-    print(f"transitions -> padded tensors ({len(batch):,} rows, prompt {shape[0]}, completion {shape[1]}), "
-          f"median of {rounds}: columnar check + to_padded {new_s:.3f} s (CPU {statistics.median(new_cpus):.3f} s); per-row path (batch.transitions "
-          f"+ a tensor per row) {old_s:.2f} s: {old_s / new_s:.1f}x; identical tensors")
-    print(f"store -> tensors (load_transitions + check + to_padded), median: {end_s:.2f} s "
-          f"(load_transitions alone above: {load_s:.2f} s); load average {os.getloadavg()[0]:.1f}")
+    print(f"store -> padded tensors, {len(batch):,} transitions (prompt {shape[0]}, completion {shape[1]}), "
+          f"median of {rounds}, wall / CPU (process_time, all threads):")
+    sql, load = med["sql"], med["load"]
+    rest_w, rest_c = statistics.median(w for w, _ in rest), statistics.median(c for _, c in rest)
+    print(f"  load_transitions                            {load[0]:6.2f} s / {load[1]:5.2f} s, of which")
+    print(f"    decomposer SQL (DuckDB -> Arrow)          {sql[0]:6.2f} s / {sql[1]:5.2f} s")
+    print(f"    filters, credit, Arrow table              {rest_w:6.2f} s / {rest_c:5.2f} s")
+    print(f"  check_transitions                           {med['check'][0]:6.2f} s / {med['check'][1]:5.2f} s")
+    print(f"  to_padded (torch.from_numpy, no copies)     {med['pad'][0]:6.2f} s / {med['pad'][1]:5.2f} s")
+    total = med["total"]
+    print(f"  end to end                                  {total[0]:6.2f} s / {total[1]:5.2f} s "
+          f"(rounds: {', '.join(f'{w:.2f}' for w, _ in stages['total'])})")
+    old_w = statistics.median(w for w, _ in old)
+    old_c = statistics.median(c for _, c in old)
+    print(f"  old per-row path (dataclasses + a tensor per row), same run: {old_w:.2f} s / {old_c:.2f} s "
+          f"-> {old_w / total[0]:.1f}x wall, {old_c / total[1]:.1f}x CPU; identical tensors")
+    verdict = "met" if total[0] < GOAL_S else "NOT met"
+    print(f"goal: store -> tensors for 50k transitions under {GOAL_S} s on a quiet machine -> {len(batch):,} "
+          f"transitions: {total[0]:.2f} s wall ({verdict} at load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} cores), {total[1]:.2f} s CPU")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -316,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--anchor-rollouts", type=int, default=None, help="rollouts given to the anchor (default all)")
     parser.add_argument("--anchor-python", default=DEFAULT_ANCHOR_PYTHON)
+    parser.add_argument("--old-rounds", type=int, default=1, help="rounds of the old per-row path (slow)")
     parser.add_argument("--db", default=None, help="DuckDB file to write (default: a temporary one)")
     args = parser.parse_args(argv)
 
@@ -337,23 +375,18 @@ def main(argv: list[str] | None = None) -> int:
 
         times, cpus, batch = [], [], None
         for _ in range(args.rounds):
-            t, c = time.perf_counter(), _cpu_s()
-            batch = load_transitions(store, credit=CreditConfig())
-            times.append(time.perf_counter() - t)
-            cpus.append(_cpu_s() - c)
+            batch, wall, cpu = _timed(lambda: load_transitions(store, credit=CreditConfig()))
+            times.append(wall)
+            cpus.append(cpu)
         assert batch is not None
         ours_s = statistics.median(times)
-        t = time.perf_counter()
-        n_objects = len(batch.transitions)
-        objects_s = time.perf_counter() - t
         print(f"spanrl load_transitions: {len(batch):,} transitions, median {ours_s:.2f} s of {args.rounds} "
               f"({', '.join(f'{x:.2f}' for x in times)}): {n_spans / ours_s:,.0f} spans/s, "
               f"{len(batch) / ours_s:,.0f} transitions/s")
         print(f"  CPU time of this process (all DuckDB threads), median: {statistics.median(cpus):.2f} s; "
               f"load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-        print(f"  + batch.transitions ({n_objects:,} dataclasses): {objects_s:.2f} s")
         print(f"  report: {json.dumps({k: v for k, v in batch.report.items() if v})}")
-        time_padding(store, args.rounds, ours_s)
+        time_stages(store, args.rounds, args.old_rounds)
 
         n_anchor = min(args.anchor_rollouts or args.rollouts, args.rollouts)
         if not Path(args.anchor_python).exists():

@@ -14,12 +14,12 @@
 -- A trace whose spans name two rollouts is ambiguous: its spans without ids stay unattributed.
 CREATE OR REPLACE MACRO trace_rollouts(since_ns) AS TABLE
 WITH own AS (
-    SELECT trace_id, min(rollout_id) AS rollout_id, count(DISTINCT rollout_id) AS n
+    SELECT trace_id, min(rollout_id) AS rollout_id, min(rollout_id) = max(rollout_id) AS single
     FROM spans
     WHERE rollout_id IS NOT NULL AND ingested_ns >= since_ns
     GROUP BY trace_id
 ), linked AS (
-    SELECT c.trace_id, min(s.rollout_id) AS rollout_id, count(DISTINCT s.rollout_id) AS n
+    SELECT c.trace_id, min(s.rollout_id) AS rollout_id, min(s.rollout_id) = max(s.rollout_id) AS single
     FROM spans c
     JOIN spans s ON s.response_id = c.response_id
     WHERE c.rollout_id IS NULL AND c.response_id IS NOT NULL AND c.kind <> 'SERVER' AND c.ingested_ns >= since_ns
@@ -27,16 +27,19 @@ WITH own AS (
       AND c.trace_id NOT IN (SELECT trace_id FROM own)
     GROUP BY c.trace_id
 )
-SELECT trace_id, rollout_id FROM own WHERE n = 1
+SELECT trace_id, rollout_id FROM own WHERE single
 UNION ALL
-SELECT trace_id, rollout_id FROM linked WHERE n = 1;
+SELECT trace_id, rollout_id FROM linked WHERE single;
 
 -- Attribution, step 2: every span with its rollout: its own spanrl.rollout.id (span attribute, else
 -- resource attribute), else its trace's. `rid` is the span's rowid in `spans`.
 CREATE OR REPLACE MACRO rollout_spans(since_ns) AS TABLE
 SELECT s.rowid AS rid, s.* REPLACE (coalesce(s.rollout_id, t.rollout_id) AS rollout_id)
 FROM spans s
-LEFT JOIN trace_rollouts(since_ns) t ON s.rollout_id IS NULL AND t.trace_id = s.trace_id
+LEFT JOIN (  -- only traces with a span to attribute: most spans carry their id, and the rule reads all
+    SELECT * FROM trace_rollouts(since_ns)
+    WHERE trace_id IN (SELECT trace_id FROM spans WHERE rollout_id IS NULL AND ingested_ns >= since_ns)
+) t ON s.rollout_id IS NULL AND t.trace_id = s.trace_id
 WHERE s.ingested_ns >= since_ns;
 
 -- How long a rollout that never stored its end must be silent after a reward to count as finished.
@@ -62,8 +65,8 @@ WITH s AS (
            count(*) AS span_count,
            count(*) FILTER (WHERE status_code = 'ERROR') AS error_count,
            bool_or(name = 'spanrl.rollout') AS has_rollout_span,
-           arg_min(attributes ->> '$."spanrl.rollout.end.reason"', ingested_ns)
-               FILTER (WHERE name = 'spanrl.rollout.end') AS end_reason,
+           arg_min(CASE WHEN name = 'spanrl.rollout.end' THEN attributes ->> '$."spanrl.rollout.end.reason"' END,
+                   ingested_ns) FILTER (WHERE name = 'spanrl.rollout.end') AS end_reason,  -- JSON of end spans only
            bool_or(name IN ('spanrl.rollout', 'spanrl.rollout.end') AND status_code = 'ERROR') AS failed,
            min(ingested_ns) FILTER (WHERE name IN ('spanrl.rollout', 'spanrl.rollout.end')) AS end_ingested_ns,
            bool_or(reward_value IS NOT NULL OR name = 'spanrl.reward'
