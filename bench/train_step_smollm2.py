@@ -20,7 +20,7 @@ Measured (this 2-core shared machine, ``--rollouts 16 --steps 3 --threads 2``, d
 - before (15:04 UTC, load 1-2): fp32 52.7 s = 59 GFLOP/s = 41% of the fp32 bound (143); bf16 then was
   18% of the bf16 bound (379) in the issue's measurement.
 - after the LM head runs only at completion positions and autocast casts the weights once per step
-  (15:55 UTC, load 1.1-1.9, with one single-thread training run beside it): bf16 23.4 s (23.4, 23.8,
+  (15:55 UTC, load 1.1-1.9): bf16 23.4 s (23.4, 23.8,
   23.0) = 196 tokens/s = 132 GFLOP/s = **37%** of the bf16 bound measured beside it (354); 2.25x the
   fp32 update. ``--micro 16`` is slower (25.4 s, 31%: more padding). At load 9-12: 105 s median, 17%.
 """
