@@ -19,7 +19,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["bf16_supported", "completion_logprobs", "length_sorted_micro_batches", "padded_tokens", "update_autocast"]
+__all__ = [
+    "bf16_supported", "completion_logprobs", "length_sorted_micro_batches", "padded_tokens", "plain_lm_head",
+    "update_autocast",
+]
 
 _VOCAB_CHUNK = 32768
 """Vocabulary columns per LM-head tile (TRL's chunk size)."""
@@ -65,9 +68,15 @@ def padded_tokens(prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor
 
 
 def plain_lm_head(model: Any) -> bool:
-    """Whether ``completion_logprobs`` computes ``model``'s log-probs exactly: its logits are the head's
-    plain projection (no soft-capping or scaling, which TRL's own path handles)."""
-    config = model.config.get_text_config()
+    """Whether ``completion_logprobs`` computes ``model``'s log-probs exactly: a plain (or PEFT-wrapped)
+    transformers model, unsharded, whose logits are the head's plain projection (soft-capping, scaling,
+    FSDP wrappers and sharded DTensor weights are left to TRL's own path)."""
+    from transformers import PreTrainedModel
+
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not isinstance(lm, PreTrainedModel) or type(lm.get_output_embeddings().weight.data) is not torch.Tensor:
+        return False
+    config = lm.config.get_text_config()
     scaled = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling")
     return not any(getattr(config, name, None) is not None for name in scaled)
 

@@ -11,7 +11,13 @@ from toy_task import batch_of, build_model, rollouts, one_torch_thread  # noqa: 
 
 from spanrl.algorithms.base import pad_transitions
 from spanrl.algorithms.grpo import GRPO
-from spanrl.algorithms.batching import bf16_supported, length_sorted_micro_batches, padded_tokens, update_autocast
+from spanrl.algorithms.batching import (
+    bf16_supported,
+    length_sorted_micro_batches,
+    padded_tokens,
+    plain_lm_head,
+    update_autocast,
+)
 
 
 def test_length_sorting_keeps_every_row_once_and_cuts_padding() -> None:
@@ -69,6 +75,7 @@ def test_compact_head_matches_trls_head_on_every_position(model_path: Path, tmp_
     gen = torch.Generator().manual_seed(0)
     data = pad_transitions(batch_of(rollouts(algo.model, algo.tokenizer, tasks=list(range(4)), group=4, generator=gen)),
                            pad_token_id=algo.tokenizer.pad_token_id)
+    assert plain_lm_head(algo.model)  # spanrl's path is the one under test, not TRL's fallback
     data.completion_mask[::2, -1] = 0  # every other completion one token shorter: right padding
     ours, theirs = _logps_and_grads(algo, data, own=True), _logps_and_grads(algo, data, own=False)
     real = data.completion_mask.bool()
