@@ -22,7 +22,9 @@ Measured (this 2-core shared machine, ``--rollouts 16 --steps 3 --threads 2``, d
 - after the LM head runs only at completion positions and autocast casts the weights once per step
   (15:55 UTC, load 1.1-1.9): bf16 23.4 s (23.4, 23.8,
   23.0) = 196 tokens/s = 132 GFLOP/s = **37%** of the bf16 bound measured beside it (354); 2.25x the
-  fp32 update. ``--micro 16`` is slower (25.4 s, 31%: more padding). At load 9-12: 105 s median, 17%.
+  fp32 update. Repeated at 16:06 UTC (load 0.3-1.7): 19.8 s (18.7, 19.8, 21.1) = 232 tokens/s = 156
+  GFLOP/s = **39%** of 403. ``--micro 16`` is slower (25.4 s, 31%: more padding). At load 9-12: 105 s
+  median, 17%.
 """
 
 from __future__ import annotations
