@@ -29,7 +29,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from spanrl.algorithms.batching import bf16_supported, length_sorted_micro_batches, update_autocast
+from spanrl.algorithms.batching import (
+    bf16_supported,
+    completion_logprobs,
+    length_sorted_micro_batches,
+    plain_lm_head,
+    update_autocast,
+)
 from spanrl.algorithms.distributed import all_reduce_sum, average_gradients, refuse_sharding, world
 from spanrl.algorithms.sharding import Sharding, fsdp_requested
 from spanrl.algorithms.base import (
@@ -165,9 +171,19 @@ def _make_trainer_class() -> type:
             raise TrainingError("spanrl's GRPO trainer is fed scored transitions; it never generates")
 
         def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, **kwargs):
-            logps, entropies, aux = super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, **kwargs
-            )
+            size, entropy = kwargs.pop("batch_size", None) or input_ids.size(0), kwargs.pop("compute_entropy", False)
+            if any(v is not None and v is not False for v in kwargs.values()) or not plain_lm_head(model):  # multimodal, MoE, scaled logits
+                return super()._get_per_token_logps_and_entropies(
+                    model, input_ids, attention_mask, logits_to_keep, batch_size=size, compute_entropy=entropy, **kwargs
+                )
+            # TRL's fused head projects every position off CUDA; ours only the completion tokens
+            parts = [
+                completion_logprobs(model, input_ids[i : i + size], attention_mask[i : i + size], logits_to_keep,
+                                    temperature=self.temperature, fp32_head=self.args.cast_lm_head_to_fp32, entropy=entropy)
+                for i in range(0, input_ids.size(0), size)
+            ]
+            logps = torch.cat([p[0] for p in parts])
+            entropies, aux = (torch.cat([p[1] for p in parts]) if entropy else None), None
             if torch.is_grad_enabled():  # the training forward: keep the new log-probs for approx_kl
                 self._spanrl_last_logps = logps.detach()
             return logps, entropies, aux
@@ -294,16 +310,16 @@ class GRPO(Algorithm):
                 (tokens,) = all_reduce_sum([float(data.loss_mask[rows].sum())])
                 trainer.current_gradient_accumulation_steps = n_micro
                 step_loss = 0.0
-                for part in length_sorted_micro_batches(
-                    rows, prompt_lengths, completion_lengths, micro, sort=cfg.length_bucketing
-                ):
-                    inputs = self._trl_inputs(data.select(part), ref_logprobs, part, max(tokens, 1.0), n_micro)
-                    # TRL's compute_loss already scales for accumulation: the micro losses sum to the step's.
-                    with update_autocast(self.bf16, device):
+                parts = length_sorted_micro_batches(rows, prompt_lengths, completion_lengths, micro, sort=cfg.length_bucketing)
+                # One autocast region per optimizer step: its cache casts each weight to bf16 once, not per micro-batch.
+                with update_autocast(self.bf16, device):
+                    for part in parts:
+                        inputs = self._trl_inputs(data.select(part), ref_logprobs, part, max(tokens, 1.0), n_micro)
+                        # TRL's compute_loss already scales for accumulation: the micro losses sum to the step's.
                         step_loss += float(trainer.training_step(trainer.model, inputs, None))
-                    kl_sum, kl_tokens = _approx_kl(trainer._spanrl_last_logps, inputs)
-                    stats["kl"][0] += kl_sum
-                    stats["kl"][1] += kl_tokens
+                        kl_sum, kl_tokens = _approx_kl(trainer._spanrl_last_logps, inputs)
+                        stats["kl"][0] += kl_sum
+                        stats["kl"][1] += kl_tokens
                 # Each rank's loss is world x its share of the global loss (TRL's convention, undone by the
                 # gradient mean): the mean over ranks is the one-process loss.
                 stats["policy_loss"].append(all_reduce_sum([step_loss])[0] / world())

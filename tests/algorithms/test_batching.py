@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
-import torch
+from functools import partial
+from pathlib import Path
 
-from spanrl.algorithms.batching import bf16_supported, length_sorted_micro_batches, padded_tokens, update_autocast
+import pytest
+import torch
+from toy_task import batch_of, build_model, rollouts, one_torch_thread  # noqa: F401 (autouse fixture)
+
+from spanrl.algorithms.base import pad_transitions
+from spanrl.algorithms.grpo import GRPO
+from spanrl.algorithms.batching import (
+    bf16_supported,
+    length_sorted_micro_batches,
+    padded_tokens,
+    plain_lm_head,
+    update_autocast,
+)
 
 
 def test_length_sorting_keeps_every_row_once_and_cuts_padding() -> None:
@@ -30,3 +43,62 @@ def test_autocast_runs_matmuls_in_bf16_only_when_enabled() -> None:
         assert (a @ a).dtype == torch.float32
     assert isinstance(bf16_supported(), bool)
     assert bf16_supported("meta") is False
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def _logps_and_grads(algo: GRPO, data: object, own: bool) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """Log-probs, entropies and d(sum log-probs)/d(weights): spanrl's compact head or TRL 1.16's own path."""
+    from trl import GRPOTrainer
+
+    trainer = algo.trainer
+    ids = torch.cat([data.prompt_ids, data.completion_ids], 1)
+    mask = torch.cat([data.prompt_mask, data.completion_mask], 1)
+    fn = trainer._get_per_token_logps_and_entropies if own else partial(GRPOTrainer._get_per_token_logps_and_entropies, trainer)
+    trainer.model.zero_grad(set_to_none=True)
+    with update_autocast(algo.bf16):
+        logps, entropy, _ = fn(trainer.model, ids, mask, data.completion_ids.size(1), compute_entropy=True)
+        (logps * data.completion_mask).sum().backward()
+    grads = [p.grad.clone() for p in trainer.model.parameters()]
+    return logps.detach(), entropy.detach(), grads
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_compact_head_matches_trls_head_on_every_position(model_path: Path, tmp_path: Path, bf16: bool) -> None:
+    """The LM head only at completion positions: the same log-probs, entropies and gradients as TRL's path
+    (which projects every position off CUDA), in fp32 exactly and under bf16 autocast (fp32 head) to bf16's noise."""
+    algo = GRPO(bf16=bf16)
+    algo.setup(model_path=model_path, output_dir=tmp_path / "run", seed=0)
+    gen = torch.Generator().manual_seed(0)
+    data = pad_transitions(batch_of(rollouts(algo.model, algo.tokenizer, tasks=list(range(4)), group=4, generator=gen)),
+                           pad_token_id=algo.tokenizer.pad_token_id)
+    assert plain_lm_head(algo.model)  # spanrl's path is the one under test, not TRL's fallback
+    data.completion_mask[::2, -1] = 0  # every other completion one token shorter: right padding
+    ours, theirs = _logps_and_grads(algo, data, own=True), _logps_and_grads(algo, data, own=False)
+    real = data.completion_mask.bool()
+    assert real.any() and not real.all()  # padding is there and must stay zero
+    tol = 1e-5
+    for a, b in zip(ours[:2], theirs[:2]):
+        assert torch.allclose(a[real], b[real], atol=tol, rtol=tol) and not a[~real].any()
+    for a, b in zip(ours[2], theirs[2]):
+        assert torch.allclose(a, b, atol=tol * max(1.0, float(b.abs().max())), rtol=1e-4)
+
+
+def test_bf16_update_stays_close_to_the_fp32_update(model_path: Path, tmp_path: Path) -> None:
+    """bf16 autocast with the fp32 head: log-probs within bf16's rounding of fp32's, gradient direction kept."""
+    fp32 = GRPO(bf16=False)
+    fp32.setup(model_path=model_path, output_dir=tmp_path / "fp32", seed=0)
+    bf16 = GRPO(bf16=True)
+    bf16.setup(model_path=model_path, output_dir=tmp_path / "bf16", seed=0)
+    gen = torch.Generator().manual_seed(1)
+    data = pad_transitions(batch_of(rollouts(fp32.model, fp32.tokenizer, tasks=list(range(4)), group=4, generator=gen)),
+                           pad_token_id=fp32.tokenizer.pad_token_id)
+    (lp32, _, g32), (lp16, _, g16) = _logps_and_grads(fp32, data, own=True), _logps_and_grads(bf16, data, own=True)
+    real = data.completion_mask.bool()
+    assert float((lp32 - lp16)[real].abs().max()) < 0.05
+    flat32, flat16 = torch.cat([g.flatten() for g in g32]), torch.cat([g.flatten() for g in g16])
+    assert float(torch.nn.functional.cosine_similarity(flat32, flat16, dim=0)) > 0.99
+    assert abs(float(flat16.norm() / flat32.norm()) - 1) < 0.05

@@ -10,9 +10,15 @@ import pytest
 
 from examples.smollm2.tasks import exact, lenient, reward, split
 
-STEPS = 4
-LR = 2e-5
-N_VAL = 40
+STEPS = 5
+TASKS_PER_STEP = 8
+GROUP = 8
+LR = 3e-5
+"""3x the example's: the format (stop after the number) has to be found in 5 steps, not 10."""
+N_VAL = 50
+MARGIN = 0.10
+"""Greedy decoding on the same held-out tasks before and after: without a weight change the two scores
+are equal, so any rise is learning; 0.10 is 5 of the 50 tasks."""
 
 
 def test_reward_wants_the_reply_to_end_with_the_answer() -> None:
@@ -29,17 +35,15 @@ def test_held_out_operands_never_appear_in_training() -> None:
     assert not {t["key"] for t in train} & {t["key"] for t in val}
 
 
-@pytest.mark.slow
-@pytest.mark.skip(reason="not yet calibrated: on the shared machine (load 10-25) one step took 7-14 minutes, so no "
-                  "shortened run has finished; calibrate STEPS/LR/N_VAL on a quiet machine (target: under ~5 min)")
+@pytest.mark.slow  # 301 s here at load 1-2 (16:00 UTC); 23.6 min at load 8-12
 def test_smollm2_held_out_success_rises(tmp_path: Path) -> None:
     pytest.importorskip("gguf")
     from examples.smollm2.train import SmolConfig, run
 
-    cfg = SmolConfig(output_dir=str(tmp_path / "run"), steps=STEPS, tasks_per_step=4, group=8, learning_rate=LR,
-                     n_val=N_VAL, eval_every=0, max_minutes=None, threads=1)
+    cfg = SmolConfig(output_dir=str(tmp_path / "run"), steps=STEPS, tasks_per_step=TASKS_PER_STEP, group=GROUP,
+                     learning_rate=LR, n_val=N_VAL, eval_every=0, max_minutes=None, threads=1)
     result = run(cfg)
-    assert result["steps"] == STEPS and result["rollouts"] == STEPS * 4 * 8
+    assert result["steps"] == STEPS and result["rollouts"] == STEPS * TASKS_PER_STEP * GROUP
     assert (tmp_path / "run" / "reward_curve.png").stat().st_size > 0
     # greedy on held-out operand pairs: the same tasks before and after, no sampling noise
-    assert result["val_after"] >= result["val_before"] + 0.1, result
+    assert result["val_after"] >= result["val_before"] + MARGIN, result
