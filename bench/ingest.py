@@ -170,7 +170,7 @@ def _sender(endpoint: str, bodies: list[bytes], inflight: int, deadline: float, 
 
 def _timed_sender(endpoint: str, bodies: list[bytes], inflight: int, seconds: float, out: Any, go: Any) -> None:
     """A sender process: connect, report "ready", wait for ``go``, send for ``seconds``, report the count
-    of acknowledged requests (-1 if any request failed)."""
+    of acknowledged requests (-1 if any request failed) and its own CPU seconds while sending."""
     import grpc
 
     channel = grpc.insecure_channel(endpoint, options=[("grpc.max_send_message_length", 64 << 20)])
@@ -180,6 +180,7 @@ def _timed_sender(endpoint: str, bodies: list[bytes], inflight: int, seconds: fl
     failed: list[BaseException] = []
     out.put("ready")
     go.wait()
+    cpu0 = time.process_time()
     deadline = time.monotonic() + seconds
 
     def loop(k: int) -> None:
@@ -200,7 +201,7 @@ def _timed_sender(endpoint: str, bodies: list[bytes], inflight: int, seconds: fl
     channel.close()
     if failed:
         print(f"sender failed: {failed[0]!r}", file=sys.stderr, flush=True)
-    out.put(-1 if failed else sum(counts))
+    out.put((-1 if failed else sum(counts), time.process_time() - cpu0))
 
 
 def _start_collector(db: Path, pythonpath: Path | None = None) -> tuple[subprocess.Popen, str, str]:
@@ -237,7 +238,8 @@ def _count(http: str) -> int:
 
 def run_spanrl(bodies: list[bytes], senders: int, inflight: int, seconds: float, tmp: Path,
                pythonpath: Path | None = None) -> tuple[float, float, float]:
-    """One run: spans/s committed, spans per collector CPU-second, collector peak RSS (MiB)."""
+    """One run: spans/s committed, spans per collector CPU-second, collector peak RSS (MiB), the senders'
+    CPU microseconds per span."""
     db = tmp / f"bench-{time.monotonic_ns()}.duckdb"
     proc, grpc_ep, http_ep = _start_collector(db, pythonpath)
     try:
@@ -256,8 +258,10 @@ def run_spanrl(bodies: list[bytes], senders: int, inflight: int, seconds: float,
         cpu0 = _cpu_s(proc.pid)
         start = time.monotonic()
         go.set()
-        counts = [q.get(timeout=seconds + 300) for _ in procs]
+        reports = [q.get(timeout=seconds + 300) for _ in procs]
         elapsed = time.monotonic() - start
+        counts = [r[0] for r in reports]
+        sender_cpu = sum(r[1] for r in reports)
         if any(c < 0 for c in counts):
             raise RuntimeError("a sender's request failed; see its message above")
         requests = sum(counts)
@@ -274,7 +278,7 @@ def run_spanrl(bodies: list[bytes], senders: int, inflight: int, seconds: float,
         proc.wait(120)
         for suffix in ("", ".wal"):
             Path(f"{db}{suffix}").unlink(missing_ok=True)
-    return spans / elapsed, spans / max(cpu, 1e-9), rss
+    return spans / elapsed, spans / max(cpu, 1e-9), rss, sender_cpu / max(spans, 1) * 1e6
 
 
 def export_baseline(ref: str, tmp: Path) -> Path:
@@ -421,8 +425,8 @@ def measure(workload: str, bodies: list[bytes], n: int, args: argparse.Namespace
         b_rate, b_cpu = (statistics.median(r[k] for r in base_runs) for k in (0, 1))
         rate, cpu = (statistics.median(r[k] for r in runs) for k in (0, 1))
         print(f"  {workload:12s} {n} sender(s): baseline {args.baseline}: {b_rate:>9,.0f} spans/s (runs: "
-              f"{', '.join(f'{r[0]:,.0f}' for r in base_runs)}), {b_cpu:,.0f} per collector CPU-second; "
-              f"this tree x{rate / b_rate:.2f} spans/s, x{cpu / b_cpu:.2f} per CPU-second", flush=True)
+              f"{', '.join(f'{r[0]:,.0f}' for r in base_runs)}), {b_cpu:,.0f} per collector CPU-second ({1e6 / b_cpu:.1f} us per span); "
+              f"this tree x{rate / b_rate:.2f} spans/s, x{cpu / b_cpu:.2f} per CPU-second ({1e6 / cpu:.1f} us per span)", flush=True)
     return runs
 
 
@@ -463,9 +467,13 @@ def main() -> None:
                 row[f"spanrl_{n}"] = statistics.median(r[0] for r in runs)
                 row[f"cpu_{n}"] = statistics.median(r[1] for r in runs)
                 row[f"rss_{n}"] = max(r[2] for r in runs)
+                sender_us = statistics.median(r[3] for r in runs)
                 print(f"  {workload:12s} {n} sender(s): {row[f'spanrl_{n}']:>9,.0f} spans/s  (runs: "
                       f"{', '.join(f'{r[0]:,.0f}' for r in runs)}); {row[f'cpu_{n}']:,.0f} spans per collector "
                       f"CPU-second; peak RSS {row[f'rss_{n}']:.0f} MiB", flush=True)
+                print(f"  {'':12s} collector {1e6 / row[f'cpu_{n}']:.1f} us CPU per span (all its threads) = "
+                      f"{2 * row[f'cpu_{n}']:,.0f} spans/s projected on 2 cores; senders {sender_us:.1f} us CPU per span",
+                      flush=True)
             if anchor_python is not None and workload != "agent-b64":  # the anchor has no compact encoding
                 a = run_anchor(anchor_python, spans_sets, args.repeats, tmp)
                 row["anchor"], row["anchor_cpu"] = a["build_add"], a["build_add_cpu"]
