@@ -172,18 +172,18 @@ def _make_trainer_class() -> type:
 
         def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, **kwargs):
             size, entropy = kwargs.pop("batch_size", None) or input_ids.size(0), kwargs.pop("compute_entropy", False)
-            if any(v is not None and v is not False for v in kwargs.values()) or not plain_lm_head(model):  # multimodal, MoE, scaled logits
-                return super()._get_per_token_logps_and_entropies(
+            if any(v is not None and v is not False for v in kwargs.values()) or not plain_lm_head(model):  # multimodal, MoE, scaled logits, FSDP
+                logps, entropies, aux = super()._get_per_token_logps_and_entropies(
                     model, input_ids, attention_mask, logits_to_keep, batch_size=size, compute_entropy=entropy, **kwargs
                 )
-            # TRL's fused head projects every position off CUDA; ours only the completion tokens
-            parts = [
-                completion_logprobs(model, input_ids[i : i + size], attention_mask[i : i + size], logits_to_keep,
-                                    temperature=self.temperature, fp32_head=self.args.cast_lm_head_to_fp32, entropy=entropy)
-                for i in range(0, input_ids.size(0), size)
-            ]
-            logps = torch.cat([p[0] for p in parts])
-            entropies, aux = (torch.cat([p[1] for p in parts]) if entropy else None), None
+            else:  # TRL's fused head projects every position off CUDA; ours only the completion tokens
+                parts = [
+                    completion_logprobs(model, input_ids[i : i + size], attention_mask[i : i + size], logits_to_keep,
+                                        temperature=self.temperature, fp32_head=self.args.cast_lm_head_to_fp32, entropy=entropy)
+                    for i in range(0, input_ids.size(0), size)
+                ]
+                logps = torch.cat([p[0] for p in parts])
+                entropies, aux = (torch.cat([p[1] for p in parts]) if entropy else None), None
             if torch.is_grad_enabled():  # the training forward: keep the new log-probs for approx_kl
                 self._spanrl_last_logps = logps.detach()
             return logps, entropies, aux
