@@ -9,6 +9,8 @@ nothing but the padding (the row counts, and so TRL's per-micro-batch normalisat
 ``completion_logprobs`` projects the LM head (49k columns on SmolLM2) only at real completion positions.
 TRL 1.16's fused head does that on CUDA but projects every position elsewhere (prompt and padding
 included, twice: its backward recomputes the logits); on CPU that was most of a short-answer update.
+``head_logprobs`` then keeps a micro-batch's (token x vocabulary) fp32 log-probs on CPU instead of TRL's
+chunked recompute (its CPU fallback spends more on elementwise passes than on the projection).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from typing import Any
 import torch
 
 __all__ = [
-    "bf16_supported", "completion_logprobs", "length_sorted_micro_batches", "padded_tokens", "plain_lm_head",
-    "update_autocast",
+    "bf16_supported", "completion_logprobs", "head_logprobs", "length_sorted_micro_batches", "padded_tokens",
+    "plain_lm_head", "update_autocast",
 ]
 
 _VOCAB_CHUNK = 32768
@@ -91,8 +93,6 @@ def completion_logprobs(
     attended (TRL's chunked log-prob kernel: no (N, vocab) logits kept). ``model`` is a causal LM or a
     PEFT model around one. ``fp32_head``: project in fp32 outside autocast (the ratio to the server's
     fp32 log-probs is then not bf16 rounding)."""
-    from trl.kernels.chunked_logprob import ChunkedLogProbFunction
-
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     hidden = lm.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     hidden = hidden[:, -logits_to_keep - 1 : -1]  # position t predicts token t + 1
@@ -103,10 +103,79 @@ def completion_logprobs(
     context: contextlib.AbstractContextManager = contextlib.nullcontext()
     if fp32_head:
         rows, context = rows.float(), torch.autocast(rows.device.type, enabled=False)
-    outputs = ("log_probs", "entropy") if entropy else ("log_probs",)
     with context:
-        logps, ent, *_ = ChunkedLogProbFunction.apply(
-            rows, head.weight, head.bias, targets[mask], temperature, _VOCAB_CHUNK, None, 1.0, outputs
-        )
+        logps, ent = head_logprobs(rows, head.weight, head.bias, targets[mask], temperature=temperature,
+                                   entropy=entropy)
     scatter = lambda x: x.new_zeros(mask.shape).masked_scatter(mask, x)  # noqa: E731
     return scatter(logps), (scatter(ent) if ent is not None else None)
+
+
+_SAVED_LOGPROBS_MAX = 1 << 27
+"""Most (token x vocabulary) fp32 log-probs ``_DenseHeadLogProbs`` keeps for its backward (512 MiB); above
+it, TRL's chunked kernel (which keeps none and recomputes the projection)."""
+
+
+class _DenseHeadLogProbs(torch.autograd.Function):
+    """Log-probs and entropies of ``rows @ weight.T / temperature``, fp32 on CPU, its (N, vocab) log-probs kept.
+
+    TRL's chunked kernel keeps no logits: on CPU its backward redoes the projection and ~12 elementwise
+    passes over each tile, and zero-fills a dense (vocab, hidden) weight gradient before accumulating into it.
+    For a micro-batch's completion tokens the log-probs fit in memory: keeping them saves the projection's
+    recompute, and the backward is two matmuls and two elementwise passes."""
+
+    @staticmethod
+    def forward(ctx: Any, rows: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
+                entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        logp = rows @ weight.t()
+        if temperature != 1.0:
+            logp.div_(temperature)
+        logp.sub_(torch.logsumexp(logp, dim=-1, keepdim=True))  # log-softmax in place
+        picked = logp.gather(1, targets[:, None]).squeeze(1)
+        # vecdot, not bmm: CPU bmm's (1 x V) @ (V x 1) sums far less accurately
+        ent = -torch.linalg.vecdot(logp.exp(), logp) if entropy else logp.new_zeros(0)
+        ctx.save_for_backward(rows, weight, targets, logp, ent)
+        ctx.temperature, ctx.entropy = temperature, entropy
+        ctx.set_materialize_grads(False)
+        if not entropy:
+            ctx.mark_non_differentiable(ent)
+        return picked, ent
+
+    @staticmethod
+    def backward(ctx: Any, grad_picked: torch.Tensor | None, grad_ent: torch.Tensor | None) -> tuple:
+        rows, weight, targets, logp, ent = ctx.saved_tensors
+        g = grad_picked if grad_picked is not None else logp.new_zeros(len(logp))
+        # d log p_t / dz_j = 1[j = t] - p_j;  d H / dz_j = -p_j (log p_j + H)
+        if ctx.entropy and grad_ent is not None and bool(grad_ent.any()):
+            grad = (logp + ent[:, None]).mul_(-grad_ent[:, None]).sub_(g[:, None]).mul_(logp.exp())
+        else:
+            grad = logp.exp().mul_(-g[:, None])
+        grad.scatter_add_(1, targets[:, None], g[:, None])
+        if ctx.temperature != 1.0:
+            grad.div_(ctx.temperature)
+        grad_rows = grad @ weight if ctx.needs_input_grad[0] else None
+        grad_weight = grad.t() @ rows if ctx.needs_input_grad[1] else None
+        return grad_rows, grad_weight, None, None, None
+
+
+def head_logprobs(
+    rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, *,
+    temperature: float, entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of ``targets`` (and entropies) under ``rows @ weight.T + bias`` at ``temperature``, one per row:
+    fp32 on CPU with its log-probs kept when they fit (``_DenseHeadLogProbs``), else TRL's chunked kernel."""
+    if bias is None and _dense_head_fits(rows, weight):
+        logps, ent = _DenseHeadLogProbs.apply(rows, weight, targets, temperature, entropy)
+        return logps, (ent if entropy else None)
+    from trl.kernels.chunked_logprob import ChunkedLogProbFunction
+
+    outputs = ("log_probs", "entropy") if entropy else ("log_probs",)
+    logps, ent, *_ = ChunkedLogProbFunction.apply(
+        rows, weight, bias, targets, temperature, _VOCAB_CHUNK, None, 1.0, outputs
+    )
+    return logps, ent
+
+
+def _dense_head_fits(rows: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``_DenseHeadLogProbs`` serves: fp32 on CPU outside autocast, its kept log-probs within budget."""
+    return (rows.device.type == "cpu" and rows.dtype == weight.dtype == torch.float32
+            and not torch.is_autocast_enabled("cpu") and rows.size(0) * weight.size(0) <= _SAVED_LOGPROBS_MAX)

@@ -26,6 +26,12 @@ Measured (this 2-core shared machine, ``--rollouts 16 --steps 3 --threads 2``, d
   GFLOP/s = **39%** of 403; again at 16:08 (load 1.6-2.0): 21.4 s = 144 GFLOP/s = 38% of 383. Median
   of the three runs: 38%. ``--micro 16`` is slower (25.4 s, 31%: more padding). At load 9-12: 105 s
   median, 17%.
+- after the CPU fp32 LM head keeps its log-probs (``batching.head_logprobs``; 17:00 UTC, load ~2, one
+  process alternating the two heads on this batch, 4 updates each): 20.3 s against TRL's chunked head's
+  22.0 s = 152 against 141 GFLOP/s = **40%** against 37% of the bound's median over the 8 readings (381;
+  single readings 202-412). Repeated at 17:03 (load 0.9-1.9, 3 each): 19.5 s against 21.7 s, per-update
+  fractions 41.6% against 37.3% (medians). Back to back through this script at load 1.2-2: before 28.1 s at a 296
+  bound (37%), after 23.6 s at a 360 bound (36%): the bound reading moves as much as the update.
 """
 
 from __future__ import annotations
