@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 __all__ = [
-    "all_reduce_sum", "average_gradients", "broadcast", "inert_copy", "is_main", "rank", "refuse_sharding", "shard",
-    "shard_transitions", "world",
+    "all_reduce_sum", "average_gradients", "broadcast", "inert_copy", "is_main", "launch_flag", "rank",
+    "refuse_sharding", "shard", "shard_transitions", "world",
 ]
 
 _T = TypeVar("_T")
@@ -141,6 +141,11 @@ def average_gradients(params: Sequence[Any]) -> None:
         p.grad.div_(n_ranks)
 
 
+def launch_flag(name: str, default: str = "false") -> bool:
+    """A true/false variable ``accelerate launch`` sets (``ACCELERATE_USE_FSDP``, ``FSDP_OFFLOAD_PARAMS``, ...)."""
+    return os.environ.get(name, default).lower() in ("1", "true", "yes")
+
+
 def refuse_sharding(algorithm: str, *, fsdp: bool = False, lora: bool = False) -> None:
     """Raise :class:`ConfigError` when launched with a sharding configuration the update cannot honour.
 
@@ -152,17 +157,14 @@ def refuse_sharding(algorithm: str, *, fsdp: bool = False, lora: bool = False) -
     Refused at setup, before any rollout."""
     from spanrl.errors import ConfigError
 
-    def flag(variable: str) -> bool:
-        return os.environ.get(variable, "").lower() in ("1", "true", "yes")
-
-    if flag("ACCELERATE_USE_DEEPSPEED"):
+    if launch_flag("ACCELERATE_USE_DEEPSPEED"):
         raise ConfigError(
             f"{algorithm} cannot train under accelerate's DeepSpeed configuration (ACCELERATE_USE_DEEPSPEED is set): "
             "the update does not build a DeepSpeed engine (it would be missing at the first backward) and "
             "deepspeed is not installed with spanrl; launch with examples/accelerate/fsdp.yaml (FSDP2, sharded) or "
             "examples/accelerate/ddp.yaml (data parallel) instead"
         )
-    if flag("ACCELERATE_USE_FSDP"):
+    if launch_flag("ACCELERATE_USE_FSDP"):
         if not fsdp:
             raise ConfigError(
                 f"{algorithm} cannot train under accelerate's FSDP configuration (ACCELERATE_USE_FSDP is set): "

@@ -25,20 +25,17 @@ from typing import Any
 
 import torch
 
+from spanrl.algorithms.distributed import launch_flag
 from spanrl.errors import ConfigError
 
 __all__ = ["Sharding", "check_fsdp", "fsdp_requested", "local_numel", "optimizer_state_numel"]
-
-
-def _flag(name: str, default: str = "false") -> bool:
-    return os.environ.get(name, default).lower() in ("1", "true", "yes")
 
 
 def fsdp_requested() -> bool:
     """True when launched with an FSDP configuration (``ACCELERATE_USE_FSDP``) under several processes."""
     from spanrl.algorithms.distributed import world
 
-    return _flag("ACCELERATE_USE_FSDP") and world() > 1
+    return launch_flag("ACCELERATE_USE_FSDP") and world() > 1
 
 
 def check_fsdp(algorithm: str, *, lora: bool) -> None:
@@ -46,7 +43,7 @@ def check_fsdp(algorithm: str, *, lora: bool) -> None:
     why = None
     if os.environ.get("FSDP_VERSION", "1") != "2":
         why = f"fsdp_version is {os.environ.get('FSDP_VERSION', '1 (the default)')}; set fsdp_version: 2 (FSDP2)"
-    elif _flag("FSDP_OFFLOAD_PARAMS"):
+    elif launch_flag("FSDP_OFFLOAD_PARAMS"):
         why = "fsdp_offload_params: true is not supported; set it to false"
     elif lora:
         why = "LoRA adapters are not sharded; train LoRA with examples/accelerate/ddp.yaml"
@@ -99,7 +96,7 @@ class Sharding:
         if device == "cuda":
             model.to(torch.device("cuda", torch.cuda.current_device()))
         mesh = init_device_mesh(device, (world(),))
-        reshard = _flag("FSDP_RESHARD_AFTER_FORWARD", "true")
+        reshard = launch_flag("FSDP_RESHARD_AFTER_FORWARD", "true")
         blocks = _block_classes(model)
         for module in list(model.modules()):
             if type(module).__name__ in blocks:
