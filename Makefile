@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.spanrl-installed
 
-.PHONY: venv demo demo-quick test test-frameworks bench clean chromium vllm-venv test-vllm
+.PHONY: venv demo demo-quick test test-frameworks bench anchor-venv clean chromium vllm-venv test-vllm
 
 venv: $(STAMP)
 
@@ -65,8 +65,21 @@ test: venv chromium
 test-frameworks: venv
 	$(BIN)/python -m pytest -q -ra -m frameworks tests/frameworks
 
-bench: venv
-	$(BIN)/python bench/ingest.py
+# The anchor, agentlightning 0.3.0, in its own venv (~780 MB, no torch): the benches compare against it.
+ANCHOR_VENV ?= /tmp/anchor-venv
+ANCHOR_PACKAGE ?= agentlightning==0.3.0
+
+anchor-venv: $(ANCHOR_VENV)/.anchor-installed
+
+$(ANCHOR_VENV)/.anchor-installed:
+	test -x $(ANCHOR_VENV)/bin/python || $(PY) -m venv $(ANCHOR_VENV)
+	$(ANCHOR_VENV)/bin/pip install -q $(ANCHOR_PACKAGE)
+	touch $@
+
+# Every bench of the README's comparison table, then the table rewritten from their figures (bench/report.py;
+# logs and figures in bench/results/). About 15-20 minutes on 2 quiet cores. BENCH_ARGS='--only decompose' etc.
+bench: venv anchor-venv vllm-venv
+	$(BIN)/python bench/report.py --anchor-venv $(ANCHOR_VENV) --vllm-venv $(VLLM_VENV) $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) spanrl-demo .pytest_cache

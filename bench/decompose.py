@@ -347,6 +347,10 @@ def time_stages(store: object, rounds: int, old_rounds: int) -> None:
     print(f"goal: store -> tensors for 50k transitions under {GOAL_S} s on a quiet machine -> {len(batch):,} "
           f"transitions: {total[0]:.2f} s wall ({verdict} at load average {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} cores), {total[1]:.2f} s CPU")
+    from _results import record  # bench/_results.py: for bench/report.py's README table
+    record("decompose", {"tensors_transitions": len(batch), "tensors_s": total[0], "tensors_cpu_s": total[1],
+                         "per_row_s": statistics.median(w for w, _ in old) if old else None,
+                         "per_row_cpu_s": statistics.median(c for _, c in old) if old else None})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -388,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  CPU time of this process (all DuckDB threads), median: {statistics.median(cpus):.2f} s; "
               f"load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         print(f"  report: {json.dumps({k: v for k, v in batch.report.items() if v})}")
+        from _results import record  # bench/_results.py: for bench/report.py's README table
+        record("decompose", {"spans": n_spans, "rollouts": args.rollouts, "rounds": args.rounds,
+                             "transitions": len(batch), "load_s": ours_s, "load_cpu_s": statistics.median(cpus)})
         time_stages(store, args.rounds, args.old_rounds)
 
         n_anchor = min(args.anchor_rollouts or args.rollouts, args.rollouts)
@@ -413,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         scaled = "" if n_spans == 1_000_000 else " (scaled linearly from this run; fixed costs dominate small runs)"
         print(f"goal: under 10 s per 1M spans -> {ours_s * 1e6 / n_spans:.2f} s per 1M spans{scaled}")
         store.close()
+    from _results import record  # bench/_results.py: for bench/report.py's README table
+    record("decompose", {"anchor_rollouts": n_anchor, "anchor": res})
     return 0
 
 

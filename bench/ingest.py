@@ -505,6 +505,10 @@ def main() -> None:
     print("anchor: agentlightning 0.3.0, building its Span objects from the same span data, then "
           "InMemoryLightningStore.add_many_spans (512 per call), in process, in memory, no durability; "
           "agent-b64 compares against the anchor's agent-array figure (it has no compact encoding).")
+    from _results import record  # bench/_results.py: for bench/report.py's README table
+
+    record("ingest", {"seconds": args.seconds, "repeats": args.repeats, "inflight": args.inflight,
+                      "senders": senders, "workloads": results})
 
 
 if __name__ == "__main__":

@@ -138,13 +138,19 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit("the server did not become ready")
             time.sleep(0.5)
         asyncio.run(_client_load(base_url, 4, 1, args.max_tokens, "bench"))  # warm-up
+        rates: dict[int, float] = {}
         for clients in _CLIENT_COUNTS:
             runs = [asyncio.run(_client_load(base_url, clients, args.requests_per_client, args.max_tokens, "bench"))[0] for _ in range(args.repeats)]
             rate = statistics.median(runs)
+            rates[clients] = rate
             print(f"server ({args.backend}), {clients:2d} concurrent clients (HTTP) {rate:9.1f} tokens/s   {rate / base:5.2f}x baseline")
     finally:
         server.terminate()
         server.wait(30)
+    from _results import record  # bench/_results.py: for bench/report.py's README table
+
+    record(f"serve_{args.backend}", {"model": args.model or "tiny", "max_tokens": args.max_tokens, "threads": args.threads,
+                                     "repeats": args.repeats, "baseline_tokens_s": base, "tokens_s": rates})
     return 0
 
 

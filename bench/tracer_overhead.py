@@ -375,6 +375,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"goal: spanrl overhead < 5% of a {args.call_ms:.1f} ms call: {'MET' if wall_ok and cpu_ok else 'NOT MET'} "
           f"(wall {'ok' if wall_ok else 'not ok'}; CPU of the parts {cpu_total * 1e6:.0f} us, "
           f"{'ok' if cpu_ok else 'not ok'})")
+    from _results import record  # bench/_results.py: for bench/report.py's README table
+
+    record("tracer", {"call_ms": args.call_ms, "calls": args.calls, "rounds": args.rounds,
+                      "median_s": med, "cpu_s": cpu, "parts_cpu_s": cpu_total, "goal_met": wall_ok and cpu_ok,
+                      "stored": stored, "rewards": rewards, "expected": expected})
     return 0
 
 

@@ -105,6 +105,11 @@ Default 4194304 (4 MiB)."""
 SPANRL_CACHE_DIR = "SPANRL_CACHE_DIR"
 """Folder for converted models (GGUF -> Hugging Face) and other caches. Default ``~/.cache/spanrl``."""
 
+# --- Benchmarks ------------------------------------------------------------------------------------
+SPANRL_BENCH_RESULTS = "SPANRL_BENCH_RESULTS"
+"""Folder where each ``bench/*.py`` script writes its figures as ``<bench>.json`` (``bench/_results.py``),
+for ``bench/report.py`` to build the README's comparison table. Unset: the benches write nothing."""
+
 DEFAULT_DB_PATH = "spanrl.duckdb"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_GRPC_PORT = 4317
