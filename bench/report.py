@@ -114,14 +114,14 @@ def run_one(name: str, anchor_venv: Path, vllm_venv: Path, results: Path) -> dic
 
 
 def machine() -> str:
-    """Date, commit, cores, CPU model and memory, for the line under the table."""
+    """Cores, CPU model, memory, and when and at which commit the table was built."""
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor() or "?") if Path("/proc/cpuinfo").exists() else "?"
     mem = next((int(ln.split()[1]) / 2**20 for ln in Path("/proc/meminfo").read_text().splitlines()
                 if ln.startswith("MemTotal")), 0.0) if Path("/proc/meminfo").exists() else 0.0
     git = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    return (f"{time.strftime('%Y-%m-%d', time.gmtime())}, commit `{git or '?'}`, {os.cpu_count()} cores "
-            f"({cpu}), {mem:.0f} GiB RAM")
+    return (f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM; table built {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} "
+            f"UTC at commit `{git or '?'}`")
 
 
 def _names(values: list[str]) -> list[str]:
@@ -149,14 +149,16 @@ def main(argv: list[str] | None = None) -> int:
     if todo and not (args.anchor_venv / "bin" / "python").exists():
         print(f"no anchor venv at {args.anchor_venv}: the anchor's figures will be NOT MEASURED (`make anchor-venv`)")
     start = time.monotonic()
+    tty = sys.stdout.isatty()  # on a terminal the result overwrites the "running" line
     for name in todo:
-        print(f"  {name:20s} running, log bench/results/{name}.log ...", end="", flush=True)
+        running = f"  {name:20s} running, log {args.results / name}.log ..."
+        print(running, end="" if tty else "\n", flush=True)
         rec = run_one(name, args.anchor_venv, args.vllm_venv, args.results)
         verdict = (f"SKIPPED: {rec['skipped']}" if rec.get("skipped") else "ok" if rec.get("rc") == 0
-                   else f"FAILED ({rec['rc']})")
+                   else f"FAILED ({rec['rc']}), see {args.results / name}.log")
         took = f"{rec['elapsed_s']:6.0f} s" if "elapsed_s" in rec else ""
-        print(f"\r  {name:20s} {took:>8s}  load {rec['load_before'][0]:.1f} -> {rec['load_after'][0]:.1f}  {verdict}"
-              + " " * 20, flush=True)
+        done = f"  {name:20s} {took:>8s}  load {rec['load_before'][0]:.1f} -> {rec['load_after'][0]:.1f}  {verdict}"
+        print(("\r" + done.ljust(len(running))) if tty else done, flush=True)
     if todo:
         print(f"  {'all':20s} {time.monotonic() - start:6.0f} s")
     section = report_table.build_section(report_table.load_results(args.results, list(SPECS)), machine())
