@@ -420,9 +420,13 @@ def decompose(
     return Decomposition(calls=calls, rewards=rewards, rollouts=rollouts, report=report)
 
 
+_MAX_SORTED_RUNS = 256  # above this many ordered runs, one `take` is cheaper than that many slices
+
+
 def _part(rows: pa.Table, kind: str, columns: Sequence[str], order: Sequence[str]) -> pa.Table:
-    """The rows of one kind sorted by ``order``: a zero-copy slice where they are contiguous and already
-    in order (DuckDB emits them nearly so), else filtered and taken in order."""
+    """The rows of one kind sorted by ``order``: zero-copy slices where they are contiguous and in order
+    in runs (DuckDB's threads emit a few ordered runs, e.g. a rotation), else filtered and taken in order
+    (a `take` copies the token arrays: ~0.1 s for 50k calls)."""
     import pyarrow.compute as pc
 
     mask = np.asarray(pc.equal(rows.column("row_kind"), kind).to_numpy(zero_copy_only=False), dtype=bool)
@@ -435,8 +439,13 @@ def _part(rows: pa.Table, kind: str, columns: Sequence[str], order: Sequence[str
         part = rows.filter(pa.array(mask)).select(list(columns))
     sort = pc.sort_indices(part, sort_keys=[(c, "ascending") for c in order])  # stable, nulls last
     positions = sort.to_numpy()
-    if (positions == np.arange(len(positions))).all():
+    breaks = np.flatnonzero(np.diff(positions) != 1) + 1  # where the sorted order jumps in `part`
+    if len(breaks) == 0 and (len(positions) == 0 or positions[0] == 0):
         return part
+    if len(breaks) < _MAX_SORTED_RUNS:
+        starts = np.concatenate(([0], breaks))
+        ends = np.concatenate((breaks, [len(positions)]))
+        return pa.concat_tables([part.slice(int(positions[a]), int(b - a)) for a, b in zip(starts, ends)])
     return part.take(sort)
 
 
