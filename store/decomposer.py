@@ -56,6 +56,24 @@ from spanrl import semconv as sc
 __all__ = ["Decomposition", "Selection", "decompose"]
 
 _MAX_ANCESTOR_DEPTH = 64  # longest parent chain walked; guards against cycles in bad data
+_UNROLLED_LEVELS = 6  # parent links followed by plain joins before the walk recurses (see `tree` below)
+_TREE_COLUMNS = (
+    "hash(trace_id, span_id) AS k, "
+    "CASE WHEN parent_span_id IS NOT NULL THEN hash(trace_id, parent_span_id) END AS pk, "
+    f"CASE WHEN operation_name = '{sc.OP_INVOKE_AGENT}' THEN agent_name END AS agent"
+)
+_WALK_LEVELS = "\n".join(
+    f"""walk_{i} AS MATERIALIZED (
+    SELECT w.w_key, w.w_trace, t.pk AS next_k, {i} AS depth, t.agent, t.k IS NULL AS broken
+    FROM walk_{i - 1} w LEFT JOIN tree t ON t.k = w.next_k
+    WHERE w.agent IS NULL AND w.next_k IS NOT NULL
+),"""
+    for i in range(2, _UNROLLED_LEVELS + 1)
+)
+_WALK_UNION = " UNION ALL ".join(
+    [f"SELECT * FROM walk_{i}" for i in range(1, _UNROLLED_LEVELS + 1)]
+    + [f"SELECT * FROM walk_deep WHERE depth > {_UNROLLED_LEVELS}"]
+)
 _LLM_OPS_SQL = ", ".join(f"'{op}'" for op in sc.LLM_OPERATIONS)
 _EVENT_SCHEMA_JSON = '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "JSON"}]'
 _REWARD_EVENTS = (sc.REWARD_SPAN_NAME, sc.GEN_AI_EVALUATION_RESULT_EVENT)
@@ -219,24 +237,34 @@ calls AS (
            hash(w_trace, w_span) AS w_key
     FROM call1
 ),
--- the agent: nearest invoke_agent ancestor, walking parent links (hashed (trace, span) keys)
+-- the agent: nearest invoke_agent ancestor, walking parent links (hashed (trace, span) keys). The first
+-- levels are plain joins (DuckDB hashes the smaller side, the walk); a recursive CTE rebuilds its join's
+-- hash table of the whole tree on every pass, so only chains longer than that recurse, over their traces.
 tree AS MATERIALIZED (
-    SELECT hash(trace_id, span_id) AS k,
-           CASE WHEN parent_span_id IS NOT NULL THEN hash(trace_id, parent_span_id) END AS pk,
-           CASE WHEN operation_name = '{sc.OP_INVOKE_AGENT}' THEN agent_name END AS agent
+    SELECT {_TREE_COLUMNS}
     FROM spans
     WHERE trace_id IN (SELECT w_trace FROM calls)
 ),
-walk(w_key, next_k, depth, agent, broken) AS (
-    SELECT w_key, hash(w_trace, w_parent), 1, NULL::VARCHAR, FALSE FROM calls WHERE w_parent IS NOT NULL
+walk_1 AS MATERIALIZED (
+    SELECT w_key, w_trace, hash(w_trace, w_parent) AS next_k, 1 AS depth, NULL::VARCHAR AS agent, FALSE AS broken
+    FROM calls WHERE w_parent IS NOT NULL
+),
+{_WALK_LEVELS}
+deep_tree AS MATERIALIZED (
+    SELECT {_TREE_COLUMNS}
+    FROM spans
+    WHERE trace_id IN (SELECT w_trace FROM walk_{_UNROLLED_LEVELS} WHERE agent IS NULL AND next_k IS NOT NULL)
+),
+walk_deep(w_key, w_trace, next_k, depth, agent, broken) AS (
+    SELECT * FROM walk_{_UNROLLED_LEVELS} WHERE agent IS NULL AND next_k IS NOT NULL
     UNION ALL
-    SELECT w.w_key, t.pk, w.depth + 1, t.agent, t.k IS NULL
-    FROM walk w LEFT JOIN tree t ON t.k = w.next_k
+    SELECT w.w_key, w.w_trace, t.pk, w.depth + 1, t.agent, t.k IS NULL
+    FROM walk_deep w LEFT JOIN deep_tree t ON t.k = w.next_k
     WHERE w.agent IS NULL AND w.next_k IS NOT NULL AND w.depth < {_MAX_ANCESTOR_DEPTH}
 ),
 agents AS (
     SELECT w_key, arg_min(agent, depth) FILTER (WHERE agent IS NOT NULL) AS agent, bool_or(broken) AS broken
-    FROM walk GROUP BY w_key
+    FROM ({_WALK_UNION}) GROUP BY w_key
 ),
 -- rewards: span attributes and events, one row each, placed after the last call that ended before them
 rw0 AS MATERIALIZED (
