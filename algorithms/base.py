@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from spanrl.algorithms.padding import fill_rows, flat_values, list_lengths, new_tensor, real_positions, run_fills
+from spanrl.algorithms.padding import fill_mask, fill_rows, flat_values, list_lengths, new_tensor, real_positions
 from spanrl.algorithms.reporters import check_report_to
 from spanrl.errors import ConfigError, TrainingError
 
@@ -165,36 +165,35 @@ def pad_transitions(transitions: TransitionBatch | pa.Table | Sequence[Transitio
 
     Columnar: each (B, T) tensor is allocated once and filled from the Arrow list column's flattened
     values through a boolean mask of the padded layout (row-major order is the order of the values; one
-    reshaped copy per Arrow chunk when every row is full), no Python per row; the tensors of a large
-    batch are filled on threads at once (``spanrl.algorithms.padding``)."""
+    reshaped copy per Arrow chunk when every row is full; ``spanrl.algorithms.padding``), no Python
+    per row."""
     table = transition_table(transitions)
     n_p, n_c = list_lengths(table.column("prompt_ids")), list_lengths(table.column("completion_ids"))
     bsz, max_p, max_c = len(n_p), int(n_p.max(initial=0)), int(n_c.max(initial=0))
     p_real = real_positions(n_p, max_p, left=True)  # left-padded prompts; None: every row full
     c_real = real_positions(n_c, max_c, left=False)  # right-padded completions
     prompt_mask, pm = new_tensor((bsz, max_p), torch.long)
-    prompt_ids, p_ids = new_tensor((bsz, max_p), torch.long)
+    fill_mask(pm, p_real)
     completion_mask, cm = new_tensor((bsz, max_c), torch.long)
+    fill_mask(cm, c_real)
+    prompt_ids, p_ids = new_tensor((bsz, max_p), torch.long)
+    fill_rows(p_ids, p_real, table.column("prompt_ids"), pad_token_id)
     completion_ids, c_ids = new_tensor((bsz, max_c), torch.long)
+    fill_rows(c_ids, c_real, table.column("completion_ids"), pad_token_id)
     loss_mask, loss = new_tensor((bsz, max_c), torch.long)
-    fills = [lambda: pm.fill(1) if p_real is None else np.copyto(pm, p_real),
-             lambda: cm.fill(1) if c_real is None else np.copyto(cm, c_real),
-             lambda: fill_rows(p_ids, p_real, table.column("prompt_ids"), pad_token_id),
-             lambda: fill_rows(c_ids, c_real, table.column("completion_ids"), pad_token_id),
-             lambda: fill_rows(loss, c_real, table.column("completion_mask"), 0)]
+    fill_rows(loss, c_real, table.column("completion_mask"), 0)
     n_lp = list_lengths(table.column("old_logprobs"))
     known = (n_lp > 0) & (n_lp == n_c)
     old_logprobs = None
     if known.all() and len(known):
         old_logprobs, old = new_tensor((bsz, max_c), torch.float32)
-        fills.append(lambda: fill_rows(old, c_real, table.column("old_logprobs"), 0.0))
+        fill_rows(old, c_real, table.column("old_logprobs"), 0.0)
     elif known.any():
         old_logprobs, old = new_tensor((bsz, max_c), torch.float32)
         real = c_real if c_real is not None else np.ones(old.shape, dtype=bool)
         old.fill(0.0)
         old[real & known[:, None]] = flat_values(table.column("old_logprobs").filter(pa.array(known)))
         old[real & ~known[:, None]] = np.nan
-    run_fills(fills, elements=2 * bsz * (max_p + 2 * max_c))
     column = lambda name: np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=np.float32)  # noqa: E731
     return PaddedBatch(
         prompt_ids=prompt_ids,
