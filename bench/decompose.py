@@ -334,7 +334,7 @@ def time_stages(store: object, rounds: int, old_rounds: int) -> dict[str, Any]:
     print(f"    decomposer SQL (DuckDB -> Arrow)          {sql[0]:6.2f} s / {sql[1]:5.2f} s")
     print(f"    filters, credit, Arrow table              {rest_w:6.2f} s / {rest_c:5.2f} s")
     print(f"  check_transitions                           {med['check'][0]:6.2f} s / {med['check'][1]:5.2f} s")
-    print(f"  to_padded (one tensor per field, no per row){med['pad'][0]:6.2f} s / {med['pad'][1]:5.2f} s")
+    print(f"  to_padded (a tensor per field)              {med['pad'][0]:6.2f} s / {med['pad'][1]:5.2f} s")
     total = med["total"]
     print(f"  end to end                                  {total[0]:6.2f} s / {total[1]:5.2f} s "
           f"(rounds: {', '.join(f'{w:.2f}' for w, _ in stages['total'])})")
