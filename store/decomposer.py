@@ -152,19 +152,21 @@ ro AS (  -- status and end: the one rule, views.sql's rollout_state (attribution
     FROM rollout_state(0)
     WHERE {_RF}
 ),
--- LLM call spans: light columns only (the id arrays are fetched by rowid at the end)
-llm_keys AS (  -- a span exported twice is stored twice: keep the first copy ingested
-    SELECT arg_min(rid, ingested_ns) AS rid, count(*) - 1 AS extra_copies
-    FROM rollout_spans(0)
-    WHERE operation_name IN ({_LLM_OPS_SQL})
-    GROUP BY trace_id, span_id
-),
-llm AS (  -- attributed to a rollout by views.sql's rule (rollout_spans)
+-- LLM call spans: light columns only (the id arrays are fetched by rowid at the end), one scan
+llm_all AS MATERIALIZED (  -- attributed to a rollout by views.sql's rule (rollout_spans)
     SELECT rid, trace_id, span_id, parent_span_id, kind, start_ns, end_ns, service_name, rollout_id,
            response_id, policy_version, status_code, ingested_ns, prompt_token_ids IS NOT NULL AS has_ids
     FROM rollout_spans(0)
-    WHERE operation_name IN ({_LLM_OPS_SQL}) AND rid IN (SELECT rid FROM llm_keys)
-      AND rollout_id IN (SELECT rollout_id FROM ro)
+    WHERE operation_name IN ({_LLM_OPS_SQL})
+),
+llm_keys AS (  -- a span exported twice is stored twice: keep the first copy ingested
+    SELECT arg_min(rid, ingested_ns) AS rid, count(*) - 1 AS extra_copies
+    FROM llm_all
+    GROUP BY trace_id, span_id
+),
+llm AS (
+    SELECT * FROM llm_all
+    WHERE rid IN (SELECT rid FROM llm_keys) AND rollout_id IN (SELECT rollout_id FROM ro)
 ),
 srv AS (SELECT * FROM llm WHERE kind = 'SERVER'),
 cli_all AS (SELECT * FROM llm WHERE kind <> 'SERVER'),
@@ -324,7 +326,8 @@ orphans AS (
 ),
 rw_step AS MATERIALIZED (  -- each reward with the step of the last call that ended before it (agent clock)
     SELECT rw.*, coalesce(c.step, -1)::INTEGER AS step
-    FROM rw ASOF LEFT JOIN calls c ON c.rollout_id = rw.rollout_id AND rw.time_ns >= c.agent_end_ns
+    FROM rw ASOF LEFT JOIN (SELECT rollout_id, agent_end_ns, step FROM calls) c
+        ON c.rollout_id = rw.rollout_id AND rw.time_ns >= c.agent_end_ns
 ),
 step_rewards AS (  -- per call: the rewards that followed it (before the next call), summed by name
     SELECT rollout_id, step, map(list(name ORDER BY name), list(total ORDER BY name)) AS rewards_after
