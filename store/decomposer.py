@@ -177,12 +177,14 @@ cli_outer AS (
     SELECT DISTINCT o.rid
     FROM cli_all o JOIN cli_all i ON i.trace_id = o.trace_id AND i.parent_span_id = o.span_id
 ),
-cli_ranked AS (
-    SELECT *, row_number() OVER (PARTITION BY rollout_id, response_id ORDER BY start_ns DESC, rid) AS nth
-    FROM cli_all
-    WHERE rid NOT IN (SELECT rid FROM cli_outer)
+cli_inner AS MATERIALIZED (SELECT * FROM cli_all WHERE rid NOT IN (SELECT rid FROM cli_outer)),
+cli AS (  -- per response id: the latest started, then the first stored (a group-by: a window sorted whole rows)
+    SELECT * FROM cli_inner
+    WHERE response_id IS NULL OR rid IN (
+        SELECT arg_max(rid, struct_pack(start_ns := start_ns, first := -rid))
+        FROM cli_inner WHERE response_id IS NOT NULL GROUP BY rollout_id, response_id
+    )
 ),
-cli AS (SELECT * EXCLUDE (nth) FROM cli_ranked WHERE response_id IS NULL OR nth = 1),
 dup_calls AS (
     SELECT rollout_id, count(*) AS n FROM cli_all WHERE rid NOT IN (SELECT rid FROM cli) GROUP BY rollout_id
 ),
