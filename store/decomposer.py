@@ -77,6 +77,10 @@ _WALK_UNION = " UNION ALL ".join(
 _LLM_OPS_SQL = ", ".join(f"'{op}'" for op in sc.LLM_OPERATIONS)
 _EVENT_SCHEMA_JSON = '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "JSON"}]'
 _REWARD_EVENTS = (sc.REWARD_SPAN_NAME, sc.GEN_AI_EVALUATION_RESULT_EVENT)
+_TEMPERATURE_SQL = (  # what the server's log-probs were computed at (the server span's attributes, sx)
+    f"""coalesce(TRY_CAST(sx.attributes ->> '$."{sc.LLM_LOGPROBS_TEMPERATURE}"' AS DOUBLE),
+                nullif(TRY_CAST(sx.attributes ->> '$."{sc.GEN_AI_REQUEST_TEMPERATURE}"' AS DOUBLE), 0.0))"""
+)
 _RF, _CF = "__ROLLOUT_FILTER__", "__CALL_FILTER__"
 _CALL_COLUMNS = (
     "rollout_id", "task_id", "attempt", "mode", "rollout_status", "agent", "step", "rollout_calls",
@@ -351,8 +355,14 @@ out_calls AS MATERIALIZED (  -- light columns; the arrays are joined last, probi
 )
 SELECT 'call' AS row_kind, f.* EXCLUDE (s_rid, c_rid, has_ids),
        sx.prompt_token_ids AS prompt_ids, sx.completion_token_ids AS completion_ids, sx.logprobs,
-       coalesce(TRY_CAST(sx.attributes ->> '$."{sc.LLM_LOGPROBS_TEMPERATURE}"' AS DOUBLE),
-                nullif(TRY_CAST(sx.attributes ->> '$."{sc.GEN_AI_REQUEST_TEMPERATURE}"' AS DOUBLE), 0.0)) AS temperature,
+       {_TEMPERATURE_SQL} AS temperature
+FROM out_calls f
+LEFT JOIN spans sx ON sx.rowid = f.s_rid
+WHERE f.has_ids
+UNION ALL BY NAME  -- calls without ids apart: only they join their client span's messages
+SELECT 'call' AS row_kind, f.* EXCLUDE (s_rid, c_rid, has_ids),
+       sx.prompt_token_ids AS prompt_ids, sx.completion_token_ids AS completion_ids, sx.logprobs,
+       {_TEMPERATURE_SQL} AS temperature,
        cx.attributes ->> '$."{sc.GEN_AI_INPUT_MESSAGES}"' AS input_messages,
        cx.attributes ->> '$."{sc.GEN_AI_OUTPUT_MESSAGES}"' AS output_messages
 FROM out_calls f
@@ -360,6 +370,7 @@ LEFT JOIN spans sx ON sx.rowid = f.s_rid
 LEFT JOIN (
     SELECT rowid AS rid, attributes FROM spans WHERE rowid IN (SELECT c_rid FROM out_calls WHERE NOT has_ids)
 ) cx ON cx.rid = f.c_rid
+WHERE NOT f.has_ids
 UNION ALL BY NAME
 SELECT 'reward' AS row_kind, rw.rollout_id, rw.name, rw.value, rw.time_ns, rw.source, rw.step,
        coalesce(n.rollout_calls, 0)::INTEGER AS rollout_calls
