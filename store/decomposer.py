@@ -47,11 +47,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 
 from spanrl.errors import ConfigError, StoreError
 from spanrl import semconv as sc
+from spanrl.store.parts import column_sum, count_equal, row_kind_part
 
 __all__ = ["Decomposition", "Selection", "decompose"]
 
@@ -387,7 +387,7 @@ LEFT JOIN dups d USING (rollout_id)
 LEFT JOIN dup_calls dc USING (rollout_id)
 LEFT JOIN lates l USING (rollout_id)
 LEFT JOIN orphans o USING (rollout_id)
-"""  # no ORDER BY: sorting the token arrays in DuckDB cost more than the rest of the rows; `_part` sorts
+"""  # no ORDER BY: sorting the token arrays in DuckDB cost more than the rest of the rows; store/parts.py sorts
 
 
 def _rollout_filter(sel: Selection, params: dict[str, Any]) -> str:
@@ -447,62 +447,18 @@ def decompose(
     params: dict[str, Any] = {}
     query = _SQL.replace(_RF, _rollout_filter(sel, params)).replace(_CF, _call_filter(sel, params))
     rows = _run(con, query, params)  # rows of three kinds, told apart by row_kind
-    calls = _part(rows, "call", _CALL_COLUMNS, ("rollout_id", "step"))
-    rewards = _part(rows, "reward", _REWARD_COLUMNS, ("rollout_id", "time_ns", "step"))
-    rollouts = _part(rows, "rollout", _ROLLOUT_COLUMNS, ("rollout_id",))
+    calls = row_kind_part(rows, "call", _CALL_COLUMNS, ("rollout_id", "step"))
+    rewards = row_kind_part(rows, "reward", _REWARD_COLUMNS, ("rollout_id", "time_ns", "step"))
+    rollouts = row_kind_part(rows, "rollout", _ROLLOUT_COLUMNS, ("rollout_id",))
     report = {
         "rollouts": rollouts.num_rows,
         "calls": calls.num_rows,
         "rewards": rewards.num_rows,
-        "duplicate_spans": _sum(rollouts, "duplicate_spans"),
-        "orphan_calls": _sum(rollouts, "orphan_calls"),
-        "duplicate_calls": _sum(rollouts, "duplicate_calls"),
-        "late_arrivals": _sum(rollouts, "late_arrivals"),
-        "failed_rollouts": _count_equal(rollouts, "status", "error"),
-        "open_rollouts": _count_equal(rollouts, "status", "open"),
+        "duplicate_spans": column_sum(rollouts, "duplicate_spans"),
+        "orphan_calls": column_sum(rollouts, "orphan_calls"),
+        "duplicate_calls": column_sum(rollouts, "duplicate_calls"),
+        "late_arrivals": column_sum(rollouts, "late_arrivals"),
+        "failed_rollouts": count_equal(rollouts, "status", "error"),
+        "open_rollouts": count_equal(rollouts, "status", "open"),
     }
     return Decomposition(calls=calls, rewards=rewards, rollouts=rollouts, report=report)
-
-
-_MAX_SORTED_RUNS = 256  # above this many ordered runs, one `take` is cheaper than that many slices
-
-
-def _part(rows: pa.Table, kind: str, columns: Sequence[str], order: Sequence[str]) -> pa.Table:
-    """The rows of one kind sorted by ``order``: zero-copy slices where they are contiguous and in order
-    in runs (DuckDB's threads emit a few ordered runs, e.g. a rotation), else filtered and taken in order
-    (a `take` copies the token arrays: ~0.1 s for 50k calls)."""
-    import pyarrow.compute as pc
-
-    mask = np.asarray(pc.equal(rows.column("row_kind"), kind).to_numpy(zero_copy_only=False), dtype=bool)
-    idx = np.flatnonzero(mask)
-    if len(idx) == 0:
-        return rows.slice(0, 0).select(list(columns))
-    if idx[-1] - idx[0] + 1 == len(idx):
-        part = rows.slice(int(idx[0]), len(idx)).select(list(columns))
-    else:
-        part = rows.filter(pa.array(mask)).select(list(columns))
-    sort = pc.sort_indices(part, sort_keys=[(c, "ascending") for c in order])  # stable, nulls last
-    positions = sort.to_numpy()
-    breaks = np.flatnonzero(np.diff(positions) != 1) + 1  # where the sorted order jumps in `part`
-    if len(breaks) == 0 and (len(positions) == 0 or positions[0] == 0):
-        return part
-    if len(breaks) < _MAX_SORTED_RUNS:
-        starts = np.concatenate(([0], breaks))
-        ends = np.concatenate((breaks, [len(positions)]))
-        return pa.concat_tables([part.slice(int(positions[a]), int(b - a)) for a, b in zip(starts, ends)])
-    return part.take(sort)
-
-
-def _sum(table: pa.Table, column: str) -> int:
-    import pyarrow.compute as pc
-
-    value = pc.sum(table.column(column)).as_py() if table.num_rows else 0
-    return int(value or 0)
-
-
-def _count_equal(table: pa.Table, column: str, value: str) -> int:
-    import pyarrow.compute as pc
-
-    if not table.num_rows:
-        return 0
-    return int(pc.sum(pc.equal(table.column(column), value).cast(pa.int64())).as_py() or 0)
