@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from spanrl.algorithms.padding import fill_mask, fill_rows, flat_values, list_lengths, new_tensor, real_positions
 from spanrl.algorithms.reporters import check_report_to
 from spanrl.errors import ConfigError, TrainingError
 
@@ -102,20 +103,9 @@ def _row_problem(row: dict[str, Any], vocab_size: int | None) -> str | None:
     return None
 
 
-def _lengths(column: pa.ChunkedArray) -> np.ndarray:
-    """Entries per row of a list column (a null list counts as empty), as int64."""
-    return np.asarray(pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
-
-
-def _flat(column: pa.ChunkedArray) -> np.ndarray:
-    """The values of a list column's rows, concatenated in row order (null rows contribute nothing)."""
-    flat = pc.list_flatten(column)
-    return flat.to_numpy() if flat.null_count == 0 else flat.to_numpy(zero_copy_only=False)
-
-
 def _out_of_vocab_rows(column: pa.ChunkedArray, lengths: np.ndarray, vocab_size: int) -> np.ndarray:
     """Rows with a token id outside ``[0, vocab_size)``."""
-    values = _flat(column)
+    values = flat_values(column)
     rows = np.zeros(len(lengths), dtype=bool)
     if len(values) and (values.min() < 0 or values.max() >= vocab_size):
         bad_at = np.flatnonzero((values < 0) | (values >= vocab_size))
@@ -130,8 +120,8 @@ def check_transitions(transitions: TransitionBatch | pa.Table | Sequence[Transit
     table = transition_table(transitions)
     if not table.num_rows:
         raise ConfigError("batch has no transitions; an update needs at least one")
-    n_p, n_c = _lengths(table.column("prompt_ids")), _lengths(table.column("completion_ids"))
-    n_m, n_lp = _lengths(table.column("completion_mask")), _lengths(table.column("old_logprobs"))
+    n_p, n_c = list_lengths(table.column("prompt_ids")), list_lengths(table.column("completion_ids"))
+    n_m, n_lp = list_lengths(table.column("completion_mask")), list_lengths(table.column("old_logprobs"))
     advantage = np.asarray(table.column("advantage").to_numpy(zero_copy_only=False), dtype=np.float64)
     bad = (n_p == 0) | (n_c == 0) | (n_m != n_c) | ((n_lp != 0) & (n_lp != n_c)) | ~np.isfinite(advantage)
     if vocab_size is not None:
@@ -168,41 +158,6 @@ class PaddedBatch:
         )
 
 
-def _new_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, np.ndarray]:
-    """An uninitialised tensor and its NumPy view (shared memory). Allocated by torch, not NumPy: NumPy
-    advises huge pages on big arrays, and the kernel's compaction on first touch cost 0.1-0.4 s per 120 MB
-    on a busy machine against 0.08 s for plain pages (measured here)."""
-    tensor = torch.empty(shape, dtype=dtype)
-    return tensor, tensor.numpy()
-
-
-def _fill_rows(out: np.ndarray, real: np.ndarray | None, values: np.ndarray, fill: float) -> None:
-    """Put ``values`` (the rows' entries concatenated) into ``out`` where ``real`` is True, ``fill``
-    elsewhere; ``real`` None: every row is full, one reshaped copy."""
-    if real is None:
-        out[...] = values.reshape(out.shape)
-        return
-    out.fill(fill)
-    out[real] = values
-
-
-def _real_mask(lengths: np.ndarray, width: int, *, left: bool) -> tuple[torch.Tensor, np.ndarray | None]:
-    """The (B, width) long attention mask of rows of ``lengths`` padded on the left or right, and the same
-    as a boolean array for scattering (None when every row is full)."""
-    mask_t, mask = _new_tensor((len(lengths), width), torch.long)
-    if (lengths == width).all():
-        mask.fill(1)
-        return mask_t, None
-    _, real = _new_tensor((len(lengths), width), torch.bool)
-    positions = np.arange(width)[None, :]
-    if left:
-        np.greater_equal(positions, (width - lengths)[:, None], out=real)
-    else:
-        np.less(positions, lengths[:, None], out=real)
-    mask[...] = real
-    return mask_t, real
-
-
 def pad_transitions(transitions: TransitionBatch | pa.Table | Sequence[Transition], *, pad_token_id: int) -> PaddedBatch:
     """Pad transitions into a :class:`PaddedBatch`. ``old_logprobs``: the server's log-probs where a
     transition has them, NaN on the completion tokens of one that has none (retokenized: recompute
@@ -210,37 +165,42 @@ def pad_transitions(transitions: TransitionBatch | pa.Table | Sequence[Transitio
 
     Columnar: each (B, T) tensor is allocated once and filled from the Arrow list column's flattened
     values through a boolean mask of the padded layout (row-major order is the order of the values; one
-    reshaped copy when every row is full), no Python per row."""
+    reshaped copy per Arrow chunk when every row is full; ``spanrl.algorithms.padding``), no Python
+    per row."""
     table = transition_table(transitions)
-    n_p, n_c = _lengths(table.column("prompt_ids")), _lengths(table.column("completion_ids"))
-    max_p, max_c = int(n_p.max(initial=0)), int(n_c.max(initial=0))
-    prompt_mask, p_real = _real_mask(n_p, max_p, left=True)  # left-padded prompts
-    completion_mask, c_real = _real_mask(n_c, max_c, left=False)  # right-padded completions
-    prompt_ids_t, prompt_ids = _new_tensor((len(n_p), max_p), torch.long)
-    _fill_rows(prompt_ids, p_real, _flat(table.column("prompt_ids")), pad_token_id)
-    completion_ids_t, completion_ids = _new_tensor((len(n_c), max_c), torch.long)
-    _fill_rows(completion_ids, c_real, _flat(table.column("completion_ids")), pad_token_id)
-    loss_mask_t, loss_mask = _new_tensor((len(n_c), max_c), torch.long)
-    _fill_rows(loss_mask, c_real, _flat(table.column("completion_mask")), 0)
-    n_lp = _lengths(table.column("old_logprobs"))
+    n_p, n_c = list_lengths(table.column("prompt_ids")), list_lengths(table.column("completion_ids"))
+    bsz, max_p, max_c = len(n_p), int(n_p.max(initial=0)), int(n_c.max(initial=0))
+    p_real = real_positions(n_p, max_p, left=True)  # left-padded prompts; None: every row full
+    c_real = real_positions(n_c, max_c, left=False)  # right-padded completions
+    prompt_mask, pm = new_tensor((bsz, max_p), torch.long)
+    fill_mask(pm, p_real)
+    completion_mask, cm = new_tensor((bsz, max_c), torch.long)
+    fill_mask(cm, c_real)
+    prompt_ids, p_ids = new_tensor((bsz, max_p), torch.long)
+    fill_rows(p_ids, p_real, table.column("prompt_ids"), pad_token_id)
+    completion_ids, c_ids = new_tensor((bsz, max_c), torch.long)
+    fill_rows(c_ids, c_real, table.column("completion_ids"), pad_token_id)
+    loss_mask, loss = new_tensor((bsz, max_c), torch.long)
+    fill_rows(loss, c_real, table.column("completion_mask"), 0)
+    n_lp = list_lengths(table.column("old_logprobs"))
     known = (n_lp > 0) & (n_lp == n_c)
     old_logprobs = None
     if known.all() and len(known):
-        old_logprobs, old = _new_tensor((len(n_c), max_c), torch.float32)
-        _fill_rows(old, c_real, _flat(table.column("old_logprobs")), 0.0)
+        old_logprobs, old = new_tensor((bsz, max_c), torch.float32)
+        fill_rows(old, c_real, table.column("old_logprobs"), 0.0)
     elif known.any():
-        old_logprobs, old = _new_tensor((len(n_c), max_c), torch.float32)
+        old_logprobs, old = new_tensor((bsz, max_c), torch.float32)
         real = c_real if c_real is not None else np.ones(old.shape, dtype=bool)
         old.fill(0.0)
-        old[real & known[:, None]] = _flat(table.column("old_logprobs").filter(pa.array(known)))
+        old[real & known[:, None]] = flat_values(table.column("old_logprobs").filter(pa.array(known)))
         old[real & ~known[:, None]] = np.nan
     column = lambda name: np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=np.float32)  # noqa: E731
     return PaddedBatch(
-        prompt_ids=prompt_ids_t,
+        prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
-        completion_ids=completion_ids_t,
+        completion_ids=completion_ids,
         completion_mask=completion_mask,
-        loss_mask=loss_mask_t,
+        loss_mask=loss_mask,
         old_logprobs=old_logprobs,
         advantages=torch.from_numpy(column("advantage")),
         rewards=torch.from_numpy(column("reward")),

@@ -21,7 +21,7 @@ Timed (median of --rounds; wall and CPU time, `time.process_time`, which counts 
 
 Usage:
     .venv/bin/python bench/decompose.py [--rollouts 10000] [--rounds 3] [--anchor-rollouts 10000]
-        [--old-rounds 1] [--anchor-python /tmp/anchor-venv/bin/python] [--db PATH]
+        [--old-rounds 1] [--anchor-python /tmp/anchor-venv/bin/python] [--db PATH] [--json PATH]
 """
 
 from __future__ import annotations
@@ -272,6 +272,7 @@ def _legacy_pad(transitions: list, pad_token_id: int) -> dict:
 
 
 GOAL_S = 0.5  # issue 17: store -> padded tensors for 50k transitions, on a quiet machine
+GOAL_TRANSITIONS = 50_000
 
 
 def _timed(fn: Any) -> tuple[Any, float, float]:
@@ -282,7 +283,7 @@ def _timed(fn: Any) -> tuple[Any, float, float]:
     return out, time.perf_counter() - w, time.process_time() - c
 
 
-def time_stages(store: object, rounds: int, old_rounds: int) -> None:
+def time_stages(store: object, rounds: int, old_rounds: int) -> dict[str, Any]:
     """Store -> padded (B, T) tensors by stage, median of ``rounds``: `load_transitions` (its decomposer
     SQL timed apart, in the same call) + `check_transitions` + `to_padded`; beside the old per-row path (`load_transitions` + a dataclass per row + a tensor per
     row and field) in the same run, checking that both give identical tensors."""
@@ -334,7 +335,7 @@ def time_stages(store: object, rounds: int, old_rounds: int) -> None:
     print(f"    decomposer SQL (DuckDB -> Arrow)          {sql[0]:6.2f} s / {sql[1]:5.2f} s")
     print(f"    filters, credit, Arrow table              {rest_w:6.2f} s / {rest_c:5.2f} s")
     print(f"  check_transitions                           {med['check'][0]:6.2f} s / {med['check'][1]:5.2f} s")
-    print(f"  to_padded (torch.from_numpy, no copies)     {med['pad'][0]:6.2f} s / {med['pad'][1]:5.2f} s")
+    print(f"  to_padded (a tensor per field)              {med['pad'][0]:6.2f} s / {med['pad'][1]:5.2f} s")
     total = med["total"]
     print(f"  end to end                                  {total[0]:6.2f} s / {total[1]:5.2f} s "
           f"(rounds: {', '.join(f'{w:.2f}' for w, _ in stages['total'])})")
@@ -343,14 +344,21 @@ def time_stages(store: object, rounds: int, old_rounds: int) -> None:
         old_c = statistics.median(c for _, c in old)
         print(f"  old per-row path (dataclasses + a tensor per row), same run: {old_w:.2f} s / {old_c:.2f} s "
               f"-> {old_w / total[0]:.1f}x wall, {old_c / total[1]:.1f}x CPU; identical tensors")
-    verdict = "met" if total[0] < GOAL_S else "NOT met"
+    comparable = len(batch) >= GOAL_TRANSITIONS
+    verdict = ("met" if total[0] < GOAL_S else "NOT met") if comparable else "not comparable: fewer transitions"
     print(f"goal: store -> tensors for 50k transitions under {GOAL_S} s on a quiet machine -> {len(batch):,} "
           f"transitions: {total[0]:.2f} s wall ({verdict} at load average {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} cores), {total[1]:.2f} s CPU")
-    from _results import record  # bench/_results.py: for bench/report.py's README table
-    record("decompose", {"tensors_transitions": len(batch), "tensors_s": total[0], "tensors_cpu_s": total[1],
-                         "per_row_s": statistics.median(w for w, _ in old) if old else None,
-                         "per_row_cpu_s": statistics.median(c for _, c in old) if old else None})
+    figures: dict[str, Any] = {"transitions": len(batch), "rounds": rounds, "goal_s": GOAL_S,
+                               "goal_met": total[0] < GOAL_S if comparable else None}
+    for key, name in (("load", "load_transitions"), ("sql", "decomposer_sql"), ("check", "check_transitions"),
+                      ("pad", "to_padded"), ("total", "end_to_end")):
+        figures[name] = {"wall_s": med[key][0], "cpu_s": med[key][1]}
+    figures["filters_credit_table"] = {"wall_s": rest_w, "cpu_s": rest_c}
+    figures["end_to_end"]["rounds_wall_s"] = [w for w, _ in stages["total"]]
+    if old:
+        figures["old_per_row_path"] = {"wall_s": old_w, "cpu_s": old_c}
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -361,7 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--anchor-python", default=DEFAULT_ANCHOR_PYTHON)
     parser.add_argument("--old-rounds", type=int, default=1, help="rounds of the old per-row path (slow)")
     parser.add_argument("--db", default=None, help="DuckDB file to write (default: a temporary one)")
+    parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
+    if args.db and Path(args.db).exists():
+        parser.error(f"--db {args.db} exists: the bench writes a fresh store (remove it or pick another path)")
+    figures: dict[str, Any] = {"spans": 0, "rollouts": args.rollouts, "cpu_count": os.cpu_count(),
+                               "loadavg_start": os.getloadavg()[0]}
 
     from spanrl.algorithms.credit import CreditConfig
     from spanrl.algorithms.transitions import load_transitions
@@ -392,37 +405,69 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  CPU time of this process (all DuckDB threads), median: {statistics.median(cpus):.2f} s; "
               f"load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         print(f"  report: {json.dumps({k: v for k, v in batch.report.items() if v})}")
-        from _results import record  # bench/_results.py: for bench/report.py's README table
-        record("decompose", {"spans": n_spans, "rollouts": args.rollouts, "rounds": args.rounds,
-                             "transitions": len(batch), "load_s": ours_s, "load_cpu_s": statistics.median(cpus)})
-        time_stages(store, args.rounds, args.old_rounds)
+        figures.update(spans=n_spans, load_transitions_runs={"wall_s": ours_s, "cpu_s": statistics.median(cpus)},
+                       report=batch.report, loadavg_after_load=os.getloadavg()[0])
+        figures["stages"] = time_stages(store, args.rounds, args.old_rounds)
+        figures["loadavg_after_stages"] = os.getloadavg()[0]
 
-        n_anchor = min(args.anchor_rollouts or args.rollouts, args.rollouts)
-        if not Path(args.anchor_python).exists():
+        if Path(args.anchor_python).exists():
+            figures.update(_anchor_figures(args, table, Path(tmp), ours_s, statistics.median(cpus)))
+        else:
             print(f"anchor: skipped, no {args.anchor_python} (pip install agentlightning==0.3.0 into that venv)")
-            store.close()
-            return 0
-        sub = table.slice(0, n_anchor * SPANS_PER_ROLLOUT)
-        spans_path = Path(tmp) / "anchor.jsonl"
-        export_for_anchor(sub, spans_path)
-        res = run_anchor(args.anchor_python, spans_path)
-        per_span_adapt = res["adapt_s"] / res["spans"]
-        per_span_total = (res["adapt_s"] + res["convert_s"]) / res["spans"]
-        print(f"anchor TracerTraceToTriplet on {res['spans']:,} spans ({res['rollouts']:,} rollouts): "
-              f"{res['triplets']:,} triplets, adapt {res['adapt_s']:.2f} s ({1 / per_span_adapt:,.0f} spans/s), "
-              f"+ converting to its Span objects {res['convert_s']:.2f} s")
-        ours_per_span = ours_s / n_spans
-        print(f"ratio, wall (anchor time per span / spanrl time per span): adapt only "
-              f"{per_span_adapt / ours_per_span:.1f}x, with conversion {per_span_total / ours_per_span:.1f}x")
-        ours_cpu_per_span = statistics.median(cpus) / n_spans
-        print(f"ratio, CPU time: adapt only {res['adapt_cpu_s'] / res['spans'] / ours_cpu_per_span:.1f}x, with conversion "
-              f"{(res['adapt_cpu_s'] + res['convert_cpu_s']) / res['spans'] / ours_cpu_per_span:.1f}x")
-        scaled = "" if n_spans == 1_000_000 else " (scaled linearly from this run; fixed costs dominate small runs)"
-        print(f"goal: under 10 s per 1M spans -> {ours_s * 1e6 / n_spans:.2f} s per 1M spans{scaled}")
         store.close()
-    from _results import record  # bench/_results.py: for bench/report.py's README table
-    record("decompose", {"anchor_rollouts": n_anchor, "anchor": res})
+    _write_json(args.json, figures)
+    _record_for_report(figures)
     return 0
+
+
+def _record_for_report(figures: dict[str, Any]) -> None:
+    """The figures bench/report.py's README table reads (bench/_results.py; nothing without its env var)."""
+    from _results import record
+
+    stages, runs = figures.get("stages") or {}, figures.get("load_transitions_runs") or {}
+    old = stages.get("old_per_row_path") or {}
+    record("decompose", {
+        "spans": figures.get("spans"), "transitions": stages.get("transitions"),
+        "load_s": runs.get("wall_s"), "load_cpu_s": runs.get("cpu_s"),
+        "tensors_transitions": stages.get("transitions"),
+        "tensors_s": (stages.get("end_to_end") or {}).get("wall_s"),
+        "tensors_cpu_s": (stages.get("end_to_end") or {}).get("cpu_s"),
+        "per_row_s": old.get("wall_s"), "per_row_cpu_s": old.get("cpu_s"),
+        "anchor": figures.get("anchor"),
+    })
+
+
+def _anchor_figures(args: argparse.Namespace, table: pa.Table, tmp: Path, ours_s: float, ours_cpu: float) -> dict:
+    """Run the anchor on the first --anchor-rollouts rollouts and print the ratios per span."""
+    n_spans = table.num_rows
+    n_anchor = min(args.anchor_rollouts or args.rollouts, args.rollouts)
+    spans_path = tmp / "anchor.jsonl"
+    export_for_anchor(table.slice(0, n_anchor * SPANS_PER_ROLLOUT), spans_path)
+    res = run_anchor(args.anchor_python, spans_path)
+    per_span_adapt = res["adapt_s"] / res["spans"]
+    per_span_total = (res["adapt_s"] + res["convert_s"]) / res["spans"]
+    print(f"anchor TracerTraceToTriplet on {res['spans']:,} spans ({res['rollouts']:,} rollouts): "
+          f"{res['triplets']:,} triplets, adapt {res['adapt_s']:.2f} s ({1 / per_span_adapt:,.0f} spans/s), "
+          f"+ converting to its Span objects {res['convert_s']:.2f} s")
+    ours_per_span = ours_s / n_spans
+    print(f"ratio, wall (anchor time per span / spanrl time per span): adapt only "
+          f"{per_span_adapt / ours_per_span:.1f}x, with conversion {per_span_total / ours_per_span:.1f}x")
+    ours_cpu_per_span = ours_cpu / n_spans
+    cpu_adapt = res["adapt_cpu_s"] / res["spans"] / ours_cpu_per_span
+    cpu_total = (res["adapt_cpu_s"] + res["convert_cpu_s"]) / res["spans"] / ours_cpu_per_span
+    print(f"ratio, CPU time: adapt only {cpu_adapt:.1f}x, with conversion {cpu_total:.1f}x")
+    scaled = "" if n_spans == 1_000_000 else " (scaled linearly from this run; fixed costs dominate small runs)"
+    print(f"goal: under 10 s per 1M spans -> {ours_s * 1e6 / n_spans:.2f} s per 1M spans{scaled}")
+    return {"anchor": {**res, "ratio_wall_adapt": per_span_adapt / ours_per_span,
+                       "ratio_wall_with_conversion": per_span_total / ours_per_span,
+                       "ratio_cpu_adapt": cpu_adapt, "ratio_cpu_with_conversion": cpu_total},
+            "seconds_per_1m_spans": ours_s * 1e6 / n_spans, "loadavg_end": os.getloadavg()[0]}
+
+
+def _write_json(path: str | None, figures: dict[str, Any]) -> None:
+    if path:
+        Path(path).write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+        print(f"figures written to {path}")
 
 
 if __name__ == "__main__":

@@ -151,7 +151,7 @@ def decompose_row(b: Bench) -> tuple[str, str, str]:
         old = b.get("per_row_s")
         vs = f"; {old / t:.1f}x the per-row path" if old else ""
         goal = "met" if t < TENSORS_GOAL_S else "not met"
-        cell += (f"; store -> padded tensors for {n:,} transitions {t:.1f} s ({c:.1f} s CPU{vs}; "
+        cell += (f"; store -> padded tensors for {n:,} transitions {t:.2f} s ({c:.2f} s CPU{vs}; "
                  f"{TENSORS_GOAL_S} s goal {goal})")
     return label, anchor, cell + ", `bench/decompose.py`"
 

@@ -47,18 +47,40 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 
 from spanrl.errors import ConfigError, StoreError
 from spanrl import semconv as sc
+from spanrl.store.parts import column_sum, count_equal, row_kind_part
 
 __all__ = ["Decomposition", "Selection", "decompose"]
 
 _MAX_ANCESTOR_DEPTH = 64  # longest parent chain walked; guards against cycles in bad data
+_UNROLLED_LEVELS = 6  # parent links followed by plain joins before the walk recurses (see `tree` below)
+_TREE_COLUMNS = (
+    "hash(trace_id, span_id) AS k, "
+    "CASE WHEN parent_span_id IS NOT NULL THEN hash(trace_id, parent_span_id) END AS pk, "
+    f"CASE WHEN operation_name = '{sc.OP_INVOKE_AGENT}' THEN agent_name END AS agent"
+)
+_WALK_LEVELS = "\n".join(
+    f"""walk_{i} AS MATERIALIZED (
+    SELECT w.w_key, w.w_trace, t.pk AS next_k, {i} AS depth, t.agent, t.k IS NULL AS broken
+    FROM walk_{i - 1} w LEFT JOIN tree t ON t.k = w.next_k
+    WHERE w.agent IS NULL AND w.next_k IS NOT NULL
+),"""
+    for i in range(2, _UNROLLED_LEVELS + 1)
+)
+_WALK_UNION = " UNION ALL ".join(
+    [f"SELECT * FROM walk_{i}" for i in range(1, _UNROLLED_LEVELS + 1)]
+    + [f"SELECT * FROM walk_deep WHERE depth > {_UNROLLED_LEVELS}"]
+)
 _LLM_OPS_SQL = ", ".join(f"'{op}'" for op in sc.LLM_OPERATIONS)
 _EVENT_SCHEMA_JSON = '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "JSON"}]'
 _REWARD_EVENTS = (sc.REWARD_SPAN_NAME, sc.GEN_AI_EVALUATION_RESULT_EVENT)
+_TEMPERATURE_SQL = (  # what the server's log-probs were computed at (the server span's attributes, sx)
+    f"""coalesce(TRY_CAST(sx.attributes ->> '$."{sc.LLM_LOGPROBS_TEMPERATURE}"' AS DOUBLE),
+                nullif(TRY_CAST(sx.attributes ->> '$."{sc.GEN_AI_REQUEST_TEMPERATURE}"' AS DOUBLE), 0.0))"""
+)
 _RF, _CF = "__ROLLOUT_FILTER__", "__CALL_FILTER__"
 _CALL_COLUMNS = (
     "rollout_id", "task_id", "attempt", "mode", "rollout_status", "agent", "step", "rollout_calls",
@@ -134,19 +156,21 @@ ro AS (  -- status and end: the one rule, views.sql's rollout_state (attribution
     FROM rollout_state(0)
     WHERE {_RF}
 ),
--- LLM call spans: light columns only (the id arrays are fetched by rowid at the end)
-llm_keys AS (  -- a span exported twice is stored twice: keep the first copy ingested
-    SELECT arg_min(rid, ingested_ns) AS rid, count(*) - 1 AS extra_copies
-    FROM rollout_spans(0)
-    WHERE operation_name IN ({_LLM_OPS_SQL})
-    GROUP BY trace_id, span_id
-),
-llm AS (  -- attributed to a rollout by views.sql's rule (rollout_spans)
+-- LLM call spans: light columns only (the id arrays are fetched by rowid at the end), one scan
+llm_all AS MATERIALIZED (  -- attributed to a rollout by views.sql's rule (rollout_spans)
     SELECT rid, trace_id, span_id, parent_span_id, kind, start_ns, end_ns, service_name, rollout_id,
            response_id, policy_version, status_code, ingested_ns, prompt_token_ids IS NOT NULL AS has_ids
     FROM rollout_spans(0)
-    WHERE operation_name IN ({_LLM_OPS_SQL}) AND rid IN (SELECT rid FROM llm_keys)
-      AND rollout_id IN (SELECT rollout_id FROM ro)
+    WHERE operation_name IN ({_LLM_OPS_SQL})
+),
+llm_keys AS (  -- a span exported twice is stored twice: keep the first copy ingested
+    SELECT arg_min(rid, ingested_ns) AS rid, count(*) - 1 AS extra_copies
+    FROM llm_all
+    GROUP BY trace_id, span_id
+),
+llm AS (
+    SELECT * FROM llm_all
+    WHERE rid IN (SELECT rid FROM llm_keys) AND rollout_id IN (SELECT rollout_id FROM ro)
 ),
 srv AS (SELECT * FROM llm WHERE kind = 'SERVER'),
 cli_all AS (SELECT * FROM llm WHERE kind <> 'SERVER'),
@@ -157,12 +181,14 @@ cli_outer AS (
     SELECT DISTINCT o.rid
     FROM cli_all o JOIN cli_all i ON i.trace_id = o.trace_id AND i.parent_span_id = o.span_id
 ),
-cli_ranked AS (
-    SELECT *, row_number() OVER (PARTITION BY rollout_id, response_id ORDER BY start_ns DESC, rid) AS nth
-    FROM cli_all
-    WHERE rid NOT IN (SELECT rid FROM cli_outer)
+cli_inner AS MATERIALIZED (SELECT * FROM cli_all WHERE rid NOT IN (SELECT rid FROM cli_outer)),
+cli AS (  -- per response id: the latest started, then the first stored (a group-by: a window sorted whole rows)
+    SELECT * FROM cli_inner
+    WHERE response_id IS NULL OR rid IN (
+        SELECT arg_max(rid, struct_pack(start_ns := start_ns, first := -rid))
+        FROM cli_inner WHERE response_id IS NOT NULL GROUP BY rollout_id, response_id
+    )
 ),
-cli AS (SELECT * EXCLUDE (nth) FROM cli_ranked WHERE response_id IS NULL OR nth = 1),
 dup_calls AS (
     SELECT rollout_id, count(*) AS n FROM cli_all WHERE rid NOT IN (SELECT rid FROM cli) GROUP BY rollout_id
 ),
@@ -219,24 +245,34 @@ calls AS (
            hash(w_trace, w_span) AS w_key
     FROM call1
 ),
--- the agent: nearest invoke_agent ancestor, walking parent links (hashed (trace, span) keys)
+-- the agent: nearest invoke_agent ancestor, walking parent links (hashed (trace, span) keys). The first
+-- levels are plain joins (DuckDB hashes the smaller side, the walk); a recursive CTE rebuilds its join's
+-- hash table of the whole tree on every pass, so only chains longer than that recurse, over their traces.
 tree AS MATERIALIZED (
-    SELECT hash(trace_id, span_id) AS k,
-           CASE WHEN parent_span_id IS NOT NULL THEN hash(trace_id, parent_span_id) END AS pk,
-           CASE WHEN operation_name = '{sc.OP_INVOKE_AGENT}' THEN agent_name END AS agent
+    SELECT {_TREE_COLUMNS}
     FROM spans
     WHERE trace_id IN (SELECT w_trace FROM calls)
 ),
-walk(w_key, next_k, depth, agent, broken) AS (
-    SELECT w_key, hash(w_trace, w_parent), 1, NULL::VARCHAR, FALSE FROM calls WHERE w_parent IS NOT NULL
+walk_1 AS MATERIALIZED (
+    SELECT w_key, w_trace, hash(w_trace, w_parent) AS next_k, 1 AS depth, NULL::VARCHAR AS agent, FALSE AS broken
+    FROM calls WHERE w_parent IS NOT NULL
+),
+{_WALK_LEVELS}
+deep_tree AS MATERIALIZED (
+    SELECT {_TREE_COLUMNS}
+    FROM spans
+    WHERE trace_id IN (SELECT w_trace FROM walk_{_UNROLLED_LEVELS} WHERE agent IS NULL AND next_k IS NOT NULL)
+),
+walk_deep(w_key, w_trace, next_k, depth, agent, broken) AS (
+    SELECT * FROM walk_{_UNROLLED_LEVELS} WHERE agent IS NULL AND next_k IS NOT NULL
     UNION ALL
-    SELECT w.w_key, t.pk, w.depth + 1, t.agent, t.k IS NULL
-    FROM walk w LEFT JOIN tree t ON t.k = w.next_k
+    SELECT w.w_key, w.w_trace, t.pk, w.depth + 1, t.agent, t.k IS NULL
+    FROM walk_deep w LEFT JOIN deep_tree t ON t.k = w.next_k
     WHERE w.agent IS NULL AND w.next_k IS NOT NULL AND w.depth < {_MAX_ANCESTOR_DEPTH}
 ),
 agents AS (
     SELECT w_key, arg_min(agent, depth) FILTER (WHERE agent IS NOT NULL) AS agent, bool_or(broken) AS broken
-    FROM walk GROUP BY w_key
+    FROM ({_WALK_UNION}) GROUP BY w_key
 ),
 -- rewards: span attributes and events, one row each, placed after the last call that ended before them
 rw0 AS MATERIALIZED (
@@ -296,7 +332,8 @@ orphans AS (
 ),
 rw_step AS MATERIALIZED (  -- each reward with the step of the last call that ended before it (agent clock)
     SELECT rw.*, coalesce(c.step, -1)::INTEGER AS step
-    FROM rw ASOF LEFT JOIN calls c ON c.rollout_id = rw.rollout_id AND rw.time_ns >= c.agent_end_ns
+    FROM rw ASOF LEFT JOIN (SELECT rollout_id, agent_end_ns, step FROM calls) c
+        ON c.rollout_id = rw.rollout_id AND rw.time_ns >= c.agent_end_ns
 ),
 step_rewards AS (  -- per call: the rewards that followed it (before the next call), summed by name
     SELECT rollout_id, step, map(list(name ORDER BY name), list(total ORDER BY name)) AS rewards_after
@@ -318,8 +355,14 @@ out_calls AS MATERIALIZED (  -- light columns; the arrays are joined last, probi
 )
 SELECT 'call' AS row_kind, f.* EXCLUDE (s_rid, c_rid, has_ids),
        sx.prompt_token_ids AS prompt_ids, sx.completion_token_ids AS completion_ids, sx.logprobs,
-       coalesce(TRY_CAST(sx.attributes ->> '$."{sc.LLM_LOGPROBS_TEMPERATURE}"' AS DOUBLE),
-                nullif(TRY_CAST(sx.attributes ->> '$."{sc.GEN_AI_REQUEST_TEMPERATURE}"' AS DOUBLE), 0.0)) AS temperature,
+       {_TEMPERATURE_SQL} AS temperature
+FROM out_calls f
+LEFT JOIN spans sx ON sx.rowid = f.s_rid
+WHERE f.has_ids
+UNION ALL BY NAME  -- calls without ids apart: only they join their client span's messages
+SELECT 'call' AS row_kind, f.* EXCLUDE (s_rid, c_rid, has_ids),
+       sx.prompt_token_ids AS prompt_ids, sx.completion_token_ids AS completion_ids, sx.logprobs,
+       {_TEMPERATURE_SQL} AS temperature,
        cx.attributes ->> '$."{sc.GEN_AI_INPUT_MESSAGES}"' AS input_messages,
        cx.attributes ->> '$."{sc.GEN_AI_OUTPUT_MESSAGES}"' AS output_messages
 FROM out_calls f
@@ -327,6 +370,7 @@ LEFT JOIN spans sx ON sx.rowid = f.s_rid
 LEFT JOIN (
     SELECT rowid AS rid, attributes FROM spans WHERE rowid IN (SELECT c_rid FROM out_calls WHERE NOT has_ids)
 ) cx ON cx.rid = f.c_rid
+WHERE NOT f.has_ids
 UNION ALL BY NAME
 SELECT 'reward' AS row_kind, rw.rollout_id, rw.name, rw.value, rw.time_ns, rw.source, rw.step,
        coalesce(n.rollout_calls, 0)::INTEGER AS rollout_calls
@@ -343,7 +387,7 @@ LEFT JOIN dups d USING (rollout_id)
 LEFT JOIN dup_calls dc USING (rollout_id)
 LEFT JOIN lates l USING (rollout_id)
 LEFT JOIN orphans o USING (rollout_id)
-"""  # no ORDER BY: sorting the token arrays in DuckDB cost more than the rest of the rows; `_part` sorts
+"""  # no ORDER BY: sorting the token arrays in DuckDB cost more than the rest of the rows; store/parts.py sorts
 
 
 def _rollout_filter(sel: Selection, params: dict[str, Any]) -> str:
@@ -403,53 +447,18 @@ def decompose(
     params: dict[str, Any] = {}
     query = _SQL.replace(_RF, _rollout_filter(sel, params)).replace(_CF, _call_filter(sel, params))
     rows = _run(con, query, params)  # rows of three kinds, told apart by row_kind
-    calls = _part(rows, "call", _CALL_COLUMNS, ("rollout_id", "step"))
-    rewards = _part(rows, "reward", _REWARD_COLUMNS, ("rollout_id", "time_ns", "step"))
-    rollouts = _part(rows, "rollout", _ROLLOUT_COLUMNS, ("rollout_id",))
+    calls = row_kind_part(rows, "call", _CALL_COLUMNS, ("rollout_id", "step"))
+    rewards = row_kind_part(rows, "reward", _REWARD_COLUMNS, ("rollout_id", "time_ns", "step"))
+    rollouts = row_kind_part(rows, "rollout", _ROLLOUT_COLUMNS, ("rollout_id",))
     report = {
         "rollouts": rollouts.num_rows,
         "calls": calls.num_rows,
         "rewards": rewards.num_rows,
-        "duplicate_spans": _sum(rollouts, "duplicate_spans"),
-        "orphan_calls": _sum(rollouts, "orphan_calls"),
-        "duplicate_calls": _sum(rollouts, "duplicate_calls"),
-        "late_arrivals": _sum(rollouts, "late_arrivals"),
-        "failed_rollouts": _count_equal(rollouts, "status", "error"),
-        "open_rollouts": _count_equal(rollouts, "status", "open"),
+        "duplicate_spans": column_sum(rollouts, "duplicate_spans"),
+        "orphan_calls": column_sum(rollouts, "orphan_calls"),
+        "duplicate_calls": column_sum(rollouts, "duplicate_calls"),
+        "late_arrivals": column_sum(rollouts, "late_arrivals"),
+        "failed_rollouts": count_equal(rollouts, "status", "error"),
+        "open_rollouts": count_equal(rollouts, "status", "open"),
     }
     return Decomposition(calls=calls, rewards=rewards, rollouts=rollouts, report=report)
-
-
-def _part(rows: pa.Table, kind: str, columns: Sequence[str], order: Sequence[str]) -> pa.Table:
-    """The rows of one kind sorted by ``order``: a zero-copy slice where they are contiguous and already
-    in order (DuckDB emits them nearly so), else filtered and taken in order."""
-    import pyarrow.compute as pc
-
-    mask = np.asarray(pc.equal(rows.column("row_kind"), kind).to_numpy(zero_copy_only=False), dtype=bool)
-    idx = np.flatnonzero(mask)
-    if len(idx) == 0:
-        return rows.slice(0, 0).select(list(columns))
-    if idx[-1] - idx[0] + 1 == len(idx):
-        part = rows.slice(int(idx[0]), len(idx)).select(list(columns))
-    else:
-        part = rows.filter(pa.array(mask)).select(list(columns))
-    sort = pc.sort_indices(part, sort_keys=[(c, "ascending") for c in order])  # stable, nulls last
-    positions = sort.to_numpy()
-    if (positions == np.arange(len(positions))).all():
-        return part
-    return part.take(sort)
-
-
-def _sum(table: pa.Table, column: str) -> int:
-    import pyarrow.compute as pc
-
-    value = pc.sum(table.column(column)).as_py() if table.num_rows else 0
-    return int(value or 0)
-
-
-def _count_equal(table: pa.Table, column: str, value: str) -> int:
-    import pyarrow.compute as pc
-
-    if not table.num_rows:
-        return 0
-    return int(pc.sum(pc.equal(table.column(column), value).cast(pa.int64())).as_py() or 0)

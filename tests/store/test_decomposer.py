@@ -314,6 +314,26 @@ def test_orphan_call_is_kept_without_agent_and_counted(collector: Any) -> None:
     assert dec.report["orphan_calls"] == 1
 
 
+def test_agent_and_orphans_through_chains_longer_than_the_unrolled_walk(collector: Any) -> None:
+    rec = Recorder()
+    r = Rollout(rec, "deep")
+    root = r.root(0, 300)
+    chains = {"agent": r.invoke_agent("solver", root, 1, 299), "lost": missing_parent(), "bare": root}
+    for depth in range(9):  # nine framework spans between each start and its call
+        for name, parent in chains.items():
+            chains[name] = rec.span(r.agent, f"{name} {depth}", start_ns=_ns(2 + depth), end_ns=_ns(290), parent=parent)
+    r.call(chains["agent"], 20, [1], [2])  # reaches the agent
+    r.call(chains["lost"], 60, [3], [4])  # breaks at a missing parent before any agent: an orphan
+    r.call(chains["bare"], 120, [5], [6])  # reaches the root without an agent: no agent, not an orphan
+    deliver(collector, rec.spans())
+
+    dec = decompose(collector.store)
+
+    assert rows(dec.calls, "step", "agent", "prompt_ids") == [(0, "solver", [1]), (1, None, [3]), (2, None, [5])]
+    assert rows(dec.rollouts, "orphan_calls") == [(1,)]
+    assert rows(decompose(collector.store, Selection(agents=["solver"])).calls, "prompt_ids") == [([1],)]
+
+
 def test_rewards_from_spans_and_evaluation_events_by_name(collector: Any) -> None:
     rec = Recorder()
     r = Rollout(rec, "rw")
