@@ -154,7 +154,7 @@ _BREAKDOWN = textwrap.dedent(
     from opentelemetry.instrumentation.openai import OpenAIInstrumentor
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from spanrl.instrumentation.batch import export_span_processor
     from spanrl.instrumentation.config import apply_env_defaults
     from spanrl.instrumentation.exporter import FastOTLPSpanExporter
     from spanrl.instrumentation.instrumentor import SpanRLInstrumentor
@@ -167,7 +167,7 @@ _BREAKDOWN = textwrap.dedent(
     SpanRLInstrumentor().instrument()
     active = provider._active_span_processor
     rollout = tuple(active._span_processors)
-    batch = BatchSpanProcessor(FastOTLPSpanExporter(endpoint=grpc, insecure=True))
+    batch = export_span_processor(FastOTLPSpanExporter(endpoint=grpc, insecure=True))  # as the configurator
     client = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="sk-bench")
     messages = [{"role": "system", "content": "You are a calculator."}, {"role": "user", "content": "What is 2 + 3?"}]
     bare = Completions.create.__wrapped__
