@@ -8,8 +8,9 @@ instrumentation itself, on the agent's CPU. This module writes the protobuf wire
 * ``snapshot(span)`` takes what encoding needs of a finished span (cheap, where the span ends);
   ``encode_snapshot`` turns them into the span's ``ScopeSpans.spans`` field and the ``ResourceSpans`` /
   ``ScopeSpans`` headers it goes under (resource and scope encoded once, cached);
-* string (up to 128 characters), int and bool attributes (model, provider, operation, URL, token
-  counts: mostly the same on every call) are cached as whole ``KeyValue`` fields, keyed by (key, value);
+* string (up to 128 characters), int, bool and float attributes (model, provider, operation, URL, token
+  counts, rewards: mostly the same on every call) are cached as whole ``KeyValue`` fields, keyed by
+  (key, value); longer strings (messages) are copied once into their field;
 * ``assemble(items)`` groups encoded spans into a request; ``encode_request(spans)`` does both steps.
 
 ``FastOTLPSpanExporter`` is the SDK's ``OTLPSpanExporter`` (same retries, headers, compression, TLS,
@@ -49,6 +50,8 @@ _pack_times = struct.Struct("<BQBQ").pack  # start_time_unix_nano (field 7) and 
 def _varint(n: int) -> bytes:
     if n < 0x80:
         return _SMALL[n]
+    if n < 0x4000:  # lengths of messages and attribute fields: two bytes
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -146,7 +149,8 @@ def _attribute_field(tag: bytes, key: str, value: Any) -> bytes | None:
 
 
 # tag -> value type -> (key, value) -> the whole field (tag, length, KeyValue). One dict per type, since
-# (k, 1) == (k, True) as dict keys. Strings only up to a length: messages are never the same twice.
+# (k, 1) == (k, True) == (k, 1.0) as dict keys. Strings only up to a length: messages are never the
+# same twice. Unencodable values are cached as None (skipped, as the SDK encoder does).
 _field_caches: dict[bytes, dict[type, dict[tuple[str, Any], bytes | None]]] = {}
 
 
@@ -158,24 +162,54 @@ def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> list[bytes]
     return _pairs(tag, attributes.keys(), attributes.values())
 
 
+def _long_string_field(tag: bytes, key: str, value: str) -> bytes:
+    """A string ``KeyValue`` built with one copy of the text (lengths computed, not measured)."""
+    raw = value.encode("utf-8")
+    n = len(raw)
+    head = _key_head(key)
+    av_head = b"\x0a" + _varint(n)
+    av_len = len(av_head) + n
+    kv_head = head + b"\x12" + _varint(av_len)
+    return tag + _varint(len(kv_head) + av_len) + kv_head + av_head + raw
+
+
+def _cached_field(cache: dict[tuple[str, Any], bytes | None], tag: bytes, key: str, value: Any) -> bytes | None:
+    field = _attribute_field(tag, key, value)
+    if len(cache) >= _CACHE_MAX_ENTRIES:  # unique values (response ids) cycle through it
+        cache.clear()
+    cache[(key, value)] = field
+    return field
+
+
 def _pairs(tag: bytes, keys: Iterable[str], values: Iterable[Any]) -> list[bytes]:
     caches = _field_caches.get(tag)
     if caches is None:
-        caches = _field_caches[tag] = {str: {}, int: {}, bool: {}}
+        caches = _field_caches[tag] = {str: {}, int: {}, bool: {}, float: {}}
+    strings, ints, floats = caches[str], caches[int], caches[float]
     out = []
     append = out.append
     for key, value in zip(keys, values):
-        cache = caches.get(type(value))
-        if cache is None or (type(value) is str and len(value) > _CACHED_VALUE_MAX_CHARS):
-            field = _attribute_field(tag, key, value)
-        else:
-            ckey = (key, value)
-            field = cache.get(ckey)
+        kind = type(value)
+        if kind is str:
+            if len(value) > _CACHED_VALUE_MAX_CHARS:
+                append(_long_string_field(tag, key, value))
+                continue
+            field = strings.get((key, value))
             if field is None:
-                field = _attribute_field(tag, key, value)
-                if len(cache) >= _CACHE_MAX_ENTRIES:  # unique values (response ids) cycle through it
-                    cache.clear()
-                cache[ckey] = field
+                field = _cached_field(strings, tag, key, value)
+        elif kind is int:
+            field = ints.get((key, value))
+            if field is None:
+                field = _cached_field(ints, tag, key, value)
+        elif kind is float and value and value == value:  # not 0.0 == -0.0, not NaN: equal means identical
+            field = floats.get((key, value))
+            if field is None:
+                field = _cached_field(floats, tag, key, value)
+        else:  # bool, sequences, zero and NaN floats, anything else
+            cache = caches.get(kind)
+            field = None if cache is None else cache.get((key, value))
+            if field is None:
+                field = _attribute_field(tag, key, value) if cache is None else _cached_field(cache, tag, key, value)
         if field is not None:
             append(field)
     return out
@@ -338,11 +372,20 @@ def assemble(items: Iterable[tuple[bytes, bytes, bytes]]) -> bytes:
         if encoded is None:
             encoded = scopes[scope_part] = [scope_part]
         encoded.append(span_field)
-    out = []
+    # One join at the end: each length prefix is computed from the pieces, none joined twice.
+    out: list[bytes] = []
     for resource_part, scopes in groups.items():
-        parts = [resource_part]
-        parts += [_ld(b"\x12", b"".join(encoded)) for encoded in scopes.values()]
-        out.append(_ld(b"\x0a", b"".join(parts)))
+        head = len(out)
+        out.append(b"")  # the ResourceSpans tag and length, known once its scopes are in
+        out.append(resource_part)
+        size = len(resource_part)
+        for encoded in scopes.values():
+            scope_size = sum(map(len, encoded))
+            prefix = b"\x12" + _varint(scope_size)
+            out.append(prefix)
+            out += encoded
+            size += len(prefix) + scope_size
+        out[head] = b"\x0a" + _varint(size)
     return b"".join(out)
 
 
