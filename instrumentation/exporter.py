@@ -254,13 +254,14 @@ def _status(code: int, description: str | None) -> bytes:
 
 
 def snapshot(span: ReadableSpan) -> tuple[Any, ...]:
-    """What ``encode_snapshot`` needs of a finished span, read where the span ends (~1-2 us).
+    """What ``encode_snapshot`` needs of a finished span, read where the span ends (~2 us).
 
     Only values the garbage collector need not follow once a young collection has seen them (bytes,
-    str, numbers) in one flat tuple: the encoded resource and scope, the ids, then the attribute keys and
-    values (nested tuples can need more collections to untrack than they survive before promotion). A queued ``ReadableSpan``, or anything holding its context, attribute dict or status, is
-    promoted to the old generation before it is exported, and each object promoted per LLM call adds
-    about 2 us of full collections to it (measured on an agent's heap: ~20 us for a queued span).
+    str, numbers) in one flat tuple: the encoded resource and scope, the ids, then the attribute keys
+    and values (nested tuples can need more collections to untrack than they survive before
+    promotion). A queued ``ReadableSpan``, or anything holding its context, attribute dict or status,
+    is promoted to the old generation before it is exported, and each object promoted per LLM call
+    adds about 2 us of full collections to it (measured on an agent's heap: ~20 us for a queued span).
     Events and links (rare on these spans) are kept as the SDK's immutable objects.
     """
     if type(span) is ReadableSpan:  # the SDK's class: its slots, not the properties that copy them
