@@ -132,6 +132,21 @@ def test_a_full_batch_wakes_the_export_thread(receiver):
     provider.shutdown()
 
 
+def test_a_full_batch_sends_full_batches_only(receiver):
+    servicer, endpoint = receiver
+    processor = BatchEncodingSpanProcessor(FastOTLPSpanExporter(endpoint=endpoint, insecure=True),
+                                           schedule_delay_millis=600_000, max_export_batch_size=100)
+    provider = _provider(processor)
+    for i in range(150):
+        _chat_like(provider.get_tracer("t"), i)
+    assert _wait(lambda: len(servicer.spans()) >= 100)
+    time.sleep(0.5)  # the 50 left wait for the delay or a flush: no request per partial batch
+    assert [len(r.resource_spans[0].scope_spans[0].spans) for r in servicer.requests] == [100]
+    assert processor.force_flush()
+    assert len(servicer.spans()) == 150 and len(servicer.requests) == 2
+    provider.shutdown()
+
+
 def test_full_queue_drops_new_spans_and_counts_them(receiver):
     servicer, endpoint = receiver
     processor = BatchEncodingSpanProcessor(FastOTLPSpanExporter(endpoint=endpoint, insecure=True),
