@@ -96,6 +96,11 @@ def tracer_row(b: Bench) -> tuple[str, str, str]:
         cell += f", {theirs / ours:.1f}x less than the anchor" if ours > 0 else ""
     else:
         anchor = _nm("no anchor venv: `make anchor-venv`")
+    cpu = b.get("cpu_s") or {}
+    if cpu.get("spanrl") is not None and cpu.get("plain") is not None:
+        cell += f"; agent CPU +{(cpu['spanrl'] - cpu['plain']) * 1e6:.0f} µs per call"
+        if cpu.get("anchor") is not None and cpu.get("anchor-plain") is not None:
+            anchor += f", agent CPU +{(cpu['anchor'] - cpu['anchor-plain']) * 1e6:.0f} µs"
     if parts is not None:
         cell += f"; CPU of the tracing parts {parts * 1e6:.0f} µs ({100 * parts / (call_ms / 1000):.1f}% of the call)"
     return label, anchor, cell + ", `bench/tracer_overhead.py`"

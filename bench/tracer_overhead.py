@@ -10,7 +10,7 @@ Processes (nothing shares a GIL with the agent being timed):
 Modes:
   plain            spanrl venv, no OTel SDK (emit_reward is a no-op): the baseline
   spanrl           the same script under `opentelemetry-instrument` (spanrl distro: OpenLLMetry spans,
-                   BatchSpanProcessor, OTLP/gRPC to the running collector)
+                   BatchEncodingSpanProcessor, OTLP/gRPC to the running collector)
   anchor-plain     the anchor's venv, no tracer (agentlightning.emit_reward raises without one: no reward)
   anchor           AgentOpsTracer (Agent Lightning 0.3's default tracer) writing each span synchronously
                    to an in-process InMemoryLightningStore (its fastest store: no IPC)
@@ -19,10 +19,14 @@ Rounds are interleaved; figures are medians over rounds of each round's median p
 Overhead = mode - its own venv's baseline. CPU/call is the agent process's CPU time (all threads,
 span export included, flushed at the end) over the timed calls: steadier than wall time on a busy
 machine. Then the breakdown: where the overhead's microseconds go, stage by stage in one process with
-the reply returned in-process (no HTTP noise), export thread included. Usage:
+the reply returned in-process (no HTTP noise), export thread included, each export split into the
+agent thread's CPU (snapshot, queue) and the rest (the export thread's encoding and gRPC). With real HTTP
+the same work costs more CPU than in-process (the client's path evicts the caches): the end-to-end CPU
+overhead is the figure to hold against the goal. `--json PATH` writes every figure as one JSON object.
+Usage:
 
     .venv/bin/python bench/tracer_overhead.py [--calls 300] [--rounds 5] [--call-ms 2.0] [--breakdown-only]
-        [--anchor-python /tmp/anchor-venv/bin/python]
+        [--anchor-python /tmp/anchor-venv/bin/python] [--json PATH]
 """
 
 from __future__ import annotations
@@ -135,7 +139,8 @@ _AGENT = textwrap.dedent(
 # Where the microseconds go: the same call with the server's reply returned in-process (no HTTP, so the
 # client's ~1.5 ms of CPU and its noise are gone), through OpenLLMetry and the SDK, stage by stage, in
 # one process; stages interleaved per round. CPU time of every thread (the export thread included: the
-# batch processor is flushed inside the timed window). Differences between stages are the parts.
+# batch processor is flushed inside the timed window) and of the agent's own thread during the calls.
+# Differences between stages are the parts.
 _BREAKDOWN = textwrap.dedent(
     """
     import json, statistics, sys, time
@@ -154,7 +159,7 @@ _BREAKDOWN = textwrap.dedent(
     from opentelemetry.instrumentation.openai import OpenAIInstrumentor
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from spanrl.instrumentation.batch import export_span_processor
     from spanrl.instrumentation.config import apply_env_defaults
     from spanrl.instrumentation.exporter import FastOTLPSpanExporter
     from spanrl.instrumentation.instrumentor import SpanRLInstrumentor
@@ -167,7 +172,7 @@ _BREAKDOWN = textwrap.dedent(
     SpanRLInstrumentor().instrument()
     active = provider._active_span_processor
     rollout = tuple(active._span_processors)
-    batch = BatchSpanProcessor(FastOTLPSpanExporter(endpoint=grpc, insecure=True))
+    batch = export_span_processor(FastOTLPSpanExporter(endpoint=grpc, insecure=True))  # as the configurator
     client = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="sk-bench")
     messages = [{"role": "system", "content": "You are a calculator."}, {"role": "user", "content": "What is 2 + 3?"}]
     bare = Completions.create.__wrapped__
@@ -177,20 +182,27 @@ _BREAKDOWN = textwrap.dedent(
     def stage(fn, processors):
         active._span_processors = processors
         fn(); fn()
-        c0 = time.process_time()
+        provider.force_flush(30000)
+        c0, t0 = time.process_time(), time.thread_time()
         for _ in range(calls):
             fn()
+        t1 = time.thread_time()
         if batch in processors:
-            provider.force_flush(30000)
-        return (time.process_time() - c0) / calls
+            provider.force_flush(30000)  # the rest of the export, on this thread: counted as export thread
+        return (time.process_time() - c0) / calls, (t1 - t0) / calls
     stages = {"plain": (plain, ()), "call_bare_sdk": (call, ()), "call": (call, rollout),
               "call_export": (call, rollout + (batch,)), "reward": (reward, rollout),
               "reward_export": (reward, rollout + (batch,))}
     out = {k: [] for k in stages}
+    agent = {k: [] for k in stages}  # CPU of the agent's own thread during the calls
     for _ in range(rounds):
         for name, (fn, procs) in stages.items():
-            out[name].append(stage(fn, procs))
-    print("BENCH " + json.dumps({k: statistics.median(v) for k, v in out.items()}), flush=True)
+            total, own = stage(fn, procs)
+            out[name].append(total)
+            agent[name].append(own)
+    result = {k: statistics.median(v) for k, v in out.items()}
+    result.update({k + "_agent_thread": statistics.median(v) for k, v in agent.items()})
+    print("BENCH " + json.dumps(result), flush=True)
     """
 )
 
@@ -206,25 +218,48 @@ def run_breakdown(grpc: str, calls: int, rounds: int) -> dict[str, float]:
     return json.loads(lines[-1][len("BENCH "):])
 
 
-def breakdown_total(b: dict[str, float]) -> float:
-    """CPU seconds per call that tracing adds: the traced call and reward, exported, minus the bare call."""
-    return b["call_export"] - b["plain"] + b["reward_export"]
+def breakdown_parts(b: dict[str, float]) -> list[tuple[str, float]]:
+    """(part, CPU seconds per call) of the per-call overhead, from the stages of `_BREAKDOWN`."""
+    def split(stage: str, base: str) -> tuple[float, float]:  # (agent thread, export thread) of an export stage
+        agent = b[stage + "_agent_thread"] - b[base + "_agent_thread"]
+        return agent, (b[stage] - b[base]) - agent
+    chat_agent, chat_thread = split("call_export", "call")
+    reward_agent, reward_thread = split("reward_export", "reward")
+    return [
+        ("OpenLLMetry wrapper + chat span (capture on; SDK, no processor)", b["call_bare_sdk"] - b["plain"]),
+        ("spanrl rollout span processor (on_start)", b["call"] - b["call_bare_sdk"]),
+        ("chat span export: snapshot + queue (agent thread)", chat_agent),
+        ("chat span export: encode + gRPC (export thread)", chat_thread),
+        ("reward span (spanrl.emit_reward)", b["reward"]),
+        ("reward span export: snapshot + queue (agent thread)", reward_agent),
+        ("reward span export: encode + gRPC (export thread)", reward_thread),
+    ]
 
 
 def print_breakdown(b: dict[str, float], call_ms: float) -> None:
     """The parts of the per-call overhead, in microseconds of CPU and as a share of a ``call_ms`` call."""
-    parts = [
-        ("OpenLLMetry wrapper + chat span (capture on; SDK, no processor)", b["call_bare_sdk"] - b["plain"]),
-        ("spanrl rollout span processor (on_start)", b["call"] - b["call_bare_sdk"]),
-        ("chat span export (batch queue, spanrl encoder, gRPC; other thread)", b["call_export"] - b["call"]),
-        ("reward span (spanrl.emit_reward)", b["reward"]),
-        ("reward span export", b["reward_export"] - b["reward"]),
-    ]
+    parts = breakdown_parts(b)
     total = sum(x for _, x in parts)
     print(f"\nwhere the microseconds go (CPU per call, no HTTP, median of rounds; load {os.getloadavg()[0]:.1f}):")
     for name, x in parts:
         print(f"  {name:70s} {x * 1e6:7.1f} us {100 * x / total:5.1f}%")
     print(f"  {'total':70s} {total * 1e6:7.1f} us = {100 * total / (call_ms / 1000):.1f}% of a {call_ms:.1f} ms call")
+
+
+def breakdown_json(b: dict[str, float], call_ms: float) -> dict[str, object]:
+    parts = breakdown_parts(b)
+    total = sum(x for _, x in parts)
+    return {"parts_us": {name: round(x * 1e6, 2) for name, x in parts}, "total_us": round(total * 1e6, 2),
+            "total_pct_of_call": round(100 * total / (call_ms / 1000), 2)}
+
+
+def write_json(path: str | None, figures: dict[str, object]) -> None:
+    """The figures as one JSON object in ``path`` and as the last line on stdout (``BENCH_JSON {...}``)."""
+    if not path:
+        return
+    text = json.dumps(figures, sort_keys=True)
+    Path(path).write_text(text + "\n")
+    print("BENCH_JSON " + text)
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
@@ -298,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="python of a venv with agentlightning==0.3.0 ('' to skip the anchor)")
     parser.add_argument("--breakdown-calls", type=int, default=2000, help="calls per stage of the breakdown")
     parser.add_argument("--breakdown-only", action="store_true", help="only the in-process breakdown")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as one JSON object to PATH "
+                        "(and print it as the last line, prefixed BENCH_JSON)")
     args = parser.parse_args(argv)
 
     anchor = args.anchor_python and Path(args.anchor_python).exists()
@@ -312,10 +349,13 @@ def main(argv: list[str] | None = None) -> int:
         collector, grpc, http = start_collector(Path(tmp) / "bench.duckdb")
         if args.breakdown_only:
             try:
-                print_breakdown(run_breakdown(grpc, args.breakdown_calls, args.rounds), args.call_ms)
+                breakdown = run_breakdown(grpc, args.breakdown_calls, args.rounds)
             finally:
                 collector.terminate()
                 collector.wait(30)
+            print_breakdown(breakdown, args.call_ms)
+            write_json(args.json, {"call_ms": args.call_ms, "load_average": round(os.getloadavg()[0], 2),
+                                   "breakdown": breakdown_json(breakdown, args.call_ms)})
             return 0
         try:
             # Calibrate the server delay so a plain call takes about --call-ms.
@@ -369,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average at the end {os.getloadavg()[0]:.1f} (figures scale with it: compare within a run)")
     # The verdict needs both: the wall overhead (noisy on a busy machine, can even come out negative)
     # and the CPU of the instrumentation's parts (steady), each under 5% of the call.
-    cpu_total = breakdown_total(breakdown)
+    cpu_total = sum(x for _, x in breakdown_parts(breakdown))
     wall_ok = 0 <= (med["spanrl"] - med["plain"]) / med["plain"] < 0.05
     cpu_ok = cpu_total < 0.05 * args.call_ms / 1000
     print(f"goal: spanrl overhead < 5% of a {args.call_ms:.1f} ms call: {'MET' if wall_ok and cpu_ok else 'NOT MET'} "
@@ -380,6 +420,19 @@ def main(argv: list[str] | None = None) -> int:
     record("tracer", {"call_ms": args.call_ms, "calls": args.calls, "rounds": args.rounds,
                       "median_s": med, "cpu_s": cpu, "parts_cpu_s": cpu_total, "goal_met": wall_ok and cpu_ok,
                       "stored": stored, "rewards": rewards, "expected": expected})
+
+    def mode_json(m: str) -> dict[str, float]:
+        b = baseline[m]
+        return {"median_call_us": round(med[m] * 1e6, 1), "overhead_us": round((med[m] - med[b]) * 1e6, 1),
+                "overhead_pct_of_call": round(100 * (med[m] - med[b]) / med[b], 2),
+                "cpu_per_call_us": round(cpu[m] * 1e6, 1), "cpu_overhead_us": round((cpu[m] - cpu[b]) * 1e6, 1)}
+
+    write_json(args.json, {
+        "call_ms": args.call_ms, "calls": args.calls, "rounds": args.rounds, "load_average": round(os.getloadavg()[0], 2),
+        "modes": {m: mode_json(m) for m in modes}, "stored": {"chat": stored, "reward": rewards, "expected": expected},
+        "anchor_over_spanrl": round(ratio, 2) if anchor else None, "breakdown": breakdown_json(breakdown, args.call_ms),
+        "goal_met": wall_ok and cpu_ok,
+    })
     return 0
 
 

@@ -87,7 +87,7 @@ def _to_text(value: Any) -> str:
 
 def _as_number(value: Any) -> float | None:
     """``value`` as a finite float, or None (bool counts as 0/1)."""
-    if isinstance(value, numbers.Real):
+    if type(value) is float or isinstance(value, numbers.Real):
         number = float(value)
         return number if math.isfinite(number) else None
     return None
@@ -116,7 +116,7 @@ def emit_reward(
     A value that is not a finite number is dropped with a warning; its span says why.
     """
     try:
-        if isinstance(value, Mapping):
+        if type(value) is not float and isinstance(value, Mapping):  # a float skips the ABC check
             if name is not None:
                 _logger.warning("spanrl: emit_reward got a dict and name=%r; the dict's keys name the rewards", name)
             for key, item in value.items():

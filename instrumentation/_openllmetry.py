@@ -64,9 +64,13 @@ def _with_baggage(original: Any) -> Any:
 def _fast_run_async(original: Any) -> Any:
     config = sys.modules.get(f"{_PACKAGE}.shared.config")
 
+    seen: list[Any] = [object(), False]  # the uploader last checked, and whether it is async
+
     def run_async(method: Any) -> None:
         uploader = getattr(getattr(config, "Config", None), "upload_base64_image", None)
-        if not asyncio.iscoroutine(method) or asyncio.iscoroutinefunction(uploader):
+        if uploader is not seen[0]:  # inspect it once, not on every call
+            seen[:] = [uploader, asyncio.iscoroutinefunction(uploader)]
+        if seen[1] or not asyncio.iscoroutine(method):
             return original(method)
         try:
             method.send(None)

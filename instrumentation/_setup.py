@@ -1,7 +1,7 @@
 """Programmatic SDK setup for processes that do not run under ``opentelemetry-instrument``.
 
 ``configure()`` installs a ``TracerProvider`` (resource with the rollout ids from the environment,
-``RolloutSpanProcessor``, ``BatchSpanProcessor`` + ``FastOTLPSpanExporter`` over OTLP/gRPC) as the global provider, once.
+``RolloutSpanProcessor``, ``BatchEncodingSpanProcessor`` + ``FastOTLPSpanExporter`` over OTLP/gRPC) as the global provider, once.
 Under ``opentelemetry-instrument`` (or any code that already set an SDK provider) it only makes sure
 the rollout processor is attached and returns the existing provider.
 """
@@ -35,9 +35,9 @@ def configure(
     """
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     from spanrl.instrumentation._processor import attach_rollout_processor
+    from spanrl.instrumentation.batch import BatchEncodingSpanProcessor
     from spanrl.instrumentation.exporter import FastOTLPSpanExporter
 
     cfg = InstrumentationConfig(**vars(config)) if config is not None else InstrumentationConfig()
@@ -70,7 +70,7 @@ def configure(
             timeout=cfg.export_timeout_millis / 1000,
         )
         provider.add_span_processor(
-            BatchSpanProcessor(
+            BatchEncodingSpanProcessor(
                 exporter,
                 max_queue_size=cfg.max_queue_size,
                 schedule_delay_millis=cfg.schedule_delay_millis,

@@ -46,6 +46,7 @@ _OTEL_INSECURE = "OTEL_EXPORTER_OTLP_INSECURE"
 _OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME"
 _OTEL_RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
 _OTEL_BSP_SCHEDULE_DELAY = "OTEL_BSP_SCHEDULE_DELAY"
+_OTEL_BSP_MAX_QUEUE_SIZE = "OTEL_BSP_MAX_QUEUE_SIZE"
 _OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT = "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"
 _OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT = "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT"
 _OTEL_SEMCONV_STABILITY_OPT_IN = "OTEL_SEMCONV_STABILITY_OPT_IN"
@@ -64,7 +65,8 @@ def apply_env_defaults(environ: MutableMapping[str, str] | None = None) -> dict[
     Traces over OTLP/gRPC to 127.0.0.1:4317 with spanrl's exporter (the standard OTLP exporter and port
     4318 when the user chose an HTTP protocol), a service name,
     metrics and logs off, GenAI message content captured (OpenLLMetry and the official openai-v2
-    instrumentation), a 500 ms batch delay and an attribute length limit that keeps messages whole.
+    instrumentation), a 500 ms batch delay, an 8192-span queue and an attribute length limit that keeps
+    messages whole.
     ``SPANRL_COLLECTOR_TOKEN`` becomes the bearer ``authorization`` header unless headers are set.
     Idempotent: a second call sets nothing.
     """
@@ -87,6 +89,7 @@ def apply_env_defaults(environ: MutableMapping[str, str] | None = None) -> dict[
     if "service.name=" not in environ.get(_OTEL_RESOURCE_ATTRIBUTES, ""):
         default(_OTEL_SERVICE_NAME, DEFAULT_SERVICE_NAME)
     default(_OTEL_BSP_SCHEDULE_DELAY, str(DEFAULT_SCHEDULE_DELAY_MILLIS))
+    default(_OTEL_BSP_MAX_QUEUE_SIZE, str(DEFAULT_MAX_QUEUE_SIZE))  # as configure(): the SDK's 2048 drops bursts
     default(
         _OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT,
         str(DEFAULT_ATTRIBUTE_VALUE_LENGTH_LIMIT),

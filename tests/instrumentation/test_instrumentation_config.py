@@ -21,6 +21,7 @@ def test_env_defaults_on_empty_environment():
     assert environ["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://127.0.0.1:4317"
     assert environ["OTEL_SERVICE_NAME"] == "spanrl-agent"
     assert environ["OTEL_BSP_SCHEDULE_DELAY"] == "500"
+    assert environ["OTEL_BSP_MAX_QUEUE_SIZE"] == "8192"
     assert int(environ["OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT"]) >= 1 << 20
     assert environ["OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"] == "SPAN_ONLY"
     assert environ["TRACELOOP_TRACE_CONTENT"] == "true"

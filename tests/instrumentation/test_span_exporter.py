@@ -6,11 +6,12 @@ import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState, set_span_in_context
 
+from spanrl.instrumentation import exporter as fast
 from spanrl.instrumentation.exporter import FastOTLPSpanExporter, encode_request
 
 
@@ -62,6 +63,66 @@ def test_unencodable_attribute_is_skipped_like_the_sdk():
     span = _varied_spans()[0]
     span._attributes = dict(span.attributes, huge=2**64, odd=object())  # noqa: SLF001 - a hand-made bad span
     assert ExportTraceServiceRequest.FromString(encode_request([span])) == encode_spans([span])
+
+
+def _limited_spans():
+    """Spans over the SDK's limits (dropped attributes, events, links), and one value of many types per key."""
+    exporter = InMemorySpanExporter()
+    limits = SpanLimits(max_span_attributes=4, max_events=2, max_links=1, max_event_attributes=1, max_link_attributes=1)
+    provider = TracerProvider(resource=Resource.create({"service.name": "limits"}), span_limits=limits)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("limits", schema_url="https://schema/2")
+    other = SpanContext(7, 8, is_remote=False)
+    values = [1, True, 1.0, "1", (1,), (True,), (1.0,), ("1",), -0.0, 0.0, float("inf"), -(2**63), 2**63 - 1, -1,
+              "ü" * 200, "ü" * 20, (), ("a", "b"), 127, 128, 16384]
+    for i, value in enumerate(values):  # the same key with values that are equal as dict keys (1 == True == 1.0)
+        with tracer.start_as_current_span(f"v{i}", links=[Link(other, {"a": 1, "b": 2}), Link(other)]) as span:
+            span.set_attribute("x", value)
+            for j in range(5):
+                span.set_attribute(f"k{j}", j)
+            for j in range(3):
+                span.add_event(f"e{j}", {"a": j, "b": "two"})
+            span.set_status(Status(StatusCode.OK, None) if i % 2 else Status(StatusCode.ERROR, f"bad {i}"))
+    spans = list(exporter.get_finished_spans())
+    assert spans[0].dropped_attributes and spans[0].dropped_events and spans[0].dropped_links
+    return spans
+
+
+def test_limits_and_colliding_values_equal_the_sdk_encoder():
+    spans = _limited_spans()
+    for span in spans:
+        assert ExportTraceServiceRequest.FromString(encode_request([span])) == encode_spans([span]), span.name
+    assert ExportTraceServiceRequest.FromString(encode_request(spans)) == encode_spans(spans)
+
+
+def test_caches_that_fill_up_start_over(monkeypatch):
+    monkeypatch.setattr(fast, "_CACHE_MAX_ENTRIES", 3)
+    monkeypatch.setattr(fast, "_field_caches", {})
+    monkeypatch.setattr(fast, "_group_cache", {})
+    spans = _limited_spans() + _varied_spans()
+    for _ in range(2):  # the second pass reads what the first cached
+        assert ExportTraceServiceRequest.FromString(encode_request(spans)) == encode_spans(spans)
+    assert all(len(cache) <= 3 for caches in fast._field_caches.values() for cache in caches.values())
+    assert len(fast._group_cache) <= 3
+
+
+class _OwnSpan(ReadableSpan):
+    """A ReadableSpan subclass: the encoder reads it through the public properties."""
+
+    @property
+    def name(self) -> str:
+        return "renamed " + self._name
+
+
+def test_span_subclasses_are_read_through_their_properties():
+    for span in _varied_spans()[:3]:
+        own = _OwnSpan(name=span.name, context=span.context, parent=span.parent, resource=span.resource,
+                       attributes=span.attributes, events=span.events, links=span.links, kind=span.kind,
+                       status=span.status, start_time=span.start_time, end_time=span.end_time,
+                       instrumentation_scope=span.instrumentation_scope)
+        decoded = ExportTraceServiceRequest.FromString(encode_request([own]))
+        assert decoded == encode_spans([own])
+        assert decoded.resource_spans[0].scope_spans[0].spans[0].name.startswith("renamed ")
 
 
 def test_empty_batch():
