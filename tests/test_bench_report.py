@@ -63,7 +63,7 @@ def test_table_rewritten_from_figures_with_ratios(tmp_path: Path, monkeypatch: p
     decompose = rows["Span tree → training rows"]
     assert "1M spans in 7.5 s (2.1 s CPU); 6.8x the adapter alone, 48x with its span conversion" in decompose
     assert "51.0 s per 1M spans" in decompose  # the anchor's cell
-    assert "50,000 transitions 5.9 s (1.7 s CPU; 5.2x the per-row path; 0.5 s goal not met)" in decompose
+    assert "50,000 transitions 5.90 s (1.70 s CPU; 5.2x the per-row path; 0.5 s goal not met)" in decompose
     assert "7.1x sequential `generate` with the transformers backend" in rows["Policy server throughput at 32 clients"]
     # fixed rows come from the generator
     assert rows["Token ids"].startswith("| Token ids | from attributes, else retokenized |")
