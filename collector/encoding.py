@@ -19,12 +19,11 @@ from typing import Any, Callable
 import numpy as np
 import orjson
 import pyarrow as pa
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from spanrl import semconv as sc
-from spanrl.collector.errors import PermanentError
 from spanrl.collector.otlp_json import MAX_ERRORS_REPORTED, decode_json_request
 from spanrl.collector.tokens import BadSpan, decode_tokens, list_column, resolve_arrays
+from spanrl.collector.wire_schema import parse_array, parse_request
 
 __all__ = ["SPANS_ARROW_SCHEMA", "EncodedBatch", "decode_json_request", "decode_protobuf_request", "encode_request"]
 
@@ -116,7 +115,10 @@ class EncodedBatch:
 
 # --- AnyValue -> Python -------------------------------------------------------------------------------
 def _array(v: Any) -> list[Any]:
-    return [_any(x) for x in v.array_value.values]
+    array = v.array_value
+    if array.__class__ is bytes:  # as `parse_request` leaves it
+        array = parse_array(array)
+    return [_any(x) for x in array.values]
 
 
 def _kvlist(v: Any) -> dict[str, Any]:
@@ -293,9 +295,10 @@ def _span_row(span: Any, res: tuple, scope_name: str | None, scope_version: str 
 
 
 # --- the request -------------------------------------------------------------------------------------------
-def encode_request(request: ExportTraceServiceRequest, *, pre_rejected: int = 0, pre_errors: list[str] | None = None) -> EncodedBatch:
-    """Walk one request into Arrow columns. ``pre_rejected``/``pre_errors`` carry spans the JSON decoder
-    already dropped, so the reply counts them."""
+def encode_request(request: Any, *, pre_rejected: int = 0, pre_errors: list[str] | None = None) -> EncodedBatch:
+    """Walk one request (an ExportTraceServiceRequest, or what `decode_protobuf_request` returns) into
+    Arrow columns. ``pre_rejected``/``pre_errors`` carry spans the JSON decoder already dropped, so the
+    reply counts them. `PermanentError` if an array in it is malformed protobuf."""
     rows: list[tuple] = []
     tokens: list[Any] = []
     indexes: list[int] = []  # each row's span index in the request, for late rejections
@@ -349,9 +352,8 @@ def _to_table(rows: list[tuple], tokens: list[Any]) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=SPANS_ARROW_SCHEMA)
 
 
-def decode_protobuf_request(body: bytes) -> ExportTraceServiceRequest:
-    """Parse an OTLP protobuf body; a malformed one raises `PermanentError` (INVALID_ARGUMENT / 400)."""
-    try:
-        return ExportTraceServiceRequest.FromString(body)
-    except Exception as exc:  # upb raises google.protobuf.message.DecodeError
-        raise PermanentError(f"malformed OTLP protobuf ExportTraceServiceRequest ({len(body)} bytes): {exc}") from None
+def decode_protobuf_request(body: bytes) -> Any:
+    """Parse an OTLP protobuf body for `encode_request`: an ExportTraceServiceRequest whose arrays are
+    their wire bytes (`wire_schema`). A malformed body raises `PermanentError` (INVALID_ARGUMENT / 400),
+    here or, for a malformed array inside it, from `encode_request`."""
+    return parse_request(body)
