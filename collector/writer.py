@@ -38,6 +38,17 @@ _INVALIDATED = "database has been invalidated"
 _REOPEN_ATTEMPTS = 3
 _REOPEN_BACKOFF_S = 0.5
 _PROBE_VIEW = "__spanrl_reconcile_batch"
+_COMBINE_MAX_BYTES = 32 * 1024 * 1024
+
+
+def _one_chunk(tables: list[pa.Table]) -> pa.Table:
+    """The tables as one, in one Arrow chunk when that copy is small: DuckDB scans each chunk as a task
+    and with one chunk per request its parallel insert cost 30% more CPU (bench: agent spans 8.9 -> 6.4
+    us/span, 8 requests per commit). Past `_COMBINE_MAX_BYTES` the copy would add to peak memory."""
+    table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+    if table.nbytes <= _COMBINE_MAX_BYTES and any(c.num_chunks > 1 for c in table.columns):
+        table = table.combine_chunks()
+    return table
 
 
 def _is_fatal(exc: BaseException) -> bool:
@@ -71,7 +82,7 @@ class SpanWriter:
         """
         if self.state == "failed":
             raise StoreFailedError(f"the span store failed and could not be reopened: {self.last_error}")
-        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        table = _one_chunk(tables)
         try:
             self._store.append(table, cursor=self._writer_cursor())
         except _PERMANENT_DUCKDB_ERRORS as exc:
