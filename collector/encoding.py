@@ -29,6 +29,8 @@ __all__ = ["SPANS_ARROW_SCHEMA", "EncodedBatch", "decode_json_request", "decode_
 
 _TRACE_ID_BYTES = 16
 _SPAN_ID_BYTES = 8
+_ZERO_TRACE_ID, _ZERO_SPAN_ID = bytes(_TRACE_ID_BYTES), bytes(_SPAN_ID_BYTES)
+_HEX_PAIRS = np.frombuffer(b"".join(f"{i:02x}".encode() for i in range(256)), np.uint16)  # byte -> its 2 hex chars
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _INT64_MAX = 2**63 - 1  # start_ns / end_ns are BIGINT: a uint64 time past 2262 is rejected per span
 
@@ -186,9 +188,9 @@ def _dumps(x: Any) -> str:
 # --- one span -> one row ----------------------------------------------------------------------------------
 def _check_ids_and_times(span: Any) -> tuple[bytes, bytes, bytes, int, int]:
     tid, sid, pid = span.trace_id, span.span_id, span.parent_span_id
-    if len(tid) != _TRACE_ID_BYTES or not any(tid):
+    if len(tid) != _TRACE_ID_BYTES or tid == _ZERO_TRACE_ID:
         raise BadSpan(f"trace_id must be {_TRACE_ID_BYTES} bytes, not all zero; got {len(tid)} bytes")
-    if len(sid) != _SPAN_ID_BYTES or not any(sid):
+    if len(sid) != _SPAN_ID_BYTES or sid == _ZERO_SPAN_ID:
         raise BadSpan(f"span_id must be {_SPAN_ID_BYTES} bytes, not all zero; got {len(sid)} bytes")
     if pid and len(pid) != _SPAN_ID_BYTES:
         raise BadSpan(f"parent_span_id must be empty or {_SPAN_ID_BYTES} bytes; got {len(pid)} bytes")
@@ -264,9 +266,9 @@ def _span_row(span: Any, res: tuple, scope_name: str | None, scope_version: str 
     attempt = get(_K_ATTEMPT, res[4])
     version = get(_K_POLICY_VERSION)
     row = (
-        tid.hex(),
-        sid.hex(),
-        pid.hex() if pid else None,
+        tid,  # raw: hex'd for the whole column at once in `_to_table`
+        sid,
+        pid,
         span.name,
         _KIND_NAMES[k] if 0 <= k < _N_KINDS else "UNSPECIFIED",
         start,
@@ -338,12 +340,28 @@ def encode_request(request: Any, *, pre_rejected: int = 0, pre_errors: list[str]
     return EncodedBatch(_to_table(rows, tokens), len(rows), rejected, message)
 
 
+def _hex_column(ids: tuple[bytes, ...], width: int) -> pa.Array:
+    """Raw ids (each ``width`` bytes, or empty for NULL) -> lowercase hex strings, in one numpy lookup."""
+    n = len(ids)
+    hexed = _HEX_PAIRS[np.frombuffer(b"".join(ids), np.uint8)]
+    if hexed.size == n * width:
+        offsets = np.arange(0, (n + 1) * 2 * width, 2 * width, dtype=np.int32)
+        return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(hexed))
+    present = np.fromiter(map(len, ids), np.int32, n) != 0
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(present * np.int32(2 * width), out=offsets[1:])
+    valid = pa.py_buffer(np.packbits(present, bitorder="little"))
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(hexed), valid, n - int(present.sum()))
+
+
 def _to_table(rows: list[tuple], tokens: list[Any]) -> pa.Table:
     """Rows -> one Arrow table: one transpose (zip, in C), then one array per column."""
     n = len(rows)
-    columns = [
-        pa.nulls(n, field.type) if values.count(None) == n else pa.array(values, field.type)
-        for values, field in zip(zip(*rows), _ROW_FIELDS)
+    values = list(zip(*rows))
+    columns = [_hex_column(values[0], _TRACE_ID_BYTES), _hex_column(values[1], _SPAN_ID_BYTES), _hex_column(values[2], _SPAN_ID_BYTES)]
+    columns += [
+        pa.nulls(n, field.type) if column.count(None) == n else pa.array(column, field.type)
+        for column, field in zip(values[3:], _ROW_FIELDS[3:])
     ]
     no = _NO_TOKENS
     for slot, (np_dtype, pa_type) in enumerate(((np.int32, _INT_LIST), (np.int32, _INT_LIST), (np.float32, _FLOAT_LIST))):
