@@ -206,8 +206,10 @@ def _timed_sender(endpoint: str, bodies: list[bytes], inflight: int, seconds: fl
 
 def _start_collector(db: Path, pythonpath: Path | None = None) -> tuple[subprocess.Popen, str, str]:
     env = dict(os.environ, PYTHONPATH=str(pythonpath)) if pythonpath else None
+    # Not from the checkout's root: `-m` puts the working directory first on sys.path, and its spanrl/
+    # folder would then shadow the --baseline export (the "baseline" ran this tree's code).
     proc = subprocess.Popen([sys.executable, "-m", "spanrl", "--log-level", "WARNING", "collector", "--db", str(db), "--grpc-port", "0", "--http-port", "0"],
-                            stdout=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, text=True, env=env, cwd=db.parent)
     line = proc.stdout.readline()  # type: ignore[union-attr]
     if not line.startswith(READY_PREFIX):
         proc.kill()
