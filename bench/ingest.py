@@ -1,6 +1,6 @@
 """Ingest benchmark: spans/s committed by `spanrl collector` over OTLP/gRPC, against the anchor.
 
-    .venv/bin/python bench/ingest.py [--seconds 3] [--repeats 3] [--skip-anchor] [--baseline GIT_REF]
+    .venv/bin/python bench/ingest.py [--seconds 3] [--repeats 3] [--skip-anchor] [--baseline GIT_REF] [--json PATH]
 
 Workloads, each a pre-encoded OTLP request of 512 spans (decoding on the client side is not timed):
   small         tool/agent spans, 6 short attributes each
@@ -206,8 +206,10 @@ def _timed_sender(endpoint: str, bodies: list[bytes], inflight: int, seconds: fl
 
 def _start_collector(db: Path, pythonpath: Path | None = None) -> tuple[subprocess.Popen, str, str]:
     env = dict(os.environ, PYTHONPATH=str(pythonpath)) if pythonpath else None
+    # Not from the checkout's root: `-m` puts the working directory first on sys.path, and its spanrl/
+    # folder would then shadow the --baseline export (the "baseline" ran this tree's code).
     proc = subprocess.Popen([sys.executable, "-m", "spanrl", "--log-level", "WARNING", "collector", "--db", str(db), "--grpc-port", "0", "--http-port", "0"],
-                            stdout=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, text=True, env=env, cwd=db.parent)
     line = proc.stdout.readline()  # type: ignore[union-attr]
     if not line.startswith(READY_PREFIX):
         proc.kill()
@@ -237,7 +239,7 @@ def _count(http: str) -> int:
 
 
 def run_spanrl(bodies: list[bytes], senders: int, inflight: int, seconds: float, tmp: Path,
-               pythonpath: Path | None = None) -> tuple[float, float, float]:
+               pythonpath: Path | None = None) -> tuple[float, float, float, float]:
     """One run: spans/s committed, spans per collector CPU-second, collector peak RSS (MiB), the senders'
     CPU microseconds per span."""
     db = tmp / f"bench-{time.monotonic_ns()}.duckdb"
@@ -414,8 +416,8 @@ def bench_layouts(rows: int, tmp: Path) -> None:
 
 # --- main -----------------------------------------------------------------------------------------------
 def measure(workload: str, bodies: list[bytes], n: int, args: argparse.Namespace, tmp: Path,
-            baseline: Path | None) -> list[tuple[float, float, float]]:
-    """--repeats runs of this tree's collector; with --baseline, each after one of the baseline's."""
+            baseline: Path | None) -> tuple[list[tuple[float, float, float, float]], list[tuple[float, float, float, float]]]:
+    """--repeats runs of this tree's collector and, with --baseline, of the baseline's (each just before one of ours)."""
     runs, base_runs = [], []
     for _ in range(args.repeats):  # interleaved, so both versions see the same machine load
         if baseline is not None:
@@ -427,7 +429,40 @@ def measure(workload: str, bodies: list[bytes], n: int, args: argparse.Namespace
         print(f"  {workload:12s} {n} sender(s): baseline {args.baseline}: {b_rate:>9,.0f} spans/s (runs: "
               f"{', '.join(f'{r[0]:,.0f}' for r in base_runs)}), {b_cpu:,.0f} per collector CPU-second ({1e6 / b_cpu:.1f} us per span); "
               f"this tree x{rate / b_rate:.2f} spans/s, x{cpu / b_cpu:.2f} per CPU-second ({1e6 / cpu:.1f} us per span)", flush=True)
-    return runs
+    return runs, base_runs
+
+
+def _figures(runs: list[tuple[float, float, float, float]]) -> dict[str, Any]:
+    cpu = statistics.median(r[1] for r in runs)
+    return {"spans_per_s": statistics.median(r[0] for r in runs), "runs_spans_per_s": [r[0] for r in runs],
+            "collector_us_cpu_per_span": 1e6 / cpu, "projected_2_cores_spans_per_s": 2 * cpu,
+            "peak_rss_mib": max(r[2] for r in runs), "senders_us_cpu_per_span": statistics.median(r[3] for r in runs)}
+
+
+def _json_report(results: dict[str, dict[str, Any]], senders: list[int], anchor_ref: dict[str, str],
+                 args: argparse.Namespace, load0: tuple[float, float, float]) -> dict[str, Any]:
+    """The --json object: per workload and sender count this tree's figures, the baseline's and the
+    before/after ratios (with --baseline), the anchor's and the ratios to it; machine load."""
+    out: dict[str, Any] = {"spans_per_request": SPANS_PER_REQUEST, "inflight_per_sender": args.inflight, "seconds": args.seconds,
+                           "repeats": args.repeats, "cores": os.cpu_count(), "load_1min_start": load0[0],
+                           "load_1min_end": os.getloadavg()[0], "baseline": args.baseline, "workloads": {}}
+    for workload, row in results.items():
+        ref = results.get(anchor_ref[workload], {})
+        entry: dict[str, Any] = {"request_kib": row["request_kib"], "anchor_spans_per_s": ref.get("anchor"),
+                                 "anchor_spans_per_cpu_s": ref.get("anchor_cpu"), "senders": {}}
+        for n in senders:
+            fig = _figures(row[f"runs_{n}"])
+            if ref.get("anchor"):
+                fig["x_anchor_spans_per_s"] = fig["spans_per_s"] / ref["anchor"]
+                fig["x_anchor_cpu"] = 1e6 / fig["collector_us_cpu_per_span"] / ref["anchor_cpu"]
+            if row[f"base_runs_{n}"]:
+                base = _figures(row[f"base_runs_{n}"])
+                fig["baseline"] = base
+                fig["x_baseline_spans_per_s"] = fig["spans_per_s"] / base["spans_per_s"]
+                fig["x_baseline_cpu"] = base["collector_us_cpu_per_span"] / fig["collector_us_cpu_per_span"]
+            entry["senders"][str(n)] = fig
+        out["workloads"][workload] = entry
+    return out
 
 
 def main() -> None:
@@ -441,6 +476,7 @@ def main() -> None:
     parser.add_argument("--skip-anchor", action="store_true")
     parser.add_argument("--baseline", metavar="GIT_REF",
                         help="also run the collector of this commit, interleaved run by run, and print the ratio")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as one JSON object to PATH")
     parser.add_argument("--layouts", type=int, default=0, metavar="ROWS",
                         help="only compare attribute layouts (JSON vs MAP) on ROWS agent spans, then exit")
     args = parser.parse_args()
@@ -452,7 +488,8 @@ def main() -> None:
     senders = [int(s) for s in args.senders.split(",")]
     anchor_python = None if args.skip_anchor else ensure_anchor(Path(args.anchor_venv))
 
-    print(f"cores: {os.cpu_count()}, {SPANS_PER_REQUEST} spans/request, {args.inflight} in flight per sender, "
+    load0 = os.getloadavg()
+    print(f"cores: {os.cpu_count()}, load {load0[0]:.1f}, {SPANS_PER_REQUEST} spans/request, {args.inflight} in flight per sender, "
           f"{args.seconds:.0f} s per run, median of {args.repeats}")
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="spanrl-bench-") as tmpdir:
@@ -463,7 +500,8 @@ def main() -> None:
             bodies = [encode_otlp(s, f"rollout-{k}") for k, s in enumerate(spans_sets)]
             row: dict[str, Any] = {"request_kib": len(bodies[0]) / 1024}
             for n in senders:
-                runs = measure(workload, bodies, n, args, tmp, baseline)
+                runs, base_runs = measure(workload, bodies, n, args, tmp, baseline)
+                row[f"runs_{n}"], row[f"base_runs_{n}"] = runs, base_runs
                 row[f"spanrl_{n}"] = statistics.median(r[0] for r in runs)
                 row[f"cpu_{n}"] = statistics.median(r[1] for r in runs)
                 row[f"rss_{n}"] = max(r[2] for r in runs)
@@ -483,6 +521,8 @@ def main() -> None:
             results[workload] = row
 
     anchor_ref = {"small": "small", "agent-array": "agent-array", "agent-b64": "agent-array"}
+    if args.json:
+        Path(args.json).write_text(json.dumps(_json_report(results, senders, anchor_ref, args, load0), indent=1) + "\n")
     print()
     header = f"{'workload':12s} {'req KiB':>8s} " + " ".join(f"{f'spanrl {n}s':>12s}" for n in senders) + \
         f" {'peak RSS':>9s} {'anchor':>10s} " + " ".join(f"{f'x anchor {n}s':>12s}" for n in senders)

@@ -38,6 +38,29 @@ _INVALIDATED = "database has been invalidated"
 _REOPEN_ATTEMPTS = 3
 _REOPEN_BACKOFF_S = 0.5
 _PROBE_VIEW = "__spanrl_reconcile_batch"
+_COMBINE_MAX_BYTES = 32 * 1024 * 1024
+_JSON_COLUMNS = ("attributes", "resource", "events", "links")
+_ARROW_JSON = pa.json_(pa.string()) if hasattr(pa, "json_") else None  # pyarrow >= 19
+
+
+def _for_insert(tables: list[pa.Table]) -> pa.Table:
+    """The tables as one, in one Arrow chunk when that copy is small: DuckDB scans each chunk as a task
+    and with one chunk per request its parallel insert cost 30% more CPU (bench: agent spans 8.9 -> 6.4
+    us/span, 8 requests per commit). Past `_COMBINE_MAX_BYTES` the copy would add to peak memory.
+    The JSON columns are labelled Arrow JSON (no copy), so DuckDB takes them as its JSON type instead of
+    parsing every value to validate a VARCHAR -> JSON cast (~0.35 us/span): orjson wrote them."""
+    table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+    if table.nbytes <= _COMBINE_MAX_BYTES and any(c.num_chunks > 1 for c in table.columns):
+        table = table.combine_chunks()
+    if _ARROW_JSON is None:
+        return table
+    for name in _JSON_COLUMNS:
+        i = table.schema.get_field_index(name)
+        if i >= 0 and table.schema.field(i).type == pa.string():
+            column = table.column(i)
+            as_json = pa.chunked_array([pa.ExtensionArray.from_storage(_ARROW_JSON, c) for c in column.chunks], _ARROW_JSON)
+            table = table.set_column(i, name, as_json)
+    return table
 
 
 def _is_fatal(exc: BaseException) -> bool:
@@ -64,14 +87,15 @@ class SpanWriter:
         """Times the store was reopened after a fatal error."""
 
     def consume(self, tables: list[pa.Table]) -> None:
-        """Insert all ``tables`` in one transaction. Does not keep them after returning.
+        """Insert all ``tables`` (from `encode_request`: its JSON columns are trusted as JSON) in one
+        transaction. Does not keep them after returning.
 
         Raises `PermanentError` when the data cannot be stored, `RetryableError` for anything else
         (disk full, store closed, store failed): nothing of the tables is then stored.
         """
         if self.state == "failed":
             raise StoreFailedError(f"the span store failed and could not be reopened: {self.last_error}")
-        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        table = _for_insert(tables)
         try:
             self._store.append(table, cursor=self._writer_cursor())
         except _PERMANENT_DUCKDB_ERRORS as exc:
