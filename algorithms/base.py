@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from spanrl.algorithms.padding import fill_mask, fill_rows, flat_values, list_lengths, new_tensor, real_positions
+from spanrl.algorithms.padding import fill_rows, flat_values, list_lengths, mask_tensor, new_tensor, real_positions
 from spanrl.algorithms.reporters import check_report_to
 from spanrl.errors import ConfigError, TrainingError
 
@@ -140,10 +140,10 @@ class PaddedBatch:
     """Transitions as tensors: prompts left-padded, completions right-padded (TRL's layout)."""
 
     prompt_ids: torch.Tensor  # (B, P) long
-    prompt_mask: torch.Tensor  # (B, P) long, 1 = real token
+    prompt_mask: torch.Tensor  # (B, P) bool, True = real token
     completion_ids: torch.Tensor  # (B, C) long
-    completion_mask: torch.Tensor  # (B, C) long, 1 = real token (attention)
-    loss_mask: torch.Tensor  # (B, C) long, 1 = policy-generated token that the loss counts
+    completion_mask: torch.Tensor  # (B, C) bool, True = real token (attention)
+    loss_mask: torch.Tensor  # (B, C) bool, True = policy-generated token that the loss counts
     old_logprobs: torch.Tensor | None  # (B, C) float32, sampling log-probs, NaN = unknown; None = none given
     advantages: torch.Tensor  # (B,) float32
     rewards: torch.Tensor  # (B,) float32
@@ -166,22 +166,20 @@ def pad_transitions(transitions: TransitionBatch | pa.Table | Sequence[Transitio
     Columnar: each (B, T) tensor is allocated once and filled from the Arrow list column's flattened
     values through a boolean mask of the padded layout (row-major order is the order of the values; one
     reshaped copy per Arrow chunk when every row is full; ``spanrl.algorithms.padding``), no Python
-    per row."""
+    per row. The masks are bool (the attention masks are those layouts themselves): where a consumer
+    wants numbers (TRL's inputs, a model's ``attention_mask``) it converts its slice."""
     table = transition_table(transitions)
     n_p, n_c = list_lengths(table.column("prompt_ids")), list_lengths(table.column("completion_ids"))
     bsz, max_p, max_c = len(n_p), int(n_p.max(initial=0)), int(n_c.max(initial=0))
     p_real = real_positions(n_p, max_p, left=True)  # left-padded prompts; None: every row full
     c_real = real_positions(n_c, max_c, left=False)  # right-padded completions
-    prompt_mask, pm = new_tensor((bsz, max_p), torch.long)
-    fill_mask(pm, p_real)
-    completion_mask, cm = new_tensor((bsz, max_c), torch.long)
-    fill_mask(cm, c_real)
+    prompt_mask, completion_mask = mask_tensor(p_real, (bsz, max_p)), mask_tensor(c_real, (bsz, max_c))
     prompt_ids, p_ids = new_tensor((bsz, max_p), torch.long)
     fill_rows(p_ids, p_real, table.column("prompt_ids"), pad_token_id)
     completion_ids, c_ids = new_tensor((bsz, max_c), torch.long)
     fill_rows(c_ids, c_real, table.column("completion_ids"), pad_token_id)
-    loss_mask, loss = new_tensor((bsz, max_c), torch.long)
-    fill_rows(loss, c_real, table.column("completion_mask"), 0)
+    loss_mask, loss = new_tensor((bsz, max_c), torch.bool)
+    fill_rows(loss, c_real, table.column("completion_mask"), False)  # int8 0/1 -> bool (nonzero: True)
     n_lp = list_lengths(table.column("old_logprobs"))
     known = (n_lp > 0) & (n_lp == n_c)
     old_logprobs = None

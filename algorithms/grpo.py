@@ -11,7 +11,8 @@ clipping, the KL term, its metrics) per micro-batch, and clips gradients and ste
 What TRL sees per micro-batch (B rows, P prompt and C completion positions)::
 
     prompt_ids, prompt_mask           (B, P) left-padded
-    completion_ids, completion_mask   (B, C) right-padded; the mask is 0 on tool output / template glue
+    completion_ids, completion_mask   (B, C) right-padded (attention)
+    tool_mask                         (B, C) 0 on tool output / template glue (masks: long, from bool)
     advantages                        (B,)   from spanrl's credit assignment
     old_per_token_logps               (B, C) the policy server's sampling log-probs: a real ratio
     ref_per_token_logps               (B, C) only when beta > 0
@@ -348,14 +349,15 @@ class GRPO(Algorithm):
         p_keep = int(part.prompt_mask.sum(0).nonzero().min()) if part.prompt_mask.any() else 0
         c_keep = int(part.completion_mask.sum(0).nonzero().max()) + 1
         device = self.trainer.accelerator.device
+        long = lambda mask: mask.to(device=device, dtype=torch.long)  # noqa: E731  TRL 1.16's masks are long
         inputs: dict[str, Any] = {
             "prompt_ids": part.prompt_ids[:, p_keep:].to(device),
-            "prompt_mask": part.prompt_mask[:, p_keep:].to(device),
+            "prompt_mask": long(part.prompt_mask[:, p_keep:]),
             "completion_ids": part.completion_ids[:, :c_keep].to(device),
             # TRL's completion_mask is both the attention mask and the loss mask; tool output and template
             # glue inside an aggregated sample must stay attended, so they go in tool_mask (TRL multiplies).
-            "completion_mask": part.completion_mask[:, :c_keep].to(device),
-            "tool_mask": part.loss_mask[:, :c_keep].to(device),
+            "completion_mask": long(part.completion_mask[:, :c_keep]),
+            "tool_mask": long(part.loss_mask[:, :c_keep]),
             "advantages": part.advantages.to(device),
             "old_per_token_logps": part.old_logprobs[:, :c_keep].to(device),
             # dapo/cispo/vespo divide by num_items_in_batch / num_processes * accumulation_steps /
@@ -377,7 +379,7 @@ class GRPO(Algorithm):
         trainer = self.trainer
         device = trainer.accelerator.device
         input_ids = torch.cat([data.prompt_ids, data.completion_ids], dim=1).to(device)
-        attention = torch.cat([data.prompt_mask, data.completion_mask], dim=1).to(device)
+        attention = torch.cat([data.prompt_mask, data.completion_mask], dim=1).to(device=device, dtype=torch.long)
         context = _adapters_off(trainer.model) if ref and trainer.ref_model is None else _nullcontext()
         with context, update_autocast(self.bf16, device):
             logps, _, _ = trainer._get_per_token_logps_and_entropies(

@@ -1,9 +1,10 @@
 """Arrow list columns -> padded (B, T) tensors: row lengths, the real-token layout, and the fills.
 
 `pad_transitions` (``spanrl.algorithms.base``) and `check_transitions` read transitions through these.
-Writing the tensors is bound by page faults (50k transitions of 300 + 60 tokens: ~330 MB of fresh int64
-pages, each faulted in and zeroed by the kernel on first touch: ~0.06 s per 120 MB here, against 0.015 s
-into memory already touched). Filling the tensors on two threads at once gained nothing here (same wall
+Writing the tensors is bound by page faults (50k transitions of 300 + 60 tokens: ~180 MB of fresh pages,
+mostly the int64 ids, each faulted in and zeroed by the kernel on first touch: ~0.06 s per 120 MB here,
+against 0.015 s into memory already touched). So the masks are bool, one byte a token: the real-token
+layouts computed for the fills are the attention masks themselves (int64 masks were another 168 MB). Filling the tensors on two threads at once gained nothing here (same wall
 time, more CPU), so the fills run one after another.
 """
 
@@ -14,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-__all__ = ["fill_mask", "fill_rows", "flat_values", "list_lengths", "new_tensor", "real_positions"]
+__all__ = ["fill_rows", "flat_values", "list_lengths", "mask_tensor", "new_tensor", "real_positions"]
 
 
 def list_lengths(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -50,12 +51,10 @@ def real_positions(lengths: np.ndarray, width: int, *, left: bool) -> np.ndarray
     return real
 
 
-def fill_mask(out: np.ndarray, real: np.ndarray | None) -> None:
-    """1 on the real tokens of ``out``, 0 on padding (``real`` None: every row full, all 1)."""
-    if real is None:
-        out.fill(1)
-    else:
-        np.copyto(out, real)
+def mask_tensor(real: np.ndarray | None, shape: tuple[int, int]) -> torch.Tensor:
+    """The bool (B, T) tensor of ``real`` (True on real tokens), sharing its memory: no copy; ``real``
+    None (every row full): all True."""
+    return torch.ones(shape, dtype=torch.bool) if real is None else torch.from_numpy(real)
 
 
 def fill_rows(out: np.ndarray, real: np.ndarray | None, column: pa.ChunkedArray, fill: float) -> None:

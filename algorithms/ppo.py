@@ -121,7 +121,7 @@ def completion_logprobs(model: Any, data: PaddedBatch, temperature: float) -> tu
     from trl.trainer.utils import entropy_from_logits, selective_log_softmax
 
     input_ids = torch.cat([data.prompt_ids, data.completion_ids], dim=1)  # (B, P+C)
-    attention = torch.cat([data.prompt_mask, data.completion_mask], dim=1)  # (B, P+C)
+    attention = torch.cat([data.prompt_mask, data.completion_mask], dim=1).long()  # (B, P+C), HF wants numbers
     c = data.completion_ids.size(1)
     logits = model(input_ids=input_ids, attention_mask=attention).logits  # (B, P+C, V)
     logits = logits[:, -c - 1 : -1, :].float() / temperature  # (B, C, V): position t predicts token t+1
@@ -130,7 +130,7 @@ def completion_logprobs(model: Any, data: PaddedBatch, temperature: float) -> tu
 
 def state_values(critic: Any, data: PaddedBatch) -> torch.Tensor:
     """V(s) (B,): the critic's scalar at the last prompt token (prompts are left-padded)."""
-    out = critic(input_ids=data.prompt_ids, attention_mask=data.prompt_mask).logits  # (B, P, 1)
+    out = critic(input_ids=data.prompt_ids, attention_mask=data.prompt_mask.long()).logits  # (B, P, 1)
     return out[:, -1, 0].float()
 
 

@@ -84,7 +84,7 @@ def _logps_and_grads(algo: GRPO, data: object, own: bool) -> tuple[torch.Tensor,
 
     trainer = algo.trainer
     ids = torch.cat([data.prompt_ids, data.completion_ids], 1)
-    mask = torch.cat([data.prompt_mask, data.completion_mask], 1)
+    mask = torch.cat([data.prompt_mask, data.completion_mask], 1).long()  # as GRPO gives it
     fn = trainer._get_per_token_logps_and_entropies if own else partial(GRPOTrainer._get_per_token_logps_and_entropies, trainer)
     trainer.model.zero_grad(set_to_none=True)
     with update_autocast(algo.bf16):
@@ -104,9 +104,9 @@ def test_compact_head_matches_trls_head_on_every_position(model_path: Path, tmp_
     data = pad_transitions(batch_of(rollouts(algo.model, algo.tokenizer, tasks=list(range(4)), group=4, generator=gen)),
                            pad_token_id=algo.tokenizer.pad_token_id)
     assert plain_lm_head(algo.model)  # spanrl's path is the one under test, not TRL's fallback
-    data.completion_mask[::2, -1] = 0  # every other completion one token shorter: right padding
+    data.completion_mask[::2, -1] = False  # every other completion one token shorter: right padding
     ours, theirs = _logps_and_grads(algo, data, own=True), _logps_and_grads(algo, data, own=False)
-    real = data.completion_mask.bool()
+    real = data.completion_mask
     assert real.any() and not real.all()  # padding is there and must stay zero
     tol = 1e-5
     for a, b in zip(ours[:2], theirs[:2]):
@@ -129,7 +129,7 @@ def test_bf16_update_stays_close_to_the_fp32_update(model_path: Path, tmp_path: 
     data = pad_transitions(batch_of(rollouts(fp32.model, fp32.tokenizer, tasks=list(range(4)), group=4, generator=gen)),
                            pad_token_id=fp32.tokenizer.pad_token_id)
     (lp32, _, g32), (lp16, _, g16) = _logps_and_grads(fp32, data, own=True), _logps_and_grads(bf16, data, own=True)
-    real = data.completion_mask.bool()
+    real = data.completion_mask
     assert float((lp32 - lp16)[real].abs().max()) < 0.05
     flat32, flat16 = torch.cat([g.flatten() for g in g32]), torch.cat([g.flatten() for g in g16])
     assert float(torch.nn.functional.cosine_similarity(flat32, flat16, dim=0)) > 0.99

@@ -137,7 +137,7 @@ def test_minibatches_and_beta_use_trl_loss(model_path: Path, tmp_path: Path) -> 
     # kl_ref is TRL's k3 estimate of KL(policy || reference), averaged over the 8 micro-batch steps: 0 at
     # the first (policy = reference), then growing as the policy moves, so between 0 and its final value
     final = algo._logprobs(algo.trainer.model, data)
-    mask = data.loss_mask.bool()
+    mask = data.loss_mask
     final_kl = float((torch.exp(ref - final) - (ref - final) - 1)[mask].mean())
     assert 0.0 < metrics["losses/kl_ref"] < final_kl, (metrics["losses/kl_ref"], final_kl)
 

@@ -30,10 +30,12 @@ def test_padding_from_arrow_columns_matches_the_layout() -> None:
     data = batch.to_padded(pad_token_id=0)
     assert "transitions" not in vars(batch)  # no dataclass was built on the way
     assert data.prompt_ids.tolist() == [[5, 6, 7], [0, 0, 9]]
-    assert data.prompt_mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    T, F = True, False
+    assert data.prompt_mask.tolist() == [[T, T, T], [F, F, T]]
     assert data.completion_ids.tolist() == [[8, 0, 0], [10, 11, 12]]
-    assert data.completion_mask.tolist() == [[1, 0, 0], [1, 1, 1]]
-    assert data.loss_mask.tolist() == [[1, 0, 0], [1, 0, 1]]
+    assert data.completion_mask.tolist() == [[T, F, F], [T, T, T]]
+    assert data.loss_mask.tolist() == [[T, F, F], [T, F, T]]
+    assert {data.prompt_mask.dtype, data.completion_mask.dtype, data.loss_mask.dtype} == {torch.bool}  # 1 byte a token
     assert data.old_logprobs[0].tolist() == [-0.5, 0.0, 0.0]
     assert all(math.isnan(x) for x in data.old_logprobs[1].tolist())
     assert data.advantages.tolist() == [0.5, -1.0] and data.prompt_ids.dtype == torch.long

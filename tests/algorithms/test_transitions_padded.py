@@ -39,18 +39,18 @@ def _per_row_reference(transitions: list[Any]) -> dict[str, torch.Tensor]:
     max_p = max(len(t.prompt_ids) for t in transitions)
     max_c = max(len(t.completion_ids) for t in transitions)
     out = {"prompt_ids": torch.full((bsz, max_p), PAD, dtype=torch.long),
-           "prompt_mask": torch.zeros((bsz, max_p), dtype=torch.long),
+           "prompt_mask": torch.zeros((bsz, max_p), dtype=torch.bool),
            "completion_ids": torch.full((bsz, max_c), PAD, dtype=torch.long),
-           "completion_mask": torch.zeros((bsz, max_c), dtype=torch.long),
-           "loss_mask": torch.zeros((bsz, max_c), dtype=torch.long),
+           "completion_mask": torch.zeros((bsz, max_c), dtype=torch.bool),
+           "loss_mask": torch.zeros((bsz, max_c), dtype=torch.bool),
            "old_logprobs": torch.zeros((bsz, max_c), dtype=torch.float32)}
     for i, t in enumerate(transitions):
         p, c = len(t.prompt_ids), len(t.completion_ids)
         out["prompt_ids"][i, max_p - p:] = torch.tensor(t.prompt_ids, dtype=torch.long)
-        out["prompt_mask"][i, max_p - p:] = 1
+        out["prompt_mask"][i, max_p - p:] = True
         out["completion_ids"][i, :c] = torch.tensor(t.completion_ids, dtype=torch.long)
-        out["completion_mask"][i, :c] = 1
-        out["loss_mask"][i, :c] = torch.tensor(t.completion_mask, dtype=torch.long)
+        out["completion_mask"][i, :c] = True
+        out["loss_mask"][i, :c] = torch.tensor(t.completion_mask, dtype=torch.bool)
         out["old_logprobs"][i, :c] = torch.tensor(t.old_logprobs) if t.old_logprobs else float("nan")
     out["advantages"] = torch.tensor([t.advantage for t in transitions], dtype=torch.float32)
     out["rewards"] = torch.tensor([t.reward for t in transitions], dtype=torch.float32)
