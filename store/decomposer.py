@@ -238,11 +238,13 @@ call1 AS (
     LEFT JOIN skew_service ks ON ks.rollout_id = c.rollout_id AND ks.c_service IS NOT DISTINCT FROM c.c_service
     LEFT JOIN skew_rollout kr ON kr.rollout_id = c.rollout_id
 ),
-calls AS (
-    SELECT *,
+calls AS (  -- only the columns read below: the window sorts whole rows
+    SELECT rollout_id, s_rid, c_rid, s_trace, s_span, c_trace, c_span, response_id, policy_version,
+           status_code, has_ids, ingested_ns, w_trace, w_parent, offset_ns, order_ns, agent_end_ns,
            (row_number() OVER (PARTITION BY rollout_id ORDER BY order_ns, coalesce(s_span, c_span)) - 1)::INTEGER AS step,
            (count(*) OVER (PARTITION BY rollout_id))::INTEGER AS rollout_calls,
-           hash(w_trace, w_span) AS w_key
+           hash(w_trace, w_span) AS w_key,
+           coalesce(s_rid, -1 - c_rid) AS call_key  -- one per call (a server span, else a client span)
     FROM call1
 ),
 -- the agent: nearest invoke_agent ancestor, walking parent links (hashed (trace, span) keys). The first
@@ -331,14 +333,14 @@ orphans AS (
     SELECT c.rollout_id, count(*) AS n FROM calls c JOIN agents a USING (w_key) WHERE a.broken GROUP BY c.rollout_id
 ),
 rw_step AS MATERIALIZED (  -- each reward with the step of the last call that ended before it (agent clock)
-    SELECT rw.*, coalesce(c.step, -1)::INTEGER AS step
-    FROM rw ASOF LEFT JOIN (SELECT rollout_id, agent_end_ns, step FROM calls) c
+    SELECT rw.*, coalesce(c.step, -1)::INTEGER AS step, c.call_key
+    FROM rw ASOF LEFT JOIN (SELECT rollout_id, agent_end_ns, step, call_key FROM calls) c
         ON c.rollout_id = rw.rollout_id AND rw.time_ns >= c.agent_end_ns
 ),
 step_rewards AS (  -- per call: the rewards that followed it (before the next call), summed by name
-    SELECT rollout_id, step, map(list(name ORDER BY name), list(total ORDER BY name)) AS rewards_after
-    FROM (SELECT rollout_id, step, name, sum(value) AS total FROM rw_step WHERE step >= 0 GROUP BY ALL)
-    GROUP BY rollout_id, step
+    SELECT call_key, map(list(name ORDER BY name), list(total ORDER BY name)) AS rewards_after
+    FROM (SELECT call_key, name, sum(value) AS total FROM rw_step WHERE step >= 0 GROUP BY ALL)
+    GROUP BY call_key
 ),
 out_calls AS MATERIALIZED (  -- light columns; the arrays are joined last, probing with a scan of spans
     SELECT c.rollout_id, ro.task_id, ro.attempt, ro.mode, ro.status AS rollout_status,
@@ -350,7 +352,7 @@ out_calls AS MATERIALIZED (  -- light columns; the arrays are joined last, probi
     FROM calls c
     JOIN ro ON ro.rollout_id = c.rollout_id
     LEFT JOIN agents a ON a.w_key = c.w_key
-    LEFT JOIN step_rewards sr ON sr.rollout_id = c.rollout_id AND sr.step = c.step
+    LEFT JOIN step_rewards sr ON sr.call_key = c.call_key  -- one integer key, not (rollout id, step)
     WHERE __CALL_FILTER__
 )
 SELECT 'call' AS row_kind, f.* EXCLUDE (s_rid, c_rid, has_ids),
