@@ -238,14 +238,20 @@ call1 AS (
     LEFT JOIN skew_service ks ON ks.rollout_id = c.rollout_id AND ks.c_service IS NOT DISTINCT FROM c.c_service
     LEFT JOIN skew_rollout kr ON kr.rollout_id = c.rollout_id
 ),
-calls AS (  -- only the columns read below: the window sorts whole rows
-    SELECT rollout_id, s_rid, c_rid, s_trace, s_span, c_trace, c_span, response_id, policy_version,
-           status_code, has_ids, ingested_ns, w_trace, w_parent, offset_ns, order_ns, agent_end_ns,
-           (row_number() OVER (PARTITION BY rollout_id ORDER BY order_ns, coalesce(s_span, c_span)) - 1)::INTEGER AS step,
-           (count(*) OVER (PARTITION BY rollout_id))::INTEGER AS rollout_calls,
-           hash(w_trace, w_span) AS w_key,
-           coalesce(s_rid, -1 - c_rid) AS call_key  -- one per call (a server span, else a client span)
-    FROM call1
+call_steps AS (  -- each call's step: its rollout's calls listed in order (a window sorted whole rows)
+    SELECT unnest(keys) AS call_key, (generate_subscripts(keys, 1) - 1)::INTEGER AS step,
+           len(keys)::INTEGER AS rollout_calls
+    FROM (
+        SELECT list(coalesce(s_rid, -1 - c_rid) ORDER BY order_ns, coalesce(s_span, c_span)) AS keys
+        FROM call1 GROUP BY rollout_id
+    )
+),
+calls AS (
+    SELECT c.rollout_id, c.s_rid, c.c_rid, c.s_trace, c.s_span, c.c_trace, c.c_span, c.response_id,
+           c.policy_version, c.status_code, c.has_ids, c.ingested_ns, c.w_trace, c.w_parent, c.offset_ns,
+           c.order_ns, c.agent_end_ns, n.step, n.rollout_calls, hash(c.w_trace, c.w_span) AS w_key, n.call_key
+    FROM call1 c
+    JOIN call_steps n ON n.call_key = coalesce(c.s_rid, -1 - c.c_rid)  -- one per call (a server span, else a client span)
 ),
 -- the agent: nearest invoke_agent ancestor, walking parent links (hashed (trace, span) keys). The first
 -- levels are plain joins (DuckDB hashes the smaller side, the walk); a recursive CTE rebuilds its join's
@@ -377,7 +383,7 @@ UNION ALL BY NAME
 SELECT 'reward' AS row_kind, rw.rollout_id, rw.name, rw.value, rw.time_ns, rw.source, rw.step,
        coalesce(n.rollout_calls, 0)::INTEGER AS rollout_calls
 FROM rw_step rw
-LEFT JOIN (SELECT rollout_id, count(*) AS rollout_calls FROM calls GROUP BY rollout_id) n
+LEFT JOIN (SELECT rollout_id, rollout_calls FROM calls WHERE step = 0) n  -- one row per rollout with calls
        ON n.rollout_id = rw.rollout_id
 UNION ALL BY NAME
 SELECT 'rollout' AS row_kind, ro.rollout_id, ro.task_id, ro.attempt, ro.mode, ro.status, ro.ended_by,
