@@ -238,20 +238,12 @@ call1 AS (
     LEFT JOIN skew_service ks ON ks.rollout_id = c.rollout_id AND ks.c_service IS NOT DISTINCT FROM c.c_service
     LEFT JOIN skew_rollout kr ON kr.rollout_id = c.rollout_id
 ),
-call_steps AS (  -- each call's step: its rollout's calls listed in order (a window sorted whole rows)
-    SELECT unnest(keys) AS call_key, (generate_subscripts(keys, 1) - 1)::INTEGER AS step,
-           len(keys)::INTEGER AS rollout_calls
-    FROM (
-        SELECT list(coalesce(s_rid, -1 - c_rid) ORDER BY order_ns, coalesce(s_span, c_span)) AS keys
-        FROM call1 GROUP BY rollout_id
-    )
-),
 calls AS (
-    SELECT c.rollout_id, c.s_rid, c.c_rid, c.s_trace, c.s_span, c.c_trace, c.c_span, c.response_id,
-           c.policy_version, c.status_code, c.has_ids, c.ingested_ns, c.w_trace, c.w_parent, c.offset_ns,
-           c.order_ns, c.agent_end_ns, n.step, n.rollout_calls, hash(c.w_trace, c.w_span) AS w_key, n.call_key
-    FROM call1 c
-    JOIN call_steps n ON n.call_key = coalesce(c.s_rid, -1 - c.c_rid)  -- one per call (a server span, else a client span)
+    SELECT *,
+           (row_number() OVER (PARTITION BY rollout_id ORDER BY order_ns, coalesce(s_span, c_span)) - 1)::INTEGER AS step,
+           (count(*) OVER (PARTITION BY rollout_id))::INTEGER AS rollout_calls,
+           hash(w_trace, w_span) AS w_key
+    FROM call1
 ),
 -- the agent: nearest invoke_agent ancestor, walking parent links (hashed (trace, span) keys). The first
 -- levels are plain joins (DuckDB hashes the smaller side, the walk); a recursive CTE rebuilds its join's
@@ -339,14 +331,14 @@ orphans AS (
     SELECT c.rollout_id, count(*) AS n FROM calls c JOIN agents a USING (w_key) WHERE a.broken GROUP BY c.rollout_id
 ),
 rw_step AS MATERIALIZED (  -- each reward with the step of the last call that ended before it (agent clock)
-    SELECT rw.*, coalesce(c.step, -1)::INTEGER AS step, c.call_key
-    FROM rw ASOF LEFT JOIN (SELECT rollout_id, agent_end_ns, step, call_key FROM calls) c
+    SELECT rw.*, coalesce(c.step, -1)::INTEGER AS step
+    FROM rw ASOF LEFT JOIN (SELECT rollout_id, agent_end_ns, step FROM calls) c
         ON c.rollout_id = rw.rollout_id AND rw.time_ns >= c.agent_end_ns
 ),
 step_rewards AS (  -- per call: the rewards that followed it (before the next call), summed by name
-    SELECT call_key, map(list(name ORDER BY name), list(total ORDER BY name)) AS rewards_after
-    FROM (SELECT call_key, name, sum(value) AS total FROM rw_step WHERE step >= 0 GROUP BY ALL)
-    GROUP BY call_key
+    SELECT rollout_id, step, map(list(name ORDER BY name), list(total ORDER BY name)) AS rewards_after
+    FROM (SELECT rollout_id, step, name, sum(value) AS total FROM rw_step WHERE step >= 0 GROUP BY ALL)
+    GROUP BY rollout_id, step
 ),
 out_calls AS MATERIALIZED (  -- light columns; the arrays are joined last, probing with a scan of spans
     SELECT c.rollout_id, ro.task_id, ro.attempt, ro.mode, ro.status AS rollout_status,
@@ -358,7 +350,7 @@ out_calls AS MATERIALIZED (  -- light columns; the arrays are joined last, probi
     FROM calls c
     JOIN ro ON ro.rollout_id = c.rollout_id
     LEFT JOIN agents a ON a.w_key = c.w_key
-    LEFT JOIN step_rewards sr ON sr.call_key = c.call_key  -- one integer key, not (rollout id, step)
+    LEFT JOIN step_rewards sr ON sr.rollout_id = c.rollout_id AND sr.step = c.step
     WHERE __CALL_FILTER__
 )
 SELECT 'call' AS row_kind, f.* EXCLUDE (s_rid, c_rid, has_ids),
@@ -383,7 +375,7 @@ UNION ALL BY NAME
 SELECT 'reward' AS row_kind, rw.rollout_id, rw.name, rw.value, rw.time_ns, rw.source, rw.step,
        coalesce(n.rollout_calls, 0)::INTEGER AS rollout_calls
 FROM rw_step rw
-LEFT JOIN (SELECT rollout_id, rollout_calls FROM calls WHERE step = 0) n  -- one row per rollout with calls
+LEFT JOIN (SELECT rollout_id, count(*) AS rollout_calls FROM calls GROUP BY rollout_id) n
        ON n.rollout_id = rw.rollout_id
 UNION ALL BY NAME
 SELECT 'rollout' AS row_kind, ro.rollout_id, ro.task_id, ro.attempt, ro.mode, ro.status, ro.ended_by,
