@@ -4,8 +4,9 @@
 Writing the tensors is bound by page faults (50k transitions of 300 + 60 tokens: ~180 MB of fresh pages,
 mostly the int64 ids, each faulted in and zeroed by the kernel on first touch: ~0.06 s per 120 MB here,
 against 0.015 s into memory already touched). So the masks are bool, one byte a token: the real-token
-layouts computed for the fills are the attention masks themselves (int64 masks were another 168 MB). Filling the tensors on two threads at once gained nothing here (same wall
-time, more CPU), so the fills run one after another.
+layouts computed for the fills are the attention masks themselves (int64 masks were another 168 MB).
+Filling the tensors on two threads at once gained nothing here (same wall time, more CPU), so the fills
+run one after another.
 """
 
 from __future__ import annotations

@@ -58,15 +58,16 @@ def parse_request(body: bytes) -> Any:
 
 def parse_array(buf: bytes) -> Any:
     """An array's wire bytes -> ArrayValue (its nested arrays bytes again); `PermanentError` if malformed."""
-    try:
-        return _LazyArray.FromString(buf)
-    except Exception as exc:  # noqa: BLE001 - DecodeError
-        raise PermanentError(f"malformed OTLP protobuf: an ArrayValue ({len(buf)} bytes) does not parse: {exc}") from None
+    return _array_from(_LazyArray, buf)
 
 
 def parse_strict_array(buf: bytes) -> common_pb2.ArrayValue:
     """An array's wire bytes -> the standard ArrayValue (elements are messages, for naming a bad one)."""
+    return _array_from(common_pb2.ArrayValue, buf)
+
+
+def _array_from(array_class: Any, buf: bytes) -> Any:
     try:
-        return common_pb2.ArrayValue.FromString(buf)
+        return array_class.FromString(buf)
     except Exception as exc:  # noqa: BLE001 - DecodeError
         raise PermanentError(f"malformed OTLP protobuf: an ArrayValue ({len(buf)} bytes) does not parse: {exc}") from None

@@ -77,10 +77,12 @@ _WALK_UNION = " UNION ALL ".join(
 _LLM_OPS_SQL = ", ".join(f"'{op}'" for op in sc.LLM_OPERATIONS)
 _EVENT_SCHEMA_JSON = '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "JSON"}]'
 _REWARD_EVENTS = (sc.REWARD_SPAN_NAME, sc.GEN_AI_EVALUATION_RESULT_EVENT)
-_TEMPERATURE_SQL = (  # what the server's log-probs were computed at (the server span's attributes, sx)
-    f"""coalesce(TRY_CAST(sx.attributes ->> '$."{sc.LLM_LOGPROBS_TEMPERATURE}"' AS DOUBLE),
-                nullif(TRY_CAST(sx.attributes ->> '$."{sc.GEN_AI_REQUEST_TEMPERATURE}"' AS DOUBLE), 0.0))"""
-)
+# A call row of the result, selected by both call branches of the statement: its light columns (out_calls
+# f), the server span's (sx) arrays and the temperature its log-probs were computed at.
+_CALL_SELECT = f"""SELECT 'call' AS row_kind, f.* EXCLUDE (s_rid, c_rid, has_ids),
+       sx.prompt_token_ids AS prompt_ids, sx.completion_token_ids AS completion_ids, sx.logprobs,
+       coalesce(TRY_CAST(sx.attributes ->> '$."{sc.LLM_LOGPROBS_TEMPERATURE}"' AS DOUBLE),
+                nullif(TRY_CAST(sx.attributes ->> '$."{sc.GEN_AI_REQUEST_TEMPERATURE}"' AS DOUBLE), 0.0)) AS temperature"""
 _RF, _CF = "__ROLLOUT_FILTER__", "__CALL_FILTER__"
 _CALL_COLUMNS = (
     "rollout_id", "task_id", "attempt", "mode", "rollout_status", "agent", "step", "rollout_calls",
@@ -353,16 +355,12 @@ out_calls AS MATERIALIZED (  -- light columns; the arrays are joined last, probi
     LEFT JOIN step_rewards sr ON sr.rollout_id = c.rollout_id AND sr.step = c.step
     WHERE __CALL_FILTER__
 )
-SELECT 'call' AS row_kind, f.* EXCLUDE (s_rid, c_rid, has_ids),
-       sx.prompt_token_ids AS prompt_ids, sx.completion_token_ids AS completion_ids, sx.logprobs,
-       {_TEMPERATURE_SQL} AS temperature
+{_CALL_SELECT}
 FROM out_calls f
 LEFT JOIN spans sx ON sx.rowid = f.s_rid
 WHERE f.has_ids
 UNION ALL BY NAME  -- calls without ids apart: only they join their client span's messages
-SELECT 'call' AS row_kind, f.* EXCLUDE (s_rid, c_rid, has_ids),
-       sx.prompt_token_ids AS prompt_ids, sx.completion_token_ids AS completion_ids, sx.logprobs,
-       {_TEMPERATURE_SQL} AS temperature,
+{_CALL_SELECT},
        cx.attributes ->> '$."{sc.GEN_AI_INPUT_MESSAGES}"' AS input_messages,
        cx.attributes ->> '$."{sc.GEN_AI_OUTPUT_MESSAGES}"' AS output_messages
 FROM out_calls f
