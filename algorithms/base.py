@@ -28,7 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from spanrl.algorithms.padding import fill_rows, flat_values, list_lengths, mask_tensor, new_tensor, real_positions
+from spanrl.algorithms.padding import (fill_rows, flat_values, list_lengths, mask_tensor, new_tensor, real_positions,
+                                       values_within)
 from spanrl.algorithms.reporters import check_report_to
 from spanrl.errors import ConfigError, TrainingError
 
@@ -105,8 +106,10 @@ def _row_problem(row: dict[str, Any], vocab_size: int | None) -> str | None:
 
 def _out_of_vocab_rows(column: pa.ChunkedArray, lengths: np.ndarray, vocab_size: int) -> np.ndarray:
     """Rows with a token id outside ``[0, vocab_size)``."""
-    values = flat_values(column)
     rows = np.zeros(len(lengths), dtype=bool)
+    if values_within(column, 0, vocab_size):  # the common case, without a copy of the values
+        return rows
+    values = flat_values(column)
     if len(values) and (values.min() < 0 or values.max() >= vocab_size):
         bad_at = np.flatnonzero((values < 0) | (values >= vocab_size))
         rows[np.searchsorted(np.cumsum(lengths), bad_at, side="right")] = True

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-__all__ = ["fill_rows", "flat_values", "list_lengths", "mask_tensor", "new_tensor", "real_positions"]
+__all__ = ["fill_rows", "flat_values", "list_lengths", "mask_tensor", "new_tensor", "real_positions", "values_within"]
 
 
 def list_lengths(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -28,6 +28,16 @@ def flat_values(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """The values of a list column's rows, concatenated in row order (null rows contribute nothing)."""
     flat = pc.list_flatten(column)
     return flat.to_numpy() if flat.null_count == 0 else flat.to_numpy(zero_copy_only=False)
+
+
+def values_within(column: pa.ChunkedArray, low: int, high: int) -> bool:
+    """Whether every value of the list column's rows lies in ``[low, high)``: one min/max pass per Arrow
+    chunk over its values in place (`flat_values` of a column of several chunks copies them all first)."""
+    for chunk in column.chunks:
+        bounds = pc.min_max(pc.list_flatten(chunk)).as_py()
+        if bounds["min"] is not None and (bounds["min"] < low or bounds["max"] >= high):
+            return False
+    return True
 
 
 def new_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, np.ndarray]:

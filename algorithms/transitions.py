@@ -57,6 +57,10 @@ TRANSITIONS_SCHEMA = pa.schema(
 )
 """Columns of `TransitionBatch.to_arrow` (and of ``spanrl export transitions``)."""
 _TEMPERATURE_TOLERANCE = 1e-6  # recorded as a double by the server; float32 round trips stay within it
+# The decomposer's call columns read here: the rest (rewards_after, span ids, clocks) are not computed
+_CALL_COLUMNS_READ = ("rollout_id", "task_id", "attempt", "agent", "step", "rollout_calls", "policy_version",
+                      "status_code", "prompt_ids", "completion_ids", "logprobs", "temperature",
+                      "input_messages", "output_messages")
 
 
 @dataclass
@@ -275,6 +279,7 @@ def load_transitions(
             until_ns=until_ns,
             min_policy_version=min_policy_version,
         ),
+        call_columns=_CALL_COLUMNS_READ,
     )
     report: dict[str, int] = dict(dec.report)
     for key in ("retokenized", "skipped_no_ids", "skipped_failed_calls", "skipped_retokenize_error",

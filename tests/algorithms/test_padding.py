@@ -67,3 +67,13 @@ def test_checks_name_the_first_bad_row_and_field(bad: dict, message: str) -> Non
     with pytest.raises(ConfigError, match=message):
         check_transitions(batch, vocab_size=50)
     check_transitions(_batch([good]), vocab_size=50)  # a good batch passes
+
+
+def test_out_of_vocabulary_id_in_a_later_arrow_chunk_is_found() -> None:
+    good = pa.Table.from_pylist([_row(f"g{i}", [1, 2], [3], [1], [-0.1]) for i in range(4)], schema=TRANSITIONS_SCHEMA)
+    bad = pa.Table.from_pylist([_row("late", [4], [70], [1], [])], schema=TRANSITIONS_SCHEMA)
+    table = pa.concat_tables([good.slice(1, 2), bad, good.slice(3)])  # chunks, one of them a slice
+    assert table.column("prompt_ids").num_chunks == 3
+    with pytest.raises(ConfigError, match=r"transition 2 \(rollout_id='late'.*token id 70 is outside the vocabulary"):
+        check_transitions(TransitionBatch(table, {}, {}), vocab_size=50)
+    check_transitions(TransitionBatch(pa.concat_tables([good.slice(1, 2), good.slice(3)]), {}, {}), vocab_size=50)

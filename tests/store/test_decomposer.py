@@ -217,6 +217,11 @@ def test_multi_turn_calls_ordered_with_exact_ids_and_rewards_after_them(collecto
     assert rows(dec.rewards, "name", "value", "step") == [("format", 0.25, 0), ("reward", 1.0, 2)]
     assert rows(dec.calls, "rewards_after") == [([("format", 0.25)],), ([],), ([("reward", 1.0)],)]
     assert dec.report["rollouts"] == 1 and dec.report["calls"] == 3
+    # only the columns asked for (in the table's order, with the sort keys), the same rows in them
+    few = decompose(collector.store, call_columns=["logprobs", "agent", "completion_ids"])
+    assert few.calls.column_names == ["rollout_id", "agent", "step", "completion_ids", "logprobs"]
+    assert few.calls.equals(dec.calls.select(few.calls.column_names))
+    assert few.rewards.equals(dec.rewards) and few.rollouts.equals(dec.rollouts) and few.report == dec.report
 
 
 def test_server_span_joined_by_response_id_across_traces_with_clock_skew(collector: Any) -> None:
@@ -393,6 +398,11 @@ def test_selection_rejects_bad_fields() -> None:
         Selection(since_ns=9, until_ns=5).validate()
     with pytest.raises(ValueError, match="min_policy_version must be an integer, got '2'"):
         Selection(min_policy_version="2").validate()  # type: ignore[arg-type]
+
+
+def test_call_columns_rejects_an_unknown_column() -> None:
+    with pytest.raises(ValueError, match="call_columns: no column 'prompt'; the calls' columns are rollout_id, "):
+        decompose(None, call_columns=["step", "prompt"])  # type: ignore[arg-type]  # refused before any SQL
 
 
 def test_compact_base64_token_arrays_read_like_plain_arrays(collector: Any) -> None:
