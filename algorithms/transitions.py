@@ -326,7 +326,7 @@ def _credit(dec: Any, fast_calls: pa.Table, slow_rows: list[dict[str, Any]], cre
     calls = dec.calls
     rollouts = dec.rollouts
     rollout_ids_all = rollouts.column("rollout_id").to_pylist()
-    index = {rid: i for i, rid in enumerate(rollout_ids_all)}
+    index = lambda ids: pc.index_in(ids, value_set=rollouts.column("rollout_id")).to_numpy().astype(np.int64)  # noqa: E731
     tasks = rollouts.column("task_id").to_pylist()
     report["no_task_id"] = sum(1 for t in tasks if t is None)
     group_keys = [t if t is not None else f"\x00rollout:{r}" for t, r in zip(tasks, rollout_ids_all)]
@@ -340,16 +340,15 @@ def _credit(dec: Any, fast_calls: pa.Table, slow_rows: list[dict[str, Any]], cre
             schema=usable[0].schema,
         ))
     keys = pa.concat_tables(usable)
-    call_rollout = np.array([index[r] for r in keys.column("rollout_id").to_pylist()], dtype=np.int64)
+    call_rollout = index(keys.column("rollout_id"))  # every call's and reward's rollout is one of them
     call_step = keys.column("step").to_numpy().astype(np.int64)
     rollout_calls = np.zeros(len(rollout_ids_all), dtype=np.int64)
     rewards = dec.rewards
-    r_roll = np.array([index[r] for r in rewards.column("rollout_id").to_pylist()], dtype=np.int64)
+    r_roll = index(rewards.column("rollout_id"))
     if rewards.num_rows:
         rollout_calls[r_roll] = rewards.column("rollout_calls").fill_null(0).to_numpy()
     if calls.num_rows:
-        all_roll = np.array([index[r] for r in calls.column("rollout_id").to_pylist()], dtype=np.int64)
-        rollout_calls[all_roll] = calls.column("rollout_calls").to_numpy()
+        rollout_calls[index(calls.column("rollout_id"))] = calls.column("rollout_calls").to_numpy()
     value_arr = None
     if credit.mode == "gae":
         if values is None:
