@@ -437,3 +437,22 @@ def test_double_text_matches_orjson():
     body = req.SerializeToString()
     fast, ref = decode_body(body), _python(body)
     assert fast.table["attributes"].to_pylist() == ref.table["attributes"].to_pylist()
+
+
+# --- in the running collector ---------------------------------------------------------------------------
+def test_running_collector_uses_the_extension(collector_proc):
+    """A silent build failure must not pass as the fast path: the collector says which decoder it runs,
+    and what an SDK sends it over gRPC is stored."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    log = collector_proc.log_path.read_text()
+    assert "protobuf decoder: C fast path" in log, log[-2000:]
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=collector_proc.grpc_endpoint, insecure=True)))
+    with provider.get_tracer("t").start_as_current_span("fast", attributes={sc.LLM_PROMPT_TOKEN_IDS: [5, 6], "k": "v"}):
+        pass
+    provider.shutdown()
+    rows = collector_proc.sql("SELECT name, prompt_token_ids, attributes FROM spans")
+    assert rows == [{"name": "fast", "prompt_token_ids": [5, 6], "attributes": '{"k":"v"}'}]
