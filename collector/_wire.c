@@ -51,7 +51,7 @@ static int putc_(Buf *b, char c) { return put(b, &c, 1); }
 /* ---- wire reader: varints, fixed widths, length-delimited slices --------------------------------- */
 typedef struct { const uint8_t *p, *end; } Rd;
 
-static int rd_varint(Rd *r, uint64_t *out) {
+static int rd_varint_slow(Rd *r, uint64_t *out) {
     uint64_t v = 0;
     for (int i = 0; i < 10; i++) {
         if (r->p >= r->end) return 0;
@@ -61,6 +61,14 @@ static int rd_varint(Rd *r, uint64_t *out) {
         if (!(b & 0x80)) { *out = v; return 1; }
     }
     return 0;
+}
+/* Tags, lengths and small ints are one byte nearly always: that case inline, the rest out of line. */
+static inline int rd_varint(Rd *r, uint64_t *out) {
+    if (r->p < r->end && *r->p < 0x80) {
+        *out = *r->p++;
+        return 1;
+    }
+    return rd_varint_slow(r, out);
 }
 static int rd_fixed64(Rd *r, uint64_t *out) {
     NEED(r->end - r->p >= 8);
@@ -131,11 +139,22 @@ static int rd_string(Rd *r, Rd *s) { NEED(rd_len(r, s)); return utf8_ok(s->p, (s
 /* ---- JSON text, as orjson writes it -------------------------------------------------------------- */
 static const char HEX[] = "0123456789abcdef";
 
+#define ONES 0x0101010101010101ull
+#define HIGHS 0x8080808080808080ull
+/* Whether none of 8 bytes needs escaping (< 0x20, '"', '\\'): the usual bit tricks, exact as a yes/no. */
+static inline int word_plain(uint64_t w) {
+    uint64_t quote = w ^ (ONES * '"'), slash = w ^ (ONES * '\\');
+    return !((((w - ONES * 0x20) & ~w) | ((quote - ONES) & ~quote) | ((slash - ONES) & ~slash)) & HIGHS);
+}
+
 static int json_str(Buf *b, const uint8_t *s, size_t n) {
     NEED(buf_grow(b, n + 2));
     b->p[b->len++] = '"';
     size_t run = 0;
     for (size_t i = 0; i < n; i++) {
+        uint64_t w;
+        while (i + 8 <= n && (memcpy(&w, s + i, 8), word_plain(w))) i += 8;
+        if (i >= n) break;
         uint8_t c = s[i];
         if (c >= 0x20 && c != '"' && c != '\\') continue;
         NEED(put(b, s + run, i - run));
@@ -416,7 +435,44 @@ static int b64_decode(Buf *out, Rd s) {
 /* A plain OTLP array: every element one int_value (int32 range), or for log-probs one double_value or
  * int_value; anything else (and an out-of-range id) is Python's to reject with its message. */
 static int array_tokens(Buf *out, Rd r, int is_float) {
+    /* Each element takes at least 4 wire bytes (0A len tag value) and gives 4 output bytes. */
+    NEED(buf_grow(out, (size_t)(r.end - r.p)));
     while (r.p < r.end) {
+        /* The shapes every SDK writes, without the general parse: an int element `0A L 18 <varint of
+         * L-1 bytes>` and a double element `0A 09 21 <8 bytes>`. */
+        if (r.end - r.p >= 4 && r.p[0] == 0x0A && r.p[1] <= 11 && r.p[1] + 2 <= r.end - r.p) {
+            const uint8_t *v = r.p + 3, *stop = r.p + 2 + r.p[1];
+            if (r.p[2] == 0x18 && r.p[1] >= 2 && !(stop[-1] & 0x80)) {
+                uint64_t x = 0;
+                int shift = 0, ok = 1;
+                for (const uint8_t *q = v; q < stop; q++, shift += 7) {
+                    ok &= q == stop - 1 || (*q & 0x80);
+                    x |= (uint64_t)(*q & 0x7F) << shift;
+                }
+                if (ok && stop - v < 10) {
+                    int64_t i = (int64_t)x;
+                    if (is_float) {
+                        float f = (float)(double)i;
+                        memcpy(out->p + out->len, &f, 4);
+                    } else {
+                        NEED(i >= INT32_MIN && i <= INT32_MAX);
+                        int32_t i32 = (int32_t)i;
+                        memcpy(out->p + out->len, &i32, 4);
+                    }
+                    out->len += 4;
+                    r.p = stop;
+                    continue;
+                }
+            } else if (is_float && r.p[1] == 9 && r.p[2] == 0x21) {
+                double d;
+                memcpy(&d, v, 8);
+                float f = (float)d;
+                memcpy(out->p + out->len, &f, 4);
+                out->len += 4;
+                r.p = stop;
+                continue;
+            }
+        }
         uint32_t tag;
         Rd el;
         AnyV x;

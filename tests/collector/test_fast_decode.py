@@ -429,6 +429,15 @@ def test_truncated_varints_and_lengths_past_the_end():
         assert isinstance(_python(body), PermanentError)
 
 
+def test_escapes_at_every_offset_match_orjson():
+    """Each character JSON escapes, at each position of a string longer than the 8-byte scan."""
+    attributes = {}
+    for c in ['"', "\\", "\x00", "\x1f", "\n", "\x7f", "é"]:
+        for at in range(20):
+            attributes[f"{ord(c)}.{at}"] = "abcdefghijklmnopqrst"[:at] + c + "uvwxyz0123456789"
+    assert assert_same(_one(attributes).SerializeToString())
+
+
 def test_double_text_matches_orjson():
     """Float attributes: byte-identical JSON text to the Python path for the awkward magnitudes."""
     values = _DOUBLES + [float(struct.unpack("<d", random.Random(i).randbytes(8))[0]) for i in range(300)]
