@@ -201,7 +201,10 @@ static int put_double(Buf *b, double d) {
     char digits[24];
     int k = 0, neg = t[0] == '-';
     const char *q = t + neg;
-    for (; *q && *q != 'e'; q++) if (*q != '.') digits[k++] = *q;
+    for (; *q && *q != 'e'; q++) {
+        if (*q >= '0' && *q <= '9') digits[k++] = *q;
+        else NEED(*q == '.'); /* a locale's ',' (an embedding app's setlocale): Python's path then */
+    }
     int e = atoi(q + 1);
     while (k > 1 && digits[k - 1] == '0') k--;
     if (neg) NEED(putc_(b, '-'));
