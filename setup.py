@@ -6,7 +6,13 @@ optional: where it cannot be built, the install goes on and the collector runs i
 setuptools still flags as experimental with a warning on every install.
 """
 
+import warnings
+
 from setuptools import Extension, setup
+
+# With an extension module, setuptools' editable install warns about folders named like the package
+# (here spanrl/ IS the package's folder, mapped in pyproject.toml): noise on every `make venv`.
+warnings.filterwarnings("ignore", message=r"(?s)Editable installation")
 
 setup(
     ext_modules=[
