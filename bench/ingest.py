@@ -20,7 +20,8 @@ span data plus add_many_spans (spanrl's figure likewise starts from wire bytes);
 printed too.
 Figures are medians of --repeats runs. --baseline REF also runs the collector of an older commit (exported
 with `git archive`, put first on PYTHONPATH), one of its runs before each of this tree's, and prints the
-ratios: before/after under the same machine load.
+ratios: before/after under the same machine load. --baseline python runs this tree's collector with
+SPANRL_COLLECTOR_DECODER=python (its Python decoder, not the C fast path) as the baseline.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import numpy as np
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1 import common_pb2
 
+from spanrl import env
 from spanrl import semconv as sc
 
 SPANS_PER_REQUEST = 512
@@ -204,12 +206,12 @@ def _timed_sender(endpoint: str, bodies: list[bytes], inflight: int, seconds: fl
     out.put((-1 if failed else sum(counts), time.process_time() - cpu0))
 
 
-def _start_collector(db: Path, pythonpath: Path | None = None) -> tuple[subprocess.Popen, str, str]:
-    env = dict(os.environ, PYTHONPATH=str(pythonpath)) if pythonpath else None
+def _start_collector(db: Path, baseline_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, str]:
+    proc_env = dict(os.environ, **baseline_env) if baseline_env else None
     # Not from the checkout's root: `-m` puts the working directory first on sys.path, and its spanrl/
     # folder would then shadow the --baseline export (the "baseline" ran this tree's code).
     proc = subprocess.Popen([sys.executable, "-m", "spanrl", "--log-level", "WARNING", "collector", "--db", str(db), "--grpc-port", "0", "--http-port", "0"],
-                            stdout=subprocess.PIPE, text=True, env=env, cwd=db.parent)
+                            stdout=subprocess.PIPE, text=True, env=proc_env, cwd=db.parent)
     line = proc.stdout.readline()  # type: ignore[union-attr]
     if not line.startswith(READY_PREFIX):
         proc.kill()
@@ -239,11 +241,11 @@ def _count(http: str) -> int:
 
 
 def run_spanrl(bodies: list[bytes], senders: int, inflight: int, seconds: float, tmp: Path,
-               pythonpath: Path | None = None) -> tuple[float, float, float, float]:
+               baseline_env: dict[str, str] | None = None) -> tuple[float, float, float, float]:
     """One run: spans/s committed, spans per collector CPU-second, collector peak RSS (MiB), the senders'
     CPU microseconds per span."""
     db = tmp / f"bench-{time.monotonic_ns()}.duckdb"
-    proc, grpc_ep, http_ep = _start_collector(db, pythonpath)
+    proc, grpc_ep, http_ep = _start_collector(db, baseline_env)
     try:
         # spawn, not fork: a child forked after this process used gRPC can hang in gRPC.
         ctx = mp.get_context("spawn")
@@ -283,9 +285,12 @@ def run_spanrl(bodies: list[bytes], senders: int, inflight: int, seconds: float,
     return spans / elapsed, spans / max(cpu, 1e-9), rss, sender_cpu / max(spans, 1) * 1e6
 
 
-def export_baseline(ref: str, tmp: Path) -> Path:
-    """`git archive` of ``ref`` as an importable `spanrl` (pyproject's folder mapping, by symlinks): on
-    PYTHONPATH it wins over the editable install, so that version's collector runs beside this one."""
+def export_baseline(ref: str, tmp: Path) -> dict[str, str]:
+    """The environment that runs the baseline's collector: ``python``, this tree with its Python decoder
+    only; else `git archive` of ``ref`` as an importable `spanrl` (pyproject's folder mapping, by symlinks)
+    on PYTHONPATH, where it wins over the editable install (without its C extension, not in git)."""
+    if ref == "python":
+        return {env.SPANRL_COLLECTOR_DECODER: "python"}
     root = Path(__file__).resolve().parent.parent
     src, pkg = tmp / "baseline-src", tmp / "baseline-pkg" / "spanrl"
     src.mkdir()
@@ -297,7 +302,7 @@ def export_baseline(ref: str, tmp: Path) -> Path:
     for sub in ("instrumentation", "collector", "store", "algorithms", "trainer", "serving", "ui"):
         if (src / sub).is_dir():
             (pkg / sub).symlink_to(src / sub)
-    return pkg.parent
+    return {"PYTHONPATH": str(pkg.parent)}
 
 
 # --- anchor ---------------------------------------------------------------------------------------------
@@ -416,7 +421,7 @@ def bench_layouts(rows: int, tmp: Path) -> None:
 
 # --- main -----------------------------------------------------------------------------------------------
 def measure(workload: str, bodies: list[bytes], n: int, args: argparse.Namespace, tmp: Path,
-            baseline: Path | None) -> tuple[list[tuple[float, float, float, float]], list[tuple[float, float, float, float]]]:
+            baseline: dict[str, str] | None) -> tuple[list[tuple[float, float, float, float]], list[tuple[float, float, float, float]]]:
     """--repeats runs of this tree's collector and, with --baseline, of the baseline's (each just before one of ours)."""
     runs, base_runs = [], []
     for _ in range(args.repeats):  # interleaved, so both versions see the same machine load
@@ -475,7 +480,8 @@ def main() -> None:
     parser.add_argument("--anchor-venv", default="/tmp/anchor-venv")
     parser.add_argument("--skip-anchor", action="store_true")
     parser.add_argument("--baseline", metavar="GIT_REF",
-                        help="also run the collector of this commit, interleaved run by run, and print the ratio")
+                        help="also run the collector of this commit (or 'python': this tree without the C fast "
+                             "path), interleaved run by run, and print the ratio")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as one JSON object to PATH")
     parser.add_argument("--layouts", type=int, default=0, metavar="ROWS",
                         help="only compare attribute layouts (JSON vs MAP) on ROWS agent spans, then exit")

@@ -3,7 +3,7 @@
 The method is registered as client-streaming (a unary call is the same on the wire): the handler
 runs before the request message is read, so a request over the concurrency cap is refused without
 its body ever being received. It then reads the raw bytes (a malformed body is INVALID_ARGUMENT, not
-grpcio's INTERNAL), reserves their decoding memory, parses and walks them in its own thread, queues
+grpcio's INTERNAL), reserves their decoding memory, decodes them in its own thread (`fast_decode`), queues
 the batch and answers only after the commit.
 Errors: UNAUTHENTICATED (token), INVALID_ARGUMENT (malformed), UNAVAILABLE with RetryInfo (over the
 concurrency cap or the memory budget, queue full, shutting down: retryable), RESOURCE_EXHAUSTED from
@@ -25,8 +25,9 @@ from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from spanrl.collector.admission import DECODE_FACTOR, Admission
-from spanrl.collector.encoding import EncodedBatch, decode_protobuf_request, encode_request
+from spanrl.collector.encoding import EncodedBatch
 from spanrl.collector.errors import PermanentError, RetryableError
+from spanrl.collector.fast_decode import encode_protobuf_body
 from spanrl.errors import CollectorError
 
 __all__ = ["BatchConsumer", "GrpcReceiver"]
@@ -147,12 +148,10 @@ class GrpcReceiver:
         finally:
             self._receiving.release()
         try:
-            request = decode_protobuf_request(body)
+            batch = encode_protobuf_body(body)  # the C fast path, else the Python decoder
             del body
-            if not request.resource_spans:
+            if batch is None:  # no resource spans
                 return ExportTraceServiceResponse()
-            batch = encode_request(request)
-            del request
             committed = self._next.consume(batch)
             self._admission.release(reserved)
             reserved = 0

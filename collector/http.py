@@ -35,7 +35,8 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from spanrl.collector.admission import DECODE_FACTOR, Admission
-from spanrl.collector.encoding import EncodedBatch, decode_json_request, decode_protobuf_request, encode_request
+from spanrl.collector.encoding import EncodedBatch, decode_json_request, encode_request
+from spanrl.collector.fast_decode import encode_protobuf_body
 from spanrl.collector.errors import PayloadTooLargeError, PermanentError, RetryableError, UnauthenticatedError
 from spanrl.collector.grpc import BatchConsumer, _bearer_ok
 from spanrl.collector.sql import SqlRunner
@@ -252,7 +253,8 @@ def _decode_and_encode(body: bytes, as_json: bool) -> EncodedBatch:
     if as_json:
         request, rejected, errors = decode_json_request(body)
         return encode_request(request, pre_rejected=rejected, pre_errors=errors)
-    return encode_request(decode_protobuf_request(body))
+    batch = encode_protobuf_body(body)  # the C fast path, else the Python decoder
+    return EncodedBatch(None, 0) if batch is None else batch  # None: no resource spans
 
 
 async def _respond(send: Send, status: int, body: bytes, ctype: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:

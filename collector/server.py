@@ -24,6 +24,7 @@ from spanrl.collector.admission import Admission
 from spanrl import semconv
 from spanrl.collector.batcher import Batcher
 from spanrl.collector.encoding import encode_request
+from spanrl.collector.fast_decode import active_decoder, decode_body
 from spanrl.collector.config import CollectorConfig
 from spanrl.collector.grpc import GrpcReceiver
 from spanrl.collector.http import HttpReceiver, OtlpHttpApp
@@ -101,7 +102,8 @@ class Collector:
         except BaseException:
             self.shutdown()
             raise
-        _logger.info("collector on grpc=%s http=%s db=%s", self.grpc_endpoint, self.http_endpoint, cfg.db_path)
+        _logger.info("collector on grpc=%s http=%s db=%s; protobuf decoder: %s", self.grpc_endpoint, self.http_endpoint,
+                     cfg.db_path, active_decoder())
         return self
 
     def shutdown(self, timeout: float | None = None) -> None:
@@ -183,6 +185,7 @@ def _warm_up() -> None:
     ids = AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=1)]))
     span.attributes.extend([KeyValue(key=semconv.LLM_PROMPT_TOKEN_IDS, value=ids), KeyValue(key="k", value=AnyValue(string_value="v"))])
     encode_request(request)
+    decode_body(request.SerializeToString())  # the fast path's Arrow arrays from buffers, once
 
 
 def _url_host(host: str) -> str:

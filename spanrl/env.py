@@ -91,6 +91,11 @@ holds at once; beyond it requests get a retryable 503 / UNAVAILABLE. Default 268
 SPANRL_COLLECTOR_SQL_TIMEOUT_S = "SPANRL_COLLECTOR_SQL_TIMEOUT_S"
 """Seconds one ``POST /v1/sql`` query may run before it is interrupted (answered 400). Default 30."""
 
+SPANRL_COLLECTOR_DECODER = "SPANRL_COLLECTOR_DECODER"
+"""``python`` makes the collector decode OTLP protobuf bodies with its Python decoder only, not the
+compiled fast path (``spanrl.collector._wire``), e.g. to compare the two in ``bench/ingest.py``.
+Default ``auto``: the fast path when it is built, the Python decoder for whatever it does not accept."""
+
 SPANRL_SQL_URL = "SPANRL_SQL_URL"
 """Base URL where ``spanrl sql`` looks for a running collector. Default ``http://127.0.0.1:4318``."""
 

@@ -1,0 +1,26 @@
+"""Only the collector's optional C extension; everything else is in pyproject.toml.
+
+`spanrl.collector._wire` (collector/_wire.c, plain CPython C API) is the OTLP protobuf fast path. It is
+optional: where it cannot be built, the install goes on and the collector runs its Python decoder
+(it logs which at start). Declared here, not in pyproject's `[tool.setuptools] ext-modules`, which
+setuptools still flags as experimental with a warning on every install.
+"""
+
+import warnings
+
+from setuptools import Extension, setup
+
+# With an extension module, setuptools' editable install warns about folders named like the package
+# (here spanrl/ IS the package's folder, mapped in pyproject.toml): noise on every `make venv`.
+warnings.filterwarnings("ignore", message=r"(?s)Editable installation")
+
+setup(
+    ext_modules=[
+        Extension(
+            "spanrl.collector._wire",
+            sources=["collector/_wire.c"],
+            optional=True,
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
+        )
+    ]
+)
