@@ -36,7 +36,6 @@ _SCRIPT = textwrap.dedent(
     import gc, json, random, statistics, sys, time
     import openai
     from openai.resources.chat.completions import Completions
-    from openai.types.chat import ChatCompletion
     from wrapt import FunctionWrapper
     http_calls, loop_calls, rounds, grpc, url = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
     import spanrl
@@ -59,18 +58,13 @@ _SCRIPT = textwrap.dedent(
     rollout = tuple(active._span_processors)
     client = openai.OpenAI(base_url=url + "/v1", api_key="sk-bench")
     messages = [{"role": "system", "content": "You are a calculator."}, {"role": "user", "content": "What is 2 + 3?"}]
-    REPLY = ChatCompletion.model_validate({
-        "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "tiny",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "5"}, "finish_reason": "stop",
-                     "logprobs": None}],
-        "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}})
-
     class InProcess(Completions):  # the reply without HTTP, behind OpenLLMetry's own wrapper object
         def create(self, *args, **kwargs):
             return REPLY
     InProcess.traced = FunctionWrapper(InProcess.create, Completions.create._self_wrapper)
     chat, local = client.chat.completions, InProcess(client)
     bare = Completions.create.__wrapped__
+    REPLY = bare(chat, model="tiny", messages=messages)  # the server's own reply, parsed once
     calls = {"http": (lambda: bare(chat, model="tiny", messages=messages),
                       lambda: chat.create(model="tiny", messages=messages)),
              "loop": (lambda: local.create(model="tiny", messages=messages),
