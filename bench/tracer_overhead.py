@@ -289,6 +289,15 @@ def main(argv: list[str] | None = None) -> int:
             collector.terminate()
             collector.wait(30)
 
+    report(args, modes, results, breakdown, {"chat": stored, "reward": rewards, "expected": expected})
+    return 0
+
+
+def report(args: argparse.Namespace, modes: list[str], results: dict[str, list[dict[str, float]]],
+           breakdown: dict[str, float], stored: dict[str, int]) -> None:
+    """Print the figures of a full run, the verdict, and leave them for bench/report.py and ``--json``."""
+    anchor = "anchor" in modes
+    expected = stored["expected"]
     med = {m: statistics.median(x["median_s"] for x in results[m]) for m in modes}
     mean = {m: statistics.median(x["mean_s"] for x in results[m]) for m in modes}
     cpu = {m: statistics.median(x["cpu_s"] for x in results[m]) for m in modes}
@@ -303,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{_us(mean[m]):>13s} {_us(cpu[m]):>12s} {_us(cpu[m] - cpu[b]):>16s}")
     gc_s = {m: statistics.median(x["gc_s"] for x in results[m]) for m in modes}
     print(f"\ngarbage collection per call (in the CPU above): " + ", ".join(f"{m} {gc_s[m] * 1e6:.1f} us" for m in modes))
-    print(f"spanrl: chat spans in the store {stored}/{expected}, reward spans {rewards}/{expected}")
+    print(f"spanrl: chat spans in the store {stored['chat']}/{expected}, reward spans {stored['reward']}/{expected}")
     if anchor:
         print(f"anchor: spans in its store per run {statistics.median(x['stored'] for x in results['anchor']):.0f} "
               f"(expected {2 * (args.calls + args.warmup)} + session)")
@@ -328,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     record("tracer", {"call_ms": args.call_ms, "calls": args.calls, "rounds": args.rounds,
                       "median_s": med, "cpu_s": cpu, "parts_cpu_s": cpu_total,
                       "parts_cpu_tight_loop_s": parts_total(breakdown, "loop"), "goal_met": wall_ok and cpu_ok,
-                      "stored": stored, "rewards": rewards, "expected": expected})
+                      "stored": stored["chat"], "rewards": stored["reward"], "expected": expected})
 
     def mode_json(m: str) -> dict[str, float]:
         b = baseline[m]
@@ -338,11 +347,10 @@ def main(argv: list[str] | None = None) -> int:
 
     write_json(args.json, {
         "call_ms": args.call_ms, "calls": args.calls, "rounds": args.rounds, "load_average": round(os.getloadavg()[0], 2),
-        "modes": {m: mode_json(m) for m in modes}, "stored": {"chat": stored, "reward": rewards, "expected": expected},
+        "modes": {m: mode_json(m) for m in modes}, "stored": stored,
         "anchor_over_spanrl": round(ratio, 2) if anchor else None, "breakdown": breakdown_json(breakdown, args.call_ms),
         "goal_met": wall_ok and cpu_ok,
     })
-    return 0
 
 
 if __name__ == "__main__":
