@@ -18,15 +18,16 @@ Modes:
 Rounds are interleaved; figures are medians over rounds of each round's median per-call latency.
 Overhead = mode - its own venv's baseline. CPU/call is the agent process's CPU time (all threads,
 span export included, flushed at the end) over the timed calls: steadier than wall time on a busy
-machine. Then the breakdown: where the overhead's microseconds go, stage by stage in one process with
-the reply returned in-process (no HTTP noise), export thread included, each export split into the
-agent thread's CPU (snapshot, queue) and the rest (the export thread's encoding and gRPC). With real HTTP
-the same work costs more CPU than in-process (the client's path evicts the caches): the end-to-end CPU
-overhead is the figure to hold against the goal. `--json PATH` writes every figure as one JSON object.
+machine. Then the breakdown (`_tracer_breakdown.py`): where the overhead's microseconds go, part by part
+in one agent process, each part measured between real HTTP calls (as in an agent: cold caches) and in a
+tight loop (hot caches, ~2.3x less), each export split into the agent thread's CPU (snapshot, queue) and
+the export thread's (encoding, gRPC). The verdict takes the wall overhead end to end and the CPU of the
+parts between HTTP calls. `--json PATH` writes every figure as one JSON object.
 Usage:
 
     .venv/bin/python bench/tracer_overhead.py [--calls 300] [--rounds 5] [--call-ms 2.0] [--breakdown-only]
-        [--anchor-python /tmp/anchor-venv/bin/python] [--json PATH]
+        [--breakdown-calls 2000] [--breakdown-http-calls 500] [--anchor-python /tmp/anchor-venv/bin/python]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+
+from _tracer_breakdown import breakdown_json, parts_total, print_breakdown, run_breakdown
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -68,9 +71,17 @@ _SERVER = textwrap.dedent(
 # The agent loop: identical code for every mode; `REWARD` is spanrl's or agentlightning's emit_reward.
 _AGENT = textwrap.dedent(
     """
-    import json, os, statistics, sys, time
+    import gc, json, os, statistics, sys, time
     import openai
     calls, warmup = int(sys.argv[1]), int(sys.argv[2])
+    in_gc = [0.0, 0.0]  # seconds in garbage collections, start of the current one
+
+    def gc_timer(phase, info):
+        if phase == "start":
+            in_gc[1] = time.thread_time()
+        else:
+            in_gc[0] += time.thread_time() - in_gc[1]
+    gc.callbacks.append(gc_timer)
     mode = os.environ["BENCH_MODE"]
     store = tracer = None
     if mode == "anchor":
@@ -96,6 +107,7 @@ _AGENT = textwrap.dedent(
     def run():
         global cpu_s
         loop(warmup)
+        in_gc[0] = 0.0
         t0, c0 = time.perf_counter(), time.process_time()
         times = loop(calls)
         wall = time.perf_counter() - t0
@@ -131,126 +143,9 @@ _AGENT = textwrap.dedent(
     else:
         times, wall = run()
     print("BENCH " + json.dumps({"median_s": statistics.median(times), "mean_s": wall / calls,
-                                 "cpu_s": cpu_s / calls, "stored": stored}), flush=True)
+                                 "cpu_s": cpu_s / calls, "gc_s": in_gc[0] / calls, "stored": stored}), flush=True)
     """
 )
-
-
-# Where the microseconds go: the same call with the server's reply returned in-process (no HTTP, so the
-# client's ~1.5 ms of CPU and its noise are gone), through OpenLLMetry and the SDK, stage by stage, in
-# one process; stages interleaved per round. CPU time of every thread (the export thread included: the
-# batch processor is flushed inside the timed window) and of the agent's own thread during the calls.
-# Differences between stages are the parts.
-_BREAKDOWN = textwrap.dedent(
-    """
-    import json, statistics, sys, time
-    import openai
-    from openai.resources.chat.completions import Completions
-    from openai.types.chat import ChatCompletion
-    calls, rounds, grpc = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    REPLY = ChatCompletion.model_validate({
-        "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "tiny",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "5"}, "finish_reason": "stop",
-                     "logprobs": None}],
-        "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}})
-    Completions.create = lambda self, *args, **kwargs: REPLY  # what OpenLLMetry wraps: the reply, no HTTP
-    import spanrl
-    from opentelemetry import trace
-    from opentelemetry.instrumentation.openai import OpenAIInstrumentor
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from spanrl.instrumentation.batch import export_span_processor
-    from spanrl.instrumentation.config import apply_env_defaults
-    from spanrl.instrumentation.exporter import FastOTLPSpanExporter
-    from spanrl.instrumentation.instrumentor import SpanRLInstrumentor
-    apply_env_defaults()  # the default capture: messages, usage, ids
-    from spanrl.instrumentation import rollout_resource_attributes
-    # as the spanrl configurator builds it: the ids on the resource, the processor reads baggage only
-    provider = TracerProvider(resource=Resource.create({**rollout_resource_attributes(), "service.name": "bench"}))
-    trace.set_tracer_provider(provider)
-    OpenAIInstrumentor().instrument()
-    SpanRLInstrumentor().instrument()
-    active = provider._active_span_processor
-    rollout = tuple(active._span_processors)
-    batch = export_span_processor(FastOTLPSpanExporter(endpoint=grpc, insecure=True))  # as the configurator
-    client = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="sk-bench")
-    messages = [{"role": "system", "content": "You are a calculator."}, {"role": "user", "content": "What is 2 + 3?"}]
-    bare = Completions.create.__wrapped__
-    def plain(): bare(client.chat.completions, model="tiny", messages=messages)
-    def call(): client.chat.completions.create(model="tiny", messages=messages)
-    def reward(): spanrl.emit_reward(1.0)
-    def stage(fn, processors):
-        active._span_processors = processors
-        fn(); fn()
-        provider.force_flush(30000)
-        c0, t0 = time.process_time(), time.thread_time()
-        for _ in range(calls):
-            fn()
-        t1 = time.thread_time()
-        if batch in processors:
-            provider.force_flush(30000)  # the rest of the export, on this thread: counted as export thread
-        return (time.process_time() - c0) / calls, (t1 - t0) / calls
-    stages = {"plain": (plain, ()), "call_bare_sdk": (call, ()), "call": (call, rollout),
-              "call_export": (call, rollout + (batch,)), "reward": (reward, rollout),
-              "reward_export": (reward, rollout + (batch,))}
-    out = {k: [] for k in stages}
-    agent = {k: [] for k in stages}  # CPU of the agent's own thread during the calls
-    for _ in range(rounds):
-        for name, (fn, procs) in stages.items():
-            total, own = stage(fn, procs)
-            out[name].append(total)
-            agent[name].append(own)
-    result = {k: statistics.median(v) for k, v in out.items()}
-    result.update({k + "_agent_thread": statistics.median(v) for k, v in agent.items()})
-    print("BENCH " + json.dumps(result), flush=True)
-    """
-)
-
-
-def run_breakdown(grpc: str, calls: int, rounds: int) -> dict[str, float]:
-    """Median CPU seconds per call of each stage of `_BREAKDOWN`."""
-    env = _clean_env(SPANRL_ROLLOUT_ID="bench")
-    out = subprocess.run([sys.executable, "-c", _BREAKDOWN, str(calls), str(rounds), grpc], env=env,
-                         capture_output=True, text=True, timeout=_AGENT_TIMEOUT_S)
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("BENCH ")]
-    if out.returncode != 0 or not lines:
-        raise RuntimeError(f"breakdown failed (rc {out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
-    return json.loads(lines[-1][len("BENCH "):])
-
-
-def breakdown_parts(b: dict[str, float]) -> list[tuple[str, float]]:
-    """(part, CPU seconds per call) of the per-call overhead, from the stages of `_BREAKDOWN`."""
-    def split(stage: str, base: str) -> tuple[float, float]:  # (agent thread, export thread) of an export stage
-        agent = b[stage + "_agent_thread"] - b[base + "_agent_thread"]
-        return agent, (b[stage] - b[base]) - agent
-    chat_agent, chat_thread = split("call_export", "call")
-    reward_agent, reward_thread = split("reward_export", "reward")
-    return [
-        ("OpenLLMetry wrapper + chat span (capture on; SDK, no processor)", b["call_bare_sdk"] - b["plain"]),
-        ("spanrl rollout span processor (on_start)", b["call"] - b["call_bare_sdk"]),
-        ("chat span export: snapshot + queue (agent thread)", chat_agent),
-        ("chat span export: encode + gRPC (export thread)", chat_thread),
-        ("reward span (spanrl.emit_reward)", b["reward"]),
-        ("reward span export: snapshot + queue (agent thread)", reward_agent),
-        ("reward span export: encode + gRPC (export thread)", reward_thread),
-    ]
-
-
-def print_breakdown(b: dict[str, float], call_ms: float) -> None:
-    """The parts of the per-call overhead, in microseconds of CPU and as a share of a ``call_ms`` call."""
-    parts = breakdown_parts(b)
-    total = sum(x for _, x in parts)
-    print(f"\nwhere the microseconds go (CPU per call, no HTTP, median of rounds; load {os.getloadavg()[0]:.1f}):")
-    for name, x in parts:
-        print(f"  {name:70s} {x * 1e6:7.1f} us {100 * x / total:5.1f}%")
-    print(f"  {'total':70s} {total * 1e6:7.1f} us = {100 * total / (call_ms / 1000):.1f}% of a {call_ms:.1f} ms call")
-
-
-def breakdown_json(b: dict[str, float], call_ms: float) -> dict[str, object]:
-    parts = breakdown_parts(b)
-    total = sum(x for _, x in parts)
-    return {"parts_us": {name: round(x * 1e6, 2) for name, x in parts}, "total_us": round(total * 1e6, 2),
-            "total_pct_of_call": round(100 * total / (call_ms / 1000), 2)}
 
 
 def write_json(path: str | None, figures: dict[str, object]) -> None:
@@ -284,6 +179,11 @@ def start_server(delay_s: float) -> tuple[subprocess.Popen[str], str]:
     code = _SERVER.format(tests=str(ROOT / "tests"))
     proc = subprocess.Popen([sys.executable, "-c", code, str(delay_s)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     return proc, _read_line(proc, "fake OpenAI server")
+
+
+def stop_server(proc: subprocess.Popen[str]) -> None:
+    proc.stdin.close()  # type: ignore[union-attr]
+    proc.wait(10)
 
 
 def start_collector(db: Path) -> tuple[subprocess.Popen[str], str, str]:
@@ -331,8 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--call-ms", type=float, default=DEFAULT_CALL_MS, help="target plain call latency (ms)")
     parser.add_argument("--anchor-python", default=DEFAULT_ANCHOR_PYTHON,
                         help="python of a venv with agentlightning==0.3.0 ('' to skip the anchor)")
-    parser.add_argument("--breakdown-calls", type=int, default=2000, help="calls per stage of the breakdown")
-    parser.add_argument("--breakdown-only", action="store_true", help="only the in-process breakdown")
+    parser.add_argument("--breakdown-calls", type=int, default=2000,
+                        help="calls per stage of the breakdown's tight loop (reply in-process)")
+    parser.add_argument("--breakdown-http-calls", type=int, default=500,
+                        help="calls per stage of the breakdown between HTTP calls")
+    parser.add_argument("--breakdown-only", action="store_true", help="only the breakdown (one agent process)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as one JSON object to PATH "
                         "(and print it as the last line, prefixed BENCH_JSON)")
     args = parser.parse_args(argv)
@@ -347,44 +250,54 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         collector, grpc, http = start_collector(Path(tmp) / "bench.duckdb")
-        if args.breakdown_only:
-            try:
-                breakdown = run_breakdown(grpc, args.breakdown_calls, args.rounds)
-            finally:
-                collector.terminate()
-                collector.wait(30)
-            print_breakdown(breakdown, args.call_ms)
-            write_json(args.json, {"call_ms": args.call_ms, "load_average": round(os.getloadavg()[0], 2),
-                                   "breakdown": breakdown_json(breakdown, args.call_ms)})
-            return 0
+        server = None
         try:
             # Calibrate the server delay so a plain call takes about --call-ms.
             server, url = start_server(0.0)
             base = run_agent("plain", pythons["plain"], url, grpc, 100, 20)["median_s"]
-            server.stdin.close()  # type: ignore[union-attr]
-            server.wait(10)
+            stop_server(server)
             delay_s = max(0.0, args.call_ms / 1000 - base)
             server, url = start_server(delay_s)
             print(f"server: bare call {base * 1e3:.2f} ms, delay set to {delay_s * 1e3:.2f} ms; "
                   f"{args.calls} calls x {args.rounds} rounds per mode; {os.cpu_count()} CPUs, "
                   f"load average {os.getloadavg()[0]:.1f}")
+
+            def breakdown_now() -> dict[str, float]:
+                return run_breakdown(grpc, url, args.breakdown_http_calls, args.breakdown_calls, args.rounds,
+                                     _clean_env(SPANRL_ROLLOUT_ID="bench"))
+
+            if args.breakdown_only:
+                breakdown = breakdown_now()
+                print_breakdown(breakdown, args.call_ms)
+                write_json(args.json, {"call_ms": args.call_ms, "load_average": round(os.getloadavg()[0], 2),
+                                       "breakdown": breakdown_json(breakdown, args.call_ms)})
+                return 0
             results: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
             for r in range(args.rounds):
                 for mode in modes:
                     results[mode].append(run_agent(mode, pythons[mode], url, grpc, args.calls, args.warmup))
                 print(f"  round {r + 1}/{args.rounds}: " + ", ".join(
                     f"{m} {results[m][-1]['median_s'] * 1e3:.3f} ms" for m in modes), flush=True)
-            server.stdin.close()  # type: ignore[union-attr]
-            server.wait(10)
             expected = args.rounds * (args.calls + args.warmup)
             time.sleep(1.0)
             stored = collector_count(http, "SELECT count(*) AS n FROM spans WHERE operation_name = 'chat'")
             rewards = collector_count(http, "SELECT count(*) AS n FROM spans WHERE reward_value IS NOT NULL")
-            breakdown = run_breakdown(grpc, args.breakdown_calls, args.rounds)
+            breakdown = breakdown_now()
         finally:
+            if server is not None:
+                stop_server(server)
             collector.terminate()
             collector.wait(30)
 
+    report(args, modes, results, breakdown, {"chat": stored, "reward": rewards, "expected": expected})
+    return 0
+
+
+def report(args: argparse.Namespace, modes: list[str], results: dict[str, list[dict[str, float]]],
+           breakdown: dict[str, float], stored: dict[str, int]) -> None:
+    """Print the figures of a full run, the verdict, and leave them for bench/report.py and ``--json``."""
+    anchor = "anchor" in modes
+    expected = stored["expected"]
     med = {m: statistics.median(x["median_s"] for x in results[m]) for m in modes}
     mean = {m: statistics.median(x["mean_s"] for x in results[m]) for m in modes}
     cpu = {m: statistics.median(x["cpu_s"] for x in results[m]) for m in modes}
@@ -397,7 +310,9 @@ def main(argv: list[str] | None = None) -> int:
         over = med[m] - med[b]
         print(f"{m:14s} {_us(med[m]):>15s} {_us(over):>12s} {100 * over / med[b]:10.1f}% "
               f"{_us(mean[m]):>13s} {_us(cpu[m]):>12s} {_us(cpu[m] - cpu[b]):>16s}")
-    print(f"\nspanrl: chat spans in the store {stored}/{expected}, reward spans {rewards}/{expected}")
+    gc_s = {m: statistics.median(x["gc_s"] for x in results[m]) for m in modes}
+    print(f"\ngarbage collection per call (in the CPU above): " + ", ".join(f"{m} {gc_s[m] * 1e6:.1f} us" for m in modes))
+    print(f"spanrl: chat spans in the store {stored['chat']}/{expected}, reward spans {stored['reward']}/{expected}")
     if anchor:
         print(f"anchor: spans in its store per run {statistics.median(x['stored'] for x in results['anchor']):.0f} "
               f"(expected {2 * (args.calls + args.warmup)} + session)")
@@ -405,11 +320,13 @@ def main(argv: list[str] | None = None) -> int:
         theirs = med["anchor"] - med["anchor-plain"]
         ratio = theirs / ours if ours > 0 else float("inf")
         print(f"overhead ratio anchor/spanrl: {ratio:.1f}x  (spanrl {ours * 1e6:.0f} us vs anchor {theirs * 1e6:.0f} us per call)")
-    print_breakdown(breakdown, args.call_ms)
+    plain_cpu = [x["cpu_s"] for x in results["plain"]]
+    print_breakdown(breakdown, args.call_ms, cpu["spanrl"] - cpu["plain"], gc_s["spanrl"] - gc_s["plain"],
+                    max(plain_cpu) - min(plain_cpu))
     print(f"load average at the end {os.getloadavg()[0]:.1f} (figures scale with it: compare within a run)")
     # The verdict needs both: the wall overhead (noisy on a busy machine, can even come out negative)
-    # and the CPU of the instrumentation's parts (steady), each under 5% of the call.
-    cpu_total = sum(x for _, x in breakdown_parts(breakdown))
+    # and the CPU of the instrumentation's parts between HTTP calls (steadier), each under 5% of the call.
+    cpu_total = parts_total(breakdown)
     wall_ok = 0 <= (med["spanrl"] - med["plain"]) / med["plain"] < 0.05
     cpu_ok = cpu_total < 0.05 * args.call_ms / 1000
     print(f"goal: spanrl overhead < 5% of a {args.call_ms:.1f} ms call: {'MET' if wall_ok and cpu_ok else 'NOT MET'} "
@@ -418,8 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     from _results import record  # bench/_results.py: for bench/report.py's README table
 
     record("tracer", {"call_ms": args.call_ms, "calls": args.calls, "rounds": args.rounds,
-                      "median_s": med, "cpu_s": cpu, "parts_cpu_s": cpu_total, "goal_met": wall_ok and cpu_ok,
-                      "stored": stored, "rewards": rewards, "expected": expected})
+                      "median_s": med, "cpu_s": cpu, "parts_cpu_s": cpu_total,
+                      "parts_cpu_tight_loop_s": parts_total(breakdown, "loop"), "goal_met": wall_ok and cpu_ok,
+                      "stored": stored["chat"], "rewards": stored["reward"], "expected": expected})
 
     def mode_json(m: str) -> dict[str, float]:
         b = baseline[m]
@@ -429,11 +347,10 @@ def main(argv: list[str] | None = None) -> int:
 
     write_json(args.json, {
         "call_ms": args.call_ms, "calls": args.calls, "rounds": args.rounds, "load_average": round(os.getloadavg()[0], 2),
-        "modes": {m: mode_json(m) for m in modes}, "stored": {"chat": stored, "reward": rewards, "expected": expected},
+        "modes": {m: mode_json(m) for m in modes}, "stored": stored,
         "anchor_over_spanrl": round(ratio, 2) if anchor else None, "breakdown": breakdown_json(breakdown, args.call_ms),
         "goal_met": wall_ok and cpu_ok,
     })
-    return 0
 
 
 if __name__ == "__main__":

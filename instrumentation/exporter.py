@@ -28,7 +28,9 @@ from typing import Any
 
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.trace.export import SpanExportResult
 
 __all__ = ["EncodedRequest", "FastOTLPSpanExporter", "assemble", "encode_request", "encode_snapshot", "snapshot"]
@@ -266,23 +268,30 @@ def snapshot(span: ReadableSpan) -> tuple[Any, ...]:
     """
     if type(span) is ReadableSpan:  # the SDK's class: its slots, not the properties that copy them
         ctx, parent, attrs, events, links = span._context, span._parent, span._attributes, span._events, span._links
-        resource, scope, status = span._resource, span._instrumentation_scope, span._status
-        name, kind, start, end = span._name, span._kind, span._start_time, span._end_time
-        dropped = (getattr(attrs, "dropped", 0), getattr(events, "dropped", 0), getattr(links, "dropped", 0))
-        attrs, events, links = getattr(attrs, "_dict", attrs), getattr(events, "_dq", events), getattr(links, "_dq", links)
+        status, kind = span._status, span._kind
+        if type(attrs) is BoundedAttributes and type(events) is BoundedList and type(links) is BoundedList:
+            dropped = (attrs.dropped, events.dropped, links.dropped)
+            attrs, events, links = attrs._dict, events._dq, links._dq
+        else:
+            dropped = (getattr(attrs, "dropped", 0), getattr(events, "dropped", 0), getattr(links, "dropped", 0))
+            attrs, events, links = getattr(attrs, "_dict", attrs), getattr(events, "_dq", events), getattr(links, "_dq", links)
+        resource, scope, name, start, end = span._resource, span._instrumentation_scope, span._name, span._start_time, span._end_time
     else:
         ctx, parent, attrs, events, links = span.get_span_context(), span.parent, span.attributes, span.events, span.links
         resource, scope, status = span.resource, span.instrumentation_scope, span.status
         name, kind, start, end = span.name, span.kind, span.start_time, span.end_time
         dropped = (span.dropped_attributes, span.dropped_events, span.dropped_links)
+    group = _group_cache.get((id(resource), id(scope)))
+    if group is None or group[0] is not resource or group[1] is not scope:
+        group = (None, None, span_group(resource, scope or None))
     trace_state = ctx.trace_state
-    return (
-        *span_group(resource, scope or None), ctx.trace_id, ctx.span_id,
-        ",".join(f"{k}={v}" for k, v in trace_state.items()) if trace_state else None,
-        None if parent is None else parent.span_id, parent is not None and parent.is_remote,
-        name, kind.value, start, end, tuple(events) if events else None, tuple(links) if links else None,
-        status.status_code.value, status.description, *dropped, *(attrs or ()), *(attrs.values() if attrs else ()),
-    )
+    # Enum members' ``_value_``: ``.value`` is a property, a Python call per read.
+    fixed = (*group[2], ctx.trace_id, ctx.span_id,
+             ",".join(f"{k}={v}" for k, v in trace_state.items()) if trace_state else None,
+             None if parent is None else parent.span_id, parent is not None and parent.is_remote,
+             name, kind._value_, start, end, tuple(events) if events else None, tuple(links) if links else None,
+             status._status_code._value_, status._description, *dropped)
+    return fixed + tuple(attrs) + tuple(attrs.values()) if attrs else fixed
 
 
 _FIXED = 18  # fields of a snapshot before the attribute keys and values

@@ -1,0 +1,246 @@
+"""Where the tracer's microseconds go, part by part, for `tracer_overhead.py`.
+
+One agent process runs the same OpenAI call stage by stage, each stage adding one part of the tracing
+(OpenLLMetry's wrapper and span, spanrl's rollout processor, the chat span's export, the reward span, its
+export); a part is the difference of CPU per call between two stages. Every stage runs twice:
+
+* between HTTP calls: each call goes to the fake server (another process) over real HTTP, so every part
+  runs in the cache state it has in an agent: the openai client's ~1.2 ms of CPU per call between two
+  runs of the tracing code evicts it from the CPU's caches. These are the figures of the verdict.
+* in a tight loop: the reply returned in-process (no HTTP), the tracing code hot in the caches. The same
+  code costs ~2.3x less there (measured: OpenLLMetry's wrapper 66 us in a loop, 150 us timed between
+  HTTP calls; a loop of arithmetic, which touches no memory, costs the same both ways), which is why the
+  old in-process breakdown summed to half of the agent's CPU overhead.
+
+Between HTTP calls the stages take turns call by call (the order rotated each round), so a shared
+machine's load falls on all alike: CPU of the agent's thread per call, and of each export stage's own
+export thread (the processor as the configurator builds it; its thread's CPU clock, plus the flush at
+the end of the round). In the tight loop each stage runs as a block of calls: CPU of every thread,
+flushed inside the timed window, and of the agent's thread. An export's agent-thread CPU is its
+snapshot and queue; the rest is encoding and gRPC. Figures are medians of rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+_TIMEOUT_S = 600.0
+
+_SCRIPT = textwrap.dedent(
+    """
+    import gc, json, random, statistics, sys, time
+    import openai
+    from openai.resources.chat.completions import Completions
+    from wrapt import FunctionWrapper
+    http_calls, loop_calls, rounds, grpc, url = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    import spanrl
+    from opentelemetry import trace
+    from opentelemetry.instrumentation.openai import OpenAIInstrumentor
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from spanrl.instrumentation.batch import export_span_processor
+    from spanrl.instrumentation.config import apply_env_defaults
+    from spanrl.instrumentation.exporter import FastOTLPSpanExporter
+    from spanrl.instrumentation.instrumentor import SpanRLInstrumentor
+    apply_env_defaults()  # the default capture: messages, usage, ids
+    from spanrl.instrumentation import rollout_resource_attributes
+    # as the spanrl configurator builds it: the ids on the resource, the processor reads baggage only
+    provider = TracerProvider(resource=Resource.create({**rollout_resource_attributes(), "service.name": "bench"}))
+    trace.set_tracer_provider(provider)
+    OpenAIInstrumentor().instrument()
+    SpanRLInstrumentor().instrument()
+    active = provider._active_span_processor
+    rollout = tuple(active._span_processors)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="sk-bench")
+    messages = [{"role": "system", "content": "You are a calculator."}, {"role": "user", "content": "What is 2 + 3?"}]
+    class InProcess(Completions):  # the reply without HTTP, behind OpenLLMetry's own wrapper object
+        def create(self, *args, **kwargs):
+            return REPLY
+    InProcess.traced = FunctionWrapper(InProcess.create, Completions.create._self_wrapper)
+    chat, local = client.chat.completions, InProcess(client)
+    bare = Completions.create.__wrapped__
+    REPLY = bare(chat, model="tiny", messages=messages)  # the server's own reply, parsed once
+    calls = {"http": (lambda: bare(chat, model="tiny", messages=messages),
+                      lambda: chat.create(model="tiny", messages=messages)),
+             "loop": (lambda: local.create(model="tiny", messages=messages),
+                      lambda: local.traced(model="tiny", messages=messages))}
+
+    def with_reward(call):
+        def fn():
+            call()
+            spanrl.emit_reward(1.0)
+        return fn
+
+    def thread_cpu(thread):  # CPU seconds of another thread (the export threads)
+        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
+    # Exports of the two export stages go through processors of their own, so each export thread's CPU
+    # is known (the rest of a round's spans are flushed on this thread, timed, and added to it).
+    exporting = {"call_export": export_span_processor(FastOTLPSpanExporter(endpoint=grpc, insecure=True)),
+                 "call_export_reward": export_span_processor(FastOTLPSpanExporter(endpoint=grpc, insecure=True))}
+
+    def stage_list(where):
+        plain, traced = calls[where]
+        return {"plain": (plain, ()), "call_bare_sdk": (traced, ()), "call": (traced, rollout),
+                "call_export": (traced, rollout + (exporting["call_export"],)),
+                "call_reward": (with_reward(traced), rollout),
+                "call_export_reward": (with_reward(traced), rollout + (exporting["call_export_reward"],))}
+
+    def flush_all():
+        out = {}
+        for name, proc in exporting.items():
+            t0 = time.thread_time()
+            proc.force_flush(30000)
+            out[name] = time.thread_time() - t0
+        return out
+
+    collections = [0]
+    gc.callbacks.append(lambda phase, info: phase == "start" and collections.__setitem__(0, collections[0] + 1))
+
+    def trimmed_mean(values):
+        # The mean of the middle 90%: a call the kernel interrupted, or another process preempted
+        # (its caches then colder than any stage makes them), weighs no more than a typical one.
+        values = sorted(values)
+        cut = len(values) // 20
+        middle = values[cut:len(values) - cut] or values
+        return sum(middle) / len(middle)
+
+    def round_robin(stages, n, rng):
+        # Between HTTP calls: one call of each stage in turn, in a new random order each turn, so the
+        # load of a shared machine falls on every stage alike and every stage follows the others alike.
+        # CPU of this thread per call, per stage (trimmed mean). A call during which the garbage
+        # collector ran is left out (a full collection costs milliseconds and lands on whichever stage
+        # allocates next); the agent's collections are measured end to end.
+        names = list(stages)
+        times = {k: [] for k in names}
+        flush_all()
+        workers = {k: p._worker for k, p in exporting.items()}
+        before = {k: thread_cpu(w) for k, w in workers.items()}
+        clock = time.thread_time
+        for _ in range(n):
+            rng.shuffle(names)
+            for name in names:
+                fn, procs = stages[name]
+                active._span_processors = procs
+                seen = collections[0]
+                t0 = clock()
+                fn()
+                t1 = clock()
+                if collections[0] == seen:
+                    times[name].append(t1 - t0)
+        flushed = flush_all()
+        own = {k: trimmed_mean(v) for k, v in times.items()}
+        total = dict(own)
+        for k, w in workers.items():
+            total[k] += (thread_cpu(w) - before[k] + flushed[k]) / n
+        return total, own
+
+    def block(fn, processors, n):
+        # In a tight loop: n calls of one stage; the export thread's CPU is the process's less this thread's.
+        active._span_processors = processors
+        fn(); fn()
+        flush_all()
+        c0, t0 = time.process_time(), time.thread_time()
+        for _ in range(n):
+            fn()
+        t1 = time.thread_time()
+        flush_all()  # the rest of the export, on this thread: counted as export thread
+        return (time.process_time() - c0) / n, (t1 - t0) / n
+
+    rng = random.Random(0)
+    out, agent = {}, {}  # CPU per call of all threads, and of the agent's own thread, per round
+    http, loop = stage_list("http"), stage_list("loop")
+    for r in range(rounds):
+        total, own = round_robin(http, http_calls, rng)
+        for k in http:
+            out.setdefault("http:" + k, []).append(total[k])
+            agent.setdefault("http:" + k, []).append(own[k])
+        for k, (fn, procs) in loop.items():
+            t, o = block(fn, procs, loop_calls)
+            out.setdefault("loop:" + k, []).append(t)
+            agent.setdefault("loop:" + k, []).append(o)
+    result = {k: statistics.median(v) for k, v in out.items()}
+    result.update({k + "_agent_thread": statistics.median(v) for k, v in agent.items()})
+    print("BENCH " + json.dumps(result), flush=True)
+    """
+)
+
+WHERE = {"http": "between HTTP calls", "loop": "tight loop"}
+
+
+def run_breakdown(grpc: str, url: str, http_calls: int, loop_calls: int, rounds: int, env: dict[str, str]) -> dict[str, float]:
+    """Median CPU seconds per call of each stage (``http:<stage>`` and ``loop:<stage>``)."""
+    args = [sys.executable, "-c", _SCRIPT, str(http_calls), str(loop_calls), str(rounds), grpc, url]
+    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=_TIMEOUT_S)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("BENCH ")]
+    if out.returncode != 0 or not lines:
+        raise RuntimeError(f"breakdown failed (rc {out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
+    return json.loads(lines[-1][len("BENCH "):])
+
+
+def breakdown_parts(b: dict[str, float], where: str = "http") -> list[tuple[str, float]]:
+    """(part, CPU seconds per call) of the per-call overhead, from the stages run ``where``."""
+    def cpu(stage: str, thread: bool = False) -> float:
+        return b[f"{where}:{stage}" + ("_agent_thread" if thread else "")]
+
+    def split(stage: str, base: str) -> tuple[float, float]:  # (agent thread, export thread) of an export
+        agent = cpu(stage, True) - cpu(base, True)
+        return agent, (cpu(stage) - cpu(base)) - agent
+
+    chat_agent, chat_thread = split("call_export", "call")
+    both_agent, both_thread = split("call_export_reward", "call_reward")
+    return [
+        ("OpenLLMetry wrapper + chat span (capture on; SDK, no processor)", cpu("call_bare_sdk") - cpu("plain")),
+        ("spanrl rollout span processor (on_start)", cpu("call") - cpu("call_bare_sdk")),
+        ("chat span export: snapshot + queue (agent thread)", chat_agent),
+        ("chat span export: encode + gRPC (export thread)", chat_thread),
+        ("reward span (spanrl.emit_reward)", cpu("call_reward") - cpu("call")),
+        ("reward span export: snapshot + queue (agent thread)", both_agent - chat_agent),
+        ("reward span export: encode + gRPC (export thread)", both_thread - chat_thread),
+    ]
+
+
+def parts_total(b: dict[str, float], where: str = "http") -> float:
+    """CPU seconds per call of all the tracing (equals the sum of ``breakdown_parts``)."""
+    return b[f"{where}:call_export_reward"] - b[f"{where}:plain"]
+
+
+def print_breakdown(b: dict[str, float], call_ms: float, e2e_cpu_s: float | None = None,
+                    gc_s: float | None = None, plain_spread_s: float | None = None) -> None:
+    """The parts, in microseconds of CPU per call both ways, and how they add up to the end-to-end CPU
+    (``e2e_cpu_s``: spanrl's agent less the plain one; ``gc_s``: of that, the extra garbage collection;
+    ``plain_spread_s``: how far apart the plain agent's rounds were)."""
+    http, loop = breakdown_parts(b, "http"), breakdown_parts(b, "loop")
+    total, warm = parts_total(b, "http"), parts_total(b, "loop")
+    print(f"\nwhere the microseconds go (CPU per call, median of rounds; load {os.getloadavg()[0]:.1f}):")
+    print(f"  {'part':66s} {WHERE['http']:>19s} {WHERE['loop']:>11s}")
+    for (name, x), (_, y) in zip(http, loop):
+        print(f"  {name:66s} {x * 1e6:16.1f} us {y * 1e6:8.1f} us")
+    print(f"  {'total':66s} {total * 1e6:16.1f} us {warm * 1e6:8.1f} us"
+          f"  (= {100 * total / (call_ms / 1000):.1f}% / {100 * warm / (call_ms / 1000):.1f}% of a {call_ms:.1f} ms call)")
+    if warm > 0:
+        print(f"  between HTTP calls the same code costs {total / warm:.1f}x its tight-loop CPU: the openai client's"
+              f" work in between evicts it from the CPU's caches (more so the busier the machine)")
+    if e2e_cpu_s is not None:
+        gc_part = gc_s or 0.0
+        rest = e2e_cpu_s - total - gc_part
+        spread = (f"; the plain agent's rounds lie {plain_spread_s * 1e6:.0f} us apart"
+                  if plain_spread_s is not None else "")
+        print(f"  end to end the agent's CPU overhead is {e2e_cpu_s * 1e6:.0f} us = the parts {total * 1e6:.0f} us"
+              f" + more garbage collection {gc_part * 1e6:.0f} us {rest * 1e6:+.0f} us of variation between"
+              f" processes (one agent process per round and mode{spread})")
+
+
+def breakdown_json(b: dict[str, float], call_ms: float) -> dict[str, Any]:
+    def figures(where: str) -> tuple[dict[str, float], float]:
+        return {name: round(x * 1e6, 2) for name, x in breakdown_parts(b, where)}, round(parts_total(b, where) * 1e6, 2)
+
+    parts, total = figures("http")
+    warm_parts, warm_total = figures("loop")
+    return {"parts_us": parts, "total_us": total, "total_pct_of_call": round(100 * total / (call_ms * 1000), 2),
+            "tight_loop_parts_us": warm_parts, "tight_loop_total_us": warm_total}
