@@ -9,7 +9,7 @@ STAMP := $(VENV)/.spanrl-installed
 venv: $(STAMP)
 
 # torch first, pinned, so pip takes the CPU wheel instead of a multi-GB CUDA build.
-$(STAMP): pyproject.toml setup.py collector/_wire.c
+$(STAMP): pyproject.toml setup.py $(wildcard collector/*.c collector/*.h)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 	$(BIN)/pip install -q torch==2.13.0

@@ -1,7 +1,7 @@
 """Only the collector's optional C extension; everything else is in pyproject.toml.
 
-`spanrl.collector._wire` (collector/_wire.c, plain CPython C API) is the OTLP protobuf fast path. It is
-optional: where it cannot be built, the install goes on and the collector runs its Python decoder
+`spanrl.collector._wire` (collector/_wire.c, wire_*.c, wire.h; plain CPython C API) is the OTLP
+protobuf fast path. It is optional: where it cannot be built, the install goes on and the collector runs its Python decoder
 (it logs which at start). Declared here, not in pyproject's `[tool.setuptools] ext-modules`, which
 setuptools still flags as experimental with a warning on every install.
 """
@@ -18,9 +18,15 @@ setup(
     ext_modules=[
         Extension(
             "spanrl.collector._wire",
-            sources=["collector/_wire.c"],
+            sources=["collector/_wire.c", "collector/wire_text.c", "collector/wire_attrs.c", "collector/wire_spans.c"],
+            depends=["collector/wire.h"],
             optional=True,
-            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers"],
+            # -fvisibility=hidden: the files share plain names (put, span, ...); only PyInit__wire is exported.
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers",
+                                "-fvisibility=hidden"],
         )
-    ]
+    ],
+    # The sdist carries the C sources (for this build); the wheel needs only the built .so. Without this,
+    # include-package-data copies the sources (in the sdist's file list) into the wheel too.
+    exclude_package_data={"spanrl.collector": ["*.c", "*.h"]},
 )

@@ -32,6 +32,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -288,7 +289,9 @@ def run_spanrl(bodies: list[bytes], senders: int, inflight: int, seconds: float,
 def export_baseline(ref: str, tmp: Path) -> dict[str, str]:
     """The environment that runs the baseline's collector: ``python``, this tree with its Python decoder
     only; else `git archive` of ``ref`` as an importable `spanrl` (pyproject's folder mapping, by symlinks)
-    on PYTHONPATH, where it wins over the editable install (without its C extension, not in git)."""
+    on PYTHONPATH, where it wins over the editable install. Its C extension is not in git: when the ref's
+    C sources equal this tree's, this tree's build is copied in (a ref before the extension, or with
+    other sources, runs its Python decoder; the start log says which)."""
     if ref == "python":
         return {env.SPANRL_COLLECTOR_DECODER: "python"}
     root = Path(__file__).resolve().parent.parent
@@ -297,6 +300,9 @@ def export_baseline(ref: str, tmp: Path) -> dict[str, str]:
     pkg.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(root), "archive", ref], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    same_c = subprocess.run(["git", "-C", str(root), "diff", "--quiet", ref, "--", "collector/*.c", "collector/*.h"]).returncode == 0
+    for built in (root / "collector").glob("_wire*.so") if same_c else ():
+        shutil.copy2(built, src / "collector" / built.name)
     for f in (src / "spanrl").iterdir():
         (pkg / f.name).symlink_to(f)
     for sub in ("instrumentation", "collector", "store", "algorithms", "trainer", "serving", "ui"):

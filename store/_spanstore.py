@@ -78,6 +78,7 @@ class SpanStore:
         self._sandboxed = False
         self.generation = 0
         """How many times `reopen` replaced the connection (cursor holders compare it)."""
+        self._span_columns: list[str] = []
 
     # --- lifecycle ---------------------------------------------------------------------------------
     @classmethod
@@ -132,6 +133,7 @@ class SpanStore:
             # live in memory, so read-only is fine, and they shadow the stored ones.
             views = _sql_resource(_VIEWS_FILE).replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW")
             con.execute(views.replace("CREATE OR REPLACE MACRO", "CREATE OR REPLACE TEMP MACRO"))
+        self._span_columns = [row[0] for row in con.execute("DESCRIBE spans").fetchall()]
         if self._sandboxed:
             con.execute("SET lock_configuration = true")
 
@@ -271,12 +273,17 @@ class SpanStore:
             batch = batch.drop_columns(["ingested_ns"])
         cur = cursor if cursor is not None else self.cursor()
         try:
+            now = time.time_ns()
+            if sorted(batch.column_names) == sorted(self._span_columns[:-1]) and self._span_columns[-1] == "ingested_ns":
+                # Every column (the collector's batches): in the table's order, appended through the
+                # relation API, which skips the SQL parse, bind and view registration of the INSERT below
+                # (~1.3 ms CPU per commit, ~3 us per span at one request per commit).
+                stamp = pa.repeat(pa.scalar(now, pa.int64()), batch.num_rows)
+                cur.from_arrow(batch.append_column("ingested_ns", stamp).select(self._span_columns)).insert_into("spans")
+                return batch.num_rows
             cur.register(_BATCH_VIEW, batch)
             try:
-                cur.execute(
-                    f"INSERT INTO spans BY NAME SELECT *, ?::BIGINT AS ingested_ns FROM {_BATCH_VIEW}",
-                    [time.time_ns()],
-                )
+                cur.execute(f"INSERT INTO spans BY NAME SELECT *, ?::BIGINT AS ingested_ns FROM {_BATCH_VIEW}", [now])
             finally:
                 cur.unregister(_BATCH_VIEW)
         finally:

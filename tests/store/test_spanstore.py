@@ -169,3 +169,16 @@ def test_parse_duration(text, seconds):
 def test_parse_duration_bad_value_names_it():
     with pytest.raises(ConfigError, match=r"older_than must be .* got '7 days'"):
         parse_duration_s("7 days")
+
+
+def test_append_takes_every_column_or_a_subset_by_name(store):
+    """The collector's full batches take the relation-API insert, other callers' partial ones (any column
+    order) the INSERT BY NAME: both store the same values and stamp ingested_ns."""
+    req, _ = make_request(3, rollout_id="full", attributes={"k": 1.5})
+    full = encode_request(req).table
+    assert store.append(full) == 3
+    part = full.select(["span_id", "trace_id", "name", "kind", "start_ns", "end_ns", "status_code", "attributes"])
+    assert store.append(part) == 3
+    rows = store.sql("SELECT rollout_id, attributes, ingested_ns FROM spans ORDER BY rollout_id NULLS LAST, span_id").to_pylist()
+    assert [r["rollout_id"] for r in rows] == ["full"] * 3 + [None] * 3
+    assert all(json.loads(r["attributes"])["k"] == 1.5 and r["ingested_ns"] > 0 for r in rows)
