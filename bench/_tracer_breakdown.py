@@ -127,8 +127,9 @@ _SCRIPT = textwrap.dedent(
     # Exports of the two export stages go through processors of their own, so each export thread's CPU
     # is known (the rest of a round's spans are flushed on this thread, timed, and added to it).
     exporting = {"call_export": export_span_processor(FastOTLPSpanExporter(endpoint=grpc, insecure=True)),
-                 "call_export_reward": export_span_processor(FastOTLPSpanExporter(endpoint=grpc, insecure=True)),
-                 "v2_export_reward": export_span_processor(FastOTLPSpanExporter(endpoint=grpc, insecure=True))}
+                 "call_export_reward": export_span_processor(FastOTLPSpanExporter(endpoint=grpc, insecure=True))}
+    if contrib:
+        exporting["v2_export_reward"] = export_span_processor(FastOTLPSpanExporter(endpoint=grpc, insecure=True))
 
     # The SDK's share of the first part: a bare SDK span with the very attributes OpenLLMetry set on one call
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
