@@ -139,6 +139,11 @@ _SCRIPT = textwrap.dedent(
     calls["http"][1]()
     chat_span = captured.get_finished_spans()[-1]
     chat_attributes, chat_name = dict(chat_span.attributes), chat_span.name
+    if contrib:  # what the contrib span carries (messages on the span only with SPAN_ONLY capture)
+        contrib["http"]()
+        v2_keys = set(captured.get_finished_spans()[-1].attributes)
+        v2_status += f"; {len(v2_keys)} attributes, messages on the span: " + (
+            "yes" if {"gen_ai.input.messages", "gen_ai.output.messages"} <= v2_keys else "NO")
     active._span_processors = rollout
     sdk_tracer = trace.get_tracer("bench")
 
