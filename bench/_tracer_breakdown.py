@@ -18,6 +18,14 @@ export thread (the processor as the configurator builds it; its thread's CPU clo
 the end of the round). In the tight loop each stage runs as a block of calls: CPU of every thread,
 flushed inside the timed window, and of the agent's thread. An export's agent-thread CPU is its
 snapshot and queue; the rest is encoding and gRPC. Figures are medians of rounds.
+
+Probes beside the parts, not in them (between HTTP calls in a round robin of their own, with the
+baselines they are compared with, so their code does not make the parts' caches colder): a bare SDK
+span given the attributes OpenLLMetry set (the SDK's share of the first part); OpenLLMetry's own
+``utils.run_async`` (``asyncio.run`` per call), which spanrl's instrumentor replaces, put back for one
+stage in this process only, and inside a running event loop (a thread per call; CPU of every thread);
+a bare ``asyncio.run``; and the official contrib instrumentor (``opentelemetry-instrumentation-openai-v2``,
+messages on the span), where it is importable.
 """
 
 from __future__ import annotations
@@ -52,8 +60,45 @@ _SCRIPT = textwrap.dedent(
     # as the spanrl configurator builds it: the ids on the resource, the processor reads baggage only
     provider = TracerProvider(resource=Resource.create({**rollout_resource_attributes(), "service.name": "bench"}))
     trace.set_tracer_provider(provider)
+    # The official contrib instrumentor (opentelemetry-instrumentation-openai-v2), if importable: its wrapper
+    # object is taken and the method unwrapped again before OpenLLMetry wraps it (comparison stages only).
+    v2_wrapper, v2_status = None, "not installed"
+    try:
+        from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor as ContribInstrumentor
+        from importlib.metadata import version
+        ContribInstrumentor().instrument()
+        v2_wrapper = getattr(Completions.create, "_self_wrapper", None)
+        ContribInstrumentor().uninstrument()
+        v2_status = ("openai-v2 " + version("opentelemetry-instrumentation-openai-v2") + ", util-genai "
+                     + version("opentelemetry-util-genai") if v2_wrapper else "instrument() wrapped nothing")
+    except ImportError as e:
+        v2_status = "not installed" if e.name and e.name.startswith("opentelemetry.instrumentation.openai_v2") else f"not importable: {e}"
     OpenAIInstrumentor().instrument()
     SpanRLInstrumentor().instrument()
+    import asyncio
+    from opentelemetry.instrumentation.openai.shared import chat_wrappers
+    ours_run_async = chat_wrappers.run_async  # spanrl's instrumentor replaced OpenLLMetry's utils.run_async
+    upstream_run_async = getattr(ours_run_async, "_spanrl_original", ours_run_async)
+
+    def with_upstream_run_async(call):
+        # MEASUREMENT PROBE, this bench process only: OpenLLMetry's own run_async (asyncio.run per call, a
+        # thread per call inside a running loop) put back for one call, to price what spanrl's patch removes.
+        def fn():
+            chat_wrappers.run_async = upstream_run_async
+            try:
+                call()
+            finally:
+                chat_wrappers.run_async = ours_run_async
+        return fn
+
+    async def noop():
+        pass
+
+    def with_asyncio_run(call):  # the call, then a bare asyncio.run of a coroutine that returns at once
+        def fn():
+            call()
+            asyncio.run(noop())
+        return fn
     active = provider._active_span_processor
     rollout = tuple(active._span_processors)
     client = openai.OpenAI(base_url=url + "/v1", api_key="sk-bench")
@@ -69,6 +114,14 @@ _SCRIPT = textwrap.dedent(
                       lambda: chat.create(model="tiny", messages=messages)),
              "loop": (lambda: local.create(model="tiny", messages=messages),
                       lambda: local.traced(model="tiny", messages=messages))}
+    contrib = {}
+    if v2_wrapper is not None:
+        class ContribCompletions(Completions):  # real HTTP behind the contrib wrapper
+            create = FunctionWrapper(bare, v2_wrapper)
+        InProcess.contrib = FunctionWrapper(InProcess.create, v2_wrapper)
+        contrib_chat = ContribCompletions(client)
+        contrib = {"http": lambda: contrib_chat.create(model="tiny", messages=messages),
+                   "loop": lambda: local.contrib(model="tiny", messages=messages)}
 
     def with_reward(call):
         def fn():
@@ -83,6 +136,32 @@ _SCRIPT = textwrap.dedent(
     # is known (the rest of a round's spans are flushed on this thread, timed, and added to it).
     exporting = {"call_export": export_span_processor(FastOTLPSpanExporter(endpoint=grpc, insecure=True)),
                  "call_export_reward": export_span_processor(FastOTLPSpanExporter(endpoint=grpc, insecure=True))}
+    if contrib:
+        exporting["v2_export_reward"] = export_span_processor(FastOTLPSpanExporter(endpoint=grpc, insecure=True))
+
+    # The SDK's share of the first part: a bare SDK span with the very attributes OpenLLMetry set on one call
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    captured = InMemorySpanExporter()
+    active._span_processors = (SimpleSpanProcessor(captured),)
+    calls["http"][1]()
+    chat_span = captured.get_finished_spans()[-1]
+    chat_attributes, chat_name = dict(chat_span.attributes), chat_span.name
+    if contrib:  # what the contrib span carries (messages on the span only with SPAN_ONLY capture)
+        contrib["http"]()
+        v2_keys = set(captured.get_finished_spans()[-1].attributes)
+        v2_status += f"; {len(v2_keys)} attributes, messages on the span: " + (
+            "yes" if {"gen_ai.input.messages", "gen_ai.output.messages"} <= v2_keys else "NO")
+    active._span_processors = rollout
+    sdk_tracer = trace.get_tracer("bench")
+
+    def with_sdk_span(call):
+        def fn():
+            with sdk_tracer.start_as_current_span(chat_name, kind=trace.SpanKind.CLIENT) as span:
+                call()
+                for key, value in chat_attributes.items():
+                    span.set_attribute(key, value)
+        return fn
 
     def stage_list(where):
         plain, traced = calls[where]
@@ -90,6 +169,20 @@ _SCRIPT = textwrap.dedent(
                 "call_export": (traced, rollout + (exporting["call_export"],)),
                 "call_reward": (with_reward(traced), rollout),
                 "call_export_reward": (with_reward(traced), rollout + (exporting["call_export_reward"],))}
+
+    def probe_list(where):
+        # Their own round robin between HTTP calls (with the baselines they are compared with), so their
+        # code does not evict the parts' code from the caches more than an agent's would.
+        plain, traced = calls[where]
+        main = stage_list(where)
+        return {"plain": main["plain"], "call_bare_sdk": main["call_bare_sdk"],
+                "call_export_reward": main["call_export_reward"],
+                "call_upstream_run_async": (with_upstream_run_async(traced), ()),
+                "plain_asyncio_run": (with_asyncio_run(plain), ()),
+                "plain_sdk_span": (with_sdk_span(plain), ()),
+                **({"v2_bare_sdk": (contrib[where], ()),
+                    "v2_export_reward": (with_reward(contrib[where]), rollout + (exporting["v2_export_reward"],))}
+                   if contrib else {})}
 
     def flush_all():
         out = {}
@@ -119,7 +212,7 @@ _SCRIPT = textwrap.dedent(
         names = list(stages)
         times = {k: [] for k in names}
         flush_all()
-        workers = {k: p._worker for k, p in exporting.items()}
+        workers = {k: p._worker for k, p in exporting.items() if k in stages}
         before = {k: thread_cpu(w) for k, w in workers.items()}
         clock = time.thread_time
         for _ in range(n):
@@ -152,20 +245,47 @@ _SCRIPT = textwrap.dedent(
         flush_all()  # the rest of the export, on this thread: counted as export thread
         return (time.process_time() - c0) / n, (t1 - t0) / n
 
+    def in_running_loop(n, rng):
+        # An agent whose event loop is running calls the sync client from a coroutine: OpenLLMetry's own
+        # run_async then starts and joins a thread per call. CPU of every thread (the hook's thread included;
+        # no export processor, so no other thread works), calls taking turns as in round_robin.
+        plain, traced = calls["http"]
+        stages = {"plain": plain, "call_bare_sdk": traced, "call_upstream_run_async": with_upstream_run_async(traced)}
+        active._span_processors = ()
+
+        async def agent():
+            names, times = list(stages), {k: [] for k in stages}
+            for _ in range(n):
+                rng.shuffle(names)
+                for name in names:
+                    seen, t0 = collections[0], time.process_time()
+                    stages[name]()
+                    t1 = time.process_time()
+                    if collections[0] == seen:
+                        times[name].append(t1 - t0)
+            return {k: trimmed_mean(v) for k, v in times.items()}
+        flush_all()
+        return asyncio.run(agent())
+
     rng = random.Random(0)
     out, agent = {}, {}  # CPU per call of all threads, and of the agent's own thread, per round
-    http, loop = stage_list("http"), stage_list("loop")
+    http, probes, loop = stage_list("http"), probe_list("http"), {**stage_list("loop"), **probe_list("loop")}
     for r in range(rounds):
-        total, own = round_robin(http, http_calls, rng)
-        for k in http:
-            out.setdefault("http:" + k, []).append(total[k])
-            agent.setdefault("http:" + k, []).append(own[k])
+        for prefix, stages in (("http:", http), ("probe:", probes)):
+            total, own = round_robin(stages, http_calls, rng)
+            for k in stages:
+                out.setdefault(prefix + k, []).append(total[k])
+                agent.setdefault(prefix + k, []).append(own[k])
         for k, (fn, procs) in loop.items():
             t, o = block(fn, procs, loop_calls)
             out.setdefault("loop:" + k, []).append(t)
             agent.setdefault("loop:" + k, []).append(o)
+        for k, v in in_running_loop(max(1, http_calls // 2), rng).items():
+            out.setdefault("running_loop:" + k, []).append(v)
     result = {k: statistics.median(v) for k, v in out.items()}
     result.update({k + "_agent_thread": statistics.median(v) for k, v in agent.items()})
+    result["v2_status"] = v2_status
+    result["chat_attributes"] = len(chat_attributes)
     print("BENCH " + json.dumps(result), flush=True)
     """
 )
@@ -173,7 +293,7 @@ _SCRIPT = textwrap.dedent(
 WHERE = {"http": "between HTTP calls", "loop": "tight loop"}
 
 
-def run_breakdown(grpc: str, url: str, http_calls: int, loop_calls: int, rounds: int, env: dict[str, str]) -> dict[str, float]:
+def run_breakdown(grpc: str, url: str, http_calls: int, loop_calls: int, rounds: int, env: dict[str, str]) -> dict[str, Any]:
     """Median CPU seconds per call of each stage (``http:<stage>`` and ``loop:<stage>``)."""
     args = [sys.executable, "-c", _SCRIPT, str(http_calls), str(loop_calls), str(rounds), grpc, url]
     out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=_TIMEOUT_S)
@@ -205,6 +325,58 @@ def breakdown_parts(b: dict[str, float], where: str = "http") -> list[tuple[str,
     ]
 
 
+def asyncio_rows(b: dict[str, Any]) -> list[tuple[str, float, float | None]]:
+    """(row, CPU seconds per call between HTTP calls, in a tight loop or None) of OpenLLMetry's per-call
+    ``asyncio.run``: NOT in the parts (spanrl's instrumentor replaces its ``utils.run_async``); the bench
+    puts the upstream function back for one stage to price it."""
+    def diff(where: str, stage: str, base: str) -> float:
+        return b[f"{where}:{stage}"] - b[f"{where}:{base}"]
+
+    rows: list[tuple[str, float, float | None]] = [
+        ("OpenLLMetry's own run_async would add (asyncio.run per call)",
+         diff("probe", "call_upstream_run_async", "call_bare_sdk"), diff("loop", "call_upstream_run_async", "call_bare_sdk")),
+        ("a bare asyncio.run(coroutine that returns at once)",
+         diff("probe", "plain_asyncio_run", "plain"), diff("loop", "plain_asyncio_run", "plain")),
+    ]
+    if "running_loop:plain" in b:
+        rows += [
+            ("in a running loop: OpenLLMetry wrapper + span (all threads)",
+             diff("running_loop", "call_bare_sdk", "plain"), None),
+            ("in a running loop: its own run_async would add (thread per call)",
+             diff("running_loop", "call_upstream_run_async", "call_bare_sdk"), None),
+        ]
+    return rows
+
+
+def sdk_split_rows(b: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """The first part (OpenLLMetry's wrapper and chat span) split: a bare SDK span given the attributes
+    OpenLLMetry set on one call, and the rest, OpenLLMetry's own Python (CPU seconds, both ways)."""
+    def both(stage: str, base: str) -> tuple[float, float]:
+        return b[f"probe:{stage}"] - b[f"probe:{base}"], b[f"loop:{stage}"] - b[f"loop:{base}"]
+
+    first = both("call_bare_sdk", "plain")
+
+    return [("OpenLLMetry wrapper + chat span (the first part, again)", *first),
+            (f"  of which a bare SDK span, the same {int(b.get('chat_attributes', 0))} attributes set",
+             *both("plain_sdk_span", "plain")),
+            ("  of which OpenLLMetry's own Python (the rest)", *both("call_bare_sdk", "plain_sdk_span"))]
+
+
+def contrib_rows(b: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """(row, CPU seconds per call between HTTP calls, in a tight loop) of the official contrib instrumentor
+    (opentelemetry-instrumentation-openai-v2, messages on the span), beside OpenLLMetry's; empty if it did not run."""
+    if "probe:v2_bare_sdk" not in b:
+        return []
+
+    def both(stage: str) -> tuple[float, float]:
+        return b[f"probe:{stage}"] - b["probe:plain"], b[f"loop:{stage}"] - b["loop:plain"]
+
+    return [("openai-v2 wrapper + chat span (SPAN_ONLY content; SDK, no processor)", *both("v2_bare_sdk")),
+            ("  vs OpenLLMetry wrapper + chat span", *both("call_bare_sdk")),
+            ("all the tracing with openai-v2 (processor, export, reward span)", *both("v2_export_reward")),
+            ("  vs all the tracing with OpenLLMetry", *both("call_export_reward"))]
+
+
 def parts_total(b: dict[str, float], where: str = "http") -> float:
     """CPU seconds per call of all the tracing (equals the sum of ``breakdown_parts``)."""
     return b[f"{where}:call_export_reward"] - b[f"{where}:plain"]
@@ -226,6 +398,17 @@ def print_breakdown(b: dict[str, float], call_ms: float, e2e_cpu_s: float | None
     if warm > 0:
         print(f"  between HTTP calls the same code costs {total / warm:.1f}x its tight-loop CPU: the openai client's"
               f" work in between evicts it from the CPU's caches (more so the busier the machine)")
+    print("  probes, between HTTP calls in a round robin of their own (beside the baselines they are compared with):")
+    for name, x, y in sdk_split_rows(b):
+        print(f"    {name:64s} {x * 1e6:16.1f} us {y * 1e6:8.1f} us")
+    print("  not in the parts: OpenLLMetry's per-call asyncio.run (upstream utils.run_async; spanrl's instrumentor"
+          " replaces it, the probe puts it back for one stage, in this process only):")
+    for name, x, y in asyncio_rows(b):
+        print(f"    {name:64s} {x * 1e6:16.1f} us " + (f"{y * 1e6:8.1f} us" if y is not None else f"{'-':>11s}"))
+    rows = contrib_rows(b)
+    print(f"  official contrib instrumentor ({b.get('v2_status', 'not installed')})" + (":" if rows else ""))
+    for name, x, y in rows:
+        print(f"    {name:64s} {x * 1e6:16.1f} us {y * 1e6:8.1f} us  (= {100 * x / (call_ms / 1000):.1f}% of the call)")
     if e2e_cpu_s is not None:
         gc_part = gc_s or 0.0
         rest = e2e_cpu_s - total - gc_part
@@ -242,5 +425,16 @@ def breakdown_json(b: dict[str, float], call_ms: float) -> dict[str, Any]:
 
     parts, total = figures("http")
     warm_parts, warm_total = figures("loop")
+    def us(x: float | None) -> float | None:
+        return None if x is None else round(x * 1e6, 2)
+
     return {"parts_us": parts, "total_us": total, "total_pct_of_call": round(100 * total / (call_ms * 1000), 2),
-            "tight_loop_parts_us": warm_parts, "tight_loop_total_us": warm_total}
+            "tight_loop_parts_us": warm_parts, "tight_loop_total_us": warm_total,
+            "first_part_split_us": {name.strip(): {"between_http_calls": us(x), "tight_loop": us(y)}
+                                    for name, x, y in sdk_split_rows(b)},
+            "openllmetry_asyncio_run_us": {name: {"between_http_calls": us(x), "tight_loop": us(y)}
+                                           for name, x, y in asyncio_rows(b)},
+            "contrib_openai_v2": {"status": b.get("v2_status", "not installed"),
+                                  **{name.strip(): {"between_http_calls": us(x), "tight_loop": us(y),
+                                                    "pct_of_call": round(100 * x / (call_ms / 1000), 2)}
+                                     for name, x, y in contrib_rows(b)}}}

@@ -22,7 +22,12 @@ machine. Then the breakdown (`_tracer_breakdown.py`): where the overhead's micro
 in one agent process, each part measured between real HTTP calls (as in an agent: cold caches) and in a
 tight loop (hot caches, ~2.3x less), each export split into the agent thread's CPU (snapshot, queue) and
 the export thread's (encoding, gRPC). The verdict takes the wall overhead end to end and the CPU of the
-parts between HTTP calls. `--json PATH` writes every figure as one JSON object.
+parts between HTTP calls. Two probes beside the parts (not in them): OpenLLMetry's own per-call
+`asyncio.run` (its `utils.run_async`, which spanrl's instrumentor replaces; the bench puts it back for
+one stage), also inside a running event loop (a thread per call); and the official contrib instrumentor
+(`opentelemetry-instrumentation-openai-v2`, messages on the span), only where it is importable:
+    .venv/bin/python -m pip install opentelemetry-instrumentation-openai-v2==2.4b0 opentelemetry-util-genai==1.1b0
+(2.4b0 does not import with util-genai 1.2b0/1.3b0). `--json PATH` writes every figure as one JSON object.
 Usage:
 
     .venv/bin/python bench/tracer_overhead.py [--calls 300] [--rounds 5] [--call-ms 2.0] [--breakdown-only]
