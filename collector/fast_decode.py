@@ -42,13 +42,17 @@ def active_decoder() -> str:
     """``"C fast path"`` or ``"python"``: what `encode_protobuf_body` tries first, for the start-up log."""
     if _wire is None:
         return "python (spanrl.collector._wire is not built)"
-    if (env.get_str(env.SPANRL_COLLECTOR_DECODER, "auto") or "auto").lower() == "python":
+    if _python_forced():
         return f"python ({env.SPANRL_COLLECTOR_DECODER}=python)"
     return "C fast path (spanrl.collector._wire), python for what it does not accept"
 
 
+def _python_forced() -> bool:
+    return (env.get_str(env.SPANRL_COLLECTOR_DECODER, "auto") or "auto").lower() == "python"
+
+
 def _use_fast() -> bool:
-    return _wire is not None and (env.get_str(env.SPANRL_COLLECTOR_DECODER, "auto") or "auto").lower() != "python"
+    return _wire is not None and not _python_forced()
 
 
 def decode_body(body: bytes) -> EncodedBatch | None:
