@@ -50,6 +50,20 @@ def test_no_logprobs_anywhere_gives_none_and_edits_of_the_dataclass_view_count()
     assert pad_transitions(plain, pad_token_id=0).prompt_ids.tolist() == [[1, 2]]
 
 
+def test_full_rows_are_copied_per_arrow_chunk_including_sliced_ones() -> None:
+    rows = [_row(f"r{i}", [10 * i, 10 * i + 1], [100 + i], [i % 2], [-float(i)]) for i in range(5)]
+    table = pa.Table.from_pylist(rows, schema=TRANSITIONS_SCHEMA)
+    table = pa.concat_tables([table.slice(3), table.slice(0, 1), table.slice(1, 2)])  # offsets into the values
+    assert table.column("prompt_ids").num_chunks == 3
+    data = TransitionBatch(table, {}, {}).to_padded(pad_token_id=0)
+    order = [3, 4, 0, 1, 2]
+    assert data.prompt_ids.tolist() == [[10 * i, 10 * i + 1] for i in order]
+    assert data.completion_ids.tolist() == [[100 + i] for i in order]
+    assert data.loss_mask.tolist() == [[bool(i % 2)] for i in order]
+    assert data.old_logprobs.tolist() == [[-float(i)] for i in order]
+    assert data.prompt_mask.all() and data.completion_mask.all()
+
+
 @pytest.mark.parametrize(
     ("bad", "message"),
     [
