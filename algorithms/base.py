@@ -168,7 +168,8 @@ def pad_transitions(transitions: TransitionBatch | pa.Table | Sequence[Transitio
 
     Columnar: each (B, T) tensor is allocated once and filled from the Arrow list column's flattened
     values through a boolean mask of the padded layout (row-major order is the order of the values; one
-    reshaped copy per Arrow chunk when every row is full; ``spanrl.algorithms.padding``), no Python
+    reshaped copy per block of rows of an Arrow chunk when every row is full; blocks of rows on a few
+    threads; ``spanrl.algorithms.padding``), no Python
     per row. The masks are bool (the attention masks are those layouts themselves): where a consumer
     wants numbers (TRL's inputs, a model's ``attention_mask``) it converts its slice."""
     table = transition_table(transitions)
@@ -177,18 +178,18 @@ def pad_transitions(transitions: TransitionBatch | pa.Table | Sequence[Transitio
     p_real = real_positions(n_p, max_p, left=True)  # left-padded prompts; None: every row full
     c_real = real_positions(n_c, max_c, left=False)  # right-padded completions
     prompt_mask, completion_mask = mask_tensor(p_real, (bsz, max_p)), mask_tensor(c_real, (bsz, max_c))
-    prompt_ids = new_tensor((bsz, max_p), torch.long)[0]
-    fill_rows(prompt_ids, p_real, table.column("prompt_ids"), pad_token_id)
-    completion_ids = new_tensor((bsz, max_c), torch.long)[0]
-    fill_rows(completion_ids, c_real, table.column("completion_ids"), pad_token_id)
-    loss_mask = new_tensor((bsz, max_c), torch.bool)[0]
-    fill_rows(loss_mask, c_real, table.column("completion_mask"), False)  # int8 0/1 -> bool (nonzero: True)
+    prompt_ids, p_ids = new_tensor((bsz, max_p), torch.long)
+    fill_rows(p_ids, p_real, table.column("prompt_ids"), pad_token_id)
+    completion_ids, c_ids = new_tensor((bsz, max_c), torch.long)
+    fill_rows(c_ids, c_real, table.column("completion_ids"), pad_token_id)
+    loss_mask, loss = new_tensor((bsz, max_c), torch.bool)
+    fill_rows(loss, c_real, table.column("completion_mask"), False)  # int8 0/1 -> bool (nonzero: True)
     n_lp = list_lengths(table.column("old_logprobs"))
     known = (n_lp > 0) & (n_lp == n_c)
     old_logprobs = None
     if known.all() and len(known):
-        old_logprobs = new_tensor((bsz, max_c), torch.float32)[0]
-        fill_rows(old_logprobs, c_real, table.column("old_logprobs"), 0.0)
+        old_logprobs, old = new_tensor((bsz, max_c), torch.float32)
+        fill_rows(old, c_real, table.column("old_logprobs"), 0.0)
     elif known.any():
         old_logprobs, old = new_tensor((bsz, max_c), torch.float32)
         real = c_real if c_real is not None else np.ones(old.shape, dtype=bool)

@@ -5,13 +5,19 @@ Writing the tensors is bound by page faults (50k transitions of 300 + 60 tokens:
 mostly the int64 ids, each faulted in and zeroed by the kernel on first touch: ~0.06 s per 120 MB here,
 against 0.015 s into memory already touched). So the masks are bool, one byte a token: the real-token
 layouts computed for the fills are the attention masks themselves (int64 masks were another 168 MB).
-The fills write through torch (`Tensor.copy_` / `fill_`), which splits a big write over its intra-op
-threads, so both cores take the page faults: the bench's 50k x 300 prompt ids 0.067 -> 0.038 s (Intel, 2
-cores). Filling the tensors on two Python threads at once (NumPy copies) gained nothing on the AMD machine
-before (same wall time, more CPU), so the fields are still filled one after another.
+The fills split the rows into blocks written by a few threads (NumPy releases the GIL while it copies),
+so both cores take the page faults; each thread takes the next block when it finishes one, so a thread
+starved by another process leaves the rest to the others (torch's `copy_` splits a write evenly over its
+intra-op threads: as fast on a quiet machine, slower when another process holds a core, see
+docs/architecture.md). The fields are still filled one after another.
 """
 
 from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -70,29 +76,59 @@ def mask_tensor(real: np.ndarray | None, shape: tuple[int, int]) -> torch.Tensor
     return torch.ones(shape, dtype=torch.bool) if real is None else torch.from_numpy(real)
 
 
-def fill_rows(out: torch.Tensor, real: np.ndarray | None, column: pa.ChunkedArray, fill: float) -> None:
-    """Put the rows of list ``column`` into the (B, T) tensor ``out`` where ``real`` is True, ``fill``
-    elsewhere (values cast to ``out``'s dtype; int8 0/1 into bool: nonzero is True).
-
-    ``real`` None: every row is full, so each Arrow chunk's values are one reshaped copy into its rows
-    (no concatenated copy of the whole column first). Else ``fill`` first (torch: the fresh pages are
-    touched on every core), then NumPy's boolean-mask assignment into the touched memory."""
-    if real is not None:
-        out.fill_(fill)
-        out.numpy()[real] = flat_values(column)
-        return
-    row, width = 0, out.shape[1]
-    for chunk in column.chunks:
-        n = len(chunk)
-        if n:
-            out[row:row + n].copy_(_values_tensor(chunk).view(n, width))
-            row += n
+_BLOCK_ROWS = 4096  # rows one thread writes at a time (~10 MB of int64 ids at 300 tokens)
+_THREADS = max(1, min(4, os.cpu_count() or 1))
 
 
-def _values_tensor(chunk: pa.Array) -> torch.Tensor:
-    """A list chunk's values as a 1-D tensor: the Arrow buffer itself (DLPack, read-only, no copy) when
-    it has no nulls, else a NumPy copy (nulls as NumPy converts them)."""
-    flat = pc.list_flatten(chunk)
-    if flat.null_count == 0 and (pa.types.is_integer(flat.type) or pa.types.is_floating(flat.type)):
-        return torch.from_dlpack(flat)
-    return torch.from_numpy(flat.to_numpy(zero_copy_only=False))
+def fill_rows(out: np.ndarray, real: np.ndarray | None, column: pa.ChunkedArray, fill: float) -> None:
+    """Put the rows of list ``column`` into ``out`` where ``real`` is True, ``fill`` elsewhere (values
+    cast to ``out``'s dtype; int8 0/1 into bool: nonzero is True), a block of rows per task.
+
+    ``real`` None: every row is full, so each block is one reshaped copy of its rows' values from their
+    Arrow chunk (no concatenated copy of the whole column first). Else each block is filled, then its
+    real positions take its rows' values (row-major order is the order of the values)."""
+    if real is None:
+        blocks, row, width = [], 0, out.shape[1]
+        for chunk in column.chunks:
+            for a in range(0, len(chunk), _BLOCK_ROWS):
+                rows = chunk.slice(a, _BLOCK_ROWS)
+                blocks.append(partial(_copy_full, out[row + a:row + a + len(rows)], rows))
+            row += len(chunk)
+    else:
+        values = flat_values(column)
+        ends = np.cumsum(list_lengths(column))  # rows [a, b) hold values [ends[a - 1], ends[b - 1])
+        blocks = [partial(_copy_masked, out[a:a + _BLOCK_ROWS], real[a:a + _BLOCK_ROWS],
+                          values[(ends[a - 1] if a else 0):ends[min(a + _BLOCK_ROWS, len(ends)) - 1]], fill)
+                  for a in range(0, len(out), _BLOCK_ROWS)]
+    _run_blocks(blocks)
+
+
+def _copy_full(dst: np.ndarray, rows: pa.Array) -> None:
+    dst[...] = flat_values(rows).reshape(dst.shape)
+
+
+def _copy_masked(dst: np.ndarray, real: np.ndarray, values: np.ndarray, fill: float) -> None:
+    dst.fill(fill)
+    dst[real] = values
+
+
+def _run_blocks(blocks: list[Callable[[], None]]) -> None:
+    """Run ``blocks`` on up to `_THREADS` threads (this one included), each taking the next block when it
+    is done with one; the first error is raised here."""
+    todo, errors = iter(blocks), []
+
+    def work() -> None:
+        try:
+            for block in todo:  # a list iterator's next() is atomic under the GIL
+                block()
+        except BaseException as exc:  # noqa: BLE001 - raised below, in the caller's thread
+            errors.append(exc)
+
+    helpers = [threading.Thread(target=work, daemon=True) for _ in range(min(_THREADS, len(blocks)) - 1)]
+    for thread in helpers:
+        thread.start()
+    work()
+    for thread in helpers:
+        thread.join()
+    if errors:
+        raise errors[0]
