@@ -77,7 +77,8 @@ def mask_tensor(real: np.ndarray | None, shape: tuple[int, int]) -> torch.Tensor
 
 
 _BLOCK_ROWS = 4096  # rows one thread writes at a time (~10 MB of int64 ids at 300 tokens)
-_THREADS = max(1, min(4, os.cpu_count() or 1))
+# threads that fill (this one included): the CPUs this process may run on (a pinned rank: 1), at most 4
+_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
 def fill_rows(out: np.ndarray, real: np.ndarray | None, column: pa.ChunkedArray, fill: float) -> None:

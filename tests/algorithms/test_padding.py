@@ -69,14 +69,16 @@ def test_full_rows_are_copied_per_arrow_chunk_including_sliced_ones() -> None:
 def test_many_row_blocks_padded_and_full_match_a_row_by_row_layout() -> None:
     rng = np.random.default_rng(0)  # 10k rows: several blocks of fill_rows, over Arrow chunks of 3000
     n_p, n_c = rng.integers(1, 9, 10_000), rng.integers(1, 5, 10_000)
-    rows = [_row(f"r{i}", list(range(i, i + p)), [i % 7] * c, [1] * c, [-1.0] * c) for i, (p, c) in enumerate(zip(n_p, n_c))]
+    rows = [_row(f"r{i}", list(range(i, i + p)), [i % 7] * c, [1] * c, [-1.0] * c)
+            for i, (p, c) in enumerate(zip(n_p, n_c))]
     table = pa.Table.from_batches(pa.Table.from_pylist(rows, schema=TRANSITIONS_SCHEMA).to_batches(max_chunksize=3000))
     data = TransitionBatch(table, {}, {}).to_padded(pad_token_id=-1)
     assert data.prompt_ids.tolist() == [[-1] * (8 - len(r["prompt_ids"])) + r["prompt_ids"] for r in rows]
     assert data.completion_ids.tolist() == [r["completion_ids"] + [-1] * (4 - len(r["completion_ids"])) for r in rows]
     full = table.set_column(table.schema.get_field_index("prompt_ids"), "prompt_ids",
                             pa.array([list(range(i, i + 8)) for i in range(10_000)], pa.list_(pa.int32())))
-    assert TransitionBatch(full, {}, {}).to_padded(pad_token_id=0).prompt_ids.tolist() == [list(range(i, i + 8)) for i in range(10_000)]
+    padded = TransitionBatch(full, {}, {}).to_padded(pad_token_id=0)
+    assert padded.prompt_ids.tolist() == [list(range(i, i + 8)) for i in range(10_000)]
 
 
 def test_a_failing_block_raises_in_the_caller() -> None:
