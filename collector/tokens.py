@@ -126,13 +126,20 @@ def _wire(array: Any) -> bytes:
     return array if array.__class__ is bytes else array.SerializeToString()
 
 
+def _float32(arr: np.ndarray) -> np.ndarray:
+    """Log-probs as float32: a double beyond its range becomes +-inf, as the C fast path's IEEE cast does
+    (without numpy's overflow warning)."""
+    with np.errstate(over="ignore"):
+        return arr.astype(np.float32)
+
+
 def _one_array(key: str, buf: bytes, is_float: bool) -> np.ndarray:
     """One plain array -> int32 / float32; BadSpan naming the bad element or the range."""
     arr = wire_doubles(buf) if is_float else wire_ints(buf)
     if arr is None:
         arr = _walk_array(key, parse_strict_array(buf).values, is_float)
     if is_float:
-        return arr.astype(np.float32)
+        return _float32(arr)
     if arr.size and (arr.min() < _INT32_MIN or arr.max() > _INT32_MAX):
         raise BadSpan(f"{key} has a value outside the int32 range")
     return arr.astype(np.int32)
@@ -197,7 +204,7 @@ def _resolve_chunk(tokens: list[Any], slot: int, key: str, chunk: list[tuple[int
     found = _split_points(is_float, b"".join([buf for _, buf in chunk]), lengths)
     if found is not None:
         flat, starts = found
-        flat = flat.astype(np.float32 if is_float else np.int32)
+        flat = _float32(flat) if is_float else flat.astype(np.int32)
         edges = [0, *starts.tolist(), flat.size]
         for i, (r, _) in enumerate(chunk):  # slices, not np.split: its per-part overhead is ~its work here
             tokens[r][slot] = flat[edges[i]:edges[i + 1]]

@@ -257,6 +257,15 @@ def test_otlp_json_spec_example_and_wire_schema_requests():
     assert assert_same(request.SerializeToString())
 
 
+def test_logprobs_beyond_float32_become_infinite_in_both_decoders():
+    """A finite double log-prob too large for float32 is stored as +-inf by both paths, with no warning."""
+    body = _one({sc.LLM_LOGPROBS: [-1e300, -0.5, 1e39]}).SerializeToString()
+    with np.errstate(over="raise"):  # numpy's overflow warning would be an error here
+        ref = _python(body)
+    assert ref.table["logprobs"].to_pylist() == [[-math.inf, -0.5, math.inf]]
+    assert assert_same(body)
+
+
 # --- what goes to Python -----------------------------------------------------------------------------------
 def _one(attributes: dict | None = None, **span_fields) -> ExportTraceServiceRequest:
     req, _ = make_request(1, attributes=attributes)
