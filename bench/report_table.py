@@ -86,6 +86,8 @@ def tracer_row(b: Bench) -> tuple[str, str, str]:
     if b.missing():
         return label, b.missing() or "", b.missing() or ""
     med = b.get("median_s") or {}
+    if med.get("plain") and med["plain"] * 1000 > 1.1 * call_ms:  # the client alone is slower than the call asked for
+        label = f"Tracing cost per LLM call ({call_ms:g} ms asked; the plain call takes {med['plain'] * 1000:.1f} ms here)"
     ours = med.get("spanrl", 0.0) - med.get("plain", 0.0)
     pct = 100 * ours / med["plain"] if med.get("plain") else float("nan")
     parts = b.get("parts_cpu_s")

@@ -263,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
             stop_server(server)
             delay_s = max(0.0, args.call_ms / 1000 - base)
             server, url = start_server(delay_s)
+            if base > args.call_ms / 1000:
+                print(f"note: the openai client alone takes {base * 1e3:.2f} ms per call here, more than "
+                      f"--call-ms {args.call_ms}: percentages of the call are of the plain call as measured")
             print(f"server: bare call {base * 1e3:.2f} ms, delay set to {delay_s * 1e3:.2f} ms; "
                   f"{args.calls} calls x {args.rounds} rounds per mode; {os.cpu_count()} CPUs, "
                   f"load average {os.getloadavg()[0]:.1f}")

@@ -95,6 +95,16 @@ def test_missing_figures_file_and_missing_anchor(tmp_path: Path, monkeypatch: py
     assert "**NOT MEASURED**: no figures from decompose (`bench/report.py --only decompose`)" in decompose
 
 
+def test_tracer_label_says_when_the_plain_call_is_slower_than_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    results, readme = tmp_path / "results", _readme(tmp_path)
+    monkeypatch.setenv(SPANRL_BENCH_RESULTS, str(results))
+    _results.record("tracer", {"call_ms": 2.0, "median_s": {"plain": 3.1e-3, "spanrl": 3.3e-3}})  # a slow client
+    report.main(["--from-results", "--results", str(results), "--readme", str(readme)])
+    tracer = next(line for line in readme.read_text().splitlines() if line.startswith("| Tracing cost"))
+    assert tracer.startswith("| Tracing cost per LLM call (2 ms asked; the plain call takes 3.1 ms here) |")
+    assert "+200 µs (6%)" in tracer
+
+
 def test_readme_without_markers_is_refused_and_left_alone(tmp_path: Path) -> None:
     readme = tmp_path / "README.md"
     readme.write_text(BEFORE + OLD + AFTER)
