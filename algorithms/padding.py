@@ -97,10 +97,9 @@ def fill_rows(out: np.ndarray, real: np.ndarray | None, column: pa.ChunkedArray,
             row += len(chunk)
     else:
         values = flat_values(column)
-        ends = np.cumsum(list_lengths(column))  # rows [a, b) hold values [ends[a - 1], ends[b - 1])
-        blocks = [partial(_copy_masked, out[a:a + _BLOCK_ROWS], real[a:a + _BLOCK_ROWS],
-                          values[(ends[a - 1] if a else 0):ends[min(a + _BLOCK_ROWS, len(ends)) - 1]], fill)
-                  for a in range(0, len(out), _BLOCK_ROWS)]
+        starts = np.concatenate(([0], np.cumsum(list_lengths(column))))  # rows [a, b): values [starts[a], starts[b])
+        bounds = [(a, min(a + _BLOCK_ROWS, len(out))) for a in range(0, len(out), _BLOCK_ROWS)]
+        blocks = [partial(_copy_masked, out[a:b], real[a:b], values[starts[a]:starts[b]], fill) for a, b in bounds]
     _run_blocks(blocks)
 
 
