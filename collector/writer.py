@@ -151,7 +151,7 @@ class SpanWriter:
                 f"SELECT (SELECT count(*) FROM (SELECT DISTINCT trace_id, span_id FROM {_PROBE_VIEW})),"
                 f" (SELECT count(*) FROM (SELECT DISTINCT trace_id, span_id FROM {_PROBE_VIEW}) b"
                 f"  SEMI JOIN spans s ON s.trace_id = b.trace_id AND s.span_id = b.span_id)"
-            ).fetchone()
+            ).fetchall()[0]
         finally:
             cur.unregister(_PROBE_VIEW)
         stored = bool(row and row[0] == row[1])

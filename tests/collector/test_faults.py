@@ -273,6 +273,25 @@ def test_fatal_duckdb_error_reopens_and_settles_the_failed_commit(tmp_path):
         assert rows["n"] == rows["d"] == len(acked) + _count(c, refused)
 
 
+def test_failed_commit_that_had_not_landed_is_inserted_again_after_reopening(tmp_path):
+    """The settle step's probe query and the second insert share the writer's cursor: the probe's
+    result must be read to the end first (DuckDB 2 refuses other work on a cursor with an unfinished
+    result), or the batch is refused as retryable instead of stored."""
+    from spanrl.collector.encoding import encode_request
+    from spanrl.collector.writer import SpanWriter
+    from spanrl.store import SpanStore
+
+    req, ids = make_request(20, rollout_id="settle")
+    table = encode_request(req).table
+    with SpanStore.open(str(tmp_path / "spans.duckdb")) as store:
+        writer = SpanWriter(store)
+        writer._recover(table, RuntimeError("FATAL Error: database has been invalidated (simulated)"))
+        assert (writer.state, writer.recoveries, store.generation) == ("ok", 1, 1)
+        stored = store.sql("SELECT span_id FROM spans").column("span_id").to_pylist()
+        assert sorted(stored) == sorted(ids)
+        writer.shutdown()
+
+
 def _http_get(url: str) -> tuple[int, dict[str, str], bytes]:
     try:
         with urllib.request.urlopen(url, timeout=10) as resp:
