@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--token", default=None, help="require 'Authorization: Bearer TOKEN' (env SPANRL_COLLECTOR_TOKEN)")
     p.add_argument("--duckdb-memory-limit", default=None, help="DuckDB memory cap, e.g. 2GB (env SPANRL_DUCKDB_MEMORY_LIMIT, default 1GB)")
     p.add_argument("--checkpoint-threshold", default=None,
-                   help="WAL size that triggers a checkpoint, e.g. 64MB (env SPANRL_DUCKDB_CHECKPOINT_THRESHOLD, default 256MB)")
+                   help="WAL size that triggers a checkpoint, e.g. 64MB (env SPANRL_DUCKDB_CHECKPOINT_THRESHOLD, default 512MB)")
     p.add_argument("--duckdb-threads", type=int, default=None,
                    help="DuckDB worker threads (default one per core); 1 cuts insert CPU ~25%% but runs SQL queries on one core")
     p.add_argument("--max-inflight-bytes", type=int, default=None,

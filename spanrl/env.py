@@ -82,7 +82,7 @@ SPANRL_DUCKDB_MEMORY_LIMIT = "SPANRL_DUCKDB_MEMORY_LIMIT"
 replay needs more opens once without the cap, checkpoints, then applies it."""
 
 SPANRL_DUCKDB_CHECKPOINT_THRESHOLD = "SPANRL_DUCKDB_CHECKPOINT_THRESHOLD"
-"""WAL size that triggers a DuckDB checkpoint in the collector, e.g. ``64MB``. Default ``256MB``."""
+"""WAL size that triggers a DuckDB checkpoint in the collector, e.g. ``64MB``. Default ``512MB``."""
 
 SPANRL_COLLECTOR_MAX_INFLIGHT_BYTES = "SPANRL_COLLECTOR_MAX_INFLIGHT_BYTES"
 """Bytes of received-but-not-yet-queued request data (bodies and their decoded form) the collector
