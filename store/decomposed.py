@@ -1,0 +1,171 @@
+"""Decomposed rollouts: the decomposer's rows of finished rollouts, kept in the store and read back.
+
+A rollout is decomposed once it has finished (``rollout_state``'s status is not ``open``): `materialize`
+runs the decomposer's statement (store/decomposer.py) over the finished rollouts not kept yet and inserts
+its result rows (calls with all columns, rewards, rollouts; ``row_kind`` tells them apart) into the
+``decomposed`` table, each with
+
+- ``version``: a hash of the decomposer's statement and views.sql, so rows kept by another spanrl are
+  ignored (and dropped by the next `materialize`), never read as if this one had made them;
+- ``watermark_ns``: the newest ``ingested_ns`` of the store the statement saw.
+
+A kept rollout is *clean* while no span stored after its watermark belongs to it (views.sql's rule: its
+own ``spanrl.rollout.id``, else its trace's) or shares a trace with one of its spans (a late span with
+another id makes the trace ambiguous, so spans without ids leave the rollout). ``ingested_ns`` grows
+with the commit order (one writer thread stamps and commits), so "stored after the oldest watermark" is a
+scan that DuckDB's zone maps cut to the newest row groups. A late span (a reward, feedback, a duplicate
+export) makes the rollout dirty: it is read live, and kept again by the next `materialize`.
+
+`read_statement` is what `decompose` runs: ONE SELECT (so it also runs through the collector's SQL
+endpoint) that takes the kept rows of the selected clean rollouts and decomposes the others live, the
+selection applied to kept rows as to live ones. Same rows as a live decomposition (tests/store).
+`prune` (store/maintenance.py) deletes the kept rows of the rollouts whose spans it deletes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from importlib import resources
+from typing import Any, Sequence
+
+import duckdb
+
+from spanrl.store.decomposer import (
+    _CALL_COLUMNS, _LIGHT_CALL_SQL, _REWARD_COLUMNS, _ROLLOUT_COLUMNS, _SQL, Selection, _rollout_filter, statement,
+)
+
+__all__ = ["TABLE_SQL", "VERSION", "materialize", "prepare", "read_statement"]
+
+VERSION = hashlib.sha256(
+    (_SQL + resources.files("spanrl.store").joinpath("views.sql").read_text(encoding="utf-8")).encode()
+).hexdigest()[:16]
+"""The decomposer's version key: rows kept under another are never read."""
+
+# The decomposer's output columns and types (tests/store checks them against the statement's DESCRIBE).
+_COLUMNS = (
+    ("version", "VARCHAR"), ("watermark_ns", "BIGINT"), ("row_kind", "VARCHAR"), ("rollout_id", "VARCHAR"),
+    ("task_id", "VARCHAR"), ("attempt", "INTEGER"), ("mode", "VARCHAR"), ("rollout_status", "VARCHAR"),
+    ("agent", "VARCHAR"), ("step", "INTEGER"), ("rollout_calls", "INTEGER"), ("policy_version", "INTEGER"),
+    ("rewards_after", "MAP(VARCHAR, DOUBLE)"), ("response_id", "VARCHAR"), ("status_code", "VARCHAR"),
+    ("order_ns", "BIGINT"), ("agent_end_ns", "BIGINT"), ("clock_offset_ns", "BIGINT"),
+    ("server_trace_id", "VARCHAR"), ("server_span_id", "VARCHAR"), ("client_trace_id", "VARCHAR"),
+    ("client_span_id", "VARCHAR"), ("prompt_ids", "INTEGER[]"), ("completion_ids", "INTEGER[]"),
+    ("logprobs", "FLOAT[]"), ("temperature", "DOUBLE"), ("input_messages", "VARCHAR"),
+    ("output_messages", "VARCHAR"), ("name", "VARCHAR"), ("value", "DOUBLE"), ("time_ns", "BIGINT"),
+    ("source", "VARCHAR"), ("status", "VARCHAR"), ("ended_by", "VARCHAR"), ("start_ns", "BIGINT"),
+    ("end_ns", "BIGINT"), ("span_count", "BIGINT"), ("duplicate_spans", "HUGEINT"), ("late_arrivals", "BIGINT"),
+    ("orphan_calls", "BIGINT"), ("duplicate_calls", "BIGINT"),
+)
+TABLE_SQL = f"CREATE TABLE decomposed ({', '.join(f'{n} {t}' for n, t in _COLUMNS)})"
+
+_MATERIALIZING = threading.Lock()  # one run at a time in this process (two would delete the same rows)
+
+# Which kept rollouts are clean. __KEPT_FILTER__: the selection's rollout filter, over the kept rollout rows.
+_CLEAN_CTES = f"""kept_sel AS (  -- kept rollouts of this version that the selection takes
+    SELECT rollout_id, watermark_ns FROM decomposed
+    WHERE version = '{VERSION}' AND row_kind = 'rollout' AND __KEPT_FILTER__
+),
+fresh AS MATERIALIZED (  -- spans stored after the oldest watermark (zone maps skip the older row groups)
+    SELECT trace_id, rollout_id, ingested_ns FROM spans
+    WHERE ingested_ns > (SELECT min(watermark_ns) FROM kept_sel)
+),
+touched AS (  -- whose they are (own id, else their trace's: rollout_spans' rule), and whose traces they share
+    SELECT rollout_id, ingested_ns FROM fresh WHERE rollout_id IS NOT NULL
+    UNION ALL
+    SELECT t.rollout_id, f.ingested_ns
+    FROM fresh f JOIN trace_rollouts(0, unattributed_only := TRUE) t ON f.rollout_id IS NULL AND t.trace_id = f.trace_id
+    UNION ALL
+    SELECT s.rollout_id, f.ingested_ns
+    FROM fresh f JOIN spans s ON s.trace_id = f.trace_id WHERE s.rollout_id IS NOT NULL
+),
+kept_clean AS (
+    SELECT k.rollout_id FROM kept_sel k
+    WHERE NOT EXISTS (SELECT 1 FROM touched t WHERE t.rollout_id = k.rollout_id AND t.ingested_ns > k.watermark_ns)
+),
+"""
+_NOT_KEPT = "rollout_id NOT IN (SELECT rollout_id FROM kept_clean)"
+# the rollouts `materialize` keeps: finished, not kept (the DELETE before it dropped the dirty ones)
+_TO_KEEP = f"status <> 'open' AND rollout_id NOT IN (SELECT rollout_id FROM decomposed WHERE version = '{VERSION}')"
+
+
+def _with_clean(query: str, kept_filter: str) -> str:
+    """``query`` (the decomposer's statement) with the CTEs that find the clean kept rollouts first."""
+    head = "WITH RECURSIVE\n"
+    assert query.lstrip().startswith(head), "the decomposer's statement opens with WITH RECURSIVE"
+    return query.replace(head, head + _CLEAN_CTES.replace("__KEPT_FILTER__", kept_filter), 1)
+
+
+def _kept_call_filter(sel: Selection, params: dict[str, Any]) -> str:
+    """The decomposer's call-level filters (agents, min policy version) over kept call rows ``d``."""
+    clauses = ["TRUE"]
+    if sel.agents is not None:
+        params["agents"] = list(sel.agents)
+        clauses.append("d.agent IN (SELECT unnest($agents))")
+    if sel.min_policy_version is not None:
+        params["min_policy_version"] = sel.min_policy_version
+        clauses.append("d.policy_version >= $min_policy_version")
+    return " AND ".join(clauses)
+
+
+def read_statement(sel: Selection, columns: Sequence[str], params: dict[str, Any]) -> str:
+    """One SELECT: the kept rows of ``sel``'s clean rollouts, and the rest decomposed live."""
+    live = statement(sel, columns, params, rollouts_also=_NOT_KEPT)
+    other_kinds = set(_REWARD_COLUMNS) | set(_ROLLOUT_COLUMNS)
+    unread = [c for c in _CALL_COLUMNS if c in _LIGHT_CALL_SQL and c not in columns and c not in other_kinds]
+    kept = f"""
+UNION ALL BY NAME  -- kept rows of the clean rollouts (store/decomposed.py)
+SELECT d.* EXCLUDE (version, watermark_ns{''.join(', ' + c for c in unread)})
+FROM decomposed d
+WHERE d.version = '{VERSION}' AND d.rollout_id IN (SELECT rollout_id FROM kept_clean)
+  AND (d.row_kind <> 'call' OR ({_kept_call_filter(sel, params)}))
+"""
+    return _with_clean(live, _rollout_filter(sel, params)) + kept
+
+
+def materialize(store: Any) -> dict[str, int]:
+    """Keep the decomposition of every finished rollout not kept yet or dirty; drop rows of other
+    versions and of dirty rollouts first. One transaction: the collector may write meanwhile (its
+    spans are newer than the watermark, so their rollouts read as dirty). Idempotent. Returns the
+    counts of rollouts kept now and of the rows dropped."""
+    params: dict[str, Any] = {}
+    live = statement(Selection(), _CALL_COLUMNS, params, rollouts_also=_TO_KEEP)
+    insert = f"""INSERT INTO decomposed BY NAME
+SELECT '{VERSION}' AS version, (SELECT coalesce(max(ingested_ns), 0) FROM spans) AS watermark_ns, *
+FROM ({live})"""
+    clean = _with_clean("WITH RECURSIVE\nnone AS (SELECT 1)\nSELECT rollout_id FROM kept_clean", "TRUE")
+    drop = f"DELETE FROM decomposed WHERE version <> '{VERSION}' OR rollout_id NOT IN ({clean})"
+    with _MATERIALIZING:
+        return _keep(store, drop, insert, params)
+
+
+def _keep(store: Any, drop: str, insert: str, params: dict[str, Any]) -> dict[str, int]:
+    count = f"SELECT count(*) FROM decomposed WHERE row_kind = 'rollout' AND version = '{VERSION}'"
+    cur = store.cursor()
+    try:
+        cur.begin()
+        dropped = cur.execute(drop).fetchone()[0]
+        before = cur.execute(count).fetchone()[0]
+        cur.execute(insert, params)
+        kept = cur.execute(count).fetchone()[0] - before
+        cur.commit()
+    except BaseException:
+        cur.rollback()
+        raise
+    finally:
+        cur.close()
+    return {"rollouts_kept": int(kept), "rows_dropped": int(dropped)}
+
+
+def prepare(con: duckdb.DuckDBPyConnection, *, read_only: bool) -> bool:
+    """Make ``decomposed`` exist with this version's columns (SpanStore.open): kept rows are a cache, so
+    a table of other columns is replaced. False: a read-only store without it (reads then go live)."""
+    have = con.execute("SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = 'decomposed' "
+                       "AND schema_name = 'main' AND database_name = current_database() ORDER BY column_index").fetchall()
+    if [tuple(c) for c in have] == list(_COLUMNS):
+        return True
+    if read_only:
+        return False
+    con.execute("DROP TABLE IF EXISTS decomposed")
+    con.execute(TABLE_SQL)
+    return True
