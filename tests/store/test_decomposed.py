@@ -2,12 +2,13 @@
 
 Every decomposer test of test_decomposer.py runs again here with each of its `decompose` calls checked:
 live, then `materialize`, then read with the kept rows: identical tables. Then what makes kept rows
-stale: a late span, a version change, prune.
+stale: a late span, a version change, prune; and the collector keeping rows by itself.
 """
 
 from __future__ import annotations
 
 import inspect
+import time
 from typing import Any
 
 import pyarrow as pa
@@ -15,7 +16,7 @@ import pytest
 
 import test_decomposer as cases
 from test_decomposer import Recorder, Rollout, deliver, rows
-from spanrl.store import SpanStore, decomposed, prune
+from spanrl.store import RemoteStore, SpanStore, decomposed, prune
 from spanrl.store.decomposer import Decomposition, Selection, decompose
 
 
@@ -142,3 +143,20 @@ def test_a_read_only_store_without_the_table_reads_live(tmp_path: Any) -> None:
         store.sql("DROP TABLE decomposed")  # a file written before kept rows existed
     with SpanStore.open(path, read_only=True) as store:
         assert decompose(store).rollouts.num_rows == 0
+
+
+def test_the_collector_keeps_finished_rollouts_and_its_sql_endpoint_reads_them(tmp_path: Any) -> None:
+    from spanrl.collector import Collector, CollectorConfig
+
+    cfg = CollectorConfig(db_path=str(tmp_path / "spans.duckdb"), grpc_port=0, http_port=0, materialize_interval_s=0.1)
+    with Collector(cfg).start() as collector:
+        _two_rollouts(collector)
+        deadline = time.monotonic() + 20
+        while _kept(collector.store) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _kept(collector.store) == 2
+        remote = RemoteStore(collector.http_endpoint)
+        assert_same(decompose(remote), decompose(remote, kept=False))
+        collector.store.sql("UPDATE decomposed SET value = 42.0 WHERE row_kind = 'reward'")  # only kept rows say so
+        assert rows(decompose(remote).rewards, "value") == [(42.0,), (42.0,)]
+        assert rows(decompose(remote, kept=False).rewards, "value") == [(1.0,), (1.0,)]
