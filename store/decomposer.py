@@ -72,7 +72,7 @@ _WALK_UNION = " UNION ALL ".join(
 _LLM_SCANS = "\n    UNION ALL\n    ".join(
     f"""SELECT rid, trace_id, span_id, parent_span_id, kind, start_ns, end_ns, service_name, rollout_id,
            response_id, policy_version, status_code, ingested_ns, prompt_token_ids IS NOT NULL AS has_ids
-    FROM rollout_spans(0) WHERE operation_name = '{op}'"""
+    FROM rollout_spans(__SINCE__) WHERE operation_name = '{op}'"""
     for op in sc.LLM_OPERATIONS
 )
 _EVENT_SCHEMA_JSON = '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "JSON"}]'
@@ -166,7 +166,7 @@ _SQL = f"""
 WITH RECURSIVE
 ro AS (  -- status and end: the one rule, views.sql's rollout_state (attribution: rollout_spans)
     SELECT *, span_count AS span_rows, end_ingested_ns AS rollout_ingested_ns
-    FROM rollout_state(0)
+    FROM rollout_state(__SINCE__)
     WHERE {_RF}
 ),
 -- LLM call spans: light columns only (the id arrays are fetched by rowid at the end)
@@ -288,12 +288,12 @@ agents AS (
 rw0 AS MATERIALIZED (  -- no OR across columns: each scan is filtered before it reads the rest (-0.01 s)
     SELECT trace_id, span_id, rid AS copy_rid, rollout_id, end_ns AS time_ns, ingested_ns,
            coalesce(reward_name, '{sc.DEFAULT_REWARD_NAME}') AS name, reward_value AS value, 'span' AS source
-    FROM rollout_spans(0)
+    FROM rollout_spans(__SINCE__)
     WHERE reward_value IS NOT NULL
     UNION ALL  -- a reward span without a value: NaN
     SELECT trace_id, span_id, rid AS copy_rid, rollout_id, end_ns AS time_ns, ingested_ns,
            coalesce(reward_name, '{sc.DEFAULT_REWARD_NAME}') AS name, 'NaN'::DOUBLE AS value, 'span' AS source
-    FROM rollout_spans(0)
+    FROM rollout_spans(__SINCE__)
     WHERE reward_value IS NULL AND name = '{sc.REWARD_SPAN_NAME}'
     UNION ALL
     SELECT trace_id, span_id, copy_rid, rollout_id, ev.time_ns, ingested_ns,
@@ -306,7 +306,7 @@ rw0 AS MATERIALIZED (  -- no OR across columns: each scan is filtered before it 
     FROM (
         SELECT trace_id, span_id, rid AS copy_rid, rollout_id, ingested_ns,
                unnest(from_json(events, '{_EVENT_SCHEMA_JSON}')) AS ev
-        FROM rollout_spans(0)
+        FROM rollout_spans(__SINCE__)
         WHERE events IS NOT NULL
           AND (contains(events, '{_REWARD_EVENTS[0]}') OR contains(events, '{_REWARD_EVENTS[1]}'))
     )
@@ -451,8 +451,8 @@ def decompose(
     ``spanrl.store.SpanStore`` (each query then takes its own cursor), or anything with
     ``sql(query, params) -> pyarrow.Table``. See the module docstring for the three tables.
     ``call_columns``: only these columns of ``calls`` (in the table's order; ``rollout_id`` and ``step``
-    always); None: all; the others are not computed. ``kept``: read the rows store/decomposed.py kept
-    for finished rollouts still clean (same rows; False: all live). `ConfigError` names an unknown column.
+    always); None: all; the others are not computed. ``kept``: read the rows store/decomposed.py kept for
+    finished rollouts still clean (same rows; False: all live). `ConfigError` names an unknown column.
     """
     sel = selection or Selection()
     sel.validate()
@@ -479,10 +479,10 @@ def decompose(
     return Decomposition(calls=calls, rewards=rewards, rollouts=rollouts, report=report)
 
 
-def statement(sel: Selection, columns: Sequence[str], params: dict[str, Any], *, rollouts_also: str = "TRUE") -> str:
-    """The statement for ``sel``'s rollouts that also pass ``rollouts_also`` (SQL over rollout_state's columns)."""
+def statement(sel: Selection, columns: Sequence[str], params: dict[str, Any], *, rollouts_also: str = "TRUE", since: str = "0") -> str:
+    """``sel``'s rollouts that pass ``rollouts_also`` (SQL), reading spans ingested at or after ``since`` (SQL)."""
     light = [f"{_LIGHT_CALL_SQL[c]} AS {c}" for c in columns if c in _LIGHT_CALL_SQL]
-    return (_SQL.replace(_RF, f"({_rollout_filter(sel, params)}) AND ({rollouts_also})")
+    return (_SQL.replace("__SINCE__", since).replace(_RF, f"({_rollout_filter(sel, params)}) AND ({rollouts_also})")
             .replace(_CF, _call_filter(sel, params)).replace(_OC, ", ".join(light))
             .replace(_SR, _STEP_REWARDS_JOIN if "rewards_after" in columns else ""))
 

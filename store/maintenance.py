@@ -73,8 +73,10 @@ def prune(store: SpanStore, older_than_s: float, *, now_ns: int | None = None) -
         cur.begin()
         n = cur.execute(f"SELECT count(*) FROM spans WHERE {_PRUNE_WHERE}", {"cutoff": cutoff}).fetchone()[0]
         # kept decompositions (store/decomposed.py) of every rollout with a span in a trace it prunes
-        cur.execute(f"DELETE FROM decomposed WHERE rollout_id IN (SELECT rollout_id FROM rollout_spans(0) WHERE "
-                    f"trace_id IN (SELECT trace_id FROM spans WHERE {_PRUNE_WHERE}))", {"cutoff": cutoff})
+        # (and the notes of where the open ones start: reads go live until the next run)
+        cur.execute(f"DELETE FROM decomposed WHERE row_kind = 'open' OR rollout_id IN (SELECT rollout_id FROM "
+                    f"rollout_spans(0) WHERE trace_id IN (SELECT trace_id FROM spans WHERE {_PRUNE_WHERE}))",
+                    {"cutoff": cutoff})
         cur.execute(f"DELETE FROM spans WHERE {_PRUNE_WHERE}", {"cutoff": cutoff})
         cur.commit()
     finally:

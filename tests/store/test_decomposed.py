@@ -104,6 +104,58 @@ def test_a_span_without_id_in_a_kept_trace_makes_it_dirty(collector: Any) -> Non
     assert sorted(v for r, v in rows(dec.rewards, "rollout_id", "value") if r == "a") == [1.0, 7.0]
 
 
+def test_a_rollout_open_at_the_last_run_and_a_new_one_read_live_in_full(collector: Any) -> None:
+    """Reads decompose live only the spans after the oldest start of a rollout open at the last run."""
+    store = collector.store
+    rec = Recorder()
+    running = Rollout(rec, "running")
+    agent = running.invoke_agent("solver", None, 1, 99)
+    running.call(agent, 10, [1], [2])
+    deliver(collector, rec.spans())
+    _two_rollouts(collector)  # finished after the open one started
+    decomposed.materialize(store)
+    later = Recorder()
+    running.rec, running.agent = later, later.tracer("agent", **{"spanrl.rollout.id": "running"})
+    running.root(0, 100)  # it ends now
+    fresh = Rollout(later, "fresh")
+    fresh.call(fresh.root(0, 100), 10, [5], [6])
+    deliver(collector, later.spans())
+
+    dec = decompose(store)
+    assert_same(dec, decompose(store, kept=False))
+    assert rows(dec.rollouts, "rollout_id", "status", "span_count") == [
+        ("a", "finished", 5), ("b", "finished", 5), ("fresh", "finished", 3), ("running", "finished", 4)]
+    assert decomposed.materialize(store)["rollouts_kept"] == 2
+    assert_same(decompose(store), decompose(store, kept=False))
+
+
+def test_a_client_span_without_id_stored_before_its_server_span_reads_live(collector: Any) -> None:
+    """A trace without rollout ids is attributed by response id when the server span comes (views.sql):
+    its older client span must still be read with the rollout then."""
+    store = collector.store
+    rec = Recorder()
+    anonymous = rec.tracer("agent")  # no spanrl.rollout.id anywhere
+    rec.span(anonymous, "openai.chat", start_ns=cases._ns(10), end_ns=cases._ns(20), kind=cases.SpanKind.CLIENT,
+             attributes={"gen_ai.operation.name": "chat", "gen_ai.response.id": "chatcmpl-x"})
+    deliver(collector, rec.spans())
+    _two_rollouts(collector)
+    decomposed.materialize(store)
+    later = Recorder()
+    server = later.tracer(cases.POLICY_SERVICE)
+    later.span(server, "chat tiny", start_ns=cases._ns(11), end_ns=cases._ns(19), kind=cases.SpanKind.SERVER,
+               attributes={"gen_ai.operation.name": "chat", "gen_ai.response.id": "chatcmpl-x",
+                           "spanrl.rollout.id": "linked", "spanrl.llm.prompt_token_ids": [1],
+                           "spanrl.llm.completion_token_ids": [2], "spanrl.llm.logprobs": [-0.5]})
+    later.span(later.tracer("agent", **{"spanrl.rollout.id": "linked"}), "spanrl.rollout",
+               start_ns=cases._ns(0), end_ns=cases._ns(30))
+    deliver(collector, later.spans())
+
+    dec = decompose(store)
+    assert_same(dec, decompose(store, kept=False))
+    linked = [r for r in dec.calls.to_pylist() if r["rollout_id"] == "linked"]
+    assert len(linked) == 1 and linked[0]["client_span_id"] is not None  # paired with the older client span
+
+
 def test_rows_kept_by_another_version_are_ignored_and_dropped(collector: Any) -> None:
     store = collector.store
     _two_rollouts(collector)
@@ -134,7 +186,7 @@ def test_table_columns_are_the_statements_output(tmp_path: Any) -> None:
         table = store.sql("DESCRIBE decomposed")
     out = list(zip(described.column("column_name").to_pylist(), described.column("column_type").to_pylist()))
     kept = list(zip(table.column("column_name").to_pylist(), table.column("column_type").to_pylist()))
-    assert kept == [("version", "VARCHAR"), ("watermark_ns", "BIGINT")] + out
+    assert kept == [("version", "VARCHAR"), ("watermark_ns", "BIGINT")] + out + [("first_ingested_ns", "BIGINT")]
 
 
 def test_a_read_only_store_without_the_table_reads_live(tmp_path: Any) -> None:
