@@ -119,6 +119,8 @@ class CollectorConfig:
             or _DUCKDB_CHECKPOINT_THRESHOLD,
             max_inflight_bytes=env.get_int(env.SPANRL_COLLECTOR_MAX_INFLIGHT_BYTES, _MAX_INFLIGHT_BYTES),
             sql_timeout_s=env.get_float(env.SPANRL_COLLECTOR_SQL_TIMEOUT_S, _SQL_TIMEOUT_S),
+            materialize_interval_s=env.get_float(env.SPANRL_COLLECTOR_MATERIALIZE_INTERVAL_S, _MATERIALIZE_INTERVAL_S)
+            or None,  # 0: off
         )
         for name, value in overrides.items():
             if not hasattr(config, name):
