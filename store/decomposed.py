@@ -62,8 +62,11 @@ TABLE_SQL = f"CREATE TABLE decomposed ({', '.join(f'{n} {t}' for n, t in _COLUMN
 _MATERIALIZING = threading.Lock()  # one run at a time in this process (two would delete the same rows)
 
 # Which kept rollouts are clean. __KEPT_FILTER__: the selection's rollout filter, over the kept rollout rows.
-_CLEAN_CTES = f"""kept_sel AS (  -- kept rollouts of this version that the selection takes
-    SELECT rollout_id, watermark_ns FROM decomposed
+_CLEAN_CTES = f"""kept_sel AS (  -- kept rollouts of this version that the selection takes; every row the last run
+    -- left was clean up to its watermark (its 'open' row without rollout), so "fresh" stays short
+    SELECT rollout_id, greatest(watermark_ns, (SELECT max(watermark_ns) FROM decomposed
+                                               WHERE version = '{VERSION}' AND row_kind = 'open' AND rollout_id IS NULL)) AS watermark_ns
+    FROM decomposed
     WHERE version = '{VERSION}' AND row_kind = 'rollout' AND __KEPT_FILTER__
 ),
 fresh AS MATERIALIZED (  -- spans stored after the oldest watermark (zone maps skip the older row groups)
