@@ -168,11 +168,13 @@ def materialize(store: Any) -> dict[str, int]:
 
 
 def _keep(cur: duckdb.DuckDBPyConnection) -> dict[str, int]:
-    clean = _with_clean("WITH RECURSIVE\nnone AS (SELECT 1)\nSELECT rollout_id FROM kept_clean", "TRUE")
-    since = cur.execute(_with_clean("WITH RECURSIVE\nnone AS (SELECT 1)\nSELECT since FROM live_since", "TRUE")).fetchone()[0]
+    # the dirty kept rollouts and where live reads start, in one pass over the spans since the last run
+    dirty, since = cur.execute(_with_clean("WITH RECURSIVE\nnone AS (SELECT 1)\nSELECT (SELECT list(rollout_id) FROM "
+                                           "kept_sel WHERE rollout_id NOT IN (SELECT rollout_id FROM kept_clean)), "
+                                           "(SELECT since FROM live_since)", "TRUE")).fetchone()
     watermark = cur.execute("SELECT coalesce(max(ingested_ns), 0) FROM spans").fetchone()[0]
     dropped = cur.execute(f"DELETE FROM decomposed WHERE row_kind <> 'open' AND (version <> '{VERSION}' "
-                          f"OR rollout_id NOT IN ({clean}))").fetchone()[0]
+                          f"OR rollout_id IN (SELECT unnest($dirty::VARCHAR[])))", {"dirty": dirty or []}).fetchone()[0]
     cur.execute("DELETE FROM decomposed WHERE row_kind = 'open'")  # written again below
     count = f"SELECT count(*) FROM decomposed WHERE row_kind = 'rollout' AND version = '{VERSION}'"
     before = cur.execute(count).fetchone()[0]
