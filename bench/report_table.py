@@ -165,8 +165,8 @@ def decompose_row(b: Bench) -> tuple[str, str, str]:
             goal = "met" if kt < TENSORS_GOAL_S else "not met"
             m, mc, msps = b.get("materialize_s"), b.get("materialize_cpu_s"), b.get("materialize_spans_per_s")
             cell += (f", from the rows kept as rollouts finished {kt:.2f} s ({kc:.2f} s CPU; {TENSORS_GOAL_S} s goal "
-                     f"{goal}, read after the collector's background materialization: {m:.1f} s / {mc:.1f} s CPU "
-                     f"for these rollouts, {msps / 1e3:,.0f}k spans/s)")
+                     f"{goal}; kept beforehand by `materialize`, what the collector's background thread does as "
+                     f"rollouts finish: {m:.1f} s / {mc:.1f} s CPU for these rollouts, {msps / 1e3:,.0f}k spans/s)")
     return label, anchor, cell + ", `bench/decompose.py`"
 
 

@@ -66,8 +66,9 @@ def test_table_rewritten_from_figures_with_ratios(tmp_path: Path, monkeypatch: p
     assert "1M spans in 7.5 s (2.1 s CPU); 6.8x the adapter alone, 48x with its span conversion" in decompose
     assert "51.0 s per 1M spans" in decompose  # the anchor's cell
     assert "50,000 transitions: cold (all decomposed live) 5.90 s (1.70 s CPU; 5.2x the per-row path)" in decompose
-    assert ("from the rows kept as rollouts finished 0.60 s (0.70 s CPU; 0.5 s goal not met, read after the "
-            "collector's background materialization: 2.0 s / 2.5 s CPU for these rollouts, 500k spans/s)") in decompose
+    assert ("from the rows kept as rollouts finished 0.60 s (0.70 s CPU; 0.5 s goal not met; kept beforehand by "
+            "`materialize`, what the collector's background thread does as rollouts finish: 2.0 s / 2.5 s CPU for "
+            "these rollouts, 500k spans/s)") in decompose
     assert "7.1x sequential `generate` with the transformers backend" in rows["Policy server throughput at 32 clients"]
     # fixed rows come from the generator
     assert rows["Token ids"].startswith("| Token ids | from attributes, else retokenized |")
