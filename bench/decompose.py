@@ -13,7 +13,10 @@ Timed (median of --rounds; wall and CPU time, `time.process_time`, which counts 
            GRPO credit, the Arrow transitions table. Then store -> padded (B, T) tensors by stage:
            `load_transitions` (its decomposer SQL apart), `check_transitions`, `TransitionBatch.to_padded`,
            end to end against the 0.5 s goal, beside the old per-row path (dataclasses + a tensor per
-           row, --old-rounds) in the same run; both must give identical tensors.
+           row, --old-rounds) in the same run; both must give identical tensors. That is the cold path:
+           nothing kept, every rollout decomposed live. Then the kept path: `materialize` (what the
+           collector's background thread does as rollouts finish; timed, spans/s), and store -> tensors
+           again from the kept rows (store/decomposed.py), identical tensors to the cold path.
   anchor   agentlightning==0.3.0 in its own venv (--anchor-python): the same spans (all, or the first
            --anchor-rollouts rollouts) given to `TracerTraceToTriplet().adapt` one rollout at a time, as
            its trainer does, after converting them to its `Span` objects (timed apart). The LLM call span
@@ -283,10 +286,11 @@ def _timed(fn: Any) -> tuple[Any, float, float]:
     return out, time.perf_counter() - w, time.process_time() - c
 
 
-def time_stages(store: object, rounds: int, old_rounds: int) -> dict[str, Any]:
+def time_stages(store: object, rounds: int, old_rounds: int, label: str = "cold") -> tuple[dict[str, Any], Any]:
     """Store -> padded (B, T) tensors by stage, median of ``rounds``: `load_transitions` (its decomposer
     SQL timed apart, in the same call) + `check_transitions` + `to_padded`; beside the old per-row path (`load_transitions` + a dataclass per row + a tensor per
-    row and field) in the same run, checking that both give identical tensors."""
+    row and field) in the same run, checking that both give identical tensors. Returns the figures and
+    the last tensors."""
     import torch
 
     import spanrl.algorithms.transitions as transitions_module
@@ -327,7 +331,7 @@ def time_stages(store: object, rounds: int, old_rounds: int) -> dict[str, Any]:
         for name, tensor in legacy.items():
             assert torch.equal(getattr(padded, name), tensor), f"columnar {name} differs from the per-row path"
     shape = tuple(padded.prompt_ids.shape), tuple(padded.completion_ids.shape)
-    print(f"store -> padded tensors, {len(batch):,} transitions (prompt {shape[0]}, completion {shape[1]}), "
+    print(f"store -> padded tensors ({label}), {len(batch):,} transitions (prompt {shape[0]}, completion {shape[1]}), "
           f"median of {rounds}, wall / CPU (process_time, all threads):")
     sql, load = med["sql"], med["load"]
     rest_w, rest_c = statistics.median(w for w, _ in rest), statistics.median(c for _, c in rest)
@@ -346,7 +350,7 @@ def time_stages(store: object, rounds: int, old_rounds: int) -> dict[str, Any]:
               f"-> {old_w / total[0]:.1f}x wall, {old_c / total[1]:.1f}x CPU; identical tensors")
     comparable = len(batch) >= GOAL_TRANSITIONS
     verdict = ("met" if total[0] < GOAL_S else "NOT met") if comparable else "not comparable: fewer transitions"
-    print(f"goal: store -> tensors for 50k transitions under {GOAL_S} s on a quiet machine -> {len(batch):,} "
+    print(f"goal ({label}): store -> tensors for 50k transitions under {GOAL_S} s on a quiet machine -> {len(batch):,} "
           f"transitions: {total[0]:.2f} s wall ({verdict} at load average {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} cores), {total[1]:.2f} s CPU")
     figures: dict[str, Any] = {"transitions": len(batch), "rounds": rounds, "goal_s": GOAL_S,
@@ -358,6 +362,27 @@ def time_stages(store: object, rounds: int, old_rounds: int) -> dict[str, Any]:
     figures["end_to_end"]["rounds_wall_s"] = [w for w, _ in stages["total"]]
     if old:
         figures["old_per_row_path"] = {"wall_s": old_w, "cpu_s": old_c}
+    figures["loadavg"] = os.getloadavg()[0]
+    return figures, padded
+
+
+def time_kept(store: Any, n_spans: int, rounds: int, cold: Any) -> dict[str, Any]:
+    """What the collector's background thread does beforehand (`materialize`: every rollout here has
+    finished), timed, then store -> tensors again from the kept rows: identical tensors to ``cold``."""
+    import torch
+
+    from spanrl.store.decomposed import materialize
+
+    done, wall, cpu = _timed(lambda: materialize(store))
+    print(f"materialize (the collector does it in the background as rollouts finish): {done['rollouts_kept']:,} "
+          f"rollouts in {wall:.2f} s wall / {cpu:.2f} s CPU: {n_spans / wall:,.0f} spans/s")
+    figures, padded = time_stages(store, rounds, 0, label="kept rows")
+    for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "loss_mask", "old_logprobs",
+                 "advantages", "rewards"):
+        assert torch.equal(getattr(padded, name), getattr(cold, name)), f"kept {name} differs from the cold path"
+    print("  identical tensors to the cold (live) path")
+    figures["materialize"] = {"wall_s": wall, "cpu_s": cpu, "rollouts": done["rollouts_kept"],
+                              "spans_per_s": n_spans / wall}
     return figures
 
 
@@ -407,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  report: {json.dumps({k: v for k, v in batch.report.items() if v})}")
         figures.update(spans=n_spans, load_transitions_runs={"wall_s": ours_s, "cpu_s": statistics.median(cpus)},
                        report=batch.report, loadavg_after_load=os.getloadavg()[0])
-        figures["stages"] = time_stages(store, args.rounds, args.old_rounds)
+        figures["stages"], cold = time_stages(store, args.rounds, args.old_rounds)  # nothing kept: all live
+        figures["stages_kept"] = time_kept(store, n_spans, args.rounds, cold)
         figures["loadavg_after_stages"] = os.getloadavg()[0]
 
         if Path(args.anchor_python).exists():
@@ -426,6 +452,8 @@ def _record_for_report(figures: dict[str, Any]) -> None:
 
     stages, runs = figures.get("stages") or {}, figures.get("load_transitions_runs") or {}
     old = stages.get("old_per_row_path") or {}
+    kept = figures.get("stages_kept") or {}
+    mat = kept.get("materialize") or {}
     record("decompose", {
         "spans": figures.get("spans"), "transitions": stages.get("transitions"),
         "load_s": runs.get("wall_s"), "load_cpu_s": runs.get("cpu_s"),
@@ -433,6 +461,10 @@ def _record_for_report(figures: dict[str, Any]) -> None:
         "tensors_s": (stages.get("end_to_end") or {}).get("wall_s"),
         "tensors_cpu_s": (stages.get("end_to_end") or {}).get("cpu_s"),
         "per_row_s": old.get("wall_s"), "per_row_cpu_s": old.get("cpu_s"),
+        "kept_tensors_s": (kept.get("end_to_end") or {}).get("wall_s"),
+        "kept_tensors_cpu_s": (kept.get("end_to_end") or {}).get("cpu_s"),
+        "materialize_s": mat.get("wall_s"), "materialize_cpu_s": mat.get("cpu_s"),
+        "materialize_spans_per_s": mat.get("spans_per_s"),
         "anchor": figures.get("anchor"),
     })
 

@@ -21,7 +21,10 @@ printed too.
 Figures are medians of --repeats runs. --baseline REF also runs the collector of an older commit (exported
 with `git archive`, put first on PYTHONPATH), one of its runs before each of this tree's, and prints the
 ratios: before/after under the same machine load. --baseline python runs this tree's collector with
-SPANRL_COLLECTOR_DECODER=python (its Python decoder, not the C fast path) as the baseline.
+SPANRL_COLLECTOR_DECODER=python (its Python decoder, not the C fast path) as the baseline; --baseline
+materialize-off runs it without the background thread that keeps finished rollouts decomposed
+(SPANRL_COLLECTOR_MATERIALIZE_INTERVAL_S=0). --workloads agent-rollouts (not run by default): agent-array's
+spans with every request a finished rollout of its own, so that thread has work as it would in training.
 """
 
 from __future__ import annotations
@@ -61,6 +64,11 @@ EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 READY_PREFIX = "spanrl collector ready"
 ANCHOR_PACKAGE = "agentlightning==0.3.0"
 WORKLOADS = ("small", "agent-array", "agent-b64")
+# agent-rollouts (not run by default): agent-array's spans as the policy server's (SERVER) under a
+# spanrl.rollout root, and every request a rollout of its own (the senders rewrite the trace and rollout
+# id placeholders), so the collector's background thread keeps each one decomposed as it finishes.
+ROLLOUTS = "agent-rollouts"
+_ID_HOLDER = b"0000000000"  # in b"trace-<10>" (16 bytes: the trace id) and "rollout-<10>"
 
 
 # --- workloads ------------------------------------------------------------------------------------------
@@ -104,7 +112,7 @@ def _llm_attrs(rng: random.Random, compact: bool) -> dict[str, Any]:
 def make_spans(workload: str, seed: int) -> list[dict[str, Any]]:
     """512 span descriptions (plain Python), the single source for both stores."""
     rng = random.Random(seed)
-    trace_id = rng.getrandbits(128).to_bytes(16, "big")
+    trace_id = rng.getrandbits(128).to_bytes(16, "big") if workload != ROLLOUTS else b"trace-" + _ID_HOLDER
     root = rng.getrandbits(64).to_bytes(8, "big")
     spans = []
     t0 = 1_790_000_000_000_000_000 + seed * 10**9
@@ -115,8 +123,10 @@ def make_spans(workload: str, seed: int) -> list[dict[str, Any]]:
         spans.append({
             "trace_id": trace_id, "span_id": span_id, "parent": None if i == 0 else root,
             "name": "chat policy" if llm else f"execute_tool {attrs.get(sc.GEN_AI_TOOL_NAME)}",
-            "kind": 3 if llm else 1, "start": t0 + i * 1000, "end": t0 + i * 1000 + 900, "attributes": attrs,
+            "kind": (2 if workload == ROLLOUTS else 3) if llm else 1, "start": t0 + i * 1000, "end": t0 + i * 1000 + 900, "attributes": attrs,
         })
+    if workload == ROLLOUTS:
+        spans[0]["name"] = sc.ROLLOUT_SPAN_NAME  # the root: the rollout has finished once it is stored
     return spans
 
 
@@ -171,9 +181,17 @@ def _sender(endpoint: str, bodies: list[bytes], inflight: int, deadline: float, 
     out.put(sum(counts))
 
 
-def _timed_sender(endpoint: str, bodies: list[bytes], inflight: int, seconds: float, out: Any, go: Any) -> None:
+def _unique(body: bytes, sender: int, k: int, j: int) -> bytes:
+    """An agent-rollouts body as a rollout of its own: its trace and rollout id placeholders rewritten."""
+    new = f"{sender % 100:02d}{k % 100:02d}{j % 10**6:06d}".encode()
+    return body.replace(b"trace-" + _ID_HOLDER, b"trace-" + new).replace(b"rollout-" + _ID_HOLDER, b"rollout-" + new)
+
+
+def _timed_sender(endpoint: str, bodies: list[bytes], inflight: int, seconds: float, out: Any, go: Any,
+                  unique: bool = False) -> None:
     """A sender process: connect, report "ready", wait for ``go``, send for ``seconds``, report the count
-    of acknowledged requests (-1 if any request failed) and its own CPU seconds while sending."""
+    of acknowledged requests (-1 if any request failed) and its own CPU seconds while sending.
+    ``unique``: every request a rollout of its own (agent-rollouts)."""
     import grpc
 
     channel = grpc.insecure_channel(endpoint, options=[("grpc.max_send_message_length", 64 << 20)])
@@ -190,7 +208,8 @@ def _timed_sender(endpoint: str, bodies: list[bytes], inflight: int, seconds: fl
         j = k
         try:
             while time.monotonic() < deadline:
-                call(bodies[j % len(bodies)], timeout=120)
+                body = bodies[j % len(bodies)]
+                call(_unique(body, os.getpid(), k, j) if unique else body, timeout=120)
                 counts[k] += 1
                 j += inflight
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
@@ -254,7 +273,8 @@ def run_spanrl(bodies: list[bytes], senders: int, inflight: int, seconds: float,
         _sender(grpc_ep, bodies[:1], 1, time.monotonic() + 0.3, q)  # warm-up, not timed
         warm = q.get(timeout=120) * SPANS_PER_REQUEST
         go = ctx.Event()
-        procs = [ctx.Process(target=_timed_sender, args=(grpc_ep, bodies[k % len(bodies):] + bodies[: k % len(bodies)], inflight, seconds, q, go))
+        unique = b"rollout-" + _ID_HOLDER in bodies[0]
+        procs = [ctx.Process(target=_timed_sender, args=(grpc_ep, bodies[k % len(bodies):] + bodies[: k % len(bodies)], inflight, seconds, q, go, unique))
                  for k in range(senders)]
         for p in procs:
             p.start()
@@ -294,6 +314,8 @@ def export_baseline(ref: str, tmp: Path) -> dict[str, str]:
     other sources, runs its Python decoder; the start log says which)."""
     if ref == "python":
         return {env.SPANRL_COLLECTOR_DECODER: "python"}
+    if ref == "materialize-off":
+        return {env.SPANRL_COLLECTOR_MATERIALIZE_INTERVAL_S: "0"}
     root = Path(__file__).resolve().parent.parent
     src, pkg = tmp / "baseline-src", tmp / "baseline-pkg" / "spanrl"
     src.mkdir()
@@ -509,7 +531,8 @@ def main() -> None:
         baseline = export_baseline(args.baseline, tmp) if args.baseline else None
         for workload in workloads:
             spans_sets = [make_spans(workload, seed) for seed in range(DISTINCT_REQUESTS)]
-            bodies = [encode_otlp(s, f"rollout-{k}") for k, s in enumerate(spans_sets)]
+            rid = (lambda k: f"rollout-{_ID_HOLDER.decode()}") if workload == ROLLOUTS else (lambda k: f"rollout-{k}")
+            bodies = [encode_otlp(s, rid(k)) for k, s in enumerate(spans_sets)]
             row: dict[str, Any] = {"request_kib": len(bodies[0]) / 1024}
             for n in senders:
                 runs, base_runs = measure(workload, bodies, n, args, tmp, baseline)
@@ -532,7 +555,7 @@ def main() -> None:
                       f"({a['add_cpu']:,.0f} per CPU-second)", flush=True)
             results[workload] = row
 
-    anchor_ref = {"small": "small", "agent-array": "agent-array", "agent-b64": "agent-array"}
+    anchor_ref = {"small": "small", "agent-array": "agent-array", "agent-b64": "agent-array", ROLLOUTS: "agent-array"}
     if args.json:
         Path(args.json).write_text(json.dumps(_json_report(results, senders, anchor_ref, args, load0), indent=1) + "\n")
     print()

@@ -157,9 +157,16 @@ def decompose_row(b: Bench) -> tuple[str, str, str]:
     else:
         old = b.get("per_row_s")
         vs = f"; {old / t:.1f}x the per-row path" if old else ""
-        goal = "met" if t < TENSORS_GOAL_S else "not met"
-        cell += (f"; store -> padded tensors for {n:,} transitions {t:.2f} s ({c:.2f} s CPU{vs}; "
-                 f"{TENSORS_GOAL_S} s goal {goal})")
+        kt, kc = b.get("kept_tensors_s"), b.get("kept_tensors_cpu_s")
+        cell += f"; store -> padded tensors for {n:,} transitions: cold (all decomposed live) {t:.2f} s ({c:.2f} s CPU{vs})"
+        if kt is None:
+            cell += ", from kept rows " + _nm("the kept path did not run")
+        else:
+            goal = "met" if kt < TENSORS_GOAL_S else "not met"
+            m, mc, msps = b.get("materialize_s"), b.get("materialize_cpu_s"), b.get("materialize_spans_per_s")
+            cell += (f", from the rows kept as rollouts finished {kt:.2f} s ({kc:.2f} s CPU; {TENSORS_GOAL_S} s goal "
+                     f"{goal}; kept beforehand by `materialize`, what the collector's background thread does as "
+                     f"rollouts finish: {m:.1f} s / {mc:.1f} s CPU for these rollouts, {msps / 1e3:,.0f}k spans/s)")
     return label, anchor, cell + ", `bench/decompose.py`"
 
 
@@ -231,9 +238,9 @@ def goals(results: dict[str, Bench]) -> str:
     else:
         out.append(f"tracer overhead < {TRACER_GOAL:.0%} of the call (wall and CPU): "
                    f"{'met' if tr.get('goal_met') else '**not met**'}")
-    t = results["decompose"].get("tensors_s") if not results["decompose"].missing() else None
-    out.append(f"store -> tensors < {TENSORS_GOAL_S} s: " + ("not measured" if t is None else
-                                                             "met" if t < TENSORS_GOAL_S else "**not met**"))
+    t = results["decompose"].get("kept_tensors_s") if not results["decompose"].missing() else None
+    out.append(f"store -> tensors < {TENSORS_GOAL_S} s (from kept rows, materialized as rollouts finished): "
+               + ("not measured" if t is None else "met" if t < TENSORS_GOAL_S else "**not met**"))
     return "; ".join(out)
 
 

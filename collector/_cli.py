@@ -31,6 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-queue-bytes", type=int, default=None, help="Arrow bytes waiting for the writer (default 256 MiB)")
     p.add_argument("--max-request-bytes", type=int, default=None, help="largest request body (default 64 MiB)")
     p.add_argument("--sql-timeout-s", type=float, default=None, help="interrupt a /v1/sql query after this (env SPANRL_COLLECTOR_SQL_TIMEOUT_S, default 30)")
+    p.add_argument("--materialize-interval-s", type=float, default=None,
+                   help="shortest wait between background runs keeping finished rollouts' decomposition (default 2; 0 = off)")
     p.set_defaults(func=_run)
 
 
@@ -45,6 +47,8 @@ def _run(args: argparse.Namespace) -> int:
             duckdb_threads=args.duckdb_threads,
             max_inflight_bytes=args.max_inflight_bytes, max_request_bytes=args.max_request_bytes, sql_timeout_s=args.sql_timeout_s,
         )
+        if args.materialize_interval_s is not None:
+            config.materialize_interval_s = args.materialize_interval_s or None  # 0: off
         if args.max_queue_bytes is not None:
             config.batcher.max_queue_bytes = args.max_queue_bytes
         config.validate()

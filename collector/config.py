@@ -23,6 +23,7 @@ _SHUTDOWN_TIMEOUT_S = 30.0
 _MAX_PORT = 65535
 _DUCKDB_MEMORY_LIMIT = "1GB"
 _DUCKDB_CHECKPOINT_THRESHOLD = "512MB"  # architecture.md "Checkpoints": vs 256MB x1.05-1.10 sustained agent spans/s; restart replays ~2x
+_MATERIALIZE_INTERVAL_S = 2.0
 _MEMORY_LIMIT_PATTERN = re.compile(r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
 
 
@@ -65,6 +66,10 @@ class CollectorConfig:
     duckdb_threads: int | None = None
     """DuckDB worker threads; None: one per core. 1 cut insert CPU ~25% in bench runs but slows the
     big analytic queries (decomposer, SQL endpoint) that share this DuckDB."""
+    materialize_interval_s: float | None = _MATERIALIZE_INTERVAL_S
+    """Shortest wait between background runs that keep the decomposition of finished rollouts in the store
+    (store/decomposed.py: a read then decomposes only the rest); each run waits >= 9x the last one's time
+    too. None: off (`spanrl store materialize` does it on demand)."""
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     """Group-commit queue settings."""
 
@@ -94,6 +99,8 @@ class CollectorConfig:
         for name in ("duckdb_memory_limit", "duckdb_checkpoint_threshold"):
             if not _MEMORY_LIMIT_PATTERN.match(getattr(self, name)):
                 raise ConfigError(f"{name} must be a size such as '1GB' or '512MiB', got {getattr(self, name)!r}")
+        if self.materialize_interval_s is not None and not self.materialize_interval_s > 0:
+            raise ConfigError(f"materialize_interval_s must be positive (seconds) or None, got {self.materialize_interval_s}")
         if self.duckdb_threads is not None and self.duckdb_threads < 1:
             raise ConfigError(f"duckdb_threads must be None or at least 1, got {self.duckdb_threads}")
         self.batcher.validate()
@@ -112,6 +119,8 @@ class CollectorConfig:
             or _DUCKDB_CHECKPOINT_THRESHOLD,
             max_inflight_bytes=env.get_int(env.SPANRL_COLLECTOR_MAX_INFLIGHT_BYTES, _MAX_INFLIGHT_BYTES),
             sql_timeout_s=env.get_float(env.SPANRL_COLLECTOR_SQL_TIMEOUT_S, _SQL_TIMEOUT_S),
+            materialize_interval_s=env.get_float(env.SPANRL_COLLECTOR_MATERIALIZE_INTERVAL_S, _MATERIALIZE_INTERVAL_S)
+            or None,  # 0: off
         )
         for name, value in overrides.items():
             if not hasattr(config, name):

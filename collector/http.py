@@ -10,6 +10,7 @@ Routes:
                       {"columns": [...], "rows": [{...}, ...]}. Only SELECT / EXPLAIN of a SELECT,
                       no file access, interrupted after sql_timeout_s; 400 otherwise (see sql.py).
     POST /v1/prune    {"older_than_s": N} -> {"deleted_spans": n} (see spanrl.store.maintenance.prune).
+    POST /v1/materialize  {} -> {"rollouts_kept": n, "rows_dropped": m} (spanrl.store.decomposed.materialize).
     GET  /health      200 {"status": "ok", "db": ABSOLUTE_PATH}; 503 {"status": "recovering" | "failed",
                       "error": ...} while the store is reopened after a DuckDB failure or could not be
                       (no token needed).
@@ -42,6 +43,7 @@ from spanrl.collector.grpc import BatchConsumer, _bearer_ok
 from spanrl.collector.sql import SqlRunner
 from spanrl.errors import CollectorError, StoreError
 from spanrl.store import SpanStore
+from spanrl.store.decomposed import materialize
 from spanrl.store.maintenance import prune
 
 __all__ = ["ARROW_STREAM_TYPE", "HttpReceiver"]
@@ -123,8 +125,9 @@ class OtlpHttpApp:
                 doc["db"] = self._store.path if self._store.path == ":memory:" else os.path.abspath(self._store.path)
                 await _respond(send, 200 if doc["status"] == "ok" else 503, orjson.dumps(doc), _JSON_TYPE)
                 return
-            if path not in ("/v1/traces", "/v1/sql", "/v1/prune"):
-                raise _HttpError(404, f"no route {path}; use POST /v1/traces, POST /v1/sql, POST /v1/prune or GET /health", grpc_code=5)
+            if path not in ("/v1/traces", "/v1/sql", "/v1/prune", "/v1/materialize"):
+                raise _HttpError(404, f"no route {path}; use POST /v1/traces, /v1/sql, /v1/prune, /v1/materialize "
+                                      "or GET /health", grpc_code=5)
             if method != "POST":
                 raise _HttpError(405, f"{path} takes POST, got {method}", grpc_code=12)
             if not _bearer_ok(headers.get("authorization"), self._token):
@@ -156,6 +159,9 @@ class OtlpHttpApp:
                 await self._traces(send, body, headers, held)
             elif path == "/v1/sql":
                 await self._sql(send, body, headers)
+            elif path == "/v1/materialize":
+                done = await asyncio.to_thread(materialize, self._store)
+                await _respond(send, 200, orjson.dumps(done), _JSON_TYPE)
             else:
                 await self._prune(send, body)
         finally:

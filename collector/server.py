@@ -28,6 +28,7 @@ from spanrl.collector.fast_decode import active_decoder, decode_body
 from spanrl.collector.config import CollectorConfig
 from spanrl.collector.grpc import GrpcReceiver
 from spanrl.collector.http import HttpReceiver, OtlpHttpApp
+from spanrl.collector.materializer import Materializer
 from spanrl.collector.sql import SqlRunner
 from spanrl.collector.writer import SpanWriter
 from spanrl.errors import CollectorError
@@ -52,6 +53,7 @@ class Collector:
         self._grpc: GrpcReceiver | None = None
         self._http: HttpReceiver | None = None
         self._sql: SqlRunner | None = None
+        self._materializer: Materializer | None = None
         self.failed = threading.Event()
         """Set when the store failed and could not be reopened (``spanrl collector`` then exits 3)."""
         self._lock = threading.Lock()
@@ -77,6 +79,8 @@ class Collector:
             self._batcher = Batcher(cfg.batcher, self._writer)
             self._batcher.start()
             _warm_up()
+            if cfg.materialize_interval_s is not None:
+                self._materializer = Materializer(self._store, interval_s=cfg.materialize_interval_s).start()
             retry_s = cfg.batcher.retry_after_s
             # One byte budget for both receivers; a request count for each.
             inflight_bytes = Admission(max_requests=1, max_bytes=cfg.max_inflight_bytes, retry_after_s=retry_s)
@@ -119,6 +123,8 @@ class Collector:
             self._http.shutdown(timeout)
         if self._sql is not None:
             self._sql.shutdown()
+        if self._materializer is not None:
+            self._materializer.shutdown(timeout)
         if self._batcher is not None:
             self._batcher.shutdown(timeout)
         if self._writer is not None:

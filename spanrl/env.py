@@ -91,6 +91,10 @@ holds at once; beyond it requests get a retryable 503 / UNAVAILABLE. Default 268
 SPANRL_COLLECTOR_SQL_TIMEOUT_S = "SPANRL_COLLECTOR_SQL_TIMEOUT_S"
 """Seconds one ``POST /v1/sql`` query may run before it is interrupted (answered 400). Default 30."""
 
+SPANRL_COLLECTOR_MATERIALIZE_INTERVAL_S = "SPANRL_COLLECTOR_MATERIALIZE_INTERVAL_S"
+"""Shortest wait between the collector's background runs keeping finished rollouts decomposed
+(store/decomposed.py); ``0``: off. Default 2."""
+
 SPANRL_COLLECTOR_DECODER = "SPANRL_COLLECTOR_DECODER"
 """``python`` makes the collector decode OTLP protobuf bodies with its Python decoder only, not the
 compiled fast path (``spanrl.collector._wire``), e.g. to compare the two in ``bench/ingest.py``.

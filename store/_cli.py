@@ -1,4 +1,4 @@
-"""``spanrl sql`` and ``spanrl store export|prune``.
+"""``spanrl sql`` and ``spanrl store export|prune|materialize``.
 
 Each command first asks the collector at ``--url`` (env SPANRL_SQL_URL, default http://127.0.0.1:4318)
 and goes through it when it answers and serves the same ``--db``; otherwise it opens the file itself
@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--output", "-o", default=None, help="write to this file instead of stdout")
     p.set_defaults(func=_sql)
 
-    store = subparsers.add_parser("store", help="span store maintenance: export, prune")
+    store = subparsers.add_parser("store", help="span store maintenance: export, prune, materialize")
     sub = store.add_subparsers(dest="store_command", metavar="ACTION", required=True)
     e = sub.add_parser("export", help="write spans and the views to Parquet files")
     e.add_argument("--parquet", required=True, metavar="DIR", help="output folder (created)")
@@ -33,6 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--older-than", required=True, metavar="AGE", help="age such as 7d, 12h, 30m, 2w")
     add_store_options(r)
     r.set_defaults(func=_prune)
+    m = sub.add_parser("materialize", help="keep the decomposition of finished rollouts (reads then take it)")
+    add_store_options(m)
+    m.set_defaults(func=_materialize)
 
 
 def _fail(message: object) -> int:
@@ -98,4 +101,22 @@ def _prune(args: argparse.Namespace) -> int:
     except SpanRLError as exc:
         return _fail(exc)
     print(f"deleted {deleted} spans ended more than {args.older_than} ago")
+    return 0
+
+
+def _materialize(args: argparse.Namespace) -> int:
+    from spanrl.errors import SpanRLError
+    from spanrl.store import SpanStore
+    from spanrl.store.decomposed import materialize
+
+    try:
+        remote = remote_store(args)
+        if remote is not None:
+            done = remote.materialize()
+        else:
+            with SpanStore.open(db_path(args)) as store:
+                done = materialize(store)
+    except SpanRLError as exc:
+        return _fail(exc)
+    print(f"kept {done['rollouts_kept']} decomposed rollouts (dropped {done['rows_dropped']} stale rows)")
     return 0

@@ -79,6 +79,8 @@ class SpanStore:
         self.generation = 0
         """How many times `reopen` replaced the connection (cursor holders compare it)."""
         self._span_columns: list[str] = []
+        self.has_kept_rows = False
+        """Whether the file has the table of kept decomposed rollouts (store/decomposed.py) of this version."""
         self._batch_columns: frozenset[str] | None = None  # a full batch's columns: all but ingested_ns last
 
     # --- lifecycle ---------------------------------------------------------------------------------
@@ -134,6 +136,9 @@ class SpanStore:
             # live in memory, so read-only is fine, and they shadow the stored ones.
             views = _sql_resource(_VIEWS_FILE).replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW")
             con.execute(views.replace("CREATE OR REPLACE MACRO", "CREATE OR REPLACE TEMP MACRO"))
+        from spanrl.store import decomposed  # the decomposer's kept rows (imports the decomposer)
+
+        self.has_kept_rows = decomposed.prepare(con, read_only=self._read_only)
         self._span_columns = [row[0] for row in con.execute("DESCRIBE spans").fetchall()]
         last = self._span_columns[-1] if self._span_columns else None
         self._batch_columns = frozenset(self._span_columns[:-1]) if last == "ingested_ns" else None

@@ -2,17 +2,13 @@
 
 Three tables from the ``spans`` table (store/schema.sql), no per-span Python:
 
-- ``calls``: one row per LLM call of each selected rollout. A call is one policy-server span
-  (``kind = 'SERVER'``, ``gen_ai.operation.name`` chat/text_completion, exact token ids), paired with the
-  agent's client span of the same call: the server span's parent when trace context propagated, else
-  the client span of the same rollout with the same ``gen_ai.response.id``. A client span that no server
-  span pairs with is an external call: it keeps its ``gen_ai.input.messages`` / ``output.messages`` for
-  retokenization (``spanrl.algorithms.transitions``). Columns: ``step`` (0-based order in the rollout),
-  ``rollout_calls``, ``agent`` (nearest ``invoke_agent`` ancestor's ``gen_ai.agent.name``, found by a
-  recursive CTE from the client span, else the server span), ``policy_version``, ``temperature`` (what
-  the server's log-probs were computed at: ``spanrl.llm.logprobs_temperature``, else its nonzero
-  ``gen_ai.request.temperature``, else NULL), ``rewards_after``
-  (the rewards that followed the call before the next one, summed by name), the id arrays, times.
+- ``calls``: one row per LLM call of each selected rollout: a policy-server span (``kind = 'SERVER'``,
+  ``gen_ai.operation.name`` chat/text_completion, exact token ids) paired with the agent's client span:
+  the server span's parent when trace context propagated, else the client span of the same rollout and
+  ``gen_ai.response.id``. A client span no server span pairs with is an external call (its messages are
+  kept for retokenization). Columns: ``step`` (order in the rollout), ``rollout_calls``, ``agent``
+  (nearest ``invoke_agent`` ancestor's ``gen_ai.agent.name``), ``policy_version``, ``temperature`` (of the
+  server's log-probs), ``rewards_after`` (rewards before the next call, summed by name), arrays, times.
 - ``rewards``: one row per reward (``spanrl.reward.value`` / ``gen_ai.evaluation.score.value`` on a
   span, each ``spanrl.reward`` / ``gen_ai.evaluation.result`` event: two events with the same name and
   value are two rewards), with ``step``: the last call that ended before it (``-1``: before every call).
@@ -23,21 +19,18 @@ Three tables from the ``spans`` table (store/schema.sql), no per-span Python:
   parent before reaching an agent), ``duplicate_calls`` (client spans of a call already recorded by
   another instrumentor: the inner of two nested LLM client spans is kept, then one per response id).
 
-All three come from ONE statement (rows told apart by ``row_kind``), so it also runs through the
-collector's read-only SQL endpoint; the token arrays are joined by ``rowid`` only at the end.
+All three come from ONE statement (rows told apart by ``row_kind``; it also runs through the collector's
+SQL endpoint), which reads the rows store/decomposed.py kept for finished rollouts that are still clean.
 
-Clocks. The policy server is one process and clock for every call of a rollout, while a multi-agent
-rollout may run on several hosts, so calls are ordered by the server span's start. A call without a
-server span gets a server-clock time from its client span plus the rollout's clock offset, the median
-of ``server.start - client.start`` over the paired calls of the same agent service (else of the
-rollout, else 0). Rewards are written by the agent, so they are placed on the agent's clock: a reward
-follows a call when its time is at or after the call's client span end (for a call without a client
-span: server end minus the offset).
+Clocks: calls are ordered by the server span's start (one process and clock for every call of a rollout,
+while agents may run on several hosts). A call without a server span gets its client start plus the clock
+offset, the median ``server.start - client.start`` of the paired calls of its agent service (else of
+the rollout, else 0). A reward (agent clock) follows a call when it is at or after the call's client
+span end (no client span: server end minus the offset).
 
-Robustness: a span exported twice counts once (first ingested copy, its rewards too); spans arrive in any order and
-after their rollout ended (the store is read as it is now); an orphan whose parent never arrived is
-walked up as far as its ancestors go (a call under a missing parent has no agent); which rollout a span
-belongs to is views.sql's ``rollout_spans`` rule (own id, else its trace's, else by response id).
+Robustness: a span exported twice counts once (first ingested copy, its rewards too); spans arrive in any
+order and after their rollout ended; an orphan whose parent never arrived is walked up as far as its
+ancestors go; which rollout a span belongs to is views.sql's ``rollout_spans`` rule.
 """
 
 from __future__ import annotations
@@ -79,7 +72,7 @@ _WALK_UNION = " UNION ALL ".join(
 _LLM_SCANS = "\n    UNION ALL\n    ".join(
     f"""SELECT rid, trace_id, span_id, parent_span_id, kind, start_ns, end_ns, service_name, rollout_id,
            response_id, policy_version, status_code, ingested_ns, prompt_token_ids IS NOT NULL AS has_ids
-    FROM rollout_spans(0) WHERE operation_name = '{op}'"""
+    FROM rollout_spans(__SINCE__) WHERE operation_name = '{op}'"""
     for op in sc.LLM_OPERATIONS
 )
 _EVENT_SCHEMA_JSON = '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "JSON"}]'
@@ -173,7 +166,7 @@ _SQL = f"""
 WITH RECURSIVE
 ro AS (  -- status and end: the one rule, views.sql's rollout_state (attribution: rollout_spans)
     SELECT *, span_count AS span_rows, end_ingested_ns AS rollout_ingested_ns
-    FROM rollout_state(0)
+    FROM rollout_state(__SINCE__)
     WHERE {_RF}
 ),
 -- LLM call spans: light columns only (the id arrays are fetched by rowid at the end)
@@ -295,12 +288,12 @@ agents AS (
 rw0 AS MATERIALIZED (  -- no OR across columns: each scan is filtered before it reads the rest (-0.01 s)
     SELECT trace_id, span_id, rid AS copy_rid, rollout_id, end_ns AS time_ns, ingested_ns,
            coalesce(reward_name, '{sc.DEFAULT_REWARD_NAME}') AS name, reward_value AS value, 'span' AS source
-    FROM rollout_spans(0)
+    FROM rollout_spans(__SINCE__)
     WHERE reward_value IS NOT NULL
     UNION ALL  -- a reward span without a value: NaN
     SELECT trace_id, span_id, rid AS copy_rid, rollout_id, end_ns AS time_ns, ingested_ns,
            coalesce(reward_name, '{sc.DEFAULT_REWARD_NAME}') AS name, 'NaN'::DOUBLE AS value, 'span' AS source
-    FROM rollout_spans(0)
+    FROM rollout_spans(__SINCE__)
     WHERE reward_value IS NULL AND name = '{sc.REWARD_SPAN_NAME}'
     UNION ALL
     SELECT trace_id, span_id, copy_rid, rollout_id, ev.time_ns, ingested_ns,
@@ -313,7 +306,7 @@ rw0 AS MATERIALIZED (  -- no OR across columns: each scan is filtered before it 
     FROM (
         SELECT trace_id, span_id, rid AS copy_rid, rollout_id, ingested_ns,
                unnest(from_json(events, '{_EVENT_SCHEMA_JSON}')) AS ev
-        FROM rollout_spans(0)
+        FROM rollout_spans(__SINCE__)
         WHERE events IS NOT NULL
           AND (contains(events, '{_REWARD_EVENTS[0]}') OR contains(events, '{_REWARD_EVENTS[1]}'))
     )
@@ -450,6 +443,7 @@ def decompose(
     selection: Selection | None = None,
     *,
     call_columns: Sequence[str] | None = None,
+    kept: bool = True,
 ) -> Decomposition:
     """Decompose the selected rollouts of the span store behind ``con`` into calls, rewards, rollouts.
 
@@ -457,17 +451,16 @@ def decompose(
     ``spanrl.store.SpanStore`` (each query then takes its own cursor), or anything with
     ``sql(query, params) -> pyarrow.Table``. See the module docstring for the three tables.
     ``call_columns``: only these columns of ``calls`` (in the table's order; ``rollout_id`` and ``step``
-    always); None: all. The light ones not asked for are not computed (``rewards_after`` is a grouping
-    and a join of its own). Raises `ConfigError` naming an unknown column.
+    always); None: all; the others are not computed. ``kept``: read the rows store/decomposed.py kept for
+    finished rollouts still clean (same rows; False: all live). `ConfigError` names an unknown column.
     """
     sel = selection or Selection()
     sel.validate()
     columns = _call_columns(call_columns)
     params: dict[str, Any] = {}
-    light = [f"{_LIGHT_CALL_SQL[c]} AS {c}" for c in columns if c in _LIGHT_CALL_SQL]
-    query = (_SQL.replace(_RF, _rollout_filter(sel, params)).replace(_CF, _call_filter(sel, params))
-             .replace(_OC, ", ".join(light))
-             .replace(_SR, _STEP_REWARDS_JOIN if "rewards_after" in columns else ""))
+    from spanrl.store import decomposed  # builds on this module: kept rows of finished rollouts + the rest live
+    kept = kept and getattr(con, "has_kept_rows", True)  # a read-only store of an older spanrl has none
+    query = decomposed.read_statement(sel, columns, params) if kept else statement(sel, columns, params)
     rows = _run(con, query, params)  # rows of three kinds, told apart by row_kind
     calls = row_kind_part(rows, "call", columns, ("rollout_id", "step"))
     rewards = row_kind_part(rows, "reward", _REWARD_COLUMNS, ("rollout_id", "time_ns", "step"))
@@ -484,6 +477,14 @@ def decompose(
         "open_rollouts": count_equal(rollouts, "status", "open"),
     }
     return Decomposition(calls=calls, rewards=rewards, rollouts=rollouts, report=report)
+
+
+def statement(sel: Selection, columns: Sequence[str], params: dict[str, Any], *, rollouts_also: str = "TRUE", since: str = "0") -> str:
+    """``sel``'s rollouts that pass ``rollouts_also`` (SQL), reading spans ingested at or after ``since`` (SQL)."""
+    light = [f"{_LIGHT_CALL_SQL[c]} AS {c}" for c in columns if c in _LIGHT_CALL_SQL]
+    return (_SQL.replace("__SINCE__", since).replace(_RF, f"({_rollout_filter(sel, params)}) AND ({rollouts_also})")
+            .replace(_CF, _call_filter(sel, params)).replace(_OC, ", ".join(light))
+            .replace(_SR, _STEP_REWARDS_JOIN if "rewards_after" in columns else ""))
 
 
 def _call_columns(wanted: Sequence[str] | None) -> tuple[str, ...]:

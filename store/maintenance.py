@@ -62,7 +62,8 @@ _PRUNE_WHERE = """
 
 def prune(store: SpanStore, older_than_s: float, *, now_ns: int | None = None) -> int:
     """Delete whole rollouts whose last span ended over ``older_than_s`` ago, and rollout-less spans
-    that ended before then; never part of a rollout. Returns the number of spans deleted."""
+    that ended before then; never part of a rollout. Returns the number of spans deleted. The kept
+    decomposition of every rollout sharing a trace with a deleted span goes in the same transaction."""
     if older_than_s < 0:
         raise ConfigError(f"older_than must be 0 or more seconds, got {older_than_s}")
     now = time.time_ns() if now_ns is None else now_ns
@@ -71,6 +72,11 @@ def prune(store: SpanStore, older_than_s: float, *, now_ns: int | None = None) -
     try:
         cur.begin()
         n = cur.execute(f"SELECT count(*) FROM spans WHERE {_PRUNE_WHERE}", {"cutoff": cutoff}).fetchone()[0]
+        # kept decompositions (store/decomposed.py) of every rollout with a span in a trace it prunes
+        # (and the notes of where the open ones start: reads go live until the next run)
+        cur.execute(f"DELETE FROM decomposed WHERE row_kind = 'open' OR rollout_id IN (SELECT rollout_id FROM "
+                    f"rollout_spans(0) WHERE trace_id IN (SELECT trace_id FROM spans WHERE {_PRUNE_WHERE}))",
+                    {"cutoff": cutoff})
         cur.execute(f"DELETE FROM spans WHERE {_PRUNE_WHERE}", {"cutoff": cutoff})
         cur.commit()
     finally:

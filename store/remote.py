@@ -79,3 +79,7 @@ class RemoteStore:
         """Delete rollouts (and rollout-less spans) that ended over ``older_than_s`` ago; the span count deleted."""
         payload = self._post("/v1/prune", {"older_than_s": older_than_s}, "application/json")
         return int(json.loads(payload)["deleted_spans"])
+
+    def materialize(self) -> dict[str, int]:
+        """Keep the decomposition of finished rollouts now (store/decomposed.py); the counts it returns."""
+        return dict(json.loads(self._post("/v1/materialize", {}, "application/json")))

@@ -98,7 +98,7 @@ class Scratch:
         self._lock = threading.Lock()
         self._remembered: OrderedDict[tuple, Decomposition] = OrderedDict()
         with self.holding(pa.table({})) as cur:
-            decompose(cur)  # the first plan of the decomposer's statement is the slow one
+            decompose(cur, kept=False)  # the first plan of the decomposer's statement is the slow one
 
     @contextmanager
     def holding(self, spans: pa.Table) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -135,7 +135,7 @@ class Scratch:
 
         def compute() -> Decomposition:
             with self.holding(spans) as cur:
-                return decompose(cur, Selection(rollout_ids=[rollout_id]))
+                return decompose(cur, Selection(rollout_ids=[rollout_id]), kept=False)  # nothing kept here
 
         return self.remember(("decompose", rollout_id, *version_of(mine)), compute)
 

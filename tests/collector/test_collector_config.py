@@ -74,6 +74,9 @@ def test_store_and_limit_settings_from_env_then_flags(monkeypatch):
         CollectorConfig(sql_timeout_s=float("nan")).validate()
     with pytest.raises(ConfigError, match="duckdb_memory_limit must be a size"):
         CollectorConfig(duckdb_memory_limit="lots").validate()
+    with pytest.raises(ConfigError, match="materialize_interval_s must be positive"):
+        CollectorConfig(materialize_interval_s=0).validate()
+    CollectorConfig(materialize_interval_s=None).validate()  # off
 
 
 def test_duckdb_threads_flag_reaches_the_store(tmp_path):

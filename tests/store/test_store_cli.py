@@ -75,3 +75,19 @@ def test_sql_through_collector_with_token(collector_proc_factory):
     assert refused.returncode == 1 and "answered 401" in refused.stderr and "bearer token" in refused.stderr
     ok = _spanrl("sql", "SELECT 1 AS one", *where, "--token", "tok3n", "--format", "json")
     assert ok.returncode == 0 and json.loads(ok.stdout) == [{"one": 1}]
+
+
+def test_materialize_through_collector_then_on_file(collector_proc):
+    body = make_request(2, rollout_id="done", name="spanrl.rollout")[0].SerializeToString()  # a finished rollout
+    req = urllib.request.Request(f"{collector_proc.http_endpoint}/v1/traces", data=body,
+                                 headers={"content-type": "application/x-protobuf"}, method="POST")
+    urllib.request.urlopen(req, timeout=30).close()
+    _send(collector_proc, 2, "open")  # no end: not kept
+    where = ["--url", collector_proc.http_endpoint, "--db", str(collector_proc.db_path)]
+    res = _spanrl("store", "materialize", *where)
+    assert res.returncode == 0 and res.stdout.startswith("kept "), res.stderr  # 1, or 0 if the collector was first
+    kept = "SELECT rollout_id, count(*) AS n FROM decomposed WHERE row_kind <> 'open' GROUP BY ALL ORDER BY ALL"
+    assert collector_proc.sql(kept) == [{"rollout_id": "done", "n": 1}]  # its rollout row; it made no call
+    assert collector_proc.terminate() == 0
+    res = _spanrl("store", "materialize", *where)  # no collector now: on the file, nothing new to keep
+    assert res.returncode == 0 and "kept 0 decomposed rollouts" in res.stdout, res.stderr

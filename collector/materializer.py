@@ -1,0 +1,77 @@
+"""The collector's background materializer: keeps the decomposition of finished rollouts in the store.
+
+A daemon thread runs `spanrl.store.decomposed.materialize` (one transaction on its own cursor) when a
+rollout may have finished since its last run: a ``spanrl.rollout`` / ``spanrl.rollout.end`` span was
+stored after its cursor (the newest ``ingested_ns`` it saw; a zone-map-pruned scan of the new rows), or
+spans came and a rollout may have gone quiet since (views.sql's ``rollout_quiet_ns``, 60 s). It never holds
+the writer: acknowledgements still follow their commit, and DuckDB lets both transactions run at once
+(they write different tables). Adaptive: it waits at least ``interval_s`` and ``_BUSY_FACTOR`` times its
+last run, so it takes at most ~5% of the time however large the store. Errors are logged, never fatal.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from spanrl.store import SpanStore
+from spanrl.store.decomposed import materialize
+
+__all__ = ["Materializer"]
+
+_logger = logging.getLogger(__name__)
+
+_BUSY_FACTOR = 19.0  # wait >= 19x the last run: the thread takes <= 5% of the time (bench/ingest.py)
+_QUIET_S = 60.0  # views.sql rollout_quiet_ns(): a rollout without an end span finishes after this silence
+_NEW_SPANS = """SELECT max(ingested_ns) AS newest,
+       bool_or(name IN ('spanrl.rollout', 'spanrl.rollout.end')) AS ended
+FROM spans WHERE ingested_ns > $cursor"""
+
+
+class Materializer:
+    """Runs `materialize` on ``store`` in a daemon thread; ``interval_s``: the shortest wait between runs."""
+
+    def __init__(self, store: SpanStore, *, interval_s: float) -> None:
+        self._store = store
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._cursor = -1  # newest ingested_ns seen by the last check
+        self._last_run = time.monotonic()
+        self._seen_at = -_QUIET_S * 2  # when the cursor last moved
+        self._thread = threading.Thread(target=self._loop, name="spanrl-materializer", daemon=True)
+
+    def start(self) -> "Materializer":
+        self._thread.start()
+        return self
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        wait_s = self._interval_s
+        while not self._stop.wait(wait_s):
+            started = time.monotonic()
+            try:
+                if self._due():
+                    done = materialize(self._store)
+                    self._last_run = started
+                    if done["rollouts_kept"]:
+                        _logger.debug("kept %d decomposed rollouts in %.3f s", done["rollouts_kept"],
+                                      time.monotonic() - started)
+            except Exception as exc:  # the store may be reopening or closing: try again next time
+                _logger.warning("materializing decomposed rollouts failed: %s", str(exc).splitlines()[0])
+            wait_s = max(self._interval_s, _BUSY_FACTOR * (time.monotonic() - started))
+
+    def _due(self) -> bool:
+        """Whether a rollout may have finished since the last run: an end span came (moves the cursor),
+        or spans came within the quiet time before the last run and it is that long ago."""
+        row = self._store.sql(_NEW_SPANS, {"cursor": self._cursor}).to_pylist()[0]
+        now = time.monotonic()
+        if row["newest"] is not None:
+            self._cursor, self._seen_at = row["newest"], now
+            if row["ended"]:
+                return True
+        return now - self._last_run >= _QUIET_S and self._seen_at >= self._last_run - _QUIET_S
