@@ -32,7 +32,8 @@ from typing import Any, Sequence
 import duckdb
 
 from spanrl.store.decomposer import (
-    _CALL_COLUMNS, _LIGHT_CALL_SQL, _REWARD_COLUMNS, _ROLLOUT_COLUMNS, _SQL, Selection, _rollout_filter, statement,
+    _CALL_COLUMNS, _LIGHT_CALL_SQL, _REWARD_COLUMNS, _ROLLOUT_COLUMNS, _SQL, Selection, _call_filter, _rollout_filter,
+    statement,
 )
 
 __all__ = ["TABLE_SQL", "VERSION", "materialize", "prepare", "read_statement"]
@@ -121,18 +122,6 @@ def _with_clean(query: str, kept_filter: str) -> str:
     return query.replace(head, head + _CLEAN_CTES.replace("__KEPT_FILTER__", kept_filter), 1)
 
 
-def _kept_call_filter(sel: Selection, params: dict[str, Any]) -> str:
-    """The decomposer's call-level filters (agents, min policy version) over kept call rows ``d``."""
-    clauses = ["TRUE"]
-    if sel.agents is not None:
-        params["agents"] = list(sel.agents)
-        clauses.append("d.agent IN (SELECT unnest($agents))")
-    if sel.min_policy_version is not None:
-        params["min_policy_version"] = sel.min_policy_version
-        clauses.append("d.policy_version >= $min_policy_version")
-    return " AND ".join(clauses)
-
-
 def read_statement(sel: Selection, columns: Sequence[str], params: dict[str, Any]) -> str:
     """One SELECT: the kept rows of ``sel``'s clean rollouts, and the rest decomposed live."""
     live = statement(sel, columns, params, rollouts_also=_NOT_KEPT, since=_SINCE)
@@ -143,7 +132,7 @@ UNION ALL BY NAME  -- kept rows of the clean rollouts (store/decomposed.py)
 SELECT d.* EXCLUDE (version, watermark_ns, first_ingested_ns{''.join(', ' + c for c in unread)})
 FROM decomposed d
 WHERE d.version = '{VERSION}' AND d.rollout_id IN (SELECT rollout_id FROM kept_clean)
-  AND (d.row_kind <> 'call' OR ({_kept_call_filter(sel, params)}))
+  AND (d.row_kind <> 'call' OR ({_call_filter(sel, params, "d.agent", "d.policy_version")}))
 """
     return _with_clean(live, _rollout_filter(sel, params)) + kept
 

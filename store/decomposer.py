@@ -412,14 +412,14 @@ def _rollout_filter(sel: Selection, params: dict[str, Any]) -> str:
     return " AND ".join(clauses)
 
 
-def _call_filter(sel: Selection, params: dict[str, Any]) -> str:
+def _call_filter(sel: Selection, params: dict[str, Any], agent: str = "a.agent", version: str = "c.policy_version") -> str:
     clauses = ["TRUE"]
     if sel.agents is not None:
         params["agents"] = list(sel.agents)
-        clauses.append("a.agent IN (SELECT unnest($agents))")
+        clauses.append(f"{agent} IN (SELECT unnest($agents))")
     if sel.min_policy_version is not None:
         params["min_policy_version"] = sel.min_policy_version
-        clauses.append("c.policy_version >= $min_policy_version")
+        clauses.append(f"{version} >= $min_policy_version")
     return " AND ".join(clauses)
 
 
