@@ -1,6 +1,6 @@
 """Ingest benchmark: spans/s committed by `spanrl collector` over OTLP/gRPC, against the anchor.
 
-    .venv/bin/python bench/ingest.py [--seconds 3] [--repeats 3] [--skip-anchor] [--baseline GIT_REF] [--json PATH]
+    .venv/bin/python bench/ingest.py [--seconds 10] [--repeats 3] [--skip-anchor] [--baseline GIT_REF] [--json PATH]
 
 Workloads, each a pre-encoded OTLP request of 512 spans (decoding on the client side is not timed):
   small         tool/agent spans, 6 short attributes each
@@ -500,7 +500,8 @@ def _json_report(results: dict[str, dict[str, Any]], senders: list[int], anchor_
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=3.0, help="sending time per run")
+    parser.add_argument("--seconds", type=float, default=10.0,
+                        help="sending time per run; 10 s holds DuckDB's automatic checkpoint (shorter runs may leave it out)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per figure (median reported)")
     parser.add_argument("--inflight", type=int, default=4, help="requests in flight per sender process")
     parser.add_argument("--senders", default="1,4", help="sender process counts")

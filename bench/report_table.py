@@ -113,6 +113,13 @@ def _best(row: dict[str, Any], senders: list[int]) -> float | None:
     return max((r for r in rates if r is not None), default=None)
 
 
+def _run_length(seconds: float | None) -> str:
+    """The runs' length: a run of 10 s or more holds DuckDB's automatic checkpoint, a shorter one may not."""
+    if not seconds:
+        return ""
+    return f", {seconds:g}-s runs" + ("" if seconds >= 10 else ", checkpoint maybe outside")
+
+
 def ingest_row(b: Bench) -> tuple[str, str, str]:
     label = "Ingest (durable, over OTLP/gRPC)"
     if b.missing():
@@ -130,7 +137,7 @@ def ingest_row(b: Bench) -> tuple[str, str, str]:
 
     cell = (f"committed to disk before the ack: {fig(small, a_small)} small / {fig(array, a_agent)} agent spans/s "
             f"with plain OTLP token arrays, {fig(b64, a_agent)} with compact token ids (best of "
-            f"{'/'.join(map(str, senders))} senders), `bench/ingest.py`")
+            f"{'/'.join(map(str, senders))} senders{_run_length(b.get('seconds'))}), `bench/ingest.py`")
     return label, anchor, cell
 
 

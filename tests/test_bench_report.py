@@ -132,3 +132,17 @@ def test_record_writes_only_when_asked_and_never_mixes_runs(tmp_path: Path, monk
 def test_unknown_bench_name_is_named(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="unknown bench tracr: choose from tracer, ingest"):
         report.main(["--only", "tracr", "--results", str(tmp_path)])
+
+
+@pytest.mark.parametrize(("seconds", "said"), [(10.0, "best of 1/4 senders, 10-s runs)"),
+                                               (3.0, "best of 1/4 senders, 3-s runs, checkpoint maybe outside)")])
+def test_ingest_row_says_how_long_the_runs_were(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seconds: float, said: str) -> None:
+    # a run shorter than 10 s may end before DuckDB's automatic checkpoint, so its figure is not the sustained one
+    results, readme = tmp_path / "results", _readme(tmp_path)
+    monkeypatch.setenv(SPANRL_BENCH_RESULTS, str(results))
+    _results.record("ingest", {"seconds": seconds, "senders": [1, 4],
+                               "workloads": {w: {"spanrl_1": 40_000.0, "spanrl_4": 52_000.0, "anchor": 4_800.0}
+                                             for w in ("small", "agent-array", "agent-b64")}})
+    report.main(["--from-results", "--results", str(results), "--readme", str(readme)])
+    ingest = next(line for line in readme.read_text().splitlines() if line.startswith("| Ingest"))
+    assert "52.0k (10.8x) small" in ingest and said in ingest
