@@ -1,6 +1,6 @@
 """Ingest benchmark: spans/s committed by `spanrl collector` over OTLP/gRPC, against the anchor.
 
-    .venv/bin/python bench/ingest.py [--seconds 10] [--repeats 3] [--skip-anchor] [--baseline GIT_REF] [--json PATH]
+    .venv/bin/python bench/ingest.py [--seconds 20] [--repeats 3] [--skip-anchor] [--baseline GIT_REF] [--json PATH]
 
 Workloads, each a pre-encoded OTLP request of 512 spans (decoding on the client side is not timed):
   small         tool/agent spans, 6 short attributes each
@@ -260,10 +260,32 @@ def _count(http: str) -> int:
         return int(json.loads(resp.read())["rows"][0]["n"])
 
 
+class _CheckpointCount(threading.Thread):
+    """Counts DuckDB's automatic checkpoints while it runs: each one empties the write-ahead log, so the
+    WAL file's size drops (sampled every 50 ms from this process; the collector is not asked)."""
+
+    def __init__(self, wal: Path) -> None:
+        super().__init__(daemon=True)
+        self.wal, self.count, self._done = wal, 0, threading.Event()
+
+    def run(self) -> None:
+        last = 0
+        while not self._done.wait(0.05):
+            size = self.wal.stat().st_size if self.wal.exists() else 0
+            self.count += size < last
+            last = size
+
+    def stop(self) -> int:
+        self._done.set()
+        self.join()
+        return self.count
+
+
 def run_spanrl(bodies: list[bytes], senders: int, inflight: int, seconds: float, tmp: Path,
-               baseline_env: dict[str, str] | None = None) -> tuple[float, float, float, float]:
+               baseline_env: dict[str, str] | None = None) -> tuple[float, float, float, float, int]:
     """One run: spans/s committed, spans per collector CPU-second, collector peak RSS (MiB), the senders'
-    CPU microseconds per span."""
+    CPU microseconds per span, DuckDB checkpoints during the timed window (their cost is in the figure
+    only when there is one: a run shorter than one WAL threshold's worth of spans leaves it out)."""
     db = tmp / f"bench-{time.monotonic_ns()}.duckdb"
     proc, grpc_ep, http_ep = _start_collector(db, baseline_env)
     try:
@@ -280,11 +302,14 @@ def run_spanrl(bodies: list[bytes], senders: int, inflight: int, seconds: float,
             p.start()
         ready = [q.get(timeout=120) for _ in procs]  # each sender reports "ready" once imported and connected
         assert all(r == "ready" for r in ready)
+        checkpoints = _CheckpointCount(Path(f"{db}.wal"))
+        checkpoints.start()
         cpu0 = _cpu_s(proc.pid)
         start = time.monotonic()
         go.set()
         reports = [q.get(timeout=seconds + 300) for _ in procs]
         elapsed = time.monotonic() - start
+        n_checkpoints = checkpoints.stop()
         counts = [r[0] for r in reports]
         sender_cpu = sum(r[1] for r in reports)
         if any(c < 0 for c in counts):
@@ -303,7 +328,7 @@ def run_spanrl(bodies: list[bytes], senders: int, inflight: int, seconds: float,
         proc.wait(120)
         for suffix in ("", ".wal"):
             Path(f"{db}{suffix}").unlink(missing_ok=True)
-    return spans / elapsed, spans / max(cpu, 1e-9), rss, sender_cpu / max(spans, 1) * 1e6
+    return spans / elapsed, spans / max(cpu, 1e-9), rss, sender_cpu / max(spans, 1) * 1e6, n_checkpoints
 
 
 def export_baseline(ref: str, tmp: Path) -> dict[str, str]:
@@ -449,7 +474,7 @@ def bench_layouts(rows: int, tmp: Path) -> None:
 
 # --- main -----------------------------------------------------------------------------------------------
 def measure(workload: str, bodies: list[bytes], n: int, args: argparse.Namespace, tmp: Path,
-            baseline: dict[str, str] | None) -> tuple[list[tuple[float, float, float, float]], list[tuple[float, float, float, float]]]:
+            baseline: dict[str, str] | None) -> tuple[list[tuple[float, float, float, float, int]], list[tuple[float, float, float, float, int]]]:
     """--repeats runs of this tree's collector and, with --baseline, of the baseline's (each just before one of ours)."""
     runs, base_runs = [], []
     for _ in range(args.repeats):  # interleaved, so both versions see the same machine load
@@ -465,11 +490,12 @@ def measure(workload: str, bodies: list[bytes], n: int, args: argparse.Namespace
     return runs, base_runs
 
 
-def _figures(runs: list[tuple[float, float, float, float]]) -> dict[str, Any]:
+def _figures(runs: list[tuple[float, float, float, float, int]]) -> dict[str, Any]:
     cpu = statistics.median(r[1] for r in runs)
     return {"spans_per_s": statistics.median(r[0] for r in runs), "runs_spans_per_s": [r[0] for r in runs],
             "collector_us_cpu_per_span": 1e6 / cpu, "projected_2_cores_spans_per_s": 2 * cpu,
-            "peak_rss_mib": max(r[2] for r in runs), "senders_us_cpu_per_span": statistics.median(r[3] for r in runs)}
+            "peak_rss_mib": max(r[2] for r in runs), "senders_us_cpu_per_span": statistics.median(r[3] for r in runs),
+            "runs_checkpoints": [r[4] for r in runs]}
 
 
 def _json_report(results: dict[str, dict[str, Any]], senders: list[int], anchor_ref: dict[str, str],
@@ -500,8 +526,9 @@ def _json_report(results: dict[str, dict[str, Any]], senders: list[int], anchor_
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=10.0,
-                        help="sending time per run; 10 s holds DuckDB's automatic checkpoint (shorter runs may leave it out)")
+    parser.add_argument("--seconds", type=float, default=20.0,
+                        help="sending time per run; 20 s holds DuckDB's automatic checkpoint at 2 cores' rates (a run "
+                             "shorter than one WAL threshold's worth of spans leaves its cost out; each run prints its count)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per figure (median reported)")
     parser.add_argument("--inflight", type=int, default=4, help="requests in flight per sender process")
     parser.add_argument("--senders", default="1,4", help="sender process counts")
@@ -541,10 +568,12 @@ def main() -> None:
                 row[f"spanrl_{n}"] = statistics.median(r[0] for r in runs)
                 row[f"cpu_{n}"] = statistics.median(r[1] for r in runs)
                 row[f"rss_{n}"] = max(r[2] for r in runs)
+                row[f"checkpoints_{n}"] = [r[4] for r in runs]
                 sender_us = statistics.median(r[3] for r in runs)
                 print(f"  {workload:12s} {n} sender(s): {row[f'spanrl_{n}']:>9,.0f} spans/s  (runs: "
                       f"{', '.join(f'{r[0]:,.0f}' for r in runs)}); {row[f'cpu_{n}']:,.0f} spans per collector "
-                      f"CPU-second; peak RSS {row[f'rss_{n}']:.0f} MiB", flush=True)
+                      f"CPU-second; peak RSS {row[f'rss_{n}']:.0f} MiB; DuckDB checkpoints in the runs: "
+                      f"{', '.join(map(str, row[f'checkpoints_{n}']))}", flush=True)
                 print(f"  {'':12s} collector {1e6 / row[f'cpu_{n}']:.1f} us CPU per span (all its threads) = "
                       f"{2 * row[f'cpu_{n}']:,.0f} spans/s projected on 2 cores; senders {sender_us:.1f} us CPU per span",
                       flush=True)

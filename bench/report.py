@@ -14,7 +14,7 @@ start, duration, exit status, load average before and after). Then the table bet
 
 Settings (about 10 minutes in all on 2 quiet cores: 602 s on 2026-11-30):
   tracer              tracer_overhead.py, 300 timed calls x 5 rounds per mode, 2 ms calls, breakdown 2000 calls
-  ingest              ingest.py, 10 s per run (checkpoints included), median of 3, 1 and 4 senders, 3 workloads, anchor in /tmp/anchor-venv
+  ingest              ingest.py, 20 s per run (DuckDB's checkpoints in it), median of 3, 1 and 4 senders, 3 workloads, anchor in /tmp/anchor-venv
   decompose           decompose.py, 1M spans (10k rollouts), median of 3, the per-row path once, anchor on all
   serve_transformers  serve_throughput.py, SmolLM2-135M, 16 new tokens, 2 torch threads, median of 2
   serve_vllm          the same with --backend vllm, server in .venv-vllm (`make vllm-venv`)
@@ -52,7 +52,7 @@ class Spec:
 SPECS: dict[str, Spec] = {
     "tracer": Spec("tracer_overhead.py", ("--calls", "300", "--rounds", "5", "--call-ms", "2.0",
                                           "--breakdown-calls", "2000"), "anchor"),
-    "ingest": Spec("ingest.py", ("--seconds", "10", "--repeats", "3", "--senders", "1,4"), "anchor"),
+    "ingest": Spec("ingest.py", ("--seconds", "20", "--repeats", "3", "--senders", "1,4"), "anchor"),
     "decompose": Spec("decompose.py", ("--rollouts", "10000", "--rounds", "3", "--old-rounds", "1"), "anchor"),
     "serve_transformers": Spec("serve_throughput.py", ("--model", "smollm2", "--max-tokens", "16", "--threads", "2",
                                                        "--repeats", "2")),

@@ -134,15 +134,23 @@ def test_unknown_bench_name_is_named(tmp_path: Path) -> None:
         report.main(["--only", "tracr", "--results", str(tmp_path)])
 
 
-@pytest.mark.parametrize(("seconds", "said"), [(10.0, "best of 1/4 senders, 10-s runs)"),
-                                               (3.0, "best of 1/4 senders, 3-s runs, checkpoint maybe outside)")])
-def test_ingest_row_says_how_long_the_runs_were(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seconds: float, said: str) -> None:
-    # a run shorter than 10 s may end before DuckDB's automatic checkpoint, so its figure is not the sustained one
+@pytest.mark.parametrize(("checkpoints", "said"), [
+    (None, "best of 1/4 senders, 20-s runs)"),  # figures from before the count
+    ([1, 2, 1], "best of 1/4 senders, 20-s runs, each with 1+ DuckDB checkpoint)"),
+    ([0, 2, 1], "best of 1/4 senders, 20-s runs, **some without a DuckDB checkpoint**: not the sustained rate)")])
+def test_ingest_row_says_whether_the_runs_held_a_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            checkpoints: list[int] | None, said: str) -> None:
+    # a run that ends before DuckDB's automatic checkpoint leaves its cost out: the table must say so
     results, readme = tmp_path / "results", _readme(tmp_path)
     monkeypatch.setenv(SPANRL_BENCH_RESULTS, str(results))
-    _results.record("ingest", {"seconds": seconds, "senders": [1, 4],
-                               "workloads": {w: {"spanrl_1": 40_000.0, "spanrl_4": 52_000.0, "anchor": 4_800.0}
-                                             for w in ("small", "agent-array", "agent-b64")}})
+    row = {"spanrl_1": 40_000.0, "spanrl_4": 52_000.0, "anchor": 4_800.0, "checkpoints_1": [1, 1, 1]}
+    workloads = {w: dict(row) for w in ("small", "agent-array", "agent-b64")}
+    if checkpoints is None:
+        for w in workloads.values():
+            del w["checkpoints_1"]
+    else:
+        workloads["small"]["checkpoints_4"] = checkpoints
+    _results.record("ingest", {"seconds": 20.0, "senders": [1, 4], "workloads": workloads})
     report.main(["--from-results", "--results", str(results), "--readme", str(readme)])
     ingest = next(line for line in readme.read_text().splitlines() if line.startswith("| Ingest"))
     assert "52.0k (10.8x) small" in ingest and said in ingest
