@@ -77,7 +77,7 @@ $(ANCHOR_VENV)/.anchor-installed:
 	touch $@
 
 # Every bench of the README's comparison table, then the table rewritten from their figures (bench/report.py;
-# logs and figures in bench/results/). About 10 minutes on 2 quiet cores (602 s on 2026-11-30). BENCH_ARGS='--only decompose' etc.
+# logs and figures in bench/results/). About 18 minutes on 2 quiet cores (1100 s on 2026-12-01). BENCH_ARGS='--only decompose' etc.
 bench: venv anchor-venv vllm-venv
 	$(BIN)/python bench/report.py --anchor-venv $(ANCHOR_VENV) --vllm-venv $(VLLM_VENV) $(BENCH_ARGS)
 

@@ -12,7 +12,7 @@ start, duration, exit status, load average before and after). Then the table bet
 ``.venv-vllm``), shows as NOT MEASURED, never as an old number. ``--only`` / ``--skip`` rerun parts
 (the others keep their latest results); ``--from-results`` only rebuilds the table.
 
-Settings (about 10 minutes in all on 2 quiet cores: 602 s on 2026-11-30):
+Settings (about 18 minutes in all on 2 quiet cores: 1100 s on 2026-12-01):
   tracer              tracer_overhead.py, 300 timed calls x 5 rounds per mode, 2 ms calls, breakdown 2000 calls
   ingest              ingest.py, 20 s per run (DuckDB's checkpoints in it), median of 3, 1 and 4 senders, 3 workloads, anchor in /tmp/anchor-venv
   decompose           decompose.py, 1M spans (10k rollouts), median of 3, the per-row path once, anchor on all
