@@ -271,7 +271,10 @@ class _CheckpointCount(threading.Thread):
     def run(self) -> None:
         last = 0
         while not self._done.wait(0.05):
-            size = self.wal.stat().st_size if self.wal.exists() else 0
+            try:
+                size = self.wal.stat().st_size
+            except FileNotFoundError:  # not written yet, or removed by the checkpoint
+                size = 0
             self.count += size < last
             last = size
 
