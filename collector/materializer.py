@@ -3,18 +3,20 @@
 A daemon thread runs `spanrl.store.decomposed.materialize` (one transaction on its own cursor) when a
 rollout may have finished since its last run: a ``spanrl.rollout`` / ``spanrl.rollout.end`` span was
 stored after its cursor (the newest ``ingested_ns`` it saw; a zone-map-pruned scan of the new rows), or
-spans came and a rollout may have gone quiet since (views.sql's ``rollout_quiet_ns``, 60 s). It never holds
-the writer: acknowledgements still follow their commit, and DuckDB lets both transactions run at once
-(they write different tables). Adaptive: it waits at least ``interval_s`` and ``_BUSY_FACTOR`` times its
+spans came and a rollout may have gone quiet since (views.sql's ``rollout_quiet_ns()``, read in the same
+query). It never holds the writer: acknowledgements still follow their commit, and DuckDB lets both
+transactions run at once (they write different tables). Adaptive: it waits at least ``interval_s`` and ``_BUSY_FACTOR`` times its
 last run, so it takes at most ~5% of the time however large the store. Errors are logged, never fatal.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 
+from spanrl import semconv as sc
 from spanrl.store import SpanStore
 from spanrl.store.decomposed import materialize
 
@@ -23,9 +25,10 @@ __all__ = ["Materializer"]
 _logger = logging.getLogger(__name__)
 
 _BUSY_FACTOR = 19.0  # wait >= 19x the last run: the thread takes <= 5% of the time (bench/ingest.py)
-_QUIET_S = 60.0  # views.sql rollout_quiet_ns(): a rollout without an end span finishes after this silence
-_NEW_SPANS = """SELECT max(ingested_ns) AS newest,
-       bool_or(name IN ('spanrl.rollout', 'spanrl.rollout.end')) AS ended
+# quiet_s: views.sql's rollout_quiet_ns(), after which a rollout without an end span has finished
+_NEW_SPANS = f"""SELECT max(ingested_ns) AS newest,
+       bool_or(name IN ('{sc.ROLLOUT_SPAN_NAME}', '{sc.ROLLOUT_END_SPAN_NAME}')) AS ended,
+       rollout_quiet_ns() / 1e9 AS quiet_s
 FROM spans WHERE ingested_ns > $cursor"""
 
 
@@ -38,7 +41,7 @@ class Materializer:
         self._stop = threading.Event()
         self._cursor = -1  # newest ingested_ns seen by the last check
         self._last_run = time.monotonic()
-        self._seen_at = -_QUIET_S * 2  # when the cursor last moved
+        self._seen_at = -math.inf  # when the cursor last moved
         self._thread = threading.Thread(target=self._loop, name="spanrl-materializer", daemon=True)
 
     def start(self) -> "Materializer":
@@ -74,4 +77,5 @@ class Materializer:
             self._cursor, self._seen_at = row["newest"], now
             if row["ended"]:
                 return True
-        return now - self._last_run >= _QUIET_S and self._seen_at >= self._last_run - _QUIET_S
+        quiet_s = row["quiet_s"]
+        return now - self._last_run >= quiet_s and self._seen_at >= self._last_run - quiet_s
