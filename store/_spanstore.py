@@ -74,6 +74,10 @@ class SpanStore:
         self._read_only = read_only
         self._closed = False
         self._close_lock = threading.Lock()
+        # held from an append's ingested_ns stamp to its commit, so the stamps grow with the commit order
+        # whoever appends (the collector's writer, the Trainer's record_end): a reader that sees a stamp
+        # sees every older one (store/decomposed.py's watermark)
+        self._append_lock = threading.Lock()
         self._config: dict[str, str | int | bool] = {}
         self._sandboxed = False
         self.generation = 0
@@ -270,8 +274,8 @@ class SpanStore:
     def append(self, batch: pa.Table, *, cursor: duckdb.DuckDBPyConnection | None = None) -> int:
         """Insert Arrow span rows (columns by name, see schema.sql) in one transaction; return the count.
 
-        ``ingested_ns`` is set here to the commit time. Runs on ``cursor`` when given (the writer
-        thread keeps one), else on a fresh one.
+        ``ingested_ns`` is set here to the commit time; appends are serialized, so it grows with the commit
+        order. Runs on ``cursor`` when given (the writer thread keeps one), else on a fresh one.
         """
         if self._read_only:
             raise StoreError(f"the span store {self._path!r} was opened read-only; cannot append")
@@ -281,23 +285,28 @@ class SpanStore:
             batch = batch.drop_columns(["ingested_ns"])
         cur = cursor if cursor is not None else self.cursor()
         try:
-            now = time.time_ns()
-            names = batch.column_names
-            if len(names) == len(self._batch_columns or ()) and frozenset(names) == self._batch_columns:
-                # Every column (the collector's batches): in the table's order, appended through the
-                # relation API, which skips the SQL parse, bind and view registration of the INSERT below
-                # (~1.3 ms CPU per commit, ~3 us per span at one request per commit).
-                stamp = pa.repeat(pa.scalar(now, pa.int64()), batch.num_rows)
-                cur.from_arrow(batch.append_column("ingested_ns", stamp).select(self._span_columns)).insert_into("spans")
-                return batch.num_rows
-            cur.register(_BATCH_VIEW, batch)
-            try:
-                cur.execute(f"INSERT INTO spans BY NAME SELECT *, ?::BIGINT AS ingested_ns FROM {_BATCH_VIEW}", [now])
-            finally:
-                cur.unregister(_BATCH_VIEW)
+            with self._append_lock:
+                return self._insert(cur, batch)
         finally:
             if cursor is None:
                 cur.close()
+
+    def _insert(self, cur: duckdb.DuckDBPyConnection, batch: pa.Table) -> int:
+        """One autocommitted insert of ``batch`` stamped now (`append` holds the append lock)."""
+        now = time.time_ns()
+        names = batch.column_names
+        if len(names) == len(self._batch_columns or ()) and frozenset(names) == self._batch_columns:
+            # Every column (the collector's batches): in the table's order, appended through the
+            # relation API, which skips the SQL parse, bind and view registration of the INSERT below
+            # (~1.3 ms CPU per commit, ~3 us per span at one request per commit).
+            stamp = pa.repeat(pa.scalar(now, pa.int64()), batch.num_rows)
+            cur.from_arrow(batch.append_column("ingested_ns", stamp).select(self._span_columns)).insert_into("spans")
+            return batch.num_rows
+        cur.register(_BATCH_VIEW, batch)
+        try:
+            cur.execute(f"INSERT INTO spans BY NAME SELECT *, ?::BIGINT AS ingested_ns FROM {_BATCH_VIEW}", [now])
+        finally:
+            cur.unregister(_BATCH_VIEW)
         return batch.num_rows
 
 

@@ -182,3 +182,28 @@ def test_append_takes_every_column_or_a_subset_by_name(store):
     rows = store.sql("SELECT rollout_id, attributes, ingested_ns FROM spans ORDER BY rollout_id NULLS LAST, span_id").to_pylist()
     assert [r["rollout_id"] for r in rows] == ["full"] * 3 + [None] * 3
     assert all(json.loads(r["attributes"])["k"] == 1.5 and r["ingested_ns"] > 0 for r in rows)
+
+
+def test_ingested_ns_grows_with_the_commit_order_across_appenders(tmp_path):
+    """A reader that sees a stamp sees every older one, whoever appends: the Trainer's record_end commits
+    beside the collector's writer, and store/decomposed.py's watermark takes "stored after it" from the
+    stamps. A small append that starts while a big one is inserting commits after it, stamped later."""
+    import threading
+    import time
+
+    import pyarrow as pa
+
+    from spanrl.store.rollouts import record_end
+
+    req, _ = make_request(2000, rollout_id="big")
+    big = pa.concat_tables([encode_request(req).table] * 100)  # 200k rows: a commit that takes a while
+    with SpanStore.open(str(tmp_path / "spans.duckdb")) as store:
+        writer = threading.Thread(target=store.append, args=(big,))
+        writer.start()
+        time.sleep(0.05)  # the big append has stamped its rows and is inserting them (~0.4 s here)
+        assert writer.is_alive(), "the big append ended before the small one started: nothing was tested"
+        record_end(store, "small", "agent_done")  # another appender, as the Trainer does
+        seen = store.sql("SELECT max(ingested_ns) AS w, count(*) AS n FROM spans").to_pylist()[0]
+        writer.join()
+        after = store.sql("SELECT count(*) AS n FROM spans WHERE ingested_ns <= $w", {"w": seen["w"]}).to_pylist()[0]
+        assert after["n"] == seen["n"] == big.num_rows + 1  # nothing older than what was seen came later
