@@ -49,7 +49,7 @@ class DemoConfig:
     sft_learning_rate: float = 1e-3
     """SFT learning rate."""
     grpo_steps: int = 30
-    """GRPO updates (measured: held-out 0.55 after SFT, 0.63 / 0.82 / 0.97 after 10 / 20 / 30 steps)."""
+    """GRPO updates (held-out after 30, measured: 0.89 and 0.84 from 0.54 after SFT; 0.84-0.99 over 8 runs)."""
     grpo_tasks_per_step: int = 16
     """Tasks per GRPO step."""
     grpo_group_size: int = 8
@@ -63,7 +63,8 @@ class DemoConfig:
     torch_threads: int = 1
     """Torch threads of the training process (on two cores, agents and server need the other)."""
     seed: int = 0
-    """Seeds the tasks, the model, the demonstrator and training."""
+    """Seeds the tasks, the model, the demonstrator and training: the SFT start is the same in every run of
+    one seed; GRPO's sampling through the policy server is not."""
     progress: bool = True
     """Rich progress bars."""
 

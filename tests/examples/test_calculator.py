@@ -79,3 +79,32 @@ def test_demonstrator_server_answers_an_openai_client() -> None:
         assert answers == {"<call> add 3 4 </call>"}
         with pytest.raises(openai.BadRequestError, match="question must be 'A OP B'"):
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hello"}])
+
+
+def test_demonstrator_answers_each_question_alike_whatever_order_the_requests_come_in() -> None:
+    """The demo's SFT data must not depend on which agent's request reaches the server first (with one
+    shared generator, held-out success after SFT ranged 0.55-0.80 between runs of one seed)."""
+    import json
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    questions = [t["question"] for t in calculator.make_tasks(400, seed=3) if t["op"] in ("sub", "div") and t["a"] != t["b"]]
+
+    def ask(url: str, question: str) -> str:
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": question}]}).encode()
+        req = urllib.request.Request(f"{url}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.load(resp)["choices"][0]["message"]["content"]
+
+    def answers(seed: int, order: list[str]) -> dict[str, str]:
+        with DemonstratorServer(seed=seed) as server, ThreadPoolExecutor(8) as pool:
+            return dict(zip(order, pool.map(lambda q: ask(server.url, q), order)))
+
+    in_order, reversed_ = answers(0, questions), answers(0, questions[::-1])
+    assert in_order == reversed_
+    swapped = sum(a.split()[2] != q.split()[0] for q, a in in_order.items()) / len(questions)  # "<call> sub B A </call>"
+    assert abs(swapped - calculator.DEMO_ERROR_RATE) < 0.1, swapped
+    assert answers(1, questions) != in_order  # the seed still matters
+    with DemonstratorServer(seed=0) as server:  # one question asked again and again: independent draws
+        again = [ask(server.url, "30 sub 7").split()[2] == "7" for _ in range(100)]
+    assert abs(sum(again) / 100 - calculator.DEMO_ERROR_RATE) < 0.15, sum(again)

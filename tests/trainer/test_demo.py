@@ -1,7 +1,11 @@
-"""`spanrl demo` on a reduced GRPO budget: held-out success rises after SFT, through the real pipeline.
+"""`spanrl demo` with its own budget (30 GRPO steps): held-out success rises far above the SFT warm start,
+through the real pipeline.
 
-Measured with the full budget (30 GRPO steps): 0.55 after SFT -> 0.63 / 0.82 / 0.97 after 10 / 20 / 30
-steps. Here 16 steps, so the asserted rise is smaller than the demo's."""
+The SFT start is the same in every run of one seed (0.54 for seed 0 here: the demonstrator's answers do
+not depend on the order requests arrive in); GRPO's pace is not (the policy server samples). Measured
+after 30 steps: 0.89 and 0.84 from 0.54; 0.98 and 0.92 from 0.53 (an earlier seeding of the answers);
+before the start was fixed 0.97-0.99 from 0.55-0.80. A 16-step budget asserting a 0.1 rise failed a
+clean CI run at 0.55 -> 0.64 (16-step rises measured 0.09-0.32), so the test runs the whole demo."""
 
 from __future__ import annotations
 
@@ -13,33 +17,33 @@ from spanrl.trainer.demo import DemoConfig, run_demo
 from spanrl.errors import ConfigError
 from spanrl.store import SpanStore
 
-_RISE = 0.1  # held-out success after 16 GRPO steps minus after SFT, at least
+_RISE = 0.2  # held-out success after the 30 GRPO steps minus after SFT, at least (measured 0.30-0.45)
 
 
 @pytest.mark.slow
 def test_demo_grpo_rises_above_the_sft_warm_start(tmp_path: Path) -> None:
     lines: list[str] = []
     result = run_demo(
-        DemoConfig(output_dir=str(tmp_path / "demo"), grpo_steps=16, eval_every=8, progress=False),
+        DemoConfig(output_dir=str(tmp_path / "demo"), progress=False),
         echo=lambda line: (lines.append(line), print(line)),
     )
     assert result.grpo_success >= result.sft_success + _RISE, result.history
     assert 0.5 < result.demonstrator_success < 0.8  # the careless demonstrator: wrong on 2 ops, 70% of the time
     assert any(f"after SFT {result.sft_success:.2f} -> after GRPO {result.grpo_success:.2f}" in line for line in lines)
     assert result.curve_path.stat().st_size > 10_000
-    assert [row["step"] for row in result.history if row.get("val_success") is not None] == [0, 8, 16]
+    assert [row["step"] for row in result.history if row.get("val_success") is not None] == [0, 10, 20, 30]
 
     # the DuckDB file is left for SQL: demonstrations (client spans, retokenized), GRPO rollouts (server
     # spans with exact token ids and policy versions) and greedy evaluations
     with SpanStore.open(result.db_path, read_only=True) as store:
         rows = store.sql("SELECT mode, count(*) AS n FROM rollouts GROUP BY mode").to_pylist()
         modes = {r["mode"]: r["n"] for r in rows}
-        assert modes["train"] >= 800 + 16 * 16 * 8  # demonstrations + GRPO rollouts (+ any retried attempt)
-        assert modes["val"] >= 3 * 100  # after SFT, after step 8, after step 16
+        assert modes["train"] >= 800 + 30 * 16 * 8  # demonstrations + GRPO rollouts (+ any retried attempt)
+        assert modes["val"] >= 4 * 100  # after SFT, after steps 10, 20 and 30
         versions = store.sql(
             "SELECT max(policy_version) AS v FROM spans WHERE completion_token_ids IS NOT NULL"
         ).to_pylist()[0]["v"]
-        assert versions == 16
+        assert versions == 30
         services = {r["service_name"] for r in store.sql("SELECT DISTINCT service_name FROM spans").to_pylist()}
         assert len(services) >= 2  # the agent processes' and the policy server's spans
 
