@@ -3,9 +3,9 @@ through the real pipeline.
 
 The SFT start is the same in every run of one seed (0.54 for seed 0 here: the demonstrator's answers do
 not depend on the order requests arrive in); GRPO's pace is not (the policy server samples). Measured
-after 30 steps: 0.89 and 0.84 from 0.54; 0.98 and 0.92 from 0.53 (an earlier seeding of the answers);
-before the start was fixed 0.97-0.99 from 0.55-0.80. A 16-step budget asserting a 0.1 rise failed a
-clean CI run at 0.55 -> 0.64 (16-step rises measured 0.09-0.32), so the test runs the whole demo."""
+after 30 steps from 0.54: 0.93, 0.97, 0.95, 0.81 with two passes of each update (the demo's setting);
+with one pass 0.89, 0.84, 0.61, 0.64 (two runs stalled). A 16-step budget asserting a 0.1 rise failed a clean CI
+run at 0.55 -> 0.64, so the test runs the whole demo."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from spanrl.trainer.demo import DemoConfig, run_demo
 from spanrl.errors import ConfigError
 from spanrl.store import SpanStore
 
-_RISE = 0.2  # held-out success after the 30 GRPO steps minus after SFT, at least (measured 0.30-0.45)
+_RISE = 0.15  # held-out success after the 30 GRPO steps minus after SFT, at least (measured 0.27-0.43)
 
 
 @pytest.mark.slow
