@@ -68,6 +68,9 @@ WORKLOADS = ("small", "agent-array", "agent-b64")
 # spanrl.rollout root, and every request a rollout of its own (the senders rewrite the trace and rollout
 # id placeholders), so the collector's background thread keeps each one decomposed as it finishes.
 ROLLOUTS = "agent-rollouts"
+Run = tuple[float, float, float, float, int]
+"""One run's figures (run_spanrl): spans/s committed, spans per collector CPU-second, peak RSS (MiB),
+senders' CPU us per span, DuckDB checkpoints in the timed window."""
 _ID_HOLDER = b"0000000000"  # in b"trace-<10>" (16 bytes: the trace id) and "rollout-<10>"
 
 
@@ -285,7 +288,7 @@ class _CheckpointCount(threading.Thread):
 
 
 def run_spanrl(bodies: list[bytes], senders: int, inflight: int, seconds: float, tmp: Path,
-               baseline_env: dict[str, str] | None = None) -> tuple[float, float, float, float, int]:
+               baseline_env: dict[str, str] | None = None) -> Run:
     """One run: spans/s committed, spans per collector CPU-second, collector peak RSS (MiB), the senders'
     CPU microseconds per span, DuckDB checkpoints during the timed window (their cost is in the figure
     only when there is one: a run shorter than one WAL threshold's worth of spans leaves it out)."""
@@ -477,7 +480,7 @@ def bench_layouts(rows: int, tmp: Path) -> None:
 
 # --- main -----------------------------------------------------------------------------------------------
 def measure(workload: str, bodies: list[bytes], n: int, args: argparse.Namespace, tmp: Path,
-            baseline: dict[str, str] | None) -> tuple[list[tuple[float, float, float, float, int]], list[tuple[float, float, float, float, int]]]:
+            baseline: dict[str, str] | None) -> tuple[list[Run], list[Run]]:
     """--repeats runs of this tree's collector and, with --baseline, of the baseline's (each just before one of ours)."""
     runs, base_runs = [], []
     for _ in range(args.repeats):  # interleaved, so both versions see the same machine load
@@ -493,7 +496,7 @@ def measure(workload: str, bodies: list[bytes], n: int, args: argparse.Namespace
     return runs, base_runs
 
 
-def _figures(runs: list[tuple[float, float, float, float, int]]) -> dict[str, Any]:
+def _figures(runs: list[Run]) -> dict[str, Any]:
     cpu = statistics.median(r[1] for r in runs)
     return {"spans_per_s": statistics.median(r[0] for r in runs), "runs_spans_per_s": [r[0] for r in runs],
             "collector_us_cpu_per_span": 1e6 / cpu, "projected_2_cores_spans_per_s": 2 * cpu,

@@ -5,8 +5,9 @@ rollout may have finished since its last run: a ``spanrl.rollout`` / ``spanrl.ro
 stored after its cursor (the newest ``ingested_ns`` it saw; a zone-map-pruned scan of the new rows), or
 spans came and a rollout may have gone quiet since (views.sql's ``rollout_quiet_ns()``, read in the same
 query). It never holds the writer: acknowledgements still follow their commit, and DuckDB lets both
-transactions run at once (they write different tables). Adaptive: it waits at least ``interval_s`` and ``_BUSY_FACTOR`` times its
-last run, so it takes at most ~5% of the time however large the store. Errors are logged, never fatal.
+transactions run at once (they write different tables). Adaptive: it waits at least ``interval_s`` and
+``_BUSY_FACTOR`` times its last run, so it takes at most ~5% of the time however large the store.
+Errors are logged, never fatal.
 """
 
 from __future__ import annotations

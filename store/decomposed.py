@@ -13,8 +13,9 @@ A kept rollout is *clean* while no span stored after its watermark belongs to it
 own ``spanrl.rollout.id``, else its trace's) or shares a trace with one of its spans (a late span with
 another id makes the trace ambiguous, so spans without ids leave the rollout). ``ingested_ns`` grows
 with the commit order (`SpanStore.append` holds a lock from stamp to commit, whoever appends), so
-"stored after the oldest watermark" is a scan that DuckDB's zone maps cut to the newest row groups. A late span (a reward, feedback, a duplicate
-export) makes the rollout dirty: it is read live, and kept again by the next `materialize`.
+"stored after the oldest watermark" is a scan that DuckDB's zone maps cut to the newest row groups. A
+late span (a reward, feedback, a duplicate export) makes the rollout dirty: it is read live, and kept
+again by the next `materialize`.
 
 `read_statement` is what `decompose` runs: ONE SELECT (so it also runs through the collector's SQL
 endpoint) that takes the kept rows of the selected clean rollouts and decomposes the others live, the
