@@ -31,6 +31,11 @@ does not weigh more. ``per_rollout=False`` takes one value per call, as Agent Li
 rollouts weigh more; RLOO then leaves out all calls of the same rollout); in ``step`` mode each step's
 statistics already take one value per rollout, so it changes nothing there.
 
+``step_group_weight`` (``omega``, GiGPO's state-grouped advantage, Feng et al. 2025, arXiv 2505.10978):
+within a task group, the kept calls whose prompts are the same token ids (an "anchor state") form a step
+group; each call adds ``omega * (G_t - mean_sg G) / std_sg G``, its return against the step group's, to
+its advantage (a step group of one adds 0). Identical rollouts still get zero at every step.
+
 ``trajectory_aggregation`` (read by ``load_transitions``): merge the calls of a multi-turn
 conversation into one sample (the seed design's ``LightningRL(trajectory_aggregation=True)``).
 
@@ -47,7 +52,7 @@ import numpy as np
 
 from spanrl.errors import ConfigError
 
-__all__ = ["CreditConfig", "CreditResult", "MissingValueError", "assign_credit", "default_config"]
+__all__ = ["CreditConfig", "CreditResult", "MissingValueError", "assign_credit", "default_config", "state_ids"]
 
 CreditMode = Literal["identical", "discounted", "step", "gae"]
 Baseline = Literal["grpo", "rloo", "none"]
@@ -80,6 +85,8 @@ class CreditConfig:
     """A NaN reward: skip its whole rollout, or count the reward as 0."""
     eps: float = 1e-6
     """Added to the std before dividing; a std below it is not divided by."""
+    step_group_weight: float = 0.0
+    """GiGPO's omega: weight of the step-group (same-prompt) advantage added to each call's; 0: off."""
     trajectory_aggregation: bool = False
     """Merge consecutive calls of one conversation into one sample (``load_transitions(aggregate=True)``)."""
 
@@ -106,6 +113,11 @@ class CreditConfig:
                 raise ConfigError(f"{name} must be a boolean, got {getattr(self, name)!r}")
         if self.reward_name is not None and not isinstance(self.reward_name, str):
             raise ConfigError(f"reward_name must be a string or None, got {self.reward_name!r}")
+        w = self.step_group_weight
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= w < float("inf"):
+            raise ConfigError(f"step_group_weight must be a finite number >= 0, got {w!r}")
+        if w and self.mode == "gae":
+            raise ConfigError("step_group_weight must be 0 when mode is 'gae' (the critic is the baseline)")
         if not isinstance(self.eps, (int, float)) or not self.eps > 0:
             raise ConfigError(f"eps must be a positive number, got {self.eps!r}")
 
@@ -148,6 +160,7 @@ def assign_credit(
     reward_time_ns: np.ndarray,
     reward_name: np.ndarray | None = None,
     values: np.ndarray | None = None,
+    call_state: np.ndarray | None = None,
 ) -> CreditResult:
     """Returns and advantages for the calls of a batch of rollouts.
 
@@ -155,7 +168,8 @@ def assign_credit(
     (all agents, before any selection) and ``rollout_group[i]`` its task group index. Calls (the
     selected ones) give their rollout index and ``step`` (0-based, in the rollout's order). Rewards give
     their rollout, the step of the last call before them (-1: none), value, time and optional name.
-    ``values`` (gae only) are the critic's values, one per call.
+    ``values`` (gae only) are the critic's values, one per call. ``call_state`` (needed when
+    ``step_group_weight`` > 0): per call, an integer naming its prompt (``state_ids``).
     """
     config.validate()
     call_rollout = np.asarray(call_rollout, dtype=np.int64)
@@ -204,6 +218,11 @@ def assign_credit(
                                rollout_group, report)
         if config.mode == "discounted":
             advantages = advantages * _discount(config, rollout_calls, call_rollout, call_step)
+    if config.step_group_weight:
+        if call_state is None or len(call_state) != len(call_rollout):
+            raise ConfigError("call_state must give one state per call when step_group_weight > 0")
+        step_adv = _step_group_advantage(config, returns, call_keep, rollout_group[call_rollout], call_state, report)
+        advantages = advantages + config.step_group_weight * step_adv
     advantages = np.where(call_keep, advantages, np.nan)
     return CreditResult(returns=returns, advantages=advantages, keep=keep, episode_reward=episode, report=report)
 
@@ -418,6 +437,32 @@ def _step_baseline(
         unscaled = ~(np.isfinite(std) & (std >= config.eps)) & within  # (G, T_max)
         report["unscaled_groups"] = int((unscaled.any(axis=1) & (count > 0)).sum())
     return adv
+
+
+def state_ids(prompts: list[Any]) -> np.ndarray:
+    """One integer per prompt, equal exactly when the prompts' token ids are equal."""
+    index: dict[tuple[int, ...], int] = {}
+    return np.array([index.setdefault(tuple(p or ()), len(index)) for p in prompts], dtype=np.int64)
+
+
+def _step_group_advantage(config: CreditConfig, returns: np.ndarray, call_keep: np.ndarray, call_group: np.ndarray,
+                          call_state: np.ndarray, report: dict[str, int]) -> np.ndarray:
+    """GiGPO's step-level advantage: each kept call's return against the kept calls of its step group
+    (same task group, same state), ``(G - mean_sg) / std_sg`` (scaled as ``_baseline``); 0 alone."""
+    keyed = np.stack([np.asarray(call_group, np.int64), np.asarray(call_state, np.int64)], axis=1)
+    _, sg = np.unique(keyed, axis=0, return_inverse=True)
+    sg = sg.reshape(-1)
+    n = int(sg.max()) + 1 if len(sg) else 0
+    g = np.nan_to_num(returns)
+    count, total, std = _group_stats(g[call_keep], sg[call_keep], n)
+    mean = np.divide(total, count, out=np.zeros(n), where=count > 0)
+    adv = np.where(count[sg] > 1, g - mean[sg], 0.0)
+    if config.scale_std:
+        s = std[sg]
+        scalable = np.isfinite(s) & (s >= config.eps)
+        adv = np.where(scalable, adv / (np.where(scalable, s, 1.0) + config.eps), adv)
+    report["step_groups"] = int((count > 1).sum())
+    return np.where(call_keep, adv, 0.0)
 
 
 def _whiten(adv: np.ndarray, keep: np.ndarray, eps: float) -> np.ndarray:

@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spanrl.algorithms.credit import CreditConfig, CreditResult, MissingValueError, assign_credit
+from spanrl.algorithms.credit import CreditConfig, CreditResult, MissingValueError, assign_credit, state_ids
 from spanrl.errors import ConfigError
 from spanrl.store.decomposer import Selection, decompose
 
@@ -333,10 +333,11 @@ def _credit(dec: Any, fast_calls: pa.Table, slow_rows: list[dict[str, Any]], cre
     group_index: dict[str, int] = {}
     rollout_group = np.array([group_index.setdefault(k, len(group_index)) for k in group_keys], dtype=np.int64)
 
-    usable = [fast_calls.select(["rollout_id", "step", "rollout_calls"])]
+    cols = ["rollout_id", "step", "rollout_calls"] + (["prompt_ids"] if credit.step_group_weight else [])
+    usable = [fast_calls.select(cols)]
     if slow_rows:
         usable.append(pa.Table.from_pylist(
-            [{k: r[k] for k in ("rollout_id", "step", "rollout_calls")} for r in slow_rows],
+            [{k: r[k] for k in cols} for r in slow_rows],
             schema=usable[0].schema,
         ))
     keys = pa.concat_tables(usable)
@@ -368,6 +369,7 @@ def _credit(dec: Any, fast_calls: pa.Table, slow_rows: list[dict[str, Any]], cre
             reward_time_ns=rewards.column("time_ns").to_numpy() if rewards.num_rows else np.zeros(0, np.int64),
             reward_name=np.array(rewards.column("name").to_pylist(), dtype=object),
             values=value_arr,
+            call_state=state_ids(keys.column("prompt_ids").to_pylist()) if credit.step_group_weight else None,
         )
     except MissingValueError as exc:  # a call of a kept rollout that the critic did not value
         key = (keys.column("rollout_id")[exc.call].as_py(), int(call_step[exc.call]))
