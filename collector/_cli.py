@@ -33,6 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--sql-timeout-s", type=float, default=None, help="interrupt a /v1/sql query after this (env SPANRL_COLLECTOR_SQL_TIMEOUT_S, default 30)")
     p.add_argument("--materialize-interval-s", type=float, default=None,
                    help="shortest wait between background runs keeping finished rollouts' decomposition (default 2; 0 = off)")
+    p.add_argument("--reward-range", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
+                   help="reject spans whose reward is outside [LOW, HIGH] or not finite (default -1e6 1e6, the widest allowed)")
     p.set_defaults(func=_run)
 
 
@@ -49,6 +51,8 @@ def _run(args: argparse.Namespace) -> int:
         )
         if args.materialize_interval_s is not None:
             config.materialize_interval_s = args.materialize_interval_s or None  # 0: off
+        if args.reward_range is not None:
+            config.reward_range = tuple(args.reward_range)
         if args.max_queue_bytes is not None:
             config.batcher.max_queue_bytes = args.max_queue_bytes
         config.validate()

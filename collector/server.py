@@ -29,6 +29,7 @@ from spanrl.collector.config import CollectorConfig
 from spanrl.collector.grpc import GrpcReceiver
 from spanrl.collector.http import HttpReceiver, OtlpHttpApp
 from spanrl.collector.materializer import Materializer
+from spanrl.collector.rewards import RewardCheck
 from spanrl.collector.sql import SqlRunner
 from spanrl.collector.writer import SpanWriter
 from spanrl.errors import CollectorError
@@ -78,6 +79,7 @@ class Collector:
             self._writer = SpanWriter(self._store, on_failed=lambda _: self.failed.set())
             self._batcher = Batcher(cfg.batcher, self._writer)
             self._batcher.start()
+            checked = RewardCheck(cfg.reward_range, self._batcher)  # unusable rewards rejected per span, either decoder
             _warm_up()
             if cfg.materialize_interval_s is not None:
                 self._materializer = Materializer(self._store, interval_s=cfg.materialize_interval_s).start()
@@ -92,13 +94,13 @@ class Collector:
                     max_request_bytes=cfg.max_request_bytes,
                     max_concurrent_rpcs=cfg.grpc_max_concurrent_rpcs,
                     admission=inflight_bytes.with_request_cap(cfg.grpc_max_concurrent_rpcs),
-                    next_consumer=self._batcher,
+                    next_consumer=checked,
                 )
                 self._grpc.start()
             if cfg.http_port != -1:
                 self._sql = SqlRunner(self._store, workers=cfg.sql_workers, max_waiting=cfg.sql_max_waiting,
                                       timeout_s=cfg.sql_timeout_s, retry_after_s=retry_s)
-                app = OtlpHttpApp(token=cfg.token, max_request_bytes=cfg.max_request_bytes, next_consumer=self._batcher,
+                app = OtlpHttpApp(token=cfg.token, max_request_bytes=cfg.max_request_bytes, next_consumer=checked,
                                   store=self._store, admission=inflight_bytes.with_request_cap(cfg.http_max_concurrency),
                                   sql=self._sql, health=self.health)
                 self._http = HttpReceiver(host=cfg.host, port=cfg.http_port, app=app, graceful_timeout_s=cfg.shutdown_timeout_s)
