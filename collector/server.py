@@ -32,7 +32,7 @@ from spanrl.collector.materializer import Materializer
 from spanrl.collector.rewards import RewardCheck
 from spanrl.collector.sql import SqlRunner
 from spanrl.collector.writer import SpanWriter
-from spanrl.errors import CollectorError
+from spanrl.errors import CollectorError, StoreError
 from spanrl.store import SpanStore
 
 __all__ = ["Collector"]
@@ -59,6 +59,7 @@ class Collector:
         """Set when the store failed and could not be reopened (``spanrl collector`` then exits 3)."""
         self._lock = threading.Lock()
         self._state = "new"
+        self._start_error: str | None = None  # the store could not be opened
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> "Collector":
@@ -105,7 +106,10 @@ class Collector:
                                   sql=self._sql, health=self.health)
                 self._http = HttpReceiver(host=cfg.host, port=cfg.http_port, app=app, graceful_timeout_s=cfg.shutdown_timeout_s)
                 self._http.start()
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, StoreError):  # damaged file, full disk: /health says so, the CLI exits 1 with it
+                self._start_error = str(exc)
+                self.failed.set()
             self.shutdown()
             raise
         _logger.info("collector on grpc=%s http=%s db=%s; protobuf decoder: %s", self.grpc_endpoint, self.http_endpoint,
@@ -171,6 +175,8 @@ class Collector:
 
     def health(self) -> dict[str, Any]:
         """``{"status": "ok"}``, or ``recovering`` / ``failed`` with the DuckDB ``error`` after a store failure."""
+        if self._start_error is not None:
+            return {"status": "failed", "error": self._start_error}
         writer = self._writer
         if writer is None or writer.state == "ok":
             return {"status": "ok"}
