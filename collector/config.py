@@ -73,6 +73,9 @@ class CollectorConfig:
     too. None: off (`spanrl store materialize` does it on demand)."""
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     """Group-commit queue settings."""
+    retention_s: float | None = None
+    """Delete spans ingested more than this many seconds ago, in the background (whole rollouts, by the
+    collector's clock: `spanrl.collector.retention`); None: keep everything."""
     reward_range: tuple[float, float] = (-sc.REWARD_ABS_MAX, sc.REWARD_ABS_MAX)
     """A span whose reward (attribute or reward event) is not a finite number in ``[low, high]`` is rejected
     at ingest (partial success, with the reason; `spanrl.collector.rewards`). At most +-1e6
@@ -110,6 +113,9 @@ class CollectorConfig:
             raise ConfigError(f"duckdb_threads must be None or at least 1, got {self.duckdb_threads}")
         self.batcher.validate()
         _validate_reward_range(self.reward_range)
+        if self.retention_s is not None and (isinstance(self.retention_s, bool) or not self.retention_s > 0
+                                             or self.retention_s == float("inf")):
+            raise ConfigError(f"retention_s must be a positive number of seconds or None, got {self.retention_s!r}")
 
     @classmethod
     def from_env(cls, **overrides: object) -> "CollectorConfig":

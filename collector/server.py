@@ -29,6 +29,7 @@ from spanrl.collector.config import CollectorConfig
 from spanrl.collector.grpc import GrpcReceiver
 from spanrl.collector.http import HttpReceiver, OtlpHttpApp
 from spanrl.collector.materializer import Materializer
+from spanrl.collector.retention import Retention
 from spanrl.collector.rewards import RewardCheck
 from spanrl.collector.sql import SqlRunner
 from spanrl.collector.writer import SpanWriter
@@ -55,6 +56,7 @@ class Collector:
         self._http: HttpReceiver | None = None
         self._sql: SqlRunner | None = None
         self._materializer: Materializer | None = None
+        self._retention: Retention | None = None
         self.failed = threading.Event()
         """Set when the store failed and could not be reopened (``spanrl collector`` then exits 3)."""
         self._lock = threading.Lock()
@@ -84,6 +86,8 @@ class Collector:
             _warm_up()
             if cfg.materialize_interval_s is not None:
                 self._materializer = Materializer(self._store, interval_s=cfg.materialize_interval_s).start()
+            if cfg.retention_s is not None:
+                self._retention = Retention(self._store, retention_s=cfg.retention_s).start()
             retry_s = cfg.batcher.retry_after_s
             # One byte budget for both receivers; a request count for each.
             inflight_bytes = Admission(max_requests=1, max_bytes=cfg.max_inflight_bytes, retry_after_s=retry_s)
@@ -131,6 +135,8 @@ class Collector:
             self._sql.shutdown()
         if self._materializer is not None:
             self._materializer.shutdown(timeout)
+        if self._retention is not None:
+            self._retention.shutdown(timeout)
         if self._batcher is not None:
             self._batcher.shutdown(timeout)
         if self._writer is not None:
