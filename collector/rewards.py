@@ -21,6 +21,7 @@ import math
 from concurrent.futures import Future
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -67,6 +68,22 @@ def _event_problem(events_json: str, low: float, high: float) -> str | None:
     return None
 
 
+def _float64_column(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(values, present) of a float64 column, read from its buffers: pyarrow's ``to_numpy`` imports pandas
+    on first use (0.5 s on the HTTP receiver's event loop) and ``fill_null`` took ~7 ms a batch."""
+    values, present = [], []
+    for chunk in column.chunks:
+        n, offset = len(chunk), chunk.offset
+        validity, data = chunk.buffers()
+        values.append(np.frombuffer(data, dtype=np.float64, count=n, offset=offset * 8))
+        if validity is None:
+            present.append(np.ones(n, dtype=bool))
+        else:
+            bits = np.unpackbits(np.frombuffer(validity, dtype=np.uint8), bitorder="little")
+            present.append(bits[offset : offset + n].astype(bool))
+    return np.concatenate(values), np.concatenate(present)
+
+
 def check_rewards(batch: EncodedBatch, low: float, high: float) -> EncodedBatch:
     """Drop the spans of ``batch`` whose reward is unusable (see the module docstring), in place: its
     table, ``accepted``, ``rejected`` and ``error_message`` (the first reasons, as the decoders word
@@ -77,15 +94,18 @@ def check_rewards(batch: EncodedBatch, low: float, high: float) -> EncodedBatch:
     problems: dict[int, str] = {}
     values = table.column("reward_value")
     if values.null_count < len(values):
-        ok = pc.and_kleene(pc.is_finite(values), pc.and_kleene(pc.greater_equal(values, low), pc.less_equal(values, high)))
-        for row in pc.indices_nonzero(pc.invert(pc.fill_null(ok, True))).to_pylist():
+        numbers, present = _float64_column(values)
+        with np.errstate(invalid="ignore"):
+            bad = present & ~(np.isfinite(numbers) & (numbers >= low) & (numbers <= high))
+        for row in np.flatnonzero(bad).tolist():
             problems[row] = f"reward {reward_problem(values[row].as_py(), low, high)}"
     events = table.column("events")
     if events.null_count < len(events):
         hits = pc.or_(pc.match_substring(events, _EVENT_NAMES[0]), pc.match_substring(events, _EVENT_NAMES[1]))
-        for row in pc.indices_nonzero(pc.fill_null(hits, False)).to_pylist():
+        rows = pc.indices_nonzero(pc.fill_null(hits, False))
+        for row, text in zip(rows.to_pylist(), events.take(rows).to_pylist()):
             if row not in problems:
-                problem = _event_problem(events[row].as_py(), low, high)
+                problem = _event_problem(text, low, high)
                 if problem is not None:
                     problems[row] = problem
     if not problems:
