@@ -164,3 +164,22 @@ def test_one_outlier_reward_does_not_poison_the_baseline():
     for _ in range(10):
         sparse.advantages([("t", 0.0)] * 4, scale_std=True)
     assert sparse.advantages([("t", 1.0)], scale_std=True)[0] == pytest.approx(1.0)
+
+
+def test_the_trainer_guard_stops_after_max_bad_updates_in_a_row(tmp_path):
+    """The Trainer's NonFiniteGuard callback (TrainerConfig.max_bad_updates): good rows reset the count,
+    evaluation rows do not count, the third non-finite update in a row stops training with the reason."""
+    from spanrl.errors import ConfigError
+    from spanrl.trainer.config import TrainerConfig
+    from spanrl.trainer.reporting import NonFiniteGuard
+
+    guard = NonFiniteGuard(TrainerConfig().validate().max_bad_updates)
+    nan = float("nan")
+    for step, loss in enumerate([0.5, nan, nan, 0.25, nan, nan], start=1):
+        guard.on_row({"step": step, "losses/policy_loss": loss, "charts/grad_norm": 1.0})
+    guard.on_row({"step": 6, "val_success": 0.5})
+    with pytest.raises(TrainingError, match=r"3 updates in a row were not finite \(max_bad_updates 3; last: "
+                                            r"charts/grad_norm = inf at step 7\); stopped"):
+        guard.on_row({"step": 7, "losses/policy_loss": 0.1, "charts/grad_norm": float("inf")})
+    with pytest.raises(ConfigError, match="max_bad_updates must be a positive integer, got 0"):
+        TrainerConfig(max_bad_updates=0).validate()
