@@ -327,6 +327,14 @@ def load_policy_weights(model: Any, checkpoint_dir: Path, *, lora: LoRAConfig | 
     model.load_state_dict(saved.state_dict())
 
 
+def _nonfinite_weights(model: Any) -> str | None:
+    """``"weight NAME is not finite (NaN or inf)"`` for the first such tensor of ``model`` (and how many more), or None."""
+    bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if not bad:
+        return None
+    return f"weight {bad[0]} is not finite (NaN or inf)" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+
+
 def save_checkpoint(
     algorithm: Algorithm, checkpoint_dir: Path, *, model: Any, optimizer: Any, name: str, extra: dict[str, Any] | None = None
 ) -> Path:
@@ -334,10 +342,9 @@ def save_checkpoint(
     ``STATE_FILE`` (optimizer, RNG, step, plus ``extra``) and ``CONFIG_FILE`` (the resolved config)."""
     algorithm._require_setup()
     checkpoint_dir = Path(checkpoint_dir)
-    bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    bad = _nonfinite_weights(model)
     if bad:  # never a step of NaN weights on disk (issue 28): the last good checkpoint stays the newest
-        raise TrainingError(f"not saving {checkpoint_dir}: weight {bad[0]} is not finite (NaN or inf)"
-                            f"{f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''}; the update that made it diverged")
+        raise TrainingError(f"not saving {checkpoint_dir}: {bad}; the update that made it diverged")
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     save_policy(model, algorithm.tokenizer, checkpoint_dir, lora=algorithm.config.lora)
     state = {"optimizer": optimizer.state_dict(), "rng": rng_state(), "step": algorithm.step, **(extra or {})}
@@ -355,6 +362,9 @@ def load_checkpoint(algorithm: Algorithm, checkpoint_dir: Path, *, model: Any, o
     if not (checkpoint_dir / STATE_FILE).exists():
         raise TrainingError(f"{checkpoint_dir} has no {STATE_FILE}: not a spanrl checkpoint")
     load_policy_weights(model, checkpoint_dir, lora=algorithm.config.lora)
+    bad = _nonfinite_weights(model)
+    if bad:  # written before save checked (issue 28): training on from it would only diverge
+        raise TrainingError(f"not loading {checkpoint_dir}: {bad}; resume from an older checkpoint")
     state = load_state_file(checkpoint_dir / STATE_FILE)
     optimizer.load_state_dict(state["optimizer"])
     set_rng_state(state["rng"])

@@ -49,6 +49,13 @@ def test_a_checkpoint_of_non_finite_weights_is_never_written(model_path, tmp_pat
     algo.load_state(tmp_path / "checkpoint-1")  # the last good one is intact and loads
     assert all(bool(torch.isfinite(p).all()) for p in algo.model.parameters())
 
+    # A checkpoint of NaN weights written before save checked them is not loaded either.
+    with torch.no_grad():
+        algo.model.model.norm.weight[0] = float("inf")
+    algo.model.save_pretrained(tmp_path / "checkpoint-1")
+    with pytest.raises(TrainingError, match=r"not loading .*checkpoint-1: weight model.norm.weight is not finite"):
+        _setup(GRPO, model_path, tmp_path / "again").load_state(tmp_path / "checkpoint-1")
+
 
 @pytest.mark.parametrize("cls", [GRPO, PPO])
 def test_an_update_with_a_non_finite_gradient_leaves_the_weights(model_path, tmp_path, cls):
