@@ -102,3 +102,12 @@ def test_latest_verdict_is_the_latest_stored_not_the_latest_stamped(collector):
     assert final.to_pylist() == [1.0]
     agents.shutdown()
     users.shutdown()
+
+
+def test_the_readers_bound_is_the_collectors_widest_range(tmp_path):
+    from spanrl.collector.rewards import DEFAULT_REWARD_RANGE
+    from spanrl.store import SpanStore
+
+    with SpanStore.open(tmp_path / "s.duckdb") as store:
+        assert store.sql("SELECT reward_abs_max() AS m").column("m").to_pylist() == [sc.REWARD_ABS_MAX]
+    assert DEFAULT_REWARD_RANGE == (-sc.REWARD_ABS_MAX, sc.REWARD_ABS_MAX)
