@@ -394,7 +394,9 @@ class OnlineTrainer:
         for key, value in metrics.items():
             if key.startswith(("losses/", "charts/grad_norm")) and isinstance(value, float) and not math.isfinite(value):
                 return f"{key} = {value}"
-        for name, tensor in self.algorithm.policy_weights().items():
+        model = getattr(self.algorithm, "model", None)  # the live model (a LoRA one unmerged: no copy)
+        weights = model.state_dict() if model is not None else self.algorithm.policy_weights()
+        for name, tensor in weights.items():
             if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                 return f"weight {name} is not finite"
         return None
