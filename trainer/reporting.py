@@ -65,8 +65,8 @@ class NonFiniteGuard(Callback):
     def on_row(self, row: Mapping[str, Any]) -> None:
         checked = {k: v for k, v in row.items() if (k.startswith("losses/") or k == "charts/grad_norm")
                    and isinstance(v, (int, float))}
-        if not checked:  # an evaluation or APO row
-            return
+        if not checked or row.get("charts/update_seconds") == 0.0:
+            return  # an evaluation or APO row; or no update (SFT with nothing selected, DPO without pairs: NaN loss)
         bad = next((f"{k} = {v}" for k, v in checked.items() if not math.isfinite(v)), None)
         self.bad = self.bad + 1 if bad else 0
         if bad and self.bad >= self.max_bad:

@@ -178,6 +178,7 @@ def test_the_trainer_guard_stops_after_max_bad_updates_in_a_row(tmp_path):
     for step, loss in enumerate([0.5, nan, nan, 0.25, nan, nan], start=1):
         guard.on_row({"step": step, "losses/policy_loss": loss, "charts/grad_norm": 1.0})
     guard.on_row({"step": 6, "val_success": 0.5})
+    guard.on_row({"step": 6, "losses/dpo_loss": nan, "charts/update_seconds": 0.0})  # DPO without pairs: no update
     with pytest.raises(TrainingError, match=r"3 updates in a row were not finite \(max_bad_updates 3; last: "
                                             r"charts/grad_norm = inf at step 7\); stopped"):
         guard.on_row({"step": 7, "losses/policy_loss": 0.1, "charts/grad_norm": float("inf")})
