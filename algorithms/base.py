@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import json
+import pickle
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -248,15 +249,32 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    """The Python, NumPy and torch RNG states (to resume exactly)."""
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """The Python, NumPy and torch RNG states (to resume exactly); tensors and plain values only, so
+    ``torch.load(..., weights_only=True)`` reads them back."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    numpy_state = (name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached))
+    return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     """Restore what :func:`rng_state` returned."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.int64).astype(np.uint32), *rest))
     torch.set_rng_state(state["torch"])
+
+
+def load_state_file(path: Path) -> dict[str, Any]:
+    """``torch.load(path, weights_only=True)``: tensors and plain values only, never arbitrary pickled code.
+    A state written before (its NumPy RNG state a pickled array) is read with only NumPy's array
+    reconstructors allowed besides."""
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError:
+        from numpy._core.multiarray import _reconstruct  # type: ignore[attr-defined]
+
+        with torch.serialization.safe_globals([_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]):
+            return torch.load(path, weights_only=True)
 
 
 def config_dict(config: Any) -> dict[str, Any]:
@@ -309,6 +327,14 @@ def load_policy_weights(model: Any, checkpoint_dir: Path, *, lora: LoRAConfig | 
     model.load_state_dict(saved.state_dict())
 
 
+def _nonfinite_weights(model: Any) -> str | None:
+    """``"weight NAME is not finite (NaN or inf)"`` for the first such tensor of ``model`` (and how many more), or None."""
+    bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if not bad:
+        return None
+    return f"weight {bad[0]} is not finite (NaN or inf)" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+
+
 def save_checkpoint(
     algorithm: Algorithm, checkpoint_dir: Path, *, model: Any, optimizer: Any, name: str, extra: dict[str, Any] | None = None
 ) -> Path:
@@ -316,6 +342,9 @@ def save_checkpoint(
     ``STATE_FILE`` (optimizer, RNG, step, plus ``extra``) and ``CONFIG_FILE`` (the resolved config)."""
     algorithm._require_setup()
     checkpoint_dir = Path(checkpoint_dir)
+    bad = _nonfinite_weights(model)
+    if bad:  # never a step of NaN weights on disk (issue 28): the last good checkpoint stays the newest
+        raise TrainingError(f"not saving {checkpoint_dir}: {bad}; the update that made it diverged")
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     save_policy(model, algorithm.tokenizer, checkpoint_dir, lora=algorithm.config.lora)
     state = {"optimizer": optimizer.state_dict(), "rng": rng_state(), "step": algorithm.step, **(extra or {})}
@@ -333,7 +362,10 @@ def load_checkpoint(algorithm: Algorithm, checkpoint_dir: Path, *, model: Any, o
     if not (checkpoint_dir / STATE_FILE).exists():
         raise TrainingError(f"{checkpoint_dir} has no {STATE_FILE}: not a spanrl checkpoint")
     load_policy_weights(model, checkpoint_dir, lora=algorithm.config.lora)
-    state = torch.load(checkpoint_dir / STATE_FILE, weights_only=False)
+    bad = _nonfinite_weights(model)
+    if bad:  # written before save checked (issue 28): training on from it would only diverge
+        raise TrainingError(f"not loading {checkpoint_dir}: {bad}; resume from an older checkpoint")
+    state = load_state_file(checkpoint_dir / STATE_FILE)
     optimizer.load_state_dict(state["optimizer"])
     set_rng_state(state["rng"])
     algorithm.step = state["step"]

@@ -399,6 +399,9 @@ class GRPO(Algorithm):
                 norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
             else:
                 norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+        if not math.isfinite(float(norm)):  # a NaN / inf gradient: skip the step, the weights stay (GradScaler's rule)
+            trainer.optimizer.zero_grad(set_to_none=True)
+            return float(norm)
         trainer.optimizer.step()
         trainer.lr_scheduler.step()
         trainer.optimizer.zero_grad(set_to_none=True)

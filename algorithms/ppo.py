@@ -276,7 +276,8 @@ class PPO(Algorithm):
                 loss.backward()
                 params = [p for group in self.optimizer.param_groups for p in group["params"]]
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or float("inf"))
-                self.optimizer.step()
+                if torch.isfinite(grad_norm):  # a NaN / inf gradient: the step is skipped, the weights stay (GradScaler's rule)
+                    self.optimizer.step()
                 info["grad_norm"] = grad_norm
                 for key, value in info.items():
                     logs.setdefault(key, []).append(float(value))

@@ -1,6 +1,6 @@
 """Fault suite: the collector and the policy server under malformed input, SIGKILL, overload and abuse.
 
-    .venv/bin/python bench/faults.py [--only malformed,sigkill,overload,sql,policy] [--quick]
+    .venv/bin/python bench/faults.py [--only malformed,sigkill,overload,sql,policy,rewards] [--quick]
 
 Every server runs as its own subprocess on 127.0.0.1 (`spanrl collector`, `spanrl serve`); figures go to
 the README's "Reliability" section. Sections:
@@ -17,6 +17,10 @@ the README's "Reliability" section. Sections:
              cross joins interrupted at the time limit while OTLP export latency is measured.
   policy     >= 200 bad requests to the policy server (tiny model) beside 64 concurrent valid ones: every bad
              one a 4xx OpenAI-style error, every valid one a 200, /health latency meanwhile.
+  rewards    unusable rewards (NaN, +-inf, 1e200, 1e308, -1e7, the strings "nan" / "1e200") as a span attribute,
+             a spanrl.reward event and a gen_ai.evaluation.result event, over gRPC and HTTP, with the C and the
+             Python decoder: each such span rejected alone with its reason, the rest stored, no unusable
+             reward in any view; and a verdict stamped 2^62 ns sent before an honest one loses to it.
 """
 
 from __future__ import annotations
@@ -429,13 +433,77 @@ def _openai_error(body: bytes) -> bool:
         return False
 
 
+# --- unusable rewards (issue 28) -------------------------------------------------------------------------
+_BAD_REWARDS: list[Any] = [float("nan"), float("inf"), float("-inf"), 1e200, 1e308, -1e7, "nan", "1e200"]
+_REWARD_PLACES = (("attribute", "spanrl.reward.value"), ("spanrl.reward", "spanrl.reward.value"),
+                  ("gen_ai.evaluation.result", "gen_ai.evaluation.score.value"))
+
+
+def _reward_request(value: Any, place: tuple[str, str], rollout: str) -> bytes:
+    """Four spans: a good reward, the bad one (where ``place`` says), two without a reward."""
+    req, _ = _request(4, rollout=rollout)
+    spans = req.resource_spans[0].scope_spans[0].spans
+    spans[0].attributes.add(key="spanrl.reward.value", value=common_pb2.AnyValue(double_value=0.5))
+    any_value = common_pb2.AnyValue(string_value=value) if isinstance(value, str) else common_pb2.AnyValue(double_value=value)
+    if place[0] == "attribute":
+        spans[1].attributes.add(key=place[1], value=any_value)
+    else:
+        spans[1].events.add(name=place[0], time_unix_nano=5).attributes.add(key=place[1], value=any_value)
+    return req.SerializeToString()
+
+
+def _verdict(rollout: str, value: float, stamp: int | None) -> bytes:
+    req, _ = _request(1, rollout=rollout)
+    span = req.resource_spans[0].scope_spans[0].spans[0]
+    span.name = "spanrl.feedback"
+    span.attributes.add(key="spanrl.reward.value", value=common_pb2.AnyValue(double_value=value))
+    if stamp is not None:
+        span.start_time_unix_nano = span.end_time_unix_nano = stamp
+    return req.SerializeToString()
+
+
+def bench_rewards(tmp: Path, quick: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for decoder in ("auto", "python"):
+        os.environ["SPANRL_COLLECTOR_DECODER"] = decoder
+        col = Collector(tmp / f"rewards-{decoder}.duckdb").start()
+        os.environ.pop("SPANRL_COLLECTOR_DECODER")
+        channel = grpc.insecure_channel(col.grpc)
+        export = channel.unary_unary(_EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString)
+        sent = rejected = with_reason = 0
+        for i, (value, place, transport) in enumerate(
+                (v, p, t) for v in _BAD_REWARDS for p in _REWARD_PLACES for t in ("grpc", "http")):
+            body = _reward_request(value, place, f"r{i}")
+            if transport == "grpc":
+                reply = export(body, timeout=30)
+            else:
+                status, _, raw = _post(f"{col.http}/v1/traces", body, "application/x-protobuf")
+                reply = ExportTraceServiceResponse.FromString(raw) if status == 200 else ExportTraceServiceResponse()
+            sent += 1
+            rejected += reply.partial_success.rejected_spans
+            with_reason += "must be a finite number" in reply.partial_success.error_message
+        for value, stamp in ((0.0, 2**62), (1.0, None)):  # a far-future verdict first, then the honest one
+            export(_verdict("judged", value, stamp), timeout=30)
+            time.sleep(0.01)
+        stored = col.sql("SELECT count(*) AS n FROM spans WHERE rollout_id LIKE 'r%'")[0]["n"]
+        unusable = col.sql("SELECT count(*) AS n FROM rewards WHERE NOT isfinite(value) OR abs(value) > 1e6")[0]["n"]
+        final = col.sql("SELECT final_reward FROM rollouts WHERE rollout_id = 'judged'")[0]["final_reward"]
+        channel.close()
+        col.stop()
+        out[decoder] = {"requests": sent, "rejected_spans": rejected, "with_reason": with_reason,
+                        "stored_spans": stored, "stored_exact": stored == 3 * sent, "unusable_in_views": unusable,
+                        "latest_verdict": final}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="malformed,sigkill,overload,sql,policy")
+    parser.add_argument("--only", default="malformed,sigkill,overload,sql,policy,rewards")
     parser.add_argument("--quick", action="store_true", help="smaller counts (a smoke run)")
     parser.add_argument("--out", default=None, help="also write the figures as JSON here")
     args = parser.parse_args()
-    benches = {"malformed": bench_malformed, "sigkill": bench_sigkill, "overload": bench_overload, "sql": bench_sql, "policy": bench_policy}
+    benches = {"malformed": bench_malformed, "sigkill": bench_sigkill, "overload": bench_overload, "sql": bench_sql, "policy": bench_policy,
+               "rewards": bench_rewards}
     figures: dict[str, Any] = {"load_before": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="spanrl-faults-") as tmp:
         for name in args.only.split(","):

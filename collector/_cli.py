@@ -33,12 +33,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--sql-timeout-s", type=float, default=None, help="interrupt a /v1/sql query after this (env SPANRL_COLLECTOR_SQL_TIMEOUT_S, default 30)")
     p.add_argument("--materialize-interval-s", type=float, default=None,
                    help="shortest wait between background runs keeping finished rollouts' decomposition (default 2; 0 = off)")
+    p.add_argument("--retention", default=None, metavar="DURATION",
+                   help="delete spans ingested longer ago than this (e.g. 7d, 12h), in the background (default: keep all)")
+    p.add_argument("--reward-range", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
+                   help="reject spans whose reward is outside [LOW, HIGH] or not finite (default -1e6 1e6, the widest allowed)")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     from spanrl.collector import Collector, CollectorConfig
-    from spanrl.errors import SpanRLError
+    from spanrl.errors import ConfigError, SpanRLError
 
     try:
         config = CollectorConfig.from_env(
@@ -49,6 +53,15 @@ def _run(args: argparse.Namespace) -> int:
         )
         if args.materialize_interval_s is not None:
             config.materialize_interval_s = args.materialize_interval_s or None  # 0: off
+        if args.retention is not None:
+            from spanrl.store.maintenance import parse_duration_s
+
+            try:
+                config.retention_s = parse_duration_s(args.retention)
+            except SpanRLError:
+                raise ConfigError(f"--retention must be a number and a unit s/m/h/d/w (e.g. 7d), got {args.retention!r}") from None
+        if args.reward_range is not None:
+            config.reward_range = tuple(args.reward_range)
         if args.max_queue_bytes is not None:
             config.batcher.max_queue_bytes = args.max_queue_bytes
         config.validate()

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 from spanrl import env
+from spanrl import semconv as sc
 from spanrl.collector.batcher import BatcherConfig
 from spanrl.errors import ConfigError
 
@@ -72,6 +73,13 @@ class CollectorConfig:
     too. None: off (`spanrl store materialize` does it on demand)."""
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     """Group-commit queue settings."""
+    retention_s: float | None = None
+    """Delete spans ingested more than this many seconds ago, in the background (whole rollouts, by the
+    collector's clock: `spanrl.collector.retention`); None: keep everything."""
+    reward_range: tuple[float, float] = (-sc.REWARD_ABS_MAX, sc.REWARD_ABS_MAX)
+    """A span whose reward (attribute or reward event) is not a finite number in ``[low, high]`` is rejected
+    at ingest (partial success, with the reason; `spanrl.collector.rewards`). At most +-1e6
+    (``semconv.REWARD_ABS_MAX``, the readers' bound): a narrower range may be set, never a wider one."""
 
     def validate(self) -> None:
         """Raise `ConfigError` naming the first bad field and its value."""
@@ -104,6 +112,10 @@ class CollectorConfig:
         if self.duckdb_threads is not None and self.duckdb_threads < 1:
             raise ConfigError(f"duckdb_threads must be None or at least 1, got {self.duckdb_threads}")
         self.batcher.validate()
+        _validate_reward_range(self.reward_range)
+        if self.retention_s is not None and (isinstance(self.retention_s, bool) or not self.retention_s > 0
+                                             or self.retention_s == float("inf")):
+            raise ConfigError(f"retention_s must be a positive number of seconds or None, got {self.retention_s!r}")
 
     @classmethod
     def from_env(cls, **overrides: object) -> "CollectorConfig":
@@ -128,6 +140,14 @@ class CollectorConfig:
             if value is not None:
                 setattr(config, name, value)
         return config
+
+
+def _validate_reward_range(value: object) -> None:
+    bound = sc.REWARD_ABS_MAX
+    ok = isinstance(value, (tuple, list)) and len(value) == 2 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+    if not ok or not -bound <= value[0] <= value[1] <= bound:  # type: ignore[index,operator]  # NaN fails too
+        raise ConfigError(f"reward_range must be (low, high) with -{bound:g} <= low <= high <= {bound:g}, got {value!r}")
 
 
 def default_config() -> CollectorConfig:

@@ -29,9 +29,11 @@ from spanrl.collector.config import CollectorConfig
 from spanrl.collector.grpc import GrpcReceiver
 from spanrl.collector.http import HttpReceiver, OtlpHttpApp
 from spanrl.collector.materializer import Materializer
+from spanrl.collector.retention import Retention
+from spanrl.collector.rewards import RewardCheck
 from spanrl.collector.sql import SqlRunner
 from spanrl.collector.writer import SpanWriter
-from spanrl.errors import CollectorError
+from spanrl.errors import CollectorError, StoreError
 from spanrl.store import SpanStore
 
 __all__ = ["Collector"]
@@ -54,10 +56,12 @@ class Collector:
         self._http: HttpReceiver | None = None
         self._sql: SqlRunner | None = None
         self._materializer: Materializer | None = None
+        self._retention: Retention | None = None
         self.failed = threading.Event()
         """Set when the store failed and could not be reopened (``spanrl collector`` then exits 3)."""
         self._lock = threading.Lock()
         self._state = "new"
+        self._start_error: str | None = None  # the store could not be opened
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> "Collector":
@@ -78,9 +82,12 @@ class Collector:
             self._writer = SpanWriter(self._store, on_failed=lambda _: self.failed.set())
             self._batcher = Batcher(cfg.batcher, self._writer)
             self._batcher.start()
+            checked = RewardCheck(cfg.reward_range, self._batcher)  # unusable rewards rejected per span, either decoder
             _warm_up()
             if cfg.materialize_interval_s is not None:
                 self._materializer = Materializer(self._store, interval_s=cfg.materialize_interval_s).start()
+            if cfg.retention_s is not None:
+                self._retention = Retention(self._store, retention_s=cfg.retention_s).start()
             retry_s = cfg.batcher.retry_after_s
             # One byte budget for both receivers; a request count for each.
             inflight_bytes = Admission(max_requests=1, max_bytes=cfg.max_inflight_bytes, retry_after_s=retry_s)
@@ -92,18 +99,21 @@ class Collector:
                     max_request_bytes=cfg.max_request_bytes,
                     max_concurrent_rpcs=cfg.grpc_max_concurrent_rpcs,
                     admission=inflight_bytes.with_request_cap(cfg.grpc_max_concurrent_rpcs),
-                    next_consumer=self._batcher,
+                    next_consumer=checked,
                 )
                 self._grpc.start()
             if cfg.http_port != -1:
                 self._sql = SqlRunner(self._store, workers=cfg.sql_workers, max_waiting=cfg.sql_max_waiting,
                                       timeout_s=cfg.sql_timeout_s, retry_after_s=retry_s)
-                app = OtlpHttpApp(token=cfg.token, max_request_bytes=cfg.max_request_bytes, next_consumer=self._batcher,
+                app = OtlpHttpApp(token=cfg.token, max_request_bytes=cfg.max_request_bytes, next_consumer=checked,
                                   store=self._store, admission=inflight_bytes.with_request_cap(cfg.http_max_concurrency),
                                   sql=self._sql, health=self.health)
                 self._http = HttpReceiver(host=cfg.host, port=cfg.http_port, app=app, graceful_timeout_s=cfg.shutdown_timeout_s)
                 self._http.start()
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, StoreError):  # damaged file, full disk: /health says so, the CLI exits 1 with it
+                self._start_error = str(exc)
+                self.failed.set()
             self.shutdown()
             raise
         _logger.info("collector on grpc=%s http=%s db=%s; protobuf decoder: %s", self.grpc_endpoint, self.http_endpoint,
@@ -125,6 +135,8 @@ class Collector:
             self._sql.shutdown()
         if self._materializer is not None:
             self._materializer.shutdown(timeout)
+        if self._retention is not None:
+            self._retention.shutdown(timeout)
         if self._batcher is not None:
             self._batcher.shutdown(timeout)
         if self._writer is not None:
@@ -169,6 +181,8 @@ class Collector:
 
     def health(self) -> dict[str, Any]:
         """``{"status": "ok"}``, or ``recovering`` / ``failed`` with the DuckDB ``error`` after a store failure."""
+        if self._start_error is not None:
+            return {"status": "failed", "error": self._start_error}
         writer = self._writer
         if writer is None or writer.state == "ok":
             return {"status": "ok"}

@@ -19,6 +19,7 @@ __all__ = [
     "GenerationResult",
     "SamplingParams",
     "TokenCallback",
+    "check_finite_weights",
 ]
 
 TokenCallback = Callable[[int, int, float], None]
@@ -106,3 +107,18 @@ class Backend(Protocol):
     def close(self) -> None:
         """Free the model."""
         ...
+
+
+def check_finite_weights(state: Any) -> None:
+    """Raise `ServingError` naming the first floating-point tensor of ``state`` (name -> tensor) that holds
+    a NaN or an infinity. Backends call it before they copy anything, so refused weights leave the served
+    ones whole (issue 28: one reward of 1e200 gave a checkpoint of NaN, and every request then failed)."""
+    import torch
+
+    from spanrl.errors import ServingError
+
+    bad = [key for key, tensor in state.items()
+           if torch.is_tensor(tensor) and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise ServingError(f"weights: {bad[0]} is not finite (NaN or inf){more}; refused, the previous weights are still served")

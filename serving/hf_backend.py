@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from spanrl.errors import ServingError
-from spanrl.serving.backend import AdmitCallback, Completion, DoneCallback, GenerationRequest
+from spanrl.serving.backend import AdmitCallback, Completion, DoneCallback, GenerationRequest, check_finite_weights
 
 __all__ = ["TransformersBackend"]
 
@@ -112,6 +112,7 @@ class TransformersBackend:
         for key, tensor in state.items():
             if own[key].shape != tensor.shape:
                 raise ServingError(f"weights: {key} has shape {tuple(tensor.shape)}, the model {tuple(own[key].shape)}")
+        check_finite_weights(state)
         with torch.no_grad():  # checked first, so a bad source leaves the old weights whole
             for key, tensor in state.items():
                 target = own[key]

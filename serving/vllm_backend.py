@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from spanrl.errors import ServingError
-from spanrl.serving.backend import Completion, GenerationRequest
+from spanrl.serving.backend import Completion, GenerationRequest, check_finite_weights
 
 __all__ = ["VLLMBackend"]
 
@@ -141,6 +141,7 @@ class VLLMBackend:
         else:
             state = _state_dict_of(source)
         self._check({k: tuple(v.shape) for k, v in state.items()})
+        check_finite_weights(state)
         items = {k: v.detach().cpu().contiguous() for k, v in state.items()}
         embed = next((k for k in self._shapes if k.endswith("embed_tokens.weight")), None)
         if self._tied and "lm_head.weight" not in items and embed in items:

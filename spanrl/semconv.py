@@ -48,6 +48,9 @@ REWARD_SPAN_NAME = "spanrl.reward"  # also accepted as an event name
 REWARD_VALUE = "spanrl.reward.value"  # double
 REWARD_NAME = "spanrl.reward.name"  # optional, for multi-dimensional rewards; default "reward"
 DEFAULT_REWARD_NAME = "reward"
+REWARD_ABS_MAX = 1e6
+"""The largest |reward| anything reads: the collector's default ``reward_range`` is [-1e6, 1e6] (a narrower
+one may be configured, never a wider one), and store/views.sql's ``reward_abs_max()`` drops the rest."""
 
 # --- Late feedback (spanrl.emit_feedback): a reward for a finished rollout, from any process ---------
 # A span named spanrl.feedback with the reward attributes and exactly one key: spanrl.rollout.id,

@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--parquet", required=True, metavar="DIR", help="output folder (created)")
     add_store_options(e)
     e.set_defaults(func=_export)
-    r = sub.add_parser("prune", help="delete rollouts that ended longer ago than --older-than")
+    r = sub.add_parser("prune", help="delete rollouts whose last span was stored longer ago than --older-than")
     r.add_argument("--older-than", required=True, metavar="AGE", help="age such as 7d, 12h, 30m, 2w")
     add_store_options(r)
     r.set_defaults(func=_prune)

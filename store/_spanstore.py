@@ -127,7 +127,14 @@ class SpanStore:
         store = cls(_connect(path, read_only, config), path, read_only=read_only)
         store._config = config
         store._sandboxed = sandboxed
-        store._prepare()
+        try:
+            _check_not_truncated(store._con, path)
+            store._prepare()
+        except (duckdb.Error, StoreError) as exc:
+            store._con.close()
+            if isinstance(exc, StoreError):
+                raise
+            raise StoreError(_open_failure(path, exc)) from exc
         return store
 
     def _prepare(self) -> None:
@@ -164,9 +171,10 @@ class SpanStore:
                 pass  # an invalidated database may fail to close cleanly; its file is what matters
             self._con = _connect(self._path, self._read_only, self._config)
             try:
+                _check_not_truncated(self._con, self._path)
                 self._prepare()
             except duckdb.Error as exc:
-                raise StoreError(f"cannot reopen the span store {self._path!r}: {exc}") from exc
+                raise StoreError(f"cannot reopen: {_open_failure(self._path, exc)}") from exc
             self.generation += 1
 
     def close(self) -> None:
@@ -310,6 +318,35 @@ class SpanStore:
         return batch.num_rows
 
 
+_FILE_HEADERS_BYTES = 3 * 4096  # DuckDB's main header and its two database headers, before the first block
+_DISK_FULL = ("No space left", "File too large", "Disk full", "disk is full")
+
+
+def _check_not_truncated(con: duckdb.DuckDBPyConnection, path: str) -> None:
+    """`StoreError` when the file is shorter than the blocks its header names (truncated, or partly
+    copied): DuckDB itself opens such a file, answers counts from its metadata, takes writes into the
+    WAL, and fails only when a query or a checkpoint reads a missing block."""
+    if path == ":memory:" or not Path(path).is_file():
+        return
+    _, _, block_size, total_blocks, *_ = con.execute("PRAGMA database_size").fetchone()
+    expected, actual = _FILE_HEADERS_BYTES + int(total_blocks) * int(block_size), Path(path).stat().st_size
+    if actual < expected:
+        raise StoreError(
+            f"the span store {path!r} is damaged: the file has {actual} bytes, its header names {total_blocks} blocks of "
+            f"{block_size} ({expected} bytes); it was truncated or only partly copied. Restore it from a backup, or move "
+            "it away to start a new store"
+        )
+
+
+def _open_failure(path: str, exc: BaseException) -> str:
+    """The reason an open failed, and what to do when the disk is full."""
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if any(needle in str(exc) for needle in _DISK_FULL):
+        return (f"cannot open the span store {path!r}: the disk is full (or a file size limit was reached): {first}. "
+                "Nothing stored was lost; free some space and start again")
+    return f"cannot open the span store {path!r}: {first}"
+
+
 def _connect(path: str, read_only: bool, config: dict[str, str | int | bool]) -> duckdb.DuckDBPyConnection:
     try:
         return duckdb.connect(path, read_only=read_only, config=config)
@@ -319,10 +356,10 @@ def _connect(path: str, read_only: bool, config: dict[str, str | int | bool]) ->
                 f"the span store {path!r} is held by another process and no collector answered SQL "
                 f"for it; query through that collector (spanrl sql --url URL) or stop it. ({exc})"
             ) from exc
-        raise StoreError(f"cannot open the span store {path!r}: {exc}") from exc
+        raise StoreError(_open_failure(path, exc)) from exc
     except duckdb.Error as exc:
-        if "memory_limit" not in config or read_only:
-            raise StoreError(f"cannot open the span store {path!r}: {exc}") from exc
+        if "memory_limit" not in config or read_only or any(needle in str(exc) for needle in _DISK_FULL):
+            raise StoreError(_open_failure(path, exc)) from exc
         # Replaying a large WAL can need more than the configured cap: replay and checkpoint once
         # without it (DuckDB's default, 80% of RAM), then open again with the cap.
         _logger.warning("opening %s with memory_limit=%s failed (%s); replaying its WAL without the cap once",
@@ -334,4 +371,4 @@ def _connect(path: str, read_only: bool, config: dict[str, str | int | bool]) ->
             con.close()
             return duckdb.connect(path, read_only=read_only, config=config)
         except duckdb.Error as exc2:
-            raise StoreError(f"cannot open the span store {path!r}: {exc2}") from exc2
+            raise StoreError(_open_failure(path, exc2)) from exc2

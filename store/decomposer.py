@@ -287,7 +287,7 @@ agents AS (
 -- rewards: span attributes and events, one row each, placed after the last call that ended before them
 rw0 AS MATERIALIZED (  -- no OR across columns: each scan is filtered before it reads the rest (-0.01 s)
     SELECT trace_id, span_id, rid AS copy_rid, rollout_id, end_ns AS time_ns, ingested_ns,
-           coalesce(reward_name, '{sc.DEFAULT_REWARD_NAME}') AS name, reward_value AS value, 'span' AS source
+           coalesce(reward_name, '{sc.DEFAULT_REWARD_NAME}') AS name, usable_reward(reward_value) AS value, 'span' AS source
     FROM rollout_spans(__SINCE__)
     WHERE reward_value IS NOT NULL
     UNION ALL  -- a reward span without a value: NaN
@@ -299,9 +299,8 @@ rw0 AS MATERIALIZED (  -- no OR across columns: each scan is filtered before it 
     SELECT trace_id, span_id, copy_rid, rollout_id, ev.time_ns, ingested_ns,
            coalesce(ev.attributes ->> '$."{sc.REWARD_NAME}"', ev.attributes ->> '$."{sc.GEN_AI_EVALUATION_NAME}"',
                     '{sc.DEFAULT_REWARD_NAME}') AS name,
-           coalesce(TRY_CAST(ev.attributes ->> '$."{sc.REWARD_VALUE}"' AS DOUBLE),
-                    TRY_CAST(ev.attributes ->> '$."{sc.GEN_AI_EVALUATION_SCORE_VALUE}"' AS DOUBLE),
-                    'NaN'::DOUBLE) AS value,
+           usable_reward(coalesce(TRY_CAST(ev.attributes ->> '$."{sc.REWARD_VALUE}"' AS DOUBLE),  -- unusable: NaN
+                    TRY_CAST(ev.attributes ->> '$."{sc.GEN_AI_EVALUATION_SCORE_VALUE}"' AS DOUBLE))) AS value,
            'event' AS source
     FROM (
         SELECT trace_id, span_id, rid AS copy_rid, rollout_id, ingested_ns,

@@ -52,17 +52,20 @@ def export_parquet(source: SpanStore | RemoteStore, out_dir: str | Path, *, tabl
     return written
 
 
+# By ingest time (the collector's clock): a sender's end_ns can be anything, and one stamped in the
+# future would never be pruned.
 _PRUNE_WHERE = """
-    end_ns < $cutoff AND (
+    ingested_ns < $cutoff AND (
         rollout_id IS NULL
         OR rollout_id IN (SELECT rollout_id FROM spans WHERE rollout_id IS NOT NULL
-                          GROUP BY rollout_id HAVING max(end_ns) < $cutoff))
+                          GROUP BY rollout_id HAVING max(ingested_ns) < $cutoff))
 """
 
 
 def prune(store: SpanStore, older_than_s: float, *, now_ns: int | None = None) -> int:
-    """Delete whole rollouts whose last span ended over ``older_than_s`` ago, and rollout-less spans
-    that ended before then; never part of a rollout. Returns the number of spans deleted. The kept
+    """Delete whole rollouts whose last span was ingested over ``older_than_s`` ago, and rollout-less
+    spans ingested before then; never part of a rollout (``ingested_ns``: the collector's clock, never the
+    sender's ``end_ns``). Returns the number of spans deleted. The kept
     decomposition of every rollout sharing a trace with a deleted span goes in the same transaction."""
     if older_than_s < 0:
         raise ConfigError(f"older_than must be 0 or more seconds, got {older_than_s}")

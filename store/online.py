@@ -14,7 +14,10 @@ Rewards are ``rollout_rewards``' rows (the agent's own reward spans and events) 
 the rollout of that trace (``trace_rollouts``), else ``spanrl.rollout.id``; a key two rollouts claim
 resolves to none. Spans belong to rollouts by ``rollout_spans``; every macro reads only spans ingested
 since the horizon less ``max_age_s``, so a poll costs the same however large the store grows. Several rewards combine by one rule: **the
-latest by time wins** (the reward's own timestamp; a later judgment corrects an earlier one).
+latest stored wins** (by the collector's ``ingested_ns``, then the sender's timestamp within one commit: a
+later judgment corrects an earlier one, and a verdict stamped in the far future does not win forever).
+Unusable rewards (non-finite, out of range: ``store/views.sql``'s ``reward_usable``) never win; a rollout
+with only such rewards is still ready, with ``reward`` None, so the trainer can quarantine it.
 
 Each query is ONE read-only statement, so it runs on a ``SpanStore`` or through a collector's SQL
 endpoint (``RemoteStore``) alike. Time windows are nanoseconds on the collector's clock.
@@ -43,9 +46,9 @@ _ROLLOUT_STATE = f"""
 WITH sp AS (
     SELECT * FROM rollout_spans($horizon_ns - $max_age_ns)
 ), rw AS (
-    SELECT r.rollout_id, r.time_ns, r.value, r.ingested_ns, s.name = '{sc.FEEDBACK_SPAN_NAME}' AS is_feedback,
+    SELECT r.rollout_id, r.time_ns, r.value, r.usable, r.ingested_ns, s.name = '{sc.FEEDBACK_SPAN_NAME}' AS is_feedback,
            s.response_id AS fb_response, s.attributes ->> '$."{sc.FEEDBACK_TRACE_ID}"' AS fb_trace
-    FROM rollout_rewards($horizon_ns - $max_age_ns) r JOIN sp s ON s.rid = r.rid
+    FROM rollout_rewards($horizon_ns - $max_age_ns, usable_only := FALSE) r JOIN sp s ON s.rid = r.rid
     WHERE $reward_name IS NULL OR r.name = $reward_name
 ), by_response AS (  -- the one rollout of the calls with that response id (none when two claim it)
     SELECT response_id, min(rollout_id) AS rollout_id FROM sp
@@ -60,12 +63,13 @@ WITH sp AS (
     SELECT CASE WHEN rw.is_feedback AND rw.fb_response IS NOT NULL THEN br.rollout_id
                 WHEN rw.is_feedback AND rw.fb_trace IS NOT NULL THEN bt.rollout_id
                 ELSE rw.rollout_id END AS rollout_id,
-           rw.time_ns, rw.value, rw.ingested_ns, rw.is_feedback
+           rw.time_ns, rw.value, rw.usable, rw.ingested_ns, rw.is_feedback
     FROM rw
     LEFT JOIN by_response br ON rw.is_feedback AND br.response_id = rw.fb_response
     LEFT JOIN by_trace bt ON rw.is_feedback AND bt.trace_id = rw.fb_trace
 ), rewarded AS (
-    SELECT rollout_id, arg_max(value, time_ns) AS reward, min(ingested_ns) AS first_reward_ns,
+    SELECT rollout_id, arg_max(value, [ingested_ns, time_ns]) FILTER (WHERE usable) AS reward,
+           min(ingested_ns) AS first_reward_ns, count(*) FILTER (WHERE NOT usable) AS bad_rewards,
            count(*) AS reward_count, count(*) FILTER (WHERE is_feedback) AS feedback_count
     FROM resolved WHERE rollout_id IS NOT NULL GROUP BY rollout_id
 ), ro AS (
@@ -79,6 +83,7 @@ WITH sp AS (
 ), st AS (
     SELECT ro.*, rs.task_id, rs.failed, rs.end_ingested_ns AS closed_ns, rewarded.reward, rewarded.first_reward_ns,
            coalesce(rewarded.reward_count, 0) AS reward_count, coalesce(rewarded.feedback_count, 0) AS feedback_count,
+           coalesce(rewarded.bad_rewards, 0) AS bad_rewards,
            coalesce(rs.end_ingested_ns, CASE WHEN ro.last_ns + $quiet_ns <= $now_ns THEN ro.last_ns + $quiet_ns END)
                AS complete_ns
     FROM ro JOIN rollout_state($horizon_ns - $max_age_ns) rs USING (rollout_id) LEFT JOIN rewarded USING (rollout_id)
@@ -86,7 +91,7 @@ WITH sp AS (
 """
 
 _READY = _ROLLOUT_STATE + """
-SELECT rollout_id, task_id, reward, reward_count, feedback_count, min_policy_version, token_calls,
+SELECT rollout_id, task_id, reward, reward_count, feedback_count, bad_rewards, min_policy_version, token_calls,
        greatest(complete_ns, first_reward_ns) AS ready_ns
 FROM st
 WHERE NOT failed AND complete_ns IS NOT NULL AND first_reward_ns IS NOT NULL
@@ -116,16 +121,20 @@ class Watermark:
 
 @dataclass(frozen=True)
 class ReadyRollout:
-    """A complete, rewarded rollout, with its combined reward (the latest wins)."""
+    """A complete, rewarded rollout, with its combined reward (the latest usable one stored wins).
+
+    ``reward`` is None when every reward it got was unusable (``bad_rewards`` of them: non-finite or
+    out of range, stored before the collector checked): the trainer quarantines it."""
 
     rollout_id: str
     task_id: str | None
-    reward: float
+    reward: float | None
     reward_count: int
     feedback_count: int
     min_policy_version: int | None
     token_calls: int
     ready_ns: int
+    bad_rewards: int = 0
 
 
 def now_ns(store: Any) -> int:
@@ -161,7 +170,8 @@ def ready_rollouts(
                    "limit": int(limit)})
     rows = store.sql(_READY, params).to_pylist()
     return [ReadyRollout(
-        rollout_id=r["rollout_id"], task_id=r["task_id"], reward=float(r["reward"]), reward_count=int(r["reward_count"]),
+        rollout_id=r["rollout_id"], task_id=r["task_id"], reward=None if r["reward"] is None else float(r["reward"]),
+        reward_count=int(r["reward_count"]), bad_rewards=int(r["bad_rewards"]),
         feedback_count=int(r["feedback_count"]), min_policy_version=r["min_policy_version"],
         token_calls=int(r["token_calls"]), ready_ns=int(r["ready_ns"]),
     ) for r in rows]

@@ -90,10 +90,19 @@ WITH s AS (
 SELECT *, CASE WHEN failed THEN 'error' WHEN ended_by IS NOT NULL THEN 'finished' ELSE 'open' END AS status
 FROM e;
 
+-- A usable reward: finite, |r| <= reward_abs_max() (semconv.REWARD_ABS_MAX). The collector rejects
+-- the rest at ingest (collector/rewards.py); these drop what was stored before it did, so no reader
+-- (these views, the decomposer, load_transitions, the online trainer) sees one.
+CREATE OR REPLACE MACRO reward_abs_max() AS 1e6::DOUBLE;
+CREATE OR REPLACE MACRO reward_usable(x) AS coalesce(isfinite(x) AND abs(x) <= reward_abs_max(), FALSE);
+CREATE OR REPLACE MACRO usable_reward(x) AS CASE WHEN reward_usable(x) THEN x ELSE 'NaN'::DOUBLE END;
+
 -- One row per reward among spans ingested at or after since_ns: typed span rewards
 -- (spanrl.reward.value / gen_ai.evaluation.score.value on a span) and reward events (spanrl.reward /
 -- gen_ai.evaluation.result) unnested from the events JSON. `rid` and `ingested_ns` are the span's.
-CREATE OR REPLACE MACRO rollout_rewards(since_ns) AS TABLE
+-- Only usable values (above) unless `usable_only := FALSE`; `usable` says which.
+CREATE OR REPLACE MACRO rollout_rewards(since_ns, usable_only := TRUE) AS TABLE
+SELECT *, reward_usable(value) AS usable FROM (
 SELECT rid, ingested_ns, rollout_id, task_id, attempt, mode, trace_id, span_id,
        end_ns AS time_ns,
        coalesce(reward_name, 'reward') AS name,
@@ -119,11 +128,14 @@ FROM (
 )
 WHERE ev.name IN ('spanrl.reward', 'gen_ai.evaluation.result')
   AND coalesce(TRY_CAST(ev.attributes ->> '$."spanrl.reward.value"' AS DOUBLE),
-               TRY_CAST(ev.attributes ->> '$."gen_ai.evaluation.score.value"' AS DOUBLE)) IS NOT NULL;
+               TRY_CAST(ev.attributes ->> '$."gen_ai.evaluation.score.value"' AS DOUBLE)) IS NOT NULL
+)
+WHERE NOT usable_only OR reward_usable(value);
 
--- Every reward of the store (rollout_rewards over all spans).
+-- Every usable reward of the store (rollout_rewards over all spans). ingested_ns: when the collector
+-- stored it, the order "latest wins" goes by (the sender's time_ns can be anything).
 CREATE OR REPLACE VIEW rewards AS
-SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, time_ns, name, value, source
+SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, time_ns, name, value, source, ingested_ns
 FROM rollout_rewards(0);
 
 -- One row per LLM call span: client spans of instrumentors (gen_ai.operation.name chat/text_completion)
@@ -143,11 +155,11 @@ SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, parent_span_id, na
 FROM rollout_spans(0)
 WHERE operation_name IN ('chat', 'text_completion') OR prompt_token_ids IS NOT NULL;
 
--- One row per rollout: its status (rollout_state above) and rewards. final_reward: the last reward by
--- time (any name).
+-- One row per rollout: its status (rollout_state above) and rewards. final_reward: the last reward stored
+-- (any name; by ingested_ns, then the sender's time_ns within one commit).
 CREATE OR REPLACE VIEW rollouts AS
 WITH r AS (
-    SELECT rollout_id, arg_max(value, time_ns) AS final_reward, count(*) AS reward_count
+    SELECT rollout_id, arg_max(value, [ingested_ns, time_ns]) AS final_reward, count(*) AS reward_count
     FROM rewards
     WHERE rollout_id IS NOT NULL
     GROUP BY rollout_id

@@ -87,6 +87,9 @@ class TrainerConfig:
     max_staleness: int = 1
     """With ``async_steps``: rollouts start at most this many steps ahead, so they lag the policy they
     update by at most this many versions."""
+    max_bad_updates: int = 3
+    """Stop with a `TrainingError` after this many updates in a row whose loss or gradient norm was not
+    finite (GRPO and PPO skip such optimizer steps, so the weights and the last checkpoint stay good)."""
     runner: RunnerConfig = dataclasses.field(default_factory=RunnerConfig)
     """How rollouts run: concurrency, timeouts, retries, command workers."""
     serving: ServingConfig = dataclasses.field(default_factory=ServingConfig)
@@ -95,7 +98,8 @@ class TrainerConfig:
 
     def validate(self) -> TrainerConfig:
         """Raise :class:`ConfigError` naming the first bad field; return self."""
-        for name in ("n_rollouts", "tasks_per_step", "max_steps", "updates_per_step", "server_max_batch_size"):
+        for name in ("n_rollouts", "tasks_per_step", "max_steps", "updates_per_step", "server_max_batch_size",
+                     "max_bad_updates"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")

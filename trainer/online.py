@@ -25,6 +25,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import math
 import shutil
 import threading
 import time
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from spanrl import env
+from spanrl import semconv as sc
 from spanrl.errors import ConfigError, StoreError, TrainingError
 from spanrl.store.online import ReadyRollout, Watermark, count_aged_out, now_ns, ready_rollouts
 from spanrl.trainer.config import CHECKPOINT_PREFIX, CONFIG_FILE, HISTORY_FILE
@@ -58,7 +60,8 @@ class OnlineConfig:
     store_url: str = f"http://{env.DEFAULT_HOST}:{env.DEFAULT_HTTP_PORT}"
     """The collector's HTTP endpoint (its SQL route reads the span store)."""
     collector_token: str | None = None
-    """Bearer token of the collector, if it has one."""
+    """Bearer token of the collector, if it has one (None: ``SPANRL_COLLECTOR_TOKEN``). Never written to
+    ``config.json``."""
     output_dir: str = "spanrl-online"
     """Checkpoints, ``online_state.json``, ``ledger.jsonl``, ``history.jsonl``."""
     poll_interval_s: float = 2.0
@@ -81,6 +84,12 @@ class OnlineConfig:
     """Weight of the global mean in a task's baseline (pseudo-observations)."""
     scale_std: bool = True
     """Divide advantages by the running reward std."""
+    baseline_clip_std: float = 4.0
+    """Rewards are winsorized to the running mean +- this many stds (at least 1) before they enter the
+    baseline or an advantage, so one outlier cannot poison it (``online_state``)."""
+    max_bad_updates: int = 3
+    """Stop with a `TrainingError` after this many updates in a row whose loss, gradients or weights were
+    not finite (each is undone, its rollouts are quarantined as ``bad_update``, nothing is checkpointed)."""
     reward_name: str | None = None
     """Only rewards (and feedback) of this name; None: any."""
     max_updates: int | None = None
@@ -105,7 +114,10 @@ class OnlineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
-        for name in ("min_rollouts", "max_rollouts", "baseline_window", "keep_checkpoints"):
+        if isinstance(self.baseline_clip_std, bool) or not isinstance(self.baseline_clip_std, (int, float)) \
+                or not self.baseline_clip_std > 0 or not math.isfinite(self.baseline_clip_std):
+            raise ConfigError(f"baseline_clip_std must be a finite number > 0, got {self.baseline_clip_std!r}")
+        for name in ("min_rollouts", "max_rollouts", "baseline_window", "keep_checkpoints", "max_bad_updates"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -116,6 +128,11 @@ class OnlineConfig:
         if self.max_updates is not None and (not isinstance(self.max_updates, int) or self.max_updates < 1):
             raise ConfigError(f"max_updates must be a positive integer or None, got {self.max_updates!r}")
         return self
+
+
+def _good_reward(reward: float | None) -> bool:
+    """A reward the trainer can use: finite and within ``semconv.REWARD_ABS_MAX`` (the store checks it too)."""
+    return reward is not None and math.isfinite(reward) and abs(reward) <= sc.REWARD_ABS_MAX
 
 
 class PolicyClient:
@@ -163,7 +180,7 @@ class OnlineTrainer:
         if store is None:
             from spanrl.store import RemoteStore
 
-            store = RemoteStore(config.store_url, token=config.collector_token)
+            store = RemoteStore(config.store_url, token=config.collector_token or env.get_str(env.SPANRL_COLLECTOR_TOKEN))
         self.store = store
         self.server = PolicyClient(config.server_url)
         self.output_dir = Path(config.output_dir)
@@ -183,7 +200,8 @@ class OnlineTrainer:
         if not Path(cfg.model).is_dir():
             raise ConfigError(f"model must be an HF model folder, got {cfg.model!r} (no such folder)")
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        self.state = OnlineState.load(self.output_dir, window=cfg.baseline_window, prior=cfg.baseline_prior)
+        self.state = OnlineState.load(self.output_dir, window=cfg.baseline_window, prior=cfg.baseline_prior,
+                                      clip_std=cfg.baseline_clip_std)
         self.ledger = Ledger(self.output_dir, self.state.ledger_lines)
         self.algorithm.setup(model_path=Path(cfg.model), output_dir=self.output_dir / "algorithm", seed=cfg.seed)
         if self.state.checkpoint is not None:
@@ -194,7 +212,8 @@ class OnlineTrainer:
                 _logger.info("resumed at step %d from %s; policy version %d", self.state.step, checkpoint, version)
             except TrainingError as exc:
                 _logger.warning("spanrl online: could not sync the server to %s (%s); the next update will", checkpoint, exc)
-        (self.output_dir / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+        saved = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "collector_token"}  # never a secret on disk
+        (self.output_dir / CONFIG_FILE).write_text(json.dumps(saved, indent=1))
         return self
 
     def stop(self) -> None:
@@ -213,6 +232,8 @@ class OnlineTrainer:
             except (TrainingError, StoreError) as exc:  # server or collector unreachable: wait, try again
                 if isinstance(exc, StoreError) and "no collector answered" not in str(exc) and " 503" not in str(exc):
                     raise
+                if self.state is not None and self.state.bad_updates >= cfg.max_bad_updates:
+                    raise  # max_bad_updates non-finite updates in a row: a training problem, not a network one
                 _logger.warning("spanrl online: %s; retrying in %.0f s", exc, cfg.poll_interval_s)
                 row = None
             if row is None:
@@ -252,11 +273,16 @@ class OnlineTrainer:
 
     def _usable(self, rollout: ReadyRollout, version: int) -> bool:
         lag = self._lag(rollout, version)
-        return lag is not None and lag <= self.config.max_policy_lag
+        return lag is not None and lag <= self.config.max_policy_lag and _good_reward(rollout.reward)
 
-    def _status(self, rollout: ReadyRollout, version: int, trained: dict[str, tuple[float, float]]) -> str:
+    def _status(self, rollout: ReadyRollout, version: int, trained: dict[str, tuple[float, float]],
+                marks: dict[str, str]) -> str:
         if rollout.rollout_id in trained:
             return "trained"
+        if rollout.rollout_id in marks:
+            return marks[rollout.rollout_id]
+        if not _good_reward(rollout.reward):
+            return "bad_reward"
         return "stale" if rollout.min_policy_version is not None and not self._usable(rollout, version) else "no_transitions"
 
     @staticmethod
@@ -274,20 +300,25 @@ class OnlineTrainer:
         credit = CreditConfig(mode="identical", baseline="none", scale_std=False, missing_reward="zero", nan_reward="zero")
         batch = load_transitions(self.store, credit=credit, rollout_ids=[r.rollout_id for r in fresh],
                                  tokenizer=self.algorithm.tokenizer)
-        transitions = batch.transitions
+        transitions, marks = self._checked(batch.transitions)
         with_calls = {t.rollout_id for t in transitions}
         used = [r for r in fresh if r.rollout_id in with_calls]
         if not used:  # nothing token-level to learn from: move past them, no update
-            self._commit(ready, trained={}, checkpoint=None, version=version)
+            self._commit(ready, trained={}, checkpoint=None, version=version, marks=marks)
             return None
-        advantages = state.baseline.advantages([(r.task_id, r.reward) for r in used], scale_std=cfg.scale_std)
-        by_rollout = {r.rollout_id: (r.reward, a) for r, a in zip(used, advantages)}
+        advantages = state.baseline.advantages([(r.task_id, float(r.reward or 0.0)) for r in used], scale_std=cfg.scale_std)
+        by_rollout = {r.rollout_id: (float(r.reward or 0.0), a) for r, a in zip(used, advantages)}
         transitions = [dataclasses.replace(t, reward=by_rollout[t.rollout_id][0], advantage=by_rollout[t.rollout_id][1])
                        for t in transitions if t.rollout_id in by_rollout]
         metrics = self.algorithm.update(transitions) if transitions else {}
+        problem = self._nonfinite(metrics)
+        if problem is not None:  # undone; its rollouts quarantined; after max_bad_updates in a row: stop
+            self._undo_bad_update(ready, used, version, marks, problem)
+            return None
         state.step += 1
+        state.bad_updates = 0
         checkpoint = self._save_checkpoint(state.step)
-        self._commit(ready, trained=by_rollout, checkpoint=checkpoint, version=version)
+        self._commit(ready, trained=by_rollout, checkpoint=checkpoint, version=version, marks=marks)
         try:
             new_version: int | None = self.server.reload(self.output_dir / checkpoint)
         except TrainingError as exc:  # the server is down: it is synced again after the next update or restart
@@ -311,7 +342,7 @@ class OnlineTrainer:
 
     # --- persistence --------------------------------------------------------------------------------
     def _commit(self, considered: list[ReadyRollout], *, trained: dict[str, tuple[float, float]],
-                checkpoint: str | None, version: int) -> None:
+                checkpoint: str | None, version: int, marks: dict[str, str] | None = None) -> None:
         """Ledger lines for ``considered`` (in watermark order), then the state with the watermark past
         the last of them and ``checkpoint``: the commit point."""
         state, ledger = self.state, self.ledger
@@ -321,7 +352,7 @@ class OnlineTrainer:
             if r.rollout_id in ledger.seen:  # a guard, never expected: the watermark is already past it
                 state.count("already_handled")
                 continue
-            status = self._status(r, version, trained)
+            status = self._status(r, version, trained, marks or {})
             state.count(status)
             entries.append({"rollout_id": r.rollout_id, "task_id": r.task_id, "step": state.step, "status": status,
                             "reward": r.reward, "rewards": r.reward_count, "policy_version": r.min_policy_version,
@@ -333,6 +364,61 @@ class OnlineTrainer:
         if checkpoint is not None:
             state.checkpoint = checkpoint
         state.save(self.output_dir)
+
+    # --- what cannot be trained on -------------------------------------------------------------------
+    def _checked(self, transitions: list[Any]) -> tuple[list[Any], dict[str, str]]:
+        """The transitions of rollouts that pass the algorithm's checks (``check_transitions``, one rollout at
+        a time, e.g. a forged token id outside the vocabulary), and ``bad_transitions`` marks for the rest."""
+        from spanrl.algorithms.base import check_transitions
+
+        model = getattr(self.algorithm, "model", None)
+        vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+        by_rollout: dict[str, list[Any]] = {}
+        for t in transitions:
+            by_rollout.setdefault(t.rollout_id, []).append(t)
+        kept, marks = [], {}
+        for rollout_id, items in by_rollout.items():
+            try:  # the advantage is set later: checked here with a placeholder
+                check_transitions([dataclasses.replace(t, advantage=0.0) for t in items], vocab_size=vocab)
+            except ConfigError as exc:
+                _logger.warning("spanrl online: rollout %s quarantined (bad_transitions): %s", rollout_id, exc)
+                marks[rollout_id] = "bad_transitions"
+                continue
+            kept.extend(items)
+        return kept, marks
+
+    def _nonfinite(self, metrics: dict[str, Any]) -> str | None:
+        """What was not finite after an update (a loss, the gradient norm, a weight), or None."""
+        import torch
+
+        for key, value in metrics.items():
+            if key.startswith(("losses/", "charts/grad_norm")) and isinstance(value, float) and not math.isfinite(value):
+                return f"{key} = {value}"
+        model = getattr(self.algorithm, "model", None)  # the live model (a LoRA one unmerged: no copy)
+        weights = model.state_dict() if model is not None else self.algorithm.policy_weights()
+        for name, tensor in weights.items():
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                return f"weight {name} is not finite"
+        return None
+
+    def _undo_bad_update(self, ready: list[ReadyRollout], used: list[ReadyRollout], version: int,
+                         marks: dict[str, str], problem: str) -> None:
+        cfg, state = self.config, self.state
+        assert state is not None
+        state.bad_updates += 1
+        _logger.warning("spanrl online: update %d of %d in a row not finite (%s); undone, its %d rollouts quarantined",
+                        state.bad_updates, cfg.max_bad_updates, problem, len(used))
+        if state.checkpoint is not None:  # back to the last good weights (the server still serves them)
+            self.algorithm.load_state(self.output_dir / state.checkpoint)
+        else:
+            self.algorithm.setup(model_path=Path(cfg.model), output_dir=self.output_dir / "algorithm", seed=cfg.seed)
+        self._commit(ready, trained={}, checkpoint=None, version=version,
+                     marks={**marks, **{r.rollout_id: "bad_update" for r in used}})
+        if state.bad_updates >= cfg.max_bad_updates:
+            last = self.output_dir / state.checkpoint if state.checkpoint else cfg.model
+            raise TrainingError(f"{state.bad_updates} updates in a row were not finite (max_bad_updates "
+                                f"{cfg.max_bad_updates}; last: {problem}); stopped. The last good weights, {last}, are "
+                                "intact and still served; lower the learning rate or check the rewards")
 
     def _save_checkpoint(self, step: int) -> str:
         name = f"{CHECKPOINT_PREFIX}{step}"

@@ -6,7 +6,8 @@ One contract (``on_row(row)``, ``on_end(history)``, ``close()``) for everything 
 - :class:`Scalars`: TensorBoard / W&B, through the one scalar writer
   :class:`spanrl.algorithms.base.Reporter` (``log(metrics, step)``) that PPO's own loop uses too;
 - :class:`~spanrl.trainer.console.Console`: the progress bar and one readable line per step;
-- :class:`CurvePlot`: ``reward_curve.png`` at the end.
+- :class:`CurvePlot`: ``reward_curve.png`` at the end;
+- :class:`NonFiniteGuard`: stops training after ``max_bad_updates`` updates in a row with a non-finite loss.
 
 A row is a flat dict with ``step`` plus numbers (and a few lists / dicts, e.g. ``transitions_report``);
 a step's seconds per stage come from a :class:`StageClock` as ``time/<stage>_s``.
@@ -17,12 +18,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Callback", "CurvePlot", "HistoryFile", "Scalars", "StageClock", "log_row", "scalars_of"]
+__all__ = ["Callback", "CurvePlot", "HistoryFile", "NonFiniteGuard", "Scalars", "StageClock", "log_row", "scalars_of"]
 
 _logger = logging.getLogger(__name__)
 
@@ -49,6 +51,30 @@ class HistoryFile(Callback):
     def on_row(self, row: Mapping[str, Any]) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+class NonFiniteGuard(Callback):
+    """Raises `TrainingError` once ``max_bad`` update rows in a row have a non-finite ``losses/*`` or
+    ``charts/grad_norm`` (issue 28). The row is already in ``history.jsonl``; the step is not checkpointed,
+    so the last checkpoint is the last good one (GRPO and PPO skip non-finite optimizer steps)."""
+
+    def __init__(self, max_bad: int) -> None:
+        self.max_bad = max_bad
+        self.bad = 0
+
+    def on_row(self, row: Mapping[str, Any]) -> None:
+        checked = {k: v for k, v in row.items() if (k.startswith("losses/") or k == "charts/grad_norm")
+                   and isinstance(v, (int, float))}
+        if not checked or row.get("charts/update_seconds") == 0.0:
+            return  # an evaluation or APO row; or no update (SFT with nothing selected, DPO without pairs: NaN loss)
+        bad = next((f"{k} = {v}" for k, v in checked.items() if not math.isfinite(v)), None)
+        self.bad = self.bad + 1 if bad else 0
+        if bad and self.bad >= self.max_bad:
+            from spanrl.errors import TrainingError
+
+            raise TrainingError(f"{self.bad} updates in a row were not finite (max_bad_updates {self.max_bad}; last: "
+                                f"{bad} at step {row.get('step')}); stopped. The last checkpoint is the last good one; "
+                                "lower the learning rate or check the rewards")
 
 
 def scalars_of(row: Mapping[str, Any]) -> dict[str, float]:

@@ -73,7 +73,7 @@ from spanrl.trainer.config import (
 )
 from spanrl.trainer.console import Console
 from spanrl.trainer.overlap import RolloutPrefetch, StepRollouts, policy_lag
-from spanrl.trainer.reporting import Callback, CurvePlot, HistoryFile, Scalars, StageClock, log_row
+from spanrl.trainer.reporting import Callback, CurvePlot, HistoryFile, NonFiniteGuard, Scalars, StageClock, log_row
 from spanrl.trainer.runner import RolloutJob, RolloutResult
 from spanrl.trainer.services import Services
 
@@ -216,7 +216,7 @@ class Trainer:
         return checkpoint
 
     def _reporting(self) -> list[Callback]:
-        callbacks: list[Callback] = [HistoryFile(self.output_dir / HISTORY_FILE)]
+        callbacks: list[Callback] = [HistoryFile(self.output_dir / HISTORY_FILE), NonFiniteGuard(self.config.max_bad_updates)]
         if set(self.config.report_to) & {"tensorboard", "wandb"}:
             callbacks.append(Scalars(self.config.report_to, self.output_dir, self._config_dict()))
         callbacks.append(CurvePlot(self.output_dir / CURVE_FILE, f"spanrl: {self.output_dir.name}"))

@@ -38,7 +38,7 @@ WITH x AS (
     WHERE rollout_id IS NOT NULL __FILTER__
     GROUP BY rollout_id
 ), r AS (
-    SELECT rollout_id, arg_max(value, time_ns) AS final_reward, count(*) AS reward_count
+    SELECT rollout_id, arg_max(value, [ingested_ns, time_ns]) AS final_reward, count(*) AS reward_count  -- the rollouts view's rule
     FROM rollout_rewards($since)
     WHERE rollout_id IS NOT NULL __FILTER__
     GROUP BY rollout_id

@@ -337,10 +337,16 @@ def test_rollout_without_reward_is_skipped_or_scored_zero(collector: Any) -> Non
 
 
 def test_nan_reward_skips_its_rollout_or_counts_as_zero(collector: Any) -> None:
+    """The collector refuses a NaN reward at ingest (tests/collector/test_rewards.py); a store written
+    before it did holds one: appended here straight into the store."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    from spanrl.collector.encoding import encode_request
+
     rec = Recorder()
     one_call_rollout(rec, "a", "t1", 1.0)
     one_call_rollout(rec, "nan", "t1", float("nan"))
-    deliver(collector, rec.spans())
+    collector.store.append(encode_request(encode_spans(rec.spans())).table)
 
     skipped = load_transitions(collector.store, credit=NO_BASELINE)
     zero = load_transitions(collector.store, credit=CreditConfig(baseline="none", scale_std=False, nan_reward="zero"))

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -150,12 +151,18 @@ def test_export_parquet_writes_spans_and_views(tmp_path):
 
 
 def test_prune_deletes_whole_old_rollouts_only(store):
+    """By ingest time (the collector's clock), whatever the sender stamped: the old rollout's spans claim
+    to end in 2116 (2^62 ns) and are pruned anyway; the new one's claim 1970 and stay."""
     day = 86_400 * 10**9
-    now = 100 * day
-    _add(store, 3, rollout_id="old", start_ns=now - 9 * day)
-    _add(store, 2, rollout_id="straddles", start_ns=now - 9 * day)
-    _add(store, 1, rollout_id="straddles", start_ns=now - 1 * day)
-    _add(store, 2, rollout_id="new", start_ns=now - day)
+    now = time.time_ns() + 100 * day
+    ages = {}
+    for rollout_id, n, age_days, stamp in (("old", 3, 9, 2**62), ("straddles", 2, 9, 0), ("straddles", 1, 1, 0),
+                                           ("new", 2, 1, 0)):
+        for span_id in _add(store, n, rollout_id=rollout_id, start_ns=stamp):
+            ages[span_id] = now - age_days * day
+    # as if stored that long ago: ingested_ns is the only clock prune reads
+    store.sql("UPDATE spans SET ingested_ns = ages.t FROM (SELECT unnest(?) AS id, unnest(?) AS t) ages WHERE span_id = ages.id",
+              [list(ages), list(ages.values())])
     assert prune(store, parse_duration_s("7d"), now_ns=now) == 3
     left = store.sql("SELECT rollout_id, count(*) AS n FROM spans GROUP BY ALL ORDER BY ALL").to_pylist()
     assert left == [{"rollout_id": "new", "n": 2}, {"rollout_id": "straddles", "n": 3}]

@@ -53,8 +53,10 @@ def test_export_and_prune_through_collector_then_on_file(collector_proc, tmp_pat
     res = _spanrl("store", "export", "--parquet", str(tmp_path / "remote"), *where)
     assert res.returncode == 0, res.stderr
     assert pq.read_table(tmp_path / "remote" / "spans.parquet").num_rows == 5
-    # Span times in make_request are from 1970: everything is older than 7 days.
+    # Prune goes by ingest time (make_request's 1970 span times do not count): 7 days keeps them, 0 s does not.
     res = _spanrl("store", "prune", "--older-than", "7d", *where)
+    assert res.returncode == 0 and "deleted 0 spans" in res.stdout
+    res = _spanrl("store", "prune", "--older-than", "0s", *where)
     assert res.returncode == 0 and "deleted 5 spans" in res.stdout
     _send(collector_proc, 4, "later")
     assert collector_proc.terminate() == 0
@@ -62,7 +64,7 @@ def test_export_and_prune_through_collector_then_on_file(collector_proc, tmp_pat
     res = _spanrl("store", "export", "--parquet", str(tmp_path / "local"), *where)
     assert res.returncode == 0, res.stderr
     assert pq.read_table(tmp_path / "local" / "rollouts.parquet").to_pylist()[0]["span_count"] == 4
-    res = _spanrl("store", "prune", "--older-than", "1d", *where)
+    res = _spanrl("store", "prune", "--older-than", "0s", *where)
     assert res.returncode == 0 and "deleted 4 spans" in res.stdout
     res = _spanrl("store", "prune", "--older-than", "soon", *where)
     assert res.returncode == 1 and "got 'soon'" in res.stderr

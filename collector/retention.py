@@ -1,0 +1,62 @@
+"""The collector's retention: spans older than ``retention_s`` by the collector's own clock are deleted
+in the background.
+
+A daemon thread runs `spanrl.store.prune` (one transaction on its own cursor, like ``POST /v1/prune``)
+every ``interval_s``: whole rollouts whose last span was *ingested* more than ``retention_s`` ago, and
+rollout-less spans ingested before then. Ingest time, not the sender's ``end_ns``: a span stamped far in
+the future is pruned like any other. It never holds the writer. Errors are logged, never fatal.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from spanrl.store import SpanStore
+from spanrl.store.maintenance import prune
+
+__all__ = ["Retention", "retention_interval_s"]
+
+_logger = logging.getLogger(__name__)
+_MAX_INTERVAL_S = 600.0
+_MIN_INTERVAL_S = 0.5
+
+
+def retention_interval_s(retention_s: float) -> float:
+    """How often retention runs: a tenth of the retention, between 0.5 s and 10 minutes."""
+    return min(max(retention_s / 10.0, _MIN_INTERVAL_S), _MAX_INTERVAL_S)
+
+
+class Retention:
+    """Runs `prune(store, retention_s)` in a daemon thread every ``interval_s``."""
+
+    def __init__(self, store: SpanStore, *, retention_s: float, interval_s: float | None = None) -> None:
+        self._store = store
+        self._retention_s = retention_s
+        self._interval_s = retention_interval_s(retention_s) if interval_s is None else interval_s
+        self._stop = threading.Event()
+        self.deleted_spans = 0
+        """Spans deleted since start."""
+        self._thread = threading.Thread(target=self._loop, name="spanrl-retention", daemon=True)
+
+    def start(self) -> "Retention":
+        self._thread.start()
+        return self
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Stop the thread (after the prune in progress). Safe before start or twice."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                deleted = prune(self._store, self._retention_s)
+            except Exception as exc:  # the store may be reopening or closing: try again next time
+                _logger.warning("retention: pruning spans older than %.0f s failed: %s", self._retention_s,
+                                str(exc).splitlines()[0])
+                continue
+            self.deleted_spans += deleted
+            if deleted:
+                _logger.info("retention: deleted %d spans ingested over %.0f s ago", deleted, self._retention_s)

@@ -1,0 +1,55 @@
+"""`--retention`: spans are pruned in the background by ingest time, even one stamped far in the
+future (issue 28 item 9: pruning was manual only, and a span whose end_ns lay in the future was never
+pruned). A real collector, real OTLP/gRPC requests, its DuckDB file."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from _otlp import make_request
+from spanrl.collector import Collector, CollectorConfig
+
+_EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+def _send(collector, rollout_id: str, n: int, *, end_ns: int | None = None) -> None:
+    req, _ = make_request(n, rollout_id=rollout_id)
+    if end_ns is not None:
+        for span in req.resource_spans[0].scope_spans[0].spans:
+            span.end_time_unix_nano = end_ns
+    with grpc.insecure_channel(collector.grpc_endpoint) as channel:
+        call = channel.unary_unary(_EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString)
+        call(req.SerializeToString(), timeout=30)
+
+
+def _counts(collector) -> dict[str, int]:
+    rows = collector.store.sql("SELECT rollout_id, count(*) AS n FROM spans GROUP BY ALL").to_pylist()
+    return {r["rollout_id"]: r["n"] for r in rows}
+
+
+def test_retention_prunes_by_ingest_time_in_the_background(tmp_path):
+    config = CollectorConfig(db_path=str(tmp_path / "s.duckdb"), grpc_port=0, http_port=-1, retention_s=4.0,
+                             materialize_interval_s=None)
+    with Collector(config) as collector:
+        _send(collector, "old", 3, end_ns=2**62)  # claims to end in 2116
+        time.sleep(2.5)
+        _send(collector, "new", 2)
+        assert _counts(collector) == {"old": 3, "new": 2}
+        deadline = time.monotonic() + 20
+        while "old" in _counts(collector) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _counts(collector) == {"new": 2}  # old went first, by its ingest time, not its end_ns
+        while _counts(collector) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _counts(collector) == {}
+
+
+def test_retention_flag_is_a_duration(tmp_path):
+    ran = subprocess.run([sys.executable, "-m", "spanrl", "collector", "--db", str(tmp_path / "s.duckdb"),
+                          "--retention", "7 years"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 1 and "--retention must be a number and a unit s/m/h/d/w (e.g. 7d), got '7 years'" in ran.stderr
