@@ -88,7 +88,7 @@ class Collector:
                 self._grpc = GrpcReceiver(
                     host=cfg.host,
                     port=cfg.grpc_port,
-                    token=cfg.token,
+                    tokens=cfg.tokens(),
                     max_request_bytes=cfg.max_request_bytes,
                     max_concurrent_rpcs=cfg.grpc_max_concurrent_rpcs,
                     admission=inflight_bytes.with_request_cap(cfg.grpc_max_concurrent_rpcs),
@@ -98,7 +98,7 @@ class Collector:
             if cfg.http_port != -1:
                 self._sql = SqlRunner(self._store, workers=cfg.sql_workers, max_waiting=cfg.sql_max_waiting,
                                       timeout_s=cfg.sql_timeout_s, retry_after_s=retry_s)
-                app = OtlpHttpApp(token=cfg.token, max_request_bytes=cfg.max_request_bytes, next_consumer=self._batcher,
+                app = OtlpHttpApp(tokens=cfg.tokens(), bound_host=cfg.host, max_request_bytes=cfg.max_request_bytes, next_consumer=self._batcher,
                                   store=self._store, admission=inflight_bytes.with_request_cap(cfg.http_max_concurrency),
                                   sql=self._sql, health=self.health)
                 self._http = HttpReceiver(host=cfg.host, port=cfg.http_port, app=app, graceful_timeout_s=cfg.shutdown_timeout_s)
