@@ -183,3 +183,47 @@ def test_token_ids_are_kept_from_everyone_when_no_token_grants_policy(open_colle
     status, reply = _post(open_collector, "/v1/sql", b'{"sql": "SELECT response_id, completion_token_ids FROM spans '
                                                      b'WHERE rollout_id = \'open-r\'"}')
     assert json.loads(reply)["rows"] == [{"response_id": "chatcmpl-open", "completion_token_ids": [4, 5]}]
+
+
+def test_cli_token_files_and_variables(tmp_path):
+    """``spanrl collector --ingest-token-file/--admin-token-file`` and SPANRL_COLLECTOR_READ_TOKEN, then
+    ``spanrl store prune --token-file`` with the admin token (and not the read one)."""
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    for name, value in (("ingest", "file-agent"), ("admin", "file-admin"), ("read", "var-reader")):
+        (tmp_path / name).write_text(value + "\n")
+    env = {**os.environ, "SPANRL_COLLECTOR_READ_TOKEN": "var-reader"}
+    env.pop("SPANRL_COLLECTOR_TOKEN", None)
+    proc = subprocess.Popen([sys.executable, "-m", "spanrl", "collector", "--db", str(tmp_path / "c.duckdb"),
+                             "--grpc-port", "-1", "--http-port", "0", "--ingest-token-file", str(tmp_path / "ingest"),
+                             "--admin-token-file", str(tmp_path / "admin")],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(60)
+        assert line and line[0].startswith("spanrl collector ready"), line
+        http = dict(p.split("=", 1) for p in line[0].split()[3:])["http"]
+
+        class _At:
+            http_endpoint = http
+
+        body = make_request(3)[0].SerializeToString()
+        assert _post(_At, "/v1/traces", body, ctype="application/x-protobuf", token="file-agent")[0] == 200
+        assert _post(_At, "/v1/traces", body, ctype="application/x-protobuf", token="var-reader")[0] == 401
+        assert _post(_At, "/v1/sql", b'{"sql": "SELECT 1 AS x"}', token="var-reader")[0] == 200
+        assert _post(_At, "/v1/sql", b'{"sql": "SELECT 1 AS x"}', token="file-agent")[0] == 401
+        prune = [sys.executable, "-m", "spanrl", "store", "prune", "--older-than", "0s", "--url", http]
+        refused = subprocess.run([*prune, "--token-file", str(tmp_path / "read")], capture_output=True, text=True,
+                                 env=env, timeout=120)
+        assert refused.returncode != 0 and "401" in refused.stderr
+        done = subprocess.run([*prune, "--token-file", str(tmp_path / "admin")], capture_output=True, text=True,
+                              env=env, timeout=120)
+        assert done.returncode == 0, done.stderr
+    finally:
+        proc.terminate()
+        proc.wait(30)
