@@ -51,6 +51,9 @@ class CollectorConfig:
     """Token granting ``POST /v1/sql`` (the viewer, ``spanrl sql``, trainers reading the store)."""
     admin_token: str | None = None
     """Token granting ``POST /v1/prune`` and ``/v1/materialize``. A scope no token grants is open."""
+    claim_rollouts: bool = True
+    """The first service whose spans name a rollout id owns it; other services' spans naming it are rejected
+    (spanrl.collector.identity). False: any span may join any rollout, as before."""
     max_request_bytes: int = _MAX_REQUEST_BYTES
     """Largest accepted request body, bytes (after gzip decompression for HTTP)."""
     grpc_max_concurrent_rpcs: int = _GRPC_MAX_CONCURRENT_RPCS

@@ -28,7 +28,7 @@ from spanrl.collector.admission import DECODE_FACTOR, Admission
 from spanrl.collector.encoding import EncodedBatch
 from spanrl.collector.errors import PermanentError, RetryableError
 from spanrl.collector.fast_decode import encode_protobuf_body
-from spanrl.collector.identity import for_sender
+from spanrl.collector.identity import RolloutClaims, admit
 from spanrl.errors import CollectorError
 from spanrl.trust import Tokens
 
@@ -66,7 +66,9 @@ class GrpcReceiver:
         max_concurrent_rpcs: int,
         admission: Admission,
         next_consumer: BatchConsumer,
+        claims: RolloutClaims | None = None,
     ) -> None:
+        self._claims = claims
         self._host = host
         self._requested_port = port
         self._tokens = tokens
@@ -145,7 +147,7 @@ class GrpcReceiver:
             del body
             if batch is None:  # no resource spans
                 return ExportTraceServiceResponse()
-            batch = for_sender(batch, self._tokens, authorization)
+            batch = admit(batch, self._tokens, self._claims, authorization)
             committed = self._next.consume(batch)
             self._admission.release(reserved)
             reserved = 0

@@ -44,7 +44,7 @@ from spanrl.collector.encoding import EncodedBatch, decode_json_request, encode_
 from spanrl.collector.fast_decode import encode_protobuf_body
 from spanrl.collector.errors import PayloadTooLargeError, PermanentError, RetryableError, UnauthenticatedError
 from spanrl.collector.grpc import BatchConsumer
-from spanrl.collector.identity import for_sender
+from spanrl.collector.identity import RolloutClaims, admit
 from spanrl.collector.sql import SqlRunner
 from spanrl.errors import CollectorError, StoreError
 from spanrl.store import SpanStore
@@ -102,8 +102,10 @@ class OtlpHttpApp:
     """The ASGI application (usable on its own in tests)."""
 
     def __init__(self, *, tokens: Tokens, max_request_bytes: int, next_consumer: BatchConsumer, store: SpanStore,
-                 admission: Admission, sql: SqlRunner, health: Callable[[], dict[str, Any]], bound_host: str) -> None:
+                 admission: Admission, sql: SqlRunner, health: Callable[[], dict[str, Any]], bound_host: str,
+                 claims: RolloutClaims | None = None) -> None:
         self._tokens = tokens
+        self._claims = claims
         self._bound_host = bound_host
         self._max = max_request_bytes
         self._next = next_consumer
@@ -233,7 +235,7 @@ class OtlpHttpApp:
             raise _HttpError(415, f"Content-Type {ctype!r} is not supported; use {_PROTOBUF_TYPE} or {_JSON_TYPE}", grpc_code=_GRPC_INVALID_ARGUMENT)
         batch = await asyncio.to_thread(_decode_and_encode, body, ctype == _JSON_TYPE)
         del body
-        batch = for_sender(batch, self._tokens, headers.get("authorization"))
+        batch = admit(batch, self._tokens, self._claims, headers.get("authorization"))
         committed = self._next.consume(batch)
         self._admission.release(held[0])  # the batcher's queue cap counts the batch from here on
         held[0] = 0

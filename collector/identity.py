@@ -1,5 +1,11 @@
 """What a sender may claim, decided once at ingest from the token it presented (docs/architecture.md, "Trust").
 
+Rollouts: the first service (resource ``service.name``) whose spans name a rollout id claims it; spans of
+another service naming it are rejected (partial success, with the reason), so one tenant cannot join, or
+end, or reward another's rollout by setting ``spanrl.rollout.id``. Not counted as claims, and never refused:
+the policy server's spans (its token; with no policy token, SERVER spans with ``gen_ai.operation.name``),
+and ``spanrl.feedback`` spans (feedback comes from other services by design).
+
 Token ids and log-probs on a span are what training trusts as the policy's own sampling; a response id on a
 SERVER span is what attributes an agent's calls (and feedback keyed by response id) to a rollout. Only the
 policy server makes either: so a request whose token does not grant the ``policy`` scope has its spans'
@@ -11,19 +17,31 @@ SERVER spans, stored NULL (the attributes JSON keeps what was sent, for people t
 from __future__ import annotations
 
 import logging
+import threading
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spanrl import semconv
 from spanrl.collector.encoding import EncodedBatch
 from spanrl.trust import Tokens
 
-__all__ = ["POLICY_ONLY_COLUMNS", "for_sender"]
+__all__ = ["POLICY_ONLY_COLUMNS", "RolloutClaims", "admit", "for_sender"]
 
 _logger = logging.getLogger(__name__)
 
 POLICY_ONLY_COLUMNS = ("prompt_token_ids", "completion_token_ids", "logprobs")
 """Columns stored only from a sender with the ``policy`` scope."""
+
+
+def admit(batch: EncodedBatch, tokens: Tokens, claims: "RolloutClaims | None", authorization: str | None) -> EncodedBatch:
+    """``batch`` as its sender may store it: policy-only columns (`for_sender`), then rollout claims."""
+    batch = for_sender(batch, tokens, authorization)
+    if claims is None or batch.table is None:
+        return batch
+    policy_sender = tokens.guarded("policy") and "policy" in tokens.scopes_of(authorization)
+    return batch if policy_sender else claims.admit(batch, open_policy=not tokens.guarded("policy"))
 
 
 def for_sender(batch: EncodedBatch, tokens: Tokens, authorization: str | None) -> EncodedBatch:
@@ -44,3 +62,66 @@ def for_sender(batch: EncodedBatch, tokens: Tokens, authorization: str | None) -
         table = table.set_column(index, "response_id", pc.if_else(server, pa.scalar(None, pa.string()), table.column(index)))
     _logger.debug("dropped token ids / server response ids of %d spans from a sender without the policy scope", len(table))
     return EncodedBatch(table, batch.accepted, batch.rejected, batch.error_message)
+
+
+# The spans that neither claim a rollout nor are refused for naming one (see the module docstring).
+_UNCLAIMED_SQL = f"""
+SELECT rollout_id, arg_min(coalesce(service_name, ''), ingested_ns) AS service
+FROM spans
+WHERE rollout_id IS NOT NULL AND name <> '{semconv.FEEDBACK_SPAN_NAME}'
+  AND NOT (kind = 'SERVER' AND (operation_name IS NOT NULL OR completion_token_ids IS NOT NULL))
+GROUP BY rollout_id
+"""
+
+
+class RolloutClaims:
+    """Which service owns each rollout id: loaded from the store at start, then kept in memory (about 100
+    bytes a rollout) as batches are admitted. Thread-safe."""
+
+    def __init__(self, owners: dict[str, str] | None = None) -> None:
+        self._owners = dict(owners or {})
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, store: Any) -> "RolloutClaims":
+        """The claims already in ``store`` (one scan of the spans with a rollout id)."""
+        table = store.sql(_UNCLAIMED_SQL)
+        return cls(dict(zip(table.column("rollout_id").to_pylist(), table.column("service").to_pylist())))
+
+    def owner(self, rollout_id: str) -> str | None:
+        """The service that claimed ``rollout_id`` ('' for spans without a service name), or None."""
+        with self._lock:
+            return self._owners.get(rollout_id)
+
+    def admit(self, batch: EncodedBatch, *, open_policy: bool) -> EncodedBatch:
+        """``batch`` without the spans that name a rollout another service claimed; new rollouts are claimed.
+        ``open_policy``: no token grants the policy scope, so LLM SERVER spans count as the policy server's."""
+        table = batch.table
+        if table is None:
+            return batch
+        rollout = table.column("rollout_id")
+        if rollout.null_count == len(rollout):
+            return batch
+        service = pc.fill_null(table.column("service_name"), "")
+        checked = pc.and_(pc.is_valid(rollout), pc.not_equal(table.column("name"), semconv.FEEDBACK_SPAN_NAME))
+        server = pc.equal(table.column("kind"), "SERVER")
+        if open_policy:
+            checked = pc.and_(checked, pc.invert(pc.and_(server, pc.is_valid(table.column("operation_name")))))
+        pairs = pa.table({"r": rollout, "s": service}).filter(checked).group_by(["r", "s"]).aggregate([])
+        refused: dict[tuple[str, str], str] = {}
+        with self._lock:
+            for rid, svc in zip(pairs.column("r").to_pylist(), pairs.column("s").to_pylist()):
+                owner = self._owners.setdefault(rid, svc)
+                if owner != svc:
+                    refused[(rid, svc)] = owner
+        if not refused:
+            return batch
+        keys = pc.binary_join_element_wise(rollout, service, "\x00")
+        bad = pc.and_(checked, pc.is_in(keys, pa.array([f"{r}\x00{s}" for r, s in refused])))
+        kept = table.filter(pc.invert(pc.fill_null(bad, False)))
+        dropped = len(table) - len(kept)
+        (rid, svc), owner = next(iter(refused.items()))
+        reason = (f"{dropped} spans name a rollout another service claimed: rollout {rid!r} belongs to service "
+                  f"{owner!r}, not {svc!r}" + (f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""))
+        message = "; ".join(m for m in (batch.error_message, reason) if m)
+        return EncodedBatch(kept if len(kept) else None, batch.accepted - dropped, batch.rejected + dropped, message)

@@ -27,6 +27,7 @@ from spanrl.collector.encoding import encode_request
 from spanrl.collector.fast_decode import active_decoder, decode_body
 from spanrl.collector.config import CollectorConfig
 from spanrl.collector.grpc import GrpcReceiver
+from spanrl.collector.identity import RolloutClaims
 from spanrl.collector.http import HttpReceiver, OtlpHttpApp
 from spanrl.collector.materializer import Materializer
 from spanrl.collector.sql import SqlRunner
@@ -82,6 +83,7 @@ class Collector:
             if cfg.materialize_interval_s is not None:
                 self._materializer = Materializer(self._store, interval_s=cfg.materialize_interval_s).start()
             retry_s = cfg.batcher.retry_after_s
+            claims = RolloutClaims.load(self._store) if cfg.claim_rollouts else None
             # One byte budget for both receivers; a request count for each.
             inflight_bytes = Admission(max_requests=1, max_bytes=cfg.max_inflight_bytes, retry_after_s=retry_s)
             if cfg.grpc_port != -1:
@@ -89,6 +91,7 @@ class Collector:
                     host=cfg.host,
                     port=cfg.grpc_port,
                     tokens=cfg.tokens(),
+                    claims=claims,
                     max_request_bytes=cfg.max_request_bytes,
                     max_concurrent_rpcs=cfg.grpc_max_concurrent_rpcs,
                     admission=inflight_bytes.with_request_cap(cfg.grpc_max_concurrent_rpcs),
@@ -98,7 +101,7 @@ class Collector:
             if cfg.http_port != -1:
                 self._sql = SqlRunner(self._store, workers=cfg.sql_workers, max_waiting=cfg.sql_max_waiting,
                                       timeout_s=cfg.sql_timeout_s, retry_after_s=retry_s)
-                app = OtlpHttpApp(tokens=cfg.tokens(), bound_host=cfg.host, max_request_bytes=cfg.max_request_bytes, next_consumer=self._batcher,
+                app = OtlpHttpApp(tokens=cfg.tokens(), bound_host=cfg.host, claims=claims, max_request_bytes=cfg.max_request_bytes, next_consumer=self._batcher,
                                   store=self._store, admission=inflight_bytes.with_request_cap(cfg.http_max_concurrency),
                                   sql=self._sql, health=self.health)
                 self._http = HttpReceiver(host=cfg.host, port=cfg.http_port, app=app, graceful_timeout_s=cfg.shutdown_timeout_s)

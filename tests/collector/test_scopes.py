@@ -12,7 +12,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from spanrl.collector import Collector, CollectorConfig
-from _otlp import make_request
+from _otlp import kv as _kv, make_request
 
 _EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 _TOKENS = {"token": "all-of-it", "ingest_token": "agent-t", "policy_token": "policy-t", "read_token": "reader-t",
@@ -227,3 +227,51 @@ def test_cli_token_files_and_variables(tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def _export(collector, body: bytes, token: str | None = None) -> ExportTraceServiceResponse:
+    status, reply = _post(collector, "/v1/traces", body, ctype="application/json" if body[:1] == b"{" else "application/x-protobuf",
+                          token=token)
+    assert status == 200, reply
+    return ExportTraceServiceResponse.FromString(reply)
+
+
+def test_a_rollout_claimed_by_one_service_cannot_be_joined_by_another(open_collector):
+    """Finding 7: a span-level spanrl.rollout.id let one tenant's spans join another's rollout."""
+    victim, _ = make_request(2, rollout_id="victim-r", resource={"service.name": "tenant-a"})
+    assert _export(open_collector, victim.SerializeToString()).partial_success.rejected_spans == 0
+    # tenant b: its resource names its own rollout, one span names the victim's (the span attribute wins)
+    forged, _ = make_request(3, rollout_id="b-r", resource={"service.name": "tenant-b"})
+    span = forged.resource_spans[0].scope_spans[0].spans[0]
+    span.attributes.extend([_kv("spanrl.rollout.id", "victim-r"), _kv("spanrl.reward.value", 1.0)])
+    reply = _export(open_collector, forged.SerializeToString())
+    assert reply.partial_success.rejected_spans == 1
+    assert "rollout 'victim-r' belongs to service 'tenant-a', not 'tenant-b'" in reply.partial_success.error_message
+    status, rows = _post(open_collector, "/v1/sql", b'{"sql": "SELECT rollout_id, service_name, count(*) AS n FROM spans '
+                                                    b'WHERE rollout_id IN (\'victim-r\', \'b-r\') GROUP BY ALL ORDER BY 1"}')
+    assert json.loads(rows)["rows"] == [{"rollout_id": "b-r", "service_name": "tenant-b", "n": 2},
+                                         {"rollout_id": "victim-r", "service_name": "tenant-a", "n": 2}]
+    # the owner keeps writing to it; feedback from any service is still taken
+    more, _ = make_request(1, rollout_id="victim-r", resource={"service.name": "tenant-a"})
+    assert _export(open_collector, more.SerializeToString()).partial_success.rejected_spans == 0
+    feedback, _ = make_request(1, rollout_id="victim-r", name="spanrl.feedback", resource={"service.name": "judge"})
+    assert _export(open_collector, feedback.SerializeToString()).partial_success.rejected_spans == 0
+
+
+def test_claims_survive_a_restart(tmp_path):
+    db = str(tmp_path / "claims.duckdb")
+    first, _ = make_request(1, rollout_id="kept-r", resource={"service.name": "tenant-a"})
+    with Collector(CollectorConfig(db_path=db, grpc_port=-1, http_port=0, materialize_interval_s=None)) as c:
+        _export(c, first.SerializeToString())
+    intruder, _ = make_request(1, rollout_id="kept-r", resource={"service.name": "tenant-b"})
+    with Collector(CollectorConfig(db_path=db, grpc_port=-1, http_port=0, materialize_interval_s=None)) as c:
+        assert _export(c, intruder.SerializeToString()).partial_success.rejected_spans == 1
+
+
+def test_the_policy_servers_spans_do_not_claim_the_rollout(scoped):
+    """The policy server's span often arrives before the agent's: it must not take the rollout."""
+    assert _post(scoped, "/v1/traces", _llm_server_span("agent-r", "chatcmpl-agent-r"), ctype="application/x-protobuf",
+                 token=_TOKENS["policy_token"])[0] == 200
+    agent, _ = make_request(2, rollout_id="agent-r", resource={"service.name": "the-agent"})
+    reply = _export(scoped, agent.SerializeToString(), token=_TOKENS["ingest_token"])
+    assert reply.partial_success.rejected_spans == 0
