@@ -1,6 +1,6 @@
 """Fault suite: the collector and the policy server under malformed input, SIGKILL, overload and abuse.
 
-    .venv/bin/python bench/faults.py [--only malformed,sigkill,overload,sql,policy] [--quick]
+    .venv/bin/python bench/faults.py [--only malformed,sigkill,overload,sql,policy,abuse] [--quick]
 
 Every server runs as its own subprocess on 127.0.0.1 (`spanrl collector`, `spanrl serve`); figures go to
 the README's "Reliability" section. Sections:
@@ -17,6 +17,9 @@ the README's "Reliability" section. Sections:
              cross joins interrupted at the time limit while OTLP export latency is measured.
   policy     >= 200 bad requests to the policy server (tiny model) beside 64 concurrent valid ones: every bad
              one a 4xx OpenAI-style error, every valid one a 200, /health latency meanwhile.
+  abuse      who may do what (bench/_abuse.py): cross-site and DNS-rebinding requests, tokens outside their
+             scope, forged token ids and rollout joins, weight reloads without the admin token or outside the
+             checkpoint root.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from _abuse import bench_abuse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
 from opentelemetry.proto.common.v1 import common_pb2
 
@@ -431,11 +435,12 @@ def _openai_error(body: bytes) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="malformed,sigkill,overload,sql,policy")
+    parser.add_argument("--only", default="malformed,sigkill,overload,sql,policy,abuse")
     parser.add_argument("--quick", action="store_true", help="smaller counts (a smoke run)")
     parser.add_argument("--out", default=None, help="also write the figures as JSON here")
     args = parser.parse_args()
-    benches = {"malformed": bench_malformed, "sigkill": bench_sigkill, "overload": bench_overload, "sql": bench_sql, "policy": bench_policy}
+    benches = {"malformed": bench_malformed, "sigkill": bench_sigkill, "overload": bench_overload, "sql": bench_sql, "policy": bench_policy,
+               "abuse": bench_abuse}
     figures: dict[str, Any] = {"load_before": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="spanrl-faults-") as tmp:
         for name in args.only.split(","):
