@@ -158,3 +158,43 @@ def test_admin_token_from_a_file_in_the_cli(tmp_path, tiny_model_dir, root):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_served_spans_keep_token_ids_through_a_scoped_collector(tmp_path, tiny_model_dir):
+    """Finding 7, end to end: ``spanrl serve --collector-token-file`` sends the collector's policy token, so its
+    spans keep their token ids; the same span from the agents' ingest token would not."""
+    import socket
+    import subprocess
+    import sys
+
+    from spanrl.collector import Collector, CollectorConfig
+
+    (tmp_path / "policy.token").write_text("policy-t\n")
+    config = CollectorConfig(db_path=str(tmp_path / "s.duckdb"), grpc_port=0, http_port=-1, ingest_token="agent-t",
+                             policy_token="policy-t", materialize_interval_s=None)
+    with Collector(config) as collector, socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        proc = subprocess.Popen([sys.executable, "-m", "spanrl", "serve", "--model", str(tiny_model_dir), "--port", str(port),
+                                 "--served-model-name", "tiny", "--threads", "1", "--otlp-endpoint", collector.grpc_endpoint,
+                                 "--collector-token-file", str(tmp_path / "policy.token")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.3)
+            reply = httpx.post(f"{base}/rollouts/served-1/v1/chat/completions", json=_CHAT, timeout=60)
+            assert reply.status_code == 200
+        finally:
+            proc.terminate()  # flushes its spans on the way out
+            proc.wait(30)
+        rows = collector.store.sql("SELECT completion_token_ids, response_id FROM spans WHERE rollout_id = 'served-1'").to_pylist()
+    assert len(rows) == 1 and rows[0]["completion_token_ids"] and rows[0]["response_id"].startswith("chatcmpl-")
