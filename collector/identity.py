@@ -49,16 +49,20 @@ def for_sender(batch: EncodedBatch, tokens: Tokens, authorization: str | None) -
     table = batch.table
     if table is None or not tokens.guarded("policy") or "policy" in tokens.scopes_of(authorization):
         return batch
-    columns = {name: table.column(name) for name in POLICY_ONLY_COLUMNS if name in table.column_names}
+    present = table.schema.names
+    columns = {name: table.column(name) for name in POLICY_ONLY_COLUMNS if name in present}
     claimed = [name for name, col in columns.items() if col.null_count < len(col)]
-    server = pc.equal(table.column("kind"), "SERVER") if "response_id" in table.column_names else None
-    has_response = server is not None and pc.any(pc.and_(server, pc.is_valid(table.column("response_id")))).as_py()
+    responses = table.column("response_id")
+    server = None
+    if responses.null_count < len(responses) and "SERVER" in pc.unique(table.column("kind")).to_pylist():
+        server = pc.equal(table.column("kind"), "SERVER")
+    has_response = server is not None and pc.any(pc.and_(server, pc.is_valid(responses))).as_py()
     if not claimed and not has_response:
         return batch
     for name in claimed:
-        table = table.set_column(table.column_names.index(name), name, pa.nulls(len(table), columns[name].type))
+        table = table.set_column(present.index(name), name, pa.nulls(len(table), columns[name].type))
     if has_response:
-        index = table.column_names.index("response_id")
+        index = present.index("response_id")
         table = table.set_column(index, "response_id", pc.if_else(server, pa.scalar(None, pa.string()), table.column(index)))
     _logger.debug("dropped token ids / server response ids of %d spans from a sender without the policy scope", len(table))
     return EncodedBatch(table, batch.accepted, batch.rejected, batch.error_message)
@@ -102,23 +106,37 @@ class RolloutClaims:
         rollout = table.column("rollout_id")
         if rollout.null_count == len(rollout):
             return batch
-        service = pc.fill_null(table.column("service_name"), "")
-        checked = pc.and_(pc.is_valid(rollout), pc.not_equal(table.column("name"), semconv.FEEDBACK_SPAN_NAME))
-        server = pc.equal(table.column("kind"), "SERVER")
-        if open_policy:
-            checked = pc.and_(checked, pc.invert(pc.and_(server, pc.is_valid(table.column("operation_name")))))
-        pairs = pa.table({"r": rollout, "s": service}).filter(checked).group_by(["r", "s"]).aggregate([])
+        service = table.column("service_name")
+        exempt_names = semconv.FEEDBACK_SPAN_NAME in pc.unique(table.column("name")).to_pylist()
+        exempt_servers = open_policy and "SERVER" in pc.unique(table.column("kind")).to_pylist()
+        if exempt_names or exempt_servers:
+            checked = pc.and_(pc.is_valid(rollout), pc.not_equal(table.column("name"), semconv.FEEDBACK_SPAN_NAME))
+            if exempt_servers:
+                llm_server = pc.and_(pc.equal(table.column("kind"), "SERVER"), pc.is_valid(table.column("operation_name")))
+                checked = pc.and_(checked, pc.invert(llm_server))
+            checked = pc.fill_null(checked, False)
+        else:
+            checked = None  # every span with a rollout id is checked
+        rids = [r for r in pc.unique(rollout).to_pylist() if r is not None]
+        svcs = pc.unique(service).to_pylist()
+        if checked is None and len(rids) == 1 and len(svcs) == 1:  # the common case: one agent, one rollout
+            pairs = [(rids[0], svcs[0] or "")]
+        else:
+            keep = pc.is_valid(rollout) if checked is None else checked
+            chosen = pa.table({"r": rollout, "s": pc.fill_null(service, "")}).filter(keep).group_by(["r", "s"]).aggregate([])
+            pairs = list(zip(chosen.column("r").to_pylist(), chosen.column("s").to_pylist()))
         refused: dict[tuple[str, str], str] = {}
         with self._lock:
-            for rid, svc in zip(pairs.column("r").to_pylist(), pairs.column("s").to_pylist()):
+            for rid, svc in pairs:
                 owner = self._owners.setdefault(rid, svc)
                 if owner != svc:
                     refused[(rid, svc)] = owner
         if not refused:
             return batch
-        keys = pc.binary_join_element_wise(rollout, service, "\x00")
-        bad = pc.and_(checked, pc.is_in(keys, pa.array([f"{r}\x00{s}" for r, s in refused])))
-        kept = table.filter(pc.invert(pc.fill_null(bad, False)))
+        keys = pc.binary_join_element_wise(rollout, pc.fill_null(service, ""), "\x00")
+        bad = pc.is_in(keys, pa.array([f"{r}\x00{s}" for r, s in refused]))
+        bad = pc.fill_null(bad if checked is None else pc.and_(checked, bad), False)
+        kept = table.filter(pc.invert(bad))
         dropped = len(table) - len(kept)
         (rid, svc), owner = next(iter(refused.items()))
         reason = (f"{dropped} spans name a rollout another service claimed: rollout {rid!r} belongs to service "
