@@ -140,7 +140,8 @@ class OtlpHttpApp:
             refusal = browser_refusal(method, headers, bound_host=self._bound_host,
                                       content_types=_ROUTES.get(path, ("", (_JSON_TYPE,)))[1])
             if refusal is not None:
-                raise _HttpError(refusal[0], refusal[1], grpc_code=_GRPC_PERMISSION_DENIED if refusal[0] == 403 else _GRPC_INVALID_ARGUMENT)
+                code = _GRPC_PERMISSION_DENIED if refusal[0] == 403 else _GRPC_INVALID_ARGUMENT
+                raise _HttpError(refusal[0], refusal[1], grpc_code=code)
             if path == "/health":
                 doc = self._health()
                 doc["db"] = self._store.path if self._store.path == ":memory:" else os.path.abspath(self._store.path)

@@ -90,9 +90,12 @@ def _reload_folder(path: Any, root: str | Path) -> str:
     about whether ``path`` exists."""
     base = Path(root).resolve()
     if isinstance(path, str) and path and "\x00" not in path:
-        folder = (base / path).resolve()  # an absolute path replaces base; links are followed before the check
-        if folder.is_relative_to(base) and folder.is_dir():
-            return str(folder)
+        try:
+            folder = (base / path).resolve()  # an absolute path replaces base; links are followed before the check
+            if folder.is_relative_to(base) and folder.is_dir():
+                return str(folder)
+        except (OSError, RuntimeError):  # a name too long, a symlink loop
+            pass
     raise RequestError("path must name a model folder under the server's checkpoint root", param="path")
 
 
