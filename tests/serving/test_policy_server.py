@@ -15,9 +15,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from spanrl.errors import ServingError
 from spanrl import semconv
 from spanrl.serving import PolicyServer, ServerConfig, decode_float32, decode_int32
-from conftest import ADMIN_TOKEN
 
 CHAT = [{"role": "user", "content": "what is 3 add 4 ?"}]
+ADMIN_TOKEN = "reload-s3cret"  # the `served` fixture's admin token (conftest.py)
 
 
 def _client(served, rollout: str | None = None) -> openai.OpenAI:
