@@ -1,6 +1,6 @@
 """Fault suite: the collector and the policy server under malformed input, SIGKILL, overload and abuse.
 
-    .venv/bin/python bench/faults.py [--only malformed,sigkill,overload,sql,policy,rewards] [--quick]
+    .venv/bin/python bench/faults.py [--only malformed,sigkill,overload,sql,policy,rewards,abuse] [--quick]
 
 Every server runs as its own subprocess on 127.0.0.1 (`spanrl collector`, `spanrl serve`); figures go to
 the README's "Reliability" section. Sections:
@@ -21,6 +21,9 @@ the README's "Reliability" section. Sections:
              a spanrl.reward event and a gen_ai.evaluation.result event, over gRPC and HTTP, with the C and the
              Python decoder: each such span rejected alone with its reason, the rest stored, no unusable
              reward in any view; and a verdict stamped 2^62 ns sent before an honest one loses to it.
+  abuse      who may do what (bench/_abuse.py): cross-site and DNS-rebinding requests, tokens outside their
+             scope, forged token ids and rollout joins, weight reloads without the admin token or outside the
+             checkpoint root.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from _abuse import bench_abuse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
 from opentelemetry.proto.common.v1 import common_pb2
 
@@ -498,12 +502,12 @@ def bench_rewards(tmp: Path, quick: bool) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="malformed,sigkill,overload,sql,policy,rewards")
+    parser.add_argument("--only", default="malformed,sigkill,overload,sql,policy,rewards,abuse")
     parser.add_argument("--quick", action="store_true", help="smaller counts (a smoke run)")
     parser.add_argument("--out", default=None, help="also write the figures as JSON here")
     args = parser.parse_args()
     benches = {"malformed": bench_malformed, "sigkill": bench_sigkill, "overload": bench_overload, "sql": bench_sql, "policy": bench_policy,
-               "rewards": bench_rewards}
+               "rewards": bench_rewards, "abuse": bench_abuse}
     figures: dict[str, Any] = {"load_before": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="spanrl-faults-") as tmp:
         for name in args.only.split(","):

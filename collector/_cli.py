@@ -7,6 +7,8 @@ import signal
 import sys
 import threading
 
+from spanrl.trust import add_token_option, token_from_args
+
 READY_PREFIX = "spanrl collector ready"
 """First line printed on stdout once both receivers accept: ``spanrl collector ready grpc=H:P http=URL db=PATH``."""
 
@@ -20,7 +22,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default=None, help="address to bind (env SPANRL_COLLECTOR_HOST, default 127.0.0.1)")
     p.add_argument("--grpc-port", type=int, default=None, help="OTLP/gRPC port, 0 = any free, -1 = off (default 4317)")
     p.add_argument("--http-port", type=int, default=None, help="OTLP/HTTP + SQL port, 0 = any free, -1 = off (default 4318)")
-    p.add_argument("--token", default=None, help="require 'Authorization: Bearer TOKEN' (env SPANRL_COLLECTOR_TOKEN)")
+    add_token_option(p, "--token", "token of every scope: require 'Authorization: Bearer TOKEN' (env SPANRL_COLLECTOR_TOKEN)")
+    add_token_option(p, "--ingest-token", "token for OTLP export only, the one agents get (env SPANRL_COLLECTOR_INGEST_TOKEN)")
+    add_token_option(p, "--policy-token", "the policy server's OTLP token: only its token ids count (env SPANRL_COLLECTOR_POLICY_TOKEN)")
+    add_token_option(p, "--read-token", "token for POST /v1/sql (env SPANRL_COLLECTOR_READ_TOKEN)")
+    add_token_option(p, "--admin-token", "token for POST /v1/prune and /v1/materialize (env SPANRL_COLLECTOR_ADMIN_TOKEN)")
     p.add_argument("--duckdb-memory-limit", default=None, help="DuckDB memory cap, e.g. 2GB (env SPANRL_DUCKDB_MEMORY_LIMIT, default 1GB)")
     p.add_argument("--checkpoint-threshold", default=None,
                    help="WAL size that triggers a checkpoint, e.g. 64MB (env SPANRL_DUCKDB_CHECKPOINT_THRESHOLD, default 512MB)")
@@ -46,7 +52,10 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         config = CollectorConfig.from_env(
-            db_path=args.db, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port, token=args.token,
+            db_path=args.db, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
+            token=token_from_args(args, "--token"), ingest_token=token_from_args(args, "--ingest-token"),
+            policy_token=token_from_args(args, "--policy-token"), read_token=token_from_args(args, "--read-token"),
+            admin_token=token_from_args(args, "--admin-token"),
             duckdb_memory_limit=args.duckdb_memory_limit, duckdb_checkpoint_threshold=args.checkpoint_threshold,
             duckdb_threads=args.duckdb_threads,
             max_inflight_bytes=args.max_inflight_bytes, max_request_bytes=args.max_request_bytes, sql_timeout_s=args.sql_timeout_s,

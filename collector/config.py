@@ -10,6 +10,7 @@ from spanrl import env
 from spanrl import semconv as sc
 from spanrl.collector.batcher import BatcherConfig
 from spanrl.errors import ConfigError
+from spanrl.trust import Tokens, check_token
 
 __all__ = ["CollectorConfig", "default_config"]
 
@@ -41,7 +42,19 @@ class CollectorConfig:
     http_port: int = env.DEFAULT_HTTP_PORT
     """OTLP/HTTP + SQL port; 0 picks a free one. -1 disables HTTP."""
     token: str | None = None
-    """Bearer token required on OTLP and SQL requests (``authorization: Bearer TOKEN``); None: no auth."""
+    """Bearer token granting every scope (``authorization: Bearer TOKEN``): OTLP, SQL, prune, materialize."""
+    ingest_token: str | None = None
+    """Token granting OTLP export only: the one agents are given."""
+    policy_token: str | None = None
+    """Token of the policy server: OTLP export whose token ids, log-probs and server response ids are kept
+    (spanrl.collector.identity); other senders' are stored NULL once any token grants this scope."""
+    read_token: str | None = None
+    """Token granting ``POST /v1/sql`` (the viewer, ``spanrl sql``, trainers reading the store)."""
+    admin_token: str | None = None
+    """Token granting ``POST /v1/prune`` and ``/v1/materialize``. A scope no token grants is open."""
+    claim_rollouts: bool = True
+    """The first service whose spans name a rollout id owns it; other services' spans naming it are rejected
+    (spanrl.collector.identity). False: any span may join any rollout, as before."""
     max_request_bytes: int = _MAX_REQUEST_BYTES
     """Largest accepted request body, bytes (after gzip decompression for HTTP)."""
     grpc_max_concurrent_rpcs: int = _GRPC_MAX_CONCURRENT_RPCS
@@ -96,8 +109,8 @@ class CollectorConfig:
                 raise ConfigError(f"{name} must be -1 (off), 0 (any free port) or 1..{_MAX_PORT}, got {port!r}")
         if self.grpc_port == -1 and self.http_port == -1:
             raise ConfigError("grpc_port and http_port are both -1: at least one receiver must be on")
-        if self.token is not None and (not self.token or any(c.isspace() for c in self.token)):
-            raise ConfigError("token must be a non-empty string without whitespace, or None for no auth")
+        for name in ("token", "ingest_token", "policy_token", "read_token", "admin_token"):
+            check_token(getattr(self, name), field=name)
         for name in ("max_request_bytes", "grpc_max_concurrent_rpcs", "http_max_concurrency", "max_inflight_bytes", "sql_workers", "sql_max_waiting"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -117,6 +130,11 @@ class CollectorConfig:
                                              or self.retention_s == float("inf")):
             raise ConfigError(f"retention_s must be a positive number of seconds or None, got {self.retention_s!r}")
 
+    def tokens(self) -> Tokens:
+        """The tokens and the scopes each grants (spanrl.trust)."""
+        return Tokens.of(all_scopes=self.token, ingest=self.ingest_token, policy=self.policy_token,
+                         read=self.read_token, admin=self.admin_token)
+
     @classmethod
     def from_env(cls, **overrides: object) -> "CollectorConfig":
         """Defaults, then ``SPANRL_*`` variables, then ``overrides`` whose value is not None."""
@@ -126,6 +144,10 @@ class CollectorConfig:
             grpc_port=env.get_int(env.SPANRL_COLLECTOR_GRPC_PORT, env.DEFAULT_GRPC_PORT),
             http_port=env.get_int(env.SPANRL_COLLECTOR_HTTP_PORT, env.DEFAULT_HTTP_PORT),
             token=env.get_str(env.SPANRL_COLLECTOR_TOKEN),
+            ingest_token=env.get_str(env.SPANRL_COLLECTOR_INGEST_TOKEN),
+            policy_token=env.get_str(env.SPANRL_COLLECTOR_POLICY_TOKEN),
+            read_token=env.get_str(env.SPANRL_COLLECTOR_READ_TOKEN),
+            admin_token=env.get_str(env.SPANRL_COLLECTOR_ADMIN_TOKEN),
             duckdb_memory_limit=env.get_str(env.SPANRL_DUCKDB_MEMORY_LIMIT, _DUCKDB_MEMORY_LIMIT) or _DUCKDB_MEMORY_LIMIT,
             duckdb_checkpoint_threshold=env.get_str(env.SPANRL_DUCKDB_CHECKPOINT_THRESHOLD, _DUCKDB_CHECKPOINT_THRESHOLD)
             or _DUCKDB_CHECKPOINT_THRESHOLD,

@@ -5,14 +5,14 @@ runs before the request message is read, so a request over the concurrency cap i
 its body ever being received. It then reads the raw bytes (a malformed body is INVALID_ARGUMENT, not
 grpcio's INTERNAL), reserves their decoding memory, decodes them in its own thread (`fast_decode`), queues
 the batch and answers only after the commit.
-Errors: UNAUTHENTICATED (token), INVALID_ARGUMENT (malformed), UNAVAILABLE with RetryInfo (over the
+Errors: UNAUTHENTICATED (a token of scope ``ingest`` is needed when one is configured, spanrl.trust),
+INVALID_ARGUMENT (malformed), UNAVAILABLE with RetryInfo (over the
 concurrency cap or the memory budget, queue full, shutting down: retryable), RESOURCE_EXHAUSTED from
 grpcio itself for a message over max_request_bytes (permanent: no RetryInfo).
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 from concurrent import futures
@@ -28,7 +28,9 @@ from spanrl.collector.admission import DECODE_FACTOR, Admission
 from spanrl.collector.encoding import EncodedBatch
 from spanrl.collector.errors import PermanentError, RetryableError
 from spanrl.collector.fast_decode import encode_protobuf_body
+from spanrl.collector.identity import RolloutClaims, admit
 from spanrl.errors import CollectorError
+from spanrl.trust import Tokens
 
 __all__ = ["BatchConsumer", "GrpcReceiver"]
 
@@ -51,15 +53,6 @@ class BatchConsumer(Protocol):
         """Queue the batch; the future resolves after commit. Raises `RetryableError` when full."""
 
 
-def _bearer_ok(header: str | None, token: str | None) -> bool:
-    if token is None:
-        return True
-    if not header:
-        return False
-    scheme, _, value = header.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode())
-
-
 class GrpcReceiver:
     """A grpcio server with the TraceService handler, feeding ``next_consumer``."""
 
@@ -68,15 +61,17 @@ class GrpcReceiver:
         *,
         host: str,
         port: int,
-        token: str | None,
+        tokens: Tokens,
         max_request_bytes: int,
         max_concurrent_rpcs: int,
         admission: Admission,
         next_consumer: BatchConsumer,
+        claims: RolloutClaims | None = None,
     ) -> None:
+        self._claims = claims
         self._host = host
         self._requested_port = port
-        self._token = token
+        self._tokens = tokens
         self._max_request_bytes = max_request_bytes
         self._workers = max_concurrent_rpcs + _SPARE_WORKERS
         self._admission = admission
@@ -120,20 +115,20 @@ class GrpcReceiver:
             self._server = None
 
     def _export(self, messages: Iterator[bytes], context: grpc.ServicerContext) -> ExportTraceServiceResponse:
-        if self._token is not None:
-            metadata = dict(context.invocation_metadata())
-            if not _bearer_ok(metadata.get("authorization"), self._token):
-                context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (metadata 'authorization: Bearer <token>')")
+        authorization = dict(context.invocation_metadata()).get("authorization")
+        if not self._tokens.allows(authorization, "ingest"):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                          "missing or wrong bearer token of scope 'ingest' (metadata 'authorization: Bearer <token>')")
         try:
             self._admission.enter("OTLP/gRPC")
         except RetryableError as exc:
             _abort_retryable(context, exc)
         try:
-            return self._admitted(messages, context)
+            return self._admitted(messages, context, authorization)
         finally:
             self._admission.leave()
 
-    def _admitted(self, messages: Iterator[bytes], context: grpc.ServicerContext) -> ExportTraceServiceResponse:
+    def _admitted(self, messages: Iterator[bytes], context: grpc.ServicerContext, authorization: str | None) -> ExportTraceServiceResponse:
         if not self._receiving.acquire(timeout=_RECEIVE_WAIT_S):
             _abort_retryable(context, RetryableError(f"{_RECEIVING} request bodies are being received, the limit; retry later",
                                                      retry_after_s=self._admission.retry_after_s))
@@ -152,6 +147,7 @@ class GrpcReceiver:
             del body
             if batch is None:  # no resource spans
                 return ExportTraceServiceResponse()
+            batch = admit(batch, self._tokens, self._claims, authorization)
             committed = self._next.consume(batch)
             self._admission.release(reserved)
             reserved = 0

@@ -14,6 +14,10 @@ Routes:
     GET  /health      200 {"status": "ok", "db": ABSOLUTE_PATH}; 503 {"status": "recovering" | "failed",
                       "error": ...} while the store is reopened after a DuckDB failure or could not be
                       (no token needed).
+Scopes (spanrl.trust): /v1/traces needs an ``ingest`` token, /v1/sql ``read``, /v1/prune and /v1/materialize
+``admin`` (401 otherwise; a scope no configured token grants is open). Every request first passes
+`spanrl.trust.browser_refusal`: 403 for a foreign ``Origin`` or, bound to loopback, a non-loopback ``Host``;
+415 for a POST that is not protobuf / JSON (/v1/traces) or JSON (the others).
 Over http_max_concurrency requests, or past the memory budget, a request gets 503 + Retry-After with a
 google.rpc.Status body before its body is read. Parsing and walking run in worker threads, SQL in its
 own pool, never on the event loop.
@@ -39,12 +43,14 @@ from spanrl.collector.admission import DECODE_FACTOR, Admission
 from spanrl.collector.encoding import EncodedBatch, decode_json_request, encode_request
 from spanrl.collector.fast_decode import encode_protobuf_body
 from spanrl.collector.errors import PayloadTooLargeError, PermanentError, RetryableError, UnauthenticatedError
-from spanrl.collector.grpc import BatchConsumer, _bearer_ok
+from spanrl.collector.grpc import BatchConsumer
+from spanrl.collector.identity import RolloutClaims, admit
 from spanrl.collector.sql import SqlRunner
 from spanrl.errors import CollectorError, StoreError
 from spanrl.store import SpanStore
 from spanrl.store.decomposed import materialize
 from spanrl.store.maintenance import prune
+from spanrl.trust import Tokens, browser_refusal
 
 __all__ = ["ARROW_STREAM_TYPE", "HttpReceiver"]
 
@@ -58,6 +64,14 @@ _GRPC_INVALID_ARGUMENT = 3
 _GRPC_UNAUTHENTICATED = 16
 _GRPC_UNAVAILABLE = 14
 _GRPC_RESOURCE_EXHAUSTED = 8
+_GRPC_PERMISSION_DENIED = 7
+# The scope each route needs (spanrl.trust.SCOPES) and the content types its POST may carry.
+_ROUTES = {
+    "/v1/traces": ("ingest", (_PROTOBUF_TYPE, _JSON_TYPE)),
+    "/v1/sql": ("read", (_JSON_TYPE,)),
+    "/v1/prune": ("admin", (_JSON_TYPE,)),
+    "/v1/materialize": ("admin", (_JSON_TYPE,)),
+}
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -87,9 +101,12 @@ def _gunzip(body: bytes, limit: int) -> bytes:
 class OtlpHttpApp:
     """The ASGI application (usable on its own in tests)."""
 
-    def __init__(self, *, token: str | None, max_request_bytes: int, next_consumer: BatchConsumer, store: SpanStore,
-                 admission: Admission, sql: SqlRunner, health: Callable[[], dict[str, Any]]) -> None:
-        self._token = token
+    def __init__(self, *, tokens: Tokens, max_request_bytes: int, next_consumer: BatchConsumer, store: SpanStore,
+                 admission: Admission, sql: SqlRunner, health: Callable[[], dict[str, Any]], bound_host: str,
+                 claims: RolloutClaims | None = None) -> None:
+        self._tokens = tokens
+        self._claims = claims
+        self._bound_host = bound_host
         self._max = max_request_bytes
         self._next = next_consumer
         self._store = store
@@ -120,18 +137,25 @@ class OtlpHttpApp:
             await _error(send, status, grpc_code, message, as_json, extra)
 
         try:
+            refusal = browser_refusal(method, headers, bound_host=self._bound_host,
+                                      content_types=_ROUTES.get(path, ("", (_JSON_TYPE,)))[1])
+            if refusal is not None:
+                code = _GRPC_PERMISSION_DENIED if refusal[0] == 403 else _GRPC_INVALID_ARGUMENT
+                raise _HttpError(refusal[0], refusal[1], grpc_code=code)
             if path == "/health":
                 doc = self._health()
                 doc["db"] = self._store.path if self._store.path == ":memory:" else os.path.abspath(self._store.path)
                 await _respond(send, 200 if doc["status"] == "ok" else 503, orjson.dumps(doc), _JSON_TYPE)
                 return
-            if path not in ("/v1/traces", "/v1/sql", "/v1/prune", "/v1/materialize"):
+            if path not in _ROUTES:
                 raise _HttpError(404, f"no route {path}; use POST /v1/traces, /v1/sql, /v1/prune, /v1/materialize "
                                       "or GET /health", grpc_code=5)
             if method != "POST":
                 raise _HttpError(405, f"{path} takes POST, got {method}", grpc_code=12)
-            if not _bearer_ok(headers.get("authorization"), self._token):
-                raise UnauthenticatedError("missing or wrong bearer token (header 'Authorization: Bearer <token>')")
+            scope = _ROUTES[path][0]
+            if not self._tokens.allows(headers.get("authorization"), scope):
+                raise UnauthenticatedError(f"missing or wrong bearer token for {path}, which needs a token of scope "
+                                           f"{scope!r} (header 'Authorization: Bearer <token>')")
             self._admission.enter("OTLP/HTTP")
             try:
                 await self._route(path, send, tracked, headers)
@@ -212,6 +236,7 @@ class OtlpHttpApp:
             raise _HttpError(415, f"Content-Type {ctype!r} is not supported; use {_PROTOBUF_TYPE} or {_JSON_TYPE}", grpc_code=_GRPC_INVALID_ARGUMENT)
         batch = await asyncio.to_thread(_decode_and_encode, body, ctype == _JSON_TYPE)
         del body
+        batch = admit(batch, self._tokens, self._claims, headers.get("authorization"))
         committed = self._next.consume(batch)
         self._admission.release(held[0])  # the batcher's queue cap counts the batch from here on
         held[0] = 0

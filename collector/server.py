@@ -27,6 +27,7 @@ from spanrl.collector.encoding import encode_request
 from spanrl.collector.fast_decode import active_decoder, decode_body
 from spanrl.collector.config import CollectorConfig
 from spanrl.collector.grpc import GrpcReceiver
+from spanrl.collector.identity import RolloutClaims
 from spanrl.collector.http import HttpReceiver, OtlpHttpApp
 from spanrl.collector.materializer import Materializer
 from spanrl.collector.retention import Retention
@@ -89,13 +90,15 @@ class Collector:
             if cfg.retention_s is not None:
                 self._retention = Retention(self._store, retention_s=cfg.retention_s).start()
             retry_s = cfg.batcher.retry_after_s
+            claims = RolloutClaims.load(self._store) if cfg.claim_rollouts else None
             # One byte budget for both receivers; a request count for each.
             inflight_bytes = Admission(max_requests=1, max_bytes=cfg.max_inflight_bytes, retry_after_s=retry_s)
             if cfg.grpc_port != -1:
                 self._grpc = GrpcReceiver(
                     host=cfg.host,
                     port=cfg.grpc_port,
-                    token=cfg.token,
+                    tokens=cfg.tokens(),
+                    claims=claims,
                     max_request_bytes=cfg.max_request_bytes,
                     max_concurrent_rpcs=cfg.grpc_max_concurrent_rpcs,
                     admission=inflight_bytes.with_request_cap(cfg.grpc_max_concurrent_rpcs),
@@ -105,7 +108,8 @@ class Collector:
             if cfg.http_port != -1:
                 self._sql = SqlRunner(self._store, workers=cfg.sql_workers, max_waiting=cfg.sql_max_waiting,
                                       timeout_s=cfg.sql_timeout_s, retry_after_s=retry_s)
-                app = OtlpHttpApp(token=cfg.token, max_request_bytes=cfg.max_request_bytes, next_consumer=checked,
+                app = OtlpHttpApp(tokens=cfg.tokens(), bound_host=cfg.host, claims=claims,
+                                  max_request_bytes=cfg.max_request_bytes, next_consumer=checked,
                                   store=self._store, admission=inflight_bytes.with_request_cap(cfg.http_max_concurrency),
                                   sql=self._sql, health=self.health)
                 self._http = HttpReceiver(host=cfg.host, port=cfg.http_port, app=app, graceful_timeout_s=cfg.shutdown_timeout_s)

@@ -67,7 +67,8 @@ def apply_env_defaults(environ: MutableMapping[str, str] | None = None) -> dict[
     metrics and logs off, GenAI message content captured (OpenLLMetry and the official openai-v2
     instrumentation), a 500 ms batch delay, an 8192-span queue and an attribute length limit that keeps
     messages whole.
-    ``SPANRL_COLLECTOR_TOKEN`` becomes the bearer ``authorization`` header unless headers are set.
+    ``SPANRL_COLLECTOR_INGEST_TOKEN`` (else ``SPANRL_COLLECTOR_TOKEN``) becomes the bearer ``authorization``
+    header unless headers are set.
     Idempotent: a second call sets nothing.
     """
     environ = os.environ if environ is None else environ
@@ -100,7 +101,7 @@ def apply_env_defaults(environ: MutableMapping[str, str] | None = None) -> dict[
     default(_OTEL_GENAI_CAPTURE_CONTENT, "SPAN_ONLY" if latest else "true")
     default(_TRACELOOP_TRACE_CONTENT, "true")
     default(_TRACELOOP_METRICS_ENABLED, "false")
-    token = environ.get(env.SPANRL_COLLECTOR_TOKEN, "").strip()
+    token = (environ.get(env.SPANRL_COLLECTOR_INGEST_TOKEN, "") or environ.get(env.SPANRL_COLLECTOR_TOKEN, "")).strip()
     if token:
         default(_OTEL_HEADERS, f"authorization=Bearer%20{token}", _OTEL_TRACES_HEADERS)
     if chosen:
@@ -118,7 +119,7 @@ class InstrumentationConfig:
     service_name: str | None = None
     """Resource ``service.name``. None: ``OTEL_SERVICE_NAME``, then ``spanrl-agent``."""
     headers: dict[str, str] = field(default_factory=dict)
-    """Extra gRPC metadata on every export (e.g. ``authorization``); ``SPANRL_COLLECTOR_TOKEN`` adds a
+    """Extra gRPC metadata on every export (e.g. ``authorization``); ``SPANRL_COLLECTOR_INGEST_TOKEN`` (else ``SPANRL_COLLECTOR_TOKEN``) adds a
     bearer token when this has no ``authorization`` key."""
     schedule_delay_millis: int = DEFAULT_SCHEDULE_DELAY_MILLIS
     """Longest time a finished span waits in the batch queue before export, in milliseconds."""
@@ -160,7 +161,7 @@ class InstrumentationConfig:
 
     def resolved_headers(self) -> dict[str, str]:
         headers = dict(self.headers)
-        token = env.get_str(env.SPANRL_COLLECTOR_TOKEN)
+        token = env.get_str(env.SPANRL_COLLECTOR_INGEST_TOKEN) or env.get_str(env.SPANRL_COLLECTOR_TOKEN)
         if token and not any(k.lower() == "authorization" for k in headers):
             headers["authorization"] = f"Bearer {token}"
         return headers

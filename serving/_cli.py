@@ -7,6 +7,7 @@ import sys
 
 from spanrl import env
 from spanrl.errors import SpanRLError
+from spanrl.trust import add_token_option, token_from_args
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -30,6 +31,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--max-body-bytes", type=int, default=None,
                    help="largest request body; larger gets 413 unread (env SPANRL_POLICY_MAX_BODY_BYTES, default 4 MiB)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    add_token_option(p, "--admin-token", "token POST /v1/weights/reload needs; the route is off without it "
+                     "(env SPANRL_POLICY_ADMIN_TOKEN)")
+    p.add_argument("--checkpoint-root", default=None,
+                   help="the folder reloads may load weights from (local files only; env SPANRL_POLICY_CHECKPOINT_ROOT)")
+    add_token_option(p, "--collector-token", "bearer token sent with the server's spans: the collector's policy token "
+                     "(env SPANRL_COLLECTOR_POLICY_TOKEN, else SPANRL_COLLECTOR_TOKEN)")
     p.add_argument("--no-content", action="store_true", help="do not record message contents on spans")
     p.set_defaults(func=_serve)
 
@@ -38,6 +45,13 @@ def _serve(args: argparse.Namespace) -> int:
     from spanrl.serving.config import ServerConfig
     from spanrl.serving.server import PolicyServer
 
+    try:
+        admin_token = token_from_args(args, "--admin-token")
+        collector_token = (token_from_args(args, "--collector-token") or env.get_str(env.SPANRL_COLLECTOR_POLICY_TOKEN)
+                           or env.get_str(env.SPANRL_COLLECTOR_TOKEN))
+    except SpanRLError as exc:
+        print(f"spanrl serve: {exc}", file=sys.stderr)
+        return 2
     config = ServerConfig(
         model=args.model,
         served_model_name=args.served_model_name,
@@ -53,7 +67,12 @@ def _serve(args: argparse.Namespace) -> int:
         otlp_endpoint=None if args.otlp_endpoint.lower() == "none" else args.otlp_endpoint,
         record_content=not args.no_content,
         torch_threads=args.threads,
+        otlp_headers={"authorization": f"Bearer {collector_token}"} if collector_token else {},
     )
+    if admin_token is not None:
+        config.admin_token = admin_token
+    if args.checkpoint_root is not None:
+        config.checkpoint_root = args.checkpoint_root
     if args.max_body_bytes is not None:
         config.max_body_bytes = args.max_body_bytes
     try:

@@ -9,6 +9,11 @@ Routes (each ``/v1/...`` route also lives under the rollout prefixes below)::
     /rollouts/{rollout_id}/attempts/{attempt}/v1/...      ... and an attempt
     /tasks/{task_id}/rollouts/{rollout_id}[/attempts/{attempt}]/v1/...
 
+Who may do what (docs/architecture.md, "Trust"): every request passes `spanrl.trust.browser_refusal` (a POST
+must be ``application/json``, a foreign ``Origin`` is refused, and bound to loopback a non-loopback ``Host``);
+``/v1/weights/reload`` needs ``Authorization: Bearer <admin_token>`` and loads only folders under
+``checkpoint_root``, local files only (403 when either is not configured, 401 without the token).
+
 Headers ``x-spanrl-rollout-id``, ``x-spanrl-task-id``, ``x-spanrl-attempt`` do the same (the path wins).
 
 Besides the OpenAI fields, every response carries ``prompt_token_ids`` (top level; a list of lists for
@@ -22,6 +27,7 @@ import asyncio
 import logging
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -36,6 +42,7 @@ from spanrl.serving.errors import RequestError, error_body
 from spanrl.serving.intake import TokenizerPool, read_json_body
 from spanrl.serving.protocol import ParsedParams, parse_params
 from spanrl.serving.responses import PROVIDER, Call, ServerState, complete, respond, stream
+from spanrl.trust import Tokens, browser_refusal
 
 __all__ = ["ServerState", "build_app"]
 
@@ -56,7 +63,40 @@ def build_app(state: ServerState) -> FastAPI:
         app.add_api_route(f"{prefix}/v1/models", routes.models, methods=["GET"])
     app.add_api_route("/health", routes.health, methods=["GET"])
     app.add_api_route("/v1/weights/reload", routes.reload, methods=["POST"])
+    app.add_middleware(_BrowserGuard, bound_host=state.config.host)
     return app
+
+
+class _BrowserGuard:
+    """ASGI middleware: `spanrl.trust.browser_refusal` on every request, answered as an OpenAI error body."""
+
+    def __init__(self, app: Any, *, bound_host: str) -> None:
+        self.app = app
+        self.bound_host = bound_host
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            refusal = browser_refusal(scope["method"], headers, bound_host=self.bound_host)
+            if refusal is not None:
+                kind = "permission_error" if refusal[0] == 403 else "invalid_request_error"
+                await JSONResponse(error_body(refusal[1], type=kind), status_code=refusal[0])(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _reload_folder(path: Any, root: str | Path) -> str:
+    """The folder ``path`` names, resolved, when it lies under ``root``; else a `RequestError` that says nothing
+    about whether ``path`` exists."""
+    base = Path(root).resolve()
+    if isinstance(path, str) and path and "\x00" not in path:
+        try:
+            folder = (base / path).resolve()  # an absolute path replaces base; links are followed before the check
+            if folder.is_relative_to(base) and folder.is_dir():
+                return str(folder)
+        except (OSError, RuntimeError):  # a name too long, a symlink loop
+            pass
+    raise RequestError("path must name a model folder under the server's checkpoint root", param="path")
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -177,10 +217,15 @@ class _Routes:
         return {"status": "ok", "model": self.model_name, "policy_version": self.state.batcher.version}
 
     async def reload(self, request: Request) -> dict[str, Any]:
+        config = self.state.config
+        if config.admin_token is None or config.checkpoint_root is None:
+            raise RequestError("weight reloads over HTTP are off: start the server with --admin-token-file and "
+                               "--checkpoint-root", status=403, type="permission_error")
+        if not Tokens.of(admin=config.admin_token).allows(request.headers.get("authorization"), "admin"):
+            raise RequestError("missing or wrong admin token (header 'Authorization: Bearer <token>')", status=401,
+                               type="authentication_error")
         body = await self._body(request)
-        path = body.get("path")
-        if not isinstance(path, str) or not path:
-            raise RequestError(f"path must be a model folder path, got {path!r}", param="path")
+        path = _reload_folder(body.get("path"), config.checkpoint_root)
         try:
             version = await asyncio.wrap_future(self.state.batcher.reload_async(path))
         except ServingError as exc:

@@ -7,6 +7,7 @@ import pathlib
 
 from spanrl import env
 from spanrl.errors import ConfigError
+from spanrl.trust import check_token
 
 __all__ = ["ServerConfig", "default_config"]
 
@@ -61,6 +62,13 @@ class ServerConfig:
     torch_threads: int | None = None
     """torch intra-op threads for the whole process (None: leave torch's setting). Small models on a
     busy CPU run much faster with 1."""
+    admin_token: str | None = dataclasses.field(default_factory=lambda: env.get_str(env.SPANRL_POLICY_ADMIN_TOKEN))
+    """Bearer token ``POST /v1/weights/reload`` needs (env SPANRL_POLICY_ADMIN_TOKEN); None: the route is off.
+    In-process ``PolicyServer.reload`` needs none."""
+    checkpoint_root: str | pathlib.Path | None = dataclasses.field(
+        default_factory=lambda: env.get_str(env.SPANRL_POLICY_CHECKPOINT_ROOT))
+    """The only folder (and its subfolders) the reload route loads weights from, local files only (env
+    SPANRL_POLICY_CHECKPOINT_ROOT); None: the route is off."""
 
     def validate(self) -> ServerConfig:
         """Raise ConfigError naming the first bad field; return self."""
@@ -80,6 +88,9 @@ class ServerConfig:
             raise ConfigError(f"max_batch_delay_ms must be >= 0, got {self.max_batch_delay_ms!r}")
         if self.torch_threads is not None and (not isinstance(self.torch_threads, int) or self.torch_threads < 1):
             raise ConfigError(f"torch_threads must be a positive integer or None, got {self.torch_threads!r}")
+        check_token(self.admin_token, field="admin_token")
+        if self.checkpoint_root is not None and not pathlib.Path(self.checkpoint_root).is_dir():
+            raise ConfigError(f"checkpoint_root must be an existing folder or None, got {str(self.checkpoint_root)!r}")
         if self.max_context_tokens is not None and self.max_context_tokens < 2:
             raise ConfigError(f"max_context_tokens must be >= 2 or None, got {self.max_context_tokens!r}")
         return self

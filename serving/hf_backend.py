@@ -89,7 +89,7 @@ class TransformersBackend:
 
             try:
                 with _LOAD_LOCK:
-                    loaded = AutoModelForCausalLM.from_pretrained(str(source), dtype=self.model.dtype)
+                    loaded = AutoModelForCausalLM.from_pretrained(str(source), dtype=self.model.dtype, local_files_only=True)
             except (OSError, ValueError) as exc:
                 raise ServingError(f"path: cannot load weights from {str(source)!r}: {exc}") from exc
             state = loaded.state_dict()

@@ -66,7 +66,22 @@ SPANRL_DB = "SPANRL_DB"
 """Path of the DuckDB span store. Default ``spanrl.duckdb`` in the working directory."""
 
 SPANRL_COLLECTOR_TOKEN = "SPANRL_COLLECTOR_TOKEN"
-"""Bearer token the collector requires on OTLP and SQL requests. Unset: no auth."""
+"""Bearer token granting every collector scope (OTLP, SQL, prune, materialize). Unset: no auth. Agents read
+it only when ``SPANRL_COLLECTOR_INGEST_TOKEN`` is unset; the viewer, ``spanrl sql`` and trainers when
+``SPANRL_COLLECTOR_READ_TOKEN`` is."""
+
+SPANRL_COLLECTOR_INGEST_TOKEN = "SPANRL_COLLECTOR_INGEST_TOKEN"
+"""Collector token granting OTLP export only: what agents are given (their SDK sends it)."""
+
+SPANRL_COLLECTOR_POLICY_TOKEN = "SPANRL_COLLECTOR_POLICY_TOKEN"
+"""Collector token of the policy server: OTLP export whose token ids and log-probs are kept (others' are
+dropped at ingest once this or ``SPANRL_COLLECTOR_TOKEN`` is set). ``spanrl serve`` sends it."""
+
+SPANRL_COLLECTOR_READ_TOKEN = "SPANRL_COLLECTOR_READ_TOKEN"
+"""Collector token granting ``POST /v1/sql`` (the viewer, ``spanrl sql``, trainers reading the store)."""
+
+SPANRL_COLLECTOR_ADMIN_TOKEN = "SPANRL_COLLECTOR_ADMIN_TOKEN"
+"""Collector token granting ``POST /v1/prune`` and ``POST /v1/materialize``."""
 
 SPANRL_COLLECTOR_HOST = "SPANRL_COLLECTOR_HOST"
 """Address the collector binds. Default ``127.0.0.1``."""
@@ -110,6 +125,14 @@ SPANRL_POLICY_URL = "SPANRL_POLICY_URL"
 SPANRL_POLICY_MAX_BODY_BYTES = "SPANRL_POLICY_MAX_BODY_BYTES"
 """Largest request body the policy server reads; larger ones get 413 before the body is read.
 Default 4194304 (4 MiB)."""
+
+SPANRL_POLICY_ADMIN_TOKEN = "SPANRL_POLICY_ADMIN_TOKEN"
+"""Token the policy server requires on ``POST /v1/weights/reload`` (the route is off without one); trainers
+that reload a running server send it."""
+
+SPANRL_POLICY_CHECKPOINT_ROOT = "SPANRL_POLICY_CHECKPOINT_ROOT"
+"""Folder under which the policy server's reload route may load weights (local files only); the route is
+off without one."""
 
 SPANRL_CACHE_DIR = "SPANRL_CACHE_DIR"
 """Folder for converted models (GGUF -> Hugging Face) and other caches. Default ``~/.cache/spanrl``."""

@@ -92,7 +92,7 @@ def _prune(args: argparse.Namespace) -> int:
 
     try:
         older_than_s = parse_duration_s(args.older_than)
-        remote = remote_store(args)
+        remote = remote_store(args, scope="admin")
         if remote is not None:
             deleted = remote.prune(older_than_s)
         else:
@@ -110,7 +110,7 @@ def _materialize(args: argparse.Namespace) -> int:
     from spanrl.store.decomposed import materialize
 
     try:
-        remote = remote_store(args)
+        remote = remote_store(args, scope="admin")
         if remote is not None:
             done = remote.materialize()
         else:

@@ -20,16 +20,23 @@ def add_store_options(p: argparse.ArgumentParser) -> None:
     """``--db``, ``--url`` and ``--token`` (each with its SPANRL_* variable as the default)."""
     p.add_argument("--db", default=None, help="DuckDB file (env SPANRL_DB, default spanrl.duckdb)")
     p.add_argument("--url", default=None, help=f"collector to ask first (env SPANRL_SQL_URL, default {DEFAULT_URL})")
-    p.add_argument("--token", default=None, help="bearer token for the collector (env SPANRL_COLLECTOR_TOKEN)")
+    from spanrl.trust import add_token_option
+
+    add_token_option(p, "--token", "bearer token for the collector: its read token for SQL and export, its admin token "
+                     "for prune and materialize (env SPANRL_COLLECTOR_READ_TOKEN / _ADMIN_TOKEN, else SPANRL_COLLECTOR_TOKEN)")
 
 
-def remote_store(args: argparse.Namespace) -> Any:
-    """The running collector to use (a :class:`~spanrl.store.remote.RemoteStore`), or None to open the file."""
+def remote_store(args: argparse.Namespace, *, scope: str = "read") -> Any:
+    """The running collector to use (a :class:`~spanrl.store.remote.RemoteStore`), or None to open the file.
+    ``scope``: ``read`` (SQL, export) or ``admin`` (prune, materialize): which token variable is the default."""
     from spanrl import env
     from spanrl.store.remote import RemoteStore
+    from spanrl.trust import token_from_args
 
     url = args.url or env.get_str(env.SPANRL_SQL_URL, DEFAULT_URL)
-    remote = RemoteStore(url, token=args.token or env.get_str(env.SPANRL_COLLECTOR_TOKEN))
+    scoped = env.SPANRL_COLLECTOR_ADMIN_TOKEN if scope == "admin" else env.SPANRL_COLLECTOR_READ_TOKEN
+    token = token_from_args(args, "--token") or env.get_str(scoped) or env.get_str(env.SPANRL_COLLECTOR_TOKEN)
+    remote = RemoteStore(url, token=token)
     health = remote.health()
     if health is None:
         return None

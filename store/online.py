@@ -10,7 +10,7 @@ arrives later), so ``(ready_ns, rollout_id)`` is a watermark: everything at or b
 
 Rewards are ``rollout_rewards``' rows (the agent's own reward spans and events) plus late feedback
 (``spanrl.feedback`` spans, ``docs/conventions.md``), each resolved to its rollout by its key:
-``gen_ai.response.id`` -> the one rollout of the calls with that id, ``spanrl.feedback.trace_id`` ->
+``gen_ai.response.id`` -> the one rollout of the policy server's (SERVER) calls with that id, ``spanrl.feedback.trace_id`` ->
 the rollout of that trace (``trace_rollouts``), else ``spanrl.rollout.id``; a key two rollouts claim
 resolves to none. Spans belong to rollouts by ``rollout_spans``; every macro reads only spans ingested
 since the horizon less ``max_age_s``, so a poll costs the same however large the store grows. Several rewards combine by one rule: **the
@@ -50,9 +50,10 @@ WITH sp AS (
            s.response_id AS fb_response, s.attributes ->> '$."{sc.FEEDBACK_TRACE_ID}"' AS fb_trace
     FROM rollout_rewards($horizon_ns - $max_age_ns, usable_only := FALSE) r JOIN sp s ON s.rid = r.rid
     WHERE $reward_name IS NULL OR r.name = $reward_name
-), by_response AS (  -- the one rollout of the calls with that response id (none when two claim it)
+), by_response AS (  -- the one rollout of the policy server's calls with that response id (none when two claim it):
+    -- only SERVER spans, whose response id only the policy server's token can store (collector/identity.py)
     SELECT response_id, min(rollout_id) AS rollout_id FROM sp
-    WHERE response_id IN (SELECT fb_response FROM rw WHERE is_feedback)
+    WHERE response_id IN (SELECT fb_response FROM rw WHERE is_feedback) AND kind = 'SERVER'
       AND rollout_id IS NOT NULL AND name <> '{sc.FEEDBACK_SPAN_NAME}'
     GROUP BY response_id
     HAVING count(DISTINCT rollout_id) = 1

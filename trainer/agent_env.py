@@ -11,7 +11,13 @@ from __future__ import annotations
 import urllib.parse
 from collections.abc import Mapping
 
-__all__ = ["otel_rollout_env"]
+from spanrl import env
+
+__all__ = ["agent_credentials", "otel_rollout_env"]
+
+# Tokens an agent never needs: reading other tenants' spans, pruning, reloading the served weights.
+_NOT_FOR_AGENTS = (env.SPANRL_COLLECTOR_TOKEN, env.SPANRL_COLLECTOR_READ_TOKEN, env.SPANRL_COLLECTOR_ADMIN_TOKEN,
+                   env.SPANRL_COLLECTOR_POLICY_TOKEN, env.SPANRL_POLICY_ADMIN_TOKEN)
 
 _TRACES_ONLY = ("OTEL_METRICS_EXPORTER", "OTEL_LOGS_EXPORTER")
 
@@ -36,4 +42,14 @@ def otel_rollout_env(base: Mapping[str, str], ids: Mapping[str, str | int]) -> d
     for name in _TRACES_ONLY:
         if not base.get(name, "").strip():
             out[name] = "none"
+    return out
+
+
+def agent_credentials(base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` as an agent gets it: the collector's ingest token only (``SPANRL_COLLECTOR_INGEST_TOKEN``; the
+    all-scope ``SPANRL_COLLECTOR_TOKEN`` stands in when no ingest token is set), every other token removed."""
+    out = {k: v for k, v in base.items() if k not in _NOT_FOR_AGENTS}
+    ingest = base.get(env.SPANRL_COLLECTOR_INGEST_TOKEN, "").strip() or base.get(env.SPANRL_COLLECTOR_TOKEN, "").strip()
+    if ingest:
+        out[env.SPANRL_COLLECTOR_INGEST_TOKEN] = ingest
     return out

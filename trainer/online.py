@@ -143,8 +143,12 @@ class PolicyClient:
 
     def _call(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         data = None if body is None else json.dumps(body).encode()
+        headers = {"content-type": "application/json"}
+        token = env.get_str(env.SPANRL_POLICY_ADMIN_TOKEN)  # the server's --admin-token, for its reload route
+        if token:
+            headers["authorization"] = f"Bearer {token}"
         request = urllib.request.Request(self.url + path, data=data, method="GET" if body is None else "POST",
-                                         headers={"content-type": "application/json"})
+                                         headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT_S) as response:
                 return json.loads(response.read())

@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from spanrl import env
 from spanrl.errors import ConfigError, ServingError
 
 __all__ = ["PolicyPool", "ServingConfig"]
@@ -213,8 +214,10 @@ class PolicyPool:
         import httpx
 
         try:
+            token = env.get_str(env.SPANRL_POLICY_ADMIN_TOKEN)  # the servers' --admin-token
             reply = httpx.post(
-                f"{member.root}/v1/weights/reload", json={"path": str(folder.resolve())}, timeout=_RELOAD_TIMEOUT_S
+                f"{member.root}/v1/weights/reload", json={"path": str(folder.resolve())}, timeout=_RELOAD_TIMEOUT_S,
+                headers={"authorization": f"Bearer {token}"} if token else None,
             )
         except httpx.HTTPError as exc:
             raise ServingError(f"reload of the policy server at {member.root} failed: {exc}") from exc

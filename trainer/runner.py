@@ -37,6 +37,7 @@ from typing import Any
 
 from spanrl import semconv
 from spanrl.errors import ConfigError
+from spanrl.trainer.agent_env import agent_credentials
 from spanrl.trainer.agent_processes import CommandAgent, WorkerPool, command_argv
 from spanrl.trainer.rollouts import (
     STATUS_CRASHED,
@@ -143,12 +144,12 @@ class RolloutRunner:
         if callable(agent):
             self._agent: Any = _CallableAgent(agent)
         elif isinstance(agent, (str, list, tuple)):
-            base_env = {
+            base_env = agent_credentials({  # the ingest token only (issue 28)
                 **os.environ,
                 "OTEL_BSP_SCHEDULE_DELAY": str(_BSP_SCHEDULE_DELAY_MILLIS),
                 **(otel_env or {}),
                 **config.env,
-            }
+            })
             argv = command_argv(agent, config.instrument)
             self._agent = WorkerPool(argv, base_env, config.workers) if config.workers else CommandAgent(argv, base_env)
         else:

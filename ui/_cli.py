@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from spanrl.trust import add_token_option, token_from_args
+
 _DEFAULT_PORT = 4320
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -13,7 +15,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("ui", help="the viewer: rollouts, span trees with credit, runs, SQL, in the browser")
     p.add_argument("--db", default=None, help="DuckDB file, read-only when no collector serves it (env SPANRL_DB, default spanrl.duckdb)")
     p.add_argument("--url", default=None, help="collector to read through first (env SPANRL_SQL_URL, default http://127.0.0.1:4318)")
-    p.add_argument("--token", default=None, help="the collector's bearer token; the viewer asks for it too (env SPANRL_COLLECTOR_TOKEN)")
+    add_token_option(p, "--token", "the collector's read token; the viewer asks for it too "
+                     "(env SPANRL_COLLECTOR_READ_TOKEN, else SPANRL_COLLECTOR_TOKEN)")
     p.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1, loopback only)")
     p.add_argument("--port", type=int, default=_DEFAULT_PORT, help=f"port (default {_DEFAULT_PORT}; 0 picks a free one)")
     p.add_argument("--run", action="append", default=[], metavar="DIR",
@@ -29,7 +32,7 @@ def _ui(args: argparse.Namespace) -> int:
     from spanrl.ui.server import UiServer
 
     try:
-        server = UiServer.from_args(db=args.db, url=args.url, token=args.token, runs=args.run,
+        server = UiServer.from_args(db=args.db, url=args.url, token=token_from_args(args, "--token"), runs=args.run,
                                     tokenizer=args.tokenizer, host=args.host, port=args.port)
     except SpanRLError as exc:
         print(f"spanrl: error: {exc}", file=sys.stderr)

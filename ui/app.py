@@ -9,15 +9,16 @@ and the static page. Store work runs in worker threads, never on the event loop.
     GET  /api/runs                each run's history rows, and the policy versions from the store
     POST /api/sql                 {"sql": ..., "format": "json" | "csv" | "parquet"}
 
-Every /api route needs ``Authorization: Bearer TOKEN`` when a token is set (the collector's).
-Errors: 400 bad input (names the field), 401 token, 404 unknown rollout or path, 503 + Retry-After
-when the store cannot be read right now.
+Every /api route needs ``Authorization: Bearer TOKEN`` when a token is set (the collector's read token).
+Every request passes `spanrl.trust.browser_refusal` first: a POST must be ``application/json``, a foreign
+``Origin`` is refused, and served on loopback, a ``Host`` that is not loopback (DNS rebinding).
+Errors: 400 bad input (names the field), 401 token, 403 cross-site or rebinding, 404 unknown rollout or
+path, 415 content type, 503 + Retry-After when the store cannot be read right now.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from importlib import resources
 from typing import Any, Awaitable, Callable, Sequence
@@ -35,6 +36,7 @@ from spanrl.ui.source import Source
 from spanrl.ui.sqlbox import run_sql
 from spanrl.ui.subset import Scratch
 from spanrl.ui.tokens import TokenText
+from spanrl.trust import Tokens, browser_refusal
 
 __all__ = ["UiApp"]
 
@@ -61,14 +63,15 @@ class UiApp:
     """The ASGI application over one `Source`; ``runs`` feed the run page, ``credit`` the advantages."""
 
     def __init__(self, source: Source, *, token: str | None = None, runs: Sequence[Run] = (),
-                 credit: CreditConfig | None = None, tokens: TokenText | None = None) -> None:
+                 credit: CreditConfig | None = None, tokens: TokenText | None = None, bound_host: str = "127.0.0.1") -> None:
         self.source = source
         self.index = RolloutIndex(source)
         self.scratch = Scratch()
         self.runs = list(runs)
         self.credit = credit or CreditConfig()
         self.tokens = tokens or TokenText()
-        self._token = token
+        self._tokens = Tokens.of(read=token)
+        self._bound_host = bound_host
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # served with lifespan="off"
@@ -77,10 +80,13 @@ class UiApp:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode()).items()}
         try:
+            refusal = browser_refusal(method, headers, bound_host=self._bound_host)
+            if refusal is not None:
+                raise _HttpError(*refusal)
             if not path.startswith("/api/"):
                 await self._static(send, path)
                 return
-            if not self._authorized(headers.get("authorization")):
+            if not self._tokens.allows(headers.get("authorization"), "read"):
                 raise _HttpError(401, "missing or wrong bearer token (header 'Authorization: Bearer <token>', the collector's token)")
             body = await _read_body(receive) if method == "POST" else b""
             result = await asyncio.to_thread(self._api, method, path, query, body)
@@ -98,12 +104,6 @@ class UiApp:
             await _error(send, 400, str(exc))
         except StoreError as exc:
             await _store_error(send, exc, user_sql=path == "/api/sql")
-
-    def _authorized(self, header: str | None) -> bool:
-        if self._token is None:
-            return True
-        scheme, _, value = (header or "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), self._token.encode())
 
     def _api(self, method: str, path: str, query: dict[str, str], body: bytes) -> Any:
         if method == "GET" and path == "/api/info":

@@ -79,16 +79,17 @@ class UiServer:
                   runs: Sequence[str] = (), tokenizer: str | None = None, host: str = env.DEFAULT_HOST,
                   port: int = 0) -> "UiServer":
         """As ``spanrl ui`` builds it: unset options fall back to SPANRL_DB, SPANRL_SQL_URL and
-        SPANRL_COLLECTOR_TOKEN."""
+        SPANRL_COLLECTOR_READ_TOKEN (else SPANRL_COLLECTOR_TOKEN)."""
         named_db = db or env.get_str(env.SPANRL_DB)  # None: whatever file the collector serves
         url = url or env.get_str(env.SPANRL_SQL_URL, _DEFAULT_URL)
-        token = token or env.get_str(env.SPANRL_COLLECTOR_TOKEN)
+        token = token or env.get_str(env.SPANRL_COLLECTOR_READ_TOKEN) or env.get_str(env.SPANRL_COLLECTOR_TOKEN)
         source = open_source(db=named_db, url=url, token=token, default_db=env.DEFAULT_DB_PATH)
         db = source.db_path
         found = discover_runs(runs, db)
         folders: list[Any] = [tokenizer] if tokenizer else []
         folders += [run.config().get("model") for run in found if run.config().get("model")]
-        app = UiApp(source, token=token, runs=found, credit=credit_of_runs(found), tokens=TokenText(folders))
+        app = UiApp(source, token=token, runs=found, credit=credit_of_runs(found), tokens=TokenText(folders),
+                    bound_host=host)
         return cls(app, host, port, token)
 
     def _warm(self) -> None:

@@ -1,5 +1,5 @@
 """Where the viewer reads spans: a running collector (its read-only SQL endpoint) or a DuckDB file
-opened read-only. Both answer ``sql(query, params) -> pyarrow.Table``."""
+opened read-only and sandboxed like the collector's store (no other file, no URL, settings locked). Both answer ``sql(query, params) -> pyarrow.Table``."""
 
 from __future__ import annotations
 
@@ -58,4 +58,6 @@ def open_source(*, db: str | None, url: str | None, token: str | None, default_d
     if not os.path.exists(db):
         where = f"no collector answered at {url} and " if url else ""
         raise StoreError(f"{where}no span store at {db!r}: the file does not exist")
-    return Source(SpanStore.open(db, read_only=True), f"file {os.path.abspath(db)} (read-only)", os.path.abspath(db))
+    # sandboxed as the collector's SQL endpoint is: the SQL box reads no file but the store, fetches no URL
+    store = SpanStore.open(db, read_only=True, sandboxed=True)
+    return Source(store, f"file {os.path.abspath(db)} (read-only)", os.path.abspath(db))

@@ -16,6 +16,7 @@ __all__ = ["FORMATS", "MAX_SHOWN_ROWS", "run_sql"]
 
 MAX_SHOWN_ROWS = 1000
 """Rows sent to the page; downloads carry every row."""
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet may run as a formula
 FORMATS = {"json": "application/json", "csv": "text/csv; charset=utf-8", "parquet": "application/vnd.apache.parquet"}
 
 
@@ -42,10 +43,18 @@ def run_sql(source: Source, query: Any, fmt: Any) -> tuple[bytes | dict[str, Any
 
 
 def _csv_safe(table: pa.Table) -> pa.Table:
-    """CSV has no lists or structs: write those columns as their JSON-like text."""
+    """CSV has no lists or structs: write those columns as their JSON-like text. A text cell starting with
+    one of `_FORMULA_STARTS` is prefixed with ``'`` so a spreadsheet shows it instead of running it as a
+    formula (OWASP "CSV injection": span attributes are whatever an agent sent)."""
     columns = []
     for column in table.columns:
         if pa.types.is_nested(column.type):
             column = pa.array([None if v is None else str(v) for v in column.to_pylist()], pa.string())
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            column = pa.array([_cell(v) for v in column.to_pylist()], column.type)
         columns.append(column)
     return pa.table(columns, names=table.column_names)
+
+
+def _cell(value: str | None) -> str | None:
+    return "'" + value if value is not None and value.startswith(_FORMULA_STARTS) else value

@@ -14,6 +14,7 @@ from google.rpc.error_details_pb2 import RetryInfo
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from _otlp import make_request
+from spanrl.trust import Tokens
 from spanrl.collector.admission import Admission
 from spanrl.collector.batcher import Batcher, BatcherConfig
 from spanrl.collector.encoding import encode_request
@@ -108,9 +109,9 @@ def test_receivers_answer_full_queue_with_unavailable_and_503_retry_after(tmp_pa
     store = SpanStore.open(":memory:")
     admission = Admission(max_requests=8, max_bytes=1 << 30, retry_after_s=7)
     sql = SqlRunner(store, workers=1, max_waiting=2, timeout_s=5, retry_after_s=7)
-    grpc_rx = GrpcReceiver(host="127.0.0.1", port=0, token=None, max_request_bytes=1 << 20, max_concurrent_rpcs=8,
+    grpc_rx = GrpcReceiver(host="127.0.0.1", port=0, tokens=Tokens(), max_request_bytes=1 << 20, max_concurrent_rpcs=8,
                            admission=admission, next_consumer=batcher)
-    app = OtlpHttpApp(token=None, max_request_bytes=1 << 20, next_consumer=batcher, store=store,
+    app = OtlpHttpApp(tokens=Tokens(), bound_host="127.0.0.1", max_request_bytes=1 << 20, next_consumer=batcher, store=store,
                       admission=admission.with_request_cap(8), sql=sql, health=lambda: {"status": "ok"})
     http_rx = HttpReceiver(host="127.0.0.1", port=0, app=app, graceful_timeout_s=5)
     grpc_rx.start()

@@ -92,7 +92,7 @@ def test_concurrency_cap_refusals_are_retryable_with_delay(small):
     body = make_request(5)[0].SerializeToString()
     with socket.create_connection((host, port), timeout=10) as hog:
         # Headers only: this request is admitted and waits for its body, holding the one HTTP slot.
-        hog.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\n")
+        hog.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\n")
         time.sleep(0.3)
         status, headers, reply = _http(f"{small.http_endpoint}/v1/traces", body)
     assert status == 503 and headers["retry-after"] == "1"
@@ -127,7 +127,7 @@ def test_memory_budget_refuses_before_reading_and_admits_after(tmp_path):
         body = make_request(5)[0].SerializeToString()
         with socket.create_connection(("127.0.0.1", port), timeout=10) as hog:
             # Announces 400 kB (2.4 MB reserved): admitted alone, it holds the budget while its body is awaited.
-            hog.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\nContent-Length: 400000\r\n\r\n")
+            hog.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-protobuf\r\nContent-Length: 400000\r\n\r\n")
             time.sleep(0.3)
             status, headers, reply = _http(f"{c.http_endpoint}/v1/traces", body)
             assert status == 503 and headers["retry-after"] == "1"

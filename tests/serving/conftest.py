@@ -50,11 +50,16 @@ class ServerWithSpans:
         return list(self.exporter.get_finished_spans())
 
 
+ADMIN_TOKEN = "reload-s3cret"
+"""The admin token of the ``served`` server, whose checkpoint root is the session's temporary folder."""
+
+
 @pytest.fixture
-def served(tiny_model_dir: pathlib.Path) -> Iterator[ServerWithSpans]:
+def served(tiny_model_dir: pathlib.Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerWithSpans]:
     exporter = InMemorySpanExporter()
     server = PolicyServer(
-        ServerConfig(model=tiny_model_dir, port=0, otlp_endpoint=None, served_model_name="tiny", max_batch_delay_ms=20.0),
+        ServerConfig(model=tiny_model_dir, port=0, otlp_endpoint=None, served_model_name="tiny", max_batch_delay_ms=20.0,
+                     admin_token=ADMIN_TOKEN, checkpoint_root=tmp_path_factory.getbasetemp()),
         span_exporter=exporter,
     ).start()
     try:

@@ -58,7 +58,7 @@ def test_body_over_limit_is_413_before_the_body_is_read(tiny_model_dir):
         assert "65536 bytes" in reply.json()["error"]["message"]
         # Announce 100 MiB but send only the headers: the 413 comes back without waiting for the body.
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
-            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                          b"Content-Length: 104857600\r\n\r\n")
             head = sock.recv(4096)
         assert head.startswith(b"HTTP/1.1 413")

@@ -17,6 +17,7 @@ from spanrl import semconv
 from spanrl.serving import PolicyServer, ServerConfig, decode_float32, decode_int32
 
 CHAT = [{"role": "user", "content": "what is 3 add 4 ?"}]
+ADMIN_TOKEN = "reload-s3cret"  # the `served` fixture's admin token (conftest.py)
 
 
 def _client(served, rollout: str | None = None) -> openai.OpenAI:
@@ -122,7 +123,8 @@ def test_reload_changes_outputs_and_version(served, tiny_model_dir_other) -> Non
         return client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=8, temperature=0).model_dump()["choices"][0]["token_ids"]
 
     before = greedy()
-    reply = httpx.post(f"{served.server.base_url}/v1/weights/reload", json={"path": str(tiny_model_dir_other)}, timeout=60)
+    reply = httpx.post(f"{served.server.base_url}/v1/weights/reload", json={"path": str(tiny_model_dir_other)},
+                       headers={"authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60)
     assert reply.status_code == 200 and reply.json()["policy_version"] == 1
     assert served.server.version == 1
     after = greedy()
@@ -158,9 +160,10 @@ def test_reload_does_not_drop_requests_in_flight(served, tiny_model_dir_other) -
 
 
 def test_bad_reload_keeps_serving_old_weights(served, tiny_model_dir, tmp_path) -> None:
-    reply = httpx.post(f"{served.server.base_url}/v1/weights/reload", json={"path": str(tmp_path / "missing")}, timeout=60)
+    reply = httpx.post(f"{served.server.base_url}/v1/weights/reload", json={"path": str(tmp_path / "missing")},
+                       headers={"authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60)
     assert reply.status_code == 400
-    assert reply.json()["error"]["param"] == "path" and "missing" in reply.json()["error"]["message"]
+    assert reply.json()["error"]["param"] == "path" and "checkpoint root" in reply.json()["error"]["message"]
     assert served.server.version == 0
     with pytest.raises(ServingError, match="missing .'model.layers.0.self_attn.q_proj.weight'"):
         served.server.reload({"model.embed_tokens.weight": torch.zeros(3, 3)})
@@ -207,7 +210,7 @@ def test_bad_completions_input_and_unknown_route(served) -> None:
     base = served.server.base_url
     reply = httpx.post(f"{base}/v1/completions", json={"model": "tiny", "prompt": [5, 99999]}, timeout=30)
     assert reply.status_code == 400 and "outside the vocabulary" in reply.json()["error"]["message"]
-    reply = httpx.post(f"{base}/v1/completions", content=b"{not json", timeout=30)
+    reply = httpx.post(f"{base}/v1/completions", content=b"{not json", headers={"content-type": "application/json"}, timeout=30)
     assert reply.status_code == 400 and "not valid JSON" in reply.json()["error"]["message"]
     reply = httpx.get(f"{base}/v2/nothing", timeout=30)
     assert reply.status_code == 404 and reply.json()["error"]["type"] == "not_found_error"

@@ -118,8 +118,10 @@ def test_online_trainer_learns_from_a_production_stream(tmp_path: Path, collecto
     try:
         port = _free_port()
         server_url = f"http://127.0.0.1:{port}"
+        (tmp_path / "admin.token").write_text("online-admin\n")  # the reload route needs it (issue 28)
         serve = stream.start([sys.executable, "-m", "spanrl", "serve", "--model", str(model), "--port", str(port),
-                              "--served-model-name", "policy", "--threads", "1",
+                              "--served-model-name", "policy", "--threads", "1", "--checkpoint-root", str(tmp_path),
+                              "--admin-token-file", str(tmp_path / "admin.token"),
                               "--otlp-endpoint", collector_proc.grpc_endpoint], tmp_path / "serve.log")
         _wait_until(lambda: _get_json(f"{server_url}/health")["status"] == "ok", 120, "spanrl serve", [serve])
         otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{collector_proc.grpc_endpoint}", "OTEL_SERVICE_NAME": "prod-agent"}
@@ -135,14 +137,15 @@ def test_online_trainer_learns_from_a_production_stream(tmp_path: Path, collecto
 
         config = _config(tmp_path, model, server_url, collector_proc.http_endpoint)
         online_cmd = [sys.executable, "-m", "spanrl", "train", "--online", str(config)]
+        admin = {"SPANRL_POLICY_ADMIN_TOKEN": "online-admin"}
         history_path = tmp_path / "online" / "history.jsonl"
-        trainer = stream.start(online_cmd, tmp_path / "online-1.log")
+        trainer = stream.start(online_cmd, tmp_path / "online-1.log", admin)
         _wait_until(lambda: len(_read_jsonl(history_path)) >= _UPDATES_BEFORE_KILL, _STREAM_LIMIT_S,
                     "the first online updates", [trainer])
         os.killpg(trainer.pid, signal.SIGKILL)  # mid-stream, no clean shutdown
         trainer.wait(10)
         killed_at = len(_read_jsonl(history_path))
-        trainer = stream.start(online_cmd, tmp_path / "online-2.log")
+        trainer = stream.start(online_cmd, tmp_path / "online-2.log", admin)
         trainer.wait(_STREAM_LIMIT_S)
         assert trainer.returncode == 0, (tmp_path / "online-2.log").read_text()[-3000:]
     finally:

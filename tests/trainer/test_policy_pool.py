@@ -56,12 +56,14 @@ def _trainer(model: Path, out: Path, serving: ServingConfig, steps: int = 2) -> 
 
 
 @pytest.mark.slow
-def test_rollouts_spread_over_two_servers_and_both_are_reloaded_every_step(tiny_model: Path, tmp_path: Path) -> None:
+def test_rollouts_spread_over_two_servers_and_both_are_reloaded_every_step(tiny_model: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     port = _free_port()
+    monkeypatch.setenv("SPANRL_POLICY_ADMIN_TOKEN", "pool-admin")  # what the Trainer sends to the reload route
     servers = [
         PolicyServer(
             ServerConfig(model=tiny_model, port=0, served_model_name="policy", otlp_endpoint=f"127.0.0.1:{port}",
-                         service_name=f"policy-{name}", torch_threads=1)
+                         service_name=f"policy-{name}", torch_threads=1, checkpoint_root=tmp_path)
         ).start()
         for name in ("a", "b")
     ]

@@ -210,3 +210,45 @@ def test_prompt_template_reaches_command_agents(collector: Any, tmp_path: Path, 
         "SELECT rollout_id, final_reward FROM rollouts WHERE rollout_id LIKE ? OR rollout_id LIKE ?", [f"pt{workers}-%", f"pn{workers}-%"]
     ).to_pylist()
     assert {r["rollout_id"].split("-")[0]: r["final_reward"] for r in rows} == {f"pt{workers}": 1.0, f"pn{workers}": 0.0}
+
+
+# Writes which tokens it was given, then reports a reward through its SDK (which sends the ingest token).
+_TOKEN_AGENT = textwrap.dedent(
+    """
+    import json, os
+    from spanrl.instrumentation import configure, emit_reward
+    provider = configure()
+    names = [k for k in os.environ if "TOKEN" in k and k.startswith("SPANRL_")]
+    with open(os.environ["TOKENS_OUT"], "w") as out:
+        json.dump({k: os.environ[k] for k in names}, out)
+    emit_reward(1.0)
+    provider.force_flush()
+    """
+)
+
+
+def test_agents_get_the_ingest_token_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 28, finding 4: the token an agent is given must not read other tenants' spans or prune."""
+    from spanrl.collector import Collector, CollectorConfig
+
+    tokens = {"SPANRL_COLLECTOR_INGEST_TOKEN": "agent-t", "SPANRL_COLLECTOR_TOKEN": "all-t",
+              "SPANRL_COLLECTOR_READ_TOKEN": "read-t", "SPANRL_COLLECTOR_ADMIN_TOKEN": "admin-t",
+              "SPANRL_COLLECTOR_POLICY_TOKEN": "policy-t", "SPANRL_POLICY_ADMIN_TOKEN": "reload-t"}
+    for name, value in tokens.items():
+        monkeypatch.setenv(name, value)
+    (tmp_path / "agent.py").write_text(_TOKEN_AGENT)
+    config = CollectorConfig(db_path=str(tmp_path / "t.duckdb"), grpc_port=0, http_port=-1, token="all-t",
+                             ingest_token="agent-t", materialize_interval_s=None)
+    with Collector(config) as collector:
+        runner = RolloutRunner([sys.executable, str(tmp_path / "agent.py")], otel_env=_otel_env(collector),
+                               config=RunnerConfig(instrument=False, require_token_spans=False,
+                                                   env={"TOKENS_OUT": str(tmp_path / "tokens.json")}),
+                               ready=_ready_fn(collector.store))
+        try:
+            (result,) = runner.run([RolloutJob("t", {})], id_prefix="k-", llm_url="http://x", model="m", sampling={})
+        finally:
+            runner.close()
+        assert result.status == "ok", result.error
+    import json
+
+    assert json.loads((tmp_path / "tokens.json").read_text()) == {"SPANRL_COLLECTOR_INGEST_TOKEN": "agent-t"}

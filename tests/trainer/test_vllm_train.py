@@ -51,9 +51,11 @@ def _serve_vllm(model: Path, port: int, collector_port: int, log: Path) -> subpr
     command = [
         str(VLLM_PYTHON), "-m", "spanrl", "serve", "--backend", "vllm", "--model", str(model),
         "--served-model-name", "policy", "--port", str(port), "--otlp-endpoint", f"127.0.0.1:{collector_port}",
+        "--checkpoint-root", str(log.parent),  # the reload route loads only under it, with the admin token
     ]
     with open(log, "w") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=REPO)
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                cwd=REPO)
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
         assert proc.poll() is None, log.read_text()[-3000:]
@@ -67,7 +69,8 @@ def _serve_vllm(model: Path, port: int, collector_port: int, log: Path) -> subpr
 
 
 @pytest.mark.slow
-def test_two_grpo_steps_with_vllm_rollouts(tmp_path: Path) -> None:
+def test_two_grpo_steps_with_vllm_rollouts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPANRL_POLICY_ADMIN_TOKEN", "vllm-admin")  # the server's reload token, the Trainer sends it
     # head_dim 32: vLLM's CPU attention has no kernel for 16
     model = build_tiny_model(
         tmp_path / "tiny", words=calculator.vocabulary(), hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128

@@ -73,7 +73,8 @@ def test_bad_input_is_a_400_naming_the_field(collector, ui):
     assert _get(ui.url, "/api/rollout?id=missing") == (404, {"error": "no spans of rollout 'missing' are stored"})
     assert _get(ui.url, "/api/nothing")[0] == 404
     assert _get(ui.url, "/static/..%2Fapp.py")[0] == 404
-    request = urllib.request.Request(ui.url + "api/sql", data=b'{"sql": "DELETE FROM spans"}', method="POST")
+    request = urllib.request.Request(ui.url + "api/sql", data=b'{"sql": "DELETE FROM spans"}', method="POST",
+                                     headers={"content-type": "application/json"})
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(request, timeout=30)
     assert err.value.code == 400 and "only read statements" in json.loads(err.value.read())["error"]
