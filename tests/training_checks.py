@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-_PRIME_STEPS_MAX = 300
+_PRIME_STEPS_MAX = 1000
 _PRIME_LR = 1e-2
 # Priming stops once P(right completion | prompt) is in _PRIME_TARGET on every prompt, and fails unless it
 # is in _PRIME_BAND when the steps run out (a prompt the tiny model cannot tell from another stalls at 1/4).
@@ -55,20 +55,22 @@ def prime_half_right(model_dir: Path, examples: Sequence[tuple[list[dict[str, An
     """Train the tiny model at ``model_dir`` in place so that, for each ``(messages, right, wrong)``, the
     reply to ``messages`` is ``right`` (then ``<eos>``) with a probability in ``_PRIME_BAND``: supervised
     steps towards ``right`` and ``wrong`` equally, stopped once every prompt is in the band.
-    Returns ``model_dir``; raises if the band is not reached."""
+    An example whose ``right`` and ``wrong`` are the same text is taught outright (no band: e.g. a
+    reviewer's "OK"). Returns ``model_dir``; raises if the band is not reached."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     pairs = [_sequences(tokenizer, m, c) for m, right, wrong in examples for c in (right, wrong)]
+    banded = torch.tensor([right != wrong for _, right, wrong in examples])
     ids, targets, mask = _batch(pairs)
     optimizer = torch.optim.Adam(model.parameters(), lr=_PRIME_LR)
     right = torch.zeros(0)
     for _ in range(_PRIME_STEPS_MAX + 1):
         logprobs = torch.log_softmax(model(ids).logits[:, :-1].float(), -1).gather(2, targets[..., None])[..., 0]
         sequence = (logprobs * mask).sum(1)  # (N,) log P(completion | prompt)
-        right = sequence[0::2].detach().exp()
+        right = sequence[0::2].detach().exp()[banded]
         if bool(((right >= _PRIME_TARGET[0]) & (right <= _PRIME_TARGET[1])).all()):
             break
         optimizer.zero_grad()
@@ -127,3 +129,15 @@ def assert_served_policy_changed(base_url: str, messages: list[dict[str, Any]], 
     trained, untrained = _token_logprobs(checkpoint, prompt, answer), _token_logprobs(initial, prompt, answer)
     assert max(abs(a - b) for a, b in zip(served, trained)) < 1e-4, (served, trained)
     assert max(abs(a - b) for a, b in zip(served, untrained)) > 1e-4, (served, untrained)
+
+
+def val_success_in_store(db_path: Path, step: int, n_tasks: int) -> float:
+    """Held-out success at ``step`` recomputed from the span store: the reward spans of the greedy
+    evaluation rollouts (ids ``<run>-v<step>-<i>-a<attempt>``, one reward each), summed over ``n_tasks``."""
+    from spanrl.store import SpanStore
+
+    with SpanStore.open(db_path, read_only=True) as store:
+        rows = store.sql("SELECT rollout_id, reward_value FROM spans WHERE name = 'spanrl.reward' "
+                         f"AND rollout_id LIKE '%-v{int(step)}-%'").to_pylist()
+    assert len({r["rollout_id"] for r in rows}) == len(rows) == n_tasks, rows
+    return sum(r["reward_value"] for r in rows) / n_tasks
