@@ -200,3 +200,40 @@ def test_lightningrl_validates_its_config() -> None:
     with pytest.raises(ConfigError, match="LightningRL got an unknown field"):
         LightningRL(gama=0.9)
     assert LightningRL(mode="step", gamma=0.5) == CreditConfig(mode="step", gamma=0.5)
+
+
+def test_config_edges_gamma_zero_is_allowed_a_bool_is_not() -> None:
+    CreditConfig(gamma=0.0, lam=0.0).validate()
+    with pytest.raises(ConfigError, match="^gamma must be a number in \\[0, 1\\], got True$"):
+        CreditConfig(gamma=True).validate()
+    assert CreditConfig().trajectory_aggregation is False
+
+
+def test_missing_reward_zero_scores_the_rollout_zero() -> None:
+    res = credit(CreditConfig(missing_reward="zero", scale_std=False), calls=[(0, 0), (1, 0)], n_calls=[1, 1],
+                 groups=[0, 0], rewards=[(0, 0, 2.0)])
+    assert res.advantages.tolist() == [1.0, -1.0] and res.report["defaulted_no_reward"] == 1
+
+
+def test_no_rewards_at_all_skips_every_rollout() -> None:
+    res = credit(CreditConfig(), calls=[(0, 0), (1, 0)], n_calls=[1, 1], groups=[0, 0], rewards=[])
+    assert res.keep.tolist() == [False, False] and np.isnan(res.advantages).all()
+
+
+def test_the_last_reward_by_time_is_found_per_rollout_when_interleaved() -> None:
+    res = credit(CreditConfig(baseline="none", scale_std=False), calls=[(0, 0), (1, 0)], n_calls=[1, 1], groups=[0, 1],
+                 rewards=[(0, 0, 1.0), (1, 0, 5.0), (0, 0, 3.0)])
+    assert res.episode_reward.tolist() == [3.0, 5.0]
+
+
+def test_step_mode_drops_a_reward_before_the_first_call_from_the_returns() -> None:
+    res = credit(CreditConfig(mode="step", baseline="none", scale_std=False), calls=[(0, 0)], n_calls=[1], groups=[0],
+                 rewards=[(0, -1, 0.5), (0, 0, 1.0)])
+    assert res.returns.tolist() == [1.0]
+
+
+def test_groups_without_kept_rollouts_are_not_counted_unscaled() -> None:
+    # group 1 has no rollout at all; group 2's only rollout is skipped (no reward)
+    kw = dict(calls=[(0, 0), (1, 0), (2, 0)], n_calls=[1, 1, 1], groups=[0, 0, 2], rewards=[(0, 0, 1.0), (1, 0, 2.0)])
+    assert credit(CreditConfig(), **kw).report["unscaled_groups"] == 0
+    assert credit(CreditConfig(mode="step"), **kw).report["unscaled_groups"] == 0
