@@ -89,16 +89,20 @@ def _state(model_dir: Path) -> dict[str, Any]:
     return load_file(str(model_dir / "model.safetensors"))
 
 
+def max_weight_change(initial: Path, checkpoint: Path) -> float:
+    """The largest absolute difference between two HF folders' weights (same keys)."""
+    before, after = _state(initial), _state(checkpoint)
+    assert before.keys() == after.keys()
+    return max(float((after[k].float() - before[k].float()).abs().max()) for k in before)
+
+
 def assert_trained(row: dict[str, Any], *, initial: Path, checkpoint: Path) -> None:
     """The step's rewards varied within a group, the gradient was non-zero and the weights moved.
 
     On the untrained set-up (equal rewards in every group) each of these measures exactly 0."""
     assert row["charts/advantage_std"] > 0, row  # 0.0 when every group's rewards are equal
     assert row["charts/grad_norm"] > 0, row  # 0.0 when every advantage is 0
-    before, after = _state(initial), _state(checkpoint)
-    assert before.keys() == after.keys()
-    moved = max(float((after[k].float() - before[k].float()).abs().max()) for k in before)
-    assert moved > 0, "the checkpoint's weights equal the initial model's"
+    assert max_weight_change(initial, checkpoint) > 0, "the checkpoint's weights equal the initial model's"
 
 
 def served_logprobs(base_url: str, messages: list[dict[str, Any]], max_tokens: int = 4) -> tuple[list[int], list[int], list[float]]:
