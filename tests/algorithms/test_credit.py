@@ -237,3 +237,61 @@ def test_groups_without_kept_rollouts_are_not_counted_unscaled() -> None:
     kw = dict(calls=[(0, 0), (1, 0), (2, 0)], n_calls=[1, 1, 1], groups=[0, 0, 2], rewards=[(0, 0, 1.0), (1, 0, 2.0)])
     assert credit(CreditConfig(), **kw).report["unscaled_groups"] == 0
     assert credit(CreditConfig(mode="step"), **kw).report["unscaled_groups"] == 0
+
+
+def test_every_reward_counts_when_no_reward_name_is_chosen() -> None:
+    res = credit(CreditConfig(baseline="none", scale_std=False), calls=[(0, 0)], n_calls=[1], groups=[0],
+                 rewards=[(0, 0, 0.7), (0, 0, 0.1)], names=["accuracy", "length"])
+    assert res.advantages.tolist() == [0.1]  # the last by time, whatever its name
+
+
+def test_nan_reward_zero_counts_it_as_zero() -> None:
+    res = credit(CreditConfig(nan_reward="zero", scale_std=False), calls=[(0, 0), (1, 0)], n_calls=[1, 1],
+                 groups=[0, 0], rewards=[(0, 0, math.nan), (1, 0, 2.0)])
+    assert res.keep.tolist() == [True, True] and res.advantages.tolist() == [-1.0, 1.0]
+
+
+def test_an_empty_batch_gives_empty_results() -> None:
+    for mode in ("identical", "step"):
+        res = credit(CreditConfig(mode=mode), calls=[], n_calls=[], groups=[], rewards=[])
+        assert res.advantages.shape == (0,) and res.keep.shape == (0,)
+
+
+def test_rloo_over_pairs_and_the_singleton_count() -> None:
+    # groups of 2, 2 and 1: each of a pair is compared with the other; the singleton with itself
+    res = credit(CreditConfig(baseline="rloo", scale_std=False), calls=[(i, 0) for i in range(5)], n_calls=[1] * 5,
+                 groups=[0, 0, 1, 1, 2], rewards=[(0, 0, 1.0), (1, 0, 3.0), (2, 0, 0.0), (3, 0, 0.5), (4, 0, 9.0)])
+    assert res.advantages.tolist() == [-2.0, 2.0, -0.5, 0.5, 0.0] and res.report["singleton_groups"] == 1
+
+
+def test_grpo_over_calls_of_a_rollout_alone_in_its_group() -> None:
+    res = credit(CreditConfig(per_rollout=False, scale_std=False), calls=[(0, 0), (0, 1)], n_calls=[2], groups=[0],
+                 rewards=[(0, 1, 3.0)])
+    assert res.advantages.tolist() == [0.0, 0.0]
+
+
+def test_step_mode_rloo_for_a_rollout_alone_in_its_group() -> None:
+    res = credit(CreditConfig(mode="step", baseline="rloo", scale_std=False), calls=[(0, 0), (0, 1)], n_calls=[2],
+                 groups=[0], rewards=[(0, 1, 3.0)])
+    assert res.advantages.tolist() == [0.0, 0.0]
+
+
+def test_step_mode_scales_by_std_plus_eps_from_eps_up() -> None:
+    # step 0 of group 0: returns-to-go 1 and 1 + 2 sqrt(2): std 2; eps 1 -> divided by 3
+    kw = dict(calls=[(0, 0), (1, 0)], n_calls=[1, 1], groups=[0, 0], rewards=[(0, 0, 1.0), (1, 0, 1.0 + 2 * math.sqrt(2))])
+    res = credit(CreditConfig(mode="step", eps=1.0), **kw)
+    assert res.advantages == pytest.approx([-math.sqrt(2) / 3, math.sqrt(2) / 3], rel=1e-9)
+    # std exactly eps (rewards 0 and 2: std sqrt(2); eps sqrt(2)) is still divided, and no group is unscaled
+    at_eps = credit(CreditConfig(mode="step", eps=math.sqrt(2)), calls=kw["calls"], n_calls=[1, 1], groups=[0, 0],
+                    rewards=[(0, 0, 0.0), (1, 0, 2.0)])
+    assert at_eps.advantages == pytest.approx([-1 / (2 * math.sqrt(2)), 1 / (2 * math.sqrt(2))], rel=1e-9)
+    assert at_eps.report["unscaled_groups"] == 0
+
+
+def test_whitening_divides_by_std_plus_eps_from_eps_up_and_leaves_one_value_alone() -> None:
+    kw = dict(calls=[(0, 0), (1, 0), (2, 0)], n_calls=[1, 1, 1], groups=[0, 1, 2],
+              rewards=[(0, 0, 0.0), (1, 0, 2.0), (2, 0, 4.0)])  # mean 2, std 2
+    assert credit(CreditConfig(baseline="none", eps=1.0), **kw).advantages.tolist() == pytest.approx([-2 / 3, 0.0, 2 / 3])
+    assert credit(CreditConfig(baseline="none", eps=2.0), **kw).advantages.tolist() == [-0.5, 0.0, 0.5]  # std == eps
+    one = credit(CreditConfig(baseline="none"), calls=[(0, 0)], n_calls=[1], groups=[0], rewards=[(0, 0, 2.0)])
+    assert one.advantages.tolist() == [2.0]  # a batch of one is not whitened
