@@ -268,6 +268,9 @@ def test_grpo_over_calls_of_a_rollout_alone_in_its_group() -> None:
     res = credit(CreditConfig(per_rollout=False, scale_std=False), calls=[(0, 0), (0, 1)], n_calls=[2], groups=[0],
                  rewards=[(0, 1, 3.0)])
     assert res.advantages.tolist() == [0.0, 0.0]
+    one_call = credit(CreditConfig(per_rollout=False, scale_std=False), calls=[(0, 0)], n_calls=[1], groups=[0],
+                      rewards=[(0, 0, 3.0)])
+    assert one_call.advantages.tolist() == [0.0]  # a group of one call: its own mean
 
 
 def test_step_mode_rloo_for_a_rollout_alone_in_its_group() -> None:
