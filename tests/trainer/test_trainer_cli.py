@@ -135,15 +135,15 @@ def test_callable_agent_trains_in_process(tiny_model: Path, tmp_path: Path) -> N
             progress=False, torch_threads=1, runner=RunnerConfig(max_concurrency=4),
         ),
     )
-    history = trainer.train()
-    assert history[0]["rollouts_ok"] == 16 and history[0]["transitions"] == 16
-    assert history[0]["policy_version"] == 1
-    assert_trained(history[0], initial=model, checkpoint=tmp_path / "run" / "checkpoint-1")
-    assert {llm.sampling["temperature"] for llm in seen} == {1.0, 0.0}  # training samples, evaluation greedy
-    assert all("/rollouts/" in llm.base_url for llm in seen)
-    client = trainer.deploy()
+    trainer.start()  # so train() leaves its server up: the served check below asks the reloaded server itself
     try:
-        assert_served_policy_changed(str(client.base_url), [{"role": "user", "content": "3 add 4"}],
+        history = trainer.train()
+        assert history[0]["rollouts_ok"] == 16 and history[0]["transitions"] == 16
+        assert history[0]["policy_version"] == 1
+        assert_trained(history[0], initial=model, checkpoint=tmp_path / "run" / "checkpoint-1")
+        assert {llm.sampling["temperature"] for llm in seen} == {1.0, 0.0}  # training samples, evaluation greedy
+        assert all("/rollouts/" in llm.base_url for llm in seen)
+        assert_served_policy_changed(str(trainer.deploy().base_url), [{"role": "user", "content": "3 add 4"}],
                                      initial=model, checkpoint=tmp_path / "run" / "checkpoint-1")
     finally:
         trainer.close()
