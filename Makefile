@@ -76,7 +76,9 @@ test-frameworks-ci: venv
 # Mutation testing of the core math with cosmic-ray (tests/mutation/run.py): credit assignment, the decomposer's
 # Python side, GRPO's loss; each mutant runs only its module's tests, and each module must kill >= 85% of its
 # mutants. Not in CI. credit.py: 340 mutants, 306 killed (90.0%; the 34 left judged equivalent in
-# tests/mutation/credit-equivalent.md), ~25 min on 2 loaded cores. MUTATION_TARGETS='credit' etc.
+# tests/mutation/credit-equivalent.md), ~25 min on 2 loaded cores. decomposer.py: 83 mutants, 67 killed (80.7%,
+# under the bar: the kept-rows path is tested by test_decomposed.py, not in its command). grpo.py: not run yet
+# (test_grpo.py takes 13 s of CPU a mutant). MUTATION_TARGETS='credit' etc.
 MUTATION_TARGETS ?=
 mutation: venv
 	$(BIN)/pip install -q cosmic-ray==8.7.0
