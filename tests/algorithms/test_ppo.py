@@ -82,7 +82,9 @@ def test_ppo_raises_reward(model_path: Path, tmp_path: Path) -> None:
     after = success_rate(algo.model, algo.tokenizer, tasks=TASKS, samples=16, seed=123)
     assert before < 0.15
     assert after > before + 0.3, (before, after)
-    assert metrics["losses/approx_kl"] > 0.0 and metrics["losses/clipfrac"] >= 0.0
+    # the second pass over each batch (num_iterations=2) clips some tokens: measured 0.042; a clip fraction
+    # that is never computed reads 0.0 here (was `>= 0.0`, true of any fraction)
+    assert metrics["losses/approx_kl"] > 0.0 and metrics["losses/clipfrac"] > 0.0
     assert {"losses/value_loss", "charts/grad_norm", "charts/learning_rate"} <= set(metrics)
 
 

@@ -94,11 +94,54 @@ def test_sixteen_concurrent_exporters_all_spans_in(collector):
 
 
 def test_sigterm_flushes_and_exits_zero(collector_proc):
+    """SIGTERM while exports are in flight: the collector exits 0 and every export it acknowledged,
+    including those it was still handling when the signal came, is in the store. Sent when nothing was
+    in flight (as this test did before), it could not tell a flush from none: the in-flight assertion
+    below fails then. Bodies are encoded up front so that the collector's side of each export, not the
+    client's encoding, is where the time goes. With the gRPC receiver's stop(grace) set to None (in-flight
+    RPCs aborted, not finished) it fails: no export was acknowledged after the signal."""
+    import grpc
+    from _otlp import make_request
+
     spans = _spans(500, "term")
     exporter = GrpcExporter(endpoint=collector_proc.grpc_endpoint, insecure=True, timeout=30)
     assert exporter.export(spans) is SpanExportResult.SUCCESS
+    bodies = {f"term-{k}": make_request(2000, rollout_id=f"term-{k}")[0].SerializeToString() for k in range(40)}
+    pending, lock = list(bodies), threading.Lock()
+    done: list[tuple[str, float, float, bool]] = []
+
+    def send() -> None:
+        with grpc.insecure_channel(collector_proc.grpc_endpoint) as channel:
+            call = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                                       request_serializer=None, response_deserializer=None)
+            while True:
+                with lock:
+                    if not pending:
+                        return
+                    rid = pending.pop(0)
+                started = time.monotonic()
+                try:
+                    call(bodies[rid], timeout=30)
+                    ok = True
+                except grpc.RpcError:  # refused (shutting down) or no server: not acknowledged
+                    ok = False
+                done.append((rid, started, time.monotonic(), ok))
+
+    threads = [threading.Thread(target=send) for _ in range(6)]
+    for t in threads:
+        t.start()
+    while len(done) < 6:  # traffic is flowing
+        time.sleep(0.005)
+    signalled = time.monotonic()
     assert collector_proc.terminate() == 0
+    for t in threads:
+        t.join(60)
     from spanrl.store import SpanStore
 
+    acked = [rid for rid, _, _, ok in done if ok]
+    # acknowledged after the signal: the server had taken them before it stopped taking new RPCs
+    in_flight = [rid for rid, started, ended, ok in done if ok and started < signalled < ended]
+    assert in_flight, [(rid, round(e - signalled, 3), ok) for rid, _, e, ok in done]
     with SpanStore.open(collector_proc.db_path, read_only=True) as store:
         assert store.span_count("term") == 500
+        assert {rid: store.span_count(rid) for rid in acked} == {rid: 2000 for rid in acked}

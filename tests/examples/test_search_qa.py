@@ -79,12 +79,19 @@ def _tiny_words() -> list[str]:
 
 @pytest.mark.parametrize("agent_module", [sq_agent, lc_agent], ids=["openai", "langchain"])
 def test_agent_trains_through_the_pipeline_on_a_tiny_model(pipeline, agent_module):
+    from training_checks import assert_trained
+
     tasks = [dict(q, max_steps=2) for q in load_questions("train")[:4]]
-    run = pipeline(agent_file=agent_module.__file__, words=_tiny_words(), tasks=tasks, max_tokens=6)
+    # the right answer or another task's (token F1 0) with odds ~1/2 each
+    prime = [([{"role": "system", "content": sq_agent.SYSTEM_PROMPT}, {"role": "user", "content": t["question"]}],
+              f"answer: {t['answer']}", f"answer: {tasks[(i + 1) % len(tasks)]['answer']}") for i, t in enumerate(tasks)]
+    run = pipeline(agent_file=agent_module.__file__, words=_tiny_words(), tasks=tasks, max_tokens=6, n_rollouts=8,
+                   prime=prime, served_probe=prime[0][0])
     step = run.history[-1]
-    assert step["rollouts_ok"] == 4 and step["rollouts_failed"] == 0
-    assert step["transitions"] >= 4 and step["policy_version"] == 1
+    assert step["rollouts_ok"] == 16 and step["rollouts_failed"] == 0
+    assert step["transitions"] >= 16 and step["policy_version"] == 1
+    assert_trained(step, initial=run.model, checkpoint=run.checkpoint)
     rewards = run.sql("SELECT DISTINCT rollout_id FROM spans WHERE name = 'spanrl.reward'")
-    assert len(rewards) == 4
+    assert len(rewards) == 16
     clients = run.sql("SELECT count(*) AS n FROM spans WHERE kind = 'CLIENT' AND operation_name = 'chat'")
-    assert clients[0]["n"] >= 4  # the openai instrumentor traced the agent's calls, LangChain's included
+    assert clients[0]["n"] >= 16  # the openai instrumentor traced the agent's calls, LangChain's included

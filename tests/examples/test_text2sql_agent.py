@@ -100,26 +100,45 @@ def _tiny_tasks(n: int) -> list[dict]:
     return [dict(q, prompt_style="tiny", max_tries=1) for q in load_questions("tiny_train")[:n]]
 
 
+def _half_right(tasks: list[dict]) -> list[tuple[list[dict], str, str]]:
+    """Priming examples: each task's gold SQL or a query that does not run ("SELECT"), odds ~1/2 each."""
+    return [(t2s.first_messages(t["question"], "tiny"), t["sql"], "SELECT") for t in tasks]
+
+
 def test_agent_trains_through_the_pipeline_on_a_tiny_model(pipeline):
-    run = pipeline(agent_file=t2s.__file__, words=_tiny_words(), tasks=_tiny_tasks(4))
+    from training_checks import assert_trained
+
+    tasks = _tiny_tasks(4)
+    run = pipeline(agent_file=t2s.__file__, words=_tiny_words(), tasks=tasks, n_rollouts=8, prime=_half_right(tasks),
+                   served_probe=t2s.first_messages(tasks[0]["question"], "tiny"))
     step = run.history[-1]
-    assert step["rollouts_ok"] == 4 and step["rollouts_failed"] == 0
-    assert step["transitions"] == 4 and step["policy_version"] == 1
+    assert step["rollouts_ok"] == 16 and step["rollouts_failed"] == 0
+    assert step["transitions"] == 16 and step["policy_version"] == 1
+    assert_trained(step, initial=run.model, checkpoint=run.checkpoint)
     rewards = run.sql("SELECT rollout_id, reward_value FROM spans WHERE name = 'spanrl.reward'")
-    assert len({r["rollout_id"] for r in rewards}) == 4 and {r["reward_value"] for r in rewards} <= {0.0, 1.0}
+    assert len({r["rollout_id"] for r in rewards}) == 16 and {r["reward_value"] for r in rewards} == {0.0, 1.0}
     tools = run.sql("SELECT count(*) AS n FROM spans WHERE operation_name = 'execute_tool' "
                     "AND json_extract_string(attributes, '$.\"gen_ai.tool.name\"') = 'run_sql'")
-    assert tools[0]["n"] == 4  # one try each
+    assert tools[0]["n"] == 16  # one try each
     served = run.sql("SELECT count(*) AS n FROM spans WHERE kind = 'SERVER' AND len(completion_token_ids) > 0")
-    assert served[0]["n"] == 4
+    assert served[0]["n"] == 16
 
 
 def test_multi_agent_trains_only_the_writer(pipeline):
     from spanrl.algorithms.transitions import load_transitions
     from spanrl.store import SpanStore
+    from training_checks import assert_trained
+
+    from examples.text2sql.sqltools import extract_sql, run_sql
 
     tasks = [dict(t, review_rounds=1) for t in _tiny_tasks(4)]
-    run = pipeline(agent_file=multi_agent.__file__, words=_tiny_words() + ["OK"], tasks=tasks, agent_name="writer")
+    # the writer half right; the checker taught to accept whichever of the two queries it is shown, so the
+    # reward is the writer's first query's
+    checker = [([{"role": "user", "content": multi_agent.CHECKER_PROMPT.format(
+        question=t["question"], sql=extract_sql(sql), result=run_sql(extract_sql(sql)).preview())}], "OK", "OK")
+        for t in tasks for sql in (t["sql"], "SELECT")]
+    run = pipeline(agent_file=multi_agent.__file__, words=_tiny_words() + ["OK"], tasks=tasks, agent_name="writer",
+                   n_rollouts=8, prime=_half_right(tasks) + checker)
     with SpanStore.open(run.db_path, read_only=True) as store:
         everything = load_transitions(store).transitions
         writer = load_transitions(store, agents=["writer"]).transitions
@@ -127,3 +146,4 @@ def test_multi_agent_trains_only_the_writer(pipeline):
     assert agents == {"writer", "checker"}
     assert writer and {t.agent for t in writer} == {"writer"} and len(writer) < len(everything)
     assert run.history[-1]["transitions"] == len(writer)
+    assert_trained(run.history[-1], initial=run.model, checkpoint=run.checkpoint)

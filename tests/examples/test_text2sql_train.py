@@ -19,6 +19,12 @@ def test_grpo_raises_the_execution_reward_after_a_careless_warm_start(tmp_path):
     # Every step samples all 24 training questions, so steps are comparable: the reward rises.
     assert (rewards[-1] + rewards[-2]) / 2 >= rewards[0] + 0.08, rewards
     # Held-out, greedy (6 questions): the warm start answers the clean shapes' questions (3 of 6), and GRPO on
-    # the training questions does not lose any of them
+    # the training questions does not lose any of them. `>=` alone passes when GRPO changed nothing, so: the
+    # GRPO checkpoint's weights differ from the warm start's, and the figure is the greedy evaluation of the
+    # last step recomputed from the span store.
+    from training_checks import max_weight_change, val_success_in_store
+
     assert result["val_after_sft"] >= 0.5, result
     assert result["val_after_grpo"] >= result["val_after_sft"], result
+    assert max_weight_change(tmp_path / "sft" / "checkpoint-1", tmp_path / "grpo" / "checkpoint-6") > 0
+    assert result["val_after_grpo"] == val_success_in_store(tmp_path / "spans.duckdb", 6, result["n_val"])

@@ -70,7 +70,8 @@ def test_body_over_limit_is_413_before_the_body_is_read(tiny_model_dir):
 
 
 def test_big_prompts_do_not_stall_health_or_other_requests(served):
-    """Tokenizing runs off the event loop: /health answers fast while 3 ~0.5 MB prompts are tokenized."""
+    """Tokenizing runs off the event loop: /health answers within a third of one big prompt's own time
+    while 3 ~0.5 MB prompts are tokenized."""
     base = served.server.base_url
     big = {"model": "tiny", "prompt": "1 add 2 " * 60_000, "max_tokens": 1}  # ~480 kB, over the context
     stop = threading.Event()
@@ -84,6 +85,9 @@ def test_big_prompts_do_not_stall_health_or_other_requests(served):
                 worst[0] = max(worst[0], time.monotonic() - t0)
                 time.sleep(0.02)
 
+    t0 = time.monotonic()  # one big prompt alone: about the time its tokenizing takes
+    assert httpx.post(f"{base}/v1/completions", json=big, timeout=120).status_code == 400
+    alone = time.monotonic() - t0
     prober = threading.Thread(target=probe)
     prober.start()
     try:
@@ -93,4 +97,7 @@ def test_big_prompts_do_not_stall_health_or_other_requests(served):
         stop.set()
         prober.join()
     assert all(r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded" for r in replies)
-    assert worst[0] < 1.0, f"/health took {worst[0]:.2f} s while big prompts were tokenized"
+    # Tokenizing on the loop blocks /health for at least one whole tokenization, about `alone` (measured at
+    # load 9: worst 2.04 s, alone 1.67 s); off the loop, worst 0.05-0.06 s beside alone 1.5-1.7 s. The old
+    # fixed 1.0 s bound passed the 0.2-0.55 s on-loop stall of a quiet machine.
+    assert worst[0] < alone / 3, f"/health took {worst[0]:.2f} s while big prompts were tokenized (one alone: {alone:.2f} s)"

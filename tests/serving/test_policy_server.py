@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import pathlib
+import threading
 import time
 
 import httpx
@@ -145,18 +146,39 @@ def test_reload_changes_outputs_and_version(served, tiny_model_dir_other) -> Non
 
 
 def test_reload_does_not_drop_requests_in_flight(served, tiny_model_dir_other) -> None:
+    """A reload asked for while a streamed reply is mid-generation: the reply still comes whole (tokens
+    keep arriving after the reload was asked for, so it was in flight), as do the requests around it;
+    a request after the reload is served by version 1. (Before, reload() raced 16 requests that could
+    all be done, or not started, when it ran: `{versions} <= {0, 1}` held with nothing in flight.)"""
     client = _client(served)
 
     def ask(i: int) -> dict:
         return client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=16, temperature=1.0, seed=i).model_dump()
 
+    reload_asked = threading.Event()
+    after_reload: list[int] = []
+    version: list[int] = []
+    reloader = threading.Thread(target=lambda: (reload_asked.set(), version.append(served.server.reload(tiny_model_dir_other))))
+    ids, finish = [], None
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(ask, i) for i in range(16)]
-        version = served.server.reload(tiny_model_dir_other)
+        futures = [pool.submit(ask, i) for i in range(8)]
+        for chunk in client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=64, temperature=0, stream=True):
+            choice = chunk.model_dump()["choices"][0]
+            ids += choice["token_ids"]
+            finish = choice["finish_reason"] or finish
+            if reload_asked.is_set():
+                after_reload += choice["token_ids"]
+            elif ids:
+                reloader.start()  # the stream has begun: ask for the reload now
+                reload_asked.wait()
+        reloader.join(60)
         results = [f.result() for f in futures]
-    assert version == 1
+    assert version == [1]
+    assert after_reload, "the stream had finished before the reload was asked for: nothing was in flight"
+    assert finish in ("length", "stop") and len(ids) >= len(after_reload) + 1
     assert all(len(r["choices"][0]["token_ids"]) >= 1 for r in results)
     assert {r["policy_version"] for r in results} <= {0, 1}
+    assert ask(99)["policy_version"] == 1
 
 
 def test_bad_reload_keeps_serving_old_weights(served, tiny_model_dir, tmp_path) -> None:

@@ -61,8 +61,15 @@ def test_build_tiny_model_saves_a_loadable_folder_deterministically(tmp_path: pa
         assert torch.equal(p, q), name
     text = tok.apply_chat_template(TOOL_ROUND_TRIP, tokenize=False, add_generation_prompt=True)
     assert text.startswith("<bos> <system>") and tok.decode(tok(text)["input_ids"]) == " ".join(text.split())
-    out = model.generate(torch.tensor([tok(text)["input_ids"]]), max_new_tokens=3, do_sample=False)
-    assert out.shape == (1, len(tok(text)["input_ids"]) + 3) or out[0, -1].item() == tok.eos_token_id
+    ids = tok(text)["input_ids"]
+    out = model.generate(torch.tensor([ids]), max_new_tokens=3, do_sample=False)
+    expected = list(ids)  # greedy by hand: the argmax of each next-token distribution, stopping at <eos>
+    with torch.no_grad():
+        for _ in range(3):
+            expected.append(int(model(torch.tensor([expected])).logits[0, -1].argmax()))
+            if expected[-1] == tok.eos_token_id:
+                break
+    assert out[0].tolist() == expected
 
 
 def test_build_tiny_rejects_bad_words_and_shapes(tmp_path: pathlib.Path) -> None:

@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from spanrl import semconv as sc
+from spanrl.errors import ConfigError
 from spanrl.store.decomposer import Selection, decompose
 
 T0_NS = 1_800_000_000_000_000_000
@@ -475,3 +476,21 @@ def test_reward_attribute_repeated_by_an_event_on_its_span_counts_once(collector
     dec = decompose(collector.store)
 
     assert rows(dec.rewards, "name", "value", "source") == [("reward", 0.7, "event")]
+
+
+# --- the decomposer's Python checks, each aimed at a mutant `make mutation` found surviving -------------
+def test_selection_refuses_an_empty_time_window() -> None:
+    with pytest.raises(ConfigError, match=r"^until_ns \(5\) must be greater than since_ns \(5\)$"):
+        Selection(since_ns=5, until_ns=5).validate()
+    Selection(since_ns=5, until_ns=6).validate()
+
+
+def test_call_columns_must_be_names_and_the_first_unknown_is_named() -> None:
+    from spanrl.store.decomposer import _call_columns
+
+    with pytest.raises(ConfigError, match="^call_columns must be a sequence of column names, got 'step'$"):
+        _call_columns("step")
+    with pytest.raises(ConfigError, match="^call_columns must be a sequence of column names, got \\['step', 3\\]$"):
+        _call_columns(["step", 3])
+    with pytest.raises(ConfigError, match="^call_columns: no column 'aaa'; "):
+        _call_columns(["zzz", "aaa"])

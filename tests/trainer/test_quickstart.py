@@ -102,19 +102,28 @@ def test_trainer_needs_tasks_when_the_env_has_no_defaults(tmp_path):
 def test_trainer_trains_and_deploys_through_the_pipeline(tmp_path):
     from spanrl.trainer.tiny import CALL_CLOSE, CALL_OPEN, ROLE_WORDS, build_tiny_model
 
+    from training_checks import assert_served_policy_changed, assert_trained, prime_half_right
+
     model = build_tiny_model(tmp_path / "model", words=VOCAB, hidden_size=32, num_layers=1, num_heads=2,
                              intermediate_size=64)
     tasks = make_tasks(6)
+    # right or wrong on the first turn with odds ~1/2 each, so a group of 4 has unequal rewards w.p. ~7/8
+    prime_half_right(model, [([{"role": "user", "content": t["question"]}], t["answer"], str((int(t["answer"]) + 1) % 19))
+                             for t in tasks[:4]])
     trainer = Trainer(model=model, env_class=ArithEnv, reward_class=ArithReward, tasks=tasks[:4], val_tasks=tasks[4:],
                       algorithm="grpo", learning_rate=1e-3, total_steps=1, batch_size=8, n_rollouts=4, max_tokens=2,
                       output_dir=tmp_path / "run")
     with trainer:
         history = trainer.train()
+        client = trainer.trainer.deploy()
+        assert_served_policy_changed(str(client.base_url), [{"role": "user", "content": tasks[0]["question"]}],
+                                     initial=model, checkpoint=tmp_path / "run" / "checkpoint-1")
         answer = trainer.deploy().run("add 3 4")
+        assert history[-1]["val_success"] == trainer.evaluate()  # the figure is the trained policy's greedy score
     step = history[-1]
     assert step["rollouts_ok"] == 8 and step["policy_version"] == 1
     assert step["transitions"] >= 8  # one per turn, up to two turns each
-    assert "val_success" in step and 0.0 <= step["val_success"] <= 1.0
+    assert_trained(step, initial=model, checkpoint=tmp_path / "run" / "checkpoint-1")
     tokens = set(VOCAB) | set(ROLE_WORDS.values()) | {CALL_OPEN, CALL_CLOSE}
     assert isinstance(answer, str) and set(answer.split()) <= tokens  # the tiny policy's own words
 

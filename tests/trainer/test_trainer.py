@@ -92,7 +92,9 @@ def test_resume_continues_the_same_run(tiny_model: Path, tmp_path: Path) -> None
     first = trainer(2, resume=False).train()
     assert [row["step"] for row in first] == [1, 2]
     assert (out / "checkpoint-2" / "trainer_state.json").is_file()
-    assert first[-1]["val_success"] is not None and 0.0 <= first[-1]["val_success"] <= 1.0
+    from training_checks import val_success_in_store
+
+    assert first[-1]["val_success"] == val_success_in_store(out / "spans.duckdb", 2, len(val))
 
     second = trainer(3, resume=True)
     history = second.train()

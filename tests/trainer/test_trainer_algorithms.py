@@ -86,8 +86,11 @@ def test_lora_policy_reloads_into_the_server(tiny_model: Path, tmp_path: Path) -
     assert logged["transitions_report"] == row["transitions_report"]
     client = trainer.deploy()  # the server still answers after the reload
     try:
-        answer = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "3 add 4"}], max_tokens=4)
-        assert answer.choices[0].message.content is not None
+        from training_checks import assert_served_policy_changed
+
+        # its log-probs are the merged checkpoint's, not the base model's
+        assert_served_policy_changed(str(client.base_url), [{"role": "user", "content": "3 add 4"}],
+                                     initial=tiny_model, checkpoint=tmp_path / "run" / "checkpoint-1")
         # it serves the trained policy: the adapter merged into the base weights, as the checkpoint holds them
         served = trainer.server._state.batcher.backend.model.state_dict()  # deploy() after close: a plain server
         merged = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "checkpoint-1").state_dict()
@@ -195,6 +198,9 @@ def test_in_process_agent_requests_carry_rollout_baggage(tiny_model: Path, tmp_p
         return 1.0
 
     was = (OpenAIInstrumentor().is_instrumented_by_opentelemetry, SpanRLInstrumentor().is_instrumented_by_opentelemetry)
+    # A fake in place of spanrl's policy server, for what only a fake can do: record each request's raw
+    # HTTP headers (baggage, traceparent) as they arrived on the wire; the real server hands no request
+    # headers back to a test.
     with FakeOpenAI(reply="<call> add 1 2 </call>") as llm:
         trainer = Trainer(
             model=tiny_model, agent=agent, tasks=calculator.make_tasks(2, seed=4), algorithm=GRPO(),

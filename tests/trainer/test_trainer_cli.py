@@ -86,7 +86,10 @@ runner: {{workers: 2, max_concurrency: 4}}
     assert out[0] == f"full logs: {tmp_path / 'run' / 'spanrl.log'}"
     assert out[-2].startswith("done: 1 steps, reward ") and "held-out success" in out[-2]
     first = json.loads(out[-1])
-    assert first["step"] == 1 and 0.0 <= first["val_success"] <= 1.0
+    assert first["step"] == 1
+    from training_checks import val_success_in_store
+
+    assert first["val_success"] == val_success_in_store(tmp_path / "run" / "spans.duckdb", 1, len(val))
     assert main(["train", str(tmp_path / "train.yaml"), "--resume", "--max-steps", "2", "--json"]) == 0
     second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert second["step"] == 2
@@ -100,6 +103,10 @@ runner: {{workers: 2, max_concurrency: 4}}
 
 @pytest.mark.slow
 def test_callable_agent_trains_in_process(tiny_model: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from training_checks import assert_served_policy_changed, assert_trained, prime_half_right
+
     seen: list[LLMEndpoint] = []
 
     def agent(task: dict[str, Any], llm: LLMEndpoint) -> float:
@@ -116,22 +123,27 @@ def test_callable_agent_trains_in_process(tiny_model: Path, tmp_path: Path) -> N
         return calculator.reward(task, calculator.parse_call(text))  # returned: emitted as the reward
 
     tasks = calculator.make_tasks(6, seed=6)
+    model = Path(shutil.copytree(tiny_model, tmp_path / "model"))
+    # the right call or a wrong one (the swapped operator) with odds ~1/2 each: groups of 8 with unequal rewards
+    prime_half_right(model, [([{"role": "user", "content": t["question"]}], f"<call> {t['op']} {t['a']} {t['b']} </call>",
+                              f"<call> {'sub' if t['op'] == 'add' else 'add'} {t['a']} {t['b']} </call>") for t in tasks])
     trainer = Trainer(
-        model=tiny_model, agent=agent, tasks=tasks, val_tasks=tasks[:2],
+        model=model, agent=agent, tasks=tasks, val_tasks=tasks[:2],
         algorithm=GRPO(learning_rate=5e-4), credit=LightningRL(),
         config=TrainerConfig(
-            output_dir=str(tmp_path / "run"), n_rollouts=3, tasks_per_step=2, max_steps=1, eval_at_start=False,
-            progress=False, torch_threads=1, runner=RunnerConfig(max_concurrency=3),
+            output_dir=str(tmp_path / "run"), n_rollouts=8, tasks_per_step=2, max_steps=1, eval_at_start=False,
+            progress=False, torch_threads=1, runner=RunnerConfig(max_concurrency=4),
         ),
     )
-    history = trainer.train()
-    assert history[0]["rollouts_ok"] == 6 and history[0]["transitions"] == 6
-    assert history[0]["policy_version"] == 1
-    assert {llm.sampling["temperature"] for llm in seen} == {1.0, 0.0}  # training samples, evaluation greedy
-    assert all("/rollouts/" in llm.base_url for llm in seen)
-    client = trainer.deploy()
+    trainer.start()  # so train() leaves its server up: the served check below asks the reloaded server itself
     try:
-        answer = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "3 add 4"}], max_tokens=8)
-        assert answer.choices[0].message is not None
+        history = trainer.train()
+        assert history[0]["rollouts_ok"] == 16 and history[0]["transitions"] == 16
+        assert history[0]["policy_version"] == 1
+        assert_trained(history[0], initial=model, checkpoint=tmp_path / "run" / "checkpoint-1")
+        assert {llm.sampling["temperature"] for llm in seen} == {1.0, 0.0}  # training samples, evaluation greedy
+        assert all("/rollouts/" in llm.base_url for llm in seen)
+        assert_served_policy_changed(str(trainer.deploy().base_url), [{"role": "user", "content": "3 add 4"}],
+                                     initial=model, checkpoint=tmp_path / "run" / "checkpoint-1")
     finally:
         trainer.close()

@@ -67,6 +67,9 @@ def test_worker_agent_rollouts_reach_the_store(collector: Any) -> None:
         ready=_ready_fn(collector.store),
         otel_env=_otel_env(collector),
     )
+    # A fake in place of spanrl's policy server, for what only a fake can do: answer every question right,
+    # so every rollout's final reward must be exactly 1.0 (a real tiny policy scores ~0, and then a lost
+    # reward would look like a wrong answer). The runner with the real server: tests/trainer/test_trainer*.py.
     with FakeOpenAI(reply=_calc_reply, record=False) as llm:
         try:
             results = runner.run(
