@@ -20,6 +20,21 @@ from spanrl.store import RemoteStore, SpanStore, decomposed, prune
 from spanrl.store.decomposer import Decomposition, Selection, decompose
 
 
+@pytest.fixture
+def collector(tmp_path: Any) -> Any:
+    """A collector without its background materializer: these tests run ``materialize`` themselves and count
+    what it keeps, which the collector's own thread (every 2 s) would race (it kept b first in 3 of 5 loaded
+    runs: ``rollouts_kept`` 0 instead of 1)."""
+    from spanrl.collector import Collector, CollectorConfig
+
+    c = Collector(CollectorConfig(db_path=str(tmp_path / "spans.duckdb"), grpc_port=0, http_port=0,
+                                  materialize_interval_s=None)).start()
+    try:
+        yield c
+    finally:
+        c.shutdown()
+
+
 def _canonical(table: pa.Table) -> list[str]:
     return sorted(repr(sorted(r.items())) for r in table.to_pylist())  # rewards may tie on their sort keys
 
