@@ -44,21 +44,28 @@ class AgenticConfig:
     """The run's budget and hyperparameters (defaults: the README's run)."""
 
     output_dir: str = "runs/smollm2-agentic"
-    steps: int = 12
+    model: str | None = None
+    """A model folder to start from (e.g. a trained run's checkpoint); None: SmolLM2 with the tool template."""
+    steps: int = 8
     tasks_per_step: int = 4
     group: int = 8
     """Rollouts per task (the GRPO group)."""
-    learning_rate: float = 1e-5
+    learning_rate: float = 2e-5
     credit: str = "identical"
     """How the episode's reward reaches each call: ``identical`` (Agent Lightning's), ``discounted``,
     ``step``, or ``gigpo`` (identical plus the step-group term, ``CreditConfig.step_group_weight``)."""
+    aggregate: bool = True
+    """Merge each episode's calls into one sample (``trajectory_aggregation``; the tool result masked): half
+    the update's tokens. Every call then takes the first call's advantage, so only ``identical`` is unchanged."""
+    temperature: float = 1.0
+    """Sampling temperature of the training rollouts (held-out evaluations are greedy)."""
     n_train: int = 200
     n_val: int = 100
     val_tasks: str | None = None
     """A jsonl file of held-out tasks (replaces the generated ``n_val``)."""
     max_tokens: int = 40
     """Completion tokens per call: a tool call takes ~30, the answer 2-5."""
-    eval_every: int = 6
+    eval_every: int = 8
     max_minutes: float | None = 22.0
     """Start no new chunk of ``eval_every`` steps once this much wall time has passed."""
     threads: int | None = None
@@ -87,14 +94,14 @@ async def agent(task: dict[str, Any], llm: Any) -> float:
     return 0.0  # still calling tools after MAX_CALLS: no answer
 
 
-def _credit(mode: str) -> Any:
+def _credit(mode: str, aggregate: bool) -> Any:
     from spanrl.algorithms import LightningRL
 
     if mode not in CREDIT_MODES:
         raise ValueError(f"credit must be one of {', '.join(CREDIT_MODES)}, got {mode!r}")
     if mode == "gigpo":
-        return LightningRL(mode="identical", baseline="grpo", step_group_weight=1.0)
-    return LightningRL(mode=mode, baseline="grpo")
+        return LightningRL(mode="identical", baseline="grpo", step_group_weight=1.0, trajectory_aggregation=aggregate)
+    return LightningRL(mode=mode, baseline="grpo", trajectory_aggregation=aggregate)
 
 
 def build_trainer(cfg: AgenticConfig) -> Any:
@@ -107,14 +114,14 @@ def build_trainer(cfg: AgenticConfig) -> Any:
     if cfg.val_tasks:
         val = load_tasks(cfg.val_tasks)
     base = resolve_model(SMOLLM2)
-    model = tool_model(base, base.with_name(base.name + "-tools"))
+    model = cfg.model or tool_model(base, base.with_name(base.name + "-tools"))
     return Trainer(
         model=model, agent=agent, tasks=train, val_tasks=val,
         algorithm=GRPO(learning_rate=cfg.learning_rate, max_completion_length=cfg.max_tokens, micro_batch_size=8),
-        credit=_credit(cfg.credit),
+        credit=_credit(cfg.credit, cfg.aggregate),
         config=TrainerConfig(
             output_dir=cfg.output_dir, n_rollouts=cfg.group, tasks_per_step=cfg.tasks_per_step, max_steps=cfg.steps,
-            temperature=1.0, max_tokens=cfg.max_tokens, seed=cfg.seed, progress=True, torch_threads=cfg.threads,
+            temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed, progress=True, torch_threads=cfg.threads,
             server_max_batch_size=64,
             runner=RunnerConfig(max_concurrency=64, rollout_timeout_s=900.0, span_timeout_s=60.0, max_attempts=2),
         ),
@@ -126,6 +133,8 @@ def train_time_boxed(trainer: Any, cfg: AgenticConfig) -> list[dict[str, Any]]:
     starts past ``max_minutes``."""
     started = time.monotonic()
     with trainer:
+        if cfg.steps == 0:  # score only
+            return [{"step": 0, "val_success": trainer.evaluate()}]
         while trainer.step < cfg.steps:
             if cfg.max_minutes is not None and time.monotonic() - started > 60 * cfg.max_minutes:
                 break
@@ -134,14 +143,14 @@ def train_time_boxed(trainer: Any, cfg: AgenticConfig) -> list[dict[str, Any]]:
     return trainer.history
 
 
-def _episode_stats(db_path: Path, first_step_version: int = 0) -> dict[str, Any]:
+def _episode_stats(db_path: Path) -> dict[str, Any]:
     """Calls per episode and tool-call share of the training rollouts, from the store (plain SQL)."""
     import duckdb
 
     with duckdb.connect(str(db_path), read_only=True) as con:
         row = con.execute(
             "SELECT count(*) FILTER (WHERE name LIKE 'execute_tool%'), count(*) FILTER (WHERE prompt_token_ids IS NOT NULL), "
-            "count(DISTINCT rollout_id) FROM spans WHERE rollout_id IS NOT NULL AND mode = 'train'").fetchone()
+            "count(DISTINCT rollout_id) FROM spans WHERE rollout_id IN (SELECT rollout_id FROM spans WHERE mode = 'train')").fetchone()
     tools, calls, rollouts = row
     return {"tool_calls": tools, "llm_calls": calls, "rollouts": rollouts,
             "calls_per_episode": calls / rollouts if rollouts else None}
@@ -197,11 +206,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="SmolLM2-135M-Instruct, a calculator tool agent: held-out success "
                                                  "before and after GRPO")
     parser.add_argument("--out", default=d.output_dir)
+    parser.add_argument("--model", default=None, help="model folder to start from (a checkpoint); --steps 0 scores it")
     parser.add_argument("--steps", type=int, default=d.steps)
     parser.add_argument("--tasks-per-step", type=int, default=d.tasks_per_step)
     parser.add_argument("--group", type=int, default=d.group)
     parser.add_argument("--lr", type=float, default=d.learning_rate)
     parser.add_argument("--credit", choices=CREDIT_MODES, default=d.credit)
+    parser.add_argument("--aggregate", action=argparse.BooleanOptionalAction, default=d.aggregate,
+                        help="one sample per episode (trajectory_aggregation); --no-aggregate: one per call")
+    parser.add_argument("--temperature", type=float, default=d.temperature)
     parser.add_argument("--val", type=int, default=d.n_val, help="generated held-out tasks")
     parser.add_argument("--val-tasks", default=None, help="jsonl of held-out tasks: {\"question\": ..., \"answer\": ...}")
     parser.add_argument("--eval-every", type=int, default=d.eval_every)
@@ -209,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=d.threads)
     parser.add_argument("--seed", type=int, default=d.seed)
     args = parser.parse_args(argv)
-    cfg = AgenticConfig(output_dir=args.out, steps=args.steps, tasks_per_step=args.tasks_per_step, group=args.group,
-                        learning_rate=args.lr, credit=args.credit, n_val=args.val, val_tasks=args.val_tasks,
+    cfg = AgenticConfig(output_dir=args.out, model=args.model, steps=args.steps, tasks_per_step=args.tasks_per_step, group=args.group,
+                        learning_rate=args.lr, credit=args.credit, aggregate=args.aggregate,
+                        temperature=args.temperature, n_val=args.val, val_tasks=args.val_tasks,
                         eval_every=args.eval_every, max_minutes=args.max_minutes, threads=args.threads, seed=args.seed)
     if cfg.val_tasks:
         load_tasks(cfg.val_tasks)  # a bad file fails now, not after setup
