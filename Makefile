@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.spanrl-installed
 
-.PHONY: venv demo demo-quick test test-frameworks test-frameworks-ci bench anchor-venv clean chromium vllm-venv test-vllm mutation
+.PHONY: venv demo demo-quick test test-frameworks test-frameworks-ci bench anchor-venv clean chromium clang fuzz vllm-venv test-vllm mutation
 
 venv: $(STAMP)
 
@@ -56,9 +56,22 @@ demo-quick: venv
 chromium:
 	command -v chromium >/dev/null || { $$(command -v sudo) apt-get update -q && $$(command -v sudo) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 
-test: venv chromium
+# The collector's decoder fuzzer (bench/fuzz, tests/collector/test_fuzz.py) needs clang with its sanitizer and
+# libFuzzer runtimes (Debian: clang + libclang-rt-dev); the probe builds a sanitized libFuzzer binary.
+clang:
+	printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }\n' | clang -x c -fsanitize=fuzzer,address,undefined -o /tmp/spanrl-clang-probe - 2>/dev/null \
+	  || { $$(command -v sudo) apt-get update -q && $$(command -v sudo) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q clang libclang-rt-dev; }
+	rm -f /tmp/spanrl-clang-probe
+
+test: venv chromium clang
 	cd examples/node-agent && npm install --no-audit --no-fund --loglevel=error
 	$(BIN)/python -m pytest -q -ra
+
+# Coverage-guided fuzzing of the collector's C decoder under ASan + UBSan (bench/fuzz/run.py): 2 processes x
+# 5,000,000 native executions, then 2 x 1,000,000 with the differential check against the Python decoder
+# (about 25 minutes on 2 cores); FUZZ_ARGS='--runs 0 --diff-runs 0 --seconds 600' for a timed run.
+fuzz: venv clang
+	$(BIN)/python bench/fuzz/run.py $(FUZZ_ARGS)
 
 # Agents in other frameworks (one small venv each under tests/frameworks/.venvs, no spanrl in it), each
 # trained one GRPO step as the Trainer's command-line agent. A framework whose install fails fails loudly.

@@ -7,7 +7,9 @@ typed columns. The three token arrays (`spanrl.llm.*`) go only into their INTEGE
 OTLP/JSON bodies are turned into the same protobuf request first (`otlp_json.py`).
 
 A span that cannot be stored (bad id length, undecodable token ids) is rejected alone: the rest of the
-request is kept and the receiver reports the rejected count (OTLP partial success).
+request is kept and the receiver reports the rejected count (OTLP partial success). An attribute value
+nested deeper than `MAX_NESTING` arrays / kvlists fails the whole request (`PermanentError`), as the
+walk's output passing the request's `DecodeBudget` does (counted per span as the rows are made).
 """
 
 from __future__ import annotations
@@ -21,11 +23,16 @@ import orjson
 import pyarrow as pa
 
 from spanrl import semconv as sc
+from spanrl.collector.errors import PermanentError
 from spanrl.collector.otlp_json import MAX_ERRORS_REPORTED, decode_json_request
 from spanrl.collector.tokens import BadSpan, decode_tokens, list_column, resolve_arrays
 from spanrl.collector.wire_schema import parse_array, parse_request
 
-__all__ = ["SPANS_ARROW_SCHEMA", "EncodedBatch", "decode_json_request", "decode_protobuf_request", "encode_request"]
+__all__ = ["MAX_NESTING", "SPANS_ARROW_SCHEMA", "EncodedBatch", "decode_json_request", "decode_protobuf_request", "encode_request"]
+
+MAX_NESTING = 16
+"""Arrays and kvlists nested in one attribute value, at most; deeper is INVALID_ARGUMENT / 400 for the
+whole request (the C fast path, MAX_DEPTH in wire.h, leaves such a request to this walk)."""
 
 _TRACE_ID_BYTES = 16
 _SPAN_ID_BYTES = 8
@@ -116,31 +123,36 @@ class EncodedBatch:
 
 
 # --- AnyValue -> Python -------------------------------------------------------------------------------
-def _array(v: Any) -> list[Any]:
+# Each getter takes the value and how many arrays / kvlists hold it (0 for an attribute's own value).
+def _deeper(depth: int) -> int:
+    if depth >= MAX_NESTING:
+        raise PermanentError(f"an attribute value nests arrays / kvlists more than {MAX_NESTING} deep (the limit)")
+    return depth + 1
+
+
+def _array(v: Any, depth: int = 0) -> list[Any]:
+    depth = _deeper(depth)
     array = v.array_value
     if array.__class__ is bytes:  # as `parse_request` leaves it
         array = parse_array(array)
-    return [_any(x) for x in array.values]
+    return [_GETTERS[x.WhichOneof("value")](x, depth) for x in array.values]
 
 
-def _kvlist(v: Any) -> dict[str, Any]:
-    return {kv.key: _any(kv.value) for kv in v.kvlist_value.values}
+def _kvlist(v: Any, depth: int = 0) -> dict[str, Any]:
+    depth = _deeper(depth)
+    return {kv.key: _GETTERS[kv.value.WhichOneof("value")](kv.value, depth) for kv in v.kvlist_value.values}
 
 
-_GETTERS: dict[str | None, Callable[[Any], Any]] = {
-    "string_value": lambda v: v.string_value,
-    "int_value": lambda v: v.int_value,
-    "double_value": lambda v: v.double_value,
-    "bool_value": lambda v: v.bool_value,
+_GETTERS: dict[str | None, Callable[[Any, int], Any]] = {
+    "string_value": lambda v, d=0: v.string_value,
+    "int_value": lambda v, d=0: v.int_value,
+    "double_value": lambda v, d=0: v.double_value,
+    "bool_value": lambda v, d=0: v.bool_value,
     "array_value": _array,
     "kvlist_value": _kvlist,
-    "bytes_value": lambda v: base64.b64encode(v.bytes_value).decode("ascii"),
-    None: lambda v: None,
+    "bytes_value": lambda v, d=0: base64.b64encode(v.bytes_value).decode("ascii"),
+    None: lambda v, d=0: None,
 }
-
-
-def _any(v: Any) -> Any:
-    return _GETTERS[v.WhichOneof("value")](v)
 
 
 def _attrs(kvs: Any) -> dict[str, Any]:
@@ -299,10 +311,43 @@ def _span_row(span: Any, res: tuple, scope_name: str | None, scope_version: str 
 
 
 # --- the request -------------------------------------------------------------------------------------------
-def encode_request(request: Any, *, pre_rejected: int = 0, pre_errors: list[str] | None = None) -> EncodedBatch:
+# What one row costs while the walk runs, counted as it is made: _ROW_BYTES, plus _TEXT_FACTOR x the
+# characters of its attributes / events / links JSON (the Python objects they come from, the text, its
+# Arrow copy), plus 5/4 x the resource JSON's bytes (repeated in every row's Arrow column). Fitted to peak
+# RSS growth: 1.8 kB a span with one attribute, 3.4 kB with 10 string attributes or 10 events, 116 kB
+# with a 100,000-character resource (the parse itself is in the body's share, DECODE_FACTOR).
+_ROW_BYTES = 2048
+_TEXT_FACTOR = 5
+
+
+class _Meter:
+    """The walk's output against a request's `DecodeBudget` (none: unmetered)."""
+
+    __slots__ = ("budget", "produced", "allowed")
+
+    def __init__(self, budget: Any) -> None:
+        self.budget = budget
+        self.produced = 0
+        self.allowed = budget.output_allowance() if budget is not None else float("inf")
+
+    def add(self, nbytes: int) -> None:
+        self.produced += nbytes
+        if self.produced > self.allowed:
+            self.allowed = self.budget.grow_output(self.produced)  # or RetryableError / PayloadTooLargeError
+
+
+def _row_cost(row: tuple, resource_bytes: int) -> int:
+    text = len(row[22]) + (len(row[24]) if row[24] else 0) + (len(row[25]) if row[25] else 0)
+    return _ROW_BYTES + _TEXT_FACTOR * text + resource_bytes
+
+
+def encode_request(request: Any, *, pre_rejected: int = 0, pre_errors: list[str] | None = None, budget: Any = None) -> EncodedBatch:
     """Walk one request (an ExportTraceServiceRequest, or what `decode_protobuf_request` returns) into
     Arrow columns. ``pre_rejected``/``pre_errors`` carry spans the JSON decoder already dropped, so the
-    reply counts them. `PermanentError` if an array in it is malformed protobuf."""
+    reply counts them. `PermanentError` if an array in it is malformed protobuf or nested past
+    MAX_NESTING; with a ``budget`` (`admission.DecodeBudget`), the rows count against it as they are made
+    (`DecodeBudget.grow_output`'s errors when it cannot grow)."""
+    meter = _Meter(budget)
     rows: list[tuple] = []
     tokens: list[Any] = []
     indexes: list[int] = []  # each row's span index in the request, for late rejections
@@ -311,6 +356,7 @@ def encode_request(request: Any, *, pre_rejected: int = 0, pre_errors: list[str]
     index = -1
     for rs in request.resource_spans:
         res = _resource_context(_attrs(rs.resource.attributes))
+        resource_bytes = len(res[0].encode()) * 5 // 4
         for ss in rs.scope_spans:
             scope = ss.scope
             s_name, s_version = scope.name or None, scope.version or None
@@ -323,6 +369,7 @@ def encode_request(request: Any, *, pre_rejected: int = 0, pre_errors: list[str]
                     if len(errors) < MAX_ERRORS_REPORTED:  # in index order, so these are the first ones
                         errors.append((index, f"span {index} ({span.name!r}): {exc}"))
                     continue
+                meter.add(_row_cost(row, resource_bytes))
                 rows.append(row)
                 tokens.append(toks)
                 indexes.append(index)

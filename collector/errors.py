@@ -5,8 +5,9 @@ data is bad and retrying cannot help). Receivers map each class to its status.
     CollectorError (spanrl.errors)
     ├── RetryableError          queue full, memory budget full, shutting down, store write failed
     │   └── StoreFailedError    DuckDB invalidated the store and it could not be reopened
-    ├── PermanentError          malformed body, wrong content type, oversized message
-    │   └── PayloadTooLargeError   body over max_request_bytes (HTTP 413; gRPC RESOURCE_EXHAUSTED)
+    ├── PermanentError          malformed body, wrong content type, nesting past MAX_NESTING, a decoder bug
+    │   └── PayloadTooLargeError   body over max_request_bytes (HTTP 413; gRPC RESOURCE_EXHAUSTED), or its
+    │                              decoded form over the whole memory budget (413; INVALID_ARGUMENT)
     └── UnauthenticatedError    missing or wrong bearer token (UNAUTHENTICATED / 401)
 """
 

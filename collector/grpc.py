@@ -24,7 +24,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from spanrl.collector.admission import DECODE_FACTOR, Admission
+from spanrl.collector.admission import DECODE_FACTOR, Admission, DecodeBudget
 from spanrl.collector.encoding import EncodedBatch
 from spanrl.collector.errors import PermanentError, RetryableError
 from spanrl.collector.fast_decode import encode_protobuf_body
@@ -132,25 +132,26 @@ class GrpcReceiver:
         if not self._receiving.acquire(timeout=_RECEIVE_WAIT_S):
             _abort_retryable(context, RetryableError(f"{_RECEIVING} request bodies are being received, the limit; retry later",
                                                      retry_after_s=self._admission.retry_after_s))
+        budget = DecodeBudget(self._admission)  # the body's share now, more as its decoded form grows
         try:
             body = next(messages, None)
             if body is None or next(messages, None) is not None:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Export takes exactly one ExportTraceServiceRequest message")
-            reserved = len(body) * DECODE_FACTOR
-            self._admission.reserve(reserved)
+            budget.hold(len(body) * DECODE_FACTOR)
+            budget.body_bytes = len(body)
         except RetryableError as exc:
             _abort_retryable(context, exc)
         finally:
             self._receiving.release()
         try:
-            batch = encode_protobuf_body(body)  # the C fast path, else the Python decoder
+            # the C fast path, else the Python decoder; raises only PermanentError / RetryableError
+            batch = encode_protobuf_body(body, budget)
             del body
             if batch is None:  # no resource spans
                 return ExportTraceServiceResponse()
             batch = admit(batch, self._tokens, self._claims, authorization)
             committed = self._next.consume(batch)
-            self._admission.release(reserved)
-            reserved = 0
+            budget.release()
             committed.result()
         except PermanentError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -160,7 +161,7 @@ class GrpcReceiver:
             _logger.exception("OTLP/gRPC export failed")
             _abort_retryable(context, RetryableError(f"collector error: {exc}"))
         finally:
-            self._admission.release(reserved)
+            budget.release()
         response = ExportTraceServiceResponse()
         if batch.rejected:
             response.partial_success.rejected_spans = batch.rejected

@@ -39,9 +39,8 @@ import uvicorn
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from spanrl.collector.admission import DECODE_FACTOR, Admission
-from spanrl.collector.encoding import EncodedBatch, decode_json_request, encode_request
-from spanrl.collector.fast_decode import encode_protobuf_body
+from spanrl.collector.admission import DECODE_FACTOR, Admission, DecodeBudget
+from spanrl.collector.fast_decode import decode_otlp_body
 from spanrl.collector.errors import PayloadTooLargeError, PermanentError, RetryableError, UnauthenticatedError
 from spanrl.collector.grpc import BatchConsumer
 from spanrl.collector.identity import RolloutClaims, admit
@@ -176,7 +175,7 @@ class OtlpHttpApp:
             await fail(503, _GRPC_UNAVAILABLE, f"collector error: {exc}", as_json, [(b"retry-after", b"1")])
 
     async def _route(self, path: str, send: Send, receive: Receive, headers: dict[str, str]) -> None:
-        held = [0]  # bytes reserved in the memory budget for this request, released when it is queued or done
+        held = DecodeBudget(self._admission)  # this request's bytes in the memory budget, released when it is queued or done
         try:
             body = await self._read_body(receive, headers, held)
             if path == "/v1/traces":
@@ -189,17 +188,13 @@ class OtlpHttpApp:
             else:
                 await self._prune(send, body)
         finally:
-            self._admission.release(held[0])
+            held.release()
 
-    def _hold(self, held: list[int], nbytes: int) -> None:
-        self._admission.reserve(nbytes)
-        held[0] += nbytes
-
-    async def _read_body(self, receive: Receive, headers: dict[str, str], held: list[int]) -> bytes:
+    async def _read_body(self, receive: Receive, headers: dict[str, str], held: DecodeBudget) -> bytes:
         length = headers.get("content-length")
         too_large = length is not None and length.isdigit() and int(length) > self._max
         if not too_large and length is not None and length.isdigit():
-            self._hold(held, int(length) * DECODE_FACTOR)  # before reading: a refusal costs no memory
+            held.hold(int(length) * DECODE_FACTOR)  # before reading: a refusal costs no memory
         chunks: list[bytes] = []
         size = 0
         more = True
@@ -213,8 +208,7 @@ class OtlpHttpApp:
                 too_large = True
             if not too_large:
                 chunks.append(chunk)
-                if size * DECODE_FACTOR > held[0]:  # chunked, or longer than announced
-                    self._hold(held, size * DECODE_FACTOR - held[0])
+                held.hold_total(size * DECODE_FACTOR)  # chunked, or longer than announced
             more = message.get("more_body", False)
         # An oversized body is read to its end and dropped (memory stays bounded), so that the client,
         # still sending, gets the 413 instead of a reset connection.
@@ -224,22 +218,22 @@ class OtlpHttpApp:
         encoding = headers.get("content-encoding", "identity").strip().lower()
         if encoding == "gzip":
             body = await asyncio.to_thread(_gunzip, body, self._max)
-            if len(body) * DECODE_FACTOR > held[0]:
-                self._hold(held, len(body) * DECODE_FACTOR - held[0])
+            held.hold_total(len(body) * DECODE_FACTOR)
         elif encoding not in ("identity", ""):
             raise _HttpError(415, f"Content-Encoding {encoding!r} is not supported; use gzip or none", grpc_code=_GRPC_INVALID_ARGUMENT)
         return body
 
-    async def _traces(self, send: Send, body: bytes, headers: dict[str, str], held: list[int]) -> None:
+    async def _traces(self, send: Send, body: bytes, headers: dict[str, str], held: DecodeBudget) -> None:
         ctype = headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype not in (_PROTOBUF_TYPE, _JSON_TYPE):
             raise _HttpError(415, f"Content-Type {ctype!r} is not supported; use {_PROTOBUF_TYPE} or {_JSON_TYPE}", grpc_code=_GRPC_INVALID_ARGUMENT)
-        batch = await asyncio.to_thread(_decode_and_encode, body, ctype == _JSON_TYPE)
+        held.body_bytes = len(body)
+        # the C fast path, else the Python decoder; raises only PermanentError / RetryableError
+        batch = await asyncio.to_thread(decode_otlp_body, body, as_json=ctype == _JSON_TYPE, budget=held)
         del body
         batch = admit(batch, self._tokens, self._claims, headers.get("authorization"))
         committed = self._next.consume(batch)
-        self._admission.release(held[0])  # the batcher's queue cap counts the batch from here on
-        held[0] = 0
+        held.release()  # the batcher's queue cap counts the batch from here on
         await asyncio.wrap_future(committed)
         if ctype == _JSON_TYPE:
             doc: dict[str, Any] = {}
@@ -278,14 +272,6 @@ class OtlpHttpApp:
             raise PermanentError(f'prune request needs "older_than_s" as a number >= 0, got {older!r}')
         deleted = await asyncio.to_thread(prune, self._store, float(older))
         await _respond(send, 200, orjson.dumps({"deleted_spans": deleted}), _JSON_TYPE)
-
-
-def _decode_and_encode(body: bytes, as_json: bool) -> EncodedBatch:
-    if as_json:
-        request, rejected, errors = decode_json_request(body)
-        return encode_request(request, pre_rejected=rejected, pre_errors=errors)
-    batch = encode_protobuf_body(body)  # the C fast path, else the Python decoder
-    return EncodedBatch(None, 0) if batch is None else batch  # None: no resource spans
 
 
 async def _respond(send: Send, status: int, body: bytes, ctype: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:

@@ -35,20 +35,78 @@ static int hot_id(int mode, Rd key) {
     return -1;
 }
 
-/* The keys of one attribute list so far, to send a duplicate (a dict keeps the last) to Python. */
+/* ---- duplicate keys ----------------------------------------------------------------------------- */
+/* A duplicate key sends the request to Python (its dict keeps the last value at the first one's place).
+ * Keys are the same exactly when their bytes are (both are valid UTF-8). A short list is scanned; from
+ * KEYS_SCAN keys on, a hash set at most 1/4 full: linear in the list, 160,000 keys in milliseconds. The
+ * hash is not keyed, so an input can be built whose keys collide: a probe sequence past KEYS_PROBES
+ * sends the request to Python (which any input can choose anyway), so the work stays linear. */
+#define KEYS_SCAN 16
+#define KEYS_PROBES 32
+
+static int same_key(Rd a, Rd b) {
+    size_t n = (size_t)(a.end - a.p);
+    return (size_t)(b.end - b.p) == n && (n == 0 || memcmp(a.p, b.p, n) == 0);
+}
+static uint64_t key_hash(Rd key) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)(key.end - key.p);
+    const uint8_t *p = key.p;
+    for (; key.end - p >= 8; p += 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
+        h ^= h >> 31;
+    }
+    uint64_t w = 0;
+    for (int i = 0; p < key.end; p++, i += 8) w |= (uint64_t)*p << i;
+    h = (h ^ w) * 0x94D049BB133111EBull;
+    return h ^ (h >> 29);
+}
+/* Key `i` into the set; 0 if an equal key is there or the probe sequence is too long. */
+static int slot_put(Keys *k, size_t i) {
+    size_t mask = k->nslots - 1, at = (size_t)k->hashes[i] & mask;
+    for (int probes = 0; k->slots[at]; at = (at + 1) & mask) {
+        size_t j = k->slots[at] - 1;
+        NEED(++probes < KEYS_PROBES && !(k->hashes[j] == k->hashes[i] && same_key(k->keys[j], k->keys[i])));
+    }
+    k->slots[at] = (uint32_t)(i + 1);
+    return 1;
+}
+/* The set rebuilt from keys[0..n) with room for `want` keys. */
+static int keys_index(Keys *k, size_t want) {
+    size_t nslots = 64;
+    while (nslots < 4 * want) nslots *= 2;
+    if (nslots != k->nslots) { /* smaller too: a short list after a long one clears a short table */
+        free(k->slots);
+        budget_give(k->budget, k->nslots * sizeof *k->slots);
+        k->slots = NULL;
+        k->nslots = 0;
+        NEED(budget_take(k->budget, nslots * sizeof *k->slots) && (k->slots = malloc(nslots * sizeof *k->slots)));
+        k->nslots = nslots;
+    }
+    memset(k->slots, 0, k->nslots * sizeof *k->slots);
+    NEED(grow_array(k->budget, (void **)&k->hashes, &k->hcap, k->cap, sizeof *k->hashes));
+    for (size_t i = 0; i < k->n; i++) {
+        if (!k->indexed) k->hashes[i] = key_hash(k->keys[i]);
+        NEED(slot_put(k, i));
+    }
+    k->indexed = 1;
+    return 1;
+}
 
 static int keys_add(Keys *k, Rd key) {
-    size_t n = (size_t)(key.end - key.p);
-    for (size_t i = 0; i < k->n; i++)
-        NEED((size_t)(k->keys[i].end - k->keys[i].p) != n || memcmp(k->keys[i].p, key.p, n) != 0);
-    if (k->n == k->cap) {
-        size_t cap = k->cap ? 2 * k->cap : 32;
-        Rd *p = realloc(k->keys, cap * sizeof *p);
-        NEED(p);
-        k->keys = p;
-        k->cap = cap;
+    NEED(k->n < UINT32_MAX - 1 && grow_array(k->budget, (void **)&k->keys, &k->cap, k->n + 1, sizeof *k->keys));
+    if (k->n < KEYS_SCAN) {
+        for (size_t i = 0; i < k->n; i++) NEED(!same_key(k->keys[i], key));
+        k->keys[k->n++] = key;
+        return 1;
     }
-    k->keys[k->n++] = key;
+    if (!k->indexed || 4 * (k->n + 1) > k->nslots) NEED(keys_index(k, 2 * k->n));
+    NEED(grow_array(k->budget, (void **)&k->hashes, &k->hcap, k->cap, sizeof *k->hashes));
+    k->keys[k->n] = key;
+    k->hashes[k->n] = key_hash(key);
+    NEED(slot_put(k, k->n));
+    k->n++;
     return 1;
 }
 
@@ -184,7 +242,7 @@ int kv_entry(Dec *d, Buf *out, Keys *keys, int mode, Hot *hot, Rd r) {
 
 /* The attributes of an event or link (every KeyValue field numbered `field` in `r`) as a JSON object. */
 int attrs_json(Dec *d, Buf *out, Rd r, uint32_t field) {
-    d->inner_keys.n = 0;
+    keys_reset(&d->inner_keys);
     NEED(putc_(out, '{'));
     while (r.p < r.end) {
         uint32_t tag;

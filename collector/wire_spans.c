@@ -123,7 +123,7 @@ static int span(Dec *d, Rd r, const Ctx *ctx) {
     Hot hot;
     memset(hot.has, 0, sizeof hot.has);
     Buf *attrs = &d->cols[C_ATTRS].values, *events = &d->cols[C_EVENTS].values, *links = &d->cols[C_LINKS].values;
-    d->span_keys.n = 0;
+    keys_reset(&d->span_keys);
     NEED(putc_(attrs, '{'));
     while (r.p < r.end) {
         NEED(rd_tag(&r, &tag));
@@ -213,7 +213,7 @@ static int scope_parse(Dec *d, Rd r, Ctx *ctx) {
     uint32_t seen = 0, tag;
     uint64_t u;
     Rd s;
-    d->inner_keys.n = 0;
+    keys_reset(&d->inner_keys);
     d->scratch.len = 0;
     NEED(putc_(&d->scratch, '{'));
     while (r.p < r.end) {
@@ -257,7 +257,7 @@ static int resource_parse(Dec *d, Rd r, Ctx *ctx) {
     Rd s;
     Hot hot;
     memset(hot.has, 0, sizeof hot.has);
-    d->inner_keys.n = 0;
+    keys_reset(&d->inner_keys);
     NEED(putc_(&d->resource, '{'));
     while (r.p < r.end) {
         NEED(rd_tag(&r, &tag));
@@ -322,15 +322,20 @@ void dec_free(Dec *d) {
     for (int i = 0; i < N_COLS; i++) { free(d->cols[i].values.p); free(d->cols[i].offsets.p); free(d->cols[i].valid.p); }
     free(d->resource.p);
     free(d->scratch.p);
-    free(d->span_keys.keys);
-    free(d->inner_keys.keys);
+    Keys *keys[] = {&d->span_keys, &d->inner_keys};
+    for (int i = 0; i < 2; i++) { free(keys[i]->keys); free(keys[i]->hashes); free(keys[i]->slots); }
 }
 
-int dec_run(Dec *d, const uint8_t *body, size_t n) {
+int dec_run(Dec *d, const uint8_t *body, size_t n, size_t limit) {
+    d->budget.limit = limit;
+    Budget *bu = &d->budget;
     for (int i = 0; i < N_COLS; i++) {
-        d->cols[i].has_offsets = HAS_OFFSETS[i];
-        if (HAS_OFFSETS[i]) { int32_t z = 0; NEED(put(&d->cols[i].offsets, &z, 4)); }
+        Col *c = &d->cols[i];
+        c->values.budget = c->offsets.budget = c->valid.budget = bu;
+        c->has_offsets = HAS_OFFSETS[i];
+        if (HAS_OFFSETS[i]) { int32_t z = 0; NEED(put(&c->offsets, &z, 4)); }
     }
+    d->resource.budget = d->scratch.budget = d->span_keys.budget = d->inner_keys.budget = bu;
     Rd r = {body, body + n};
     return request(d, r);
 }

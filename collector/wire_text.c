@@ -48,6 +48,7 @@ static inline int word_plain(uint64_t w) {
 }
 
 int json_str(Buf *b, const uint8_t *s, size_t n) {
+    if (!n) return PUTS(b, "\"\""); /* an absent field's s is NULL: no arithmetic on it */
     NEED(buf_grow(b, n + 2));
     b->p[b->len++] = '"';
     size_t run = 0;
@@ -87,27 +88,55 @@ static int put_i64(Buf *b, int64_t v) {
     return put_u64(b, (uint64_t)v);
 }
 
-/* Shortest round-trip digits (the first of 15, 16, 17 significant digits that reads back exactly is the
- * shortest and nearest, as Python's repr picks; a subnormal has fewer, so it tries from 1), laid out as
- * orjson does. */
+/* `t`, as "%.*e" writes a positive double ("d.ddde-XX"), -> its digits and exponent; 0 where a locale
+ * (an embedding app's setlocale) writes ',' for the point: Python's path then. */
+static int e_parts(const char *t, char *digits, int *k, int *e) {
+    const char *q = t;
+    for (*k = 0; *q && *q != 'e'; q++) {
+        if (*q >= '0' && *q <= '9') digits[(*k)++] = *q;
+        else NEED(*q == '.');
+    }
+    NEED(*q == 'e');
+    *e = atoi(q + 1);
+    return 1;
+}
+/* digits[0..k) x 10^e read back as a double. */
+static double e_value(const char *digits, int k, int e) {
+    char t[48];
+    snprintf(t, sizeof t, "%c.%.*se%d", digits[0], k - 1, digits + 1, e);
+    return strtod(t, NULL);
+}
+/* The shortest digits that read back as `x` (> 0), the nearest of them to it: Python's repr, orjson's
+ * text. For each length from 15 (a subnormal from 1: it has fewer) up: the nearest decimal of that many
+ * digits (printf's rounding) if it reads back; else, when it lies below `x`, the next one up, which
+ * reads back where the rounding interval is wider above than below (x a power of two: 2^-24 is
+ * 5.960464477539063e-08 in 16 digits; its nearest 16-digit decimal ...062 lies outside the interval). */
+static int shortest(double x, char *digits, int *k, int *e) {
+    char t[40];
+    for (int prec = x < 2.2250738585072014e-308 ? 1 : 15; prec <= 17; prec++) {
+        snprintf(t, sizeof t, "%.*e", prec - 1, x);
+        NEED(e_parts(t, digits, k, e));
+        double back = strtod(t, NULL);
+        if (back == x) return 1;
+        if (back > x || prec == 17) continue;
+        int i = *k - 1;
+        while (i >= 0 && digits[i] == '9') digits[i--] = '0';
+        if (i < 0) { digits[0] = '1'; ++*e; } else digits[i]++;
+        if (e_value(digits, *k, *e) == x) return 1;
+    }
+    snprintf(t, sizeof t, "%.16e", x); /* 17 digits always read back */
+    return e_parts(t, digits, k, e);
+}
+
+/* Laid out as orjson does: 0.0, 1.5, 1e+16, 1.5e-7, 0.00001. */
 static int put_double(Buf *b, double d) {
     if (isnan(d) || isinf(d)) return PUTS(b, "null");
     if (d == 0) return signbit(d) ? PUTS(b, "-0.0") : PUTS(b, "0.0");
-    char t[40];
-    for (int prec = fabs(d) < 2.2250738585072014e-308 ? 1 : 15; prec <= 17; prec++) { /* subnormals: fewer digits */
-        snprintf(t, sizeof t, "%.*e", prec - 1, d);
-        if (strtod(t, NULL) == d) break;
-    }
     char digits[24];
-    int k = 0, neg = t[0] == '-';
-    const char *q = t + neg;
-    for (; *q && *q != 'e'; q++) {
-        if (*q >= '0' && *q <= '9') digits[k++] = *q;
-        else NEED(*q == '.'); /* a locale's ',' (an embedding app's setlocale): Python's path then */
-    }
-    int e = atoi(q + 1);
+    int k, e;
+    NEED(shortest(fabs(d), digits, &k, &e));
     while (k > 1 && digits[k - 1] == '0') k--;
-    if (neg) NEED(putc_(b, '-'));
+    if (d < 0) NEED(putc_(b, '-'));
     if (e >= 16 || e < -5) {
         NEED(putc_(b, digits[0]));
         if (k > 1) { NEED(putc_(b, '.')); NEED(put(b, digits + 1, (size_t)(k - 1))); }
