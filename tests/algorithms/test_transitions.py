@@ -337,7 +337,7 @@ def test_rollout_without_reward_is_skipped_or_scored_zero(collector: Any) -> Non
 
 
 def test_nan_reward_skips_its_rollout_or_counts_as_zero(collector: Any) -> None:
-    """The collector refuses a NaN reward at ingest (tests/collector/test_rewards.py); a store written
+    """The collector refuses a NaN reward at ingest (tests/collector/test_reward_check.py); a store written
     before it did holds one: appended here straight into the store."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 

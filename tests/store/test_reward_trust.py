@@ -1,6 +1,6 @@
 """Readers never see an unusable reward, and "latest wins" goes by the collector's clock (issue 28 items 2, 3, 8).
 
-The collector now rejects such rewards at ingest (tests/collector/test_rewards.py); these rows are
+The collector now rejects such rewards at ingest (tests/collector/test_reward_check.py); these rows are
 written straight into the store, as a store filled before that check holds them. The ordering test
 sends real spans through the SDK's OTLP/gRPC exporter.
 """

@@ -3,7 +3,7 @@
 the tiny model, GRPO forward/backward passes, the online trainer's files on disk.
 
 Rollouts are appended straight into the store (the collector now refuses unusable rewards at ingest:
-tests/collector/test_rewards.py), as a store written before that check holds them.
+tests/collector/test_reward_check.py), as a store written before that check holds them.
 """
 
 from __future__ import annotations
