@@ -51,7 +51,13 @@ def test_ppo_trains_on_the_rest_when_credit_skips_rollouts(collector: Any, model
     _two_calls(rec, tok, "bad", [(0.0, "score")])
     _two_calls(rec, tok, "renamed", [(1.0, "style")])  # no reward of the credit's name: skipped
     _two_calls(rec, tok, "nan", [(1.0, "score"), (math.nan, "score")])  # a NaN after a valid one: skipped
-    deliver(collector, rec.spans())
+    # appended straight into the store: the collector refuses a NaN reward at ingest, a store written before
+    # it did holds one (tests/collector/test_reward_check.py)
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    from spanrl.collector.encoding import encode_request
+
+    collector.store.append(encode_request(encode_spans(rec.spans())).table)
     credit = LightningRL(reward_name="score")
 
     batch = load_training_batch(collector.store, ppo, credit=credit)
