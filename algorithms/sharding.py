@@ -150,6 +150,10 @@ class _SavedModel:
     def __init__(self, model: Any, weights: dict[str, torch.Tensor]) -> None:
         self._model, self._weights = model, weights
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The gathered full weights (what is saved; checked finite before saving)."""
+        return self._weights
+
     def save_pretrained(self, directory: Any) -> None:
         if not self._weights:
             from spanrl.errors import TrainingError
@@ -161,6 +165,11 @@ class _SavedModel:
 class _LoadedModel:
     def __init__(self, model: Any) -> None:
         self._model = model
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """This rank's shards as plain tensors (checked finite after a load; a bad shard stops its rank,
+        and torchrun the others)."""
+        return {k: (v.to_local() if hasattr(v, "to_local") else v) for k, v in self._model.state_dict().items()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict

@@ -40,9 +40,13 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def server(tiny: Path):
+def server(tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A policy server whose reload route is on: an admin token (the online trainer reads it from
+    SPANRL_POLICY_ADMIN_TOKEN) and the test's folder as the checkpoint root."""
     torch.set_num_threads(1)
-    s = PolicyServer(ServerConfig(model=tiny, port=0, otlp_endpoint=None)).start()
+    monkeypatch.setenv("SPANRL_POLICY_ADMIN_TOKEN", "online-admin")
+    s = PolicyServer(ServerConfig(model=tiny, port=0, otlp_endpoint=None, admin_token="online-admin",
+                                  checkpoint_root=tmp_path)).start()
     try:
         yield s
     finally:
