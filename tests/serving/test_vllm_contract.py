@@ -46,10 +46,12 @@ def _vllm_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def served(tiny_model_dir: pathlib.Path) -> Iterator[ServerWithSpans]:
+def served(tiny_model_dir: pathlib.Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerWithSpans]:
+    """conftest's ``served`` on vLLM: the same admin token and checkpoint root, so the reload tests reach it."""
     exporter = InMemorySpanExporter()
     server = PolicyServer(
-        VLLMServerConfig(model=tiny_model_dir, port=0, otlp_endpoint=None, served_model_name="tiny", max_batch_delay_ms=20.0),
+        VLLMServerConfig(model=tiny_model_dir, port=0, otlp_endpoint=None, served_model_name="tiny", max_batch_delay_ms=20.0,
+                         admin_token=test_policy_server.ADMIN_TOKEN, checkpoint_root=tmp_path_factory.getbasetemp()),
         span_exporter=exporter,
     ).start()
     try:
