@@ -36,14 +36,20 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+ADMIN_TOKEN = "vllm-reload-s3cret"
+
+
 @pytest.fixture
-def vllm_server(tiny_model_dir: pathlib.Path, tmp_path: pathlib.Path) -> Iterator[str]:
-    """``spanrl serve --backend vllm`` on the tiny model, as a process; yields its root URL."""
+def vllm_server(tiny_model_dir: pathlib.Path, tmp_path: pathlib.Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``spanrl serve --backend vllm`` on the tiny model, as a process; yields its root URL. Its reload route
+    is on: ``ADMIN_TOKEN`` in a token file, the session's temporary folder as the checkpoint root."""
     port = _free_port()
     log = tmp_path / "serve.log"
+    (tmp_path / "admin.token").write_text(ADMIN_TOKEN + "\n")
     command = [
         str(VLLM_PYTHON), "-m", "spanrl", "serve", "--backend", "vllm", "--model", str(tiny_model_dir),
         "--served-model-name", "tiny", "--port", str(port), "--otlp-endpoint", "none",
+        "--admin-token-file", str(tmp_path / "admin.token"), "--checkpoint-root", str(tmp_path_factory.getbasetemp()),
     ]
     with open(log, "w") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=REPO)
@@ -88,13 +94,14 @@ def test_greedy_completions_are_token_identical_to_the_transformers_backend(vllm
 
 def test_reload_over_http_changes_the_output_and_the_version(vllm_server: str, tiny_model_dir_other: pathlib.Path) -> None:
     before = _greedy(vllm_server, PROMPTS[1], max_tokens=8)
-    reply = httpx.post(f"{vllm_server}/v1/weights/reload", json={"path": str(tiny_model_dir_other)}, timeout=300)
+    admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    reply = httpx.post(f"{vllm_server}/v1/weights/reload", json={"path": str(tiny_model_dir_other)}, headers=admin, timeout=300)
     assert reply.status_code == 200 and reply.json()["policy_version"] == 1
     after = _greedy(vllm_server, PROMPTS[1], max_tokens=8)
     assert (before["policy_version"], after["policy_version"]) == (0, 1)
     assert after["choices"][0]["token_ids"] != before["choices"][0]["token_ids"]
     with PolicyServer(ServerConfig(model=tiny_model_dir_other, port=0, otlp_endpoint=None, served_model_name="tiny")) as hf:
         assert _greedy(hf.base_url, PROMPTS[1], max_tokens=8)["choices"][0]["token_ids"] == after["choices"][0]["token_ids"]
-    bad = httpx.post(f"{vllm_server}/v1/weights/reload", json={"path": "/nonexistent/weights"}, timeout=60)
+    bad = httpx.post(f"{vllm_server}/v1/weights/reload", json={"path": "/nonexistent/weights"}, headers=admin, timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "path"
     assert httpx.get(f"{vllm_server}/health", timeout=30).json()["policy_version"] == 1
