@@ -170,6 +170,19 @@ def refuse_sharding(algorithm: str, *, fsdp: bool = False, lora: bool = False) -
                 f"{algorithm} cannot train under accelerate's FSDP configuration (ACCELERATE_USE_FSDP is set): "
                 "only GRPO shards its update; launch with examples/accelerate/ddp.yaml instead"
             )
-        from spanrl.algorithms.sharding import check_fsdp
-
         check_fsdp(algorithm, lora=lora)
+
+
+def check_fsdp(algorithm: str, *, lora: bool) -> None:
+    """Raise :class:`ConfigError` for the FSDP configurations the sharded update (algorithms/sharding.py) cannot honour."""
+    from spanrl.errors import ConfigError
+
+    why = None
+    if os.environ.get("FSDP_VERSION", "1") != "2":
+        why = f"fsdp_version is {os.environ.get('FSDP_VERSION', '1 (the default)')}; set fsdp_version: 2 (FSDP2)"
+    elif launch_flag("FSDP_OFFLOAD_PARAMS"):
+        why = "fsdp_offload_params: true is not supported; set it to false"
+    elif lora:
+        why = "LoRA adapters are not sharded; train LoRA with examples/accelerate/ddp.yaml"
+    if why:
+        raise ConfigError(f"{algorithm} cannot train under accelerate's FSDP configuration (ACCELERATE_USE_FSDP is set): {why}")

@@ -28,7 +28,7 @@ import torch
 from spanrl.algorithms.distributed import launch_flag
 from spanrl.errors import ConfigError
 
-__all__ = ["Sharding", "check_fsdp", "fsdp_requested", "local_numel", "optimizer_state_numel"]
+__all__ = ["Sharding", "fsdp_requested", "local_numel", "optimizer_state_numel"]
 
 
 def fsdp_requested() -> bool:
@@ -36,19 +36,6 @@ def fsdp_requested() -> bool:
     from spanrl.algorithms.distributed import world
 
     return launch_flag("ACCELERATE_USE_FSDP") and world() > 1
-
-
-def check_fsdp(algorithm: str, *, lora: bool) -> None:
-    """Raise :class:`ConfigError` for the FSDP configurations this path cannot honour (see the module doc)."""
-    why = None
-    if os.environ.get("FSDP_VERSION", "1") != "2":
-        why = f"fsdp_version is {os.environ.get('FSDP_VERSION', '1 (the default)')}; set fsdp_version: 2 (FSDP2)"
-    elif launch_flag("FSDP_OFFLOAD_PARAMS"):
-        why = "fsdp_offload_params: true is not supported; set it to false"
-    elif lora:
-        why = "LoRA adapters are not sharded; train LoRA with examples/accelerate/ddp.yaml"
-    if why:
-        raise ConfigError(f"{algorithm} cannot train under accelerate's FSDP configuration (ACCELERATE_USE_FSDP is set): {why}")
 
 
 def local_numel(model: torch.nn.Module) -> int:

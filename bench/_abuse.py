@@ -133,7 +133,7 @@ def _scopes_and_identity(tmp: Path) -> dict[str, Any]:
 def _reload(tmp: Path) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
 
-    from spanrl.trainer.tiny import build_tiny_model
+    from spanrl.demo.tiny import build_tiny_model
 
     hf_logging.disable_progress_bar()
     words = [str(i) for i in range(100)] + ["add", "sub", "what", "is", "?"]

@@ -1,6 +1,6 @@
 """Step time of the Trainer with and without async steps: the demo, and a multi-turn agent.
 
-``--agent demo``: the demo's GRPO stage (``spanrl.trainer.demo``: 16 tasks x 8 rollouts per step, 4 jsonl
+``--agent demo``: the demo's GRPO stage (``spanrl.demo.demo``: 16 tasks x 8 rollouts per step, 4 jsonl
 workers of the calculator agent under opentelemetry-instrument, one torch thread) on its tiny Llama (fresh:
 no SFT warm start, so rewards are not the demo's).
 
@@ -35,9 +35,9 @@ warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' depre
 if __package__ in (None, ""):  # run as a script: make `examples.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from spanrl.trainer import demo
-from spanrl.trainer.calculator import tasks as calculator
-from spanrl.trainer.tiny import build_tiny_model
+from spanrl.demo import demo
+from spanrl.demo.calculator import tasks as calculator
+from spanrl.demo.tiny import build_tiny_model
 
 _PARTS = ("time/rollouts_s", "time/rollout_wait_s", "time/decompose_s", "time/update_s", "time/reload_s")
 

@@ -16,7 +16,7 @@ Timed (median of --rounds; wall and CPU time, `time.process_time`, which counts 
            row, --old-rounds) in the same run; both must give identical tensors. That is the cold path:
            nothing kept, every rollout decomposed live. Then the kept path: `materialize` (what the
            collector's background thread does as rollouts finish; timed, spans/s), and store -> tensors
-           again from the kept rows (store/decomposed.py), identical tensors to the cold path.
+           again from the kept rows (store/kept_rollouts.py), identical tensors to the cold path.
   anchor   agentlightning==0.3.0 in its own venv (--anchor-python): the same spans (all, or the first
            --anchor-rollouts rollouts) given to `TracerTraceToTriplet().adapt` one rollout at a time, as
            its trainer does, after converting them to its `Span` objects (timed apart). The LLM call span
@@ -371,7 +371,7 @@ def time_kept(store: Any, n_spans: int, rounds: int, cold: Any) -> dict[str, Any
     finished), timed, then store -> tensors again from the kept rows: identical tensors to ``cold``."""
     import torch
 
-    from spanrl.store.decomposed import materialize
+    from spanrl.store.kept_rollouts import materialize
 
     done, wall, cpu = _timed(lambda: materialize(store))
     print(f"materialize (the collector does it in the background as rollouts finish): {done['rollouts_kept']:,} "

@@ -25,9 +25,9 @@ from pathlib import Path
 os.environ.setdefault("TQDM_DISABLE", "1")  # no third-party progress bars (model building) on screen
 warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' deprecations: not ours to show
 
-from spanrl.trainer import demo
-from spanrl.trainer.calculator import tasks as calculator
-from spanrl.trainer.tiny import build_tiny_model
+from spanrl.demo import demo
+from spanrl.demo.calculator import tasks as calculator
+from spanrl.demo.tiny import build_tiny_model
 
 _STAGES = ("rollouts", "decompose", "update", "reload")
 

@@ -368,7 +368,7 @@ def _bad_policy_requests() -> list[tuple[str, bytes]]:
 def bench_policy(tmp: Path, quick: bool) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
 
-    from spanrl.trainer.tiny import build_tiny_model
+    from spanrl.demo.tiny import build_tiny_model
 
     hf_logging.disable_progress_bar()
     model = build_tiny_model(tmp / "tiny", words=[str(i) for i in range(100)] + ["add", "sub", "what", "is", "?"], seed=0)

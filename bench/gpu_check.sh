@@ -73,7 +73,7 @@ from examples.text2sql.train_smollm2 import AGENT_FILE, SmolRunConfig, _tasks
 from spanrl.algorithms import GRPO, LightningRL
 from spanrl.serving.models import SMOLLM2, resolve_model
 from spanrl.trainer import RunnerConfig, Trainer, TrainerConfig
-from spanrl.trainer.policy_pool import ServingConfig
+from spanrl.rollouts.policy_pool import ServingConfig
 
 url, collector_port, out, steps, tasks, group, max_tokens, device, micro = sys.argv[1:10]
 steps, tasks, group, max_tokens = int(steps), int(tasks), int(group), int(max_tokens)

@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO / "examples" / "calculator"))
 import calculator  # noqa: E402
 from fake_openai import FakeOpenAI  # noqa: E402
 
-from spanrl.trainer.runner import RolloutJob, RolloutRunner, RunnerConfig  # noqa: E402
+from spanrl.rollouts.runner import RolloutJob, RolloutRunner, RunnerConfig  # noqa: E402
 from spanrl.collector import Collector, CollectorConfig  # noqa: E402
 
 

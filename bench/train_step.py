@@ -48,7 +48,7 @@ WORDS = [f"w{i}" for i in range(64)] + ["yes", "no"]
 
 
 def build_model(out_dir: Path, hidden: int, layers: int) -> Path:
-    from spanrl.trainer.tiny import build_tiny_model
+    from spanrl.demo.tiny import build_tiny_model
 
     return build_tiny_model(out_dir, words=WORDS, hidden_size=hidden, num_layers=layers,
                             intermediate_size=2 * hidden, num_heads=4, seed=0)

@@ -82,7 +82,7 @@ class CollectorConfig:
     big analytic queries (decomposer, SQL endpoint) that share this DuckDB."""
     materialize_interval_s: float | None = _MATERIALIZE_INTERVAL_S
     """Shortest wait between background runs that keep the decomposition of finished rollouts in the store
-    (store/decomposed.py: a read then decomposes only the rest); each run waits >= 19x the last one's time
+    (store/kept_rollouts.py: a read then decomposes only the rest); each run waits >= 19x the last one's time
     too. None: off (`spanrl store materialize` does it on demand)."""
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     """Group-commit queue settings."""

@@ -10,7 +10,7 @@ Routes:
                       {"columns": [...], "rows": [{...}, ...]}. Only SELECT / EXPLAIN of a SELECT,
                       no file access, interrupted after sql_timeout_s; 400 otherwise (see sql.py).
     POST /v1/prune    {"older_than_s": N} -> {"deleted_spans": n} (see spanrl.store.maintenance.prune).
-    POST /v1/materialize  {} -> {"rollouts_kept": n, "rows_dropped": m} (spanrl.store.decomposed.materialize).
+    POST /v1/materialize  {} -> {"rollouts_kept": n, "rows_dropped": m} (spanrl.store.kept_rollouts.materialize).
     GET  /health      200 {"status": "ok", "db": ABSOLUTE_PATH}; 503 {"status": "recovering" | "failed",
                       "error": ...} while the store is reopened after a DuckDB failure or could not be
                       (no token needed).
@@ -47,7 +47,7 @@ from spanrl.collector.identity import RolloutClaims, admit
 from spanrl.collector.sql import SqlRunner
 from spanrl.errors import CollectorError, StoreError
 from spanrl.store import SpanStore
-from spanrl.store.decomposed import materialize
+from spanrl.store.kept_rollouts import materialize
 from spanrl.store.maintenance import prune
 from spanrl.trust import Tokens, browser_refusal
 

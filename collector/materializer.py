@@ -1,6 +1,6 @@
 """The collector's background materializer: keeps the decomposition of finished rollouts in the store.
 
-A daemon thread runs `spanrl.store.decomposed.materialize` (one transaction on its own cursor) when a
+A daemon thread runs `spanrl.store.kept_rollouts.materialize` (one transaction on its own cursor) when a
 rollout may have finished since its last run: a ``spanrl.rollout`` / ``spanrl.rollout.end`` span was
 stored after its cursor (the newest ``ingested_ns`` it saw; a zone-map-pruned scan of the new rows), or
 spans came and a rollout may have gone quiet since (views.sql's ``rollout_quiet_ns()``, read in the same
@@ -19,7 +19,7 @@ import time
 
 from spanrl import semconv as sc
 from spanrl.store import SpanStore
-from spanrl.store.decomposed import materialize
+from spanrl.store.kept_rollouts import materialize
 
 __all__ = ["Materializer"]
 

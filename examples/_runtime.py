@@ -1,5 +1,5 @@
 """What every example agent shares: reading the trainer's LLM settings, and the two ways a command-line
-agent is started (see ``spanrl.trainer.runner``):
+agent is started (see ``spanrl.rollouts.runner``):
 
 - once per rollout: ``SPANRL_TASK`` (JSON), ``OPENAI_BASE_URL``, ``SPANRL_MODEL``, ``SPANRL_SAMPLING``;
 - as a worker (``SPANRL_AGENT_PROTOCOL=jsonl``): one rollout per stdin line, each run inside

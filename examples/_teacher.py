@@ -1,5 +1,5 @@
 """A scripted teacher as an OpenAI-compatible chat server, for SFT warm starts: the package's
-:class:`~spanrl.trainer.calculator.demonstrator.ScriptedChatServer` under the name the examples use.
+:class:`~spanrl.demo.calculator.demonstrator.ScriptedChatServer` under the name the examples use.
 
     with TeacherServer(lambda messages, rng: "SELECT 1", seed=0) as teacher:
         base_url = teacher.url + "/v1"
@@ -7,6 +7,6 @@
 
 from __future__ import annotations
 
-from spanrl.trainer.calculator.demonstrator import AnswerFn, ScriptedChatServer as TeacherServer
+from spanrl.demo.calculator.demonstrator import AnswerFn, ScriptedChatServer as TeacherServer
 
 __all__ = ["AnswerFn", "TeacherServer"]

@@ -5,7 +5,7 @@ Two tool-call shapes are recognised in generated text, only for tools the reques
 
 - ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (JSON, one object or a list): the shape
   of Hermes / Qwen / SmolLM2-style chat templates;
-- ``<call> NAME V1 V2 ... </call>``: the tiny model's words (``spanrl.trainer.tiny``); the values
+- ``<call> NAME V1 V2 ... </call>``: the tiny model's words (``spanrl.demo.tiny``); the values
   fill the tool's declared parameters in order, converted to their JSON-schema types.
 """
 

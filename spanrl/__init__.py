@@ -7,9 +7,9 @@ names (``Trainer``, ``GRPO``, ``PolicyServer``, ...) are loaded on first use and
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from spanrl._lazy import lazy_getattr
 from spanrl.errors import (
     CollectorError,
     ConfigError,
@@ -58,14 +58,7 @@ __all__ = sorted(
     ]
 )
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'spanrl' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 
 def __dir__() -> list[str]:

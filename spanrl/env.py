@@ -108,7 +108,7 @@ SPANRL_COLLECTOR_SQL_TIMEOUT_S = "SPANRL_COLLECTOR_SQL_TIMEOUT_S"
 
 SPANRL_COLLECTOR_MATERIALIZE_INTERVAL_S = "SPANRL_COLLECTOR_MATERIALIZE_INTERVAL_S"
 """Shortest wait between the collector's background runs keeping finished rollouts decomposed
-(store/decomposed.py); ``0``: off. Default 2."""
+(store/kept_rollouts.py); ``0``: off. Default 2."""
 
 SPANRL_COLLECTOR_DECODER = "SPANRL_COLLECTOR_DECODER"
 """``python`` makes the collector decode OTLP protobuf bodies with its Python decoder only, not the

@@ -107,7 +107,7 @@ def _prune(args: argparse.Namespace) -> int:
 def _materialize(args: argparse.Namespace) -> int:
     from spanrl.errors import SpanRLError
     from spanrl.store import SpanStore
-    from spanrl.store.decomposed import materialize
+    from spanrl.store.kept_rollouts import materialize
 
     try:
         remote = remote_store(args, scope="admin")

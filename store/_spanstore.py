@@ -76,7 +76,7 @@ class SpanStore:
         self._close_lock = threading.Lock()
         # held from an append's ingested_ns stamp to its commit, so the stamps grow with the commit order
         # whoever appends (the collector's writer, the Trainer's record_end): a reader that sees a stamp
-        # sees every older one (store/decomposed.py's watermark)
+        # sees every older one (store/kept_rollouts.py's watermark)
         self._append_lock = threading.Lock()
         self._config: dict[str, str | int | bool] = {}
         self._sandboxed = False
@@ -84,7 +84,7 @@ class SpanStore:
         """How many times `reopen` replaced the connection (cursor holders compare it)."""
         self._span_columns: list[str] = []
         self.has_kept_rows = False
-        """Whether the file has the table of kept decomposed rollouts (store/decomposed.py) of this version."""
+        """Whether the file has the table of kept decomposed rollouts (store/kept_rollouts.py) of this version."""
         self._batch_columns: frozenset[str] | None = None  # a full batch's columns: all but ingested_ns last
 
     # --- lifecycle ---------------------------------------------------------------------------------
@@ -147,9 +147,9 @@ class SpanStore:
             # live in memory, so read-only is fine, and they shadow the stored ones.
             views = _sql_resource(_VIEWS_FILE).replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW")
             con.execute(views.replace("CREATE OR REPLACE MACRO", "CREATE OR REPLACE TEMP MACRO"))
-        from spanrl.store import decomposed  # the decomposer's kept rows (imports the decomposer)
+        from spanrl.store import kept_rollouts  # the decomposer's kept rows (imports the decomposer)
 
-        self.has_kept_rows = decomposed.prepare(con, read_only=self._read_only)
+        self.has_kept_rows = kept_rollouts.prepare(con, read_only=self._read_only)
         self._span_columns = [row[0] for row in con.execute("DESCRIBE spans").fetchall()]
         last = self._span_columns[-1] if self._span_columns else None
         self._batch_columns = frozenset(self._span_columns[:-1]) if last == "ingested_ns" else None

@@ -20,7 +20,8 @@ Three tables from the ``spans`` table (store/schema.sql), no per-span Python:
   another instrumentor: the inner of two nested LLM client spans is kept, then one per response id).
 
 All three come from ONE statement (rows told apart by ``row_kind``; it also runs through the collector's
-SQL endpoint), which reads the rows store/decomposed.py kept for finished rollouts that are still clean.
+SQL endpoint), which reads the rows the kept-rollout cache (store/kept_rollouts.py) holds for finished rollouts that are
+still clean. The statement itself, its filters and columns: store/decomposer_sql.py.
 
 Clocks: calls are ordered by the server span's start (one process and clock for every call of a rollout,
 while agents may run on several hosts). A call without a server span gets its client start plus the clock
@@ -37,114 +38,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 
-from spanrl.errors import ConfigError, StoreError
-from spanrl import semconv as sc
+from spanrl.errors import StoreError
+from spanrl.store import kept_rollouts
+from spanrl.store.decomposer_sql import CALL_COLUMNS, REWARD_COLUMNS, ROLLOUT_COLUMNS, Selection, statement
+from spanrl.store.decomposer_sql import call_columns as _wanted_columns  # `decompose` has a parameter of that name
 from spanrl.store.parts import column_sum, count_equal, row_kind_part
+from spanrl.store.sources import SqlSource
 
-__all__ = ["Decomposition", "Selection", "decompose"]
-
-_MAX_ANCESTOR_DEPTH = 64  # longest parent chain walked; guards against cycles in bad data
-_UNROLLED_LEVELS = 6  # parent links followed by plain joins before the walk recurses (see `tree` below)
-_TREE_COLUMNS = (
-    "hash(trace_id, span_id) AS k, "
-    "CASE WHEN parent_span_id IS NOT NULL THEN hash(trace_id, parent_span_id) END AS pk, "
-    f"CASE WHEN operation_name = '{sc.OP_INVOKE_AGENT}' THEN agent_name END AS agent"
-)
-_WALK_LEVELS = "\n".join(
-    f"""walk_{i} AS MATERIALIZED (
-    SELECT w.w_key, w.w_trace, t.pk AS next_k, {i} AS depth, t.agent, t.k IS NULL AS broken
-    FROM walk_{i - 1} w LEFT JOIN tree t ON t.k = w.next_k
-    WHERE w.agent IS NULL AND w.next_k IS NOT NULL
-),"""
-    for i in range(2, _UNROLLED_LEVELS + 1)
-)
-_WALK_UNION = " UNION ALL ".join(
-    [f"SELECT * FROM walk_{i}" for i in range(1, _UNROLLED_LEVELS + 1)]
-    + [f"SELECT * FROM walk_deep WHERE depth > {_UNROLLED_LEVELS}"]
-)
-# One scan per LLM operation, each filtered on equality: DuckDB filters such a scan on operation_name before
-# reading the other columns, where `IN (...)` read every column of every span (-0.02 s CPU per 1M spans).
-_LLM_SCANS = "\n    UNION ALL\n    ".join(
-    f"""SELECT rid, trace_id, span_id, parent_span_id, kind, start_ns, end_ns, service_name, rollout_id,
-           response_id, policy_version, status_code, ingested_ns, prompt_token_ids IS NOT NULL AS has_ids
-    FROM rollout_spans(__SINCE__) WHERE operation_name = '{op}'"""
-    for op in sc.LLM_OPERATIONS
-)
-_EVENT_SCHEMA_JSON = '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "JSON"}]'
-_REWARD_EVENTS = (sc.REWARD_SPAN_NAME, sc.GEN_AI_EVALUATION_RESULT_EVENT)
-# A call row of the result, selected by both call branches of the statement: its light columns (out_calls
-# f), the server span's (sx) arrays and the temperature its log-probs were computed at.
-_CALL_SELECT = f"""SELECT 'call' AS row_kind, f.* EXCLUDE (s_rid, c_rid, has_ids),
-       sx.prompt_token_ids AS prompt_ids, sx.completion_token_ids AS completion_ids, sx.logprobs,
-       coalesce(TRY_CAST(sx.attributes ->> '$."{sc.LLM_LOGPROBS_TEMPERATURE}"' AS DOUBLE),
-                nullif(TRY_CAST(sx.attributes ->> '$."{sc.GEN_AI_REQUEST_TEMPERATURE}"' AS DOUBLE), 0.0)) AS temperature"""
-_RF, _CF, _OC, _SR = "__ROLLOUT_FILTER__", "__CALL_FILTER__", "__OUT_CALL_COLUMNS__", "__STEP_REWARDS_JOIN__"
-# The light call columns (out_calls below) as SQL. A caller asks for those it reads (`call_columns`): the
-# rest cost nothing (`rewards_after` is a grouping and a join: with the span ids ~0.1 s CPU of 0.7 for 50k).
-_LIGHT_CALL_SQL = {
-    "rollout_id": "c.rollout_id", "task_id": "ro.task_id", "attempt": "ro.attempt", "mode": "ro.mode",
-    "rollout_status": "ro.status", "agent": "a.agent", "step": "c.step", "rollout_calls": "c.rollout_calls",
-    "policy_version": "c.policy_version", "rewards_after": "coalesce(sr.rewards_after, MAP {}::MAP(VARCHAR, DOUBLE))",
-    "response_id": "c.response_id", "status_code": "c.status_code", "order_ns": "c.order_ns",
-    "agent_end_ns": "c.agent_end_ns", "clock_offset_ns": "c.offset_ns", "server_trace_id": "c.s_trace",
-    "server_span_id": "c.s_span", "client_trace_id": "c.c_trace", "client_span_id": "c.c_span",
-}
-_STEP_REWARDS_JOIN = "LEFT JOIN step_rewards sr ON sr.rollout_id = c.rollout_id AND sr.step = c.step"
-_CALL_COLUMNS = (
-    "rollout_id", "task_id", "attempt", "mode", "rollout_status", "agent", "step", "rollout_calls",
-    "policy_version", "rewards_after", "prompt_ids", "completion_ids", "logprobs", "input_messages",
-    "output_messages", "response_id", "status_code", "order_ns", "agent_end_ns", "clock_offset_ns",
-    "server_trace_id", "server_span_id", "client_trace_id", "client_span_id", "temperature",
-)
-_REWARD_COLUMNS = ("rollout_id", "name", "value", "time_ns", "source", "step", "rollout_calls")
-_ROLLOUT_COLUMNS = (
-    "rollout_id", "task_id", "attempt", "mode", "status", "start_ns", "end_ns", "span_count",
-    "duplicate_spans", "late_arrivals", "orphan_calls", "duplicate_calls", "ended_by",
-)
-
-
-class _SqlRunner(Protocol):  # a SpanStore, or anything with sql(query, params) -> pa.Table
-    def sql(self, query: str, params: Any = None) -> pa.Table: ...
-
-
-@dataclass
-class Selection:
-    """Which rollouts and calls to decompose. Every filter is optional; ``None`` selects all."""
-
-    rollout_ids: Sequence[str] | None = None
-    """Only these rollouts."""
-    agents: Sequence[str] | None = None
-    """Only calls whose agent (nearest ``invoke_agent`` ancestor) is one of these names."""
-    mode: str | None = None
-    """Only rollouts of this mode (``train`` / ``val``); a rollout that recorded no mode counts as ``train``."""
-    since_ns: int | None = None
-    """Only rollouts whose first span starts at or after this time (unix ns)."""
-    until_ns: int | None = None
-    """Only rollouts whose first span starts before this time (unix ns)."""
-    min_policy_version: int | None = None
-    """Only calls served by this policy version or a newer one (calls without a version are dropped)."""
-
-    def validate(self) -> None:
-        """Raise `ConfigError` naming the first bad field."""
-        for name in ("rollout_ids", "agents"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if isinstance(value, str) or not all(isinstance(v, str) for v in value):
-                raise ConfigError(f"{name} must be a sequence of strings, got {value!r}")
-        if self.mode is not None and not isinstance(self.mode, str):
-            raise ConfigError(f"mode must be a string such as 'train' or 'val', got {self.mode!r}")
-        for name in ("since_ns", "until_ns", "min_policy_version"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-                raise ConfigError(f"{name} must be an integer, got {value!r}")
-        if self.since_ns is not None and self.until_ns is not None and self.until_ns <= self.since_ns:
-            raise ConfigError(f"until_ns ({self.until_ns}) must be greater than since_ns ({self.since_ns})")
+__all__ = ["CALL_COLUMNS", "Decomposition", "Selection", "decompose"]
 
 
 @dataclass
@@ -157,272 +63,8 @@ class Decomposition:
     report: dict[str, int] = field(default_factory=dict)
 
 
-# --- SQL ---------------------------------------------------------------------------------------------
-# One statement (so it also runs through the collector's SQL endpoint), three kinds of rows told apart
-# by `row_kind`. __ROLLOUT_FILTER__ selects rows of `ro`, __CALL_FILTER__ the calls returned; the rest
-# is fixed text with $parameters.
 
-_SQL = f"""
-WITH RECURSIVE
-ro AS (  -- status and end: the one rule, views.sql's rollout_state (attribution: rollout_spans)
-    SELECT *, span_count AS span_rows, end_ingested_ns AS rollout_ingested_ns
-    FROM rollout_state(__SINCE__)
-    WHERE {_RF}
-),
--- LLM call spans: light columns only (the id arrays are fetched by rowid at the end)
-llm_all AS MATERIALIZED (  -- attributed to a rollout by views.sql's rule (rollout_spans)
-    {_LLM_SCANS}
-),
-llm_keys AS (  -- a span exported twice is stored twice: keep the first copy ingested
-    SELECT arg_min(rid, ingested_ns) AS rid, count(*) - 1 AS extra_copies
-    FROM llm_all
-    GROUP BY trace_id, span_id
-),
-llm AS (
-    SELECT * FROM llm_all
-    WHERE rid IN (SELECT rid FROM llm_keys) AND rollout_id IN (SELECT rollout_id FROM ro)
-),
-srv AS (SELECT * FROM llm WHERE kind = 'SERVER'),
-cli_all AS (SELECT * FROM llm WHERE kind <> 'SERVER'),
--- Two instrumentors (or a framework span and an instrumentor) record one call as two client spans:
--- the outer one wraps the inner one, and both carry the response id. Keep the inner one (the server
--- span's parent when trace context propagated), then one client span per response id in a rollout.
-cli_outer AS (
-    SELECT DISTINCT o.rid
-    FROM cli_all o JOIN cli_all i ON i.trace_id = o.trace_id AND i.parent_span_id = o.span_id
-),
-cli_inner AS MATERIALIZED (SELECT * FROM cli_all WHERE rid NOT IN (SELECT rid FROM cli_outer)),
-cli AS (  -- per response id: the latest started, then the first stored (a group-by: a window sorted whole rows)
-    SELECT * FROM cli_inner
-    WHERE response_id IS NULL OR rid IN (
-        SELECT arg_max(rid, struct_pack(start_ns := start_ns, first := -rid))
-        FROM cli_inner WHERE response_id IS NOT NULL GROUP BY rollout_id, response_id
-    )
-),
-dup_calls AS (
-    SELECT rollout_id, count(*) AS n FROM cli_all WHERE rid NOT IN (SELECT rid FROM cli) GROUP BY rollout_id
-),
-pair AS (  -- each server span with its client span: its parent if that is one, else by response id
-    SELECT s.rid AS s_rid, coalesce(cp.rid, cr.rid) AS c_rid
-    FROM srv s
-    LEFT JOIN cli cp ON cp.trace_id = s.trace_id AND cp.span_id = s.parent_span_id
-    LEFT JOIN cli cr ON cp.rid IS NULL AND cr.rollout_id = s.rollout_id AND cr.response_id = s.response_id
-    QUALIFY row_number() OVER (PARTITION BY s.rid ORDER BY cr.start_ns NULLS LAST) = 1
-),
-call0 AS (
-    SELECT s.rollout_id, s.rid AS s_rid, c.rid AS c_rid,
-           s.trace_id AS s_trace, s.span_id AS s_span, c.trace_id AS c_trace, c.span_id AS c_span,
-           s.start_ns AS s_start, s.end_ns AS s_end, c.start_ns AS c_start, c.end_ns AS c_end,
-           c.service_name AS c_service, coalesce(s.response_id, c.response_id) AS response_id,
-           s.policy_version, coalesce(s.status_code, c.status_code) AS status_code, s.has_ids,
-           greatest(s.ingested_ns, c.ingested_ns) AS ingested_ns,
-           coalesce(c.trace_id, s.trace_id) AS w_trace, coalesce(c.span_id, s.span_id) AS w_span,
-           CASE WHEN c.rid IS NOT NULL THEN c.parent_span_id ELSE s.parent_span_id END AS w_parent
-    FROM srv s
-    JOIN pair p ON p.s_rid = s.rid
-    LEFT JOIN cli c ON c.rid = p.c_rid
-    UNION ALL BY NAME
-    SELECT c.rollout_id, c.rid AS c_rid, c.trace_id AS c_trace, c.span_id AS c_span,
-           c.start_ns AS c_start, c.end_ns AS c_end, c.service_name AS c_service, c.response_id, c.status_code,
-           FALSE AS has_ids, c.ingested_ns,
-           c.trace_id AS w_trace, c.span_id AS w_span, c.parent_span_id AS w_parent
-    FROM cli c
-    WHERE c.rid NOT IN (SELECT c_rid FROM pair WHERE c_rid IS NOT NULL)
-),
-skew_service AS (
-    SELECT rollout_id, c_service, median(s_start - c_start)::BIGINT AS offset_ns
-    FROM call0 WHERE s_start IS NOT NULL AND c_start IS NOT NULL
-    GROUP BY ALL
-),
-skew_rollout AS (
-    SELECT rollout_id, median(s_start - c_start)::BIGINT AS offset_ns
-    FROM call0 WHERE s_start IS NOT NULL AND c_start IS NOT NULL
-    GROUP BY ALL
-),
-call1 AS (
-    SELECT c.*,
-           coalesce(ks.offset_ns, kr.offset_ns, 0) AS offset_ns,
-           coalesce(c.s_start, c.c_start + coalesce(ks.offset_ns, kr.offset_ns, 0)) AS order_ns,
-           coalesce(c.c_end, c.s_end - coalesce(kr.offset_ns, 0)) AS agent_end_ns
-    FROM call0 c
-    LEFT JOIN skew_service ks ON ks.rollout_id = c.rollout_id AND ks.c_service IS NOT DISTINCT FROM c.c_service
-    LEFT JOIN skew_rollout kr ON kr.rollout_id = c.rollout_id
-),
-calls AS (
-    SELECT *,
-           (row_number() OVER (PARTITION BY rollout_id ORDER BY order_ns, coalesce(s_span, c_span)) - 1)::INTEGER AS step,
-           (count(*) OVER (PARTITION BY rollout_id))::INTEGER AS rollout_calls,
-           hash(w_trace, w_span) AS w_key
-    FROM call1
-),
--- the agent: nearest invoke_agent ancestor, walking parent links (hashed (trace, span) keys). The first
--- levels are plain joins (DuckDB hashes the smaller side, the walk); a recursive CTE rebuilds its join's
--- hash table of the whole tree on every pass, so only chains longer than that recurse, over their traces.
-tree AS MATERIALIZED (
-    SELECT {_TREE_COLUMNS}
-    FROM spans
-    WHERE trace_id IN (SELECT w_trace FROM calls)
-),
-walk_1 AS MATERIALIZED (
-    SELECT w_key, w_trace, hash(w_trace, w_parent) AS next_k, 1 AS depth, NULL::VARCHAR AS agent, FALSE AS broken
-    FROM calls WHERE w_parent IS NOT NULL
-),
-{_WALK_LEVELS}
-deep_tree AS MATERIALIZED (
-    SELECT {_TREE_COLUMNS}
-    FROM spans
-    WHERE trace_id IN (SELECT w_trace FROM walk_{_UNROLLED_LEVELS} WHERE agent IS NULL AND next_k IS NOT NULL)
-),
-walk_deep(w_key, w_trace, next_k, depth, agent, broken) AS (
-    SELECT * FROM walk_{_UNROLLED_LEVELS} WHERE agent IS NULL AND next_k IS NOT NULL
-    UNION ALL
-    SELECT w.w_key, w.w_trace, t.pk, w.depth + 1, t.agent, t.k IS NULL
-    FROM walk_deep w LEFT JOIN deep_tree t ON t.k = w.next_k
-    WHERE w.agent IS NULL AND w.next_k IS NOT NULL AND w.depth < {_MAX_ANCESTOR_DEPTH}
-),
-agents AS (
-    SELECT w_key, arg_min(agent, depth) FILTER (WHERE agent IS NOT NULL) AS agent, bool_or(broken) AS broken
-    FROM ({_WALK_UNION}) GROUP BY w_key
-),
--- rewards: span attributes and events, one row each, placed after the last call that ended before them
-rw0 AS MATERIALIZED (  -- no OR across columns: each scan is filtered before it reads the rest (-0.01 s)
-    SELECT trace_id, span_id, rid AS copy_rid, rollout_id, end_ns AS time_ns, ingested_ns,
-           coalesce(reward_name, '{sc.DEFAULT_REWARD_NAME}') AS name, usable_reward(reward_value) AS value, 'span' AS source
-    FROM rollout_spans(__SINCE__)
-    WHERE reward_value IS NOT NULL
-    UNION ALL  -- a reward span without a value: NaN
-    SELECT trace_id, span_id, rid AS copy_rid, rollout_id, end_ns AS time_ns, ingested_ns,
-           coalesce(reward_name, '{sc.DEFAULT_REWARD_NAME}') AS name, 'NaN'::DOUBLE AS value, 'span' AS source
-    FROM rollout_spans(__SINCE__)
-    WHERE reward_value IS NULL AND name = '{sc.REWARD_SPAN_NAME}'
-    UNION ALL
-    SELECT trace_id, span_id, copy_rid, rollout_id, ev.time_ns, ingested_ns,
-           coalesce(ev.attributes ->> '$."{sc.REWARD_NAME}"', ev.attributes ->> '$."{sc.GEN_AI_EVALUATION_NAME}"',
-                    '{sc.DEFAULT_REWARD_NAME}') AS name,
-           usable_reward(coalesce(TRY_CAST(ev.attributes ->> '$."{sc.REWARD_VALUE}"' AS DOUBLE),  -- unusable: NaN
-                    TRY_CAST(ev.attributes ->> '$."{sc.GEN_AI_EVALUATION_SCORE_VALUE}"' AS DOUBLE))) AS value,
-           'event' AS source
-    FROM (
-        SELECT trace_id, span_id, rid AS copy_rid, rollout_id, ingested_ns,
-               unnest(from_json(events, '{_EVENT_SCHEMA_JSON}')) AS ev
-        FROM rollout_spans(__SINCE__)
-        WHERE events IS NOT NULL
-          AND (contains(events, '{_REWARD_EVENTS[0]}') OR contains(events, '{_REWARD_EVENTS[1]}'))
-    )
-    WHERE ev.name IN ('{_REWARD_EVENTS[0]}', '{_REWARD_EVENTS[1]}')
-),
-rw_copy AS (  -- a span exported twice is stored twice: its rewards come from the first copy ingested
-    SELECT trace_id, span_id, arg_min(copy_rid, ingested_ns) AS first_rid
-    FROM rw0 GROUP BY trace_id, span_id
-),
-rw_dup AS (  -- each event of the kept copy is a reward of its own, even with the same name and value as
-             -- another; the span's attribute value is the same reward as an event repeating it on that span
-    SELECT r.*,
-           r.copy_rid <> k.first_rid
-           OR (r.source = 'span' AND bool_or(r.source = 'event') OVER (PARTITION BY r.copy_rid, r.name, r.value))
-           AS duplicate
-    FROM rw0 r
-    JOIN rw_copy k ON k.trace_id = r.trace_id AND k.span_id = r.span_id
-    WHERE r.rollout_id IN (SELECT rollout_id FROM ro)
-),
-rw AS (SELECT * EXCLUDE (duplicate, copy_rid) FROM rw_dup WHERE NOT duplicate),
-dups AS (
-    SELECT rollout_id, sum(n) AS n FROM (
-        SELECT l.rollout_id, k.extra_copies AS n FROM llm l JOIN llm_keys k USING (rid) WHERE k.extra_copies > 0
-        UNION ALL
-        SELECT rollout_id, count(DISTINCT copy_rid) AS n FROM rw_dup WHERE duplicate GROUP BY rollout_id
-    ) GROUP BY rollout_id
-),
-lates AS (
-    SELECT rollout_id, count(*) AS n FROM (
-        SELECT c.rollout_id, c.ingested_ns FROM calls c UNION ALL SELECT r.rollout_id, r.ingested_ns FROM rw r
-    ) x JOIN ro USING (rollout_id)
-    WHERE x.ingested_ns > ro.rollout_ingested_ns
-    GROUP BY rollout_id
-),
-orphans AS (
-    SELECT c.rollout_id, count(*) AS n FROM calls c JOIN agents a USING (w_key) WHERE a.broken GROUP BY c.rollout_id
-),
-rw_step AS MATERIALIZED (  -- each reward with the step of the last call that ended before it (agent clock)
-    SELECT rw.*, coalesce(c.step, -1)::INTEGER AS step
-    FROM rw ASOF LEFT JOIN (SELECT rollout_id, agent_end_ns, step FROM calls) c
-        ON c.rollout_id = rw.rollout_id AND rw.time_ns >= c.agent_end_ns
-),
-step_rewards AS (  -- per call: the rewards that followed it (before the next call), summed by name
-    SELECT rollout_id, step, map(list(name ORDER BY name), list(total ORDER BY name)) AS rewards_after
-    FROM (SELECT rollout_id, step, name, sum(value) AS total FROM rw_step WHERE step >= 0 GROUP BY ALL)
-    GROUP BY rollout_id, step
-),
-out_calls AS MATERIALIZED (  -- light columns; the arrays are joined last, probing with a scan of spans
-    SELECT c.has_ids, c.s_rid, c.c_rid, {_OC}
-    FROM calls c
-    JOIN ro ON ro.rollout_id = c.rollout_id
-    LEFT JOIN agents a ON a.w_key = c.w_key
-    {_SR}
-    WHERE {_CF}
-)
-{_CALL_SELECT}
-FROM out_calls f
-LEFT JOIN spans sx ON sx.rowid = f.s_rid
-WHERE f.has_ids
-UNION ALL BY NAME  -- calls without ids apart: only they join their client span's messages
-{_CALL_SELECT},
-       cx.attributes ->> '$."{sc.GEN_AI_INPUT_MESSAGES}"' AS input_messages,
-       cx.attributes ->> '$."{sc.GEN_AI_OUTPUT_MESSAGES}"' AS output_messages
-FROM out_calls f
-LEFT JOIN spans sx ON sx.rowid = f.s_rid
-LEFT JOIN (
-    SELECT rowid AS rid, attributes FROM spans WHERE rowid IN (SELECT c_rid FROM out_calls WHERE NOT has_ids)
-) cx ON cx.rid = f.c_rid
-WHERE NOT f.has_ids
-UNION ALL BY NAME
-SELECT 'reward' AS row_kind, rw.rollout_id, rw.name, rw.value, rw.time_ns, rw.source, rw.step,
-       coalesce(n.rollout_calls, 0)::INTEGER AS rollout_calls
-FROM rw_step rw
-LEFT JOIN (SELECT rollout_id, count(*) AS rollout_calls FROM calls GROUP BY rollout_id) n
-       ON n.rollout_id = rw.rollout_id
-UNION ALL BY NAME
-SELECT 'rollout' AS row_kind, ro.rollout_id, ro.task_id, ro.attempt, ro.mode, ro.status, ro.ended_by,
-       ro.start_ns, ro.end_ns,
-       ro.span_rows AS span_count, coalesce(d.n, 0) AS duplicate_spans, coalesce(l.n, 0) AS late_arrivals,
-       coalesce(o.n, 0) AS orphan_calls, coalesce(dc.n, 0) AS duplicate_calls
-FROM ro
-LEFT JOIN dups d USING (rollout_id)
-LEFT JOIN dup_calls dc USING (rollout_id)
-LEFT JOIN lates l USING (rollout_id)
-LEFT JOIN orphans o USING (rollout_id)
-"""  # no ORDER BY: sorting the token arrays in DuckDB cost more than the rest of the rows; store/parts.py sorts
-
-
-def _rollout_filter(sel: Selection, params: dict[str, Any]) -> str:
-    clauses = ["TRUE"]
-    if sel.rollout_ids is not None:
-        params["rollout_ids"] = list(sel.rollout_ids)
-        clauses.append("rollout_id IN (SELECT unnest($rollout_ids))")
-    if sel.mode is not None:
-        params["mode"] = sel.mode
-        clauses.append("coalesce(mode, 'train') = $mode")
-    if sel.since_ns is not None:
-        params["since_ns"] = sel.since_ns
-        clauses.append("start_ns >= $since_ns")
-    if sel.until_ns is not None:
-        params["until_ns"] = sel.until_ns
-        clauses.append("start_ns < $until_ns")
-    return " AND ".join(clauses)
-
-
-def _call_filter(sel: Selection, params: dict[str, Any], agent: str = "a.agent", version: str = "c.policy_version") -> str:
-    clauses = ["TRUE"]
-    if sel.agents is not None:
-        params["agents"] = list(sel.agents)
-        clauses.append(f"{agent} IN (SELECT unnest($agents))")
-    if sel.min_policy_version is not None:
-        params["min_policy_version"] = sel.min_policy_version
-        clauses.append(f"{version} >= $min_policy_version")
-    return " AND ".join(clauses)
-
-
-def _run(con: duckdb.DuckDBPyConnection | _SqlRunner, query: str, params: dict[str, Any]) -> pa.Table:
+def _run(con: duckdb.DuckDBPyConnection | SqlSource, query: str, params: dict[str, Any]) -> pa.Table:
     try:
         if isinstance(con, duckdb.DuckDBPyConnection):
             return con.sql(query, params=params).to_arrow_table()
@@ -437,8 +79,9 @@ def _run(con: duckdb.DuckDBPyConnection | _SqlRunner, query: str, params: dict[s
         raise StoreError(f"decomposer query failed: {exc}") from exc
 
 
+
 def decompose(
-    con: duckdb.DuckDBPyConnection | _SqlRunner,
+    con: duckdb.DuckDBPyConnection | SqlSource,
     selection: Selection | None = None,
     *,
     call_columns: Sequence[str] | None = None,
@@ -450,20 +93,19 @@ def decompose(
     ``spanrl.store.SpanStore`` (each query then takes its own cursor), or anything with
     ``sql(query, params) -> pyarrow.Table``. See the module docstring for the three tables.
     ``call_columns``: only these columns of ``calls`` (in the table's order; ``rollout_id`` and ``step``
-    always); None: all; the others are not computed. ``kept``: read the rows store/decomposed.py kept for
+    always); None: all; the others are not computed. ``kept``: read the rows store/kept_rollouts.py kept for
     finished rollouts still clean (same rows; False: all live). `ConfigError` names an unknown column.
     """
     sel = selection or Selection()
     sel.validate()
-    columns = _call_columns(call_columns)
+    columns = _wanted_columns(call_columns)
     params: dict[str, Any] = {}
-    from spanrl.store import decomposed  # builds on this module: kept rows of finished rollouts + the rest live
     kept = kept and getattr(con, "has_kept_rows", True)  # a read-only store of an older spanrl has none
-    query = decomposed.read_statement(sel, columns, params) if kept else statement(sel, columns, params)
+    query = kept_rollouts.read_statement(sel, columns, params) if kept else statement(sel, columns, params)
     rows = _run(con, query, params)  # rows of three kinds, told apart by row_kind
     calls = row_kind_part(rows, "call", columns, ("rollout_id", "step"))
-    rewards = row_kind_part(rows, "reward", _REWARD_COLUMNS, ("rollout_id", "time_ns", "step"))
-    rollouts = row_kind_part(rows, "rollout", _ROLLOUT_COLUMNS, ("rollout_id",))
+    rewards = row_kind_part(rows, "reward", REWARD_COLUMNS, ("rollout_id", "time_ns", "step"))
+    rollouts = row_kind_part(rows, "rollout", ROLLOUT_COLUMNS, ("rollout_id",))
     report = {
         "rollouts": rollouts.num_rows,
         "calls": calls.num_rows,
@@ -477,23 +119,3 @@ def decompose(
     }
     return Decomposition(calls=calls, rewards=rewards, rollouts=rollouts, report=report)
 
-
-def statement(sel: Selection, columns: Sequence[str], params: dict[str, Any], *, rollouts_also: str = "TRUE", since: str = "0") -> str:
-    """``sel``'s rollouts that pass ``rollouts_also`` (SQL), reading spans ingested at or after ``since`` (SQL)."""
-    light = [f"{_LIGHT_CALL_SQL[c]} AS {c}" for c in columns if c in _LIGHT_CALL_SQL]
-    return (_SQL.replace("__SINCE__", since).replace(_RF, f"({_rollout_filter(sel, params)}) AND ({rollouts_also})")
-            .replace(_CF, _call_filter(sel, params)).replace(_OC, ", ".join(light))
-            .replace(_SR, _STEP_REWARDS_JOIN if "rewards_after" in columns else ""))
-
-
-def _call_columns(wanted: Sequence[str] | None) -> tuple[str, ...]:
-    """The calls' columns to return, in the table's order (``rollout_id`` and ``step``: the sort keys)."""
-    if wanted is None:
-        return _CALL_COLUMNS
-    if isinstance(wanted, str) or not all(isinstance(c, str) for c in wanted):
-        raise ConfigError(f"call_columns must be a sequence of column names, got {wanted!r}")
-    unknown = sorted(set(wanted) - set(_CALL_COLUMNS))
-    if unknown:
-        raise ConfigError(f"call_columns: no column {unknown[0]!r}; the calls' columns are {', '.join(_CALL_COLUMNS)}")
-    keep = {"rollout_id", "step", *wanted}
-    return tuple(c for c in _CALL_COLUMNS if c in keep)

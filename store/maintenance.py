@@ -75,7 +75,7 @@ def prune(store: SpanStore, older_than_s: float, *, now_ns: int | None = None) -
     try:
         cur.begin()
         n = cur.execute(f"SELECT count(*) FROM spans WHERE {_PRUNE_WHERE}", {"cutoff": cutoff}).fetchone()[0]
-        # kept decompositions (store/decomposed.py) of every rollout with a span in a trace it prunes
+        # kept decompositions (store/kept_rollouts.py) of every rollout with a span in a trace it prunes
         # (and the notes of where the open ones start: reads go live until the next run)
         cur.execute(f"DELETE FROM decomposed WHERE row_kind = 'open' OR rollout_id IN (SELECT rollout_id FROM "
                     f"rollout_spans(0) WHERE trace_id IN (SELECT trace_id FROM spans WHERE {_PRUNE_WHERE}))",

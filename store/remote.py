@@ -81,5 +81,5 @@ class RemoteStore:
         return int(json.loads(payload)["deleted_spans"])
 
     def materialize(self) -> dict[str, int]:
-        """Keep the decomposition of finished rollouts now (store/decomposed.py); the counts it returns."""
+        """Keep the decomposition of finished rollouts now (store/kept_rollouts.py); the counts it returns."""
         return dict(json.loads(self._post("/v1/materialize", {}, "application/json")))

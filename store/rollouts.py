@@ -16,12 +16,13 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import pyarrow as pa
 
 from spanrl import semconv
 from spanrl.errors import ConfigError
+from spanrl.store.sources import SqlSource
 
 __all__ = ["END_REASONS", "final_rewards", "finished_rewards", "ready", "record_end"]
 
@@ -30,10 +31,6 @@ END_REASONS = ("agent_exit", "agent_done", "timeout", "crashed", "trainer")
 past its timeout / its process exited non-zero (or the worker answered an error) / the Trainer decided."""
 _FAILED_REASONS = frozenset({"timeout", "crashed"})
 _TRAINER_SERVICE = "spanrl-trainer"
-
-
-class _Store(Protocol):  # SpanStore (writes) or anything with sql(query, params) -> pa.Table (reads)
-    def sql(self, query: str, params: Any = None) -> pa.Table: ...
 
 
 def record_end(
@@ -78,7 +75,7 @@ def record_end(
     store.append(pa.Table.from_pylist([row], schema=schema))
 
 
-def ready(store: _Store, rollout_ids: Sequence[str], since_ns: int, *, need_token_ids: bool) -> set[str]:
+def ready(store: SqlSource, rollout_ids: Sequence[str], since_ns: int, *, need_token_ids: bool) -> set[str]:
     """The rollouts among ``rollout_ids`` that are complete (end stored, not merely quiet), rewarded and,
     when ``need_token_ids``, hold a policy-server span with token ids. Reads only spans ingested at or
     after ``since_ns`` (the start of this batch of rollouts, less clock-skew margin)."""
@@ -92,7 +89,7 @@ def ready(store: _Store, rollout_ids: Sequence[str], since_ns: int, *, need_toke
     return {r["rollout_id"] for r in rows if r["has_token_ids"] or not need_token_ids}
 
 
-def final_rewards(store: _Store, rollout_ids: Sequence[str]) -> dict[str, float | None]:
+def final_rewards(store: SqlSource, rollout_ids: Sequence[str]) -> dict[str, float | None]:
     """Each rollout's final reward (its last by time, any name; None without one), by the ``rollouts`` view."""
     if not rollout_ids:
         return {}
@@ -102,7 +99,7 @@ def final_rewards(store: _Store, rollout_ids: Sequence[str]) -> dict[str, float 
     return dict(zip(table.column("rollout_id").to_pylist(), table.column("final_reward").to_pylist()))
 
 
-def finished_rewards(store: _Store, *, mode: str, since_ns: int) -> list[dict[str, Any]]:
+def finished_rewards(store: SqlSource, *, mode: str, since_ns: int) -> list[dict[str, Any]]:
     """``{"task_id", "final_reward"}`` of every ended (finished or failed) rollout of ``mode`` that started
     at or after ``since_ns`` and has a reward, oldest first."""
     return store.sql(

@@ -55,7 +55,7 @@ def test_wire_contract_modules_are_light():
 
 def test_one_algorithm_registry():
     from spanrl.algorithms import ALGORITHMS, algorithm_class
-    from spanrl.trainer.quickstart import ALGORITHMS as QUICKSTART
+    from spanrl.quickstart import ALGORITHMS as QUICKSTART
 
     assert set(QUICKSTART) <= set(ALGORITHMS)
     assert {name: algorithm_class(name).__name__ for name in ALGORITHMS} == ALGORITHMS

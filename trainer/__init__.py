@@ -1,33 +1,25 @@
 """spanrl.trainer: the loop around the algorithms.
 
-The ``Trainer`` (collect rollouts, load transitions, update, reload, report), the rollout runner,
-tracing of in-process agents, reporting callbacks, plots, the quick-start API, curriculum, the demo
-and the tiny-model builder. Public names are loaded on first use, so importing one part does not
-import torch.
+The ``Trainer`` (collect rollouts, load transitions, update, reload, report), the services it owns,
+checkpoints, reporting callbacks and plots, the curriculum, APO's prompt search and the online trainer.
+Running agents is :mod:`spanrl.rollouts`; the demo is :mod:`spanrl.demo`. Public names are loaded on
+first use, so importing one part does not import torch.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from spanrl._lazy import lazy_getattr
 
 # public name -> module that defines it
 _LAZY: dict[str, str] = {
-    "LLMEndpoint": "spanrl.trainer.runner",
+    "LLMEndpoint": "spanrl.rollouts.runner",
     "OnlineConfig": "spanrl.trainer.online",
     "OnlineTrainer": "spanrl.trainer.online",
-    "RunnerConfig": "spanrl.trainer.runner",
+    "RunnerConfig": "spanrl.rollouts.runner",
     "Trainer": "spanrl.trainer.trainer",
     "TrainerConfig": "spanrl.trainer.trainer",
 }
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'spanrl.trainer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())

@@ -1,4 +1,4 @@
-"""``spanrl train CONFIG.yaml`` and ``spanrl demo``. Handlers import the heavy modules lazily.
+"""``spanrl train CONFIG.yaml``. Handlers import the heavy modules lazily.
 
 What they print is for people: a progress bar and one line per step; every log line, Python warning
 and third-party message goes to ``spanrl.log`` in the output folder (``--verbose`` shows them too).
@@ -15,7 +15,7 @@ from typing import Any
 from spanrl.errors import ConfigError
 from spanrl.trainer.train_config import DOCS, build_trainer, load_tasks
 
-__all__ = ["build_trainer", "load_tasks", "register"]
+__all__ = ["build_trainer", "load_tasks", "log_file", "output_options", "register"]
 
 _SUMMARY_KEYS = ("reward_mean", "val_success", "apo/best_score", "prompt_template")
 
@@ -32,26 +32,18 @@ def register(subparsers: Any) -> None:
     train.add_argument("--output-dir", help="override output_dir")
     train.add_argument("--max-steps", type=int, help="override max_steps (--online: max_updates)")
     train.add_argument("--json", action="store_true", help="end with one JSON line summing the run up (for scripts)")
-    _output_options(train)
+    output_options(train)
     train.add_argument("--online", action="store_true",
                        help="follow a running collector and policy server: train on live traffic (trainer/online_cli.py)")
     train.set_defaults(func=_train)
 
-    demo = subparsers.add_parser("demo", help="everything, locally, on a tiny model (about 5 minutes)")
-    demo.add_argument("--output-dir", default="spanrl-demo", help="where everything goes (default spanrl-demo)")
-    demo.add_argument("--grpo-steps", type=int, help="GRPO updates (default from DemoConfig)")
-    demo.add_argument("--quick", action="store_true", help="the shortest setting (about a minute): a smoke test, not a result")
-    demo.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    _output_options(demo)
-    demo.set_defaults(func=_demo)
 
-
-def _output_options(parser: argparse.ArgumentParser) -> None:
+def output_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar and step lines")
     parser.add_argument("--verbose", "-v", action="store_true", help="log lines and third-party output on the terminal too")
 
 
-def _log_file(output_dir: Path, args: argparse.Namespace) -> Path:
+def log_file(output_dir: Path, args: argparse.Namespace) -> Path:
     from spanrl.logs import log_to_file
     from spanrl.trainer.config import LOG_FILE
 
@@ -83,7 +75,7 @@ def _train(args: argparse.Namespace) -> int:
         raw["progress"] = False
     from spanrl.trainer.config import TrainerConfig
 
-    _log_file(Path(str(raw.get("output_dir", TrainerConfig.output_dir))), args)
+    log_file(Path(str(raw.get("output_dir", TrainerConfig.output_dir))), args)
     trainer = build_trainer(raw, base=path.parent)
     history = trainer.train()
     last = history[-1] if history else {}
@@ -100,15 +92,3 @@ def _summary_line(summary: dict[str, Any]) -> str:
         if isinstance(summary.get(key), (int, float)):
             parts.append(f"{label} {summary[key]:.2f}")
     return ", ".join(parts) + f"; output in {summary['output_dir']}"
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from spanrl.trainer.demo import DemoConfig, run_demo
-
-    fields: dict[str, Any] = {"output_dir": args.output_dir, "seed": args.seed, "progress": not args.no_progress}
-    config = DemoConfig.quick(**fields) if args.quick else DemoConfig(**fields)
-    if args.grpo_steps is not None:
-        config.grpo_steps = args.grpo_steps
-    _log_file(Path(config.output_dir), args)
-    run_demo(config)
-    return 0

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from spanrl.algorithms.reporters import check_report_to
 from spanrl.errors import ConfigError
-from spanrl.trainer.policy_pool import ServingConfig
-from spanrl.trainer.runner import RolloutJob, RunnerConfig
+from spanrl.rollouts.policy_pool import ServingConfig
+from spanrl.rollouts.runner import RolloutJob, RunnerConfig
 
 __all__ = [
     "APO_RESULT_FILE", "CHECKPOINT_PREFIX", "CONFIG_FILE", "CURVE_FILE", "DB_FILE", "HISTORY_FILE", "LOG_FILE",

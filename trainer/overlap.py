@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from spanrl.trainer.rollouts import RolloutResult
+from spanrl.rollouts.rollouts import RolloutResult
 
 __all__ = ["RolloutPrefetch", "StepRollouts", "policy_lag"]
 

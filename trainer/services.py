@@ -16,9 +16,9 @@ from typing import Any
 
 from spanrl.store import rollouts as store_rollouts
 from spanrl.trainer.config import SERVED_MODEL_NAME, TrainerConfig
-from spanrl.trainer.policy_pool import PolicyPool, ServingConfig
-from spanrl.trainer.runner import RolloutRunner
-from spanrl.trainer.tracing import InProcessTracing
+from spanrl.rollouts.policy_pool import PolicyPool, ServingConfig
+from spanrl.rollouts.runner import RolloutRunner
+from spanrl.rollouts.tracing import InProcessTracing
 
 __all__ = ["Services", "start_policy_server"]
 
@@ -30,7 +30,7 @@ ReadyFn = Callable[[Sequence[str], int], set]
 def start_policy_server(model: Path, *, otlp_endpoint: str | None, max_batch_size: int = 32, seed: int = 0,
                         serving: Any = None) -> Any:
     """A started :class:`~spanrl.serving.PolicyServer` for ``model`` on a free local port (backend, device
-    and dtype from ``serving``, a :class:`~spanrl.trainer.policy_pool.ServingConfig`)."""
+    and dtype from ``serving``, a :class:`~spanrl.rollouts.policy_pool.ServingConfig`)."""
     from spanrl.serving import PolicyServer, ServerConfig
 
     serving = serving if serving is not None else ServingConfig()

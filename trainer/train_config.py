@@ -86,8 +86,8 @@ def build_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     """A :class:`Trainer` from a parsed config dict (see the module docstring)."""
     from spanrl.algorithms import algorithm_class
     from spanrl.algorithms.credit import CreditConfig, LightningRL
-    from spanrl.trainer.policy_pool import ServingConfig
-    from spanrl.trainer.runner import RunnerConfig
+    from spanrl.rollouts.policy_pool import ServingConfig
+    from spanrl.rollouts.runner import RunnerConfig
     from spanrl.trainer.trainer import Trainer, TrainerConfig
 
     if not isinstance(raw, dict):
@@ -142,7 +142,7 @@ def _agent_command(value: Any, base: Path) -> Any:
         if set(value) == {"callable"}:
             return _import_ref(value["callable"], base, "agent.callable")
         if set(value) == {"env_class", "reward_class"}:
-            from spanrl.trainer.quickstart import env_agent
+            from spanrl.quickstart import env_agent
 
             return env_agent(_import_ref(value["env_class"], base, "agent.env_class"),
                              _import_ref(value["reward_class"], base, "agent.reward_class"))
@@ -185,7 +185,7 @@ def _model(value: Any, base: Path, output_dir: Path, tasks: list[Any]) -> Path:
     folder = output_dir / _TINY_FOLDER
     if (folder / "config.json").is_file():
         return folder
-    from spanrl.trainer.tiny import build_tiny_model
+    from spanrl.demo.tiny import build_tiny_model
 
     words = set(str(w) for w in spec.pop("words", None) or [])
     words_file = spec.pop("words_file", None)

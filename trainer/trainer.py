@@ -19,7 +19,7 @@ in ``trainer.prompt_template`` for later rollouts. The template reaches the agen
 
 Embedded: the Trainer starts the collector (DuckDB at ``output_dir/spans.duckdb``) and the policy
 server itself. Each step samples ``tasks_per_step`` tasks, runs ``n_rollouts`` rollouts of each through
-the :class:`~spanrl.trainer.runner.RolloutRunner` (bounded, retried, waited for until their spans are
+the :class:`~spanrl.rollouts.runner.RolloutRunner` (bounded, retried, waited for until their spans are
 committed), decomposes them with ``load_transitions`` (credit assignment included), updates the policy,
 pushes the weights into the server (in process) and logs. Failed rollouts are recorded in
 ``output_dir/rollouts.jsonl`` and excluded; they never stop training.
@@ -74,7 +74,7 @@ from spanrl.trainer.config import (
 from spanrl.trainer.console import Console
 from spanrl.trainer.overlap import RolloutPrefetch, StepRollouts, policy_lag
 from spanrl.trainer.reporting import Callback, CurvePlot, HistoryFile, NonFiniteGuard, Scalars, StageClock, log_row
-from spanrl.trainer.runner import RolloutJob, RolloutResult
+from spanrl.rollouts.runner import RolloutJob, RolloutResult
 from spanrl.trainer.services import Services
 
 __all__ = [

@@ -1,5 +1,5 @@
-"""The careless demonstrator server; the code ships inside spanrl (``trainer/calculator/demonstrator.py``)."""
+"""The careless demonstrator server; the code ships inside spanrl (``demo/calculator/demonstrator.py``)."""
 
-from spanrl.trainer.calculator.demonstrator import DemonstratorServer
+from spanrl.demo.calculator.demonstrator import DemonstratorServer
 
 __all__ = ["DemonstratorServer"]

@@ -1,7 +1,7 @@
 """The production example's task: name the colour of a thing, in one word.
 
 Standard library only (the agent, the feedback service and the tests import it). The policy is the
-tiny word-level model (``spanrl.trainer.tiny``) over ``VOCABULARY``; an answer is right when it
+tiny word-level model (``spanrl.demo.tiny``) over ``VOCABULARY``; an answer is right when it
 contains the task's colour, which a random policy does about one time in ten.
 """
 

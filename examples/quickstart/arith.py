@@ -19,7 +19,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `examples.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from spanrl.trainer.quickstart import AgentEnv, RewardFunction, Trajectory
+from spanrl.quickstart import AgentEnv, RewardFunction, Trajectory
 
 MAX_OPERAND = 9
 RETRY_TEXT = "wrong try again"
@@ -75,8 +75,8 @@ class ArithReward(RewardFunction):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from spanrl.trainer.quickstart import Trainer
-    from spanrl.trainer.tiny import build_tiny_model
+    from spanrl.quickstart import Trainer
+    from spanrl.demo.tiny import build_tiny_model
 
     parser = argparse.ArgumentParser(description="quick-start API demo on a tiny model")
     parser.add_argument("--out", default="runs/quickstart")

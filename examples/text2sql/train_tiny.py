@@ -84,7 +84,7 @@ def run(config: TinyRunConfig | None = None) -> dict[str, Any]:
     from spanrl.algorithms import GRPO, LightningRL
     from spanrl.trainer import RunnerConfig, Trainer, TrainerConfig
     from spanrl.algorithms.sft import SFT
-    from spanrl.trainer.tiny import build_tiny_model
+    from spanrl.demo.tiny import build_tiny_model
 
     cfg = (config or TinyRunConfig()).validate()
     started = time.perf_counter()

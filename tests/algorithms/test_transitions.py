@@ -264,7 +264,7 @@ def test_aggregation_merges_calls_whose_prompt_extends_the_previous_sample(colle
 
 
 def test_aggregation_counts_why_prefixes_do_not_match(collector: Any) -> None:
-    from spanrl.trainer.tiny import build_tiny_tokenizer
+    from spanrl.demo.tiny import build_tiny_tokenizer
 
     rec = Recorder()
     r = Rollout(rec, "a")
@@ -298,7 +298,7 @@ def test_aggregation_counts_why_prefixes_do_not_match(collector: Any) -> None:
 
 
 def test_external_call_is_retokenized_with_the_policy_tokenizer(collector: Any) -> None:
-    from spanrl.trainer.tiny import build_tiny_tokenizer
+    from spanrl.demo.tiny import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer(["3", "add", "4", "7"])
     rec = Recorder()

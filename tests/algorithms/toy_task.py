@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spanrl.trainer.tiny import build_tiny_model
+from spanrl.demo.tiny import build_tiny_model
 from spanrl.algorithms.transitions import TRANSITIONS_SCHEMA, Transition, TransitionBatch
 
 WORDS = [f"w{i}" for i in range(24)] + ["yes", "no", "maybe"]

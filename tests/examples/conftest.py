@@ -49,7 +49,7 @@ def run_pipeline(tmp_path: Path, *, agent_file: Path, words: Sequence[str], task
     Trainer's own server after its reload, before it stops."""
     from spanrl.algorithms import GRPO
     from spanrl.trainer import RunnerConfig, Trainer, TrainerConfig
-    from spanrl.trainer.tiny import build_tiny_model
+    from spanrl.demo.tiny import build_tiny_model
     from training_checks import assert_served_policy_changed, prime_half_right
 
     model = build_tiny_model(tmp_path / "model", words=sorted(set(words)), hidden_size=32, num_layers=1,

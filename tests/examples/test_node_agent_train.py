@@ -13,7 +13,7 @@ import pytest
 
 from spanrl.algorithms import GRPO, LightningRL
 from spanrl.trainer import Trainer, TrainerConfig
-from spanrl.trainer.tiny import build_tiny_model
+from spanrl.demo.tiny import build_tiny_model
 from spanrl.store import SpanStore
 from training_checks import assert_served_policy_changed, assert_trained, prime_half_right
 

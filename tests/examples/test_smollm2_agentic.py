@@ -77,7 +77,7 @@ def test_a_greedy_episode_calls_the_tool_then_answers_with_its_result(tools_mode
     from examples.smollm2.agentic import agent
     from spanrl import semconv
     from spanrl.serving import PolicyServer, ServerConfig
-    from spanrl.trainer.rollouts import LLMEndpoint
+    from spanrl.rollouts.rollouts import LLMEndpoint
 
     task = {"question": "What is the product of 37 and 48?", "answer": "1776"}
     exporter = InMemorySpanExporter()

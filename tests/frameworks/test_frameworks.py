@@ -18,8 +18,8 @@ from spanrl.algorithms import GRPO, LightningRL
 from spanrl.store import SpanStore
 from spanrl.store.decomposer import Selection, decompose
 from spanrl.trainer import Trainer, TrainerConfig
-from spanrl.trainer.runner import RunnerConfig
-from spanrl.trainer.tiny import build_tiny_model
+from spanrl.rollouts.runner import RunnerConfig
+from spanrl.demo.tiny import build_tiny_model
 from training_checks import assert_trained, prime_half_right
 
 pytestmark = [pytest.mark.frameworks, pytest.mark.slow]

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from spanrl.trainer.tiny import build_tiny_model
+from spanrl.demo.tiny import build_tiny_model
 from spanrl.serving import PolicyServer, ServerConfig
 
 WORDS = [str(i) for i in range(100)] + ["add", "sub", "what", "is", "?", "the", "answer"]

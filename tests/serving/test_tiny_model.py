@@ -1,4 +1,4 @@
-"""The local tiny model and tokenizer builder (spanrl.trainer.tiny)."""
+"""The local tiny model and tokenizer builder (spanrl.demo.tiny)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from spanrl.trainer.tiny import build_tiny_model, build_tiny_tokenizer
+from spanrl.demo.tiny import build_tiny_model, build_tiny_tokenizer
 from spanrl.errors import ConfigError
 
 WORDS = [str(i) for i in range(100)] + ["add", "sub", "what", "is", "?"]

@@ -486,7 +486,7 @@ def test_selection_refuses_an_empty_time_window() -> None:
 
 
 def test_call_columns_must_be_names_and_the_first_unknown_is_named() -> None:
-    from spanrl.store.decomposer import _call_columns
+    from spanrl.store.decomposer_sql import call_columns as _call_columns
 
     with pytest.raises(ConfigError, match="^call_columns must be a sequence of column names, got 'step'$"):
         _call_columns("step")

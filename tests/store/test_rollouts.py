@@ -15,7 +15,7 @@ from spanrl import semconv as sc
 from spanrl.store import SpanStore
 from spanrl.store import rollouts as store_rollouts
 from spanrl.store.decomposer import decompose
-from spanrl.trainer.runner import RolloutJob, RolloutRunner, RunnerConfig
+from spanrl.rollouts.runner import RolloutJob, RolloutRunner, RunnerConfig
 
 from test_decomposer import Recorder, Rollout, _ns, deliver, rows
 
@@ -130,7 +130,7 @@ def test_in_process_agent_is_ready_only_with_its_late_span_stored(collector: Any
     # processor when the agent returns. Readiness waits for the rollout span, after flushing.
     from spanrl.instrumentation import emit_reward
     from spanrl.instrumentation._rollout import tracer
-    from spanrl.trainer.tracing import InProcessTracing
+    from spanrl.rollouts.tracing import InProcessTracing
 
     def agent(task: Any, llm: Any) -> None:
         with tracer().start_as_current_span("invoke_agent late", attributes={sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT,

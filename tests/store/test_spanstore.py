@@ -193,7 +193,7 @@ def test_append_takes_every_column_or_a_subset_by_name(store):
 
 def test_ingested_ns_grows_with_the_commit_order_across_appenders(tmp_path):
     """A reader that sees a stamp sees every older one, whoever appends: the Trainer's record_end commits
-    beside the collector's writer, and store/decomposed.py's watermark takes "stored after it" from the
+    beside the collector's writer, and store/kept_rollouts.py's watermark takes "stored after it" from the
     stamps. A small append that starts while a big one is inserting commits after it, stamped later."""
     import threading
     import time

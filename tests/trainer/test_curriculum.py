@@ -90,8 +90,8 @@ def test_train_with_curriculum_promotes_from_the_rounds_rollouts(tmp_path):
     from spanrl.algorithms import GRPO
     from spanrl.trainer import Trainer, TrainerConfig
     from spanrl.trainer.curriculum import train_with_curriculum
-    from spanrl.trainer.quickstart import env_agent
-    from spanrl.trainer.tiny import build_tiny_model
+    from spanrl.quickstart import env_agent
+    from spanrl.demo.tiny import build_tiny_model
 
     model = build_tiny_model(tmp_path / "model", words=VOCAB, hidden_size=32, num_layers=1, num_heads=2,
                              intermediate_size=64)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from spanrl.trainer.demo import DemoConfig, run_demo
+from spanrl.demo.demo import DemoConfig, run_demo
 from spanrl.errors import ConfigError
 from spanrl.store import SpanStore
 

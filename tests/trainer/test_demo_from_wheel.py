@@ -48,7 +48,7 @@ def test_demo_runs_from_the_wheel_and_prints_for_people(tmp_path: Path) -> None:
     elsewhere.mkdir()
     env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1"}
     where = subprocess.run(
-        [sys.executable, "-c", "import spanrl.trainer.calculator.agent as a, spanrl; print(a.__file__)"],
+        [sys.executable, "-c", "import spanrl.demo.calculator.agent as a, spanrl; print(a.__file__)"],
         cwd=elsewhere, env=env, capture_output=True, text=True, check=True,
     ).stdout.strip()
     assert where.startswith(str(site)), f"the demo's agent was imported from {where}, not the wheel"

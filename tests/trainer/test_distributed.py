@@ -14,7 +14,7 @@ import pytest
 from spanrl.algorithms import GRPO, SFT
 from spanrl.trainer import Trainer
 from spanrl.algorithms.distributed import broadcast, is_main, shard, world
-from spanrl.trainer.tiny import build_tiny_model
+from spanrl.demo.tiny import build_tiny_model
 from spanrl.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from spanrl.algorithms import GRPO
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.errors import ConfigError
 from spanrl.trainer import Trainer
-from spanrl.trainer.tiny import build_tiny_model
+from spanrl.demo.tiny import build_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("fsdp_train.py")

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from spanrl.trainer.tiny import build_tiny_model
+from spanrl.demo.tiny import build_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 PRODUCTION = REPO / "examples" / "production"

@@ -12,8 +12,8 @@ from spanrl.algorithms import GRPO, LightningRL
 from spanrl.errors import ConfigError, ServingError
 from spanrl.serving import PolicyServer, ServerConfig
 from spanrl.trainer import LLMEndpoint, RunnerConfig, Trainer, TrainerConfig
-from spanrl.trainer.policy_pool import ServingConfig
-from spanrl.trainer.tiny import build_tiny_model
+from spanrl.rollouts.policy_pool import ServingConfig
+from spanrl.demo.tiny import build_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "examples" / "calculator"))

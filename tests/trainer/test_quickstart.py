@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from spanrl.trainer.quickstart import AgentEnv, DeployedAgent, RewardFunction, Trainer, run_episode
+from spanrl.quickstart import AgentEnv, DeployedAgent, RewardFunction, Trainer, run_episode
 from spanrl.errors import ConfigError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -100,7 +100,7 @@ def test_trainer_needs_tasks_when_the_env_has_no_defaults(tmp_path):
 
 
 def test_trainer_trains_and_deploys_through_the_pipeline(tmp_path):
-    from spanrl.trainer.tiny import CALL_CLOSE, CALL_OPEN, ROLE_WORDS, build_tiny_model
+    from spanrl.demo.tiny import CALL_CLOSE, CALL_OPEN, ROLE_WORDS, build_tiny_model
 
     from training_checks import assert_served_policy_changed, assert_trained, prime_half_right
 

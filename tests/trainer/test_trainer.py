@@ -13,7 +13,7 @@ import pytest
 
 from spanrl.algorithms import GRPO, LightningRL
 from spanrl.trainer import RunnerConfig, Trainer, TrainerConfig
-from spanrl.trainer.tiny import build_tiny_model
+from spanrl.demo.tiny import build_tiny_model
 from spanrl.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ import torch
 from spanrl.algorithms import APO, GRPO, PPO
 from spanrl.trainer import LLMEndpoint, RunnerConfig, Trainer, TrainerConfig
 from spanrl.algorithms.lora import LoRAConfig
-from spanrl.trainer.tiny import build_tiny_model
+from spanrl.demo.tiny import build_tiny_model
 from spanrl.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ import pytest
 from spanrl.algorithms import GRPO, LightningRL
 from spanrl.trainer import LLMEndpoint, RunnerConfig, Trainer, TrainerConfig
 from spanrl.trainer._cli import build_trainer
-from spanrl.trainer.tiny import build_tiny_model
+from spanrl.demo.tiny import build_tiny_model
 from spanrl.cli import main
 from spanrl.errors import ConfigError
 

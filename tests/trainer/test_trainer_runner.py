@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from spanrl.trainer.runner import RolloutJob, RolloutRunner, RunnerConfig
+from spanrl.rollouts.runner import RolloutJob, RolloutRunner, RunnerConfig
 from spanrl.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

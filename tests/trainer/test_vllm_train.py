@@ -19,8 +19,8 @@ import pytest
 
 from spanrl.algorithms import GRPO, LightningRL
 from spanrl.trainer import LLMEndpoint, RunnerConfig, Trainer, TrainerConfig
-from spanrl.trainer.policy_pool import ServingConfig
-from spanrl.trainer.tiny import build_tiny_model
+from spanrl.rollouts.policy_pool import ServingConfig
+from spanrl.demo.tiny import build_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"

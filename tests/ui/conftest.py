@@ -163,7 +163,7 @@ class UiProcess:
 @pytest.fixture(scope="session")
 def demo_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The output folder of a short real demo: spans.duckdb, model/, sft/ and grpo/ runs."""
-    from spanrl.trainer.demo import DemoConfig, run_demo
+    from spanrl.demo.demo import DemoConfig, run_demo
 
     out = tmp_path_factory.mktemp("ui-demo")
     # additions only, and enough SFT (100 optimizer steps) that GRPO groups get mixed rewards, so advantages

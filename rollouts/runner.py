@@ -37,9 +37,9 @@ from typing import Any
 
 from spanrl import semconv
 from spanrl.errors import ConfigError
-from spanrl.trainer.agent_env import agent_credentials
-from spanrl.trainer.agent_processes import CommandAgent, WorkerPool, command_argv
-from spanrl.trainer.rollouts import (
+from spanrl.rollouts.agent_env import agent_credentials
+from spanrl.rollouts.agent_processes import CommandAgent, WorkerPool, command_argv
+from spanrl.rollouts.rollouts import (
     STATUS_CRASHED,
     STATUS_NO_REWARD,
     STATUS_OK,

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from spanrl import env
 from spanrl.errors import ConfigError
-from spanrl.trainer.agent_env import otel_rollout_env
-from spanrl.trainer.rollouts import STATUS_CRASHED, STATUS_OK, STATUS_TIMEOUT
+from spanrl.rollouts.agent_env import otel_rollout_env
+from spanrl.rollouts.rollouts import STATUS_CRASHED, STATUS_OK, STATUS_TIMEOUT
 
 if TYPE_CHECKING:
-    from spanrl.trainer.runner import RolloutSpec
+    from spanrl.rollouts.runner import RolloutSpec
 
 __all__ = ["CommandAgent", "WorkerPool", "command_argv"]
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from spanrl.trainer.calculator.tasks import demonstrate
+from spanrl.demo.calculator.tasks import demonstrate
 
 __all__ = ["AnswerFn", "DemonstratorServer", "ScriptedChatServer"]
 

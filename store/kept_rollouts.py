@@ -1,4 +1,4 @@
-"""Decomposed rollouts: the decomposer's rows of finished rollouts, kept in the store and read back.
+"""The kept-rollout cache: the decomposer's rows of finished rollouts, kept in the store and read back.
 
 A rollout is decomposed once it has finished (``rollout_state``'s status is not ``open``): `materialize`
 runs the decomposer's statement (store/decomposer.py) over the finished rollouts not kept yet and inserts
@@ -32,15 +32,15 @@ from typing import Any, Sequence
 
 import duckdb
 
-from spanrl.store.decomposer import (
-    _CALL_COLUMNS, _LIGHT_CALL_SQL, _REWARD_COLUMNS, _ROLLOUT_COLUMNS, _SQL, Selection, _call_filter, _rollout_filter,
+from spanrl.store.decomposer_sql import (
+    CALL_COLUMNS, LIGHT_CALL_SQL, REWARD_COLUMNS, ROLLOUT_COLUMNS, SQL, Selection, call_filter, rollout_filter,
     statement,
 )
 
 __all__ = ["TABLE_SQL", "VERSION", "materialize", "prepare", "read_statement"]
 
 VERSION = hashlib.sha256(
-    (_SQL + resources.files("spanrl.store").joinpath("views.sql").read_text(encoding="utf-8")).encode()
+    (SQL + resources.files("spanrl.store").joinpath("views.sql").read_text(encoding="utf-8")).encode()
 ).hexdigest()[:16]
 """The decomposer's version key: rows kept under another are never read."""
 
@@ -126,16 +126,16 @@ def _with_clean(query: str, kept_filter: str) -> str:
 def read_statement(sel: Selection, columns: Sequence[str], params: dict[str, Any]) -> str:
     """One SELECT: the kept rows of ``sel``'s clean rollouts, and the rest decomposed live."""
     live = statement(sel, columns, params, rollouts_also=_NOT_KEPT, since=_SINCE)
-    other_kinds = set(_REWARD_COLUMNS) | set(_ROLLOUT_COLUMNS)
-    unread = [c for c in _CALL_COLUMNS if c in _LIGHT_CALL_SQL and c not in columns and c not in other_kinds]
+    other_kinds = set(REWARD_COLUMNS) | set(ROLLOUT_COLUMNS)
+    unread = [c for c in CALL_COLUMNS if c in LIGHT_CALL_SQL and c not in columns and c not in other_kinds]
     kept = f"""
-UNION ALL BY NAME  -- kept rows of the clean rollouts (store/decomposed.py)
+UNION ALL BY NAME  -- kept rows of the clean rollouts (store/kept_rollouts.py)
 SELECT d.* EXCLUDE (version, watermark_ns, first_ingested_ns{''.join(', ' + c for c in unread)})
 FROM decomposed d
 WHERE d.version = '{VERSION}' AND d.rollout_id IN (SELECT rollout_id FROM kept_clean)
-  AND (d.row_kind <> 'call' OR ({_call_filter(sel, params, "d.agent", "d.policy_version")}))
+  AND (d.row_kind <> 'call' OR ({call_filter(sel, params, "d.agent", "d.policy_version")}))
 """
-    return _with_clean(live, _rollout_filter(sel, params)) + kept
+    return _with_clean(live, rollout_filter(sel, params)) + kept
 
 
 def materialize(store: Any) -> dict[str, int]:
@@ -169,7 +169,7 @@ def _keep(cur: duckdb.DuckDBPyConnection) -> dict[str, int]:
     count = f"SELECT count(*) FROM decomposed WHERE row_kind = 'rollout' AND version = '{VERSION}'"
     before = cur.execute(count).fetchone()[0]
     params: dict[str, Any] = {"watermark": watermark}
-    live = statement(Selection(), _CALL_COLUMNS, params, rollouts_also=_TO_KEEP, since=str(int(since)))
+    live = statement(Selection(), CALL_COLUMNS, params, rollouts_also=_TO_KEEP, since=str(int(since)))
     # in the statement's order (a join here shuffled the rows: reads then sorted them by a `take`, +0.3 s)
     cur.execute(f"INSERT INTO decomposed BY NAME SELECT '{VERSION}' AS version, $watermark AS watermark_ns, * "
                 f"FROM ({live})", params)

@@ -2,6 +2,6 @@
 
 ``tasks`` (tasks, vocabulary, the tool, the reward; standard library only), ``demonstrator`` (a careless
 scripted teacher as an OpenAI-compatible server) and ``agent`` (a plain OpenAI-client program, started
-as ``python -m spanrl.trainer.calculator.agent`` under ``opentelemetry-instrument``).
+as ``python -m spanrl.demo.calculator.agent`` under ``opentelemetry-instrument``).
 ``examples/calculator/`` in the source checkout runs these same modules.
 """

@@ -1,6 +1,6 @@
 """The calculator agent: a plain OpenAI-client program, trained by spanrl from its traces.
 
-Run it under ``opentelemetry-instrument`` (``opentelemetry-instrument python -m spanrl.trainer.calculator.agent``,
+Run it under ``opentelemetry-instrument`` (``opentelemetry-instrument python -m spanrl.demo.calculator.agent``,
 or ``examples/calculator/agent.py`` from a checkout) (the spanrl distro exports to the collector and the OpenAI
 instrumentor records each call); the trainer sets the environment. Two ways to be started:
 
@@ -25,7 +25,7 @@ from opentelemetry import trace
 
 import spanrl
 from spanrl.instrumentation import flush
-from spanrl.trainer.calculator.tasks import TOOL_SCHEMAS, apply_tool, parse_call, reward
+from spanrl.demo.calculator.tasks import TOOL_SCHEMAS, apply_tool, parse_call, reward
 
 __all__ = ["DEFAULT_MODEL", "MAX_COMPLETION_TOKENS", "main", "run_rollout", "serve_stdin"]
 

@@ -1,8 +1,8 @@
 """``spanrl demo``: the whole pipeline, locally, on a tiny model, in a few minutes on two CPU cores.
 
-1. Build a tiny Llama (~667k parameters) and a word-level tokenizer (``trainer/tiny.py``).
+1. Build a tiny Llama (~667k parameters) and a word-level tokenizer (``demo/tiny.py``).
 2. Start the careless demonstrator (an OpenAI-compatible server that swaps the operands of ``sub`` and
-   ``div`` 70% of the time) and run the calculator agent (``spanrl.trainer.calculator.agent``, a plain
+   ``div`` 70% of the time) and run the calculator agent (``spanrl.demo.calculator.agent``, a plain
    OpenAI-client program under ``opentelemetry-instrument``, as jsonl workers) against it; its traces go
    collector -> DuckDB -> transitions (retokenized from the recorded messages) -> SFT warm start.
 3. GRPO from the agent's own traces through the policy server (exact token ids and log-probs).
@@ -23,7 +23,7 @@ from spanrl.errors import ConfigError
 
 __all__ = ["DemoConfig", "DemoResult", "run_demo"]
 
-AGENT_MODULE = "spanrl.trainer.calculator.agent"
+AGENT_MODULE = "spanrl.demo.calculator.agent"
 """The demo's agent, run as ``python -m AGENT_MODULE`` (it ships in the package: the demo runs from a wheel)."""
 
 
@@ -110,11 +110,11 @@ class DemoResult:
 
 def run_demo(config: DemoConfig | None = None, *, echo: Any = print) -> DemoResult:
     """Run the demo; ``echo`` prints the narration (``print`` by default)."""
-    from spanrl.trainer.calculator import tasks as calculator
-    from spanrl.trainer.calculator.demonstrator import DemonstratorServer
+    from spanrl.demo.calculator import tasks as calculator
+    from spanrl.demo.calculator.demonstrator import DemonstratorServer
     from spanrl.trainer.config import CURVE_FILE, DB_FILE
     from spanrl.trainer.plotting import plot_reward_curve
-    from spanrl.trainer.tiny import build_tiny_model
+    from spanrl.demo.tiny import build_tiny_model
 
     cfg = (config or DemoConfig()).validate()
     started = time.perf_counter()
@@ -159,7 +159,7 @@ def run_demo(config: DemoConfig | None = None, *, echo: Any = print) -> DemoResu
 def _config(cfg: DemoConfig, stage: str, **fields: Any) -> Any:
     """The TrainerConfig of one stage (``sft`` or ``grpo``): both write to one span store."""
     from spanrl.trainer.config import DB_FILE, TrainerConfig
-    from spanrl.trainer.runner import RunnerConfig
+    from spanrl.rollouts.runner import RunnerConfig
 
     out = Path(cfg.output_dir)
     runner = RunnerConfig(workers=cfg.workers, max_concurrency=2 * cfg.workers, rollout_timeout_s=60.0)

@@ -157,7 +157,7 @@ def env_agent(env_class: type[AgentEnv], reward_class: type[RewardFunction], *,
               max_turns: int | None = None) -> Callable[[Mapping[str, Any], Any], None]:
     """A callable agent ``agent(task, llm)`` that plays ``env_class(task)`` and emits the reward of
     ``reward_class().compute(env, trajectory)``. ``llm`` is the trainer's endpoint (base_url, model,
-    sampling; see ``spanrl.trainer.runner.LLMEndpoint``)."""
+    sampling; see ``spanrl.rollouts.runner.LLMEndpoint``)."""
     _check_classes(env_class, reward_class)
 
     def agent(task: Mapping[str, Any], llm: Any) -> None:

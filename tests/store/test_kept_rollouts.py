@@ -1,4 +1,4 @@
-"""Decomposed rollouts (store/decomposed.py): kept rows read back give exactly the live decomposition.
+"""Decomposed rollouts (store/kept_rollouts.py): kept rows read back give exactly the live decomposition.
 
 Every decomposer test of test_decomposer.py runs again here with each of its `decompose` calls checked:
 live, then `materialize`, then read with the kept rows: identical tables. Then what makes kept rows
@@ -16,7 +16,7 @@ import pytest
 
 import test_decomposer as cases
 from test_decomposer import Recorder, Rollout, deliver, rows
-from spanrl.store import RemoteStore, SpanStore, decomposed, prune
+from spanrl.store import RemoteStore, SpanStore, kept_rollouts, prune
 from spanrl.store.decomposer import Decomposition, Selection, decompose
 
 
@@ -50,10 +50,10 @@ def assert_same(a: Decomposition, b: Decomposition) -> None:
 def _checked_decompose(con: Any, selection: Selection | None = None, **kw: Any) -> Decomposition:
     """The live decomposition, checked against a read from kept rows after `materialize`."""
     live = decompose(con, selection, kept=False, **kw)
-    decomposed.materialize(con)
+    kept_rollouts.materialize(con)
     # was `rollouts_kept >= 0`, true of any count: now the value of a second run, idempotent (nothing new
     # to keep or drop; a materialize that re-kept clean rollouts every time reads > 0 here)
-    assert decomposed.materialize(con) == {"rollouts_kept": 0, "rows_dropped": 0}
+    assert kept_rollouts.materialize(con) == {"rollouts_kept": 0, "rows_dropped": 0}
     kept = decompose(con, selection, **kw)
     assert_same(live, kept)
     return kept
@@ -74,7 +74,7 @@ def test_kept_rows_read_like_live_ones(name: str, collector: Any, monkeypatch: p
 
 def _kept(store: SpanStore) -> int:
     return store.sql(f"SELECT count(*) AS n FROM decomposed WHERE row_kind = 'rollout' "
-                     f"AND version = '{decomposed.VERSION}'").column("n")[0].as_py()
+                     f"AND version = '{kept_rollouts.VERSION}'").column("n")[0].as_py()
 
 
 def _two_rollouts(collector: Any) -> tuple[Recorder, Rollout]:
@@ -92,8 +92,8 @@ def _two_rollouts(collector: Any) -> tuple[Recorder, Rollout]:
 def test_a_late_span_makes_its_rollout_dirty_until_kept_again(collector: Any) -> None:
     store = collector.store
     _, b = _two_rollouts(collector)
-    assert decomposed.materialize(store) == {"rollouts_kept": 2, "rows_dropped": 0}
-    assert decomposed.materialize(store) == {"rollouts_kept": 0, "rows_dropped": 0}  # idempotent
+    assert kept_rollouts.materialize(store) == {"rollouts_kept": 2, "rows_dropped": 0}
+    assert kept_rollouts.materialize(store) == {"rollouts_kept": 0, "rows_dropped": 0}  # idempotent
     late = Recorder()
     b.rec = late
     b.agent = late.tracer("agent", **{"spanrl.rollout.id": "b"})
@@ -104,14 +104,14 @@ def test_a_late_span_makes_its_rollout_dirty_until_kept_again(collector: Any) ->
     assert_same(dec, decompose(store, kept=False))
     assert rows(dec.rewards, "rollout_id", "name", "value") == [("a", "reward", 1.0), ("b", "reward", 1.0),
                                                                ("b", "feedback", 0.5)]
-    assert decomposed.materialize(store)["rollouts_kept"] == 1  # b again; its old rows were dropped
+    assert kept_rollouts.materialize(store)["rollouts_kept"] == 1  # b again; its old rows were dropped
     assert_same(decompose(store), decompose(store, kept=False))
 
 
 def test_a_span_without_id_in_a_kept_trace_makes_it_dirty(collector: Any) -> None:
     store = collector.store
     _two_rollouts(collector)
-    decomposed.materialize(store)
+    kept_rollouts.materialize(store)
     trace_id, parent = store.sql("SELECT trace_id, span_id FROM spans WHERE rollout_id = 'a' "
                                  "AND name = 'spanrl.rollout'").to_pylist()[0].values()
     store.sql("INSERT INTO spans BY NAME SELECT * REPLACE (md5(span_id)[:16] AS span_id, NULL AS rollout_id, "
@@ -131,7 +131,7 @@ def test_a_rollout_open_at_the_last_run_and_a_new_one_read_live_in_full(collecto
     running.call(agent, 10, [1], [2])
     deliver(collector, rec.spans())
     _two_rollouts(collector)  # finished after the open one started
-    decomposed.materialize(store)
+    kept_rollouts.materialize(store)
     later = Recorder()
     running.rec, running.agent = later, later.tracer("agent", **{"spanrl.rollout.id": "running"})
     running.root(0, 100)  # it ends now
@@ -143,7 +143,7 @@ def test_a_rollout_open_at_the_last_run_and_a_new_one_read_live_in_full(collecto
     assert_same(dec, decompose(store, kept=False))
     assert rows(dec.rollouts, "rollout_id", "status", "span_count") == [
         ("a", "finished", 5), ("b", "finished", 5), ("fresh", "finished", 3), ("running", "finished", 4)]
-    assert decomposed.materialize(store)["rollouts_kept"] == 2
+    assert kept_rollouts.materialize(store)["rollouts_kept"] == 2
     assert_same(decompose(store), decompose(store, kept=False))
 
 
@@ -157,7 +157,7 @@ def test_a_client_span_without_id_stored_before_its_server_span_reads_live(colle
              attributes={"gen_ai.operation.name": "chat", "gen_ai.response.id": "chatcmpl-x"})
     deliver(collector, rec.spans())
     _two_rollouts(collector)
-    decomposed.materialize(store)
+    kept_rollouts.materialize(store)
     later = Recorder()
     server = later.tracer(cases.POLICY_SERVICE)
     later.span(server, "chat tiny", start_ns=cases._ns(11), end_ns=cases._ns(19), kind=cases.SpanKind.SERVER,
@@ -177,19 +177,19 @@ def test_a_client_span_without_id_stored_before_its_server_span_reads_live(colle
 def test_rows_kept_by_another_version_are_ignored_and_dropped(collector: Any) -> None:
     store = collector.store
     _two_rollouts(collector)
-    decomposed.materialize(store)
+    kept_rollouts.materialize(store)
     store.sql("UPDATE decomposed SET version = 'older', prompt_ids = [0], value = 99.0")  # what an old spanrl kept
     dec = decompose(store)
     assert_same(dec, decompose(store, kept=False))
     assert rows(dec.calls, "prompt_ids") == [([1, 2],), ([1, 2],)]
-    assert decomposed.materialize(store) == {"rollouts_kept": 2, "rows_dropped": 2 * 3}
+    assert kept_rollouts.materialize(store) == {"rollouts_kept": 2, "rows_dropped": 2 * 3}
     assert store.sql("SELECT count(*) AS n FROM decomposed WHERE version = 'older'").column("n")[0].as_py() == 0
 
 
 def test_prune_deletes_the_kept_rows_of_the_rollouts_it_deletes(collector: Any) -> None:
     store = collector.store
     _two_rollouts(collector)
-    decomposed.materialize(store)
+    kept_rollouts.materialize(store)
     assert _kept(store) == 2
     assert prune(store, 0, now_ns=cases.T0_NS + 10**12) > 0  # every rollout ended before then
     assert store.sql("SELECT count(*) AS n FROM decomposed").column("n")[0].as_py() == 0
@@ -197,7 +197,7 @@ def test_prune_deletes_the_kept_rows_of_the_rollouts_it_deletes(collector: Any) 
 
 
 def test_table_columns_are_the_statements_output(tmp_path: Any) -> None:
-    from spanrl.store.decomposer import _CALL_COLUMNS, statement
+    from spanrl.store.decomposer_sql import CALL_COLUMNS as _CALL_COLUMNS, statement
 
     with SpanStore.open(tmp_path / "s.duckdb") as store:
         described = store.sql(f"DESCRIBE {statement(Selection(), _CALL_COLUMNS, {})}")
