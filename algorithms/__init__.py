@@ -35,8 +35,12 @@ _LAZY: dict[str, str] = {
 
 ALGORITHMS: dict[str, str] = {"grpo": "GRPO", "ppo": "PPO", "sft": "SFT", "dpo": "DPO", "apo": "APO"}
 """The algorithm registry: the name a train config, the CLI or the quick-start API uses -> class name."""
+CREDIT_ALGORITHMS: tuple[str, ...] = ("grpo", "ppo")
+"""Registered names that learn from rollouts' rewards through credit assignment (the viewer shows their credit)."""
+PROMPT_ALGORITHMS: tuple[str, ...] = ("apo",)
+"""Registered names that search prompt templates (they need one to start from) instead of updating weights."""
 
-__all__ = sorted([*_LAZY, "ALGORITHMS", "algorithm_class"])
+__all__ = sorted([*_LAZY, "ALGORITHMS", "CREDIT_ALGORITHMS", "PROMPT_ALGORITHMS", "algorithm_class"])
 
 
 def algorithm_class(name: str, *, field: str = "algorithm", allowed: tuple[str, ...] | None = None) -> type:

@@ -167,8 +167,9 @@ def assign_credit(
     Rollouts are indexed ``0..R-1``: ``rollout_calls[i]`` is the number of calls rollout ``i`` made
     (all agents, before any selection) and ``rollout_group[i]`` its task group index. Calls (the
     selected ones) give their rollout index and ``step`` (0-based, in the rollout's order). Rewards give
-    their rollout, the step of the last call before them (-1: none), value, time and optional name.
-    ``values`` (gae only) are the critic's values, one per call. ``call_state`` (needed when
+    their rollout, the step of the last call before them (-1: none), value, time and optional name; the
+    episode reward is a rollout's last by ``reward_time_ns`` (any sort key: load_transitions passes the
+    collector's ingest order). ``values`` (gae only) are the critic's values, one per call. ``call_state`` (needed when
     ``step_group_weight`` > 0): per call, an integer naming its prompt (``state_ids``).
     """
     config.validate()

@@ -21,7 +21,6 @@ and the decomposer's ``rewards``, ``duplicate_spans`` (extra copies of call and 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from functools import cached_property
@@ -32,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spanrl.algorithms.credit import CreditConfig, CreditResult, MissingValueError, assign_credit, state_ids
+from spanrl.algorithms.retokenize import retokenize
 from spanrl.errors import ConfigError
 from spanrl.store.decomposer import Selection, decompose
 
@@ -142,56 +142,6 @@ def _pylists(column: pa.ChunkedArray) -> list[list[Any]]:
     flat = array.flatten().to_numpy(zero_copy_only=False).tolist()
     offsets = (array.offsets.to_numpy() - array.offsets[0].as_py()).tolist()
     return [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
-
-
-# --- retokenization -------------------------------------------------------------------------------
-def _hf_message(msg: Mapping[str, Any]) -> dict[str, Any]:
-    """A gen_ai.*.messages entry (OTel ``parts``, or OpenAI ``content``) as a chat-template message."""
-    role = msg.get("role")
-    if "parts" not in msg:
-        return {k: v for k, v in msg.items() if k in ("role", "content", "tool_calls", "tool_call_id", "name")}
-    texts: list[str] = []
-    tool_calls: list[dict[str, Any]] = []
-    out: dict[str, Any] = {"role": role}
-    for part in msg.get("parts") or []:
-        kind = part.get("type")
-        if kind == "text":
-            texts.append(str(part.get("content", "")))
-        elif kind == "tool_call":
-            tool_calls.append(
-                {
-                    "id": part.get("id"),
-                    "type": "function",
-                    "function": {"name": part.get("name"), "arguments": part.get("arguments") or {}},
-                }
-            )
-        elif kind == "tool_call_response":
-            response = part.get("response")
-            texts.append(response if isinstance(response, str) else json.dumps(response))
-            out["tool_call_id"] = part.get("id")
-    out["content"] = "".join(texts)
-    if tool_calls:
-        out["tool_calls"] = tool_calls
-    return out
-
-
-def _ids(encoded: Any) -> list[int]:
-    if hasattr(encoded, "keys") and "input_ids" in encoded:  # transformers 5 returns a BatchEncoding
-        encoded = encoded["input_ids"]
-    return [int(i) for i in encoded]
-
-
-def _retokenize(tokenizer: Any, input_json: str, output_json: str | None) -> tuple[list[int], list[int]]:
-    """Prompt and completion ids of a call known only by its messages, with the policy's chat template."""
-    messages = [_hf_message(m) for m in json.loads(input_json)]
-    outputs = [_hf_message(m) for m in json.loads(output_json or "[]")]
-    if not outputs:
-        raise ValueError("the call has no output message")
-    prompt = _ids(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
-    full = _ids(tokenizer.apply_chat_template(messages + outputs[:1], tokenize=True))
-    if full[: len(prompt)] == prompt:
-        return prompt, full[len(prompt) :]
-    return prompt, _ids(tokenizer.encode(outputs[0].get("content", ""), add_special_tokens=False))
 
 
 # --- aggregation ----------------------------------------------------------------------------------
@@ -366,7 +316,7 @@ def _credit(dec: Any, fast_calls: pa.Table, slow_rows: list[dict[str, Any]], cre
             reward_rollout=r_roll,
             reward_step=rewards.column("step").to_numpy() if rewards.num_rows else np.zeros(0, np.int64),
             reward_value=rewards.column("value").to_numpy(zero_copy_only=False) if rewards.num_rows else np.zeros(0),
-            reward_time_ns=rewards.column("time_ns").to_numpy() if rewards.num_rows else np.zeros(0, np.int64),
+            reward_time_ns=_reward_order(rewards),
             reward_name=np.array(rewards.column("name").to_pylist(), dtype=object),
             values=value_arr,
             call_state=state_ids(keys.column("prompt_ids").to_pylist()) if credit.step_group_weight else None,
@@ -375,6 +325,15 @@ def _credit(dec: Any, fast_calls: pa.Table, slow_rows: list[dict[str, Any]], cre
         key = (keys.column("rollout_id")[exc.call].as_py(), int(call_step[exc.call]))
         raise ConfigError(f"values has no critic value for call (rollout_id, step) = {key!r}") from None
     return result, call_rollout, rollout_ids_all
+
+
+def _reward_order(rewards: pa.Table) -> np.ndarray:
+    """Each reward's rank in "which came last": when the collector stored it (``ingested_ns``), the sender's
+    own clock only within one commit. A sender's clock can be anything; the ingest time is the collector's."""
+    if not rewards.num_rows:
+        return np.zeros(0, np.int64)
+    ingested = rewards.column("ingested_ns").fill_null(0).to_numpy()
+    return np.lexsort((rewards.column("time_ns").to_numpy(), ingested)).argsort().astype(np.int64)
 
 
 def _same_temperature(calls: pa.Table, temperature: float | None, report: dict[str, int]) -> pa.Table:
@@ -420,7 +379,7 @@ def _usable_calls(calls: pa.Table, tokenizer: Any, report: dict[str, int]) -> tu
                 report["skipped_no_ids"] += 1
                 continue
             try:
-                row["prompt_ids"], row["completion_ids"] = _retokenize(
+                row["prompt_ids"], row["completion_ids"] = retokenize(
                     tokenizer, row["input_messages"], row["output_messages"]
                 )
             except Exception:  # noqa: BLE001 - bad messages JSON or a template error: counted

@@ -30,6 +30,7 @@ from spanrl.collector.errors import PermanentError, RetryableError
 from spanrl.collector.fast_decode import encode_protobuf_body
 from spanrl.collector.identity import RolloutClaims, admit
 from spanrl.errors import CollectorError
+from spanrl.http_server import bracketed
 from spanrl.trust import Tokens
 
 __all__ = ["BatchConsumer", "GrpcReceiver"]
@@ -97,7 +98,7 @@ class GrpcReceiver:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        address = f"{self._host}:{self._requested_port}"
+        address = f"{bracketed(self._host)}:{self._requested_port}"
         try:
             port = server.add_insecure_port(address)
         except RuntimeError as exc:

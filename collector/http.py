@@ -28,14 +28,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
-import threading
-import time
 import zlib
 from typing import Any, Awaitable, Callable
 
 import orjson
-import uvicorn
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
@@ -46,6 +42,7 @@ from spanrl.collector.grpc import BatchConsumer
 from spanrl.collector.identity import RolloutClaims, admit
 from spanrl.collector.sql import SqlRunner
 from spanrl.errors import CollectorError, StoreError
+from spanrl.http_server import ThreadedServer, bind
 from spanrl.store import SpanStore
 from spanrl.store.kept_rollouts import materialize
 from spanrl.store.maintenance import prune
@@ -297,47 +294,26 @@ class HttpReceiver:
         self._host = host
         self._requested_port = port
         self._app = app
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._server: ThreadedServer | None = None
         self.port: int | None = None
         """The bound port, once started."""
 
     def start(self) -> None:
         """Bind and serve; returns once uvicorn is accepting. Raises `CollectorError` on failure."""
-        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((self._host, self._requested_port))
+            sock = bind(self._host, self._requested_port, backlog=4096)
         except OSError as exc:
-            sock.close()
             raise CollectorError(f"cannot bind OTLP/HTTP on {self._host}:{self._requested_port}: {exc}") from exc
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            self._app,
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            # No uvicorn limit_concurrency: its refusal is a plain-text 503 without Retry-After. The app
-            # admits requests itself (OtlpHttpApp, Admission) and refuses with a proper retryable 503.
-            backlog=4096,
-            timeout_keep_alive=30,
-            timeout_graceful_shutdown=max(1, int(self._graceful_timeout_s)),
-        )
-        server = uvicorn.Server(config)
-        self._server = server
-        self._thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="spanrl-http", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while not server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise CollectorError(f"OTLP/HTTP server did not start on {self._host}:{self.port}")
-            time.sleep(0.01)
+        # No uvicorn limit_concurrency: its refusal is a plain-text 503 without Retry-After. The app
+        # admits requests itself (OtlpHttpApp, Admission) and refuses with a proper retryable 503.
+        self._server = ThreadedServer(self._app, sock, name="spanrl-http", backlog=4096, timeout_keep_alive=30,
+                                      timeout_graceful_shutdown=max(1, int(self._graceful_timeout_s)))
+        self.port = self._server.port
+        if not self._server.start(_START_TIMEOUT_S):
+            raise CollectorError(f"OTLP/HTTP server did not start on {self._host}:{self.port}")
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting, finish in-flight requests, stop the thread. Safe before start or twice."""
-        if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout)
+        if self._server is not None:
+            self._server.stop(timeout)
         self._server = None
-        self._thread = None

@@ -35,6 +35,7 @@ from spanrl.collector.rewards import RewardCheck
 from spanrl.collector.sql import SqlRunner
 from spanrl.collector.writer import SpanWriter
 from spanrl.errors import CollectorError, StoreError
+from spanrl.http_server import url_host
 from spanrl.store import SpanStore
 
 __all__ = ["Collector"]
@@ -174,14 +175,14 @@ class Collector:
         """``HOST:PORT`` of OTLP/gRPC (the real port when 0 was asked), or None when off or not started."""
         if self._grpc is None or self._grpc.port is None:
             return None
-        return f"{_url_host(self._config.host)}:{self._grpc.port}"
+        return f"{url_host(self._config.host)}:{self._grpc.port}"
 
     @property
     def http_endpoint(self) -> str | None:
         """``http://HOST:PORT`` of OTLP/HTTP and SQL, or None when off or not started."""
         if self._http is None or self._http.port is None:
             return None
-        return f"http://{_url_host(self._config.host)}:{self._http.port}"
+        return f"http://{url_host(self._config.host)}:{self._http.port}"
 
     def health(self) -> dict[str, Any]:
         """``{"status": "ok"}``, or ``recovering`` / ``failed`` with the DuckDB ``error`` after a store failure."""
@@ -211,10 +212,3 @@ def _warm_up() -> None:
     encode_request(request)
     decode_body(request.SerializeToString())  # the fast path's Arrow arrays from buffers, once
 
-
-def _url_host(host: str) -> str:
-    if host in ("0.0.0.0", ""):
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host else host

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spanrl.algorithms import ALGORITHMS as _REGISTRY, PROMPT_ALGORITHMS
 from spanrl.errors import ConfigError
 
 __all__ = [
@@ -45,7 +46,7 @@ __all__ = [
     "run_episode",
 ]
 
-ALGORITHMS = ("grpo", "ppo", "dpo", "sft")
+ALGORITHMS = tuple(name for name in _REGISTRY if name not in PROMPT_ALGORITHMS)
 """Names from :data:`spanrl.algorithms.ALGORITHMS` the quick-start ``Trainer`` accepts (case-insensitive;
 APO needs a prompt template, which the quick-start API has not)."""
 

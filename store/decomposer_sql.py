@@ -70,7 +70,10 @@ CALL_COLUMNS = (
     "output_messages", "response_id", "status_code", "order_ns", "agent_end_ns", "clock_offset_ns",
     "server_trace_id", "server_span_id", "client_trace_id", "client_span_id", "temperature",
 )
-REWARD_COLUMNS = ("rollout_id", "name", "value", "time_ns", "source", "step", "rollout_calls")
+REWARD_COLUMNS = (
+    "rollout_id", "name", "value", "time_ns", "source", "step", "rollout_calls",
+    "ingested_ns",  # when the collector stored it: "the latest reward" goes by it (the sender's clock can be anything)
+)
 ROLLOUT_COLUMNS = (
     "rollout_id", "task_id", "attempt", "mode", "status", "start_ns", "end_ns", "span_count",
     "duplicate_spans", "late_arrivals", "orphan_calls", "duplicate_calls", "ended_by",
@@ -334,7 +337,7 @@ LEFT JOIN (
 WHERE NOT f.has_ids
 UNION ALL BY NAME
 SELECT 'reward' AS row_kind, rw.rollout_id, rw.name, rw.value, rw.time_ns, rw.source, rw.step,
-       coalesce(n.rollout_calls, 0)::INTEGER AS rollout_calls
+       coalesce(n.rollout_calls, 0)::INTEGER AS rollout_calls, rw.ingested_ns
 FROM rw_step rw
 LEFT JOIN (SELECT rollout_id, count(*) AS rollout_calls FROM calls GROUP BY rollout_id) n
        ON n.rollout_id = rw.rollout_id

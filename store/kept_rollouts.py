@@ -55,7 +55,7 @@ _COLUMNS = (
     ("client_span_id", "VARCHAR"), ("prompt_ids", "INTEGER[]"), ("completion_ids", "INTEGER[]"),
     ("logprobs", "FLOAT[]"), ("temperature", "DOUBLE"), ("input_messages", "VARCHAR"),
     ("output_messages", "VARCHAR"), ("name", "VARCHAR"), ("value", "DOUBLE"), ("time_ns", "BIGINT"),
-    ("source", "VARCHAR"), ("status", "VARCHAR"), ("ended_by", "VARCHAR"), ("start_ns", "BIGINT"),
+    ("source", "VARCHAR"), ("ingested_ns", "BIGINT"), ("status", "VARCHAR"), ("ended_by", "VARCHAR"), ("start_ns", "BIGINT"),
     ("end_ns", "BIGINT"), ("span_count", "BIGINT"), ("duplicate_spans", "HUGEINT"), ("late_arrivals", "BIGINT"),
     ("orphan_calls", "BIGINT"), ("duplicate_calls", "BIGINT"), ("first_ingested_ns", "BIGINT"),
 )

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import socket
 import threading
-import time
 from typing import Any, Sequence
 
-import uvicorn
-
 from spanrl import env
+from spanrl.algorithms import CREDIT_ALGORITHMS
 from spanrl.algorithms.credit import CreditConfig
 from spanrl.errors import ConfigError
+from spanrl.http_server import ThreadedServer, bind, url_host
 from spanrl.ui.app import UiApp
 from spanrl.ui.runs import Run, discover_runs
 from spanrl.ui.source import open_source
@@ -24,7 +22,6 @@ __all__ = ["UiServer", "credit_of_runs"]
 
 _logger = logging.getLogger(__name__)
 _DEFAULT_URL = f"http://{env.DEFAULT_HOST}:{env.DEFAULT_HTTP_PORT}"
-_RL_ALGORITHMS = ("GRPO", "PPO")
 _START_TIMEOUT_S = 10.0
 
 
@@ -32,7 +29,7 @@ def credit_of_runs(runs: Sequence[Run]) -> CreditConfig:
     """The credit assignment a run trained with (the first GRPO/PPO run's ``config.json``), else the
     LightningRL defaults. PPO's GAE needs its critic, so the viewer shows its credit without values."""
     configs = [run.config() for run in runs]
-    configs.sort(key=lambda c: (c.get("algorithm") or {}).get("name") not in _RL_ALGORITHMS)
+    configs.sort(key=lambda c: str((c.get("algorithm") or {}).get("name")).lower() not in CREDIT_ALGORITHMS)
     names = {f.name for f in dataclasses.fields(CreditConfig)}
     for config in configs:
         credit = config.get("credit")
@@ -55,24 +52,17 @@ class UiServer:
     def __init__(self, app: UiApp, host: str, port: int, token: str | None) -> None:
         self.app = app
         self.token = token
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.socket(family, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            self._sock.bind((host, port))
-            self._sock.listen(128)  # connections queue from now on, before uvicorn's loop accepts them
+            sock = bind(host, port)
         except OSError as exc:
-            self._sock.close()
             raise ConfigError(f"cannot serve on {host}:{port}: {exc}") from None
-        self.host, self.port = host, self._sock.getsockname()[1]
-        config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False)
-        self._server = uvicorn.Server(config)
-        self._thread: threading.Thread | None = None
+        self.host = host
+        self._server = ThreadedServer(app, sock, name="spanrl-ui")
+        self.port = self._server.port
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/"
+        return f"http://{url_host(self.host)}:{self.port}/"
 
     @classmethod
     def from_args(cls, *, db: str | None = None, url: str | None = None, token: str | None = None,
@@ -106,24 +96,17 @@ class UiServer:
         """Serve until interrupted (Ctrl-C)."""
         self._warm()
         try:
-            self._server.run(sockets=[self._sock])
+            self._server.run()
         finally:
             self.app.source.close()
 
     def start(self) -> "UiServer":
         """Serve in a background thread; returns once it accepts connections."""
         self._warm()
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise ConfigError(f"the viewer did not start on {self.url}")
-            time.sleep(0.02)
+        if not self._server.start(_START_TIMEOUT_S):
+            raise ConfigError(f"the viewer did not start on {self.url}")
         return self
 
     def stop(self) -> None:
-        self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=_START_TIMEOUT_S)
+        self._server.stop(_START_TIMEOUT_S)
         self.app.source.close()

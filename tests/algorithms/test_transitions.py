@@ -437,3 +437,20 @@ def test_export_transitions_cli_through_the_collector_and_from_the_file(collecto
     assert main(["export", "transitions", "--db", db, "--url", "http://127.0.0.1:9", "-o", str(tmp_path / "x"),
                  "--credit-mode", "final"]) == 1
     assert "mode must be one of identical, discounted, step, gae; got 'final'" in capsys.readouterr().err
+
+
+def test_the_episode_reward_is_the_last_one_the_collector_stored_not_the_senders_latest_clock(collector: Any) -> None:
+    """A verdict that arrives later wins even when its sender's clock is behind (issue 28: ordered by the
+    collector's ingest time). By the senders' clocks the first reward (at 95 ms) would be the last."""
+    rec = Recorder()
+    first = Rollout(rec, "a", task_id="t1")
+    root = first.root(0, 100)
+    first.call(root, 10, [1, 2], [3])
+    first.reward(root, 95, 1.0)
+    deliver(collector, rec.spans())
+    later = Recorder()
+    Rollout(later, "a", task_id="t1").reward(None, 50, 0.25)  # a grader whose clock is 45 ms behind
+    deliver(collector, later.spans())
+
+    batch = load_transitions(collector.store, credit=NO_BASELINE)
+    assert advantages(batch) == {"a": [pytest.approx(0.25)]}
