@@ -351,7 +351,7 @@ LEFT JOIN dups d USING (rollout_id)
 LEFT JOIN dup_calls dc USING (rollout_id)
 LEFT JOIN lates l USING (rollout_id)
 LEFT JOIN orphans o USING (rollout_id)
-"""  # no ORDER BY: sorting the token arrays in DuckDB cost more than the rest of the rows; store/parts.py sorts
+"""  # no ORDER BY: sorting the token arrays in DuckDB cost more than the rest of the rows; store/decomposer.py sorts
 
 
 
