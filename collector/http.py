@@ -29,6 +29,7 @@ import asyncio
 import logging
 import os
 import zlib
+from concurrent.futures import Future
 from typing import Any, Awaitable, Callable
 
 import orjson
@@ -36,6 +37,7 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from spanrl.collector.admission import DECODE_FACTOR, Admission, DecodeBudget
+from spanrl.collector.encoding import EncodedBatch
 from spanrl.collector.fast_decode import decode_otlp_body
 from spanrl.collector.errors import PayloadTooLargeError, PermanentError, RetryableError, UnauthenticatedError
 from spanrl.collector.grpc import BatchConsumer
@@ -225,11 +227,10 @@ class OtlpHttpApp:
         if ctype not in (_PROTOBUF_TYPE, _JSON_TYPE):
             raise _HttpError(415, f"Content-Type {ctype!r} is not supported; use {_PROTOBUF_TYPE} or {_JSON_TYPE}", grpc_code=_GRPC_INVALID_ARGUMENT)
         held.body_bytes = len(body)
-        # the C fast path, else the Python decoder; raises only PermanentError / RetryableError
-        batch = await asyncio.to_thread(decode_otlp_body, body, as_json=ctype == _JSON_TYPE, budget=held)
+        # off the event loop: decoding, the sender's rules and the reward check are CPU work on every span
+        batch, committed = await asyncio.to_thread(self._decode_and_queue, body, ctype == _JSON_TYPE, held,
+                                                   headers.get("authorization"))
         del body
-        batch = admit(batch, self._tokens, self._claims, headers.get("authorization"))
-        committed = self._next.consume(batch)
         held.release()  # the batcher's queue cap counts the batch from here on
         await asyncio.wrap_future(committed)
         if ctype == _JSON_TYPE:
@@ -243,6 +244,14 @@ class OtlpHttpApp:
                 response.partial_success.rejected_spans = batch.rejected
                 response.partial_success.error_message = batch.error_message
             await _respond(send, 200, response.SerializeToString(), _PROTOBUF_TYPE)
+
+    def _decode_and_queue(self, body: bytes, as_json: bool, held: DecodeBudget,
+                          authorization: str | None) -> tuple[EncodedBatch, Future[int]]:
+        """Decode (the C fast path, else Python; raises only PermanentError / RetryableError), keep what the
+        sender may send, and hand the batch on (the reward check, then the batcher, both thread-safe)."""
+        batch = decode_otlp_body(body, as_json=as_json, budget=held)
+        batch = admit(batch, self._tokens, self._claims, authorization)
+        return batch, self._next.consume(batch)
 
     async def _sql(self, send: Send, body: bytes, headers: dict[str, str]) -> None:
         try:
