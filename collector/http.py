@@ -42,12 +42,12 @@ from spanrl.collector.fast_decode import decode_otlp_body
 from spanrl.collector.errors import PayloadTooLargeError, PermanentError, RetryableError, UnauthenticatedError
 from spanrl.collector.grpc import BatchConsumer
 from spanrl.collector.identity import RolloutClaims, admit
+from spanrl.collector.retention import prune_and_forget
 from spanrl.collector.sql import SqlRunner
 from spanrl.errors import CollectorError, StoreError
 from spanrl.http_server import ThreadedServer, bind
 from spanrl.store import SpanStore
 from spanrl.store.kept_rollouts import materialize
-from spanrl.store.maintenance import prune
 from spanrl.trust import Tokens, browser_refusal
 
 __all__ = ["ARROW_STREAM_TYPE", "HttpReceiver"]
@@ -276,7 +276,7 @@ class OtlpHttpApp:
         older = doc.get("older_than_s") if isinstance(doc, dict) else None
         if isinstance(older, bool) or not isinstance(older, (int, float)) or older < 0:
             raise PermanentError(f'prune request needs "older_than_s" as a number >= 0, got {older!r}')
-        deleted = await asyncio.to_thread(prune, self._store, float(older))
+        deleted = await asyncio.to_thread(prune_and_forget, self._store, float(older), self._claims)
         await _respond(send, 200, orjson.dumps({"deleted_spans": deleted}), _JSON_TYPE)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import pyarrow as pa
@@ -68,6 +69,9 @@ def for_sender(batch: EncodedBatch, tokens: Tokens, authorization: str | None) -
     return EncodedBatch(table, batch.accepted, batch.rejected, batch.error_message)
 
 
+_IN_FLIGHT_S = 60.0  # a batch admitted this long before a prune has been committed by the time it scans
+_CLAIMED_IDS_SQL = "SELECT DISTINCT rollout_id FROM spans WHERE rollout_id IS NOT NULL"
+
 # The spans that neither claim a rollout nor are refused for naming one (see the module docstring).
 _UNCLAIMED_SQL = f"""
 SELECT rollout_id, arg_min(coalesce(service_name, ''), ingested_ns) AS service
@@ -80,10 +84,11 @@ GROUP BY rollout_id
 
 class RolloutClaims:
     """Which service owns each rollout id: loaded from the store at start, then kept in memory (about 100
-    bytes a rollout) as batches are admitted. Thread-safe."""
+    bytes a rollout) as batches are admitted, and forgotten when a prune deletes the rollout. Thread-safe."""
 
     def __init__(self, owners: dict[str, str] | None = None) -> None:
         self._owners = dict(owners or {})
+        self._named: dict[str, float] = {}  # rollout id -> when a batch last named it (time.monotonic())
         self._lock = threading.Lock()
 
     @classmethod
@@ -91,6 +96,24 @@ class RolloutClaims:
         """The claims already in ``store`` (one scan of the spans with a rollout id)."""
         table = store.sql(_UNCLAIMED_SQL)
         return cls(dict(zip(table.column("rollout_id").to_pylist(), table.column("service").to_pylist())))
+
+    def forget_pruned(self, store: Any, started: float) -> int:
+        """Forget the claims of rollouts ``store`` no longer holds (a prune deleted them), so memory stays
+        bounded by the store. A rollout a batch named within ``_IN_FLIGHT_S`` of ``started`` (the prune's
+        ``time.monotonic()``) keeps its claim: its spans may be admitted but not yet committed. Returns how
+        many claims were forgotten."""
+        present = set(store.sql(_CLAIMED_IDS_SQL).column("rollout_id").to_pylist())
+        with self._lock:
+            gone = [rid for rid in self._owners
+                    if rid not in present and self._named.get(rid, 0.0) < started - _IN_FLIGHT_S]
+            for rid in gone:
+                del self._owners[rid]
+                self._named.pop(rid, None)
+        return len(gone)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._owners)
 
     def owner(self, rollout_id: str) -> str | None:
         """The service that claimed ``rollout_id`` ('' for spans without a service name), or None."""
@@ -126,8 +149,10 @@ class RolloutClaims:
             chosen = pa.table({"r": rollout, "s": pc.fill_null(service, "")}).filter(keep).group_by(["r", "s"]).aggregate([])
             pairs = list(zip(chosen.column("r").to_pylist(), chosen.column("s").to_pylist()))
         refused: dict[tuple[str, str], str] = {}
+        now = time.monotonic()
         with self._lock:
             for rid, svc in pairs:
+                self._named[rid] = now
                 owner = self._owners.setdefault(rid, svc)
                 if owner != svc:
                     refused[(rid, svc)] = owner

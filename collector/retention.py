@@ -2,7 +2,7 @@
 in the background.
 
 A daemon thread runs `spanrl.store.prune` (one transaction on its own cursor, like ``POST /v1/prune``)
-every ``interval_s``: whole rollouts whose last span was *ingested* more than ``retention_s`` ago, and
+every ``interval_s`` (and forgets the rollout claims of what it deleted): whole rollouts whose last span was *ingested* more than ``retention_s`` ago, and
 rollout-less spans ingested before then. Ingest time, not the sender's ``end_ns``: a span stamped far in
 the future is pruned like any other. It never holds the writer. Errors are logged, never fatal.
 """
@@ -11,15 +11,26 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
+from spanrl.collector.identity import RolloutClaims
 from spanrl.store import SpanStore
 from spanrl.store.maintenance import prune
 
-__all__ = ["Retention", "retention_interval_s"]
+__all__ = ["Retention", "prune_and_forget", "retention_interval_s"]
 
 _logger = logging.getLogger(__name__)
 _MAX_INTERVAL_S = 600.0
 _MIN_INTERVAL_S = 0.5
+
+
+def prune_and_forget(store: SpanStore, older_than_s: float, claims: RolloutClaims | None) -> int:
+    """`prune`, then forget the rollout claims of what it deleted. Returns the number of spans deleted."""
+    started = time.monotonic()
+    deleted = prune(store, older_than_s)
+    if claims is not None and deleted:
+        claims.forget_pruned(store, started)
+    return deleted
 
 
 def retention_interval_s(retention_s: float) -> float:
@@ -30,8 +41,10 @@ def retention_interval_s(retention_s: float) -> float:
 class Retention:
     """Runs `prune(store, retention_s)` in a daemon thread every ``interval_s``."""
 
-    def __init__(self, store: SpanStore, *, retention_s: float, interval_s: float | None = None) -> None:
+    def __init__(self, store: SpanStore, *, retention_s: float, interval_s: float | None = None,
+                 claims: RolloutClaims | None = None) -> None:
         self._store = store
+        self._claims = claims
         self._retention_s = retention_s
         self._interval_s = retention_interval_s(retention_s) if interval_s is None else interval_s
         self._stop = threading.Event()
@@ -52,7 +65,7 @@ class Retention:
     def _loop(self) -> None:
         while not self._stop.wait(self._interval_s):
             try:
-                deleted = prune(self._store, self._retention_s)
+                deleted = prune_and_forget(self._store, self._retention_s, self._claims)
             except Exception as exc:  # the store may be reopening or closing: try again next time
                 _logger.warning("retention: pruning spans older than %.0f s failed: %s", self._retention_s,
                                 str(exc).splitlines()[0])

@@ -88,10 +88,10 @@ class Collector:
             _warm_up()
             if cfg.materialize_interval_s is not None:
                 self._materializer = Materializer(self._store, interval_s=cfg.materialize_interval_s).start()
-            if cfg.retention_s is not None:
-                self._retention = Retention(self._store, retention_s=cfg.retention_s).start()
             retry_s = cfg.batcher.retry_after_s
             claims = RolloutClaims.load(self._store) if cfg.claim_rollouts else None
+            if cfg.retention_s is not None:
+                self._retention = Retention(self._store, retention_s=cfg.retention_s, claims=claims).start()
             # One byte budget for both receivers; a request count for each.
             inflight_bytes = Admission(max_requests=1, max_bytes=cfg.max_inflight_bytes, retry_after_s=retry_s)
             if cfg.grpc_port != -1:
