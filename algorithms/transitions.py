@@ -111,9 +111,9 @@ class TransitionBatch:
         return self._table
 
     def to_padded(self, *, pad_token_id: int) -> Any:
-        """The transitions as a ``spanrl.algorithms.base.PaddedBatch`` of (B, T) tensors, straight from
+        """The transitions as a ``spanrl.algorithms.padding.PaddedBatch`` of (B, T) tensors, straight from
         the Arrow columns (no dataclass per row; what GRPO and PPO train on)."""
-        from spanrl.algorithms.base import pad_transitions
+        from spanrl.algorithms.padding import pad_transitions
 
         return pad_transitions(self, pad_token_id=pad_token_id)
 
