@@ -24,19 +24,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from spanrl.algorithms.base import (
-    Algorithm,
-    check_report_to,
-    check_transitions,
-    load_checkpoint,
-    load_policy,
-    rng_state,
-    save_checkpoint,
-    seed_everything,
-    set_rng_state,
-    transitions_of,
-    without_train_start_gc,
-)
+from spanrl.algorithms.base import Algorithm
+from spanrl.algorithms.checkpoints import (load_checkpoint, load_policy, rng_state, save_checkpoint, seed_everything,
+                                          set_rng_state)
+from spanrl.algorithms.hf_trainer import without_train_start_gc
+from spanrl.algorithms.tables import check_transitions, transitions_of
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.errors import ConfigError
 
@@ -130,12 +122,9 @@ class DPO(Algorithm):
         super().__init__(config, **fields)
         self.ref_model: Any = None
 
-    def setup(
-        self, *, model_path: Path, output_dir: Path, seed: int = 0, report_to: Sequence[str] = ()
-    ) -> None:
+    def setup(self, *, model_path: Path, output_dir: Path, seed: int = 0) -> None:
         """Load the policy (and a frozen copy as the reference) from ``model_path``; build AdamW."""
         cfg = self.config
-        self._report_to = check_report_to(report_to)
         seed_everything(seed)
         model, self.tokenizer = load_policy(model_path, lora=cfg.lora)  # with LoRA, reference = adapter disabled
         if cfg.lora is None:
@@ -178,7 +167,7 @@ class DPO(Algorithm):
             use_cpu=not torch.cuda.is_available(),
             bf16=False,
             seed=self._seed + self.step,
-            report_to=self._report_to or "none",
+            report_to="none",  # metrics are returned; the caller reports them (each key once)
             beta=cfg.beta,
             loss_type=[cfg.loss_type],
             learning_rate=cfg.learning_rate,

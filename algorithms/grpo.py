@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -39,19 +38,10 @@ from spanrl.algorithms.batching import (
 )
 from spanrl.algorithms.distributed import all_reduce_sum, average_gradients, refuse_sharding, world
 from spanrl.algorithms.sharding import Sharding, fsdp_requested
-from spanrl.algorithms.base import (
-    Algorithm,
-    PaddedBatch,
-    check_report_to,
-    check_transitions,
-    fill_missing_logprobs,
-    load_checkpoint,
-    load_policy,
-    pad_transitions,
-    save_checkpoint,
-    seed_everything,
-    transition_table,
-)
+from spanrl.algorithms.base import Algorithm
+from spanrl.algorithms.checkpoints import load_checkpoint, load_policy, save_checkpoint, seed_everything
+from spanrl.algorithms.padding import PaddedBatch, fill_missing_logprobs, pad_transitions
+from spanrl.algorithms.tables import check_transitions, transition_table
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.errors import ConfigError, TrainingError
 
@@ -214,16 +204,13 @@ class GRPO(Algorithm):
         """FSDP2 over every rank (an FSDP launch with several processes), else None."""
 
     # --- setup ------------------------------------------------------------------------------------
-    def setup(
-        self, *, model_path: Path, output_dir: Path, seed: int = 0, report_to: Sequence[str] = ()
-    ) -> None:
+    def setup(self, *, model_path: Path, output_dir: Path, seed: int = 0) -> None:
         """Load the HF folder ``model_path`` and build the GRPOTrainer, optimizer and scheduler."""
         from datasets import Dataset
         from trl import GRPOConfig as TRLGRPOConfig
 
         cfg = self.config
         refuse_sharding("GRPO", fsdp=True, lora=cfg.lora is not None)  # before any model is loaded or rollout run
-        reporters = check_report_to(report_to)
         seed_everything(seed)
         output_dir = Path(output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -237,7 +224,7 @@ class GRPO(Algorithm):
             # TRL 1.16 cannot cast a PEFT model's head (it looks for embed_tokens on the wrong module)
             cast_lm_head_to_fp32=self.bf16 and cfg.fp32_lm_head and cfg.lora is None,
             seed=seed,
-            report_to=reporters or "none",
+            report_to="none",  # metrics are returned; the caller reports them (each key once)
             learning_rate=cfg.learning_rate,
             weight_decay=cfg.weight_decay,
             lr_scheduler_type=cfg.lr_scheduler_type,
@@ -278,9 +265,6 @@ class GRPO(Algorithm):
         self.tokenizer = tokenizer
         self._output_dir = output_dir
         self._seed = seed
-        self._reporters = reporters
-        if reporters:  # the HF callbacks (TensorBoard, W&B) start a run on train begin
-            self.trainer.callback_handler.on_train_begin(args, self.trainer.state, self.trainer.control)
 
     # --- update -----------------------------------------------------------------------------------
     def update(self, batch: TransitionBatch) -> dict[str, float]:
@@ -434,10 +418,6 @@ class GRPO(Algorithm):
         }
         if self.config.beta:
             metrics["losses/kl_ref"] = trl_metrics.get("kl", 0.0)
-        if self._reporters:
-            from transformers import Trainer
-
-            Trainer.log(self.trainer, dict(metrics))
         return metrics
 
     # --- checkpoints ------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
-"""Arrow list columns -> padded (B, T) tensors: row lengths, the real-token layout, and the fills.
+"""Transitions -> padded (B, T) tensors: :func:`pad_transitions`, the real-token layout, and the fills.
 
-`pad_transitions` (``spanrl.algorithms.base``) and `check_transitions` read transitions through these.
+:class:`PaddedBatch` is TRL's layout (prompts left-padded, completions right-padded); its ``old_logprobs``
+are NaN where the server gave none, and :func:`fill_missing_logprobs` computes only those rows.
+
 Writing the tensors is bound by page faults (50k transitions of 300 + 60 tokens: ~180 MB of fresh pages,
 mostly the int64 ids, each faulted in and zeroed by the kernel on first touch: ~0.06 s per 120 MB here,
 against 0.015 s into memory already touched). So the masks are bool, one byte a token: the real-token
@@ -14,38 +16,110 @@ docs/architecture.md). The fields are still filled one after another.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
-__all__ = ["fill_rows", "flat_values", "list_lengths", "mask_tensor", "new_tensor", "real_positions", "values_within"]
+from spanrl.algorithms.tables import flat_values, list_lengths, transition_table
+
+if TYPE_CHECKING:  # pragma: no cover
+    from spanrl.algorithms.transitions import Transition, TransitionBatch
+
+__all__ = ["PaddedBatch", "fill_missing_logprobs", "fill_rows", "mask_tensor", "new_tensor", "pad_transitions",
+           "real_positions"]
 
 
-def list_lengths(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """Entries per row of a list column (a null list counts as empty), as int64."""
-    return np.asarray(pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+@dataclasses.dataclass
+class PaddedBatch:
+    """Transitions as tensors: prompts left-padded, completions right-padded (TRL's layout)."""
+
+    prompt_ids: torch.Tensor  # (B, P) long
+    prompt_mask: torch.Tensor  # (B, P) bool, True = real token
+    completion_ids: torch.Tensor  # (B, C) long
+    completion_mask: torch.Tensor  # (B, C) bool, True = real token (attention)
+    loss_mask: torch.Tensor  # (B, C) bool, True = policy-generated token that the loss counts
+    old_logprobs: torch.Tensor | None  # (B, C) float32, sampling log-probs, NaN = unknown; None = none given
+    advantages: torch.Tensor  # (B,) float32
+    rewards: torch.Tensor  # (B,) float32
+
+    def select(self, index: torch.Tensor | slice) -> PaddedBatch:
+        """The rows ``index`` of every tensor."""
+        return PaddedBatch(
+            **{
+                f.name: (None if getattr(self, f.name) is None else getattr(self, f.name)[index])
+                for f in dataclasses.fields(self)
+            }
+        )
 
 
-def flat_values(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """The values of a list column's rows, concatenated in row order (null rows contribute nothing)."""
-    flat = pc.list_flatten(column)
-    return flat.to_numpy() if flat.null_count == 0 else flat.to_numpy(zero_copy_only=False)
+def pad_transitions(transitions: TransitionBatch | pa.Table | Sequence[Transition], *,
+                    pad_token_id: int) -> PaddedBatch:
+    """Pad transitions into a :class:`PaddedBatch`. ``old_logprobs``: the server's log-probs where a
+    transition has them, NaN on the completion tokens of one that has none (retokenized: recompute
+    those rows only, :func:`fill_missing_logprobs`); None when no transition has any.
+
+    Columnar: each (B, T) tensor is allocated once and filled from the Arrow list column's flattened
+    values through a boolean mask of the padded layout (row-major order is the order of the values; one
+    reshaped copy per block of rows of an Arrow chunk when every row is full; blocks of rows on a few
+    threads, :func:`fill_rows`), no Python per row. The masks are bool (the attention masks are those
+    layouts themselves): where a consumer wants numbers (TRL's inputs, a model's ``attention_mask``) it
+    converts its slice."""
+    table = transition_table(transitions)
+    n_p, n_c = list_lengths(table.column("prompt_ids")), list_lengths(table.column("completion_ids"))
+    bsz, max_p, max_c = len(n_p), int(n_p.max(initial=0)), int(n_c.max(initial=0))
+    p_real = real_positions(n_p, max_p, left=True)  # left-padded prompts; None: every row full
+    c_real = real_positions(n_c, max_c, left=False)  # right-padded completions
+    prompt_mask, completion_mask = mask_tensor(p_real, (bsz, max_p)), mask_tensor(c_real, (bsz, max_c))
+    prompt_ids, p_ids = new_tensor((bsz, max_p), torch.long)
+    fill_rows(p_ids, p_real, table.column("prompt_ids"), pad_token_id)
+    completion_ids, c_ids = new_tensor((bsz, max_c), torch.long)
+    fill_rows(c_ids, c_real, table.column("completion_ids"), pad_token_id)
+    loss_mask, loss = new_tensor((bsz, max_c), torch.bool)
+    fill_rows(loss, c_real, table.column("completion_mask"), False)  # int8 0/1 -> bool (nonzero: True)
+    n_lp = list_lengths(table.column("old_logprobs"))
+    known = (n_lp > 0) & (n_lp == n_c)
+    old_logprobs = None
+    if known.all() and len(known):
+        old_logprobs, old = new_tensor((bsz, max_c), torch.float32)
+        fill_rows(old, c_real, table.column("old_logprobs"), 0.0)
+    elif known.any():
+        old_logprobs, old = new_tensor((bsz, max_c), torch.float32)
+        real = c_real if c_real is not None else np.ones(old.shape, dtype=bool)
+        old.fill(0.0)
+        old[real & known[:, None]] = flat_values(table.column("old_logprobs").filter(pa.array(known)))
+        old[real & ~known[:, None]] = np.nan
+    column = lambda name: np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=np.float32)  # noqa: E731
+    return PaddedBatch(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        loss_mask=loss_mask,
+        old_logprobs=old_logprobs,
+        advantages=torch.from_numpy(column("advantage")),
+        rewards=torch.from_numpy(column("reward")),
+    )
 
 
-def values_within(column: pa.ChunkedArray, low: int, high: int) -> bool:
-    """Whether every value of the list column's rows lies in ``[low, high)``: one min/max pass per Arrow
-    chunk over its values in place (`flat_values` of a column of several chunks copies them all first)."""
-    for chunk in column.chunks:
-        bounds = pc.min_max(pc.list_flatten(chunk)).as_py()
-        if bounds["min"] is not None and (bounds["min"] < low or bounds["max"] >= high):
-            return False
-    return True
+def fill_missing_logprobs(data: PaddedBatch, logprobs_of: Callable[[PaddedBatch], torch.Tensor]) -> torch.Tensor:
+    """``data.old_logprobs`` (B, C) with its unknown rows (a NaN, or every row when None) computed by
+    ``logprobs_of`` (the current policy) on those rows only; the server's log-probs are kept."""
+    known = data.old_logprobs
+    if known is None:
+        return logprobs_of(data)
+    rows = torch.isnan(known).any(dim=1).nonzero().squeeze(1)  # (b,)
+    if not len(rows):
+        return known
+    filled = known.clone()
+    filled[rows] = logprobs_of(data.select(rows)).to(filled.dtype)
+    return filled
 
 
 def new_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, np.ndarray]:

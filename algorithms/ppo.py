@@ -18,27 +18,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from spanrl.algorithms.base import (
-    Algorithm,
-    PaddedBatch,
-    Reporter,
-    check_report_to,
-    check_transitions,
-    config_dict,
-    fill_missing_logprobs,
-    load_checkpoint,
-    load_policy,
-    pad_transitions,
-    save_checkpoint,
-    seed_everything,
-    transition_table,
-)
+from spanrl.algorithms.base import Algorithm
+from spanrl.algorithms.checkpoints import load_checkpoint, load_policy, save_checkpoint, seed_everything
+from spanrl.algorithms.padding import PaddedBatch, fill_missing_logprobs, pad_transitions
+from spanrl.algorithms.tables import check_transitions, transition_table
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.errors import ConfigError
 
@@ -192,15 +180,12 @@ class PPO(Algorithm):
         super().__init__(config, **fields)
         self.critic: Any = None
 
-    def setup(
-        self, *, model_path: Path, output_dir: Path, seed: int = 0, report_to: Sequence[str] = ()
-    ) -> None:
+    def setup(self, *, model_path: Path, output_dir: Path, seed: int = 0) -> None:
         """Load the policy and a critic with the same backbone from ``model_path``; build AdamW."""
         from transformers import AutoModelForTokenClassification
         from transformers.utils import logging as hf_logging
 
         cfg = self.config
-        check_report_to(report_to)
         seed_everything(seed)
         policy, self.tokenizer = load_policy(model_path, lora=cfg.lora)
         verbosity = hf_logging.get_verbosity()
@@ -221,7 +206,6 @@ class PPO(Algorithm):
         self._seed = seed
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        self.reporter = Reporter(report_to, self.output_dir, config=config_dict(cfg))
 
     @torch.no_grad()
     def values(self, batch: TransitionBatch) -> list[float]:
@@ -302,7 +286,6 @@ class PPO(Algorithm):
             "charts/update_seconds": time.perf_counter() - started,
             "charts/step": float(self.step),
         }
-        self.reporter.log(metrics, self.step)
         return metrics
 
     def save(self, checkpoint_dir: Path) -> None:

@@ -22,19 +22,11 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from spanrl.algorithms.base import (
-    Algorithm,
-    check_report_to,
-    check_transitions,
-    load_checkpoint,
-    load_policy,
-    rng_state,
-    save_checkpoint,
-    seed_everything,
-    set_rng_state,
-    transitions_of,
-    without_train_start_gc,
-)
+from spanrl.algorithms.base import Algorithm
+from spanrl.algorithms.checkpoints import (load_checkpoint, load_policy, rng_state, save_checkpoint, seed_everything,
+                                          set_rng_state)
+from spanrl.algorithms.hf_trainer import without_train_start_gc
+from spanrl.algorithms.tables import check_transitions, transitions_of
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.errors import ConfigError
 
@@ -97,12 +89,9 @@ class SFT(Algorithm):
     needs_values: ClassVar[bool] = False
     config_class: ClassVar[type] = SFTConfig
 
-    def setup(
-        self, *, model_path: Path, output_dir: Path, seed: int = 0, report_to: Sequence[str] = ()
-    ) -> None:
+    def setup(self, *, model_path: Path, output_dir: Path, seed: int = 0) -> None:
         """Load the HF folder ``model_path``; build the AdamW kept across updates."""
         cfg = self.config
-        self._report_to = check_report_to(report_to)
         seed_everything(seed)
         model, self.tokenizer = load_policy(model_path, lora=cfg.lora)
         self.model = model
@@ -146,7 +135,7 @@ class SFT(Algorithm):
             use_cpu=not torch.cuda.is_available(),
             bf16=False,
             seed=self._seed + self.step,
-            report_to=self._report_to or "none",
+            report_to="none",  # metrics are returned; the caller reports them (each key once)
             learning_rate=cfg.learning_rate,
             max_grad_norm=cfg.max_grad_norm,
             num_train_epochs=cfg.epochs,
@@ -167,7 +156,7 @@ class SFT(Algorithm):
             processing_class=self.tokenizer,
             optimizers=(self.optimizer, torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)),
         )
-        trainer.remove_callback(PrinterCallback)  # metrics go to the caller and report_to, not stdout
+        trainer.remove_callback(PrinterCallback)  # metrics go to the caller, not stdout
         without_train_start_gc(trainer)
         result = trainer.train()
         set_rng_state(rng)

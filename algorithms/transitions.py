@@ -32,30 +32,12 @@ import pyarrow.compute as pc
 
 from spanrl.algorithms.credit import CreditConfig, CreditResult, MissingValueError, assign_credit, state_ids
 from spanrl.algorithms.retokenize import retokenize
+from spanrl.algorithms.tables import TRANSITIONS_SCHEMA
 from spanrl.errors import ConfigError
 from spanrl.store.decomposer import Selection, decompose
 
 __all__ = ["TRANSITIONS_SCHEMA", "Transition", "TransitionBatch", "load_training_batch", "load_transitions"]
 
-TRANSITIONS_SCHEMA = pa.schema(
-    [
-        ("rollout_id", pa.string()),
-        ("task_id", pa.string()),
-        ("attempt", pa.int32()),
-        ("agent", pa.string()),
-        ("step", pa.int32()),
-        ("prompt_ids", pa.list_(pa.int32())),
-        ("completion_ids", pa.list_(pa.int32())),
-        ("completion_mask", pa.list_(pa.int8())),
-        ("old_logprobs", pa.list_(pa.float32())),
-        ("reward", pa.float64()),
-        ("advantage", pa.float64()),
-        ("policy_version", pa.int32()),
-        ("retokenized", pa.bool_()),
-        ("temperature", pa.float64()),
-    ]
-)
-"""Columns of `TransitionBatch.to_arrow` (and of ``spanrl export transitions``)."""
 _TEMPERATURE_TOLERANCE = 1e-6  # recorded as a double by the server; float32 round trips stay within it
 # The decomposer's call columns read here: the rest (rewards_after, span ids, clocks) are not computed
 _CALL_COLUMNS_READ = ("rollout_id", "task_id", "attempt", "agent", "step", "rollout_calls", "policy_version",
@@ -111,9 +93,9 @@ class TransitionBatch:
         return self._table
 
     def to_padded(self, *, pad_token_id: int) -> Any:
-        """The transitions as a ``spanrl.algorithms.base.PaddedBatch`` of (B, T) tensors, straight from
+        """The transitions as a ``spanrl.algorithms.padding.PaddedBatch`` of (B, T) tensors, straight from
         the Arrow columns (no dataclass per row; what GRPO and PPO train on)."""
-        from spanrl.algorithms.base import pad_transitions
+        from spanrl.algorithms.padding import pad_transitions
 
         return pad_transitions(self, pad_token_id=pad_token_id)
 

@@ -294,7 +294,7 @@ def time_stages(store: object, rounds: int, old_rounds: int, label: str = "cold"
     import torch
 
     import spanrl.algorithms.transitions as transitions_module
-    from spanrl.algorithms.base import check_transitions
+    from spanrl.algorithms.tables import check_transitions
     from spanrl.algorithms.credit import CreditConfig
     from spanrl.algorithms.transitions import load_transitions
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from pathlib import Path
 
-from spanrl.algorithms.reporters import check_report_to
+from spanrl.trainer.reporting import check_report_to
 from spanrl.errors import ConfigError
 from spanrl.rollouts.policy_pool import ServingConfig
 from spanrl.rollouts.runner import RolloutJob, RunnerConfig

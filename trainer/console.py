@@ -2,13 +2,14 @@
 
     step  3/30  reward 0.62  held-out 0.80  kl 0.0012  rollouts 128  12.3 s
 
-Whole rows (every metric) go to the log file through :func:`spanrl.trainer.reporting.log_row`; the
-terminal gets this line. With ``enabled=False`` (``progress=False``) nothing is printed.
+Whole rows (every metric) go to the log file through :class:`spanrl.trainer.reporting.RowLog`; the
+terminal gets this line. The Trainer adds the console to its callbacks when ``progress`` is on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from spanrl.trainer.reporting import Callback
@@ -45,36 +46,35 @@ def step_line(row: Mapping[str, Any], max_steps: int | None = None) -> str:
 
 
 class Console(Callback):
-    """A rich progress bar (steps, plus one bar per batch of rollouts) and a line per recorded row.
+    """A line per recorded row, an ordinary callback like the others; while the loop runs
+    (``with console.running(done):``) a rich progress bar of the steps, plus one bar per batch of
+    rollouts (:meth:`rollout_bar`), on a terminal."""
 
-    Use as a context manager around the loop; :meth:`rollout_bar` gives the runner's ``advance``."""
-
-    def __init__(self, *, enabled: bool, max_steps: int, done: int = 0) -> None:
-        self.enabled = enabled
+    def __init__(self, *, max_steps: int) -> None:
         self.max_steps = max_steps
-        self._done = done
         self._progress: Any = None
         self._steps_bar: Any = None
 
-    def __enter__(self) -> Console:
-        if self.enabled:
-            from rich.console import Console as RichConsole
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    @contextlib.contextmanager
+    def running(self, done: int = 0) -> Iterator[Console]:
+        """The progress bar from ``done`` steps until the block ends (output captured or piped: none,
+        the step lines only)."""
+        from rich.console import Console as RichConsole
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            if not RichConsole().is_terminal:  # output captured or piped: the step lines only
-                return self
+        if self._progress is None and RichConsole().is_terminal:
             self._progress = Progress(
                 TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True
             )
             self._progress.start()
-            self._steps_bar = self._progress.add_task("steps", total=self.max_steps, completed=self._done)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+            self._steps_bar = self._progress.add_task("steps", total=self.max_steps, completed=done)
+        try:
+            yield self
+        finally:
+            self.close()
 
     def rollout_bar(self, mode: str, total: int) -> tuple[Callable[[], None], Callable[[], None]]:
-        """``(advance, remove)`` for a bar over ``total`` rollouts (no-ops when disabled)."""
+        """``(advance, remove)`` for a bar over ``total`` rollouts (no-ops without a progress bar)."""
         if self._progress is None:
             return (lambda: None), (lambda: None)
         progress = self._progress
@@ -82,8 +82,6 @@ class Console(Callback):
         return (lambda: progress.advance(bar)), (lambda: progress.remove_task(bar))
 
     def on_row(self, row: Mapping[str, Any]) -> None:
-        if not self.enabled:
-            return
         if self._progress is None:
             print(step_line(row, self.max_steps), flush=True)
             return
@@ -93,6 +91,7 @@ class Console(Callback):
             self._progress.update(self._steps_bar, completed=step)
 
     def close(self) -> None:
+        """Stop the progress bar; safe twice (the lines go on, plain)."""
         if self._progress is not None:
             self._progress.stop()
             self._progress = None

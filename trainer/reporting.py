@@ -1,13 +1,16 @@
-"""Reporting as callbacks: every history row goes to each :class:`Callback` in turn.
+"""Reporting as callbacks: every history row goes to each :class:`Callback` in turn, and nowhere else.
 
 One contract (``on_row(row)``, ``on_end(history)``, ``close()``) for everything that reports:
 
 - :class:`HistoryFile`: ``history.jsonl`` (one JSON line per row);
-- :class:`Scalars`: TensorBoard / W&B, through the one scalar writer
-  :class:`spanrl.algorithms.base.Reporter` (``log(metrics, step)``) that PPO's own loop uses too;
+- :class:`RowLog`: the whole row to the log file;
+- :class:`Scalars`: TensorBoard / W&B (``report_to``), the only scalar writer;
 - :class:`~spanrl.trainer.console.Console`: the progress bar and one readable line per step;
 - :class:`CurvePlot`: ``reward_curve.png`` at the end;
 - :class:`NonFiniteGuard`: stops training after ``max_bad_updates`` updates in a row with a non-finite loss.
+
+Algorithms return their metrics and write no reports (their HF trainers run with ``report_to="none"``);
+the Trainer merges them into the step's row, so each key is written once per step.
 
 A row is a flat dict with ``step`` plus numbers (and a few lists / dicts, e.g. ``transitions_report``);
 a step's seconds per stage come from a :class:`StageClock` as ``time/<stage>_s``.
@@ -24,9 +27,27 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Callback", "CurvePlot", "HistoryFile", "NonFiniteGuard", "Scalars", "StageClock", "log_row", "scalars_of"]
+__all__ = [
+    "Callback", "CurvePlot", "HistoryFile", "NonFiniteGuard", "REPORTERS", "RowLog", "Scalars", "StageClock",
+    "check_report_to", "scalars_of",
+]
 
 _logger = logging.getLogger(__name__)
+
+REPORTERS = ("none", "tensorboard", "wandb")
+"""What ``report_to`` may name."""
+
+
+def check_report_to(report_to: str | Sequence[str]) -> list[str]:
+    """``report_to`` as a list without ``none``, each entry one of ``none``, ``tensorboard``, ``wandb``."""
+    if isinstance(report_to, str):
+        report_to = [report_to]
+    for name in report_to:
+        if name not in REPORTERS:
+            from spanrl.errors import ConfigError
+
+            raise ConfigError(f"report_to entries must be one of {REPORTERS}, got {name!r}")
+    return [r for r in report_to if r != "none"]
 
 
 class Callback:
@@ -78,30 +99,55 @@ class NonFiniteGuard(Callback):
 
 
 def scalars_of(row: Mapping[str, Any]) -> dict[str, float]:
-    """The row's numbers, keyed as CleanRL does (``charts/`` for keys without a section)."""
+    """The row's numbers as scalar tags: a key with a section (``losses/``, ``charts/``, ``time/``, ``apo/``)
+    as it is; the Trainer's own keys under ``trainer/`` (``reward_mean``: the rollouts' mean final reward,
+    not the algorithm's ``charts/reward_mean`` of its transitions; one tag each)."""
     return {
-        ("charts/" + k if "/" not in k else k): float(v)
+        ("trainer/" + k if "/" not in k else k): float(v)
         for k, v in row.items()
         if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
     }
 
 
 class Scalars(Callback):
-    """TensorBoard (``output_dir/runs``) and/or W&B scalars, one ``log`` per row."""
+    """TensorBoard (``output_dir/runs``, the config as text) and/or W&B scalars, one write per row."""
 
     def __init__(self, report_to: Sequence[str], output_dir: Path, config: dict[str, Any]) -> None:
-        from spanrl.algorithms.base import Reporter
+        self._writers: list[Any] = []
+        for name in check_report_to(report_to):
+            if name == "tensorboard":
+                from torch.utils.tensorboard import SummaryWriter
 
-        self._reporter: Any = Reporter([r for r in report_to if r != "none"], output_dir, config=config)
+                writer = SummaryWriter(log_dir=str(Path(output_dir) / "runs"))
+                writer.add_text("config", json.dumps(config, indent=2, default=str))
+                self._writers.append(writer)
+            elif name == "wandb":
+                try:
+                    import wandb
+                except ImportError:
+                    from spanrl.errors import ConfigError
+
+                    raise ConfigError("report_to='wandb' needs the wandb package: pip install wandb") from None
+                self._writers.append(wandb.run or wandb.init(project="spanrl", config=config, dir=str(output_dir)))
 
     def on_row(self, row: Mapping[str, Any]) -> None:
-        if self._reporter is not None:
-            self._reporter.log(scalars_of(row), int(row["step"]))
+        scalars, step = scalars_of(row), int(row["step"])
+        for writer in self._writers:
+            if hasattr(writer, "add_scalar"):
+                for key, value in scalars.items():
+                    writer.add_scalar(key, value, step)
+                writer.flush()
+            else:
+                writer.log(scalars, step=step)
 
     def close(self) -> None:
-        if self._reporter is not None:
-            self._reporter.close()
-            self._reporter = None
+        """Close the TensorBoard writers and finish the W&B run; safe twice."""
+        for writer in self._writers:
+            if hasattr(writer, "add_scalar"):
+                writer.close()
+            else:
+                writer.finish()
+        self._writers = []
 
 
 class CurvePlot(Callback):
@@ -116,9 +162,11 @@ class CurvePlot(Callback):
         plot_reward_curve(history, self.path, title=self.title)
 
 
-def log_row(row: Mapping[str, Any]) -> None:
+class RowLog(Callback):
     """The whole row, for the log file (the terminal shows the console's short line instead)."""
-    _logger.info("step %s: %s", row.get("step"), {k: v for k, v in row.items() if k != "step"})
+
+    def on_row(self, row: Mapping[str, Any]) -> None:
+        _logger.info("step %s: %s", row.get("step"), {k: v for k, v in row.items() if k != "step"})
 
 
 class StageClock:

@@ -37,6 +37,7 @@ the history on rank 0 and an empty list elsewhere.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import json
@@ -73,7 +74,7 @@ from spanrl.trainer.config import (
 )
 from spanrl.trainer.console import Console
 from spanrl.trainer.overlap import RolloutPrefetch, StepRollouts, policy_lag
-from spanrl.trainer.reporting import Callback, CurvePlot, HistoryFile, NonFiniteGuard, Scalars, StageClock, log_row
+from spanrl.trainer.reporting import Callback, CurvePlot, HistoryFile, NonFiniteGuard, RowLog, Scalars, StageClock
 from spanrl.rollouts.runner import RolloutJob, RolloutResult
 from spanrl.trainer.services import Services
 
@@ -185,14 +186,14 @@ class Trainer:
                     "(WORLD_SIZE); launch it as one process, or use GRPO"
                 )
             if not _distributed.is_main():
-                self._setup_algorithm(report_to=[])
+                self._setup_algorithm()
                 self.state = State.FOLLOWING
                 return self
         self.output_dir.mkdir(parents=True, exist_ok=True)
         (self.output_dir / CONFIG_FILE).write_text(json.dumps(self._config_dict(), indent=1, default=str))
         try:
             self._services.start_collector(self.db_path, cfg.serving)
-            serve_from = self._setup_algorithm(report_to=list(cfg.report_to))
+            serve_from = self._setup_algorithm()
             self._services.start_rest(agent=self.agent, serve_from=serve_from, config=cfg, ready=self._ready,
                                       output_dir=self.output_dir)
             self._callbacks = self._reporting()
@@ -202,11 +203,11 @@ class Trainer:
         self.state = State.RUNNING
         return self
 
-    def _setup_algorithm(self, report_to: list[str]) -> Path:
+    def _setup_algorithm(self) -> Path:
         """Set the algorithm up (not APO: it has no weights), resuming if asked; returns what to serve."""
         if self._optimizes_prompt:
             return self.model_path
-        self.algorithm.setup(model_path=self.model_path, output_dir=self.output_dir, seed=self.config.seed, report_to=report_to)
+        self.algorithm.setup(model_path=self.model_path, output_dir=self.output_dir, seed=self.config.seed)
         checkpoint = self.latest_checkpoint() if self.config.resume else None
         if checkpoint is None:
             return self.model_path
@@ -216,11 +217,13 @@ class Trainer:
         return checkpoint
 
     def _reporting(self) -> list[Callback]:
-        callbacks: list[Callback] = [HistoryFile(self.output_dir / HISTORY_FILE), NonFiniteGuard(self.config.max_bad_updates)]
-        if set(self.config.report_to) & {"tensorboard", "wandb"}:
-            callbacks.append(Scalars(self.config.report_to, self.output_dir, self._config_dict()))
-        callbacks.append(CurvePlot(self.output_dir / CURVE_FILE, f"spanrl: {self.output_dir.name}"))
-        return callbacks
+        cfg = self.config  # where each row goes, in order; the guard last: a diverged row is reported, then stops
+        self._console = Console(max_steps=cfg.max_steps) if cfg.progress else None
+        callbacks = [HistoryFile(self.output_dir / HISTORY_FILE), RowLog(),
+                     Scalars(cfg.report_to, self.output_dir, self._config_dict()), self._console,
+                     CurvePlot(self.output_dir / CURVE_FILE, f"spanrl: {self.output_dir.name}"),
+                     NonFiniteGuard(cfg.max_bad_updates)]
+        return [c for c in callbacks if c is not None]
 
     def close(self) -> None:
         """Stop the runner, server and collector (the DuckDB file stays); safe twice."""
@@ -229,7 +232,7 @@ class Trainer:
                 callback.close()
             except Exception:  # closing must go on
                 _logger.exception("could not close %s", type(callback).__name__)
-        self._callbacks = []
+        self._callbacks, self._console = [], None
         self._services.close()
         self.state = State.CLOSED
 
@@ -262,7 +265,7 @@ class Trainer:
         bound = cfg.max_staleness if cfg.async_steps else 0
         self._prefetch = RolloutPrefetch(self._step_rollouts, bound=bound, last_step=cfg.max_steps)
         try:
-            with Console(enabled=cfg.progress, max_steps=cfg.max_steps, done=self.step) as self._console:
+            with self._console.running(self.step) if self._console else contextlib.nullcontext():
                 if cfg.eval_at_start and self.val_tasks and self.step == 0:
                     self._record({"step": 0, "val_success": self.evaluate()})
                 if self._optimizes_prompt:
@@ -283,7 +286,7 @@ class Trainer:
                 callback.on_end(self.history)
         finally:
             self._prefetch.close()  # rollouts run ahead and not trained are dropped (a resume runs them again)
-            self._console, self.state, self._prefetch = None, State.RUNNING, None
+            self.state, self._prefetch = State.RUNNING, None
             if self._world > 1:
                 _distributed.broadcast(None)  # the other ranks stop following
             if owns:
@@ -350,7 +353,7 @@ class Trainer:
         updates on its shard (the metrics are rank 0's shard's)."""
         if self._world == 1:
             return self.algorithm.update(transitions)
-        from spanrl.algorithms.base import transitions_of
+        from spanrl.algorithms.tables import transitions_of
 
         items = _distributed.broadcast(transitions_of(transitions))
         return self.algorithm.update(_distributed.shard_transitions(items))
@@ -474,9 +477,6 @@ class Trainer:
         self.history.append(row)
         for callback in self._callbacks:
             callback.on_row(row)
-        if self._console is not None:
-            self._console.on_row(row)
-        log_row(row)
 
     def _policy_weights(self) -> Any:
         """What the server reloads: plain-keyed weights (a LoRA adapter merged), else the model itself."""

@@ -14,7 +14,7 @@ import torch
 
 from toy_task import batch_of, build_model, rollouts, one_torch_thread  # noqa: F401 (autouse fixture)
 
-from spanrl.algorithms.base import STATE_FILE
+from spanrl.algorithms.checkpoints import STATE_FILE
 from spanrl.algorithms.grpo import GRPO
 from spanrl.algorithms.ppo import PPO
 from spanrl.errors import TrainingError

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from spanrl.algorithms.base import check_transitions, pad_transitions
-from spanrl.algorithms.padding import fill_rows
+from spanrl.algorithms.tables import check_transitions
+from spanrl.algorithms.padding import fill_rows, pad_transitions
 from spanrl.algorithms.transitions import TRANSITIONS_SCHEMA, Transition, TransitionBatch
 from spanrl.errors import ConfigError
 

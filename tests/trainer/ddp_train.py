@@ -25,7 +25,7 @@ sys.path.insert(0, str(CALCULATOR))
 import calculator  # noqa: E402
 
 from spanrl.algorithms import GRPO, LightningRL  # noqa: E402
-from spanrl.algorithms.base import transitions_of  # noqa: E402
+from spanrl.algorithms.tables import transitions_of  # noqa: E402
 from spanrl.algorithms.distributed import rank, world  # noqa: E402
 from spanrl.trainer import LLMEndpoint, RunnerConfig, Trainer, TrainerConfig  # noqa: E402
 
