@@ -11,7 +11,7 @@ The fills split the rows into blocks written by a few threads (NumPy releases th
 so both cores take the page faults; each thread takes the next block when it finishes one, so a thread
 starved by another process leaves the rest to the others (torch's `copy_` splits a write evenly over its
 intra-op threads: as fast on a quiet machine, slower when another process holds a core, see
-docs/architecture.md). The fields are still filled one after another.
+docs/measurements.md, "third pass"). The fields are still filled one after another.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     .venv/bin/python bench/faults.py [--only malformed,sigkill,overload,sql,policy,rewards,abuse] [--quick]
 
 Every server runs as its own subprocess on 127.0.0.1 (`spanrl collector`, `spanrl serve`); figures go to
-the README's "Reliability" section. Sections:
+docs/measurements.md, "Reliability (faults and abuse)". Sections:
   malformed  >= 1,000 bad OTLP inputs (protobuf over HTTP and gRPC, JSON): random bytes, truncations, bit
              flips, bad ids, timestamps >= 2^63, bad token arrays, NaN, deep nesting, wrong types. Every
              answer must be 200 (maybe partial), 400 / INVALID_ARGUMENT or 413, never retryable or 5xx,

@@ -24,7 +24,7 @@ _HTTP_MAX_CONCURRENCY = 64
 _SHUTDOWN_TIMEOUT_S = 30.0
 _MAX_PORT = 65535
 _DUCKDB_MEMORY_LIMIT = "1GB"
-_DUCKDB_CHECKPOINT_THRESHOLD = "512MB"  # architecture.md "Checkpoints": vs 256MB x1.05-1.10 sustained agent spans/s; restart replays ~2x
+_DUCKDB_CHECKPOINT_THRESHOLD = "512MB"  # x1.05-1.10 over 256MB: docs/measurements.md, "Kept: ..."
 _MATERIALIZE_INTERVAL_S = 2.0
 _MEMORY_LIMIT_PATTERN = re.compile(r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
 

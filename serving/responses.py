@@ -1,7 +1,7 @@
 """Turning generation results into OpenAI responses, SSE streams and server spans.
 
 One SERVER span per generated choice, carrying the full request attributes and that choice's exact
-token ids and logprobs (see ``docs/architecture.md``, Policy server).
+token ids and logprobs (see ``docs/architecture.md``, "Policy-server API").
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ bench workloads, the fault suite's requests) and grow one corpus (`bench/fuzz/bu
 between runs). J processes of each run side by side (distinct seeds, one shared corpus) for N
 executions each (or S seconds); a crash leaves `bench/fuzz/build/crash-*` (the input) and fails the
 run. The summary (executions, seconds, execs/s, edges / features / corpus of each process, load
-average) is printed as JSON and written to `bench/fuzz/build/last-run.json`; the README's reliability
+average) is printed as JSON and written to `bench/fuzz/build/last-run.json`; docs/measurements.md's reliability
 table quotes one (12,000,000 executions, 2026-12-01).
 """
 
