@@ -51,7 +51,8 @@ def _spans(rollout: str, service: str, n: int = 4, *, server: bool = False, span
         span = ss.spans.add(trace_id=trace, span_id=os.urandom(8), name="s", kind=2 if server else 1,
                             start_time_unix_nano=1000 + i, end_time_unix_nano=2000 + i)
         if server:
-            span.attributes.add(key="gen_ai.response.id", value=common_pb2.AnyValue(string_value=f"chatcmpl-{rollout}-{i}"))
+            span.attributes.add(key="gen_ai.response.id",
+                                value=common_pb2.AnyValue(string_value=f"chatcmpl-{rollout}-{i}"))
             span.attributes.add(key="spanrl.llm.completion_token_ids", value=common_pb2.AnyValue(
                 array_value=common_pb2.ArrayValue(values=[common_pb2.AnyValue(int_value=t) for t in (4, 5)])))
         if span_rollout and i == 0:
@@ -70,7 +71,8 @@ def _collector(db: Path, *flags: str) -> tuple[subprocess.Popen[str], str]:
 
 def _count(http: str, token: str | None = None) -> int:
     auth = {"authorization": f"Bearer {token}"} if token else {}
-    status, body = _call(f"{http}/v1/sql", b'{"sql": "SELECT count(*) AS n FROM spans"}', **{"content-type": "application/json"}, **auth)
+    status, body = _call(f"{http}/v1/sql", b'{"sql": "SELECT count(*) AS n FROM spans"}',
+                         **{"content-type": "application/json"}, **auth)
     assert status == 200, body
     return json.loads(body)["rows"][0]["n"]
 
@@ -99,7 +101,8 @@ def _cross_site(tmp: Path) -> dict[str, Any]:
 
 
 def _scopes_and_identity(tmp: Path) -> dict[str, Any]:
-    flags = [f for scope, token in _TOKENS.items() for f in (f"--{scope}-token", token)]  # on a command line: a bench only
+    # on a command line: a bench only
+    flags = [f for scope, token in _TOKENS.items() for f in (f"--{scope}-token", token)]
     proc, http = _collector(tmp / "scoped.duckdb", *flags)
     try:
         bearer = {scope: {"authorization": f"Bearer {token}"} for scope, token in _TOKENS.items()}
@@ -115,7 +118,8 @@ def _scopes_and_identity(tmp: Path) -> dict[str, Any]:
         _call(f"{http}/v1/traces", _spans("forged-r", "tenant-b", server=True), **pb_type, **bearer["ingest"])
         _call(f"{http}/v1/traces", _spans("served-r", "policy-server", server=True), **pb_type, **bearer["policy"])
         _call(f"{http}/v1/traces", _spans("victim-r", "tenant-a"), **pb_type, **bearer["ingest"])
-        status, reply = _call(f"{http}/v1/traces", _spans("b-r", "tenant-b", span_rollout="victim-r"), **pb_type, **bearer["ingest"])
+        status, reply = _call(f"{http}/v1/traces", _spans("b-r", "tenant-b", span_rollout="victim-r"), **pb_type,
+                              **bearer["ingest"])
         joined = ExportTraceServiceResponse.FromString(reply).partial_success
         query = ("SELECT rollout_id, count(*) FILTER (WHERE completion_token_ids IS NOT NULL) AS ids, "
                  "count(response_id) AS response_ids, count(*) AS n FROM spans GROUP BY ALL ORDER BY 1")
@@ -159,7 +163,8 @@ def _reload(tmp: Path) -> dict[str, Any]:
         good = json.dumps({"path": str(root / "checkpoint-1")}).encode()
         json_type = {"content-type": "application/json"}
         refused = [(good, {**json_type}, 401), (good, {**json_type, "authorization": "Bearer nope"}, 401),
-                   (good, {"content-type": "text/plain", **auth}, 415), (good, {**json_type, **auth, "origin": _EVIL}, 403),
+                   (good, {"content-type": "text/plain", **auth}, 415),
+                   (good, {**json_type, **auth, "origin": _EVIL}, 403),
                    (good, {**json_type, **auth, "host": f"evil.example:{port}"}, 403)]
         outside = [str(model), "/etc", "/nonexistent/weights", "../", "gpt2", "openai-community/gpt2", str(tmp)]
         refused += [(json.dumps({"path": p}).encode(), {**json_type, **auth}, 400) for p in outside]

@@ -293,7 +293,8 @@ _SCRIPT = textwrap.dedent(
 WHERE = {"http": "between HTTP calls", "loop": "tight loop"}
 
 
-def run_breakdown(grpc: str, url: str, http_calls: int, loop_calls: int, rounds: int, env: dict[str, str]) -> dict[str, Any]:
+def run_breakdown(grpc: str, url: str, http_calls: int, loop_calls: int, rounds: int, env: dict[str, str]) -> dict[str,
+                                                                                                                   Any]:
     """Median CPU seconds per call of each stage (``http:<stage>`` and ``loop:<stage>``)."""
     args = [sys.executable, "-c", _SCRIPT, str(http_calls), str(loop_calls), str(rounds), grpc, url]
     out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=_TIMEOUT_S)
@@ -334,7 +335,8 @@ def asyncio_rows(b: dict[str, Any]) -> list[tuple[str, float, float | None]]:
 
     rows: list[tuple[str, float, float | None]] = [
         ("OpenLLMetry's own run_async would add (asyncio.run per call)",
-         diff("probe", "call_upstream_run_async", "call_bare_sdk"), diff("loop", "call_upstream_run_async", "call_bare_sdk")),
+         diff("probe", "call_upstream_run_async", "call_bare_sdk"),
+         diff("loop", "call_upstream_run_async", "call_bare_sdk")),
         ("a bare asyncio.run(coroutine that returns at once)",
          diff("probe", "plain_asyncio_run", "plain"), diff("loop", "plain_asyncio_run", "plain")),
     ]
@@ -394,7 +396,8 @@ def print_breakdown(b: dict[str, float], call_ms: float, e2e_cpu_s: float | None
     for (name, x), (_, y) in zip(http, loop):
         print(f"  {name:66s} {x * 1e6:16.1f} us {y * 1e6:8.1f} us")
     print(f"  {'total':66s} {total * 1e6:16.1f} us {warm * 1e6:8.1f} us"
-          f"  (= {100 * total / (call_ms / 1000):.1f}% / {100 * warm / (call_ms / 1000):.1f}% of a {call_ms:.1f} ms call)")
+          f"  (= {100 * total / (call_ms / 1000):.1f}% / {100 * warm / (call_ms / 1000):.1f}% of a {call_ms:.1f} ms "
+          "call)")
     if warm > 0:
         print(f"  between HTTP calls the same code costs {total / warm:.1f}x its tight-loop CPU: the openai client's"
               f" work in between evicts it from the CPU's caches (more so the busier the machine)")

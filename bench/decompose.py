@@ -229,7 +229,8 @@ def export_for_anchor(table: pa.Table, path: Path) -> None:
             elif r["reward_value"] is not None:
                 attrs["agentlightning.reward.0.name"] = r["reward_name"]
                 attrs["agentlightning.reward.0.value"] = r["reward_value"]
-            row = {k: r[k] for k in ("rollout_id", "trace_id", "span_id", "parent_span_id", "name", "start_ns", "end_ns")}
+            row = {k: r[k]
+                   for k in ("rollout_id", "trace_id", "span_id", "parent_span_id", "name", "start_ns", "end_ns")}
             row["attributes"] = attrs
             out.write(orjson.dumps(row) + b"\n")
 
@@ -288,7 +289,8 @@ def _timed(fn: Any) -> tuple[Any, float, float]:
 
 def time_stages(store: object, rounds: int, old_rounds: int, label: str = "cold") -> tuple[dict[str, Any], Any]:
     """Store -> padded (B, T) tensors by stage, median of ``rounds``: `load_transitions` (its decomposer
-    SQL timed apart, in the same call) + `check_transitions` + `to_padded`; beside the old per-row path (`load_transitions` + a dataclass per row + a tensor per
+    SQL timed apart, in the same call) + `check_transitions` + `to_padded`; beside the old per-row path
+    (`load_transitions` + a dataclass per row + a tensor per
     row and field) in the same run, checking that both give identical tensors. Returns the figures and
     the last tensors."""
     import torch

@@ -64,7 +64,8 @@ def _request(n: int, *, payload: int = 64, rollout: str = "r") -> tuple[ExportTr
     ids = []
     for i in range(n):
         sid = os.urandom(8)
-        span = ss.spans.add(trace_id=trace, span_id=sid, name="s", start_time_unix_nano=1000 + i, end_time_unix_nano=2000 + i)
+        span = ss.spans.add(trace_id=trace, span_id=sid, name="s", start_time_unix_nano=1000 + i,
+                            end_time_unix_nano=2000 + i)
         span.attributes.add(key="payload", value=common_pb2.AnyValue(string_value=os.urandom(payload // 2).hex()))
         ids.append(sid.hex())
     return req, ids
@@ -150,9 +151,14 @@ def _malformed_protobuf(rng: random.Random, n: int) -> list[tuple[str, bytes]]:
             elif kind == 4:
                 victim.start_time_unix_nano = rng.randint(2**63, 2**64 - 1)
             else:
-                bad = rng.choice([common_pb2.AnyValue(string_value="!!notbase64"), common_pb2.AnyValue(bytes_value=b"abc"),
-                                  common_pb2.AnyValue(array_value=common_pb2.ArrayValue(values=[common_pb2.AnyValue(string_value="x")])),
-                                  common_pb2.AnyValue(array_value=common_pb2.ArrayValue(values=[common_pb2.AnyValue(int_value=2**40)]))])
+                bad = rng.choice([common_pb2.AnyValue(string_value="!!notbase64"),
+                                  common_pb2.AnyValue(bytes_value=b"abc"),
+                                  common_pb2.AnyValue(
+                                      array_value=common_pb2.ArrayValue(values=[common_pb2.AnyValue(string_value="x")])
+                                  ),
+                                  common_pb2.AnyValue(
+                                      array_value=common_pb2.ArrayValue(values=[common_pb2.AnyValue(int_value=2**40)])
+                                  )])
                 victim.attributes.add(key="spanrl.llm.prompt_token_ids", value=bad)
             cases.append((("bad-id", "time>=2^63", "bad-tokens")[kind - 3], req.SerializeToString()))
     return cases
@@ -168,9 +174,15 @@ def _malformed_json(rng: random.Random, n: int) -> list[tuple[str, bytes]]:
         lambda: b"[" * 100_000 + b"]" * 100_000,
         lambda: b'{"resourceSpans": NaN}',
         lambda: json.dumps({"resourceSpans": "nope"}).encode(),
-        lambda: json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span(traceId="zz" * 16), span()]}]}]}).encode(),
-        lambda: json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span(startTimeUnixNano=str(2**64 - 1)), span()]}]}]}).encode(),
-        lambda: json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span(startTimeUnixNano=str(2**64))]}]}]}).encode(),
+        lambda: json.dumps(
+            {"resourceSpans": [{"scopeSpans": [{"spans": [span(traceId="zz" * 16), span()]}]}]}
+        ).encode(),
+        lambda: json.dumps(
+            {"resourceSpans": [{"scopeSpans": [{"spans": [span(startTimeUnixNano=str(2**64 - 1)), span()]}]}]}
+        ).encode(),
+        lambda: json.dumps(
+            {"resourceSpans": [{"scopeSpans": [{"spans": [span(startTimeUnixNano=str(2**64))]}]}]}
+        ).encode(),
         lambda: json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span(kind="SPAN_KIND_NOPE")]}]}]}).encode(),
         lambda: json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [7, span()]}]}]}).encode(),
         lambda: json.dumps([1, 2, 3]).encode(),
@@ -192,8 +204,10 @@ def _sent_spans(body: bytes, as_json: bool) -> int:
     try:
         if as_json:
             doc = json.loads(body)
-            return sum(len(ss.get("spans") or []) for rs in doc.get("resourceSpans") or [] for ss in rs.get("scopeSpans") or [])
-        return sum(len(ss.spans) for rs in ExportTraceServiceRequest.FromString(body).resource_spans for ss in rs.scope_spans)
+            return sum(len(ss.get("spans") or []) for rs in doc.get("resourceSpans") or []
+                       for ss in rs.get("scopeSpans") or [])
+        return sum(len(ss.spans) for rs in ExportTraceServiceRequest.FromString(body).resource_spans
+                   for ss in rs.scope_spans)
     except Exception:  # noqa: BLE001 - unparsable: nothing can be accepted
         return 0
 
@@ -206,18 +220,21 @@ def bench_malformed(tmp: Path, quick: bool) -> dict[str, Any]:
     outcomes: dict[str, int] = {}
     accepted = 0
     channel = grpc.insecure_channel(col.grpc)
-    export = channel.unary_unary(_EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString)
+    export = channel.unary_unary(_EXPORT, request_serializer=None,
+                                 response_deserializer=ExportTraceServiceResponse.FromString)
     for transport, cases in (("http-proto", proto), ("http-json", js), ("grpc", proto[: n // 4])):
         for _, body in cases:
             if transport == "grpc":
                 try:
                     reply = export(body, timeout=30)
-                    key, rejected = ("partial" if reply.partial_success.rejected_spans else "ok"), reply.partial_success.rejected_spans
+                    key, rejected = ("partial" if reply.partial_success.rejected_spans
+                                     else "ok"), reply.partial_success.rejected_spans
                 except grpc.RpcError as exc:
                     key, rejected = exc.code().name, 0
             else:
                 as_json = transport == "http-json"
-                status, _, reply = _post(f"{col.http}/v1/traces", body, "application/json" if as_json else "application/x-protobuf")
+                status, _, reply = _post(f"{col.http}/v1/traces", body,
+                                         "application/json" if as_json else "application/x-protobuf")
                 key, rejected = _classify_http(status, reply, as_json)
             if key in ("ok", "partial"):
                 accepted += _sent_spans(body, transport == "http-json") - rejected
@@ -225,7 +242,8 @@ def bench_malformed(tmp: Path, quick: bool) -> dict[str, Any]:
     channel.close()
     stored = col.sql("SELECT count(*) AS n FROM spans")[0]["n"]
     col.stop()
-    bad = {k: v for k, v in outcomes.items() if k.split(":")[1] not in ("ok", "partial", "400", "413", "INVALID_ARGUMENT")}
+    bad = {k: v for k, v in outcomes.items()
+           if k.split(":")[1] not in ("ok", "partial", "400", "413", "INVALID_ARGUMENT")}
     return {"inputs": sum(outcomes.values()), "outcomes": outcomes, "retryable_or_5xx": bad,
             "accepted_spans": accepted, "stored_spans": stored, "store_exact": stored == accepted}
 
@@ -273,7 +291,8 @@ def bench_overload(tmp: Path, quick: bool) -> dict[str, Any]:
 
 def _overload(tmp: Path, quick: bool, body: bytes, transport: str) -> dict[str, Any]:
     inflight, queue, duck = 256 * _MiB, 256 * _MiB, 512 * _MiB
-    col = Collector(tmp / f"overload-{transport}.duckdb", "--max-inflight-bytes", str(inflight), "--max-queue-bytes", str(queue),
+    col = Collector(tmp / f"overload-{transport}.duckdb", "--max-inflight-bytes", str(inflight),
+                    "--max-queue-bytes", str(queue),
                     "--duckdb-memory-limit", "512MB").start()
     counts: dict[str, int] = {}
     lock = threading.Lock()
@@ -294,7 +313,9 @@ def _overload(tmp: Path, quick: bool, body: bytes, transport: str) -> dict[str, 
                         export(body, timeout=120)
                         key = "OK"
                     except grpc.RpcError as exc:
-                        key = exc.code().name + ("+RetryInfo" if "google.rpc.retryinfo-bin" in dict(exc.trailing_metadata() or ()) else "")
+                        key = exc.code().name + ("+RetryInfo" if "google.rpc.retryinfo-bin" in dict(
+                            exc.trailing_metadata() or ()
+                        ) else "")
                 with lock:
                     counts[key] = counts.get(key, 0) + 1
                 if key not in ("200", "OK"):
@@ -314,10 +335,13 @@ def _overload(tmp: Path, quick: bool, body: bytes, transport: str) -> dict[str, 
 
 # --- SQL abuse ----------------------------------------------------------------------------------------------
 _ABUSE = [
-    "SELECT * FROM read_text('/etc/passwd')", "SELECT * FROM read_blob('/etc/passwd')", "SELECT * FROM read_csv('/etc/passwd')",
-    "SELECT * FROM glob('/*')", "COPY (SELECT 1) TO '{tmp}/out.csv'", "EXPLAIN ANALYZE COPY (SELECT 1) TO '{tmp}/out2.csv'",
+    "SELECT * FROM read_text('/etc/passwd')", "SELECT * FROM read_blob('/etc/passwd')",
+    "SELECT * FROM read_csv('/etc/passwd')",
+    "SELECT * FROM glob('/*')", "COPY (SELECT 1) TO '{tmp}/out.csv'",
+    "EXPLAIN ANALYZE COPY (SELECT 1) TO '{tmp}/out2.csv'",
     "EXPLAIN ANALYZE SET GLOBAL memory_limit='64MB'", "SET memory_limit='64MB'", "ATTACH '{tmp}/x.duckdb'",
-    "INSTALL httpfs", "LOAD httpfs", "PRAGMA memory_limit='1MB'", "EXPLAIN ANALYZE DELETE FROM spans", "DROP TABLE spans",
+    "INSTALL httpfs", "LOAD httpfs", "PRAGMA memory_limit='1MB'", "EXPLAIN ANALYZE DELETE FROM spans",
+    "DROP TABLE spans",
     "SELECT 1; DROP TABLE spans", "CALL checkpoint()", "EXPORT DATABASE '{tmp}/exp'",
 ]
 
@@ -355,10 +379,14 @@ def _bad_policy_requests() -> list[tuple[str, bytes]]:
     msgs = '"messages": [{"role": "user", "content": "1 add 2"}]'
     raw = [
         '{"model": "tiny", %s, "temperature": NaN}' % msgs, '{"model": "tiny", %s, "top_p": NaN}' % msgs,
-        '{"model": "tiny", %s, "temperature": Infinity, "stream": true}' % msgs, '{"model": "tiny", %s, "seed": 18446744073709551616}' % msgs,
-        '{"model": "tiny", %s, "n": 1000}' % msgs, '{"model": "tiny", %s, "max_tokens": -1}' % msgs, '{"model": "tiny", %s, "stop": 5}' % msgs,
-        '{"model": "other", %s}' % msgs, '{"model": "tiny", "messages": "hi"}', '{"model": "tiny", "messages": [{"role": "x"}]}',
-        '{"model": "tiny", %s, "logprobs": "yes"}' % msgs, '{"model": "tiny", %s, "top_logprobs": 50, "logprobs": true}' % msgs,
+        '{"model": "tiny", %s, "temperature": Infinity, "stream": true}' % msgs,
+        '{"model": "tiny", %s, "seed": 18446744073709551616}' % msgs,
+        '{"model": "tiny", %s, "n": 1000}' % msgs, '{"model": "tiny", %s, "max_tokens": -1}' % msgs,
+        '{"model": "tiny", %s, "stop": 5}' % msgs,
+        '{"model": "other", %s}' % msgs, '{"model": "tiny", "messages": "hi"}',
+        '{"model": "tiny", "messages": [{"role": "x"}]}',
+        '{"model": "tiny", %s, "logprobs": "yes"}' % msgs,
+        '{"model": "tiny", %s, "top_logprobs": 50, "logprobs": true}' % msgs,
         "{not json", "[]", "[" * 100_000 + "]" * 100_000, '{"a": %s}' % ("[" * 500 + "]" * 500),
         '{"model": "tiny", "messages": [{"role": "user", "content": "%s"}]}' % ("1 " * 3_000_000),
     ]
@@ -371,17 +399,21 @@ def bench_policy(tmp: Path, quick: bool) -> dict[str, Any]:
     from spanrl.demo.tiny import build_tiny_model
 
     hf_logging.disable_progress_bar()
-    model = build_tiny_model(tmp / "tiny", words=[str(i) for i in range(100)] + ["add", "sub", "what", "is", "?"], seed=0)
+    model = build_tiny_model(tmp / "tiny", words=[str(i) for i in range(100)] + ["add", "sub", "what", "is", "?"],
+                             seed=0)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "spanrl", "serve", "--model", str(model), "--port", str(port), "--served-model-name",
-                             "tiny", "--otlp-endpoint", "none", "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "spanrl", "serve", "--model", str(model), "--port", str(port),
+                             "--served-model-name",
+                             "tiny", "--otlp-endpoint", "none", "--threads", "1"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_health(base)
         bad = _bad_policy_requests() * (2 if quick else 13)
-        valid = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "what is 1 add 2 ?"}], "max_tokens": 4}).encode()
+        valid = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "what is 1 add 2 ?"}],
+                            "max_tokens": 4}).encode()
         jobs = [("valid", valid)] * 64 + bad
         random.Random(0).shuffle(jobs)
         health: list[float] = []
@@ -427,7 +459,8 @@ def _post_safe(url: str, body: bytes) -> tuple[int, bytes]:
         status, _, reply = _post(url, body, "application/json", 300)
         return status, reply
     except OSError as exc:  # a 413 answered before the body was sent may reset the upload
-        return (413, b'{"error": {"message": "reset after 413"}}') if "reset" in str(exc).lower() or "pipe" in str(exc).lower() else (0, b"")
+        return ((413, b'{"error": {"message": "reset after 413"}}') if "reset" in str(exc).lower()
+                or "pipe" in str(exc).lower() else (0, b""))
 
 
 def _openai_error(body: bytes) -> bool:
@@ -448,7 +481,8 @@ def _reward_request(value: Any, place: tuple[str, str], rollout: str) -> bytes:
     req, _ = _request(4, rollout=rollout)
     spans = req.resource_spans[0].scope_spans[0].spans
     spans[0].attributes.add(key="spanrl.reward.value", value=common_pb2.AnyValue(double_value=0.5))
-    any_value = common_pb2.AnyValue(string_value=value) if isinstance(value, str) else common_pb2.AnyValue(double_value=value)
+    any_value = (common_pb2.AnyValue(string_value=value) if isinstance(value, str)
+                 else common_pb2.AnyValue(double_value=value))
     if place[0] == "attribute":
         spans[1].attributes.add(key=place[1], value=any_value)
     else:
@@ -473,7 +507,8 @@ def bench_rewards(tmp: Path, quick: bool) -> dict[str, Any]:
         col = Collector(tmp / f"rewards-{decoder}.duckdb").start()
         os.environ.pop("SPANRL_COLLECTOR_DECODER")
         channel = grpc.insecure_channel(col.grpc)
-        export = channel.unary_unary(_EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString)
+        export = channel.unary_unary(_EXPORT, request_serializer=None,
+                                     response_deserializer=ExportTraceServiceResponse.FromString)
         sent = rejected = with_reason = 0
         for i, (value, place, transport) in enumerate(
                 (v, p, t) for v in _BAD_REWARDS for p in _REWARD_PLACES for t in ("grpc", "http")):
@@ -506,7 +541,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller counts (a smoke run)")
     parser.add_argument("--out", default=None, help="also write the figures as JSON here")
     args = parser.parse_args()
-    benches = {"malformed": bench_malformed, "sigkill": bench_sigkill, "overload": bench_overload, "sql": bench_sql, "policy": bench_policy,
+    benches = {"malformed": bench_malformed, "sigkill": bench_sigkill, "overload": bench_overload, "sql": bench_sql,
+               "policy": bench_policy,
                "rewards": bench_rewards, "abuse": bench_abuse}
     figures: dict[str, Any] = {"load_before": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="spanrl-faults-") as tmp:

@@ -98,7 +98,9 @@ def _llm_attrs(rng: random.Random, compact: bool) -> dict[str, Any]:
         sc.GEN_AI_USAGE_INPUT_TOKENS: PROMPT_IDS,
         sc.GEN_AI_USAGE_OUTPUT_TOKENS: COMPLETION_IDS,
         sc.GEN_AI_INPUT_MESSAGES: json.dumps([{"role": "user", "parts": [{"type": "text", "content": text}]}]),
-        sc.GEN_AI_OUTPUT_MESSAGES: json.dumps([{"role": "assistant", "parts": [{"type": "text", "content": "<call> add 3 4 </call>"}]}]),
+        sc.GEN_AI_OUTPUT_MESSAGES: json.dumps(
+            [{"role": "assistant", "parts": [{"type": "text", "content": "<call> add 3 4 </call>"}]}]
+        ),
         sc.POLICY_VERSION: 3,
     }
     if compact:
@@ -126,7 +128,8 @@ def make_spans(workload: str, seed: int) -> list[dict[str, Any]]:
         spans.append({
             "trace_id": trace_id, "span_id": span_id, "parent": None if i == 0 else root,
             "name": "chat policy" if llm else f"execute_tool {attrs.get(sc.GEN_AI_TOOL_NAME)}",
-            "kind": (2 if workload == ROLLOUTS else 3) if llm else 1, "start": t0 + i * 1000, "end": t0 + i * 1000 + 900, "attributes": attrs,
+            "kind": (2 if workload == ROLLOUTS else 3) if llm else 1, "start": t0 + i * 1000,
+            "end": t0 + i * 1000 + 900, "attributes": attrs,
         })
     if workload == ROLLOUTS:
         spans[0]["name"] = sc.ROLLOUT_SPAN_NAME  # the root: the rollout has finished once it is stored
@@ -153,7 +156,8 @@ def encode_otlp(spans: list[dict[str, Any]], rollout_id: str) -> bytes:
     ss = rs.scope_spans.add()
     ss.scope.name = "bench"
     for s in spans:
-        p = ss.spans.add(trace_id=s["trace_id"], span_id=s["span_id"], parent_span_id=s["parent"] or b"", name=s["name"],
+        p = ss.spans.add(trace_id=s["trace_id"], span_id=s["span_id"], parent_span_id=s["parent"] or b"",
+                         name=s["name"],
                          kind=s["kind"], start_time_unix_nano=s["start"], end_time_unix_nano=s["end"])
         for k, v in s["attributes"].items():
             p.attributes.add(key=k, value=_any(v))
@@ -233,7 +237,8 @@ def _start_collector(db: Path, baseline_env: dict[str, str] | None = None) -> tu
     proc_env = dict(os.environ, **baseline_env) if baseline_env else None
     # Not from the checkout's root: `-m` puts the working directory first on sys.path, and its spanrl/
     # folder would then shadow the --baseline export (the "baseline" ran this tree's code).
-    proc = subprocess.Popen([sys.executable, "-m", "spanrl", "--log-level", "WARNING", "collector", "--db", str(db), "--grpc-port", "0", "--http-port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "spanrl", "--log-level", "WARNING", "collector", "--db", str(db),
+                             "--grpc-port", "0", "--http-port", "0"],
                             stdout=subprocess.PIPE, text=True, env=proc_env, cwd=db.parent)
     line = proc.stdout.readline()  # type: ignore[union-attr]
     if not line.startswith(READY_PREFIX):
@@ -302,7 +307,8 @@ def run_spanrl(bodies: list[bytes], senders: int, inflight: int, seconds: float,
         warm = q.get(timeout=120) * SPANS_PER_REQUEST
         go = ctx.Event()
         unique = b"rollout-" + _ID_HOLDER in bodies[0]
-        procs = [ctx.Process(target=_timed_sender, args=(grpc_ep, bodies[k % len(bodies):] + bodies[: k % len(bodies)], inflight, seconds, q, go, unique))
+        procs = [ctx.Process(target=_timed_sender, args=(grpc_ep, bodies[k % len(bodies):] + bodies[: k % len(bodies)],
+                                                         inflight, seconds, q, go, unique))
                  for k in range(senders)]
         for p in procs:
             p.start()
@@ -353,7 +359,8 @@ def export_baseline(ref: str, tmp: Path) -> dict[str, str]:
     pkg.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(root), "archive", ref], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
-    same_c = subprocess.run(["git", "-C", str(root), "diff", "--quiet", ref, "--", "collector/*.c", "collector/*.h"]).returncode == 0
+    same_c = subprocess.run(["git", "-C", str(root), "diff", "--quiet", ref,
+                             "--", "collector/*.c", "collector/*.h"]).returncode == 0
     for built in (root / "collector").glob("_wire*.so") if same_c else ():
         shutil.copy2(built, src / "collector" / built.name)
     for f in (src / "spanrl").iterdir():
@@ -413,7 +420,8 @@ asyncio.run(main())
 def ensure_anchor(venv: Path) -> Path:
     python = venv / "bin" / "python"
     probe = [str(python), "-c", "import agentlightning, importlib.metadata as m; print(m.version('agentlightning'))"]
-    if python.exists() and subprocess.run(probe, capture_output=True, text=True).stdout.strip() == ANCHOR_PACKAGE.split("==")[1]:
+    if python.exists() and subprocess.run(probe, capture_output=True,
+                                          text=True).stdout.strip() == ANCHOR_PACKAGE.split("==")[1]:
         return python
     print(f"installing {ANCHOR_PACKAGE} into {venv} (~780 MB, once)...", flush=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -425,13 +433,15 @@ def run_anchor(python: Path, spans_sets: list[list[dict[str, Any]]], repeats: in
     """The anchor's median spans/s and spans per CPU-second: add_many_spans alone ("add", "add_cpu") and
     with building its Span objects from the plain span data ("build_add", "build_add_cpu")."""
     def plain(s: dict[str, Any]) -> dict[str, Any]:
-        return {**s, "trace_id": s["trace_id"].hex(), "span_id": s["span_id"].hex(), "parent": s["parent"].hex() if s["parent"] else None}
+        return {**s, "trace_id": s["trace_id"].hex(), "span_id": s["span_id"].hex(),
+                "parent": s["parent"].hex() if s["parent"] else None}
 
     spec = tmp / "anchor-spans.json"
     spec.write_text(json.dumps([[plain(s) for s in spans] for spans in spans_sets]))
     script = tmp / "anchor_bench.py"
     script.write_text(ANCHOR_SCRIPT)
-    out = subprocess.run([str(python), str(script), str(spec), str(repeats)], capture_output=True, text=True, check=True, timeout=1800)
+    out = subprocess.run([str(python), str(script), str(spec), str(repeats)], capture_output=True, text=True,
+                         check=True, timeout=1800)
     return {k: float(v) for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
 
 
@@ -474,14 +484,17 @@ def bench_layouts(rows: int, tmp: Path) -> None:
             con.close()
             db.unlink()
         extra = f" (+ {map_build_s:.2f} s building the map in Python)" if name.startswith("MAP") else ""
-        print(f"  {name:22s} insert {statistics.median(ingest):.2f} s{extra}, extract-and-group {statistics.median(query):.3f} s")
+        print(
+            f"  {name:22s} insert {statistics.median(ingest):.2f} s{extra}, extract-and-group "
+            f"{statistics.median(query):.3f} s"
+        )
     print("  MAP stores arrays and objects as JSON text anyway (values are VARCHAR), and its keys are per-row data.")
 
 
 # --- main -----------------------------------------------------------------------------------------------
 def measure(workload: str, bodies: list[bytes], n: int, args: argparse.Namespace, tmp: Path,
             baseline: dict[str, str] | None) -> tuple[list[Run], list[Run]]:
-    """--repeats runs of this tree's collector and, with --baseline, of the baseline's (each just before one of ours)."""
+    ("""--repeats runs of this tree's collector and, with --baseline, of the baseline's (each just before one of ours).""")
     runs, base_runs = [], []
     for _ in range(args.repeats):  # interleaved, so both versions see the same machine load
         if baseline is not None:
@@ -491,7 +504,8 @@ def measure(workload: str, bodies: list[bytes], n: int, args: argparse.Namespace
         b_rate, b_cpu = (statistics.median(r[k] for r in base_runs) for k in (0, 1))
         rate, cpu = (statistics.median(r[k] for r in runs) for k in (0, 1))
         print(f"  {workload:12s} {n} sender(s): baseline {args.baseline}: {b_rate:>9,.0f} spans/s (runs: "
-              f"{', '.join(f'{r[0]:,.0f}' for r in base_runs)}), {b_cpu:,.0f} per collector CPU-second ({1e6 / b_cpu:.1f} us per span); "
+              f"{', '.join(f'{r[0]:,.0f}' for r in base_runs)}), {b_cpu:,.0f} per collector CPU-second "
+              f"({1e6 / b_cpu:.1f} us per span); "
               f"this tree x{rate / b_rate:.2f} spans/s, x{cpu / b_cpu:.2f} per CPU-second ({1e6 / cpu:.1f} us per span)", flush=True)
     return runs, base_runs
 
@@ -508,7 +522,8 @@ def _json_report(results: dict[str, dict[str, Any]], senders: list[int], anchor_
                  args: argparse.Namespace, load0: tuple[float, float, float]) -> dict[str, Any]:
     """The --json object: per workload and sender count this tree's figures, the baseline's and the
     before/after ratios (with --baseline), the anchor's and the ratios to it; machine load."""
-    out: dict[str, Any] = {"spans_per_request": SPANS_PER_REQUEST, "inflight_per_sender": args.inflight, "seconds": args.seconds,
+    out: dict[str, Any] = {"spans_per_request": SPANS_PER_REQUEST, "inflight_per_sender": args.inflight,
+                           "seconds": args.seconds,
                            "repeats": args.repeats, "cores": os.cpu_count(), "load_1min_start": load0[0],
                            "load_1min_end": os.getloadavg()[0], "baseline": args.baseline, "workloads": {}}
     for workload, row in results.items():
@@ -534,7 +549,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=20.0,
                         help="sending time per run; 20 s holds DuckDB's automatic checkpoint at 2 cores' rates (a run "
-                             "shorter than one WAL threshold's worth of spans leaves its cost out; each run prints its count)")
+                             "shorter than one WAL threshold's worth of spans leaves its cost out; each run prints its "
+                             "count)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per figure (median reported)")
     parser.add_argument("--inflight", type=int, default=4, help="requests in flight per sender process")
     parser.add_argument("--senders", default="1,4", help="sender process counts")
@@ -557,7 +573,9 @@ def main() -> None:
     anchor_python = None if args.skip_anchor else ensure_anchor(Path(args.anchor_venv))
 
     load0 = os.getloadavg()
-    print(f"cores: {os.cpu_count()}, load {load0[0]:.1f}, {SPANS_PER_REQUEST} spans/request, {args.inflight} in flight per sender, "
+    print(
+        f"cores: {os.cpu_count()}, load {load0[0]:.1f}, {SPANS_PER_REQUEST} spans/request, {args.inflight} in flight "
+        "per sender, "
           f"{args.seconds:.0f} s per run, median of {args.repeats}")
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="spanrl-bench-") as tmpdir:
@@ -581,7 +599,8 @@ def main() -> None:
                       f"CPU-second; peak RSS {row[f'rss_{n}']:.0f} MiB; DuckDB checkpoints in the runs: "
                       f"{', '.join(map(str, row[f'checkpoints_{n}']))}", flush=True)
                 print(f"  {'':12s} collector {1e6 / row[f'cpu_{n}']:.1f} us CPU per span (all its threads) = "
-                      f"{2 * row[f'cpu_{n}']:,.0f} spans/s projected on 2 cores; senders {sender_us:.1f} us CPU per span",
+                      f"{2 * row[f'cpu_{n}']:,.0f} spans/s projected on 2 cores; senders {sender_us:.1f} us CPU per "
+                      "span",
                       flush=True)
             if anchor_python is not None and workload != "agent-b64":  # the anchor has no compact encoding
                 a = run_anchor(anchor_python, spans_sets, args.repeats, tmp)

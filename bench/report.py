@@ -14,7 +14,8 @@ start, duration, exit status, load average before and after). Then the table bet
 
 Settings (about 18 minutes in all on 2 quiet cores: 1100 s on 2026-12-01):
   tracer              tracer_overhead.py, 300 timed calls x 5 rounds per mode, 2 ms calls, breakdown 2000 calls
-  ingest              ingest.py, 20 s per run (DuckDB's checkpoints in it), median of 3, 1 and 4 senders, 3 workloads, anchor in /tmp/anchor-venv
+  ingest              ingest.py, 20 s per run (DuckDB's checkpoints in it), median of 3, 1 and 4 senders, 3 workloads,
+  anchor in /tmp/anchor-venv
   decompose           decompose.py, 1M spans (10k rollouts), median of 3, the per-row path once, anchor on all
   serve_transformers  serve_throughput.py, SmolLM2-135M, 16 new tokens, 2 torch threads, median of 2
   serve_vllm          the same with --backend vllm, server in .venv-vllm (`make vllm-venv`)
@@ -65,7 +66,8 @@ def command(name: str, anchor_venv: Path, vllm_venv: Path) -> list[str]:
     spec = SPECS[name]
     extra: list[str] = []
     if spec.needs == "anchor":  # ingest.py takes the venv, the others its python
-        extra = ["--anchor-venv", str(anchor_venv)] if name == "ingest" else ["--anchor-python", str(anchor_venv / "bin" / "python")]
+        extra = (["--anchor-venv", str(anchor_venv)] if name == "ingest"
+                 else ["--anchor-python", str(anchor_venv / "bin" / "python")])
     elif spec.needs == "vllm":
         extra = ["--server-python", str(vllm_venv / "bin" / "python")]
     return [sys.executable, str(ROOT / "bench" / spec.script), *spec.args, *extra]
@@ -87,7 +89,8 @@ def run_one(name: str, anchor_venv: Path, vllm_venv: Path, results: Path) -> dic
     for stale in (results / f"{name}.json", results / f"{name}.run.json"):
         stale.unlink(missing_ok=True)
     cmd = command(name, anchor_venv, vllm_venv)
-    record: dict[str, object] = {"name": name, "command": cmd, "settings": " ".join([SPECS[name].script, *SPECS[name].args]),
+    record: dict[str, object] = {"name": name, "command": cmd,
+                                 "settings": " ".join([SPECS[name].script, *SPECS[name].args]),
                                  "started": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "load_before": _load()}
     missing = prerequisite(name, anchor_venv, vllm_venv)
     log = results / f"{name}.log"
@@ -119,8 +122,10 @@ def machine() -> str:
                 if ln.startswith("model name")), platform.processor() or "?") if Path("/proc/cpuinfo").exists() else "?"
     mem = next((int(ln.split()[1]) / 2**20 for ln in Path("/proc/meminfo").read_text().splitlines()
                 if ln.startswith("MemTotal")), 0.0) if Path("/proc/meminfo").exists() else 0.0
-    git = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    return (f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM; table built {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} "
+    git = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
+                         cwd=ROOT).stdout.strip()
+    return (f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM; table built "
+            f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} "
             f"UTC at commit `{git or '?'}`")
 
 
@@ -167,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         print(section)
     else:
         report_table.rewrite_readme(args.readme, section)
-        print(f"{args.readme.name}: comparison table rewritten from {args.results} (also in {args.results / 'table.md'})")
+        print(
+            f"{args.readme.name}: comparison table rewritten from {args.results} (also in {args.results / 'table.md'})"
+        )
     return 0
 
 

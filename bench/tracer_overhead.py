@@ -171,7 +171,8 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 def _read_line(proc: subprocess.Popen[str], what: str) -> str:
     line: list[str] = []
-    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+    # type: ignore[union-attr]
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
     reader.start()
     reader.join(_START_TIMEOUT_S)
     if not line or not line[0].strip():
@@ -182,7 +183,8 @@ def _read_line(proc: subprocess.Popen[str], what: str) -> str:
 
 def start_server(delay_s: float) -> tuple[subprocess.Popen[str], str]:
     code = _SERVER.format(tests=str(ROOT / "tests"))
-    proc = subprocess.Popen([sys.executable, "-c", code, str(delay_s)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", code, str(delay_s)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
     return proc, _read_line(proc, "fake OpenAI server")
 
 
@@ -201,7 +203,8 @@ def start_collector(db: Path) -> tuple[subprocess.Popen[str], str, str]:
 
 def collector_count(http_endpoint: str, query: str) -> int:
     req = urllib.request.Request(
-        f"{http_endpoint}/v1/sql", data=json.dumps({"sql": query}).encode(), headers={"content-type": "application/json"}
+        f"{http_endpoint}/v1/sql", data=json.dumps({"sql": query}).encode(),
+        headers={"content-type": "application/json"}
     )
     with urllib.request.urlopen(req, timeout=60) as resp:
         rows = json.loads(resp.read())["rows"]
@@ -319,7 +322,8 @@ def report(args: argparse.Namespace, modes: list[str], results: dict[str, list[d
         print(f"{m:14s} {_us(med[m]):>15s} {_us(over):>12s} {100 * over / med[b]:10.1f}% "
               f"{_us(mean[m]):>13s} {_us(cpu[m]):>12s} {_us(cpu[m] - cpu[b]):>16s}")
     gc_s = {m: statistics.median(x["gc_s"] for x in results[m]) for m in modes}
-    print(f"\ngarbage collection per call (in the CPU above): " + ", ".join(f"{m} {gc_s[m] * 1e6:.1f} us" for m in modes))
+    print(f"\ngarbage collection per call (in the CPU above): "
+          + ", ".join(f"{m} {gc_s[m] * 1e6:.1f} us" for m in modes))
     print(f"spanrl: chat spans in the store {stored['chat']}/{expected}, reward spans {stored['reward']}/{expected}")
     if anchor:
         print(f"anchor: spans in its store per run {statistics.median(x['stored'] for x in results['anchor']):.0f} "
@@ -327,7 +331,10 @@ def report(args: argparse.Namespace, modes: list[str], results: dict[str, list[d
         ours = med["spanrl"] - med["plain"]
         theirs = med["anchor"] - med["anchor-plain"]
         ratio = theirs / ours if ours > 0 else float("inf")
-        print(f"overhead ratio anchor/spanrl: {ratio:.1f}x  (spanrl {ours * 1e6:.0f} us vs anchor {theirs * 1e6:.0f} us per call)")
+        print(
+            f"overhead ratio anchor/spanrl: {ratio:.1f}x  (spanrl {ours * 1e6:.0f} us vs anchor {theirs * 1e6:.0f} us "
+            "per call)"
+        )
     plain_cpu = [x["cpu_s"] for x in results["plain"]]
     print_breakdown(breakdown, args.call_ms, cpu["spanrl"] - cpu["plain"], gc_s["spanrl"] - gc_s["plain"],
                     max(plain_cpu) - min(plain_cpu))
@@ -354,7 +361,8 @@ def report(args: argparse.Namespace, modes: list[str], results: dict[str, list[d
                 "cpu_per_call_us": round(cpu[m] * 1e6, 1), "cpu_overhead_us": round((cpu[m] - cpu[b]) * 1e6, 1)}
 
     write_json(args.json, {
-        "call_ms": args.call_ms, "calls": args.calls, "rounds": args.rounds, "load_average": round(os.getloadavg()[0], 2),
+        "call_ms": args.call_ms, "calls": args.calls, "rounds": args.rounds,
+        "load_average": round(os.getloadavg()[0], 2),
         "modes": {m: mode_json(m) for m in modes}, "stored": stored,
         "anchor_over_spanrl": round(ratio, 2) if anchor else None, "breakdown": breakdown_json(breakdown, args.call_ms),
         "goal_met": wall_ok and cpu_ok,

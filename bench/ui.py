@@ -104,7 +104,10 @@ def _decomposer_floor(db: str, rounds: int, n_rollouts: int) -> None:
             samples.append((time.perf_counter() - t) * 1000)
     scratch.close()
     source.close()
-    print(f"floor: the decomposer alone on one rollout's {spans.num_rows} spans in memory: median {statistics.median(samples):.1f} ms")
+    print(
+        f"floor: the decomposer alone on one rollout's {spans.num_rows} spans in memory: median "
+        f"{statistics.median(samples):.1f} ms"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

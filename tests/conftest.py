@@ -43,10 +43,12 @@ class CollectorProcess:
         if self.token:
             cmd += ["--token", self.token]
         log = open(self.log_path, "a")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
         log.close()
         line: list[str] = []
-        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        # type: ignore[union-attr]
+        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)
         reader.start()
         reader.join(_START_TIMEOUT_S)
         if not line or not line[0].startswith(_READY_PREFIX):
@@ -64,7 +66,8 @@ class CollectorProcess:
         headers = {"content-type": "application/json"}
         if self.token:
             headers["authorization"] = f"Bearer {self.token}"
-        req = urllib.request.Request(f"{self.http_endpoint}/v1/sql", data=json.dumps({"sql": query}).encode(), headers=headers, method="POST")
+        req = urllib.request.Request(f"{self.http_endpoint}/v1/sql", data=json.dumps({"sql": query}).encode(),
+                                     headers=headers, method="POST")
         with urllib.request.urlopen(req, timeout=60) as resp:
             return json.loads(resp.read())["rows"]
 

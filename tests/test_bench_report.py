@@ -38,11 +38,13 @@ def _figures(results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _results.record("tracer", {"call_ms": 2.0, "median_s": {"plain": 2.0e-3, "spanrl": 2.1e-3, "anchor-plain": 2.0e-3,
                                                             "anchor": 3.7e-3}, "parts_cpu_s": 90e-6, "goal_met": True})
     _results.record("decompose", {"spans": 1_000_000, "load_s": 7.5, "load_cpu_s": 2.1})
-    _results.record("decompose", {"tensors_transitions": 50_000, "tensors_s": 5.9, "tensors_cpu_s": 1.7, "per_row_s": 30.68,
+    _results.record("decompose",
+                    {"tensors_transitions": 50_000, "tensors_s": 5.9, "tensors_cpu_s": 1.7, "per_row_s": 30.68,
                                   "kept_tensors_s": 0.6, "kept_tensors_cpu_s": 0.7, "materialize_s": 2.0,
                                   "materialize_cpu_s": 2.5, "materialize_spans_per_s": 500_000.0})
     _results.record("decompose", {"anchor": {"spans": 100_000, "adapt_s": 5.1, "convert_s": 30.9}})
-    _results.record("serve_transformers", {"model": "smollm2", "baseline_tokens_s": 13.0, "tokens_s": {1: 13.8, 32: 92.3}})
+    _results.record("serve_transformers",
+                    {"model": "smollm2", "baseline_tokens_s": 13.0, "tokens_s": {1: 13.8, 32: 92.3}})
     run = {"settings": "x.py --a 1", "started": "2026-11-30 18:00", "elapsed_s": 60.0, "load_before": [1.0, 1, 1],
            "load_after": [1.5, 1, 1]}
     for name in ("tracer", "decompose", "serve_transformers"):
@@ -72,10 +74,11 @@ def test_table_rewritten_from_figures_with_ratios(tmp_path: Path, monkeypatch: p
     assert "7.1x sequential `generate` with the transformers backend" in rows["Policy server throughput at 32 clients"]
     # fixed rows come from the generator
     assert rows["Token ids"].startswith("| Token ids | from attributes, else retokenized |")
-    assert "store -> tensors < 0.5 s (from kept rows, materialized as rollouts finished): **not met**" in text and "tracer overhead < 5% of the call (wall and CPU): met" in text
+    assert "store -> tensors < 0.5 s (from kept rows, materialized as rollouts finished): **not met**" in text and ("tracer overhead < 5% of the call (wall and CPU): met") in text
 
 
-def test_failed_or_skipped_bench_shows_not_measured_not_an_old_number(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_or_skipped_bench_shows_not_measured_not_an_old_number(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     results, readme = tmp_path / "results", _readme(tmp_path)
     _figures(results, monkeypatch)
     report.main(["--from-results", "--results", str(results), "--readme", str(readme)])
@@ -100,7 +103,8 @@ def test_missing_figures_file_and_missing_anchor(tmp_path: Path, monkeypatch: py
     assert "**NOT MEASURED**: no figures from decompose (`bench/report.py --only decompose`)" in decompose
 
 
-def test_tracer_label_says_when_the_plain_call_is_slower_than_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tracer_label_says_when_the_plain_call_is_slower_than_asked(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     results, readme = tmp_path / "results", _readme(tmp_path)
     monkeypatch.setenv(SPANRL_BENCH_RESULTS, str(results))
     _results.record("tracer", {"call_ms": 2.0, "median_s": {"plain": 3.1e-3, "spanrl": 3.3e-3}})  # a slow client

@@ -25,7 +25,9 @@ def _ipv6() -> bool:
         return False
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1", pytest.param("::1", marks=pytest.mark.skipif(not _ipv6(), reason="no IPv6 loopback"))])
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1", pytest.param("::1", marks=pytest.mark.skipif(not _ipv6(), reason="no IPv6 loopback"))]
+)
 def test_serves_in_a_thread_on_a_port_it_bound_and_stops(host: str) -> None:
     server = ThreadedServer(_hello, bind(host, 0), name="test-http")
     assert server.start(10.0)

@@ -28,7 +28,8 @@ def test_a_scope_no_token_grants_is_open():
     assert Tokens().allows(None, "admin")
 
 
-@pytest.mark.parametrize(("host", "loopback"), [("127.0.0.1", True), ("127.8.9.1", True), ("::1", True), ("[::1]", True),
+@pytest.mark.parametrize(("host", "loopback"),
+                         [("127.0.0.1", True), ("127.8.9.1", True), ("::1", True), ("[::1]", True),
                                                 ("localhost", True), ("LOCALHOST.", True), ("a.localhost", True),
                                                 ("0.0.0.0", False), ("10.0.0.1", False), ("evil.example", False),
                                                 ("127.0.0.1.nip.io", False), ("", False)])
@@ -45,8 +46,10 @@ def test_is_loopback(host, loopback):
     ("POST", {"host": "127.0.0.1:1", "content-type": "application/json; charset=utf-8"}, "127.0.0.1", None),
     ("POST", {"host": "127.0.0.1:1", "content-type": "text/plain"}, "127.0.0.1", 415),
     ("POST", {"host": "127.0.0.1:1"}, "127.0.0.1", 415),
-    ("POST", {"host": "127.0.0.1:1", "content-type": "application/json", "origin": "http://127.0.0.1:1"}, "127.0.0.1", None),
-    ("POST", {"host": "127.0.0.1:1", "content-type": "application/json", "origin": "http://127.0.0.1:2"}, "127.0.0.1", 403),
+    ("POST", {"host": "127.0.0.1:1", "content-type": "application/json", "origin": "http://127.0.0.1:1"}, "127.0.0.1",
+     None),
+    ("POST", {"host": "127.0.0.1:1", "content-type": "application/json", "origin": "http://127.0.0.1:2"}, "127.0.0.1",
+     403),
     ("POST", {"host": "127.0.0.1:1", "content-type": "application/json", "origin": "null"}, "127.0.0.1", 403),
     ("GET", {"host": "127.0.0.1:1", "origin": "http://evil.example"}, "127.0.0.1", 403),
     ("DELETE", {"host": "127.0.0.1:1", "content-type": "text/plain"}, "127.0.0.1", 415),
@@ -64,7 +67,8 @@ def test_token_file_and_flag(tmp_path):
     assert token_from_args(parser.parse_args(["--admin-token", "x"]), "--admin-token") == "x"
     assert token_from_args(parser.parse_args([]), "--admin-token") is None
     with pytest.raises(ConfigError, match="give --admin-token or --admin-token-file, not both"):
-        token_from_args(parser.parse_args(["--admin-token", "x", "--admin-token-file", str(tmp_path / "t")]), "--admin-token")
+        token_from_args(parser.parse_args(["--admin-token", "x", "--admin-token-file", str(tmp_path / "t")]),
+                        "--admin-token")
     (tmp_path / "two").write_text("a b\n")
     with pytest.raises(ConfigError, match="must hold one token without whitespace"):
         read_token_file(tmp_path / "two", field="--admin-token-file")

@@ -105,7 +105,8 @@ def assert_trained(row: dict[str, Any], *, initial: Path, checkpoint: Path) -> N
     assert max_weight_change(initial, checkpoint) > 0, "the checkpoint's weights equal the initial model's"
 
 
-def served_logprobs(base_url: str, messages: list[dict[str, Any]], max_tokens: int = 4) -> tuple[list[int], list[int], list[float]]:
+def served_logprobs(base_url: str, messages: list[dict[str, Any]], max_tokens: int = 4) -> tuple[list[int], list[int],
+                                                                                                 list[float]]:
     """(prompt ids, completion ids, their logprobs) of one greedy reply from spanrl's policy server."""
     body = json.dumps({"model": "policy", "messages": messages, "max_tokens": max_tokens, "temperature": 0.0}).encode()
     request = urllib.request.Request(base_url.rstrip("/") + "/chat/completions", data=body,
@@ -126,7 +127,8 @@ def _token_logprobs(model_dir: Path, prompt: list[int], answer: list[int]) -> li
         return torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(answer)[:, None])[:, 0].tolist()
 
 
-def assert_served_policy_changed(base_url: str, messages: list[dict[str, Any]], *, initial: Path, checkpoint: Path) -> None:
+def assert_served_policy_changed(base_url: str, messages: list[dict[str, Any]], *, initial: Path,
+                                 checkpoint: Path) -> None:
     """The server's log-probs of its own greedy reply are the trained checkpoint's (to 1e-4), not the
     initial model's: a server still on the initial weights matches ``initial`` instead and fails."""
     prompt, answer, served = served_logprobs(base_url, messages)

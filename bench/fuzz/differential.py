@@ -43,7 +43,8 @@ def check(body: bytes) -> bool:
         return False
     ref = python_path(body)
     assert not isinstance(ref, PermanentError), f"the fast path stored a body the Python path refuses: {ref}"
-    assert ref.rejected == 0, f"the fast path stored all of a request the Python path partly rejects: {ref.error_message}"
+    assert ref.rejected == 0, ("the fast path stored all of a request the Python path partly rejects: "
+                               f"{ref.error_message}")
     assert fast.accepted == ref.accepted, (fast.accepted, ref.accepted)
     same_tables(fast.table, ref.table)
     return True

@@ -61,7 +61,8 @@ def clang() -> str:
 def _python_flags() -> tuple[list[str], list[str]]:
     include = ["-I" + sysconfig.get_paths()["include"]]
     libdir, libpl, version = (sysconfig.get_config_var(v) for v in ("LIBDIR", "LIBPL", "LDVERSION"))
-    link = [f"-L{libdir}", f"-L{libpl}", f"-Wl,-rpath,{libdir}", f"-lpython{version}"] + (sysconfig.get_config_var("LIBS") or "").split()
+    link = [f"-L{libdir}", f"-L{libpl}", f"-Wl,-rpath,{libdir}",
+            f"-lpython{version}"] + (sysconfig.get_config_var("LIBS") or "").split()
     return include, link
 
 
@@ -69,7 +70,8 @@ def build() -> dict[str, Path]:
     """Both fuzzers, rebuilt when a source is newer; {"native": path, "diff": path}."""
     BUILD.mkdir(exist_ok=True)
     include, link = _python_flags()
-    inputs = SOURCES + HARNESS + [REPO / "collector" / "wire.h", REPO / "collector" / "_wire.c", Path(__file__)]  # flags too
+    # flags too
+    inputs = SOURCES + HARNESS + [REPO / "collector" / "wire.h", REPO / "collector" / "_wire.c", Path(__file__)]
     newest = max(p.stat().st_mtime for p in inputs)
     out = {"native": BUILD / "fuzz_wire", "diff": BUILD / "fuzz_wire_diff"}
     if all(b.exists() and b.stat().st_mtime > newest for b in out.values()):
@@ -78,12 +80,15 @@ def build() -> dict[str, Path]:
     objects.mkdir(exist_ok=True)
     units = [(src, src.stem, COVERAGE) for src in SOURCES] + [(src, src.stem, []) for src in HARNESS]
     units += [(HERE / "fuzz_wire.c", "fuzz_wire_diff", ["-DFUZZ_DIFF"]), (REPO / "collector" / "_wire.c", "_wire", [])]
-    _run_all([[clang(), *CFLAGS, *flags, *include, "-c", str(src), "-o", str(objects / f"{name}.o")] for src, name, flags in units])
+    _run_all([[clang(), *CFLAGS, *flags, *include, "-c", str(src),
+               "-o", str(objects / f"{name}.o")] for src, name, flags in units])
     decoder = [str(objects / f"{src.stem}.o") for src in SOURCES]
     _run_all([
-        [clang(), *SANITIZE, "-fsanitize=fuzzer", *decoder, str(objects / "fuzz_wire.o"), str(objects / "proto_mutator.o"),
+        [clang(), *SANITIZE,
+         "-fsanitize=fuzzer", *decoder, str(objects / "fuzz_wire.o"), str(objects / "proto_mutator.o"),
          "-o", str(out["native"])],
-        [clang(), *SANITIZE, "-fsanitize=fuzzer", *decoder, str(objects / "fuzz_wire_diff.o"), str(objects / "proto_mutator.o"),
+        [clang(), *SANITIZE,
+         "-fsanitize=fuzzer", *decoder, str(objects / "fuzz_wire_diff.o"), str(objects / "proto_mutator.o"),
          str(objects / "_wire.o"), "-o", str(out["diff"]), *link],
     ])
     return out
@@ -100,7 +105,8 @@ def _run_all(commands: list[list[str]]) -> None:
 def _env(kind: str) -> dict[str, str]:
     env = dict(os.environ)
     env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1"
-    env["ASAN_OPTIONS"] = "detect_leaks=" + ("0" if kind == "diff" else "1")  # the embedded interpreter keeps its objects
+    # the embedded interpreter keeps its objects
+    env["ASAN_OPTIONS"] = "detect_leaks=" + ("0" if kind == "diff" else "1")
     if kind == "diff":
         env["FUZZ_PYTHON"] = str(Path(sys.executable))
         env["PYTHONPATH"] = os.pathsep.join([str(HERE), *filter(None, [env.get("PYTHONPATH")])])
@@ -120,7 +126,8 @@ def fuzz(kind: str, binary: Path, *, runs: int, seconds: int, jobs: int, corpus:
     started = time.monotonic()
     for job in range(jobs):
         log = BUILD / f"{kind}-{job}.log"
-        args = [str(binary), f"-max_len={MAX_LEN}", "-print_final_stats=1", f"-seed={job + 1 + int(time.time()) % 100000}",
+        args = [str(binary), f"-max_len={MAX_LEN}", "-print_final_stats=1",
+                f"-seed={job + 1 + int(time.time()) % 100000}",
                 f"-artifact_prefix={BUILD}/", f"-dict={HERE / 'otlp.dict'}", "-timeout=20", "-rss_limit_mb=4096",
                 *limit, str(corpus), str(seeds)]
         procs.append((subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=_env(kind)), log))
@@ -128,25 +135,33 @@ def fuzz(kind: str, binary: Path, *, runs: int, seconds: int, jobs: int, corpus:
     elapsed = time.monotonic() - started
     logs = [log.read_text(errors="replace") for _, log in procs]
     execs = sum(_stat(text, "number_of_executed_units") for text in logs)
-    crashes = sorted(str(p.relative_to(REPO)) for p in BUILD.glob("crash-*")) + sorted(str(p.relative_to(REPO)) for p in BUILD.glob("leak-*"))
-    failed = [f"{kind}-{job}.log: exit {code}: {_tail(text)}" for job, (code, text) in enumerate(zip(codes, logs)) if code]
+    crashes = sorted(str(p.relative_to(REPO)) for p in BUILD.glob("crash-*")) + sorted(str(p.relative_to(REPO))
+                                                                                       for p in BUILD.glob("leak-*"))
+    failed = [f"{kind}-{job}.log: exit {code}: {_tail(text)}" for job, (code, text) in enumerate(zip(codes, logs))
+              if code]
     status = [re.findall(r"cov: (\d+) ft: (\d+) corp: (\d+)/", text)[-1:] for text in logs]
-    return {"kind": kind, "jobs": jobs, "executions": execs, "seconds": round(elapsed, 1), "execs_per_s": round(execs / max(elapsed, 1e-9)),
-            "edges_features_corpus": [tuple(map(int, s[0])) if s else None for s in status], "crashes": crashes, "failed": failed}
+    return {"kind": kind, "jobs": jobs, "executions": execs, "seconds": round(elapsed, 1),
+            "execs_per_s": round(execs / max(elapsed, 1e-9)),
+            "edges_features_corpus": [tuple(map(int, s[0])) if s else None for s in status], "crashes": crashes,
+            "failed": failed}
 
 
 def _tail(log: str) -> str:
-    lines = [ln for ln in log.splitlines() if "ERROR" in ln or "SUMMARY" in ln or "check failed" in ln or "disagree" in ln or "Error" in ln]
+    lines = [ln for ln in log.splitlines() if "ERROR" in ln or "SUMMARY" in ln or "check failed" in ln
+             or "disagree" in ln or "Error" in ln]
     return " | ".join(lines[-6:]) or log[-800:]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=5_000_000, help="executions of each native process (0: use --seconds)")
-    parser.add_argument("--diff-runs", type=int, default=1_000_000, help="executions of each differential process (0: use --seconds)")
+    parser.add_argument("--runs", type=int, default=5_000_000,
+                        help="executions of each native process (0: use --seconds)")
+    parser.add_argument("--diff-runs", type=int, default=1_000_000,
+                        help="executions of each differential process (0: use --seconds)")
     parser.add_argument("--seconds", type=int, default=60, help="time per fuzzer where its runs are 0")
     parser.add_argument("--jobs", type=int, default=2, help="processes of each fuzzer side by side")
-    parser.add_argument("--quick", action="store_true", help="a short run for `make test`: 15 s native, 15 s differential, 1 job each")
+    parser.add_argument("--quick", action="store_true",
+                        help="a short run for `make test`: 15 s native, 15 s differential, 1 job each")
     parser.add_argument("--fresh", action="store_true", help="start from the seeds alone (empty the kept corpus)")
     args = parser.parse_args(argv)
     if args.quick:
@@ -157,15 +172,18 @@ def main(argv: list[str] | None = None) -> int:
 
     binaries = build()
     seeds, corpus = BUILD / "seeds", BUILD / ("corpus-quick" if args.quick else "corpus")
-    for stale in [*BUILD.glob("crash-*"), *BUILD.glob("leak-*"), *(corpus.glob("*") if args.fresh or args.quick else [])]:
+    for stale in [*BUILD.glob("crash-*"), *BUILD.glob("leak-*"),
+                  *(corpus.glob("*") if args.fresh or args.quick else [])]:
         stale.unlink()
     corpus.mkdir(exist_ok=True)
     n_seeds = write_seeds(seeds)
     load_before = os.getloadavg()
     results = [fuzz(kind, binaries[kind], runs=runs, seconds=args.seconds, jobs=args.jobs, corpus=corpus, seeds=seeds)
                for kind, runs in (("native", args.runs), ("diff", args.diff_runs))]
-    summary = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seeds": n_seeds, "corpus": len(list(corpus.iterdir())),
-               "executions": sum(r["executions"] for r in results), "load_avg_before": [round(x, 1) for x in load_before],
+    summary = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seeds": n_seeds,
+               "corpus": len(list(corpus.iterdir())),
+               "executions": sum(r["executions"] for r in results),
+               "load_avg_before": [round(x, 1) for x in load_before],
                "load_avg_after": [round(x, 1) for x in os.getloadavg()], "cores": os.cpu_count(), "runs": results}
     text = json.dumps(summary, indent=1)
     (BUILD / ("last-quick-run.json" if args.quick else "last-run.json")).write_text(text + "\n")

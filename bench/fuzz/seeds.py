@@ -72,7 +72,9 @@ def _edge_bodies() -> list[tuple[str, bytes]]:
         span.attributes.add(key=f"d{k}").value.double_value = 2.0**k
     out.append(("doubles", req.SerializeToString()))
     req, span = one()
-    ids = common_pb2.AnyValue(array_value=common_pb2.ArrayValue(values=[common_pb2.AnyValue(int_value=i) for i in (0, 1, 50256, -5)]))
+    ids = common_pb2.AnyValue(
+        array_value=common_pb2.ArrayValue(values=[common_pb2.AnyValue(int_value=i) for i in (0, 1, 50256, -5)])
+    )
     span.attributes.add(key="spanrl.llm.prompt_token_ids", value=ids)
     span.attributes.add(key="spanrl.llm.completion_token_ids").value.string_value = "AQAAAAIAAAA="
     span.attributes.add(key="spanrl.llm.logprobs").value.bytes_value = b"\x00\x00\x80\xbf"
@@ -99,7 +101,8 @@ def _sdk_bodies() -> list[tuple[str, bytes]]:
     provider.add_span_processor(SimpleSpanProcessor(memory))
     tracer = provider.get_tracer("seeds", "0.1")
     with tracer.start_as_current_span("invoke_agent") as root:
-        root.set_attributes({"gen_ai.operation.name": "chat", "gen_ai.request.temperature": 0.7, "spanrl.llm.prompt_token_ids": [1, 2, 3],
+        root.set_attributes({"gen_ai.operation.name": "chat", "gen_ai.request.temperature": 0.7,
+                             "spanrl.llm.prompt_token_ids": [1, 2, 3],
                              "spanrl.llm.logprobs": [-0.1, -2.0], "flags": [True, False]})
         root.add_event("gen_ai.choice", {"index": 0})
     spans = memory.get_finished_spans()
@@ -117,7 +120,8 @@ def seed_bodies(n_random: int = 200) -> list[tuple[str, bytes]]:
     out += [(f"random-{i}", fast._random_request(rng).SerializeToString()) for i in range(n_random)]
     out += [(f"workload-{w}", ingest.encode_otlp(ingest.make_spans(w, 2)[:3], "r1")) for w in ingest.WORKLOADS]
     out += [("faults-request", faults._request(3)[0].SerializeToString())]
-    out += [(f"faults-{kind}-{i}", body) for i, (kind, body) in enumerate(faults._malformed_protobuf(rng, 60)) if len(body) < 16384]
+    out += [(f"faults-{kind}-{i}", body) for i, (kind, body) in enumerate(faults._malformed_protobuf(rng, 60))
+            if len(body) < 16384]
     return out
 
 

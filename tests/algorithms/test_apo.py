@@ -27,13 +27,15 @@ def scripted_critic(body: dict) -> str:
         return f"<critique>Add the instruction: {missing[0] if missing else 'nothing'}</critique>"
     critique = re.search(r"<critique>\n(.*?)\n</critique>", prompt, re.DOTALL).group(1)
     hint = critique.removeprefix("Add the instruction: ")
-    return f"Here it is:\n<template>{template} {hint}</template>" if hint in HINTS else f"<template>{template}</template>"
+    return (f"Here it is:\n<template>{template} {hint}</template>" if hint in HINTS
+            else f"<template>{template}</template>")
 
 
 def score(template: str) -> Evaluation:
     """Stands in for scoring by rollouts: each hint present solves a third of the tasks."""
     solved = sum(h in template for h in HINTS)
-    return Evaluation(score=solved / len(HINTS), examples=[f"task {i}: wrong answer (reward 0)" for i in range(3 - solved)])
+    return Evaluation(score=solved / len(HINTS),
+                      examples=[f"task {i}: wrong answer (reward 0)" for i in range(3 - solved)])
 
 
 def test_apo_improves_the_template_score() -> None:
@@ -51,8 +53,10 @@ def test_apo_improves_the_template_score() -> None:
 
 
 def test_edit_that_drops_a_placeholder_is_rejected(tmp_path: Path) -> None:
-    with FakeOpenAI(reply=lambda body: "<critique>x</critique>" if "critique>." in body["messages"][0]["content"] else "<template>no fields</template>") as critic:
-        result = APO(critic_base_url=critic.base_url, rounds=1, branch_factor=2, beam_width=1).optimize("Q: {question}", lambda t: 0.5)
+    with FakeOpenAI(reply=lambda body: "<critique>x</critique>" if "critique>." in body["messages"][0]["content"]
+                    else "<template>no fields</template>") as critic:
+        result = APO(critic_base_url=critic.base_url, rounds=1, branch_factor=2, beam_width=1).optimize("Q: {question}",
+                                                                                                        lambda t: 0.5)
     assert result.best_template == "Q: {question}" and result.best_score == 0.5
     assert [e["status"] for e in result.history[1:]] == ["rejected: placeholders changed"] * 2
     result.save(tmp_path / "apo.json")

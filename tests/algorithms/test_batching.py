@@ -85,7 +85,8 @@ def _logps_and_grads(algo: GRPO, data: object, own: bool) -> tuple[torch.Tensor,
     trainer = algo.trainer
     ids = torch.cat([data.prompt_ids, data.completion_ids], 1)
     mask = torch.cat([data.prompt_mask, data.completion_mask], 1).long()  # as GRPO gives it
-    fn = trainer._get_per_token_logps_and_entropies if own else partial(GRPOTrainer._get_per_token_logps_and_entropies, trainer)
+    fn = (trainer._get_per_token_logps_and_entropies if own
+          else partial(GRPOTrainer._get_per_token_logps_and_entropies, trainer))
     trainer.model.zero_grad(set_to_none=True)
     with update_autocast(algo.bf16):
         logps, entropy, _ = fn(trainer.model, ids, mask, data.completion_ids.size(1), compute_entropy=True)

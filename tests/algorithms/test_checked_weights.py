@@ -43,7 +43,8 @@ def test_a_checkpoint_of_non_finite_weights_is_never_written(model_path, tmp_pat
     algo.save(tmp_path / "checkpoint-1")
     with torch.no_grad():
         algo.model.model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
-    with pytest.raises(TrainingError, match=r"not saving .*checkpoint-2: weight model.layers.0.mlp.down_proj.weight is not finite"):
+    with pytest.raises(TrainingError,
+                       match=r"not saving .*checkpoint-2: weight model.layers.0.mlp.down_proj.weight is not finite"):
         algo.save(tmp_path / "checkpoint-2")
     assert not (tmp_path / "checkpoint-2").exists()
     algo.load_state(tmp_path / "checkpoint-1")  # the last good one is intact and loads
@@ -62,7 +63,8 @@ def test_an_update_with_a_non_finite_gradient_leaves_the_weights(model_path, tmp
     """Advantages of 3e38 are finite in float64 and float32, but the loss and its gradient overflow."""
     algo = _setup(cls, model_path, tmp_path)
     before = copy.deepcopy(algo.model.state_dict())
-    huge = [dataclasses.replace(t, advantage=3e38 if t.advantage >= 0 else -3e38, reward=3e38) for t in _transitions(algo, 2)]
+    huge = [dataclasses.replace(t, advantage=3e38 if t.advantage >= 0 else -3e38, reward=3e38)
+            for t in _transitions(algo, 2)]
     metrics = algo.update(batch_of(huge))
     assert not torch.isfinite(torch.tensor(metrics["charts/grad_norm"]))
     for key, tensor in algo.model.state_dict().items():

@@ -17,7 +17,9 @@ from spanrl.algorithms.transitions import load_transitions
 def _helpers() -> Any:
     name = "spanrl_tests_decomposer_helpers"  # the span-tree helpers of the decomposer tests, loaded by path
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "store" / "test_decomposer.py")
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).resolve().parents[1] / "store" / "test_decomposer.py"
+        )
         assert spec is not None and spec.loader is not None
         sys.modules[name] = module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

@@ -43,9 +43,13 @@ def require_clang() -> str:
     if clang is None:
         missing("clang is not installed (`make clang`: apt-get install clang libclang-rt-dev)")
     with tempfile.TemporaryDirectory() as tmp:
-        probe = subprocess.run([clang, "-x", "c", "-fsanitize=fuzzer,address,undefined", "-o", str(Path(tmp) / "probe"), "-"],
+        probe = subprocess.run([clang, "-x", "c", "-fsanitize=fuzzer,address,undefined", "-o", str(Path(tmp) / "probe"),
+                                "-"],
                                input=b"int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }\n",
                                capture_output=True)
     if probe.returncode:
-        missing(f"clang cannot build a sanitized libFuzzer binary (libclang-rt-dev missing?): {probe.stderr.decode()[-400:]}")
+        missing(
+            "clang cannot build a sanitized libFuzzer binary (libclang-rt-dev missing?): "
+            f"{probe.stderr.decode()[-400:]}"
+        )
     return clang

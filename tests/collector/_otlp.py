@@ -46,14 +46,16 @@ def make_request(
     """A request of ``n_spans`` spans in one trace; returns it and the hex span ids."""
     req = ExportTraceServiceRequest()
     rs = req.resource_spans.add()
-    rs.resource.attributes.extend(kv(k, v) for k, v in {"service.name": "test-agent", "spanrl.rollout.id": rollout_id, **(resource or {})}.items())
+    rs.resource.attributes.extend(kv(k, v) for k, v in {"service.name": "test-agent", "spanrl.rollout.id": rollout_id,
+                                                        **(resource or {})}.items())
     ss = rs.scope_spans.add()
     ss.scope.name = "tests"
     trace_id = os.urandom(16)
     ids = []
     for i in range(n_spans):
         sid = os.urandom(8)
-        span = ss.spans.add(trace_id=trace_id, span_id=sid, name=name, kind=1, start_time_unix_nano=1_000 + i, end_time_unix_nano=2_000 + i)
+        span = ss.spans.add(trace_id=trace_id, span_id=sid, name=name, kind=1, start_time_unix_nano=1_000 + i,
+                            end_time_unix_nano=2_000 + i)
         span.attributes.extend(kv(k, v) for k, v in {"i": i, **(attributes or {})}.items())
         ids.append(sid.hex())
     return req, ids

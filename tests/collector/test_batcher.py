@@ -111,7 +111,8 @@ def test_receivers_answer_full_queue_with_unavailable_and_503_retry_after(tmp_pa
     sql = SqlRunner(store, workers=1, max_waiting=2, timeout_s=5, retry_after_s=7)
     grpc_rx = GrpcReceiver(host="127.0.0.1", port=0, tokens=Tokens(), max_request_bytes=1 << 20, max_concurrent_rpcs=8,
                            admission=admission, next_consumer=batcher)
-    app = OtlpHttpApp(tokens=Tokens(), bound_host="127.0.0.1", max_request_bytes=1 << 20, next_consumer=batcher, store=store,
+    app = OtlpHttpApp(tokens=Tokens(), bound_host="127.0.0.1", max_request_bytes=1 << 20, next_consumer=batcher,
+                      store=store,
                       admission=admission.with_request_cap(8), sql=sql, health=lambda: {"status": "ok"})
     http_rx = HttpReceiver(host="127.0.0.1", port=0, app=app, graceful_timeout_s=5)
     grpc_rx.start()
@@ -120,7 +121,8 @@ def test_receivers_answer_full_queue_with_unavailable_and_503_retry_after(tmp_pa
         body = make_request(50)[0].SerializeToString()
         with grpc.insecure_channel(f"127.0.0.1:{grpc_rx.port}") as channel:
             call = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export",
-                                       request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString)
+                                       request_serializer=None,
+                                       response_deserializer=ExportTraceServiceResponse.FromString)
             with pytest.raises(grpc.RpcError) as err:
                 call(body, timeout=10)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "write queue full" in err.value.details()

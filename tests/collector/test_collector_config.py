@@ -86,14 +86,16 @@ def test_duckdb_threads_flag_reaches_the_store(tmp_path):
     import sys
     import urllib.request
 
-    bad = subprocess.run([sys.executable, "-m", "spanrl", "collector", "--duckdb-threads", "0", "--db", str(tmp_path / "a.duckdb")],
+    bad = subprocess.run([sys.executable, "-m", "spanrl", "collector", "--duckdb-threads", "0",
+                          "--db", str(tmp_path / "a.duckdb")],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "duckdb_threads must be None or at least 1, got 0" in bad.stderr
     config = CollectorConfig(db_path=str(tmp_path / "b.duckdb"), grpc_port=-1, http_port=0, duckdb_threads=1)
     collector = Collector(config)
     collector.start()
     try:
-        req = urllib.request.Request(f"{collector.http_endpoint}/v1/sql", method="POST", headers={"content-type": "application/json"},
+        req = urllib.request.Request(f"{collector.http_endpoint}/v1/sql", method="POST",
+                                     headers={"content-type": "application/json"},
                                      data=json.dumps({"sql": "SELECT current_setting('threads') AS t"}).encode())
         with urllib.request.urlopen(req, timeout=60) as resp:
             assert json.loads(resp.read())["rows"] == [{"t": 1}]

@@ -25,19 +25,23 @@ _MiB = 1 << 20
 
 
 def _http(collector, body: bytes, ctype: str = "application/x-protobuf") -> tuple[int, dict, str]:
-    req = urllib.request.Request(f"{collector.http_endpoint}/v1/traces", data=body, headers={"content-type": ctype}, method="POST")
+    req = urllib.request.Request(f"{collector.http_endpoint}/v1/traces", data=body, headers={"content-type": ctype},
+                                 method="POST")
     try:
         with urllib.request.urlopen(req, timeout=120) as resp:
             return resp.status, dict(resp.headers), ""
     except urllib.error.HTTPError as exc:
         reply = exc.read()
-        message = json.loads(reply)["message"] if ctype == "application/json" else status_pb2.Status.FromString(reply).message
+        message = (json.loads(reply)["message"] if ctype == "application/json"
+                   else status_pb2.Status.FromString(reply).message)
         return exc.code, dict(exc.headers), message
 
 
 def _grpc(collector, body: bytes) -> tuple[grpc.StatusCode, str, dict]:
-    with grpc.insecure_channel(collector.grpc_endpoint, options=[("grpc.max_send_message_length", 64 * _MiB)]) as channel:
-        call = channel.unary_unary(_EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString)
+    with grpc.insecure_channel(collector.grpc_endpoint,
+                               options=[("grpc.max_send_message_length", 64 * _MiB)]) as channel:
+        call = channel.unary_unary(_EXPORT, request_serializer=None,
+                                   response_deserializer=ExportTraceServiceResponse.FromString)
         try:
             call(body, timeout=120)
         except grpc.RpcError as exc:
@@ -59,11 +63,12 @@ def budgeted(tmp_path):
 
 def _json_nested(depth: int) -> bytes:
     value = '{"arrayValue":{"values":[' * depth + '{"intValue":"1"}' + "]}}" * depth  # as text: json.dumps recurses
-    span = f'{{"traceId":"{"01" * 16}","spanId":"{"02" * 8}","name":"s","attributes":[{{"key":"deep","value":{value}}}]}}'
+    span = (f'{{"traceId":"{"01" * 16}","spanId":"{"02" * 8}","name":"s","attributes":[{{"key":"deep","value":{value}}}]}}')
     return f'{{"resourceSpans":[{{"scopeSpans":[{{"spans":[{span}]}}]}}]}}'.encode()
 
 
-@pytest.mark.parametrize(("depth", "kinds"), [(MAX_NESTING + 1, "a"), (300, "a"), (2000, "a"), (MAX_NESTING + 1, "k"), (40, "ak")])
+@pytest.mark.parametrize(("depth", "kinds"),
+                         [(MAX_NESTING + 1, "a"), (300, "a"), (2000, "a"), (MAX_NESTING + 1, "k"), (40, "ak")])
 def test_nesting_past_the_limit_is_400_and_invalid_argument_with_the_reason(budgeted, depth, kinds):
     """Was: from 254 arrays an uncaught TypeError, answered 503 / UNAVAILABLE: exporters retried it for ever."""
     body = _nested(depth, kinds)
@@ -74,7 +79,8 @@ def test_nesting_past_the_limit_is_400_and_invalid_argument_with_the_reason(budg
     if kinds == "a" or depth == MAX_NESTING + 1:
         assert f"more than {MAX_NESTING} deep" in message and f"more than {MAX_NESTING} deep" in details
     assert _spans(budgeted) == 0
-    assert _http(budgeted, _nested(MAX_NESTING))[0] == 200 and _grpc(budgeted, _nested(MAX_NESTING))[0] == grpc.StatusCode.OK
+    assert _http(budgeted, _nested(MAX_NESTING))[0] == 200 and _grpc(budgeted,
+                                                                     _nested(MAX_NESTING))[0] == grpc.StatusCode.OK
 
 
 @pytest.mark.parametrize("depth", [MAX_NESTING + 1, 40, 400])
@@ -92,7 +98,8 @@ def test_otlp_json_nesting_past_the_limit_is_400(budgeted, depth):
     (ValueError("bad"), 400, grpc.StatusCode.INVALID_ARGUMENT, "ValueError: bad"),
     (MemoryError(), 503, grpc.StatusCode.UNAVAILABLE, "ran out of memory"),
 ])
-def test_every_decode_error_is_mapped_on_purpose_by_both_receivers(budgeted, monkeypatch, raised, http_status, grpc_code, said):
+def test_every_decode_error_is_mapped_on_purpose_by_both_receivers(budgeted, monkeypatch, raised, http_status,
+                                                                   grpc_code, said):
     """Before: anything but the collector's own errors reached the receivers' catch-all, answered as
     retryable (503 / UNAVAILABLE) whatever it was."""
     def fail(*args, **kwargs):
@@ -134,7 +141,8 @@ def _hwm_kib(pid: int) -> int:
 
 
 @pytest.mark.parametrize("decoder", ["auto", "python"])
-def test_the_collectors_peak_memory_stays_within_the_budget_for_the_amplifying_request(collector_proc_factory, monkeypatch, decoder):
+def test_the_collectors_peak_memory_stays_within_the_budget_for_the_amplifying_request(collector_proc_factory,
+                                                                                       monkeypatch, decoder):
     """A real collector process (max_inflight_bytes 64 MiB): its peak RSS grows by less than the 301 MB
     the request would decode to (before the fix: the whole decoded form, ~300-600 MB, and stored)."""
     require_fast_path()
@@ -143,7 +151,8 @@ def test_the_collectors_peak_memory_stays_within_the_budget_for_the_amplifying_r
     proc = collector_proc_factory(name=f"amp-{decoder}")
     body = amplifying_body()
     before = _hwm_kib(proc.proc.pid)
-    req = urllib.request.Request(f"{proc.http_endpoint}/v1/traces", data=body, headers={"content-type": "application/x-protobuf"}, method="POST")
+    req = urllib.request.Request(f"{proc.http_endpoint}/v1/traces", data=body,
+                                 headers={"content-type": "application/x-protobuf"}, method="POST")
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(req, timeout=120)
     assert err.value.code == 413

@@ -57,7 +57,8 @@ def test_the_check_catches_a_disagreement(monkeypatch):
             import pyarrow as pa
 
             names = batch.table.column_names
-            batch.table = batch.table.set_column(names.index("name"), "name", pa.array([n + "x" for n in batch.table["name"].to_pylist()]))
+            batch.table = batch.table.set_column(names.index("name"), "name",
+                                                 pa.array([n + "x" for n in batch.table["name"].to_pylist()]))
         return batch
 
     monkeypatch.setattr(fast_decode, "decode_body", off_by_one)

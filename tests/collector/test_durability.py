@@ -22,7 +22,8 @@ def _spans(n: int, rollout_id: str) -> list[ReadableSpan]:
     provider.add_span_processor(SimpleSpanProcessor(memory))
     tracer = provider.get_tracer("tests.durability")
     for i in range(n):
-        with tracer.start_as_current_span("chat tiny", attributes={sc.GEN_AI_OPERATION_NAME: "chat", sc.GEN_AI_INPUT_MESSAGES: "m" * 200, "i": i}):
+        with tracer.start_as_current_span("chat tiny", attributes={sc.GEN_AI_OPERATION_NAME: "chat",
+                                                                   sc.GEN_AI_INPUT_MESSAGES: "m" * 200, "i": i}):
             pass
     provider.shutdown()
     return list(memory.get_finished_spans())
@@ -62,7 +63,8 @@ def test_sigkill_loses_no_acknowledged_span(collector_proc):
     assert len(acked) >= 1000
 
     collector_proc.start()  # same file, DuckDB replays its WAL
-    stored = {r["span_id"] for r in collector_proc.sql("SELECT DISTINCT span_id FROM spans WHERE rollout_id = 'killed'")}
+    stored = {r["span_id"]
+              for r in collector_proc.sql("SELECT DISTINCT span_id FROM spans WHERE rollout_id = 'killed'")}
     assert acked <= stored, f"{len(acked - stored)} acknowledged spans lost"
 
 
@@ -89,7 +91,9 @@ def test_sixteen_concurrent_exporters_all_spans_in(collector):
     for t in threads:
         t.join(120)
     assert results.count(SpanExportResult.SUCCESS) == 16 * 6
-    counts = collector.store.sql("SELECT rollout_id, count(DISTINCT span_id) AS n FROM spans GROUP BY ALL ORDER BY ALL").to_pylist()
+    counts = collector.store.sql(
+        "SELECT rollout_id, count(DISTINCT span_id) AS n FROM spans GROUP BY ALL ORDER BY ALL"
+    ).to_pylist()
     assert counts == [{"rollout_id": f"conc-{k}", "n": 300} for k in sorted(range(16), key=lambda k: f"conc-{k}")]
 
 

@@ -23,14 +23,16 @@ _LIMIT_BYTES = 256 * 1024
 @pytest.fixture
 def guarded(tmp_path):
     """A collector with a token and a small request limit."""
-    config = CollectorConfig(db_path=str(tmp_path / "g.duckdb"), grpc_port=0, http_port=0, token=_TOKEN, max_request_bytes=_LIMIT_BYTES)
+    config = CollectorConfig(db_path=str(tmp_path / "g.duckdb"), grpc_port=0, http_port=0, token=_TOKEN,
+                             max_request_bytes=_LIMIT_BYTES)
     with Collector(config) as c:
         yield c
 
 
 def _grpc_export(collector, body: bytes, token: str | None = _TOKEN) -> ExportTraceServiceResponse:
     with grpc.insecure_channel(collector.grpc_endpoint) as channel:
-        call = channel.unary_unary(_EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString)
+        call = channel.unary_unary(_EXPORT, request_serializer=None,
+                                   response_deserializer=ExportTraceServiceResponse.FromString)
         metadata = [("authorization", f"Bearer {token}")] if token else None
         return call(body, metadata=metadata, timeout=30)
 
@@ -86,7 +88,9 @@ def test_http_malformed_json_is_400_with_message(guarded):
     assert status == 400
     doc = json.loads(body)
     assert doc["code"] == 3 and "malformed OTLP/JSON" in doc["message"]
-    status, _, body = _http_post(guarded, b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"startTimeUnixNano": "soon"}]}]}]}', "application/json")
+    status, _, body = _http_post(guarded,
+                                 b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"startTimeUnixNano": "soon"}]}]}]}',
+                                 "application/json")
     assert status == 400 and "startTimeUnixNano" in json.loads(body)["message"]
     assert guarded.store.span_count() == 0
 
@@ -96,7 +100,8 @@ def test_http_oversized_body_is_413(guarded):
     status, _, body = _http_post(guarded, req.SerializeToString(), "application/x-protobuf")
     assert status == 413 and "max_request_bytes" in status_pb2.Status.FromString(body).message
     # A gzip bomb: small on the wire, over the limit once inflated.
-    status, _, _ = _http_post(guarded, gzip.compress(req.SerializeToString()), "application/x-protobuf", headers={"content-encoding": "gzip"})
+    status, _, _ = _http_post(guarded, gzip.compress(req.SerializeToString()), "application/x-protobuf",
+                              headers={"content-encoding": "gzip"})
     assert status == 413
     assert guarded.store.span_count() == 0
 
@@ -116,7 +121,8 @@ def test_http_unsupported_content_type_is_415(guarded):
 
 def test_http_gzip_protobuf_is_stored(guarded):
     req, ids = make_request(7)
-    status, _, body = _http_post(guarded, gzip.compress(req.SerializeToString()), "application/x-protobuf", headers={"content-encoding": "gzip"})
+    status, _, body = _http_post(guarded, gzip.compress(req.SerializeToString()), "application/x-protobuf",
+                                 headers={"content-encoding": "gzip"})
     assert status == 200 and not ExportTraceServiceResponse.FromString(body).HasField("partial_success")
     got = {r["span_id"] for r in guarded.store.sql("SELECT span_id FROM spans").to_pylist()}
     assert got == set(ids)
@@ -144,8 +150,10 @@ def test_sdk_exporters_with_token_headers_and_gzip_are_accepted(guarded):
 
     header = {"authorization": f"Bearer {_TOKEN}"}
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(GrpcExporter(endpoint=guarded.grpc_endpoint, insecure=True, headers=header, compression=grpc.Compression.Gzip)))
-    provider.add_span_processor(SimpleSpanProcessor(HttpExporter(endpoint=f"{guarded.http_endpoint}/v1/traces", headers=header, compression=Compression.Gzip)))
+    provider.add_span_processor(SimpleSpanProcessor(GrpcExporter(endpoint=guarded.grpc_endpoint, insecure=True,
+                                                                 headers=header, compression=grpc.Compression.Gzip)))
+    provider.add_span_processor(SimpleSpanProcessor(HttpExporter(endpoint=f"{guarded.http_endpoint}/v1/traces",
+                                                                 headers=header, compression=Compression.Gzip)))
     with provider.get_tracer("t").start_as_current_span("authorized"):
         pass
     provider.shutdown()

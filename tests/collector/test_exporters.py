@@ -17,10 +17,13 @@ from spanrl import semconv as sc
 
 
 def _emit(exporter, service: str) -> None:
-    provider = TracerProvider(resource=Resource.create({sc.SERVICE_NAME: service, sc.ROLLOUT_ID: f"ro-{service}", sc.TASK_ID: "t7"}))
+    provider = TracerProvider(
+        resource=Resource.create({sc.SERVICE_NAME: service, sc.ROLLOUT_ID: f"ro-{service}", sc.TASK_ID: "t7"})
+    )
     provider.add_span_processor(BatchSpanProcessor(exporter))
     tracer = provider.get_tracer("tests.exporters")
-    with tracer.start_as_current_span("invoke_agent solver", attributes={sc.GEN_AI_OPERATION_NAME: "invoke_agent", sc.GEN_AI_AGENT_NAME: "solver"}):
+    with tracer.start_as_current_span("invoke_agent solver", attributes={sc.GEN_AI_OPERATION_NAME: "invoke_agent",
+                                                                         sc.GEN_AI_AGENT_NAME: "solver"}):
         with tracer.start_as_current_span(
             "chat tiny",
             kind=SpanKind.CLIENT,
@@ -42,7 +45,8 @@ def _emit(exporter, service: str) -> None:
 
 def _cli_sql(proc, query: str) -> list[dict]:
     out = subprocess.run(
-        [sys.executable, "-m", "spanrl", "sql", query, "--url", proc.http_endpoint, "--db", str(proc.db_path), "--format", "json"],
+        [sys.executable, "-m", "spanrl", "sql", query, "--url", proc.http_endpoint, "--db", str(proc.db_path),
+         "--format", "json"],
         capture_output=True, text=True, timeout=120, check=True,
     )
     return json.loads(out.stdout)
@@ -59,10 +63,12 @@ def _check_store(proc, service: str) -> None:
     assert chat["prompt_token_ids"] == [5, 6, 7] and chat["completion_token_ids"] == [8, 9]
     assert chat["logprobs"] == [-0.5, -0.25]
     attributes = json.loads(chat["attributes"])
-    assert attributes == {sc.GEN_AI_OPERATION_NAME: "chat", sc.GEN_AI_REQUEST_MODEL: "tiny", sc.GEN_AI_RESPONSE_ID: f"resp-{service}",
+    assert attributes == {sc.GEN_AI_OPERATION_NAME: "chat", sc.GEN_AI_REQUEST_MODEL: "tiny",
+                          sc.GEN_AI_RESPONSE_ID: f"resp-{service}",
                           sc.GEN_AI_REQUEST_TEMPERATURE: 0.7, "tags": ["a", "b"], "flag": True}
     events = json.loads(chat["events"])
-    assert events[0]["name"] == sc.REWARD_SPAN_NAME and events[0]["attributes"] == {sc.REWARD_VALUE: 0.75, sc.REWARD_NAME: "accuracy"}
+    assert events[0]["name"] == sc.REWARD_SPAN_NAME and events[0]["attributes"] == {sc.REWARD_VALUE: 0.75,
+                                                                                    sc.REWARD_NAME: "accuracy"}
     assert json.loads(chat["resource"])[sc.SERVICE_NAME] == service
     rewards = _cli_sql(proc, f"SELECT name, value, source FROM rewards WHERE rollout_id = 'ro-{service}'")
     assert rewards == [{"name": "accuracy", "value": 0.75, "source": "event"}]

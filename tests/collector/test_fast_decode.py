@@ -89,7 +89,9 @@ def _value(rng: random.Random, depth: int = 0) -> common_pb2.AnyValue:
     if r < 0.06:
         return common_pb2.AnyValue()  # no value: null
     if r < 0.2 and depth < 3:
-        return common_pb2.AnyValue(array_value=common_pb2.ArrayValue(values=[_value(rng, depth + 1) for _ in range(rng.randrange(5))]))
+        return common_pb2.AnyValue(
+            array_value=common_pb2.ArrayValue(values=[_value(rng, depth + 1) for _ in range(rng.randrange(5))])
+        )
     return any_value(_scalar(rng))
 
 
@@ -111,7 +113,8 @@ def _hot_value(rng: random.Random, key: str) -> common_pb2.AnyValue:
     return rng.choice(kinds)
 
 
-_HOT = [sc.ROLLOUT_ID, sc.TASK_ID, sc.ATTEMPT, sc.MODE, sc.GEN_AI_AGENT_NAME, sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_RESPONSE_ID,
+_HOT = [sc.ROLLOUT_ID, sc.TASK_ID, sc.ATTEMPT, sc.MODE, sc.GEN_AI_AGENT_NAME, sc.GEN_AI_OPERATION_NAME,
+        sc.GEN_AI_RESPONSE_ID,
         sc.POLICY_VERSION, sc.REWARD_VALUE, sc.REWARD_NAME, sc.GEN_AI_EVALUATION_SCORE_VALUE, sc.GEN_AI_EVALUATION_NAME,
         sc.SERVICE_NAME]
 
@@ -198,12 +201,14 @@ def test_varied_requests_give_the_python_tables():
 
 
 def test_bench_workloads_and_make_request_shapes_take_the_fast_path():
-    spec = importlib.util.spec_from_file_location("bench_ingest", Path(__file__).resolve().parents[2] / "bench" / "ingest.py")
+    spec = importlib.util.spec_from_file_location("bench_ingest",
+                                                  Path(__file__).resolve().parents[2] / "bench" / "ingest.py")
     ingest = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ingest)  # bench/ holds scripts, not a package
     for workload in ingest.WORKLOADS:
         assert assert_same(ingest.encode_otlp(ingest.make_spans(workload, 3), "r1")), workload
-    req, _ = make_request(5, attributes={sc.LLM_PROMPT_TOKEN_IDS: [1, 2, 3], sc.LLM_LOGPROBS: [-0.5, 0, -1], "tags": ["a", 1, 2.5, True, []]},
+    req, _ = make_request(5, attributes={sc.LLM_PROMPT_TOKEN_IDS: [1, 2, 3], sc.LLM_LOGPROBS: [-0.5, 0, -1],
+                                         "tags": ["a", 1, 2.5, True, []]},
                           resource={"langs": ["py", "go"], sc.ATTEMPT: 2, sc.MODE: "val"})
     assert assert_same(req.SerializeToString())
 
@@ -223,9 +228,12 @@ def test_sdk_encoders_output():
     provider.add_span_processor(SimpleSpanProcessor(memory))
     tracer = provider.get_tracer("spanrl.tests", "0.1")
     with tracer.start_as_current_span("invoke_agent", attributes={sc.GEN_AI_OPERATION_NAME: "invoke_agent"}) as root:
-        with tracer.start_as_current_span("chat", kind=SpanKind.CLIENT, links=[Link(root.get_span_context(), {"why": "x"})]) as chat:
-            chat.set_attributes({sc.GEN_AI_OPERATION_NAME: "chat", "gen_ai.request.temperature": 0.7, "gen_ai.usage.input_tokens": 12,
-                                 "gen_ai.prompt.0.content": "Hi ☃", sc.LLM_PROMPT_TOKEN_IDS: [1, 2, 3], sc.LLM_LOGPROBS: [-0.1, -2.0],
+        with tracer.start_as_current_span("chat", kind=SpanKind.CLIENT,
+                                          links=[Link(root.get_span_context(), {"why": "x"})]) as chat:
+            chat.set_attributes({sc.GEN_AI_OPERATION_NAME: "chat", "gen_ai.request.temperature": 0.7,
+                                 "gen_ai.usage.input_tokens": 12,
+                                 "gen_ai.prompt.0.content": "Hi ☃", sc.LLM_PROMPT_TOKEN_IDS: [1, 2, 3],
+                                 sc.LLM_LOGPROBS: [-0.1, -2.0],
                                  sc.LLM_COMPLETION_TOKEN_IDS: (7, 8), "flags": [True, False], sc.POLICY_VERSION: 4})
             chat.add_event("gen_ai.choice", {"index": 0, "finish_reason": "stop"})
             chat.set_status(Status(StatusCode.ERROR, "rate limited"))
@@ -270,7 +278,8 @@ def _one(attributes: dict | None = None, **span_fields) -> ExportTraceServiceReq
 def _bad_utf8_variants() -> list[bytes]:
     """One valid request, with a marker string in each string field, each in turn made invalid UTF-8."""
     bodies = []
-    for where in ("name", "key", "value", "event", "scope", "version", "state", "status", "link_state", "schema", "array", "resource"):
+    for where in ("name", "key", "value", "event", "scope", "version", "state", "status", "link_state", "schema",
+                  "array", "resource"):
         req = _one({"plain": "ok"})
         rs = req.resource_spans[0]
         span = rs.scope_spans[0].spans[0]
@@ -428,7 +437,8 @@ def test_truncated_and_flipped_bodies_never_disagree():
 
 
 def test_truncated_varints_and_lengths_past_the_end():
-    for body in [b"\x0a", b"\x0a\x80", b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", b"\x0a\x05\x0a\x03", b"\x0a\x7f" + b"\x00" * 10]:
+    for body in [b"\x0a", b"\x0a\x80", b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", b"\x0a\x05\x0a\x03",
+                 b"\x0a\x7f" + b"\x00" * 10]:
         assert decode_body(body) is None
         assert isinstance(_python(body), PermanentError)
 
@@ -463,7 +473,9 @@ def test_running_collector_uses_the_extension(collector_proc):
     log = collector_proc.log_path.read_text()
     assert "protobuf decoder: C fast path" in log, log[-2000:]
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=collector_proc.grpc_endpoint, insecure=True)))
+    provider.add_span_processor(
+        SimpleSpanProcessor(OTLPSpanExporter(endpoint=collector_proc.grpc_endpoint, insecure=True))
+    )
     with provider.get_tracer("t").start_as_current_span("fast", attributes={sc.LLM_PROMPT_TOKEN_IDS: [5, 6], "k": "v"}):
         pass
     provider.shutdown()

@@ -31,7 +31,8 @@ from spanrl.store import RemoteStore
 _EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
 
-def _http(url: str, body: bytes, ctype: str = "application/x-protobuf", timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+def _http(url: str, body: bytes, ctype: str = "application/x-protobuf",
+          timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
     req = urllib.request.Request(url, data=body, headers={"content-type": ctype}, method="POST")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -47,12 +48,14 @@ def _sql(base: str, query: str) -> tuple[int, Any]:
 
 def _grpc_export(endpoint: str, body: bytes) -> ExportTraceServiceResponse:
     with grpc.insecure_channel(endpoint) as channel:
-        call = channel.unary_unary(_EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString)
+        call = channel.unary_unary(_EXPORT, request_serializer=None,
+                                   response_deserializer=ExportTraceServiceResponse.FromString)
         return call(body, timeout=30)
 
 
 def _count(c: Collector, ids: list[str]) -> int:
-    return int(c.store.sql("SELECT count(*) AS n FROM spans WHERE span_id IN (SELECT unnest(?))", [ids]).column("n")[0].as_py())
+    return int(c.store.sql("SELECT count(*) AS n FROM spans WHERE span_id IN (SELECT unnest(?))",
+                           [ids]).column("n")[0].as_py())
 
 
 @pytest.fixture
@@ -80,8 +83,10 @@ def test_timestamp_past_int64_rejects_that_span_only(collector):
     assert _count(collector, ids) == 2
 
     doc = {"resourceSpans": [{"scopeSpans": [{"spans": [
-        {"traceId": "ab" * 16, "spanId": "01" * 8, "name": "late", "startTimeUnixNano": str(2**64 - 1), "endTimeUnixNano": "1"},
-        {"traceId": "ab" * 16, "spanId": "02" * 8, "name": "fine", "startTimeUnixNano": "1", "endTimeUnixNano": "2"}]}]}]}
+        {"traceId": "ab" * 16, "spanId": "01" * 8, "name": "late", "startTimeUnixNano": str(2**64 - 1),
+         "endTimeUnixNano": "1"},
+        {"traceId": "ab" * 16, "spanId": "02" * 8, "name": "fine", "startTimeUnixNano": "1",
+         "endTimeUnixNano": "2"}]}]}]}
     status, _, body = _http(f"{collector.http_endpoint}/v1/traces", json.dumps(doc).encode(), "application/json")
     assert status == 200 and json.loads(body)["partialSuccess"]["rejectedSpans"] == "1"
     assert _count(collector, ["02" * 8]) == 1 and _count(collector, ["01" * 8]) == 0
@@ -93,7 +98,10 @@ def test_concurrency_cap_refusals_are_retryable_with_delay(small):
     body = make_request(5)[0].SerializeToString()
     with socket.create_connection((host, port), timeout=10) as hog:
         # Headers only: this request is admitted and waits for its body, holding the one HTTP slot.
-        hog.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-protobuf\r\nContent-Length: 1000\r\n\r\n")
+        hog.sendall(
+            b"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-protobuf\r\nContent-Length: "
+            b"1000\r\n\r\n"
+        )
         time.sleep(0.3)
         status, headers, reply = _http(f"{small.http_endpoint}/v1/traces", body)
     assert status == 503 and headers["retry-after"] == "1"
@@ -109,7 +117,8 @@ def test_grpc_concurrency_cap_refuses_with_retry_info_before_reading(small):
         yield make_request(2)[0].SerializeToString()
 
     with grpc.insecure_channel(small.grpc_endpoint) as channel:
-        held = channel.stream_unary(_EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString)
+        held = channel.stream_unary(_EXPORT, request_serializer=None,
+                                    response_deserializer=ExportTraceServiceResponse.FromString)
         pending = held.future(never_sends(), timeout=60)
         time.sleep(0.5)
         with pytest.raises(grpc.RpcError) as err:
@@ -117,7 +126,9 @@ def test_grpc_concurrency_cap_refuses_with_retry_info_before_reading(small):
         gate.set()
         assert pending.result().partial_success.rejected_spans == 0
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "requests in flight" in err.value.details()
-    assert RetryInfo.FromString(dict(err.value.trailing_metadata())["google.rpc.retryinfo-bin"]).retry_delay.seconds == 1
+    assert RetryInfo.FromString(
+        dict(err.value.trailing_metadata())["google.rpc.retryinfo-bin"]
+    ).retry_delay.seconds == 1
     assert _grpc_export(small.grpc_endpoint, make_request(3)[0].SerializeToString()).partial_success.rejected_spans == 0
 
 
@@ -128,7 +139,10 @@ def test_memory_budget_refuses_before_reading_and_admits_after(tmp_path):
         body = make_request(5)[0].SerializeToString()
         with socket.create_connection(("127.0.0.1", port), timeout=10) as hog:
             # Announces 400 kB (2.4 MB reserved): admitted alone, it holds the budget while its body is awaited.
-            hog.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-protobuf\r\nContent-Length: 400000\r\n\r\n")
+            hog.sendall(
+                b"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                b"application/x-protobuf\r\nContent-Length: 400000\r\n\r\n"
+            )
             time.sleep(0.3)
             status, headers, reply = _http(f"{c.http_endpoint}/v1/traces", body)
             assert status == 503 and headers["retry-after"] == "1"
@@ -349,7 +363,9 @@ def test_store_that_cannot_reopen_exits_3_and_restart_on_the_same_file_succeeds(
     assert acked
     proc, url = start(None)
     try:
-        rows = _sql(url, f"SELECT count(*) AS n FROM spans WHERE span_id IN ({', '.join(repr(i) for i in acked)})")[1]["rows"]
+        rows = _sql(
+            url, f"SELECT count(*) AS n FROM spans WHERE span_id IN ({', '.join(repr(i) for i in acked)})"
+        )[1]["rows"]
         assert rows == [{"n": len(acked)}]
         assert json.loads(_http_get(f"{url}/health")[2])["status"] == "ok"
     finally:

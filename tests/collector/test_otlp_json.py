@@ -34,11 +34,14 @@ SPEC_EXAMPLE = {
                                 {"key": "count.as.number", "value": {"intValue": 42}},
                                 {"key": "ratio", "value": {"doubleValue": 0.25}},
                                 {"key": "ok", "value": {"boolValue": True}},
-                                {"key": "list", "value": {"arrayValue": {"values": [{"intValue": "1"}, {"stringValue": "two"}]}}},
-                                {"key": "map", "value": {"kvlistValue": {"values": [{"key": "k", "value": {"stringValue": "v"}}]}}},
+                                {"key": "list",
+                                 "value": {"arrayValue": {"values": [{"intValue": "1"}, {"stringValue": "two"}]}}},
+                                {"key": "map",
+                                 "value": {"kvlistValue": {"values": [{"key": "k", "value": {"stringValue": "v"}}]}}},
                                 {"key": "raw", "value": {"bytesValue": "AQID"}},
                                 {"key": "spanrl.rollout.id", "value": {"stringValue": "json-rollout"}},
-                                {"key": "spanrl.llm.prompt_token_ids", "value": {"arrayValue": {"values": [{"intValue": "3"}, {"intValue": 4}]}}},
+                                {"key": "spanrl.llm.prompt_token_ids",
+                                 "value": {"arrayValue": {"values": [{"intValue": "3"}, {"intValue": 4}]}}},
                             ],
                             "events": [
                                 {
@@ -50,7 +53,8 @@ SPEC_EXAMPLE = {
                                     ],
                                 }
                             ],
-                            "links": [{"traceId": "0102030405060708090a0b0c0d0e0f10", "spanId": "0102030405060708", "attributes": []}],
+                            "links": [{"traceId": "0102030405060708090a0b0c0d0e0f10", "spanId": "0102030405060708",
+                                       "attributes": []}],
                             "status": {"code": 2, "message": "boom"},
                             "flags": 257,
                             "someFutureField": {"nested": [1, 2, 3]},
@@ -65,7 +69,8 @@ SPEC_EXAMPLE = {
 
 
 def _post(url: str, doc: object) -> tuple[int, dict]:
-    req = urllib.request.Request(f"{url}/v1/traces", data=json.dumps(doc).encode(), headers={"content-type": "application/json"}, method="POST")
+    req = urllib.request.Request(f"{url}/v1/traces", data=json.dumps(doc).encode(),
+                                 headers={"content-type": "application/json"}, method="POST")
     with urllib.request.urlopen(req, timeout=30) as resp:
         return resp.status, json.loads(resp.read())
 
@@ -92,7 +97,8 @@ def test_spec_example_json_lands_correctly(collector):
         "raw": "AQID",
         "spanrl.rollout.id": "json-rollout",
     }
-    assert json.loads(row["links"]) == [{"trace_id": "0102030405060708090a0b0c0d0e0f10", "span_id": "0102030405060708", "attributes": {}}]
+    assert json.loads(row["links"]) == [{"trace_id": "0102030405060708090a0b0c0d0e0f10", "span_id": "0102030405060708",
+                                         "attributes": {}}]
     rewards = collector.store.sql("SELECT name, value, time_ns, source FROM rewards").to_pylist()
     assert rewards == [{"name": "relevance", "value": 0.5, "time_ns": 1544712660500000000, "source": "event"}]
 

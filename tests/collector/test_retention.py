@@ -23,7 +23,8 @@ def _send(collector, rollout_id: str, n: int, *, end_ns: int | None = None) -> N
         for span in req.resource_spans[0].scope_spans[0].spans:
             span.end_time_unix_nano = end_ns
     with grpc.insecure_channel(collector.grpc_endpoint) as channel:
-        call = channel.unary_unary(_EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString)
+        call = channel.unary_unary(_EXPORT, request_serializer=None,
+                                   response_deserializer=ExportTraceServiceResponse.FromString)
         call(req.SerializeToString(), timeout=30)
 
 

@@ -27,12 +27,14 @@ _BAD = {"1e200": 1e200, "nan": float("nan"), "inf": float("inf"), "-inf": float(
 
 def _grpc(collector, body: bytes) -> ExportTraceServiceResponse:
     with grpc.insecure_channel(collector.grpc_endpoint) as channel:
-        call = channel.unary_unary(_EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString)
+        call = channel.unary_unary(_EXPORT, request_serializer=None,
+                                   response_deserializer=ExportTraceServiceResponse.FromString)
         return call(body, timeout=30)
 
 
 def _http(collector, body: bytes, ctype: str) -> bytes:
-    req = urllib.request.Request(f"{collector.http_endpoint}/v1/traces", data=body, headers={"content-type": ctype}, method="POST")
+    req = urllib.request.Request(f"{collector.http_endpoint}/v1/traces", data=body, headers={"content-type": ctype},
+                                 method="POST")
     with urllib.request.urlopen(req, timeout=30) as resp:
         assert resp.status == 200
         return resp.read()
@@ -49,7 +51,8 @@ def _request(value: float, *, as_event: bool = False, key: str = sc.REWARD_VALUE
     spans = req.resource_spans[0].scope_spans[0].spans
     spans[0].attributes.append(kv(sc.REWARD_VALUE, 0.5))
     if as_event:
-        event = spans[1].events.add(name=sc.REWARD_SPAN_NAME if key == sc.REWARD_VALUE else sc.GEN_AI_EVALUATION_RESULT_EVENT,
+        event = spans[1].events.add(name=sc.REWARD_SPAN_NAME if key == sc.REWARD_VALUE
+                                    else sc.GEN_AI_EVALUATION_RESULT_EVENT,
                                     time_unix_nano=5)
         event.attributes.append(kv(key, value))
     else:
@@ -85,7 +88,8 @@ def test_unusable_reward_event_rejects_that_span_over_http(collector, key, bad):
 
 
 def test_unusable_reward_in_otlp_json_is_rejected_with_the_other_bad_spans(collector):
-    span = lambda sid, attrs: {"traceId": "ab" * 16, "spanId": sid, "name": "judge", "startTimeUnixNano": "1",  # noqa: E731
+    # noqa: E731
+    span = lambda sid, attrs: {"traceId": "ab" * 16, "spanId": sid, "name": "judge", "startTimeUnixNano": "1",
                                "endTimeUnixNano": "2", "attributes": attrs}
     doc = {"resourceSpans": [{"scopeSpans": [{"spans": [
         span("01" * 8, [{"key": sc.REWARD_VALUE, "value": {"doubleValue": 1.0}}]),
@@ -112,10 +116,12 @@ def test_label_only_evaluation_event_and_range_edges_are_kept(collector):
 
 
 def test_a_narrower_reward_range_is_enforced_and_a_wider_one_refused(tmp_path):
-    with Collector(CollectorConfig(db_path=str(tmp_path / "s.duckdb"), grpc_port=0, http_port=-1, reward_range=(0.0, 1.0))) as c:
+    with Collector(CollectorConfig(db_path=str(tmp_path / "s.duckdb"), grpc_port=0, http_port=-1,
+                                   reward_range=(0.0, 1.0))) as c:
         req, ids = _request(1.5)
         reply = _grpc(c, req.SerializeToString())
         assert reply.partial_success.rejected_spans == 1 and "in [0, 1], got 1.5" in reply.partial_success.error_message
     for bad in [(-1e7, 1.0), (1.0, 0.0), (float("nan"), 1.0), (0.0,)]:
-        with pytest.raises(ConfigError, match=r"reward_range must be \(low, high\) with -1e\+06 <= low <= high <= 1e\+06"):
+        with pytest.raises(ConfigError,
+                           match=r"reward_range must be \(low, high\) with -1e\+06 <= low <= high <= 1e\+06"):
             CollectorConfig(reward_range=bad).validate()

@@ -42,7 +42,8 @@ def _body(path: str) -> tuple[bytes, str]:
 
 def _grpc(collector, body: bytes, token: str | None) -> ExportTraceServiceResponse:
     with grpc.insecure_channel(collector.grpc_endpoint) as channel:
-        call = channel.unary_unary(_EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString)
+        call = channel.unary_unary(_EXPORT, request_serializer=None,
+                                   response_deserializer=ExportTraceServiceResponse.FromString)
         return call(body, metadata=[("authorization", f"Bearer {token}")] if token else None, timeout=30)
 
 
@@ -84,7 +85,8 @@ def test_agent_token_cannot_read_or_prune_other_tenants(scoped):
 @pytest.fixture
 def open_collector(tmp_path):
     """No token at all: the loopback default."""
-    with Collector(CollectorConfig(db_path=str(tmp_path / "o.duckdb"), grpc_port=-1, http_port=0, materialize_interval_s=None)) as c:
+    with Collector(CollectorConfig(db_path=str(tmp_path / "o.duckdb"), grpc_port=-1, http_port=0,
+                                   materialize_interval_s=None)) as c:
         status, _ = _post(c, "/v1/traces", make_request(5)[0].SerializeToString(), ctype="application/x-protobuf")
         assert status == 200
         yield c
@@ -171,7 +173,8 @@ def test_token_ids_from_an_agent_token_are_not_kept(scoped, via):
         else:
             assert _post(scoped, "/v1/traces", body, ctype="application/x-protobuf", token=_TOKENS[holder])[0] == 200
     forged, served = _stored(scoped, f"forged-{via}"), _stored(scoped, f"served-{via}")
-    assert (forged["response_id"], forged["prompt_token_ids"], forged["completion_token_ids"], forged["logprobs"]) == (None,) * 4
+    assert (forged["response_id"], forged["prompt_token_ids"], forged["completion_token_ids"],
+            forged["logprobs"]) == (None,) * 4
     assert "chatcmpl-forged" in forged["attributes"]  # what was sent is kept for people to read
     assert served["response_id"] == f"chatcmpl-served-{via}"
     assert served["prompt_token_ids"] == [1, 2, 3] and served["completion_token_ids"] == [4, 5]
@@ -230,7 +233,8 @@ def test_cli_token_files_and_variables(tmp_path):
 
 
 def _export(collector, body: bytes, token: str | None = None) -> ExportTraceServiceResponse:
-    status, reply = _post(collector, "/v1/traces", body, ctype="application/json" if body[:1] == b"{" else "application/x-protobuf",
+    status, reply = _post(collector, "/v1/traces", body,
+                          ctype="application/json" if body[:1] == b"{" else "application/x-protobuf",
                           token=token)
     assert status == 200, reply
     return ExportTraceServiceResponse.FromString(reply)
@@ -247,8 +251,10 @@ def test_a_rollout_claimed_by_one_service_cannot_be_joined_by_another(open_colle
     reply = _export(open_collector, forged.SerializeToString())
     assert reply.partial_success.rejected_spans == 1
     assert "rollout 'victim-r' belongs to service 'tenant-a', not 'tenant-b'" in reply.partial_success.error_message
-    status, rows = _post(open_collector, "/v1/sql", b'{"sql": "SELECT rollout_id, service_name, count(*) AS n FROM spans '
-                                                    b'WHERE rollout_id IN (\'victim-r\', \'b-r\') GROUP BY ALL ORDER BY 1"}')
+    status, rows = _post(open_collector, "/v1/sql",
+                         b'{"sql": "SELECT rollout_id, service_name, count(*) AS n FROM spans '
+                                                    b'WHERE rollout_id IN (\'victim-r\', \'b-r\') GROUP BY ALL ORDER '
+                                                    b'BY 1"}')
     assert json.loads(rows)["rows"] == [{"rollout_id": "b-r", "service_name": "tenant-b", "n": 2},
                                          {"rollout_id": "victim-r", "service_name": "tenant-a", "n": 2}]
     # the owner keeps writing to it; feedback from any service is still taken

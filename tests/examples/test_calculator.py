@@ -35,7 +35,8 @@ def test_parse_call_reads_the_tiny_models_tool_call() -> None:
         ("sub", None, 0.0),
     ],
 )
-def test_reward_is_one_when_the_tool_gives_the_answer(op: str, call: tuple[str, list[int]] | None, expected: float) -> None:
+def test_reward_is_one_when_the_tool_gives_the_answer(op: str, call: tuple[str, list[int]] | None,
+                                                      expected: float) -> None:
     task = {"question": f"30 {op} 7", "op": op, "a": 30, "b": 7}
     assert calculator.reward(task, call) == expected
 
@@ -73,7 +74,8 @@ def test_demonstrator_server_answers_an_openai_client() -> None:
     with DemonstratorServer(seed=0) as server:
         client = openai.OpenAI(base_url=f"{server.url}/rollouts/r-1/v1", api_key="x", max_retries=0)
         answers = {
-            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "3 add 4"}]).choices[0].message.content
+            client.chat.completions.create(model="m",
+                                           messages=[{"role": "user", "content": "3 add 4"}]).choices[0].message.content
             for _ in range(3)
         }
         assert answers == {"<call> add 3 4 </call>"}
@@ -88,11 +90,13 @@ def test_demonstrator_answers_each_question_alike_whatever_order_the_requests_co
     import urllib.request
     from concurrent.futures import ThreadPoolExecutor
 
-    questions = [t["question"] for t in calculator.make_tasks(400, seed=3) if t["op"] in ("sub", "div") and t["a"] != t["b"]]
+    questions = [t["question"] for t in calculator.make_tasks(400, seed=3) if t["op"] in ("sub", "div")
+                 and t["a"] != t["b"]]
 
     def ask(url: str, question: str) -> str:
         body = json.dumps({"model": "m", "messages": [{"role": "user", "content": question}]}).encode()
-        req = urllib.request.Request(f"{url}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(f"{url}/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=10) as resp:
             return json.load(resp)["choices"][0]["message"]["content"]
 
@@ -102,7 +106,8 @@ def test_demonstrator_answers_each_question_alike_whatever_order_the_requests_co
 
     in_order, reversed_ = answers(0, questions), answers(0, questions[::-1])
     assert in_order == reversed_
-    swapped = sum(a.split()[2] != q.split()[0] for q, a in in_order.items()) / len(questions)  # "<call> sub B A </call>"
+    # "<call> sub B A </call>"
+    swapped = sum(a.split()[2] != q.split()[0] for q, a in in_order.items()) / len(questions)
     assert abs(swapped - calculator.DEMO_ERROR_RATE) < 0.1, swapped
     assert answers(1, questions) != in_order  # the seed still matters
     with DemonstratorServer(seed=0) as server:  # one question asked again and again: independent draws

@@ -32,14 +32,16 @@ def node_agent() -> Path:
     if shutil.which("node") is None:
         pytest.skip("node is not installed (the Node.js agent needs Node >= 20)")
     if not (NODE_AGENT / "node_modules" / "@opentelemetry" / "sdk-node").is_dir():
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=NODE_AGENT, check=True, timeout=300)
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=NODE_AGENT, check=True,
+                       timeout=300)
     return NODE_AGENT / "agent.js"
 
 
 @pytest.mark.slow
 def test_trainer_trains_the_node_agent(node_agent: Path, tmp_path: Path) -> None:
     words = [*_NUMBERS, "add", "You", "are", "a", "calculator.", "Answer", "with", "the", "number", "only."]
-    model = build_tiny_model(tmp_path / "tiny", words=words, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    model = build_tiny_model(tmp_path / "tiny", words=words, hidden_size=32, num_layers=1, num_heads=2,
+                             intermediate_size=64)
     tasks = [{"id": f"add-{a}-{b}", "question": f"{a} add {b}", "answer": a + b} for a in range(3) for b in range(3)]
     # the right sum or the next number with odds ~1/2 each, so a group of 8 has unequal rewards
     prime_half_right(model, [(_messages(t), str(t["answer"]), str(t["answer"] + 1)) for t in tasks])

@@ -84,7 +84,8 @@ def test_agent_trains_through_the_pipeline_on_a_tiny_model(pipeline, agent_modul
     tasks = [dict(q, max_steps=2) for q in load_questions("train")[:4]]
     # the right answer or another task's (token F1 0) with odds ~1/2 each
     prime = [([{"role": "system", "content": sq_agent.SYSTEM_PROMPT}, {"role": "user", "content": t["question"]}],
-              f"answer: {t['answer']}", f"answer: {tasks[(i + 1) % len(tasks)]['answer']}") for i, t in enumerate(tasks)]
+              f"answer: {t['answer']}", f"answer: {tasks[(i + 1) % len(tasks)]['answer']}")
+             for i, t in enumerate(tasks)]
     run = pipeline(agent_file=agent_module.__file__, words=_tiny_words(), tasks=tasks, max_tokens=6, n_rollouts=8,
                    prime=prime, served_probe=prime[0][0])
     step = run.history[-1]

@@ -16,7 +16,8 @@ from examples.smollm2.tools import OPS, SHOTS, TOOLS, load_tasks, run_tool, spli
 def test_the_calculator_answers_and_explains_a_bad_call() -> None:
     assert run_tool("multiply", '{"a": 37, "b": 48}') == "1776"
     assert run_tool("subtract", {"a": 18, "b": 82}) == "-64"
-    assert run_tool("divide", '{"a": 1, "b": 2}') == "error: unknown tool 'divide'; the tools are add, subtract, multiply"
+    assert run_tool("divide",
+                    '{"a": 1, "b": 2}') == "error: unknown tool 'divide'; the tools are add, subtract, multiply"
     assert run_tool("add", '{"a": 1}').startswith("error: add takes integer arguments a and b (KeyError")
     assert run_tool("add", "not json").startswith("error: add takes integer arguments a and b (JSONDecodeError")
 
@@ -34,7 +35,9 @@ def test_held_out_tasks_share_no_operation_and_operands_with_training_or_the_sho
 
 def test_val_tasks_file_is_read_and_a_bad_line_is_named(tmp_path: Path) -> None:
     good = tmp_path / "val.jsonl"
-    good.write_text('{"question": "What is 2 + 2?", "answer": "4"}\n\n{"question": "7 * 8?", "answer": 56, "id": "x"}\n')
+    good.write_text(
+        '{"question": "What is 2 + 2?", "answer": "4"}\n\n{"question": "7 * 8?", "answer": 56, "id": "x"}\n'
+    )
     assert load_tasks(good) == [{"id": "val-1", "question": "What is 2 + 2?", "answer": "4"},
                                 {"id": "x", "question": "7 * 8?", "answer": "56"}]
     bad = tmp_path / "bad.jsonl"

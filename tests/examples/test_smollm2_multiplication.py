@@ -36,7 +36,8 @@ def test_held_out_operands_never_appear_in_training() -> None:
 
 
 @pytest.mark.slow  # 257-301 s here at load 1-2; 23.6 min at load 8-12
-@pytest.mark.timeout(1500)  # a real 135M model (plus the one-time GGUF conversion on a fresh machine): over the suite's 600 s default
+# a real 135M model (plus the one-time GGUF conversion on a fresh machine): over the suite's 600 s default
+@pytest.mark.timeout(1500)
 def test_smollm2_held_out_success_rises(tmp_path: Path) -> None:
     pytest.importorskip("gguf")
     from examples.smollm2.train import SmolConfig, run

@@ -69,7 +69,8 @@ def test_command_line_agent_runs_one_rollout_from_the_environment():
         assert server.requests[0].body["temperature"] == 0.5
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.splitlines()[-1]) == {"reward": 1.0}
-    missing = subprocess.run([sys.executable, str(t2s.__file__)], env={k: v for k, v in env.items() if k != "SPANRL_TASK"},
+    missing = subprocess.run([sys.executable, str(t2s.__file__)],
+                             env={k: v for k, v in env.items() if k != "SPANRL_TASK"},
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "SPANRL_TASK is not set" in missing.stderr
 
@@ -77,7 +78,8 @@ def test_command_line_agent_runs_one_rollout_from_the_environment():
 def test_jsonl_worker_answers_each_rollout_and_survives_a_bad_task():
     with FakeOpenAI(reply=GOLD) as server:
         lines = [json.dumps({"rollout_id": "r1", "task_id": "t1", "task": TASK, "base_url": server.base_url}),
-                 json.dumps({"rollout_id": "r2", "task_id": "t2", "task": {"question": "q"}, "base_url": server.base_url})]
+                 json.dumps({"rollout_id": "r2", "task_id": "t2", "task": {"question": "q"},
+                             "base_url": server.base_url})]
         out: list[str] = []
 
         class Sink:

@@ -72,7 +72,8 @@ def test_reward_checks_row_order_when_gold_orders():
     gold = "SELECT name FROM employees ORDER BY salary DESC, id LIMIT 3"
     pred = "SELECT name FROM employees ORDER BY salary ASC, id LIMIT 3"
     assert execution_reward(pred, gold) == 0.0
-    reversed_rows = "SELECT name FROM (SELECT name, salary, id FROM employees ORDER BY salary DESC, id LIMIT 3) ORDER BY salary, id DESC"
+    reversed_rows = ("SELECT name FROM (SELECT name, salary, id FROM employees ORDER BY salary DESC, id LIMIT 3) ORDER "
+                     "BY salary, id DESC")
     assert execution_reward(reversed_rows, gold) == 0.0  # same multiset, wrong order
 
 
@@ -122,7 +123,8 @@ def test_run_sql_interrupts_runaway_queries():
         ("Here it is: SELECT COUNT(*) FROM projects; thanks", "SELECT COUNT(*) FROM projects"),
         ("SELECT name FROM employees WHERE dept_id = 3", "SELECT name FROM employees WHERE dept_id = 3"),
         ("I do not know.", ""),
-        ("with a salary above 10:\n\n```sql\nSELECT name FROM employees WHERE salary > 10", "SELECT name FROM employees WHERE salary > 10"),
+        ("with a salary above 10:\n\n```sql\nSELECT name FROM employees WHERE salary > 10",
+         "SELECT name FROM employees WHERE salary > 10"),
         ("WITH t AS (SELECT 1) SELECT * FROM t;", "WITH t AS (SELECT 1) SELECT * FROM t"),
         ("Use the employees table with care: SELECT name FROM employees", "SELECT name FROM employees"),
     ],

@@ -21,7 +21,8 @@ FRAMEWORKS: dict[str, list[str]] = {
     "handmade_spans": [*_OTEL, "httpx"],
     "langgraph_tool": [*_OTEL, "opentelemetry-instrumentation-openai==0.62.4", "openai==3.57.0", "langgraph==1.2.24",
                        "langchain-openai==1.7.4", "langchain-core==1.8.3"],
-    "openai_agents_sdk": [*_OTEL, "opentelemetry-instrumentation-openai==0.62.4", "openai-agents==0.24.0", "openai==3.57.0"],
+    "openai_agents_sdk": [*_OTEL, "opentelemetry-instrumentation-openai==0.62.4", "openai-agents==0.24.0",
+                          "openai==3.57.0"],
     # LiteLLM: offline it needs LITELLM_LOCAL_MODEL_COST_MAP=True (the agent sets it); httpx instrumentation
     # carries traceparent, as no OpenAI instrumentor sees LiteLLM's requests
     "litellm_httpx": [*_OTEL, "opentelemetry-instrumentation-httpx==0.66b2", "litellm==1.110.2", "openai==3.57.0",
@@ -66,5 +67,6 @@ def framework_venv(name: str) -> Path:
 def _without_spanrl(name: str, venv: Path) -> Path:
     check = subprocess.run([str(venv / "bin" / "python"), "-c", "import spanrl; print(spanrl.__file__)"],
                            capture_output=True, text=True, cwd=venv)
-    assert check.returncode != 0, f"framework {name!r}: its venv imports spanrl from {check.stdout.strip()}; it must not"
+    assert check.returncode != 0, (f"framework {name!r}: its venv imports spanrl from {check.stdout.strip()}; it must "
+                                   "not")
     return venv

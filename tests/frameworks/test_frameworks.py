@@ -35,13 +35,16 @@ _PRIME = [(prefix + [{"role": "user", "content": t["question"]}], str(t["answer"
 
 def _train_one_step(name: str, tmp_path: Path, **runner: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     venv = framework_venv(name)
-    model = build_tiny_model(tmp_path / "tiny", words=_WORDS, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    model = build_tiny_model(tmp_path / "tiny", words=_WORDS, hidden_size=32, num_layers=1, num_heads=2,
+                             intermediate_size=64)
     prime_half_right(model, _PRIME)
-    agent = [str(venv / "bin" / "opentelemetry-instrument"), str(venv / "bin" / "python"), str(HERE / "agents" / f"{AGENTS.get(name, name)}.py")]
+    agent = [str(venv / "bin" / "opentelemetry-instrument"), str(venv / "bin" / "python"),
+             str(HERE / "agents" / f"{AGENTS.get(name, name)}.py")]
     trainer = Trainer(
         model=model, agent=agent, tasks=_TASKS, algorithm=GRPO(learning_rate=5e-4), credit=LightningRL(),
         config=TrainerConfig(
-            output_dir=str(tmp_path / "run"), n_rollouts=_N_ROLLOUTS, tasks_per_step=_TASKS_PER_STEP, max_steps=1, max_tokens=4,
+            output_dir=str(tmp_path / "run"), n_rollouts=_N_ROLLOUTS, tasks_per_step=_TASKS_PER_STEP, max_steps=1,
+            max_tokens=4,
             eval_at_start=False, progress=False, torch_threads=1,
             runner=RunnerConfig(instrument=False, rollout_timeout_s=120, span_timeout_s=20, **runner),
         ),

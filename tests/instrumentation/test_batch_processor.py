@@ -62,7 +62,8 @@ def receiver() -> Iterator[tuple[Receiver, str]]:
 
 
 def _provider(processor, **kwargs) -> TracerProvider:
-    provider = TracerProvider(resource=Resource.create({"service.name": "batch-test", "spanrl.rollout.id": "r-b"}), **kwargs)
+    provider = TracerProvider(resource=Resource.create({"service.name": "batch-test", "spanrl.rollout.id": "r-b"}),
+                              **kwargs)
     provider.add_span_processor(processor)
     return provider
 
@@ -72,7 +73,8 @@ def _chat_like(tracer, i: int, content: str = "") -> None:
         span.set_attributes({
             "gen_ai.operation.name": "chat", "gen_ai.request.model": "tiny", "gen_ai.is_streaming": False,
             "gen_ai.response.id": f"chatcmpl-{i}", "gen_ai.response.finish_reasons": ("stop",),
-            "gen_ai.usage.input_tokens": 9 + i, "gen_ai.input.messages": f'[{{"role": "user", "content": "{content}{i}"}}]',
+            "gen_ai.usage.input_tokens": 9 + i,
+            "gen_ai.input.messages": f'[{{"role": "user", "content": "{content}{i}"}}]',
         })
         span.add_event("seen", {"n": i})
 
@@ -93,7 +95,8 @@ def _wait(predicate, timeout_s: float = 20.0) -> bool:
 def test_requests_equal_the_sdk_encoding_of_the_same_spans(receiver):
     servicer, endpoint = receiver
     memory = InMemorySpanExporter()
-    processor = BatchEncodingSpanProcessor(FastOTLPSpanExporter(endpoint=endpoint, insecure=True), schedule_delay_millis=60_000)
+    processor = BatchEncodingSpanProcessor(FastOTLPSpanExporter(endpoint=endpoint, insecure=True),
+                                           schedule_delay_millis=60_000)
     provider = _provider(processor)
     provider.add_span_processor(SimpleSpanProcessor(memory))
     tracers = [provider.get_tracer("scope.a", "1.0"), provider.get_tracer("scope.b", schema_url="https://s/1")]
@@ -109,7 +112,8 @@ def test_requests_equal_the_sdk_encoding_of_the_same_spans(receiver):
 def test_batches_stay_under_the_span_and_byte_caps(receiver):
     servicer, endpoint = receiver
     processor = BatchEncodingSpanProcessor(FastOTLPSpanExporter(endpoint=endpoint, insecure=True), max_queue_size=1000,
-                                           schedule_delay_millis=60_000, max_export_batch_size=40, max_export_batch_bytes=8000)
+                                           schedule_delay_millis=60_000, max_export_batch_size=40,
+                                           max_export_batch_bytes=8000)
     provider = _provider(processor)
     tracer = provider.get_tracer("t")
     for i in range(100):
@@ -163,7 +167,8 @@ def test_full_queue_drops_new_spans_and_counts_them(receiver):
 
 def test_unsampled_spans_are_not_queued_and_shutdown_flushes(receiver):
     servicer, endpoint = receiver
-    processor = BatchEncodingSpanProcessor(FastOTLPSpanExporter(endpoint=endpoint, insecure=True), schedule_delay_millis=600_000)
+    processor = BatchEncodingSpanProcessor(FastOTLPSpanExporter(endpoint=endpoint, insecure=True),
+                                           schedule_delay_millis=600_000)
     off = _provider(processor, sampler=ALWAYS_OFF)
     _chat_like(off.get_tracer("t"), 0)
     assert len(processor._queue) == 0
@@ -207,7 +212,8 @@ def test_snapshot_holds_nothing_the_garbage_collector_must_follow():
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(memory))
     with provider.get_tracer("t").start_as_current_span("root"):
-        with provider.get_tracer("t").start_as_current_span("child", attributes={"a": "x", "n": 1, "f": 0.5, "b": True}):
+        with provider.get_tracer("t").start_as_current_span("child",
+                                                            attributes={"a": "x", "n": 1, "f": 0.5, "b": True}):
             pass
     for span in memory.get_finished_spans():
         snap = snapshot(span)

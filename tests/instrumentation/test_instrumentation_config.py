@@ -134,7 +134,8 @@ def test_distro_keeps_the_openai_instrumentor_the_user_names(monkeypatch):
     fake = types.ModuleType(v2)
     fake.__spec__ = importlib.machinery.ModuleSpec(v2, None)
     monkeypatch.setitem(sys.modules, v2, fake)
-    values = ("opentelemetry.instrumentation.openai_v2:OpenAIInstrumentor", "opentelemetry.instrumentation.openai:OpenAIInstrumentor")
+    values = ("opentelemetry.instrumentation.openai_v2:OpenAIInstrumentor",
+              "opentelemetry.instrumentation.openai:OpenAIInstrumentor")
 
     def loaded_with(choice: str | None) -> list[str]:
         if choice is None:

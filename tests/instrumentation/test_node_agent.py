@@ -22,7 +22,8 @@ def node_agent() -> Path:
         pytest.skip("node is not installed (the Node.js agent needs Node >= 20)")
     if not (NODE_AGENT / "node_modules" / "@opentelemetry" / "sdk-node").is_dir():
         # `make test` runs `npm install` first; do it here for a bare `pytest`.
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=NODE_AGENT, check=True, timeout=300)
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=NODE_AGENT, check=True,
+                       timeout=300)
     return NODE_AGENT
 
 

@@ -35,7 +35,8 @@ def wrapper(spans):
 def _call(wrapper, server: FakeOpenAI, **create: object) -> None:
     client = openai.OpenAI(base_url=server.base_url, api_key="sk-test")
     completions = client.chat.completions
-    wrapper(completions.create, completions, (), {"model": "tiny", "messages": [{"role": "user", "content": "2+3?"}], **create})
+    wrapper(completions.create, completions, (),
+            {"model": "tiny", "messages": [{"role": "user", "content": "2+3?"}], **create})
 
 
 @pytest.mark.parametrize("patched", [False, True])
@@ -62,7 +63,8 @@ def test_span_shape_is_the_same_patched_or_not(spans, wrapper, patched):
 
 
 def test_unpatch_restores_the_originals():
-    before = {name: getattr(chat_wrappers, name) for name in ("run_async", "propagate_trace_context", "_set_response_attributes")}
+    before = {name: getattr(chat_wrappers, name)
+              for name in ("run_async", "propagate_trace_context", "_set_response_attributes")}
     _openllmetry.patch()
     assert all(getattr(chat_wrappers, name) is not fn for name, fn in before.items())
     assert _openllmetry.patch() == 0  # idempotent

@@ -35,9 +35,11 @@ def _varied_spans():
             root.set_status(Status(StatusCode.ERROR, "boom"))
             with other.start_as_current_span("child", kind=SpanKind.CLIENT) as child:
                 child.set_status(Status(StatusCode.OK))
-        remote = SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1), trace_state=TraceState([("k", "v"), ("x", "y")]))
+        remote = SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1),
+                             trace_state=TraceState([("k", "v"), ("x", "y")]))
         with tracer.start_as_current_span("remote child", context=set_span_in_context(NonRecordingSpan(remote)),
-                                          links=[Link(remote, {"why": "batch"}), Link(SpanContext(1, 2, is_remote=False))]):
+                                          links=[Link(remote, {"why": "batch"}),
+                                                 Link(SpanContext(1, 2, is_remote=False))]):
             pass
         with tracer.start_as_current_span("", kind=SpanKind.PRODUCER):
             pass

@@ -78,7 +78,8 @@ def _check_chat_and_reward(rows: list[dict[str, Any]], rollout_id: str, model: s
 
 def test_openai_agent_under_opentelemetry_instrument(collector_proc):
     with FakeOpenAI(reply="5") as server:
-        env = _agent_env(collector_proc, server, "r-openai", OTEL_PYTHON_DISTRO="spanrl", OTEL_PYTHON_CONFIGURATOR="spanrl")
+        env = _agent_env(collector_proc, server, "r-openai", OTEL_PYTHON_DISTRO="spanrl",
+                         OTEL_PYTHON_CONFIGURATOR="spanrl")
         out = _run_agent("openai_agent.py", env)
         assert "answer: 5" in out.stdout
         assert server.requests[0].path == "/rollouts/r-openai/v1/chat/completions"
@@ -131,7 +132,8 @@ def test_long_lived_agent_rollouts_carry_ids_in_spans_and_baggage(collector_proc
         mine = [r for r in rows if r["rollout_id"] == rollout_id]
         names = sorted(r["name"] for r in mine)
         assert names == sorted(
-            ["spanrl.rollout", "invoke_agent solver", "openai.chat", "execute_tool check", "spanrl.reward", "spanrl.reward"]
+            ["spanrl.rollout", "invoke_agent solver", "openai.chat", "execute_tool check", "spanrl.reward",
+             "spanrl.reward"]
         ), names
         assert all(r["task_id"] == f"task-{rollout_id}" for r in mine)
         root = next(r for r in mine if r["name"] == semconv.ROLLOUT_SPAN_NAME)

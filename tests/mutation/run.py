@@ -41,7 +41,8 @@ TARGETS: dict[str, tuple[str, str]] = {
 
 _KEEP_BINARY = "Add_Sub|Sub_Add|Mul_Div|Div_Mul|Pow_Mul|FloorDiv_Div|Mod_FloorDiv|MatMult_Mul"
 _KEEP_COMPARE = "Eq_NotEq|NotEq_Eq|Lt_LtE|LtE_Lt|Gt_GtE|GtE_Gt|Is_IsNot|IsNot_Is|In_NotIn|NotIn_In"
-_EXCLUDE = [f"core/ReplaceBinaryOperator_(?!({_KEEP_BINARY})$).*", f"core/ReplaceComparisonOperator_(?!({_KEEP_COMPARE})$).*"]
+_EXCLUDE = [f"core/ReplaceBinaryOperator_(?!({_KEEP_BINARY})$).*",
+            f"core/ReplaceComparisonOperator_(?!({_KEEP_COMPARE})$).*"]
 
 
 def _config(module: str, command: str) -> str:

@@ -110,8 +110,9 @@ def test_simple_text_plain_reload_from_a_web_page_is_refused(server, root):
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/health"])
 def test_foreign_origin_and_rebinding_host_are_refused(server, path):
     port = server.port
-    call = (lambda **h: httpx.post(f"{server.base_url}{path}", json=_CHAT, headers=h, timeout=30)) if path != "/health" \
-        else (lambda **h: httpx.get(f"{server.base_url}{path}", headers=h, timeout=30))
+    call = ((lambda **h: httpx.post(f"{server.base_url}{path}", json=_CHAT, headers=h, timeout=30))
+            if path != "/health" \
+        else (lambda **h: httpx.get(f"{server.base_url}{path}", headers=h, timeout=30)))
     assert call(origin="http://evil.example").status_code == 403
     assert call(host=f"evil.example:{port}").status_code == 403
     assert call(host=f"localhost:{port}").status_code == 200
@@ -136,7 +137,8 @@ def test_admin_token_from_a_file_in_the_cli(tmp_path, tiny_model_dir, root):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "spanrl", "serve", "--model", str(tiny_model_dir), "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "spanrl", "serve", "--model", str(tiny_model_dir),
+                             "--port", str(port),
                              "--served-model-name", "tiny", "--threads", "1", "--otlp-endpoint", "none",
                              "--admin-token-file", str(token_file), "--checkpoint-root", str(root)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -149,7 +151,7 @@ def test_admin_token_from_a_file_in_the_cli(tmp_path, tiny_model_dir, root):
                     break
             except httpx.HTTPError:
                 pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode() if proc.stdout else ""
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode() if proc.stdout else ("")
             time.sleep(0.3)
         url = f"{base}/v1/weights/reload"
         assert httpx.post(url, json={"path": "checkpoint-1"}, timeout=60).status_code == 401
@@ -176,8 +178,10 @@ def test_served_spans_keep_token_ids_through_a_scoped_collector(tmp_path, tiny_m
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
         s.close()
-        proc = subprocess.Popen([sys.executable, "-m", "spanrl", "serve", "--model", str(tiny_model_dir), "--port", str(port),
-                                 "--served-model-name", "tiny", "--threads", "1", "--otlp-endpoint", collector.grpc_endpoint,
+        proc = subprocess.Popen([sys.executable, "-m", "spanrl", "serve", "--model", str(tiny_model_dir),
+                                 "--port", str(port),
+                                 "--served-model-name", "tiny", "--threads", "1",
+                                 "--otlp-endpoint", collector.grpc_endpoint,
                                  "--collector-token-file", str(tmp_path / "policy.token")],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -196,5 +200,7 @@ def test_served_spans_keep_token_ids_through_a_scoped_collector(tmp_path, tiny_m
         finally:
             proc.terminate()  # flushes its spans on the way out
             proc.wait(30)
-        rows = collector.store.sql("SELECT completion_token_ids, response_id FROM spans WHERE rollout_id = 'served-1'").to_pylist()
+        rows = collector.store.sql(
+            "SELECT completion_token_ids, response_id FROM spans WHERE rollout_id = 'served-1'"
+        ).to_pylist()
     assert len(rows) == 1 and rows[0]["completion_token_ids"] and rows[0]["response_id"].startswith("chatcmpl-")

@@ -10,7 +10,8 @@ from spanrl.serving.chat import normalize_messages, parse_tool_calls
 from spanrl.serving.errors import RequestError
 
 TOOLS = [
-    {"type": "function", "function": {"name": "add", "parameters": {"properties": {"a": {"type": "integer"}, "b": {"type": "number"}}}}},
+    {"type": "function",
+     "function": {"name": "add", "parameters": {"properties": {"a": {"type": "integer"}, "b": {"type": "number"}}}}},
     {"type": "function", "function": {"name": "lookup", "parameters": {"properties": {"q": {"type": "string"}}}}},
 ]
 
@@ -18,7 +19,8 @@ TOOLS = [
 def test_parse_word_calls_into_typed_arguments() -> None:
     content, calls = parse_tool_calls("<call> add 3 4.5 </call>", TOOLS)
     assert content is None
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [("add", {"a": 3, "b": 4.5})]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in calls] == [("add", {"a": 3, "b": 4.5})]
     assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
 
 
@@ -51,7 +53,8 @@ def test_normalize_messages_maps_openai_shapes_for_templates() -> None:
     out = normalize_messages(
         [
             {"role": "developer", "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]},
-            {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "function": {"name": "add", "arguments": '{"a": 1}'}}]},
+            {"role": "assistant", "content": None,
+             "tool_calls": [{"id": "c1", "function": {"name": "add", "arguments": '{"a": 1}'}}]},
             {"role": "tool", "tool_call_id": "c1", "content": "1"},
         ]
     )

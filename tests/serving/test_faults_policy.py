@@ -16,22 +16,30 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "what is 1 add
 
 
 def _post_raw(base: str, path: str, content: bytes, **headers: str) -> httpx.Response:
-    return httpx.post(f"{base}{path}", content=content, headers={"content-type": "application/json", **headers}, timeout=30)
+    return httpx.post(f"{base}{path}", content=content, headers={"content-type": "application/json", **headers},
+                      timeout=30)
 
 
 @pytest.mark.parametrize(
     ("raw", "param", "needle"),
     [
-        (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "temperature": NaN}', None, "NaN is not a valid JSON number"),
-        (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "top_p": NaN}', None, "NaN is not a valid JSON number"),
-        (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "temperature": Infinity, "stream": true}', None, "Infinity"),
-        (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "temperature": 1e999}', "temperature", "temperature must be a number"),
-        (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "seed": 18446744073709551616}', "seed", "seed must be an integer between"),
-        (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "seed": -9223372036854775809}', "seed", "seed must be an integer between"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "temperature": NaN}', None,
+         "NaN is not a valid JSON number"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "top_p": NaN}', None,
+         "NaN is not a valid JSON number"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "temperature": Infinity, "stream": true}',
+         None, "Infinity"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "temperature": 1e999}', "temperature",
+         "temperature must be a number"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "seed": 18446744073709551616}', "seed",
+         "seed must be an integer between"),
+        (b'{"model": "tiny", "messages": [{"role": "user", "content": "1"}], "seed": -9223372036854775809}', "seed",
+         "seed must be an integer between"),
         (b"[" * 100_000 + b"]" * 100_000, None, "nests deeper than 64 levels"),
         (b'{"a": ' + b"[" * 200 + b"]" * 200 + b"}", None, "nests deeper than 64 levels"),
     ],
-    ids=["temperature-nan", "top_p-nan", "stream-infinity", "temperature-1e999", "seed-2^64", "seed-below-int64", "nested-100000", "nested-200"],
+    ids=["temperature-nan", "top_p-nan", "stream-infinity", "temperature-1e999", "seed-2^64", "seed-below-int64",
+         "nested-100000", "nested-200"],
 )
 def test_bad_numbers_and_deep_json_are_400_and_the_connection_lives_on(served, raw, param, needle):
     base = served.server.base_url
@@ -50,7 +58,8 @@ def test_seed_at_int64_bounds_is_served(served):
 
 
 def test_body_over_limit_is_413_before_the_body_is_read(tiny_model_dir):
-    config = ServerConfig(model=tiny_model_dir, port=0, otlp_endpoint=None, served_model_name="tiny", max_body_bytes=64 * 1024)
+    config = ServerConfig(model=tiny_model_dir, port=0, otlp_endpoint=None, served_model_name="tiny",
+                          max_body_bytes=64 * 1024)
     with PolicyServer(config) as server:
         huge = b'{"model": "tiny", "prompt": "' + b"1 " * 50_000 + b'"}'
         reply = _post_raw(server.base_url, "/v1/completions", huge)
@@ -64,9 +73,11 @@ def test_body_over_limit_is_413_before_the_body_is_read(tiny_model_dir):
         assert head.startswith(b"HTTP/1.1 413")
         # Chunked bodies (no Content-Length) are cut at the limit too.
         chunks = (b"x" * 16_384 for _ in range(16))
-        reply = httpx.post(f"{server.base_url}/v1/completions", content=chunks, headers={"content-type": "application/json"}, timeout=30)
+        reply = httpx.post(f"{server.base_url}/v1/completions", content=chunks,
+                           headers={"content-type": "application/json"}, timeout=30)
         assert reply.status_code == 413
-        assert httpx.post(f"{server.base_url}/v1/completions", json={"model": "tiny", "prompt": "1 add 2", "max_tokens": 2}, timeout=30).status_code == 200
+        assert httpx.post(f"{server.base_url}/v1/completions",
+                          json={"model": "tiny", "prompt": "1 add 2", "max_tokens": 2}, timeout=30).status_code == 200
 
 
 def test_big_prompts_do_not_stall_health_or_other_requests(served):
@@ -100,4 +111,6 @@ def test_big_prompts_do_not_stall_health_or_other_requests(served):
     # Tokenizing on the loop blocks /health for at least one whole tokenization, about `alone` (measured at
     # load 9: worst 2.04 s, alone 1.67 s); off the loop, worst 0.05-0.06 s beside alone 1.5-1.7 s. The old
     # fixed 1.0 s bound passed the 0.2-0.55 s on-loop stall of a quiet machine.
-    assert worst[0] < alone / 3, f"/health took {worst[0]:.2f} s while big prompts were tokenized (one alone: {alone:.2f} s)"
+    assert worst[
+        0
+    ] < alone / 3, f"/health took {worst[0]:.2f} s while big prompts were tokenized (one alone: {alone:.2f} s)"

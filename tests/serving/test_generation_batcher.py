@@ -77,7 +77,8 @@ def test_request_arriving_mid_batch_joins_it_and_returns_first(backend) -> None:
     started = threading.Event()
     try:
         long = batcher.submit(
-            GenerationRequest([5, 20, 30], SamplingParams(max_tokens=150, temperature=1.0, seed=0), on_token=lambda *_: started.set())
+            GenerationRequest([5, 20, 30], SamplingParams(max_tokens=150, temperature=1.0, seed=0),
+                              on_token=lambda *_: started.set())
         )
         assert started.wait(60)
         short_request = GenerationRequest([5, 21], GREEDY)

@@ -26,7 +26,8 @@ def _client(served, rollout: str | None = None) -> openai.OpenAI:
     return openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
 
 
-def _rescore(model_dir: pathlib.Path, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0) -> torch.Tensor:
+def _rescore(model_dir: pathlib.Path, prompt_ids: list[int], completion_ids: list[int],
+             temperature: float = 1.0) -> torch.Tensor:
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     ids = torch.tensor([prompt_ids + completion_ids])
     with torch.no_grad():
@@ -42,7 +43,8 @@ def test_chat_ids_decode_to_text_and_logprobs_rescore(served, tiny_model_dir, te
     data = resp.model_dump()
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     choice = data["choices"][0]
-    expected_prompt = tok(tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+    expected_prompt = tok(tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True),
+                          add_special_tokens=False)["input_ids"]
     assert data["prompt_token_ids"] == expected_prompt
     assert tok.decode(choice["token_ids"], skip_special_tokens=True) == choice["message"]["content"]
     assert len(choice["token_ids"]) == data["usage"]["completion_tokens"] <= 12
@@ -55,7 +57,8 @@ def test_chat_ids_decode_to_text_and_logprobs_rescore(served, tiny_model_dir, te
 def test_completions_models_and_n_choices(served, tiny_model_dir) -> None:
     client = _client(served)
     assert [m.id for m in client.models.list().data] == ["tiny"]
-    resp = client.completions.create(model="tiny", prompt="3 add 4", max_tokens=6, n=3, temperature=1.0, seed=1).model_dump()
+    resp = client.completions.create(model="tiny", prompt="3 add 4", max_tokens=6, n=3, temperature=1.0,
+                                     seed=1).model_dump()
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     assert resp["prompt_token_ids"] == tok("3 add 4")["input_ids"]
     assert [c["index"] for c in resp["choices"]] == [0, 1, 2]
@@ -71,11 +74,13 @@ def test_completions_models_and_n_choices(served, tiny_model_dir) -> None:
 def test_server_span_reaches_collector_with_ids_and_rollout(collector, tiny_model_dir, compact) -> None:
     trace_id, parent_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
     config = ServerConfig(
-        model=tiny_model_dir, port=0, otlp_endpoint=collector.grpc_endpoint, served_model_name="tiny", compact_token_arrays=compact
+        model=tiny_model_dir, port=0, otlp_endpoint=collector.grpc_endpoint, served_model_name="tiny",
+        compact_token_arrays=compact
     )
     server = PolicyServer(config)
     with server:
-        client = openai.OpenAI(base_url=server.rollout_base_url("rollout-42", attempt=2), api_key="unused", max_retries=0)
+        client = openai.OpenAI(base_url=server.rollout_base_url("rollout-42", attempt=2), api_key="unused",
+                               max_retries=0)
         resp = client.chat.completions.create(
             model="tiny", messages=CHAT, max_tokens=8, extra_headers={"traceparent": f"00-{trace_id}-{parent_id}-01"}
         ).model_dump()
@@ -93,7 +98,8 @@ def test_server_span_reaches_collector_with_ids_and_rollout(collector, tiny_mode
     row = rows[0]
     choice = resp["choices"][0]
     assert (row["trace_id"], row["parent_span_id"], row["kind"]) == (trace_id, parent_id, "SERVER")
-    assert (row["rollout_id"], row["attempt"], row["operation_name"], row["policy_version"]) == ("rollout-42", 2, "chat", 0)
+    assert (row["rollout_id"], row["attempt"], row["operation_name"], row["policy_version"]) == ("rollout-42", 2,
+                                                                                                 "chat", 0)
     assert row["prompt_token_ids"] == resp["prompt_token_ids"]
     assert row["completion_token_ids"] == choice["token_ids"]
     assert row["logprobs"] == pytest.approx(choice["token_logprobs"], abs=1e-6)
@@ -121,7 +127,8 @@ def test_reload_changes_outputs_and_version(served, tiny_model_dir_other) -> Non
     client = _client(served)
 
     def greedy() -> list[int]:
-        return client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=8, temperature=0).model_dump()["choices"][0]["token_ids"]
+        return client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=8,
+                                              temperature=0).model_dump()["choices"][0]["token_ids"]
 
     before = greedy()
     reply = httpx.post(f"{served.server.base_url}/v1/weights/reload", json={"path": str(tiny_model_dir_other)},
@@ -153,16 +160,19 @@ def test_reload_does_not_drop_requests_in_flight(served, tiny_model_dir_other) -
     client = _client(served)
 
     def ask(i: int) -> dict:
-        return client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=16, temperature=1.0, seed=i).model_dump()
+        return client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=16, temperature=1.0,
+                                              seed=i).model_dump()
 
     reload_asked = threading.Event()
     after_reload: list[int] = []
     version: list[int] = []
-    reloader = threading.Thread(target=lambda: (reload_asked.set(), version.append(served.server.reload(tiny_model_dir_other))))
+    reloader = threading.Thread(target=lambda: (reload_asked.set(),
+                                                version.append(served.server.reload(tiny_model_dir_other))))
     ids, finish = [], None
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(ask, i) for i in range(8)]
-        for chunk in client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=64, temperature=0, stream=True):
+        for chunk in client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=64, temperature=0,
+                                                    stream=True):
             choice = chunk.model_dump()["choices"][0]
             ids += choice["token_ids"]
             finish = choice["finish_reason"] or finish
@@ -194,7 +204,8 @@ def test_bad_reload_keeps_serving_old_weights(served, tiny_model_dir, tmp_path) 
     with pytest.raises(ServingError, match=r"model.norm.weight has shape \(3,\), the model \(128,\)"):
         served.server.reload(state)
     assert served.server.version == 0
-    assert _client(served).chat.completions.create(model="tiny", messages=CHAT, max_tokens=2).choices[0].finish_reason == "length"
+    assert _client(served).chat.completions.create(model="tiny", messages=CHAT,
+                                                   max_tokens=2).choices[0].finish_reason == "length"
 
 
 @pytest.mark.parametrize(
@@ -213,7 +224,8 @@ def test_bad_reload_keeps_serving_old_weights(served, tiny_model_dir, tmp_path) 
         ({"model": "tiny", "messages": [{"role": "user", "content": "1 " * 1100}]}, 400, "messages", "context is 1024"),
         ({"model": "tiny", "messages": CHAT, "presence_penalty": 1}, 400, "presence_penalty", "not supported"),
         (
-            {"model": "tiny", "messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "add", "arguments": "{oops"}}]}]},
+            {"model": "tiny",
+             "messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "add", "arguments": "{oops"}}]}]},
             400,
             "messages[0].tool_calls[0].function.arguments",
             "JSON object",
@@ -232,7 +244,8 @@ def test_bad_completions_input_and_unknown_route(served) -> None:
     base = served.server.base_url
     reply = httpx.post(f"{base}/v1/completions", json={"model": "tiny", "prompt": [5, 99999]}, timeout=30)
     assert reply.status_code == 400 and "outside the vocabulary" in reply.json()["error"]["message"]
-    reply = httpx.post(f"{base}/v1/completions", content=b"{not json", headers={"content-type": "application/json"}, timeout=30)
+    reply = httpx.post(f"{base}/v1/completions", content=b"{not json", headers={"content-type": "application/json"},
+                       timeout=30)
     assert reply.status_code == 400 and "not valid JSON" in reply.json()["error"]["message"]
     reply = httpx.get(f"{base}/v2/nothing", timeout=30)
     assert reply.status_code == 404 and reply.json()["error"]["type"] == "not_found_error"
@@ -254,7 +267,8 @@ def test_streaming_matches_non_streaming(served) -> None:
             finish = choice["finish_reason"] or finish
         else:
             assert data["usage"]["completion_tokens"] == len(ids)
-    assert (text, ids, finish) == (whole["choices"][0]["message"]["content"], whole["choices"][0]["token_ids"], "length")
+    assert (text, ids, finish) == (whole["choices"][0]["message"]["content"], whole["choices"][0]["token_ids"],
+                                   "length")
     spans = served.spans()
     assert [s.attributes[semconv.ROLLOUT_ID] for s in spans] == ["r-stream", "r-stream"]
     assert decode_int32(spans[1].attributes[semconv.LLM_COMPLETION_TOKEN_IDS]) == ids
@@ -281,12 +295,14 @@ def test_stop_strings_seed_and_max_tokens(served) -> None:
 
 def test_completions_with_several_prompts_index_choices_in_order(served, tiny_model_dir) -> None:
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    resp = _client(served).completions.create(model="tiny", prompt=["3 add 4", "5 sub 1 ?"], max_tokens=3, n=2, temperature=0).model_dump()
+    resp = _client(served).completions.create(model="tiny", prompt=["3 add 4", "5 sub 1 ?"], max_tokens=3, n=2,
+                                              temperature=0).model_dump()
     assert resp["prompt_token_ids"] == [tok("3 add 4")["input_ids"], tok("5 sub 1 ?")["input_ids"]]
     assert [c["index"] for c in resp["choices"]] == [0, 1, 2, 3]
     assert resp["choices"][0]["token_ids"] == resp["choices"][1]["token_ids"]  # greedy: same per prompt
     spans = sorted(served.spans(), key=lambda s: s.attributes[semconv.LLM_CHOICE_INDEX])
-    assert [decode_int32(s.attributes[semconv.LLM_PROMPT_TOKEN_IDS]) for s in spans] == [resp["prompt_token_ids"][i // 2] for i in range(4)]
+    assert [decode_int32(s.attributes[semconv.LLM_PROMPT_TOKEN_IDS])
+            for s in spans] == [resp["prompt_token_ids"][i // 2] for i in range(4)]
 
 
 def test_rollout_task_and_attempt_from_headers_and_path(served) -> None:
@@ -294,7 +310,8 @@ def test_rollout_task_and_attempt_from_headers_and_path(served) -> None:
     body = {"model": "tiny", "prompt": "3", "max_tokens": 1}
     headers = {"x-spanrl-rollout-id": "r-h", "x-spanrl-task-id": "t-h", "x-spanrl-attempt": "3"}
     assert httpx.post(f"{base}/v1/completions", json=body, headers=headers, timeout=30).status_code == 200
-    assert httpx.post(f"{base}/tasks/t-p/rollouts/r-p/attempts/2/v1/completions", json=body, headers=headers, timeout=30).status_code == 200
+    assert httpx.post(f"{base}/tasks/t-p/rollouts/r-p/attempts/2/v1/completions", json=body, headers=headers,
+                      timeout=30).status_code == 200
     bad = httpx.post(f"{base}/rollouts/r-x/attempts/two/v1/completions", json=body, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "attempt"
     keys = (semconv.ROLLOUT_ID, semconv.TASK_ID, semconv.ATTEMPT)

@@ -19,7 +19,8 @@ def _free_port() -> int:
 def test_spanrl_serve_answers_and_stops_on_sigterm(tiny_model_dir, tmp_path) -> None:
     port = _free_port()
     log = open(tmp_path / "serve.log", "w")
-    cmd = [sys.executable, "-m", "spanrl", "serve", "--model", str(tiny_model_dir), "--port", str(port), "--otlp-endpoint", "none", "--threads", "1"]
+    cmd = [sys.executable, "-m", "spanrl", "serve", "--model", str(tiny_model_dir), "--port", str(port),
+           "--otlp-endpoint", "none", "--threads", "1"]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120

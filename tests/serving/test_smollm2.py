@@ -17,7 +17,8 @@ def test_smollm2_answers_a_chat_request_with_exact_ids() -> None:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     exporter = InMemorySpanExporter()
-    with PolicyServer(ServerConfig(model=SMOLLM2, port=0, otlp_endpoint=None, max_context_tokens=512), span_exporter=exporter) as server:
+    with PolicyServer(ServerConfig(model=SMOLLM2, port=0, otlp_endpoint=None, max_context_tokens=512),
+                      span_exporter=exporter) as server:
         client = openai.OpenAI(base_url=server.rollout_base_url("r-smol"), api_key="unused", max_retries=0)
         resp = client.chat.completions.create(
             model=server.config.model_name,

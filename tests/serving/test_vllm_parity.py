@@ -40,7 +40,8 @@ ADMIN_TOKEN = "vllm-reload-s3cret"
 
 
 @pytest.fixture
-def vllm_server(tiny_model_dir: pathlib.Path, tmp_path: pathlib.Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def vllm_server(tiny_model_dir: pathlib.Path, tmp_path: pathlib.Path,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``spanrl serve --backend vllm`` on the tiny model, as a process; yields its root URL. Its reload route
     is on: ``ADMIN_TOKEN`` in a token file, the session's temporary folder as the checkpoint root."""
     port = _free_port()
@@ -52,7 +53,8 @@ def vllm_server(tiny_model_dir: pathlib.Path, tmp_path: pathlib.Path, tmp_path_f
         "--admin-token-file", str(tmp_path / "admin.token"), "--checkpoint-root", str(tmp_path_factory.getbasetemp()),
     ]
     with open(log, "w") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=REPO)
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=REPO)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -78,30 +80,37 @@ def _greedy(base: str, messages: list[dict], max_tokens: int = 24) -> dict:
     return reply.json()
 
 
-def test_greedy_completions_are_token_identical_to_the_transformers_backend(vllm_server: str, tiny_model_dir: pathlib.Path) -> None:
+def test_greedy_completions_are_token_identical_to_the_transformers_backend(vllm_server: str,
+                                                                            tiny_model_dir: pathlib.Path) -> None:
     with PolicyServer(ServerConfig(model=tiny_model_dir, port=0, otlp_endpoint=None, served_model_name="tiny")) as hf:
         expected = [_greedy(hf.base_url, p) for p in PROMPTS]
     got = [_greedy(vllm_server, p) for p in PROMPTS]
     assert [g["prompt_token_ids"] for g in got] == [e["prompt_token_ids"] for e in expected]
     assert [g["choices"][0]["token_ids"] for g in got] == [e["choices"][0]["token_ids"] for e in expected]
     assert sum(len(g["choices"][0]["token_ids"]) for g in got) >= 8 * 4  # real completions, not empty ones
-    pairs = [(a, b) for g, e in zip(got, expected) for a, b in zip(g["choices"][0]["token_logprobs"], e["choices"][0]["token_logprobs"])]
+    pairs = [(a, b) for g, e in zip(got, expected)
+             for a, b in zip(g["choices"][0]["token_logprobs"], e["choices"][0]["token_logprobs"])]
     assert len(pairs) == sum(len(g["choices"][0]["token_ids"]) for g in got)  # one log-prob per token
     worst = max(abs(a - b) for a, b in pairs)
     print(f"largest log-prob difference vLLM vs transformers: {worst:.2e} over {len(pairs)} tokens")
     assert worst <= LOGPROB_TOLERANCE
 
 
-def test_reload_over_http_changes_the_output_and_the_version(vllm_server: str, tiny_model_dir_other: pathlib.Path) -> None:
+def test_reload_over_http_changes_the_output_and_the_version(vllm_server: str,
+                                                             tiny_model_dir_other: pathlib.Path) -> None:
     before = _greedy(vllm_server, PROMPTS[1], max_tokens=8)
     admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
-    reply = httpx.post(f"{vllm_server}/v1/weights/reload", json={"path": str(tiny_model_dir_other)}, headers=admin, timeout=300)
+    reply = httpx.post(f"{vllm_server}/v1/weights/reload", json={"path": str(tiny_model_dir_other)}, headers=admin,
+                       timeout=300)
     assert reply.status_code == 200 and reply.json()["policy_version"] == 1
     after = _greedy(vllm_server, PROMPTS[1], max_tokens=8)
     assert (before["policy_version"], after["policy_version"]) == (0, 1)
     assert after["choices"][0]["token_ids"] != before["choices"][0]["token_ids"]
-    with PolicyServer(ServerConfig(model=tiny_model_dir_other, port=0, otlp_endpoint=None, served_model_name="tiny")) as hf:
-        assert _greedy(hf.base_url, PROMPTS[1], max_tokens=8)["choices"][0]["token_ids"] == after["choices"][0]["token_ids"]
-    bad = httpx.post(f"{vllm_server}/v1/weights/reload", json={"path": "/nonexistent/weights"}, headers=admin, timeout=60)
+    with PolicyServer(ServerConfig(model=tiny_model_dir_other, port=0, otlp_endpoint=None,
+                                   served_model_name="tiny")) as hf:
+        assert _greedy(hf.base_url, PROMPTS[1],
+                       max_tokens=8)["choices"][0]["token_ids"] == after["choices"][0]["token_ids"]
+    bad = httpx.post(f"{vllm_server}/v1/weights/reload", json={"path": "/nonexistent/weights"}, headers=admin,
+                     timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "path"
     assert httpx.get(f"{vllm_server}/health", timeout=30).json()["policy_version"] == 1

@@ -31,7 +31,8 @@ def test_reload_of_non_finite_weights_is_refused_and_the_old_ones_served(served,
         model.model.layers[1].mlp.up_proj.weight[3, 4] = poison
     folder = tmp_path / "diverged"
     model.save_pretrained(folder)
-    with pytest.raises(ServingError, match=r"model.layers.1.mlp.up_proj.weight is not finite .*previous weights are still served"):
+    with pytest.raises(ServingError,
+                       match=r"model.layers.1.mlp.up_proj.weight is not finite .*previous weights are still served"):
         server.reload(folder)
     with pytest.raises(ServingError, match="is not finite"):
         server.reload(model.state_dict())

@@ -79,7 +79,8 @@ def test_feedback_resolves_by_each_key_latest_wins_and_unjudged_rollouts_age_out
     time.sleep(1.5)
     later = now_ns(collector.store)
     assert count_aged_out(collector.store, since_ns=0, now=later, max_age_s=1.0, **_WINDOW) == (1, 0)
-    assert count_aged_out(collector.store, since_ns=later, now=now_ns(collector.store), max_age_s=1.0, **_WINDOW) == (0, 0)
+    assert count_aged_out(collector.store, since_ns=later, now=now_ns(collector.store), max_age_s=1.0, **_WINDOW) == (0,
+                                                                                                                      0)
     assert count_aged_out(collector.store, since_ns=0, now=later, max_age_s=30.0, **_WINDOW) == (0, 0)
     agents.shutdown()
     users.shutdown()
@@ -124,10 +125,12 @@ def test_a_forged_client_span_with_the_victims_response_id_does_not_capture_its_
     agents, users, other = (_provider(collector, s) for s in ("agent", "feedback-service", "attacker"))
     _rollout(agents.get_tracer("agent"), "victim", "sky", "chatcmpl-v", version=1)
     attacker = other.get_tracer("attacker")
-    with attacker.start_as_current_span(sc.ROLLOUT_SPAN_NAME, attributes={sc.ROLLOUT_ID: "attacker-r", sc.TASK_ID: "sky"}):
+    with attacker.start_as_current_span(sc.ROLLOUT_SPAN_NAME,
+                                        attributes={sc.ROLLOUT_ID: "attacker-r", sc.TASK_ID: "sky"}):
         with attacker.start_as_current_span("chat", kind=SpanKind.CLIENT, attributes={
                 sc.ROLLOUT_ID: "attacker-r", sc.GEN_AI_OPERATION_NAME: "chat", sc.GEN_AI_RESPONSE_ID: "chatcmpl-v"}):
             pass
     _feedback(users.get_tracer("users"), 0.5, response_id="chatcmpl-v")
-    ready = ready_rollouts(collector.store, Watermark(), now=now_ns(collector.store), settle_s=0.0, max_age_s=30.0, **_WINDOW)
+    ready = ready_rollouts(collector.store, Watermark(), now=now_ns(collector.store), settle_s=0.0, max_age_s=30.0,
+                           **_WINDOW)
     assert {r.rollout_id: r.reward for r in ready} == {"victim": 0.5}

@@ -13,10 +13,14 @@ from spanrl.store import RemoteStore
 
 
 def test_remote_sql_keeps_types_and_params(collector):
-    collector.store.append(encode_request(make_request(3, rollout_id="rem", attributes={sc.LLM_PROMPT_TOKEN_IDS: [4, 5]})[0]).table)
+    collector.store.append(
+        encode_request(make_request(3, rollout_id="rem", attributes={sc.LLM_PROMPT_TOKEN_IDS: [4, 5]})[0]).table
+    )
     remote = RemoteStore(collector.http_endpoint)
     assert remote.health() == {"status": "ok", "db": str(collector.store.path)}
-    table = remote.sql("SELECT rollout_id, prompt_token_ids, start_ns FROM spans WHERE rollout_id = ? ORDER BY start_ns", ["rem"])
+    table = remote.sql(
+        "SELECT rollout_id, prompt_token_ids, start_ns FROM spans WHERE rollout_id = ? ORDER BY start_ns", ["rem"]
+    )
     assert table.schema.field("prompt_token_ids").type == pa.list_(pa.int32())
     assert table.schema.field("start_ns").type == pa.int64()
     assert table.column("prompt_token_ids").to_pylist() == [[4, 5]] * 3

@@ -56,8 +56,10 @@ def test_unusable_stored_rewards_reach_no_reader(collector):
 
     values = store.sql("SELECT value FROM rewards").column("value").to_pylist()
     assert values == [0.5]
-    finals = {r["rollout_id"]: r["final_reward"] for r in store.sql("SELECT rollout_id, final_reward FROM rollouts").to_pylist()}
-    assert finals["mixed"] == 0.5 and all(finals[f"bad-{i}"] is None for i in range(len(_BAD))) and finals["event"] is None
+    finals = {r["rollout_id"]: r["final_reward"]
+              for r in store.sql("SELECT rollout_id, final_reward FROM rollouts").to_pylist()}
+    assert finals["mixed"] == 0.5 and all(finals[f"bad-{i}"] is None
+                                          for i in range(len(_BAD))) and finals["event"] is None
 
     # load_transitions: an unusable reward counts as a NaN one (credit's nan_reward policy), never as itself.
     batch = load_transitions(store)
@@ -67,7 +69,8 @@ def test_unusable_stored_rewards_reach_no_reader(collector):
         [(f"bad-{i}", 0.0) for i in range(len(_BAD))] + [("event", 0.0), ("mixed", 0.5)])
 
     # The online trainer's query: such rollouts are ready (so they can be quarantined) with no reward.
-    ready = ready_rollouts(store, Watermark(), now=now_ns(store), horizon_ns=0, settle_s=0.0, quiet_s=60.0, max_age_s=60.0)
+    ready = ready_rollouts(store, Watermark(), now=now_ns(store), horizon_ns=0, settle_s=0.0, quiet_s=60.0,
+                           max_age_s=60.0)
     by_id = {r.rollout_id: r for r in ready}
     assert set(by_id) == {f"bad-{i}" for i in range(len(_BAD))} | {"mixed", "event"}
     assert all(by_id[f"bad-{i}"].reward is None and by_id[f"bad-{i}"].bad_rewards == 1 for i in range(len(_BAD)))
@@ -92,7 +95,8 @@ def test_latest_verdict_is_the_latest_stored_not_the_latest_stamped(collector):
             pass
     future = 2**62
     for value, stamp in ((0.0, future), (0.25, None), (1.0, None)):
-        span = user.start_span(sc.FEEDBACK_SPAN_NAME, start_time=stamp, attributes={sc.REWARD_VALUE: value, sc.ROLLOUT_ID: "r1"})
+        span = user.start_span(sc.FEEDBACK_SPAN_NAME, start_time=stamp,
+                               attributes={sc.REWARD_VALUE: value, sc.ROLLOUT_ID: "r1"})
         span.end(end_time=stamp)
         time.sleep(0.01)
     ready = ready_rollouts(collector.store, Watermark(), now=now_ns(collector.store), horizon_ns=0, settle_s=0.0,

@@ -34,15 +34,18 @@ def test_ids_only_on_the_rollout_span_views_agree_with_the_decomposer(collector:
     r = Rollout(rec, "root-only")
     plain = rec.tracer("agent")  # no rollout resource
     r.agent = plain
-    root = rec.span(plain, sc.ROLLOUT_SPAN_NAME, start_ns=_ns(0), end_ns=_ns(100), attributes={sc.ROLLOUT_ID: "root-only"})
+    root = rec.span(plain, sc.ROLLOUT_SPAN_NAME, start_ns=_ns(0), end_ns=_ns(100),
+                    attributes={sc.ROLLOUT_ID: "root-only"})
     r.call(root, 10, [1, 2], [3])
     r.reward(root, 50, 0.25)
     r.evaluation_event(root, 60, 0.75, "judge")
     deliver(collector, rec.spans())
 
     view = _view(collector, "root-only")
-    assert (view["status"], view["ended_by"], view["reward_count"], view["final_reward"]) == ("finished", "rollout_span", 2, 0.75)
-    by_view = sorted(rows(collector.store.sql("SELECT name, value FROM rewards WHERE rollout_id = 'root-only'"), "name", "value"))
+    assert (view["status"], view["ended_by"], view["reward_count"], view["final_reward"]) == ("finished",
+                                                                                              "rollout_span", 2, 0.75)
+    by_view = sorted(rows(collector.store.sql("SELECT name, value FROM rewards WHERE rollout_id = 'root-only'"), "name",
+                          "value"))
     dec = decompose(collector.store)
     assert sorted(rows(dec.rewards, "name", "value")) == by_view == [("judge", 0.75), ("reward", 0.25)]
     assert rows(dec.rollouts, "rollout_id", "status", "ended_by") == [("root-only", "finished", "rollout_span")]
@@ -73,7 +76,8 @@ def test_a_trace_naming_two_rollouts_attributes_its_unlabelled_spans_to_neither(
     plain = rec.tracer("plain-agent")
     root = rec.span(plain, "main", start_ns=_ns(0), end_ns=_ns(100))
     for rid in ("r-a", "r-b"):
-        rec.span(plain, sc.ROLLOUT_SPAN_NAME, start_ns=_ns(1), end_ns=_ns(2), parent=root, attributes={sc.ROLLOUT_ID: rid})
+        rec.span(plain, sc.ROLLOUT_SPAN_NAME, start_ns=_ns(1), end_ns=_ns(2), parent=root,
+                 attributes={sc.ROLLOUT_ID: rid})
     rec.span(plain, sc.REWARD_SPAN_NAME, start_ns=_ns(3), end_ns=_ns(3), parent=root, attributes={sc.REWARD_VALUE: 1.0})
     deliver(collector, rec.spans())
 
@@ -133,7 +137,8 @@ def test_in_process_agent_is_ready_only_with_its_late_span_stored(collector: Any
     from spanrl.rollouts.tracing import InProcessTracing
 
     def agent(task: Any, llm: Any) -> None:
-        with tracer().start_as_current_span("invoke_agent late", attributes={sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT,
+        with tracer().start_as_current_span("invoke_agent late",
+                                            attributes={sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT,
                                                                           sc.GEN_AI_AGENT_NAME: "late"}):
             emit_reward(1.0)
             time.sleep(0.5)  # the reward leaves the batch processor meanwhile (100 ms delay)
@@ -183,9 +188,11 @@ def test_command_agent_without_spanrl_gets_its_ids_and_its_end_stored(collector:
     runner = RolloutRunner(
         [sys.executable, str(script)],
         config=RunnerConfig(instrument=False, require_token_spans=False, max_attempts=1,
-                            env={"OTEL_RESOURCE_ATTRIBUTES": "team=rl,spanrl.task.id=stale", "OTEL_SERVICE_NAME": "plain-agent"}),
+                            env={"OTEL_RESOURCE_ATTRIBUTES": "team=rl,spanrl.task.id=stale",
+                                 "OTEL_SERVICE_NAME": "plain-agent"}),
         ready=lambda ids, since: store_rollouts.ready(collector.store, ids, since, need_token_ids=False),
-        otel_env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{collector.grpc_endpoint}", "OTEL_EXPORTER_OTLP_INSECURE": "true"},
+        otel_env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{collector.grpc_endpoint}",
+                  "OTEL_EXPORTER_OTLP_INSECURE": "true"},
         on_end=lambda *a, **k: store_rollouts.record_end(collector.store, *a, **k),
     )
     try:
@@ -198,8 +205,10 @@ def test_command_agent_without_spanrl_gets_its_ids_and_its_end_stored(collector:
         "SELECT rollout_id, task_id, attempt, mode, service_name, resource ->> '$.team' AS team FROM spans "
         "WHERE name = 'evaluate' ORDER BY rollout_id").to_pylist()
     assert spans == [
-        {"rollout_id": "plain-0-a1", "task_id": "task one", "attempt": 1, "mode": "train", "service_name": "plain-agent", "team": "rl"},
-        {"rollout_id": "plain-1-a1", "task_id": "t2", "attempt": 1, "mode": "train", "service_name": "plain-agent", "team": "rl"},
+        {"rollout_id": "plain-0-a1", "task_id": "task one", "attempt": 1, "mode": "train",
+         "service_name": "plain-agent", "team": "rl"},
+        {"rollout_id": "plain-1-a1", "task_id": "t2", "attempt": 1, "mode": "train", "service_name": "plain-agent",
+         "team": "rl"},
     ]
     view = {r["rollout_id"]: (r["status"], r["ended_by"], r["final_reward"]) for r in
             collector.store.sql("FROM rollouts WHERE rollout_id LIKE 'plain-%'").to_pylist()}

@@ -21,7 +21,8 @@ from spanrl.store import SpanStore
 from spanrl.store.maintenance import export_parquet, parse_duration_s, prune
 
 
-def _add(store: SpanStore, n: int = 1, *, start_ns: int | None = None, status: int = 0, events=(), **kwargs) -> list[str]:
+def _add(store: SpanStore, n: int = 1, *, start_ns: int | None = None, status: int = 0, events=(),
+         **kwargs) -> list[str]:
     req, ids = make_request(n, **kwargs)
     for span in req.resource_spans[0].scope_spans[0].spans:
         if start_ns is not None:
@@ -61,9 +62,11 @@ def test_rollouts_view_one_row_per_rollout_with_status_and_final_reward(store):
 
 
 def test_rewards_view_takes_span_attributes_and_both_event_names(store):
-    _add(store, 1, rollout_id="r", start_ns=1, attributes={sc.GEN_AI_EVALUATION_SCORE_VALUE: 0.5, sc.GEN_AI_EVALUATION_NAME: "judge"})
+    _add(store, 1, rollout_id="r", start_ns=1,
+         attributes={sc.GEN_AI_EVALUATION_SCORE_VALUE: 0.5, sc.GEN_AI_EVALUATION_NAME: "judge"})
     _add(store, 1, rollout_id="r", start_ns=2, attributes={sc.REWARD_VALUE: 2, sc.REWARD_NAME: "steps"})
-    _add(store, 1, rollout_id="r", start_ns=3, events=[(sc.GEN_AI_EVALUATION_RESULT_EVENT, 40, {sc.GEN_AI_EVALUATION_SCORE_VALUE: 0.9}),
+    _add(store, 1, rollout_id="r", start_ns=3,
+         events=[(sc.GEN_AI_EVALUATION_RESULT_EVENT, 40, {sc.GEN_AI_EVALUATION_SCORE_VALUE: 0.9}),
                                                        ("unrelated", 41, {sc.REWARD_VALUE: 5.0})])
     rows = store.sql("SELECT name, value, source, time_ns FROM rewards ORDER BY time_ns").to_pylist()
     assert rows == [
@@ -88,7 +91,9 @@ def test_llm_calls_view_and_compact_token_encoding(store):
     assert call["prompt_token_ids"] == [1, 2, 2**31 - 1] and call["completion_token_ids"] == [7, 8]
     assert call["logprobs"] == [-0.5, -1.25]
     assert (call["request_model"], call["input_tokens"], call["has_token_ids"]) == ("tiny", 3, True)
-    attributes = json.loads(store.sql("SELECT attributes FROM spans WHERE operation_name = 'chat'").column(0)[0].as_py())
+    attributes = json.loads(
+        store.sql("SELECT attributes FROM spans WHERE operation_name = 'chat'").column(0)[0].as_py()
+    )
     assert sc.LLM_PROMPT_TOKEN_IDS not in attributes and attributes[sc.GEN_AI_REQUEST_MODEL] == "tiny"
 
 
@@ -96,7 +101,8 @@ def test_typed_columns_fall_back_to_resource_and_tolerate_wrong_types(store):
     _add(store, 1, rollout_id="res-rollout", resource={sc.TASK_ID: "t1", sc.ATTEMPT: 2},
          attributes={sc.MODE: "val", sc.POLICY_VERSION: "not a number"})
     row = store.sql("SELECT rollout_id, task_id, attempt, mode, policy_version, attributes FROM spans").to_pylist()[0]
-    assert (row["rollout_id"], row["task_id"], row["attempt"], row["mode"], row["policy_version"]) == ("res-rollout", "t1", 2, "val", None)
+    assert (row["rollout_id"], row["task_id"], row["attempt"], row["mode"],
+            row["policy_version"]) == ("res-rollout", "t1", 2, "val", None)
     assert json.loads(row["attributes"])[sc.POLICY_VERSION] == "not a number"  # kept whole
 
 
@@ -132,7 +138,8 @@ def test_file_held_by_another_process_is_store_busy(tmp_path):
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(StoreBusyError, match="held by another process"):
             SpanStore.open(db, read_only=True)
-        cli = subprocess.run([sys.executable, "-m", "spanrl", "sql", "SELECT 1", "--db", str(db), "--url", "http://127.0.0.1:9"],
+        cli = subprocess.run([sys.executable, "-m", "spanrl", "sql", "SELECT 1", "--db", str(db),
+                              "--url", "http://127.0.0.1:9"],
                              capture_output=True, text=True, timeout=60)
         assert cli.returncode == 1 and "held by another process and no collector answered" in cli.stderr
     finally:
@@ -144,7 +151,8 @@ def test_export_parquet_writes_spans_and_views(tmp_path):
     with SpanStore.open(tmp_path / "s.duckdb") as s:
         _add(s, 4, rollout_id="x", attributes={sc.LLM_PROMPT_TOKEN_IDS: [1, 2], sc.GEN_AI_OPERATION_NAME: "chat"})
         paths = export_parquet(s, tmp_path / "out")
-    assert sorted(p.name for p in paths) == ["llm_calls.parquet", "rewards.parquet", "rollouts.parquet", "spans.parquet"]
+    assert sorted(p.name for p in paths) == ["llm_calls.parquet", "rewards.parquet", "rollouts.parquet",
+                                             "spans.parquet"]
     spans = pq.read_table(tmp_path / "out" / "spans.parquet")
     assert spans.num_rows == 4 and spans.column("prompt_token_ids").to_pylist()[0] == [1, 2]
     assert pq.read_table(tmp_path / "out" / "rollouts.parquet").to_pylist()[0]["span_count"] == 4
@@ -161,14 +169,17 @@ def test_prune_deletes_whole_old_rollouts_only(store):
         for span_id in _add(store, n, rollout_id=rollout_id, start_ns=stamp):
             ages[span_id] = now - age_days * day
     # as if stored that long ago: ingested_ns is the only clock prune reads
-    store.sql("UPDATE spans SET ingested_ns = ages.t FROM (SELECT unnest(?) AS id, unnest(?) AS t) ages WHERE span_id = ages.id",
+    store.sql(
+        "UPDATE spans SET ingested_ns = ages.t FROM (SELECT unnest(?) AS id, unnest(?) AS t) ages WHERE span_id = "
+        "ages.id",
               [list(ages), list(ages.values())])
     assert prune(store, parse_duration_s("7d"), now_ns=now) == 3
     left = store.sql("SELECT rollout_id, count(*) AS n FROM spans GROUP BY ALL ORDER BY ALL").to_pylist()
     assert left == [{"rollout_id": "new", "n": 2}, {"rollout_id": "straddles", "n": 3}]
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("7d", 604800.0), ("12h", 43200.0), ("30m", 1800.0), ("45s", 45.0), ("2w", 1209600.0), ("1.5h", 5400.0)])
+@pytest.mark.parametrize(("text", "seconds"), [("7d", 604800.0), ("12h", 43200.0), ("30m", 1800.0), ("45s", 45.0),
+                                               ("2w", 1209600.0), ("1.5h", 5400.0)])
 def test_parse_duration(text, seconds):
     assert parse_duration_s(text) == seconds
 
@@ -186,7 +197,9 @@ def test_append_takes_every_column_or_a_subset_by_name(store):
     assert store.append(full) == 3
     part = full.select(["span_id", "trace_id", "name", "kind", "start_ns", "end_ns", "status_code", "attributes"])
     assert store.append(part) == 3
-    rows = store.sql("SELECT rollout_id, attributes, ingested_ns FROM spans ORDER BY rollout_id NULLS LAST, span_id").to_pylist()
+    rows = store.sql(
+        "SELECT rollout_id, attributes, ingested_ns FROM spans ORDER BY rollout_id NULLS LAST, span_id"
+    ).to_pylist()
     assert [r["rollout_id"] for r in rows] == ["full"] * 3 + [None] * 3
     assert all(json.loads(r["attributes"])["k"] == 1.5 and r["ingested_ns"] > 0 for r in rows)
 

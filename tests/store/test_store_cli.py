@@ -20,7 +20,8 @@ def _spanrl(*args: str) -> subprocess.CompletedProcess:
 
 def _send(proc, n: int, rollout_id: str) -> None:
     body = make_request(n, rollout_id=rollout_id, attributes={"tokens": [1, 2]})[0].SerializeToString()
-    req = urllib.request.Request(f"{proc.http_endpoint}/v1/traces", data=body, headers={"content-type": "application/x-protobuf"}, method="POST")
+    req = urllib.request.Request(f"{proc.http_endpoint}/v1/traces", data=body,
+                                 headers={"content-type": "application/x-protobuf"}, method="POST")
     with urllib.request.urlopen(req, timeout=30) as resp:
         assert resp.status == 200
 
@@ -32,7 +33,8 @@ def test_sql_formats_through_running_collector(collector_proc, tmp_path):
     table = _spanrl("sql", query, *where)
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
-    assert lines[0].split(" | ")[:2] == ["rollout_id", "n"] and lines[2].startswith("fmt        | 3") and lines[-1] == "(1 row)"
+    assert lines[0].split(" | ")[:2] == ["rollout_id",
+                                         "n"] and lines[2].startswith("fmt        | 3") and lines[-1] == "(1 row)"
     rows = list(csv.reader(io.StringIO(_spanrl("sql", query, *where, "--format", "csv").stdout)))
     assert rows[0] == ["rollout_id", "n", "first"] and rows[1][:2] == ["fmt", "3"] and json.loads(rows[1][2])[0]
     out = tmp_path / "r.parquet"

@@ -96,7 +96,9 @@ def replay(model_dir: str, output_dir: str) -> None:
     algorithm = GRPO(learning_rate=LEARNING_RATE, bf16=False, length_bucketing=False)
     algorithm.setup(model_path=Path(model_dir), output_dir=out / "replay", seed=SEED)
     metrics = algorithm.update(batch)
-    (out / "replay.json").write_text(json.dumps({"metrics": metrics, "rows": len(batch), "padding": len(joined) - len(batch)}))
+    (out / "replay.json").write_text(
+        json.dumps({"metrics": metrics, "rows": len(batch), "padding": len(joined) - len(batch)})
+    )
     torch.save({"weights": algorithm.model.state_dict()}, out / "replay.pt")
 
 

@@ -102,7 +102,8 @@ def test_train_with_curriculum_promotes_from_the_rounds_rollouts(tmp_path):
 
     def make_trainer(pool, max_steps, resume):
         seen_levels.append({t["difficulty"] for t in pool})
-        return Trainer(model=model, agent=env_agent(ArithEnv, ArithReward), tasks=pool, algorithm=GRPO(learning_rate=1e-3),
+        return Trainer(model=model, agent=env_agent(ArithEnv, ArithReward), tasks=pool,
+                       algorithm=GRPO(learning_rate=1e-3),
                        config=TrainerConfig(output_dir=str(tmp_path / "run"), n_rollouts=2, tasks_per_step=2,
                                             max_steps=max_steps, resume=resume, max_tokens=2, progress=False,
                                             torch_threads=1))

@@ -34,7 +34,8 @@ def _build_and_install(tmp_path: Path) -> Path:
             shutil.copy2(src, source / name)
     wheels = tmp_path / "wheels"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)], check=True, timeout=300)
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)], check=True,
+                   timeout=300)
     (wheel,) = wheels.glob("spanrl-*.whl")
     site = tmp_path / "site"
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True, timeout=300)

@@ -58,7 +58,8 @@ def test_trainer_refuses_many_processes_for_an_algorithm_without_support(
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     trainer = Trainer(
-        model=tmp_path, agent="python a.py", tasks=[{"id": "a"}], tasks_per_step=1, algorithm=SFT(), output_dir=tmp_path / "run"
+        model=tmp_path, agent="python a.py", tasks=[{"id": "a"}], tasks_per_step=1, algorithm=SFT(),
+        output_dir=tmp_path / "run"
     )
     with pytest.raises(ConfigError, match=r"algorithm SFT cannot train under 2 processes"):
         trainer.start()
@@ -88,16 +89,20 @@ def _max_relative_difference(a: dict, b: dict) -> float:
     return max(float((a[k].float() - b[k].float()).abs().max() / b[k].float().abs().max().clamp(min=1e-12)) for k in a)
 
 
-@pytest.mark.parametrize(("variable", "name"), [("ACCELERATE_USE_DEEPSPEED", "DeepSpeed"), ("ACCELERATE_USE_FSDP", "FSDP")])
+@pytest.mark.parametrize(("variable", "name"),
+                         [("ACCELERATE_USE_DEEPSPEED", "DeepSpeed"), ("ACCELERATE_USE_FSDP", "FSDP")])
 def test_sharded_accelerate_configs_are_refused_before_any_rollout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str, name: str
 ) -> None:
     monkeypatch.setenv(variable, "true")  # what `accelerate launch --config_file deepspeed_zero2.yaml / fsdp.yaml` sets
-    model = build_tiny_model(tmp_path / "tiny", words=["a", "b"], hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    model = build_tiny_model(tmp_path / "tiny", words=["a", "b"], hidden_size=32, num_layers=1, num_heads=2,
+                             intermediate_size=64)
     trainer = Trainer(
-        model=model, agent="python a.py", tasks=[{"id": "a"}], tasks_per_step=1, algorithm=GRPO(), output_dir=tmp_path / "run"
+        model=model, agent="python a.py", tasks=[{"id": "a"}], tasks_per_step=1, algorithm=GRPO(),
+        output_dir=tmp_path / "run"
     )
-    with pytest.raises(ConfigError, match=rf"GRPO cannot train under accelerate's {name} configuration \({variable} is set\)"):
+    with pytest.raises(ConfigError,
+                       match=rf"GRPO cannot train under accelerate's {name} configuration \({variable} is set\)"):
         trainer.start()
     assert not (tmp_path / "run" / "rollouts.jsonl").exists() and trainer.server is None
 
@@ -110,7 +115,8 @@ def test_two_processes_update_exactly_like_one_process_on_the_same_batch(tmp_pat
     import calculator
 
     model = build_tiny_model(
-        tmp_path / "tiny", words=calculator.vocabulary(), hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64
+        tmp_path / "tiny", words=calculator.vocabulary(), hidden_size=32, num_layers=1, num_heads=2,
+        intermediate_size=64
     )
     out = tmp_path / "out"
     out.mkdir()

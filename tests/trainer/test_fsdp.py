@@ -40,7 +40,8 @@ def _launch(args: list[str]) -> None:
     else:
         command = [str(ACCELERATE), "launch", "--config_file", str(CONFIG), "--main_process_port", str(_free_port()),
                    str(SCRIPT), *args]
-    done = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, cwd=REPO)
+    done = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+                          cwd=REPO)
     assert done.returncode == 0, done.stderr[-4000:]
 
 
@@ -64,7 +65,8 @@ def test_fsdp_configs_it_cannot_honour_are_refused_before_any_rollout(
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
-    model = build_tiny_model(tmp_path / "tiny", words=["a", "b"], hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    model = build_tiny_model(tmp_path / "tiny", words=["a", "b"], hidden_size=32, num_layers=1, num_heads=2,
+                             intermediate_size=64)
     algorithm = GRPO(lora=LoRAConfig()) if lora else GRPO()
     trainer = Trainer(model=model, agent="python a.py", tasks=[{"id": "a"}], tasks_per_step=1, algorithm=algorithm,
                       output_dir=tmp_path / "run")
@@ -82,7 +84,8 @@ def test_fsdp_shards_and_updates_exactly_like_one_process(tmp_path: Path) -> Non
     import calculator
 
     model = build_tiny_model(
-        tmp_path / "tiny", words=calculator.vocabulary(), hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64
+        tmp_path / "tiny", words=calculator.vocabulary(), hidden_size=32, num_layers=1, num_heads=2,
+        intermediate_size=64
     )
     out = tmp_path / "out"
     out.mkdir()

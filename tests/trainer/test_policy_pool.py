@@ -50,7 +50,8 @@ def _trainer(model: Path, out: Path, serving: ServingConfig, steps: int = 2) -> 
         credit=LightningRL(mode="identical", baseline="grpo"),
         config=TrainerConfig(
             output_dir=str(out), n_rollouts=4, tasks_per_step=2, max_steps=steps, max_tokens=8, eval_at_start=False,
-            progress=False, torch_threads=1, serving=serving, runner=RunnerConfig(max_concurrency=4, span_timeout_s=30.0),
+            progress=False, torch_threads=1, serving=serving,
+            runner=RunnerConfig(max_concurrency=4, span_timeout_s=30.0),
         ),
     )
 
@@ -121,7 +122,8 @@ def test_train_yaml_serving_section_reaches_the_trainer(tiny_model: Path, tmp_pa
     from spanrl.trainer._cli import build_trainer
 
     raw = {
-        "model": str(tiny_model), "agent": "python agent.py", "tasks": [{"id": "a"}], "tasks_per_step": 1, "output_dir": str(tmp_path),
+        "model": str(tiny_model), "agent": "python agent.py", "tasks": [{"id": "a"}], "tasks_per_step": 1,
+        "output_dir": str(tmp_path),
         "serving": {"backend": "vllm", "dtype": "bfloat16", "urls": ["http://127.0.0.1:8001", "http://127.0.0.1:8002"],
                     "balance": "round_robin", "collector_port": 4399},
     }

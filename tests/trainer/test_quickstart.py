@@ -50,7 +50,8 @@ def test_episode_rejects_a_step_that_returns_a_non_number():
             super().step(action)
             return "great"
 
-    with FakeOpenAI(reply="7") as server, pytest.raises(TypeError, match="Bad.step must return a number or None, got 'great'"):
+    with FakeOpenAI(reply="7") as server, pytest.raises(TypeError,
+                                                        match="Bad.step must return a number or None, got 'great'"):
         run_episode(Bad({"question": "add 3 4", "answer": "7"}), _client(server), "m")
 
 
@@ -108,7 +109,8 @@ def test_trainer_trains_and_deploys_through_the_pipeline(tmp_path):
                              intermediate_size=64)
     tasks = make_tasks(6)
     # right or wrong on the first turn with odds ~1/2 each, so a group of 4 has unequal rewards w.p. ~7/8
-    prime_half_right(model, [([{"role": "user", "content": t["question"]}], t["answer"], str((int(t["answer"]) + 1) % 19))
+    prime_half_right(model,
+                     [([{"role": "user", "content": t["question"]}], t["answer"], str((int(t["answer"]) + 1) % 19))
                              for t in tasks[:4]])
     trainer = Trainer(model=model, env_class=ArithEnv, reward_class=ArithReward, tasks=tasks[:4], val_tasks=tasks[4:],
                       algorithm="grpo", learning_rate=1e-3, total_steps=1, batch_size=8, n_rollouts=4, max_tokens=2,

@@ -36,7 +36,8 @@ def test_every_example_that_trains_ships_a_config() -> None:
 
 
 @pytest.mark.parametrize("config", EXAMPLE_CONFIGS, ids=lambda p: p.parent.name)
-def test_example_config_builds_a_trainer_from_another_folder(config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_example_config_builds_a_trainer_from_another_folder(config: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # as a user would run it: not from the checkout
     raw = yaml.safe_load(config.read_text())
     trainer = build_trainer({**raw, "output_dir": str(tmp_path / "run")}, base=config.parent)
@@ -79,7 +80,8 @@ def test_train_help_points_to_the_docs(capsys: pytest.CaptureFixture[str]) -> No
         ({"eval_evry": 4}, "'eval_evry' is not a trainer setting; did you mean 'eval_every'?"),
         ({"runner": {"worker": 2}}, "runner.worker is not a runner setting; did you mean 'workers'?"),
         ({"credit": {"baselin": "rloo"}}, "credit.baselin is not a credit setting; did you mean 'baseline'?"),
-        ({"algorithm": {"name": "grpo", "learning_rat": 1e-3}}, "algorithm.learning_rat is not an algorithm setting; did you mean 'learning_rate'?"),
+        ({"algorithm": {"name": "grpo", "learning_rat": 1e-3}},
+         "algorithm.learning_rat is not an algorithm setting; did you mean 'learning_rate'?"),
         ({"model": {"tiny": {"word": ["a"]}}}, "model.tiny.word is not a tiny model setting; did you mean 'words'?"),
         ({"algorithm": {"name": "grpoo"}}, "algorithm.name must be one of"),
         ({"zzz": 1}, "'zzz' is not a trainer setting \\(valid: "),

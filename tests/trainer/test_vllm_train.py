@@ -54,7 +54,8 @@ def _serve_vllm(model: Path, port: int, collector_port: int, log: Path) -> subpr
         "--checkpoint-root", str(log.parent),  # the reload route loads only under it, with the admin token
     ]
     with open(log, "w") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"},
                                 cwd=REPO)
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
@@ -73,7 +74,8 @@ def test_two_grpo_steps_with_vllm_rollouts(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("SPANRL_POLICY_ADMIN_TOKEN", "vllm-admin")  # the server's reload token, the Trainer sends it
     # head_dim 32: vLLM's CPU attention has no kernel for 16
     model = build_tiny_model(
-        tmp_path / "tiny", words=calculator.vocabulary(), hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128
+        tmp_path / "tiny", words=calculator.vocabulary(), hidden_size=64, num_layers=1, num_heads=2,
+        intermediate_size=128
     )
     collector_port, port = _free_port(), _free_port()
     proc = _serve_vllm(model, port, collector_port, tmp_path / "vllm.log")

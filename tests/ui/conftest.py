@@ -25,7 +25,8 @@ from typing import Any, Iterator
 
 import pytest
 
-CHROMIUM = os.environ.get("CHROME_BIN") or shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
+CHROMIUM = (os.environ.get("CHROME_BIN") or shutil.which("chromium") or shutil.which("chromium-browser")
+            or "/usr/bin/chromium")
 _CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
                    "--disable-dev-shm-usage", "--hide-scrollbars", "--window-size=1280,900")
@@ -40,8 +41,11 @@ class Browser:
         from websockets.sync.client import connect
 
         if not os.path.exists(CHROMIUM):
-            pytest.fail(f"no Chromium at {CHROMIUM}: install Debian's package (apt-get install -y chromium); make test does")
-        self.proc = subprocess.Popen([CHROMIUM, *_CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
+            pytest.fail(
+                f"no Chromium at {CHROMIUM}: install Debian's package (apt-get install -y chromium); make test does"
+            )
+        self.proc = subprocess.Popen([CHROMIUM, *_CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+                                      "--remote-debugging-port=0",
                                       "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         port_file = profile / "DevToolsActivePort"
         deadline = time.monotonic() + _START_TIMEOUT_S
@@ -118,10 +122,12 @@ class UiProcess:
     def __init__(self, args: list[str], log: Path) -> None:
         self.log = log
         with open(log, "w") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "spanrl", "ui", "--port", "0", *args], stdout=subprocess.PIPE,
+            self.proc = subprocess.Popen([sys.executable, "-m", "spanrl", "ui", "--port", "0", *args],
+                                         stdout=subprocess.PIPE,
                                          stderr=err, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         line: list[str] = []
-        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        # type: ignore[union-attr]
+        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)
         reader.start()
         reader.join(_START_TIMEOUT_S)
         if not line or " open http" not in line[0]:
@@ -168,8 +174,10 @@ def demo_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ui-demo")
     # additions only, and enough SFT (100 optimizer steps) that GRPO groups get mixed rewards, so advantages
     # are not all zero: about 3 minutes on two loaded cores
-    run_demo(DemoConfig(output_dir=str(out), ops=("add",), n_train_tasks=600, n_val_tasks=8, demonstrations=400, sft_epochs=4,
-                        sft_batch_size=16, grpo_steps=3, grpo_tasks_per_step=2, grpo_group_size=4, eval_every=1, workers=4,
+    run_demo(DemoConfig(output_dir=str(out), ops=("add",), n_train_tasks=600, n_val_tasks=8, demonstrations=400,
+                        sft_epochs=4,
+                        sft_batch_size=16, grpo_steps=3, grpo_tasks_per_step=2, grpo_group_size=4, eval_every=1,
+                        workers=4,
                         progress=False),
              echo=lambda line: None)
     return out

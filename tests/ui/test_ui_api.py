@@ -60,12 +60,15 @@ def test_rollout_list_follows_new_spans_and_matches_the_view(collector, ui):
     assert shown["a"] == ("open", 0.5, 7)
 
     status, only = _get(ui.url, "/api/rollouts?status=finished&q=C")
-    assert [r["rollout_id"] for r in only["rows"]] == ["c"] and only["counts"] == {"finished": 1, "error": 0, "open": 0}  # counts follow the text filter
+    # counts follow the text filter
+    assert [r["rollout_id"] for r in only["rows"]] == ["c"] and only["counts"] == {"finished": 1, "error": 0, "open": 0}
 
 
 def test_bad_input_is_a_400_naming_the_field(collector, ui):
     _add(collector, 2, "z")
-    assert _get(ui.url, "/api/rollouts?status=done") == (400, {"error": "status must be one of finished, error, open; got 'done'"})
+    assert _get(
+        ui.url, "/api/rollouts?status=done"
+    ) == (400, {"error": "status must be one of finished, error, open; got 'done'"})
     assert _get(ui.url, "/api/rollouts?limit=many") == (400, {"error": "limit must be an integer, got 'many'"})
     assert _get(ui.url, "/api/rollouts?sort=1;DROP") == (400, {"error": (
         "sort must be one of start_ns, rollout_id, task_id, mode, status, final_reward, policy_version, span_count, "
@@ -82,7 +85,8 @@ def test_bad_input_is_a_400_naming_the_field(collector, ui):
 
 
 def test_open_source_names_what_is_missing(tmp_path):
-    with pytest.raises(StoreError, match="no collector answered at http://127.0.0.1:9 and no span store at '.*nope.duckdb'"):
+    with pytest.raises(StoreError,
+                       match="no collector answered at http://127.0.0.1:9 and no span store at '.*nope.duckdb'"):
         open_source(db=str(tmp_path / "nope.duckdb"), url="http://127.0.0.1:9", token=None)
 
 

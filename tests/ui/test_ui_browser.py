@@ -20,8 +20,11 @@ _NOBODY = "http://127.0.0.1:9"  # no collector: read the file
 def _store_facts(db: Path) -> dict:
     """What the pages must show, computed here from the store with the library, not through the viewer."""
     with SpanStore.open(db, read_only=True) as store:
-        counts = {r["status"]: r["n"] for r in store.sql("SELECT status, count(*) AS n FROM rollouts GROUP BY status").to_pylist()}
-        newest = store.sql("SELECT rollout_id FROM rollouts ORDER BY start_ns DESC, rollout_id LIMIT 5").column(0).to_pylist()
+        counts = {r["status"]: r["n"]
+                  for r in store.sql("SELECT status, count(*) AS n FROM rollouts GROUP BY status").to_pylist()}
+        newest = store.sql(
+            "SELECT rollout_id FROM rollouts ORDER BY start_ns DESC, rollout_id LIMIT 5"
+        ).column(0).to_pylist()
         # a GRPO rollout (exact token ids, a policy version) whose task group had mixed rewards
         groups = store.sql("""
             SELECT any_value(task_id) AS task_id, any_value(mode) AS mode, max(policy_version) AS v, rollout_id
@@ -40,8 +43,10 @@ def _store_facts(db: Path) -> dict:
             raise AssertionError("the demo store has no GRPO group with mixed rewards")
         calls = store.sql(
             "SELECT completion_token_ids FROM spans WHERE completion_token_ids IS NOT NULL AND trace_id IN "
-            "(SELECT trace_id FROM spans WHERE rollout_id = ?) ORDER BY start_ns", [pick.rollout_id]).column(0).to_pylist()
-        demo = store.sql("SELECT rollout_id FROM rollouts WHERE rollout_id NOT IN (SELECT DISTINCT rollout_id FROM spans "
+            "(SELECT trace_id FROM spans WHERE rollout_id = ?) ORDER BY start_ns",
+            [pick.rollout_id]).column(0).to_pylist()
+        demo = store.sql(
+            "SELECT rollout_id FROM rollouts WHERE rollout_id NOT IN (SELECT DISTINCT rollout_id FROM spans "
                          "WHERE policy_version IS NOT NULL AND rollout_id IS NOT NULL) AND mode = 'train' LIMIT 1").column(0).to_pylist()
         total = store.sql("SELECT count(*) AS n FROM rollouts").column(0)[0].as_py()
     return {"counts": counts, "newest": newest, "pick": pick, "calls": calls, "demonstration": demo[0], "total": total}
@@ -59,7 +64,10 @@ def test_rollout_list_shows_the_demo_rollouts(demo_store, facts, ui_factory, bro
     shown = browser.eval("[...document.querySelectorAll('#rollouts tbody tr')].map(r => r.dataset.rollout)")
     assert shown[:5] == facts["newest"]  # newest first, as sorted by start
     assert len(shown) == min(200, facts["total"])
-    buttons = browser.eval("Object.fromEntries([...document.querySelectorAll('#status-counts button')].map(b => [b.dataset.status, b.textContent]))")
+    buttons = browser.eval(
+        "Object.fromEntries([...document.querySelectorAll('#status-counts button')].map(b => [b.dataset.status, "
+        "b.textContent]))"
+    )
     assert buttons["all"] == f"all {facts['total']}"
     for status, n in facts["counts"].items():
         assert buttons[status] == f"{status} {n}"
@@ -70,13 +78,26 @@ def test_rollout_list_shows_the_demo_rollouts(demo_store, facts, ui_factory, bro
 
     # filter by the picked rollout's task: only that task's rollouts remain
     task = facts["pick"].task_id
-    browser.eval(f"(() => {{ const f = document.getElementById('filter'); f.value = {json.dumps(task)}; f.dispatchEvent(new Event('input')); }})()")
-    browser.wait(f"[...document.querySelectorAll('#rollouts tbody tr td:nth-child(2)')].every(td => td.textContent.includes({json.dumps(task)})) "
+    browser.eval(
+        f"(() => {{ const f = document.getElementById('filter'); f.value = {json.dumps(task)}; f.dispatchEvent(new "
+        f"Event('input')); }})()"
+    )
+    browser.wait(
+        "[...document.querySelectorAll('#rollouts tbody tr td:nth-child(2)')].every(td => "
+        f"td.textContent.includes({json.dumps(task)})) "
                  f"&& document.querySelectorAll('#rollouts tbody tr').length > 0")
     # sort by reward, ascending after a second click
-    browser.eval("[...document.querySelectorAll('#rollouts th')].find(th => th.textContent.startsWith('reward')).click()")
-    browser.wait("[...document.querySelectorAll('#rollouts th')].find(th => th.textContent.startsWith('reward')).textContent.endsWith('▾')")
-    rewards = browser.eval("[...document.querySelectorAll('#rollouts tbody tr td:nth-child(5)')].map(td => td.textContent).filter(Boolean).map(Number)")
+    browser.eval(
+        "[...document.querySelectorAll('#rollouts th')].find(th => th.textContent.startsWith('reward')).click()"
+    )
+    browser.wait(
+        "[...document.querySelectorAll('#rollouts th')].find(th => "
+        "th.textContent.startsWith('reward')).textContent.endsWith('▾')"
+    )
+    rewards = browser.eval(
+        "[...document.querySelectorAll('#rollouts tbody tr td:nth-child(5)')].map(td => "
+        "td.textContent).filter(Boolean).map(Number)"
+    )
     assert rewards == sorted(rewards, reverse=True)
     assert not browser.console_errors
 
@@ -89,12 +110,18 @@ def test_rollout_page_shows_calls_tokens_and_advantages(demo_store, facts, ui_fa
     assert browser.eval("document.querySelectorAll('#calls .call').length") == len(calls)
     chips = browser.eval(f"document.querySelectorAll('#calls .call[data-step=\"{pick.step}\"] .tok').length")
     assert chips == len(calls[pick.step])
-    titles = browser.eval(f"[...document.querySelectorAll('#calls .call[data-step=\"{pick.step}\"] .tok')].map(t => t.title)")
+    titles = browser.eval(
+        f"[...document.querySelectorAll('#calls .call[data-step=\"{pick.step}\"] .tok')].map(t => t.title)"
+    )
     assert all("logprob" in t and "mask 1" in t for t in titles)
     # the tiny model's word tokenizer turns ids into words
-    words = browser.eval(f"[...document.querySelectorAll('#calls .call[data-step=\"{pick.step}\"] .tok')].map(t => t.textContent)")
+    words = browser.eval(
+        f"[...document.querySelectorAll('#calls .call[data-step=\"{pick.step}\"] .tok')].map(t => t.textContent)"
+    )
     assert any(not w.isdigit() for w in words)
-    advantage = browser.eval(f"document.querySelector('#transitions tr[data-step=\"{pick.step}\"] .advantage').textContent")
+    advantage = browser.eval(
+        f"document.querySelector('#transitions tr[data-step=\"{pick.step}\"] .advantage').textContent"
+    )
     assert advantage == f"{pick.advantage:.3f}"
     assert browser.eval("document.querySelectorAll('#waterfall .wf-bar.llm').length") >= len(calls)
     assert "reward" in browser.eval("document.querySelector('#calls').innerText")
@@ -136,22 +163,35 @@ def test_sql_box_shows_a_table_refuses_writes_and_downloads(demo_store, facts, u
     ui = ui_factory("--db", str(demo_store / "spans.duckdb"), "--url", _NOBODY)
     browser.goto(ui.url + "#/sql")
     browser.wait("document.querySelector('#sql-result table')")
-    browser.eval("document.getElementById('sql').value = 'SELECT count(*) AS n FROM rollouts'; document.getElementById('run-sql').click()")
-    browser.wait(f"document.querySelector('#sql-result td') && document.querySelector('#sql-result td').textContent == '{facts['total']}'")
+    browser.eval(
+        "document.getElementById('sql').value = 'SELECT count(*) AS n FROM rollouts'; "
+        "document.getElementById('run-sql').click()"
+    )
+    browser.wait(
+        "document.querySelector('#sql-result td') && document.querySelector('#sql-result td').textContent == "
+        f"'{facts['total']}'"
+    )
     browser.screenshot(shots / "sql.png")
-    browser.eval("document.getElementById('sql').value = 'DROP TABLE spans'; document.getElementById('run-sql').click()")
-    assert "only read statements" in browser.wait("document.querySelector('#sql-result .error') && document.querySelector('#sql-result .error').textContent")
+    browser.eval(
+        "document.getElementById('sql').value = 'DROP TABLE spans'; document.getElementById('run-sql').click()"
+    )
+    assert "only read statements" in browser.wait(
+        "document.querySelector('#sql-result .error') && document.querySelector('#sql-result .error').textContent"
+    )
 
     query = "SELECT rollout_id, status FROM rollouts ORDER BY rollout_id LIMIT 3"
     status, body = ui.post("/api/sql", {"sql": query, "format": "csv"})
-    assert status == 200 and body.decode().splitlines()[0] == '"rollout_id","status"' and len(body.decode().splitlines()) == 4
+    assert status == 200 and body.decode().splitlines()[
+        0
+    ] == '"rollout_id","status"' and len(body.decode().splitlines()) == 4
     status, body = ui.post("/api/sql", {"sql": query, "format": "parquet"})
     assert status == 200 and pq.read_table(io.BytesIO(body)).num_rows == 3
     status, body = ui.post("/api/sql", {"sql": query, "format": "xlsx"})
     assert status == 400 and b"format must be one of json, csv, parquet; got 'xlsx'" in body
 
 
-def test_through_a_collector_with_its_token_the_list_updates_live(demo_store, ui_factory, browser, collector_proc_factory, tmp_path, shots):
+def test_through_a_collector_with_its_token_the_list_updates_live(demo_store, ui_factory, browser,
+                                                                  collector_proc_factory, tmp_path, shots):
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider

@@ -33,4 +33,5 @@ with tracer.start_as_current_span("invoke_agent adder", attributes={"gen_ai.oper
     except Exception as exc:  # a tiny model's malformed tool call, or too many turns: scored 0
         text = f"failed: {type(exc).__name__}"
     score = 1.0 if str(task["answer"]) in text else 0.0
-    span.add_event("gen_ai.evaluation.result", {"gen_ai.evaluation.name": "reward", "gen_ai.evaluation.score.value": score})
+    span.add_event("gen_ai.evaluation.result",
+                   {"gen_ai.evaluation.name": "reward", "gen_ai.evaluation.score.value": score})

@@ -23,4 +23,5 @@ with tracer.start_as_current_span("invoke_agent adder", attributes={"gen_ai.oper
         num_retries=0, **sampling,
     )
     score = 1.0 if str(task["answer"]) in (reply.choices[0].message.content or "") else 0.0
-    span.add_event("gen_ai.evaluation.result", {"gen_ai.evaluation.name": "reward", "gen_ai.evaluation.score.value": score})
+    span.add_event("gen_ai.evaluation.result",
+                   {"gen_ai.evaluation.name": "reward", "gen_ai.evaluation.score.value": score})

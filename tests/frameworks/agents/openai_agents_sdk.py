@@ -23,7 +23,8 @@ async def main() -> None:
     sampling = json.loads(os.environ["SPANRL_SAMPLING"])
     model = OpenAIChatCompletionsModel(model=os.environ["SPANRL_MODEL"], openai_client=AsyncOpenAI(max_retries=0))
     agent = Agent(name="adder", instructions="Add the two numbers.", model=model, tools=[add],
-                  model_settings=ModelSettings(temperature=sampling.get("temperature"), max_tokens=sampling.get("max_tokens")))
+                  model_settings=ModelSettings(temperature=sampling.get("temperature"),
+                                               max_tokens=sampling.get("max_tokens")))
     tracer = trace.get_tracer("agents-sdk-agent")
     with tracer.start_as_current_span("invoke_agent adder", attributes={"gen_ai.operation.name": "invoke_agent",
                                                                      "gen_ai.agent.name": "adder"}) as span:
@@ -32,7 +33,8 @@ async def main() -> None:
         except Exception as exc:  # a tiny model's malformed tool call, or too many turns: scored 0
             text = f"failed: {type(exc).__name__}"
         score = 1.0 if str(task["answer"]) in text else 0.0
-        span.add_event("gen_ai.evaluation.result", {"gen_ai.evaluation.name": "reward", "gen_ai.evaluation.score.value": score})
+        span.add_event("gen_ai.evaluation.result",
+                       {"gen_ai.evaluation.name": "reward", "gen_ai.evaluation.score.value": score})
 
 
 asyncio.run(main())

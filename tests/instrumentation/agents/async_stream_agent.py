@@ -16,7 +16,8 @@ async def main() -> None:
     streamed = "".join([chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices])
     plain = await client.chat.completions.create(model="tiny-calc", messages=[{"role": "user", "content": "plain 2+3"}])
     # A synchronous client called from inside a running event loop (OpenLLMetry's thread-per-call path).
-    sync = openai.OpenAI().chat.completions.create(model="tiny-calc", messages=[{"role": "user", "content": "sync 2+3"}])
+    sync = openai.OpenAI().chat.completions.create(model="tiny-calc",
+                                                   messages=[{"role": "user", "content": "sync 2+3"}])
     answers = [streamed, plain.choices[0].message.content, sync.choices[0].message.content]
     print("answers:", answers)
     spanrl.emit_reward(sum(a == "5" for a in answers) / 3)
