@@ -24,7 +24,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
+                                                                    ExportTraceServiceResponse)
 from opentelemetry.proto.common.v1 import common_pb2
 
 _TOKENS = {"ingest": "bench-agent", "read": "bench-read", "admin": "bench-admin", "policy": "bench-policy"}

@@ -45,7 +45,8 @@ _SCRIPT = textwrap.dedent(
     import openai
     from openai.resources.chat.completions import Completions
     from wrapt import FunctionWrapper
-    http_calls, loop_calls, rounds, grpc, url = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    http_calls, loop_calls, rounds = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    grpc, url = sys.argv[4], sys.argv[5]
     import spanrl
     from opentelemetry import trace
     from opentelemetry.instrumentation.openai import OpenAIInstrumentor
@@ -72,7 +73,8 @@ _SCRIPT = textwrap.dedent(
         v2_status = ("openai-v2 " + version("opentelemetry-instrumentation-openai-v2") + ", util-genai "
                      + version("opentelemetry-util-genai") if v2_wrapper else "instrument() wrapped nothing")
     except ImportError as e:
-        v2_status = "not installed" if e.name and e.name.startswith("opentelemetry.instrumentation.openai_v2") else f"not importable: {e}"
+        missing = e.name and e.name.startswith("opentelemetry.instrumentation.openai_v2")
+        v2_status = "not installed" if missing else f"not importable: {e}"
     OpenAIInstrumentor().instrument()
     SpanRLInstrumentor().instrument()
     import asyncio
@@ -293,8 +295,8 @@ _SCRIPT = textwrap.dedent(
 WHERE = {"http": "between HTTP calls", "loop": "tight loop"}
 
 
-def run_breakdown(grpc: str, url: str, http_calls: int, loop_calls: int, rounds: int, env: dict[str, str]) -> dict[str,
-                                                                                                                   Any]:
+def run_breakdown(grpc: str, url: str, http_calls: int, loop_calls: int, rounds: int,
+                  env: dict[str, str]) -> dict[str, Any]:
     """Median CPU seconds per call of each stage (``http:<stage>`` and ``loop:<stage>``)."""
     args = [sys.executable, "-c", _SCRIPT, str(http_calls), str(loop_calls), str(rounds), grpc, url]
     out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=_TIMEOUT_S)
@@ -396,8 +398,8 @@ def print_breakdown(b: dict[str, float], call_ms: float, e2e_cpu_s: float | None
     for (name, x), (_, y) in zip(http, loop):
         print(f"  {name:66s} {x * 1e6:16.1f} us {y * 1e6:8.1f} us")
     print(f"  {'total':66s} {total * 1e6:16.1f} us {warm * 1e6:8.1f} us"
-          f"  (= {100 * total / (call_ms / 1000):.1f}% / {100 * warm / (call_ms / 1000):.1f}% of a {call_ms:.1f} ms "
-          "call)")
+          f"  (= {100 * total / (call_ms / 1000):.1f}% / {100 * warm / (call_ms / 1000):.1f}%"
+          f" of a {call_ms:.1f} ms call)")
     if warm > 0:
         print(f"  between HTTP calls the same code costs {total / warm:.1f}x its tight-loop CPU: the openai client's"
               f" work in between evicts it from the CPU's caches (more so the busier the machine)")

@@ -83,7 +83,6 @@ def generate(n_rollouts: int, seed: int = 0) -> pa.Table:
     per = len(layout)
     n = n_rollouts * per
     roll = np.repeat(np.arange(n_rollouts), per)
-    local = np.tile(np.arange(per), n_rollouts)
     parent_local = np.tile(np.array([p for _, _, p, _ in layout]), n_rollouts)
     roles = [r for _, _, _, r in layout]
     role = np.tile(np.array([r or "" for r in roles], dtype=object), n_rollouts)
@@ -290,9 +289,8 @@ def _timed(fn: Any) -> tuple[Any, float, float]:
 def time_stages(store: object, rounds: int, old_rounds: int, label: str = "cold") -> tuple[dict[str, Any], Any]:
     """Store -> padded (B, T) tensors by stage, median of ``rounds``: `load_transitions` (its decomposer
     SQL timed apart, in the same call) + `check_transitions` + `to_padded`; beside the old per-row path
-    (`load_transitions` + a dataclass per row + a tensor per
-    row and field) in the same run, checking that both give identical tensors. Returns the figures and
-    the last tensors."""
+    (`load_transitions` + a dataclass per row + a tensor per row and field) in the same run, checking
+    that both give identical tensors. Returns the figures and the last tensors."""
     import torch
 
     import spanrl.algorithms.transitions as transitions_module

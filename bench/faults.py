@@ -47,7 +47,8 @@ from typing import Any
 
 import grpc
 from _abuse import bench_abuse
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
+                                                                    ExportTraceServiceResponse)
 from opentelemetry.proto.common.v1 import common_pb2
 
 _EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -227,8 +228,8 @@ def bench_malformed(tmp: Path, quick: bool) -> dict[str, Any]:
             if transport == "grpc":
                 try:
                     reply = export(body, timeout=30)
-                    key, rejected = ("partial" if reply.partial_success.rejected_spans
-                                     else "ok"), reply.partial_success.rejected_spans
+                    rejected = reply.partial_success.rejected_spans
+                    key = "partial" if rejected else "ok"
                 except grpc.RpcError as exc:
                     key, rejected = exc.code().name, 0
             else:
@@ -292,8 +293,7 @@ def bench_overload(tmp: Path, quick: bool) -> dict[str, Any]:
 def _overload(tmp: Path, quick: bool, body: bytes, transport: str) -> dict[str, Any]:
     inflight, queue, duck = 256 * _MiB, 256 * _MiB, 512 * _MiB
     col = Collector(tmp / f"overload-{transport}.duckdb", "--max-inflight-bytes", str(inflight),
-                    "--max-queue-bytes", str(queue),
-                    "--duckdb-memory-limit", "512MB").start()
+                    "--max-queue-bytes", str(queue), "--duckdb-memory-limit", "512MB").start()
     counts: dict[str, int] = {}
     lock = threading.Lock()
     deadline = time.monotonic() + (10 if quick else 30)
@@ -313,9 +313,8 @@ def _overload(tmp: Path, quick: bool, body: bytes, transport: str) -> dict[str, 
                         export(body, timeout=120)
                         key = "OK"
                     except grpc.RpcError as exc:
-                        key = exc.code().name + ("+RetryInfo" if "google.rpc.retryinfo-bin" in dict(
-                            exc.trailing_metadata() or ()
-                        ) else "")
+                        retry_info = "google.rpc.retryinfo-bin" in dict(exc.trailing_metadata() or ())
+                        key = exc.code().name + ("+RetryInfo" if retry_info else "")
                 with lock:
                     counts[key] = counts.get(key, 0) + 1
                 if key not in ("200", "OK"):
@@ -405,9 +404,8 @@ def bench_policy(tmp: Path, quick: bool) -> dict[str, Any]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "spanrl", "serve", "--model", str(model), "--port", str(port),
-                             "--served-model-name",
-                             "tiny", "--otlp-endpoint", "none", "--threads", "1"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                             "--served-model-name", "tiny", "--otlp-endpoint", "none", "--threads", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_health(base)
@@ -542,8 +540,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="also write the figures as JSON here")
     args = parser.parse_args()
     benches = {"malformed": bench_malformed, "sigkill": bench_sigkill, "overload": bench_overload, "sql": bench_sql,
-               "policy": bench_policy,
-               "rewards": bench_rewards, "abuse": bench_abuse}
+               "policy": bench_policy, "rewards": bench_rewards, "abuse": bench_abuse}
     figures: dict[str, Any] = {"load_before": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="spanrl-faults-") as tmp:
         for name in args.only.split(","):

@@ -157,8 +157,7 @@ def encode_otlp(spans: list[dict[str, Any]], rollout_id: str) -> bytes:
     ss.scope.name = "bench"
     for s in spans:
         p = ss.spans.add(trace_id=s["trace_id"], span_id=s["span_id"], parent_span_id=s["parent"] or b"",
-                         name=s["name"],
-                         kind=s["kind"], start_time_unix_nano=s["start"], end_time_unix_nano=s["end"])
+                         name=s["name"], kind=s["kind"], start_time_unix_nano=s["start"], end_time_unix_nano=s["end"])
         for k, v in s["attributes"].items():
             p.attributes.add(key=k, value=_any(v))
     return req.SerializeToString()
@@ -390,11 +389,14 @@ async def main():
         out = []
         for s in spans:
             seq += 1
-            out.append(Span(rollout_id=rid, attempt_id=aid, sequence_id=seq, trace_id=s["trace_id"], span_id=s["span_id"],
-                            parent_id=s["parent"], name=s["name"], status=TraceStatus(status_code="UNSET"),
-                            attributes=s["attributes"], events=[], links=[], start_time=s["start"] / 1e9, end_time=s["end"] / 1e9,
-                            context=SpanContext(trace_id=s["trace_id"], span_id=s["span_id"], is_remote=False, trace_state={}),
-                            parent=None, resource=OtelResource(attributes={"service.name": "bench-agent"}, schema_url="")))
+            out.append(Span(rollout_id=rid, attempt_id=aid, sequence_id=seq, trace_id=s["trace_id"],
+                            span_id=s["span_id"], parent_id=s["parent"], name=s["name"],
+                            status=TraceStatus(status_code="UNSET"), attributes=s["attributes"], events=[], links=[],
+                            start_time=s["start"] / 1e9, end_time=s["end"] / 1e9,
+                            context=SpanContext(trace_id=s["trace_id"], span_id=s["span_id"], is_remote=False,
+                                                trace_state={}),
+                            parent=None,
+                            resource=OtelResource(attributes={"service.name": "bench-agent"}, schema_url="")))
         return out
     rates, cpu_rates, full_rates, full_cpu = [], [], [], []
     for _ in range(repeats):
@@ -411,7 +413,8 @@ async def main():
         full_rates.append(n / (at + bt))
         full_cpu.append(n / (ac + bc))
     med = statistics.median
-    print(json.dumps({"add": med(rates), "add_cpu": med(cpu_rates), "build_add": med(full_rates), "build_add_cpu": med(full_cpu)}))
+    print(json.dumps({"add": med(rates), "add_cpu": med(cpu_rates), "build_add": med(full_rates),
+                      "build_add_cpu": med(full_cpu)}))
 
 asyncio.run(main())
 """
@@ -420,8 +423,8 @@ asyncio.run(main())
 def ensure_anchor(venv: Path) -> Path:
     python = venv / "bin" / "python"
     probe = [str(python), "-c", "import agentlightning, importlib.metadata as m; print(m.version('agentlightning'))"]
-    if python.exists() and subprocess.run(probe, capture_output=True,
-                                          text=True).stdout.strip() == ANCHOR_PACKAGE.split("==")[1]:
+    installed = python.exists() and subprocess.run(probe, capture_output=True, text=True).stdout.strip()
+    if installed == ANCHOR_PACKAGE.split("==")[1]:
         return python
     print(f"installing {ANCHOR_PACKAGE} into {venv} (~780 MB, once)...", flush=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -494,7 +497,8 @@ def bench_layouts(rows: int, tmp: Path) -> None:
 # --- main -----------------------------------------------------------------------------------------------
 def measure(workload: str, bodies: list[bytes], n: int, args: argparse.Namespace, tmp: Path,
             baseline: dict[str, str] | None) -> tuple[list[Run], list[Run]]:
-    ("""--repeats runs of this tree's collector and, with --baseline, of the baseline's (each just before one of ours).""")
+    """--repeats runs of this tree's collector and, with --baseline, of the baseline's (each just before
+    one of ours)."""
     runs, base_runs = [], []
     for _ in range(args.repeats):  # interleaved, so both versions see the same machine load
         if baseline is not None:
@@ -506,7 +510,9 @@ def measure(workload: str, bodies: list[bytes], n: int, args: argparse.Namespace
         print(f"  {workload:12s} {n} sender(s): baseline {args.baseline}: {b_rate:>9,.0f} spans/s (runs: "
               f"{', '.join(f'{r[0]:,.0f}' for r in base_runs)}), {b_cpu:,.0f} per collector CPU-second "
               f"({1e6 / b_cpu:.1f} us per span); "
-              f"this tree x{rate / b_rate:.2f} spans/s, x{cpu / b_cpu:.2f} per CPU-second ({1e6 / cpu:.1f} us per span)", flush=True)
+              f"this tree x{rate / b_rate:.2f} spans/s, x{cpu / b_cpu:.2f} per CPU-second "
+              f"({1e6 / cpu:.1f} us per span)",
+              flush=True)
     return runs, base_runs
 
 

@@ -15,7 +15,7 @@ start, duration, exit status, load average before and after). Then the table bet
 Settings (about 18 minutes in all on 2 quiet cores: 1100 s on 2026-12-01):
   tracer              tracer_overhead.py, 300 timed calls x 5 rounds per mode, 2 ms calls, breakdown 2000 calls
   ingest              ingest.py, 20 s per run (DuckDB's checkpoints in it), median of 3, 1 and 4 senders, 3 workloads,
-  anchor in /tmp/anchor-venv
+                      anchor in /tmp/anchor-venv
   decompose           decompose.py, 1M spans (10k rollouts), median of 3, the per-row path once, anchor on all
   serve_transformers  serve_throughput.py, SmolLM2-135M, 16 new tokens, 2 torch threads, median of 2
   serve_vllm          the same with --backend vllm, server in .venv-vllm (`make vllm-venv`)

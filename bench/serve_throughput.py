@@ -59,8 +59,8 @@ def sequential_generate(model_dir: str, max_tokens: int, requests: int) -> float
     return tokens / (time.perf_counter() - start)
 
 
-async def _client_load(base_url: str, clients: int, per_client: int, max_tokens: int, model: str) -> tuple[float,
-                                                                                                           float]:
+async def _client_load(base_url: str, clients: int, per_client: int, max_tokens: int,
+                       model: str) -> tuple[float, float]:
     """Tokens/s and mean batch size (from the responses' token counts) for ``clients`` concurrent clients."""
     prompts = _prompts(clients * per_client)
     tokens = 0
@@ -120,13 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     port = _free_port()
     if args.backend == "vllm":
         cmd = [args.server_python, "-m", "spanrl", "serve", "--backend", "vllm", "--model", model_dir,
-               "--port", str(port),
-               "--otlp-endpoint", "none", "--served-model-name", "bench"]
+               "--port", str(port), "--otlp-endpoint", "none", "--served-model-name", "bench"]
     else:
         cmd = [sys.executable, "-m", "spanrl", "--log-level", "WARNING", "serve", "--model", model_dir,
-               "--port", str(port),
-               "--otlp-endpoint", "none", "--served-model-name", "bench", "--max-batch-size", "32",
-               "--threads", str(args.threads)]
+               "--port", str(port), "--otlp-endpoint", "none", "--served-model-name", "bench",
+               "--max-batch-size", "32", "--threads", str(args.threads)]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     base_url = f"http://127.0.0.1:{port}"

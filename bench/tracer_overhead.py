@@ -140,7 +140,8 @@ _AGENT = textwrap.dedent(
             tracer.init()
             tracer.init_worker(0, store)
             rollout = await store.start_rollout(input={"task": "bench"})
-            async with tracer.trace_context("bench", rollout_id=rollout.rollout_id, attempt_id=rollout.attempt.attempt_id):
+            async with tracer.trace_context("bench", rollout_id=rollout.rollout_id,
+                                            attempt_id=rollout.attempt.attempt_id):
                 result = run()
             stored = len(await store.query_spans(rollout.rollout_id))
             return result
@@ -171,8 +172,8 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 def _read_line(proc: subprocess.Popen[str], what: str) -> str:
     line: list[str] = []
-    # type: ignore[union-attr]
-    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()),  # type: ignore[union-attr]
+                              daemon=True)
     reader.start()
     reader.join(_START_TIMEOUT_S)
     if not line or not line[0].strip():

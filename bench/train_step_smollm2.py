@@ -4,10 +4,10 @@
 
 Each case builds spanrl's ``GRPO`` on the model and times ``update()`` on the same batch of synthetic
 agent transitions (random token ids; groups of ``GROUP`` rollouts share a prompt, as in GRPO; prompt
-and completion lengths drawn uniformly from the given ranges, as an agent's calls vary; old log-probs from the model
-itself, as the policy server records
-them, computed outside the timer). Right before each timed update, the same process times a
-2048x2048 ``torch.matmul`` in fp32 and in bf16: the bound, under the same machine load.
+and completion lengths drawn uniformly from the given ranges, as an agent's calls vary; old log-probs
+from the model itself, as the policy server records them, computed outside the timer). Right before
+each timed update, the same process times a 2048x2048 ``torch.matmul`` in fp32 and in bf16: the bound,
+under the same machine load.
 
 Cases: ``fp32`` (the update before this bench: fp32, micro-batches in random order) and ``bf16``
 (bf16 autocast with an fp32 LM head, micro-batches sorted by length: GRPOConfig's defaults on a CPU

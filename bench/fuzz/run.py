@@ -135,8 +135,8 @@ def fuzz(kind: str, binary: Path, *, runs: int, seconds: int, jobs: int, corpus:
     elapsed = time.monotonic() - started
     logs = [log.read_text(errors="replace") for _, log in procs]
     execs = sum(_stat(text, "number_of_executed_units") for text in logs)
-    crashes = sorted(str(p.relative_to(REPO)) for p in BUILD.glob("crash-*")) + sorted(str(p.relative_to(REPO))
-                                                                                       for p in BUILD.glob("leak-*"))
+    crashes = (sorted(str(p.relative_to(REPO)) for p in BUILD.glob("crash-*"))
+               + sorted(str(p.relative_to(REPO)) for p in BUILD.glob("leak-*")))
     failed = [f"{kind}-{job}.log: exit {code}: {_tail(text)}" for job, (code, text) in enumerate(zip(codes, logs))
               if code]
     status = [re.findall(r"cov: (\d+) ft: (\d+) corp: (\d+)/", text)[-1:] for text in logs]

@@ -126,8 +126,8 @@ class UiProcess:
                                          stdout=subprocess.PIPE,
                                          stderr=err, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         line: list[str] = []
-        # type: ignore[union-attr]
-        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)
+        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()),  # type: ignore[union-attr]
+                                  daemon=True)
         reader.start()
         reader.join(_START_TIMEOUT_S)
         if not line or " open http" not in line[0]:
