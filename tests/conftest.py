@@ -47,8 +47,7 @@ class CollectorProcess:
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
         log.close()
         line: list[str] = []
-        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()),  # type: ignore[union-attr]
-                                  daemon=True)
+        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
         reader.start()
         reader.join(_START_TIMEOUT_S)
         if not line or not line[0].startswith(_READY_PREFIX):

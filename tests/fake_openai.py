@@ -171,9 +171,9 @@ def _make_handler(server: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             choice = result["choices"][0]
             base = {k: result[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
             chunks = [
-                base | {"choices": [{"index": 0, "delta": {
-                    "role": "assistant", "content": choice["message"]["content"]
-                }, "finish_reason": None}]},
+                base | {"choices": [{"index": 0,
+                                     "delta": {"role": "assistant", "content": choice["message"]["content"]},
+                                     "finish_reason": None}]},
                 base | {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": result["usage"]},
             ]
             for chunk in chunks:

@@ -74,7 +74,8 @@ def test_table_rewritten_from_figures_with_ratios(tmp_path: Path, monkeypatch: p
     assert "7.1x sequential `generate` with the transformers backend" in rows["Policy server throughput at 32 clients"]
     # fixed rows come from the generator
     assert rows["Token ids"].startswith("| Token ids | from attributes, else retokenized |")
-    assert "store -> tensors < 0.5 s (from kept rows, materialized as rollouts finished): **not met**" in text and ("tracer overhead < 5% of the call (wall and CPU): met") in text
+    assert ("store -> tensors < 0.5 s (from kept rows, materialized as rollouts finished): **not met**" in text
+            and "tracer overhead < 5% of the call (wall and CPU): met" in text)
 
 
 def test_failed_or_skipped_bench_shows_not_measured_not_an_old_number(tmp_path: Path,

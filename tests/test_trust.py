@@ -7,7 +7,8 @@ import argparse
 import pytest
 
 from spanrl.errors import ConfigError
-from spanrl.trust import SCOPES, Tokens, add_token_option, browser_refusal, is_loopback, read_token_file, token_from_args
+from spanrl.trust import (SCOPES, Tokens, add_token_option, browser_refusal, is_loopback, read_token_file,
+                          token_from_args)
 
 
 def test_all_scope_token_grants_everything_and_scoped_tokens_one_each():

@@ -112,8 +112,7 @@ def test_receivers_answer_full_queue_with_unavailable_and_503_retry_after(tmp_pa
     grpc_rx = GrpcReceiver(host="127.0.0.1", port=0, tokens=Tokens(), max_request_bytes=1 << 20, max_concurrent_rpcs=8,
                            admission=admission, next_consumer=batcher)
     app = OtlpHttpApp(tokens=Tokens(), bound_host="127.0.0.1", max_request_bytes=1 << 20, next_consumer=batcher,
-                      store=store,
-                      admission=admission.with_request_cap(8), sql=sql, health=lambda: {"status": "ok"})
+                      store=store, admission=admission.with_request_cap(8), sql=sql, health=lambda: {"status": "ok"})
     http_rx = HttpReceiver(host="127.0.0.1", port=0, app=app, graceful_timeout_s=5)
     grpc_rx.start()
     http_rx.start()

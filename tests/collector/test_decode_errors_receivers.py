@@ -63,7 +63,8 @@ def budgeted(tmp_path):
 
 def _json_nested(depth: int) -> bytes:
     value = '{"arrayValue":{"values":[' * depth + '{"intValue":"1"}' + "]}}" * depth  # as text: json.dumps recurses
-    span = (f'{{"traceId":"{"01" * 16}","spanId":"{"02" * 8}","name":"s","attributes":[{{"key":"deep","value":{value}}}]}}')
+    span = (f'{{"traceId":"{"01" * 16}","spanId":"{"02" * 8}","name":"s",'
+            f'"attributes":[{{"key":"deep","value":{value}}}]}}')
     return f'{{"resourceSpans":[{{"scopeSpans":[{{"spans":[{span}]}}]}}]}}'.encode()
 
 
@@ -79,8 +80,8 @@ def test_nesting_past_the_limit_is_400_and_invalid_argument_with_the_reason(budg
     if kinds == "a" or depth == MAX_NESTING + 1:
         assert f"more than {MAX_NESTING} deep" in message and f"more than {MAX_NESTING} deep" in details
     assert _spans(budgeted) == 0
-    assert _http(budgeted, _nested(MAX_NESTING))[0] == 200 and _grpc(budgeted,
-                                                                     _nested(MAX_NESTING))[0] == grpc.StatusCode.OK
+    assert (_http(budgeted, _nested(MAX_NESTING))[0] == 200 and _grpc(budgeted, _nested(MAX_NESTING))[0]
+            == grpc.StatusCode.OK)
 
 
 @pytest.mark.parametrize("depth", [MAX_NESTING + 1, 40, 400])

@@ -71,9 +71,8 @@ def test_corpus_overlong_varints_are_refused_by_both_paths(name):
 def test_corpus_double_text_is_orjsons():
     body = (CORPUS / "min-double-2pow-1017.bin").read_bytes()
     fast, ref = decode_body(body), _python(body)
-    assert fast.table[
-        "attributes"
-    ].to_pylist() == ref.table["attributes"].to_pylist() == ['{"i":0,"d":7.120236347223045e-307}']
+    assert (fast.table["attributes"].to_pylist() == ref.table["attributes"].to_pylist()
+            == ['{"i":0,"d":7.120236347223045e-307}'])
 
 
 def test_corpus_attributes_without_a_key_go_to_python():
@@ -105,8 +104,8 @@ def _overlong(where: str, width: int) -> bytes:
     array = _field(5, _field(1, b"\x18\x05", w.get("element-tag", 1), w.get("element-len", 1)),
                    len_width=w.get("array-len", 1))
     attribute = _field(1, b"key", len_width=w.get("key-len", 1)) + _field(2, array)
-    span = _field(1, b"\x01" * 16) + _field(2, b"\x02" * 8) + _field(5, b"nm", w.get("name-tag", 1),
-                                                                     w.get("name-len", 1))
+    span = (_field(1, b"\x01" * 16) + _field(2, b"\x02" * 8)
+            + _field(5, b"nm", w.get("name-tag", 1), w.get("name-len", 1)))
     span += _field(9, attribute, w.get("attr-tag", 1))
     return _field(1, _field(2, _field(2, span, w.get("span-tag", 1), w.get("span-len", 1))))
 
@@ -149,9 +148,8 @@ def test_random_doubles_are_written_as_orjson_writes_them():
     req, span = _span_request()
     for i, v in enumerate(values):
         span.attributes.add(key=str(i)).value.double_value = v
-    assert decode_body(
-        req.SerializeToString()
-    ).table["attributes"][0].as_py() == orjson.dumps({str(i): v for i, v in enumerate(values)}).decode()
+    assert (decode_body(req.SerializeToString()).table["attributes"][0].as_py()
+            == orjson.dumps({str(i): v for i, v in enumerate(values)}).decode())
 
 
 # --- duplicate keys ----------------------------------------------------------------------------------------------
@@ -255,8 +253,9 @@ def test_decode_exceptions_become_permanent_or_retryable(monkeypatch, raised, ma
         encode_protobuf_body(body)
     with pytest.raises(mapped):
         fast_decode.decode_otlp_body(
-            b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"01010101010101010101010101010101","spanId":"0202020202020202"}]}]}]}',
-                                     as_json=True)
+            b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"01010101010101010101010101010101",'
+            b'"spanId":"0202020202020202"}]}]}]}',
+            as_json=True)
 
 
 # --- the decoded form against the memory budget --------------------------------------------------------------------

@@ -57,18 +57,17 @@ def test_error_message_lists_five_then_counts_the_rest():
     req, _ = make_request(8, attributes={sc.LLM_PROMPT_TOKEN_IDS: [1, "x"]})
     batch = encode_request(req)
     assert (batch.accepted, batch.rejected, batch.table) == (0, 8, None)
-    assert batch.error_message.count(
-        "expected an array of integers"
-    ) == 5 and batch.error_message.endswith("(and 3 more)")
+    assert (batch.error_message.count("expected an array of integers") == 5
+            and batch.error_message.endswith("(and 3 more)"))
 
 
 def test_batch_columns_are_store_columns():
     from spanrl.store import SpanStore
 
     with SpanStore.open(":memory:") as store:
-        columns = [r[
-            "column_name"
-        ] for r in store.sql("SELECT column_name FROM duckdb_columns() WHERE table_name = 'spans'").to_pylist()]
+        columns = [r["column_name"] for r in store.sql(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'spans'"
+        ).to_pylist()]
     # Columns added to schema.sql later are filled with NULL (the insert is BY NAME).
     assert set(SPANS_ARROW_SCHEMA.names) <= set(columns) and "ingested_ns" not in SPANS_ARROW_SCHEMA.names
 

@@ -135,7 +135,8 @@ def test_bad_spans_rejected_alone_with_partial_success(guarded):
     spans[3].attributes.add(key="spanrl.llm.prompt_token_ids").value.string_value = "not base64!"
     response = _grpc_export(guarded, req.SerializeToString())
     assert response.partial_success.rejected_spans == 2
-    assert "span 1" in response.partial_success.error_message and "trace_id must be 16 bytes" in response.partial_success.error_message
+    assert ("span 1" in response.partial_success.error_message
+            and "trace_id must be 16 bytes" in response.partial_success.error_message)
     assert "spanrl.llm.prompt_token_ids" in response.partial_success.error_message
     got = {r["span_id"] for r in guarded.store.sql("SELECT span_id FROM spans").to_pylist()}
     assert got == {ids[0], ids[2], ids[4]}

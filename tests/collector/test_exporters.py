@@ -63,12 +63,12 @@ def _check_store(proc, service: str) -> None:
     assert chat["prompt_token_ids"] == [5, 6, 7] and chat["completion_token_ids"] == [8, 9]
     assert chat["logprobs"] == [-0.5, -0.25]
     attributes = json.loads(chat["attributes"])
-    assert attributes == {sc.GEN_AI_OPERATION_NAME: "chat", sc.GEN_AI_REQUEST_MODEL: "tiny",
-                          sc.GEN_AI_RESPONSE_ID: f"resp-{service}",
-                          sc.GEN_AI_REQUEST_TEMPERATURE: 0.7, "tags": ["a", "b"], "flag": True}
+    assert (attributes == {sc.GEN_AI_OPERATION_NAME: "chat", sc.GEN_AI_REQUEST_MODEL: "tiny",
+                           sc.GEN_AI_RESPONSE_ID: f"resp-{service}", sc.GEN_AI_REQUEST_TEMPERATURE: 0.7,
+                           "tags": ["a", "b"], "flag": True})
     events = json.loads(chat["events"])
-    assert events[0]["name"] == sc.REWARD_SPAN_NAME and events[0]["attributes"] == {sc.REWARD_VALUE: 0.75,
-                                                                                    sc.REWARD_NAME: "accuracy"}
+    assert (events[0]["name"] == sc.REWARD_SPAN_NAME and events[0]["attributes"]
+            == {sc.REWARD_VALUE: 0.75, sc.REWARD_NAME: "accuracy"})
     assert json.loads(chat["resource"])[sc.SERVICE_NAME] == service
     rewards = _cli_sql(proc, f"SELECT name, value, source FROM rewards WHERE rollout_id = 'ro-{service}'")
     assert rewards == [{"name": "accuracy", "value": 0.75, "source": "event"}]

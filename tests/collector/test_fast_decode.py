@@ -64,7 +64,8 @@ def assert_same(body: bytes) -> bool:
 
 
 # --- varied valid requests ----------------------------------------------------------------------------
-_TEXTS = ["", "a", "héllo wörld", "日本語テキスト", "emoji 😀🎉", 'quote " and \\ slash /', "ctl \x00\x01\x1f\x7f\n\t\r\b\f",
+_TEXTS = ["", "a", "héllo wörld", "日本語テキスト", "emoji 😀🎉", 'quote " and \\ slash /',
+          "ctl \x00\x01\x1f\x7f\n\t\r\b\f",
           "\u2028\u2029", "x" * 300, "\U0010ffff", "{not json}"]
 _DOUBLES = [0.0, -0.0, 1.0, -1.5, 0.1, 1e-5, 1e-6, 1.2345e-7, 1e15, 1e16, 9999999999999998.0, 1.2345678901234567e17,
             5e-324, 1.7976931348623157e308, 2.5e-8, 123456.789, float("nan"), float("inf"), -float("inf"), 1 / 3]

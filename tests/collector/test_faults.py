@@ -73,7 +73,8 @@ def test_timestamp_past_int64_rejects_that_span_only(collector):
     req.resource_spans[0].scope_spans[0].spans[2].end_time_unix_nano = 2**64 - 1
     reply = _grpc_export(collector.grpc_endpoint, req.SerializeToString())
     assert reply.partial_success.rejected_spans == 2
-    assert "must be below 2^63" in reply.partial_success.error_message and "18446744073709551615" in reply.partial_success.error_message
+    assert ("must be below 2^63" in reply.partial_success.error_message
+            and "18446744073709551615" in reply.partial_success.error_message)
     assert _count(collector, ids) == 2
 
     req, ids = make_request(3, rollout_id="ts-http")
@@ -126,9 +127,8 @@ def test_grpc_concurrency_cap_refuses_with_retry_info_before_reading(small):
         gate.set()
         assert pending.result().partial_success.rejected_spans == 0
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "requests in flight" in err.value.details()
-    assert RetryInfo.FromString(
-        dict(err.value.trailing_metadata())["google.rpc.retryinfo-bin"]
-    ).retry_delay.seconds == 1
+    assert (RetryInfo.FromString(dict(err.value.trailing_metadata())["google.rpc.retryinfo-bin"]).retry_delay.seconds
+            == 1)
     assert _grpc_export(small.grpc_endpoint, make_request(3)[0].SerializeToString()).partial_success.rejected_spans == 0
 
 

@@ -97,8 +97,8 @@ def test_spec_example_json_lands_correctly(collector):
         "raw": "AQID",
         "spanrl.rollout.id": "json-rollout",
     }
-    assert json.loads(row["links"]) == [{"trace_id": "0102030405060708090a0b0c0d0e0f10", "span_id": "0102030405060708",
-                                         "attributes": {}}]
+    assert (json.loads(row["links"])
+            == [{"trace_id": "0102030405060708090a0b0c0d0e0f10", "span_id": "0102030405060708", "attributes": {}}])
     rewards = collector.store.sql("SELECT name, value, time_ns, source FROM rewards").to_pylist()
     assert rewards == [{"name": "relevance", "value": 0.5, "time_ns": 1544712660500000000, "source": "event"}]
 

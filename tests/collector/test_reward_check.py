@@ -88,8 +88,8 @@ def test_unusable_reward_event_rejects_that_span_over_http(collector, key, bad):
 
 
 def test_unusable_reward_in_otlp_json_is_rejected_with_the_other_bad_spans(collector):
-    span = lambda sid, attrs: {"traceId": "ab" * 16, "spanId": sid, "name": "judge",  # noqa: E731
-                               "startTimeUnixNano": "1", "endTimeUnixNano": "2", "attributes": attrs}
+    span = lambda sid, attrs: {"traceId": "ab" * 16, "spanId": sid, "name": "judge", "startTimeUnixNano": "1",  # noqa: E731
+                               "endTimeUnixNano": "2", "attributes": attrs}
     doc = {"resourceSpans": [{"scopeSpans": [{"spans": [
         span("01" * 8, [{"key": sc.REWARD_VALUE, "value": {"doubleValue": 1.0}}]),
         span("02" * 8, [{"key": sc.REWARD_VALUE, "value": {"doubleValue": "Infinity"}}]),

@@ -173,8 +173,8 @@ def test_token_ids_from_an_agent_token_are_not_kept(scoped, via):
         else:
             assert _post(scoped, "/v1/traces", body, ctype="application/x-protobuf", token=_TOKENS[holder])[0] == 200
     forged, served = _stored(scoped, f"forged-{via}"), _stored(scoped, f"served-{via}")
-    assert (forged["response_id"], forged["prompt_token_ids"], forged["completion_token_ids"],
-            forged["logprobs"]) == (None,) * 4
+    assert ((forged["response_id"], forged["prompt_token_ids"], forged["completion_token_ids"], forged["logprobs"])
+            == (None,) * 4)
     assert "chatcmpl-forged" in forged["attributes"]  # what was sent is kept for people to read
     assert served["response_id"] == f"chatcmpl-served-{via}"
     assert served["prompt_token_ids"] == [1, 2, 3] and served["completion_token_ids"] == [4, 5]
@@ -234,8 +234,7 @@ def test_cli_token_files_and_variables(tmp_path):
 
 def _export(collector, body: bytes, token: str | None = None) -> ExportTraceServiceResponse:
     status, reply = _post(collector, "/v1/traces", body,
-                          ctype="application/json" if body[:1] == b"{" else "application/x-protobuf",
-                          token=token)
+                          ctype="application/json" if body[:1] == b"{" else "application/x-protobuf", token=token)
     assert status == 200, reply
     return ExportTraceServiceResponse.FromString(reply)
 
@@ -253,8 +252,7 @@ def test_a_rollout_claimed_by_one_service_cannot_be_joined_by_another(open_colle
     assert "rollout 'victim-r' belongs to service 'tenant-a', not 'tenant-b'" in reply.partial_success.error_message
     status, rows = _post(open_collector, "/v1/sql",
                          b'{"sql": "SELECT rollout_id, service_name, count(*) AS n FROM spans '
-                                                    b'WHERE rollout_id IN (\'victim-r\', \'b-r\') GROUP BY ALL ORDER '
-                                                    b'BY 1"}')
+                         b'WHERE rollout_id IN (\'victim-r\', \'b-r\') GROUP BY ALL ORDER BY 1"}')
     assert json.loads(rows)["rows"] == [{"rollout_id": "b-r", "service_name": "tenant-b", "n": 2},
                                          {"rollout_id": "victim-r", "service_name": "tenant-a", "n": 2}]
     # the owner keeps writing to it; feedback from any service is still taken

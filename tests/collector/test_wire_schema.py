@@ -44,9 +44,9 @@ def test_parsed_and_standard_requests_give_the_same_rows():
         "empty": [],
     }
     req, _ = make_request(3, attributes=attributes, resource={"langs": ["py", "go"]})
-    req.resource_spans[0].scope_spans[
-        0
-    ].spans[0].events.add(name="e", time_unix_nano=5).attributes.add(key="xs").value.array_value.values.add(int_value=9)
+    req.resource_spans[0].scope_spans[0].spans[0].events.add(
+        name="e", time_unix_nano=5
+    ).attributes.add(key="xs").value.array_value.values.add(int_value=9)
     standard = encode_request(req)
     parsed = encode_request(decode_protobuf_request(req.SerializeToString()))
     assert parsed.error_message == standard.error_message == ""
@@ -93,6 +93,5 @@ def test_grpc_answers_a_malformed_array_with_invalid_argument(tmp_path):
             call(_with_raw_array(_ints(1, 2)[:-1]), timeout=30)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "malformed OTLP protobuf" in err.value.details()
         call(_with_raw_array(_ints(1, 2, 3)), timeout=30)  # the same request, well formed, is stored
-        assert collector.store.sql(
-            "SELECT prompt_token_ids FROM spans"
-        ).to_pylist() == [{"prompt_token_ids": [1, 2, 3]}]
+        assert (collector.store.sql("SELECT prompt_token_ids FROM spans").to_pylist()
+                == [{"prompt_token_ids": [1, 2, 3]}])

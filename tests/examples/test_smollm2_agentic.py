@@ -16,8 +16,8 @@ from examples.smollm2.tools import OPS, SHOTS, TOOLS, load_tasks, run_tool, spli
 def test_the_calculator_answers_and_explains_a_bad_call() -> None:
     assert run_tool("multiply", '{"a": 37, "b": 48}') == "1776"
     assert run_tool("subtract", {"a": 18, "b": 82}) == "-64"
-    assert run_tool("divide",
-                    '{"a": 1, "b": 2}') == "error: unknown tool 'divide'; the tools are add, subtract, multiply"
+    assert (run_tool("divide", '{"a": 1, "b": 2}')
+            == "error: unknown tool 'divide'; the tools are add, subtract, multiply")
     assert run_tool("add", '{"a": 1}').startswith("error: add takes integer arguments a and b (KeyError")
     assert run_tool("add", "not json").startswith("error: add takes integer arguments a and b (JSONDecodeError")
 

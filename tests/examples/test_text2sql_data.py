@@ -72,8 +72,8 @@ def test_reward_checks_row_order_when_gold_orders():
     gold = "SELECT name FROM employees ORDER BY salary DESC, id LIMIT 3"
     pred = "SELECT name FROM employees ORDER BY salary ASC, id LIMIT 3"
     assert execution_reward(pred, gold) == 0.0
-    reversed_rows = ("SELECT name FROM (SELECT name, salary, id FROM employees ORDER BY salary DESC, id LIMIT 3) ORDER "
-                     "BY salary, id DESC")
+    reversed_rows = ("SELECT name FROM (SELECT name, salary, id FROM employees ORDER BY salary DESC, id LIMIT 3) "
+                     "ORDER BY salary, id DESC")
     assert execution_reward(reversed_rows, gold) == 0.0  # same multiset, wrong order
 
 

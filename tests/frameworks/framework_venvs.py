@@ -67,6 +67,6 @@ def framework_venv(name: str) -> Path:
 def _without_spanrl(name: str, venv: Path) -> Path:
     check = subprocess.run([str(venv / "bin" / "python"), "-c", "import spanrl; print(spanrl.__file__)"],
                            capture_output=True, text=True, cwd=venv)
-    assert check.returncode != 0, (f"framework {name!r}: its venv imports spanrl from {check.stdout.strip()}; it must "
-                                   "not")
+    assert check.returncode != 0, (f"framework {name!r}: its venv imports spanrl from {check.stdout.strip()}; "
+                                   "it must not")
     return venv

@@ -44,8 +44,7 @@ def _train_one_step(name: str, tmp_path: Path, **runner: Any) -> tuple[dict[str,
         model=model, agent=agent, tasks=_TASKS, algorithm=GRPO(learning_rate=5e-4), credit=LightningRL(),
         config=TrainerConfig(
             output_dir=str(tmp_path / "run"), n_rollouts=_N_ROLLOUTS, tasks_per_step=_TASKS_PER_STEP, max_steps=1,
-            max_tokens=4,
-            eval_at_start=False, progress=False, torch_threads=1,
+            max_tokens=4, eval_at_start=False, progress=False, torch_threads=1,
             runner=RunnerConfig(instrument=False, rollout_timeout_s=120, span_timeout_s=20, **runner),
         ),
     )

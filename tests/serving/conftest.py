@@ -59,8 +59,7 @@ def served(tiny_model_dir: pathlib.Path, tmp_path_factory: pytest.TempPathFactor
     exporter = InMemorySpanExporter()
     server = PolicyServer(
         ServerConfig(model=tiny_model_dir, port=0, otlp_endpoint=None, served_model_name="tiny",
-                     max_batch_delay_ms=20.0,
-                     admin_token=ADMIN_TOKEN, checkpoint_root=tmp_path_factory.getbasetemp()),
+                     max_batch_delay_ms=20.0, admin_token=ADMIN_TOKEN, checkpoint_root=tmp_path_factory.getbasetemp()),
         span_exporter=exporter,
     ).start()
     try:

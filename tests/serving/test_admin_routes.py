@@ -110,9 +110,8 @@ def test_simple_text_plain_reload_from_a_web_page_is_refused(server, root):
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/health"])
 def test_foreign_origin_and_rebinding_host_are_refused(server, path):
     port = server.port
-    call = ((lambda **h: httpx.post(f"{server.base_url}{path}", json=_CHAT, headers=h, timeout=30))
-            if path != "/health" \
-        else (lambda **h: httpx.get(f"{server.base_url}{path}", headers=h, timeout=30)))
+    call = (lambda **h: httpx.post(f"{server.base_url}{path}", json=_CHAT, headers=h, timeout=30)) \
+        if path != "/health" else (lambda **h: httpx.get(f"{server.base_url}{path}", headers=h, timeout=30))
     assert call(origin="http://evil.example").status_code == 403
     assert call(host=f"evil.example:{port}").status_code == 403
     assert call(host=f"localhost:{port}").status_code == 200
@@ -151,7 +150,8 @@ def test_admin_token_from_a_file_in_the_cli(tmp_path, tiny_model_dir, root):
                     break
             except httpx.HTTPError:
                 pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode() if proc.stdout else ("")
+            assert (proc.poll() is None
+                    and time.monotonic() < deadline), proc.stdout.read().decode() if proc.stdout else ""
             time.sleep(0.3)
         url = f"{base}/v1/weights/reload"
         assert httpx.post(url, json={"path": "checkpoint-1"}, timeout=60).status_code == 401

@@ -19,8 +19,8 @@ TOOLS = [
 def test_parse_word_calls_into_typed_arguments() -> None:
     content, calls = parse_tool_calls("<call> add 3 4.5 </call>", TOOLS)
     assert content is None
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-            for c in calls] == [("add", {"a": 3, "b": 4.5})]
+    assert ([(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+            == [("add", {"a": 3, "b": 4.5})])
     assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
 
 

@@ -76,8 +76,8 @@ def test_body_over_limit_is_413_before_the_body_is_read(tiny_model_dir):
         reply = httpx.post(f"{server.base_url}/v1/completions", content=chunks,
                            headers={"content-type": "application/json"}, timeout=30)
         assert reply.status_code == 413
-        assert httpx.post(f"{server.base_url}/v1/completions",
-                          json={"model": "tiny", "prompt": "1 add 2", "max_tokens": 2}, timeout=30).status_code == 200
+        assert (httpx.post(f"{server.base_url}/v1/completions",
+                           json={"model": "tiny", "prompt": "1 add 2", "max_tokens": 2}, timeout=30).status_code == 200)
 
 
 def test_big_prompts_do_not_stall_health_or_other_requests(served):
@@ -111,6 +111,5 @@ def test_big_prompts_do_not_stall_health_or_other_requests(served):
     # Tokenizing on the loop blocks /health for at least one whole tokenization, about `alone` (measured at
     # load 9: worst 2.04 s, alone 1.67 s); off the loop, worst 0.05-0.06 s beside alone 1.5-1.7 s. The old
     # fixed 1.0 s bound passed the 0.2-0.55 s on-loop stall of a quiet machine.
-    assert worst[
-        0
-    ] < alone / 3, f"/health took {worst[0]:.2f} s while big prompts were tokenized (one alone: {alone:.2f} s)"
+    assert worst[0] < alone / 3, (f"/health took {worst[0]:.2f} s while big prompts were tokenized (one alone: "
+                                  f"{alone:.2f} s)")

@@ -21,12 +21,11 @@ def test_openllmetry_client_span_joins_the_server_span(served) -> None:
     completions = client.chat.completions
     resp = wrapper(completions.create, completions, (),
                    {"model": "tiny", "messages": [{"role": "user", "content": "3 add 4"}], "max_tokens": 4})
-    (client_span,
-     ) = [s for s in agent_spans.get_finished_spans() if s.attributes.get(semconv.GEN_AI_OPERATION_NAME) == "chat"]
+    (client_span,) = [s for s in agent_spans.get_finished_spans()
+                      if s.attributes.get(semconv.GEN_AI_OPERATION_NAME) == "chat"]
     (server_span,) = served.spans()
-    assert client_span.attributes[
-        semconv.GEN_AI_RESPONSE_ID
-    ] == server_span.attributes[semconv.GEN_AI_RESPONSE_ID] == resp.id
+    assert (client_span.attributes[semconv.GEN_AI_RESPONSE_ID] == server_span.attributes[semconv.GEN_AI_RESPONSE_ID]
+            == resp.id)
     assert server_span.context.trace_id == client_span.context.trace_id
     assert server_span.parent is not None and server_span.parent.span_id == client_span.context.span_id
     assert server_span.attributes[semconv.ROLLOUT_ID] == "r-join"

@@ -98,8 +98,8 @@ def test_server_span_reaches_collector_with_ids_and_rollout(collector, tiny_mode
     row = rows[0]
     choice = resp["choices"][0]
     assert (row["trace_id"], row["parent_span_id"], row["kind"]) == (trace_id, parent_id, "SERVER")
-    assert (row["rollout_id"], row["attempt"], row["operation_name"], row["policy_version"]) == ("rollout-42", 2,
-                                                                                                 "chat", 0)
+    assert ((row["rollout_id"], row["attempt"], row["operation_name"], row["policy_version"])
+            == ("rollout-42", 2, "chat", 0))
     assert row["prompt_token_ids"] == resp["prompt_token_ids"]
     assert row["completion_token_ids"] == choice["token_ids"]
     assert row["logprobs"] == pytest.approx(choice["token_logprobs"], abs=1e-6)
@@ -204,8 +204,8 @@ def test_bad_reload_keeps_serving_old_weights(served, tiny_model_dir, tmp_path) 
     with pytest.raises(ServingError, match=r"model.norm.weight has shape \(3,\), the model \(128,\)"):
         served.server.reload(state)
     assert served.server.version == 0
-    assert _client(served).chat.completions.create(model="tiny", messages=CHAT,
-                                                   max_tokens=2).choices[0].finish_reason == "length"
+    assert (_client(served).chat.completions.create(model="tiny", messages=CHAT, max_tokens=2).choices[0].finish_reason
+            == "length")
 
 
 @pytest.mark.parametrize(
@@ -267,8 +267,8 @@ def test_streaming_matches_non_streaming(served) -> None:
             finish = choice["finish_reason"] or finish
         else:
             assert data["usage"]["completion_tokens"] == len(ids)
-    assert (text, ids, finish) == (whole["choices"][0]["message"]["content"], whole["choices"][0]["token_ids"],
-                                   "length")
+    assert ((text, ids, finish)
+            == (whole["choices"][0]["message"]["content"], whole["choices"][0]["token_ids"], "length"))
     spans = served.spans()
     assert [s.attributes[semconv.ROLLOUT_ID] for s in spans] == ["r-stream", "r-stream"]
     assert decode_int32(spans[1].attributes[semconv.LLM_COMPLETION_TOKEN_IDS]) == ids
@@ -301,8 +301,8 @@ def test_completions_with_several_prompts_index_choices_in_order(served, tiny_mo
     assert [c["index"] for c in resp["choices"]] == [0, 1, 2, 3]
     assert resp["choices"][0]["token_ids"] == resp["choices"][1]["token_ids"]  # greedy: same per prompt
     spans = sorted(served.spans(), key=lambda s: s.attributes[semconv.LLM_CHOICE_INDEX])
-    assert [decode_int32(s.attributes[semconv.LLM_PROMPT_TOKEN_IDS])
-            for s in spans] == [resp["prompt_token_ids"][i // 2] for i in range(4)]
+    assert ([decode_int32(s.attributes[semconv.LLM_PROMPT_TOKEN_IDS]) for s in spans]
+            == [resp["prompt_token_ids"][i // 2] for i in range(4)])
 
 
 def test_rollout_task_and_attempt_from_headers_and_path(served) -> None:
@@ -310,8 +310,8 @@ def test_rollout_task_and_attempt_from_headers_and_path(served) -> None:
     body = {"model": "tiny", "prompt": "3", "max_tokens": 1}
     headers = {"x-spanrl-rollout-id": "r-h", "x-spanrl-task-id": "t-h", "x-spanrl-attempt": "3"}
     assert httpx.post(f"{base}/v1/completions", json=body, headers=headers, timeout=30).status_code == 200
-    assert httpx.post(f"{base}/tasks/t-p/rollouts/r-p/attempts/2/v1/completions", json=body, headers=headers,
-                      timeout=30).status_code == 200
+    assert (httpx.post(f"{base}/tasks/t-p/rollouts/r-p/attempts/2/v1/completions", json=body, headers=headers,
+                       timeout=30).status_code == 200)
     bad = httpx.post(f"{base}/rollouts/r-x/attempts/two/v1/completions", json=body, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "attempt"
     keys = (semconv.ROLLOUT_ID, semconv.TASK_ID, semconv.ATTEMPT)

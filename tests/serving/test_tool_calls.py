@@ -62,11 +62,11 @@ def test_tool_call_round_trip_through_chat_template(served, tiny_model_dir) -> N
     first = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, max_tokens=10, temperature=0)
     message = first.choices[0].message
     assert first.choices[0].finish_reason == "tool_calls" and message.content is None
-    assert [(c.function.name, json.loads(c.function.arguments))
-            for c in message.tool_calls] == [("add", {"a": 3, "b": 4})]
+    assert ([(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls]
+            == [("add", {"a": 3, "b": 4})])
     # the client sends the call back as OpenAI JSON (arguments as a string), then the tool's result
-    history = ASK + [message.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "7"}]
+    history = (ASK + [message.model_dump(exclude_none=True),
+                      {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "7"}])
     second = client.chat.completions.create(model="tiny", messages=history, tools=TOOLS, max_tokens=10, temperature=0)
     assert (second.choices[0].message.content, second.choices[0].finish_reason) == ("7", "stop")
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)

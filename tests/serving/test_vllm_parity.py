@@ -108,8 +108,8 @@ def test_reload_over_http_changes_the_output_and_the_version(vllm_server: str,
     assert after["choices"][0]["token_ids"] != before["choices"][0]["token_ids"]
     with PolicyServer(ServerConfig(model=tiny_model_dir_other, port=0, otlp_endpoint=None,
                                    served_model_name="tiny")) as hf:
-        assert _greedy(hf.base_url, PROMPTS[1],
-                       max_tokens=8)["choices"][0]["token_ids"] == after["choices"][0]["token_ids"]
+        assert (_greedy(hf.base_url, PROMPTS[1], max_tokens=8)["choices"][0]["token_ids"]
+                == after["choices"][0]["token_ids"])
     bad = httpx.post(f"{vllm_server}/v1/weights/reload", json={"path": "/nonexistent/weights"}, headers=admin,
                      timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "path"

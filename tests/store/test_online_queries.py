@@ -79,8 +79,8 @@ def test_feedback_resolves_by_each_key_latest_wins_and_unjudged_rollouts_age_out
     time.sleep(1.5)
     later = now_ns(collector.store)
     assert count_aged_out(collector.store, since_ns=0, now=later, max_age_s=1.0, **_WINDOW) == (1, 0)
-    assert count_aged_out(collector.store, since_ns=later, now=now_ns(collector.store), max_age_s=1.0, **_WINDOW) == (0,
-                                                                                                                      0)
+    assert (count_aged_out(collector.store, since_ns=later, now=now_ns(collector.store), max_age_s=1.0, **_WINDOW)
+            == (0, 0))
     assert count_aged_out(collector.store, since_ns=0, now=later, max_age_s=30.0, **_WINDOW) == (0, 0)
     agents.shutdown()
     users.shutdown()

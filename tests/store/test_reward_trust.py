@@ -58,8 +58,8 @@ def test_unusable_stored_rewards_reach_no_reader(collector):
     assert values == [0.5]
     finals = {r["rollout_id"]: r["final_reward"]
               for r in store.sql("SELECT rollout_id, final_reward FROM rollouts").to_pylist()}
-    assert finals["mixed"] == 0.5 and all(finals[f"bad-{i}"] is None
-                                          for i in range(len(_BAD))) and finals["event"] is None
+    assert (finals["mixed"] == 0.5 and all(finals[f"bad-{i}"] is None for i in range(len(_BAD)))
+            and finals["event"] is None)
 
     # load_transitions: an unusable reward counts as a NaN one (credit's nan_reward policy), never as itself.
     batch = load_transitions(store)

@@ -42,10 +42,10 @@ def test_ids_only_on_the_rollout_span_views_agree_with_the_decomposer(collector:
     deliver(collector, rec.spans())
 
     view = _view(collector, "root-only")
-    assert (view["status"], view["ended_by"], view["reward_count"], view["final_reward"]) == ("finished",
-                                                                                              "rollout_span", 2, 0.75)
-    by_view = sorted(rows(collector.store.sql("SELECT name, value FROM rewards WHERE rollout_id = 'root-only'"), "name",
-                          "value"))
+    assert ((view["status"], view["ended_by"], view["reward_count"], view["final_reward"])
+            == ("finished", "rollout_span", 2, 0.75))
+    by_view = sorted(rows(collector.store.sql("SELECT name, value FROM rewards WHERE rollout_id = 'root-only'"),
+                          "name", "value"))
     dec = decompose(collector.store)
     assert sorted(rows(dec.rewards, "name", "value")) == by_view == [("judge", 0.75), ("reward", 0.25)]
     assert rows(dec.rollouts, "rollout_id", "status", "ended_by") == [("root-only", "finished", "rollout_span")]

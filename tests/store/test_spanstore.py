@@ -101,8 +101,8 @@ def test_typed_columns_fall_back_to_resource_and_tolerate_wrong_types(store):
     _add(store, 1, rollout_id="res-rollout", resource={sc.TASK_ID: "t1", sc.ATTEMPT: 2},
          attributes={sc.MODE: "val", sc.POLICY_VERSION: "not a number"})
     row = store.sql("SELECT rollout_id, task_id, attempt, mode, policy_version, attributes FROM spans").to_pylist()[0]
-    assert (row["rollout_id"], row["task_id"], row["attempt"], row["mode"],
-            row["policy_version"]) == ("res-rollout", "t1", 2, "val", None)
+    assert ((row["rollout_id"], row["task_id"], row["attempt"], row["mode"], row["policy_version"])
+            == ("res-rollout", "t1", 2, "val", None))
     assert json.loads(row["attributes"])[sc.POLICY_VERSION] == "not a number"  # kept whole
 
 
@@ -151,8 +151,8 @@ def test_export_parquet_writes_spans_and_views(tmp_path):
     with SpanStore.open(tmp_path / "s.duckdb") as s:
         _add(s, 4, rollout_id="x", attributes={sc.LLM_PROMPT_TOKEN_IDS: [1, 2], sc.GEN_AI_OPERATION_NAME: "chat"})
         paths = export_parquet(s, tmp_path / "out")
-    assert sorted(p.name for p in paths) == ["llm_calls.parquet", "rewards.parquet", "rollouts.parquet",
-                                             "spans.parquet"]
+    assert (sorted(p.name for p in paths)
+            == ["llm_calls.parquet", "rewards.parquet", "rollouts.parquet", "spans.parquet"])
     spans = pq.read_table(tmp_path / "out" / "spans.parquet")
     assert spans.num_rows == 4 and spans.column("prompt_token_ids").to_pylist()[0] == [1, 2]
     assert pq.read_table(tmp_path / "out" / "rollouts.parquet").to_pylist()[0]["span_count"] == 4
@@ -169,9 +169,8 @@ def test_prune_deletes_whole_old_rollouts_only(store):
         for span_id in _add(store, n, rollout_id=rollout_id, start_ns=stamp):
             ages[span_id] = now - age_days * day
     # as if stored that long ago: ingested_ns is the only clock prune reads
-    store.sql(
-        "UPDATE spans SET ingested_ns = ages.t FROM (SELECT unnest(?) AS id, unnest(?) AS t) ages WHERE span_id = "
-        "ages.id",
+    store.sql("UPDATE spans SET ingested_ns = ages.t FROM (SELECT unnest(?) AS id, unnest(?) AS t) ages "
+              "WHERE span_id = ages.id",
               [list(ages), list(ages.values())])
     assert prune(store, parse_duration_s("7d"), now_ns=now) == 3
     left = store.sql("SELECT rollout_id, count(*) AS n FROM spans GROUP BY ALL ORDER BY ALL").to_pylist()

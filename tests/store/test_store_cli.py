@@ -33,8 +33,8 @@ def test_sql_formats_through_running_collector(collector_proc, tmp_path):
     table = _spanrl("sql", query, *where)
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
-    assert lines[0].split(" | ")[:2] == ["rollout_id",
-                                         "n"] and lines[2].startswith("fmt        | 3") and lines[-1] == "(1 row)"
+    assert (lines[0].split(" | ")[:2] == ["rollout_id", "n"] and lines[2].startswith("fmt        | 3")
+            and lines[-1] == "(1 row)")
     rows = list(csv.reader(io.StringIO(_spanrl("sql", query, *where, "--format", "csv").stdout)))
     assert rows[0] == ["rollout_id", "n", "first"] and rows[1][:2] == ["fmt", "3"] and json.loads(rows[1][2])[0]
     out = tmp_path / "r.parquet"

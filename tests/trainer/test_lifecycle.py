@@ -31,5 +31,5 @@ def test_step_line_shows_what_a_person_reads() -> None:
            "rollouts_failed": 0, "time/step_s": 12.34, "transitions_report": {"skipped": 0}, "losses/policy_loss": 0.1}
     assert step_line(row, 30) == "step  3/30  reward 0.62  held-out 0.80  kl 0.0012  rollouts 128  12.3 s"
     assert step_line({"step": 0, "val_success": 0.55}, 30) == "step  0/30  held-out 0.55"
-    assert step_line({"step": 2, "rollouts_ok": 6, "rollouts_failed": 2,
-                      "reward_mean": None}) == "step 2  rollouts 6  failed 2"
+    assert (step_line({"step": 2, "rollouts_ok": 6, "rollouts_failed": 2, "reward_mean": None})
+            == "step 2  rollouts 6  failed 2")

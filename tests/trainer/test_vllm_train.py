@@ -55,8 +55,7 @@ def _serve_vllm(model: Path, port: int, collector_port: int, log: Path) -> subpr
     ]
     with open(log, "w") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                                cwd=REPO)
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=REPO)
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
         assert proc.poll() is None, log.read_text()[-3000:]

@@ -126,8 +126,7 @@ class UiProcess:
                                          stdout=subprocess.PIPE,
                                          stderr=err, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         line: list[str] = []
-        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()),  # type: ignore[union-attr]
-                                  daemon=True)
+        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
         reader.start()
         reader.join(_START_TIMEOUT_S)
         if not line or " open http" not in line[0]:
@@ -177,8 +176,7 @@ def demo_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_demo(DemoConfig(output_dir=str(out), ops=("add",), n_train_tasks=600, n_val_tasks=8, demonstrations=400,
                         sft_epochs=4,
                         sft_batch_size=16, grpo_steps=3, grpo_tasks_per_step=2, grpo_group_size=4, eval_every=1,
-                        workers=4,
-                        progress=False),
+                        workers=4, progress=False),
              echo=lambda line: None)
     return out
 

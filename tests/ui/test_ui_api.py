@@ -66,9 +66,8 @@ def test_rollout_list_follows_new_spans_and_matches_the_view(collector, ui):
 
 def test_bad_input_is_a_400_naming_the_field(collector, ui):
     _add(collector, 2, "z")
-    assert _get(
-        ui.url, "/api/rollouts?status=done"
-    ) == (400, {"error": "status must be one of finished, error, open; got 'done'"})
+    assert (_get(ui.url, "/api/rollouts?status=done")
+            == (400, {"error": "status must be one of finished, error, open; got 'done'"}))
     assert _get(ui.url, "/api/rollouts?limit=many") == (400, {"error": "limit must be an integer, got 'many'"})
     assert _get(ui.url, "/api/rollouts?sort=1;DROP") == (400, {"error": (
         "sort must be one of start_ns, rollout_id, task_id, mode, status, final_reward, policy_version, span_count, "

@@ -47,7 +47,8 @@ def _store_facts(db: Path) -> dict:
             [pick.rollout_id]).column(0).to_pylist()
         demo = store.sql(
             "SELECT rollout_id FROM rollouts WHERE rollout_id NOT IN (SELECT DISTINCT rollout_id FROM spans "
-                         "WHERE policy_version IS NOT NULL AND rollout_id IS NOT NULL) AND mode = 'train' LIMIT 1").column(0).to_pylist()
+            "WHERE policy_version IS NOT NULL AND rollout_id IS NOT NULL) AND mode = 'train' LIMIT 1"
+        ).column(0).to_pylist()
         total = store.sql("SELECT count(*) AS n FROM rollouts").column(0)[0].as_py()
     return {"counts": counts, "newest": newest, "pick": pick, "calls": calls, "demonstration": demo[0], "total": total}
 
@@ -181,9 +182,8 @@ def test_sql_box_shows_a_table_refuses_writes_and_downloads(demo_store, facts, u
 
     query = "SELECT rollout_id, status FROM rollouts ORDER BY rollout_id LIMIT 3"
     status, body = ui.post("/api/sql", {"sql": query, "format": "csv"})
-    assert status == 200 and body.decode().splitlines()[
-        0
-    ] == '"rollout_id","status"' and len(body.decode().splitlines()) == 4
+    assert (status == 200 and body.decode().splitlines()[0] == '"rollout_id","status"'
+            and len(body.decode().splitlines()) == 4)
     status, body = ui.post("/api/sql", {"sql": query, "format": "parquet"})
     assert status == 200 and pq.read_table(io.BytesIO(body)).num_rows == 3
     status, body = ui.post("/api/sql", {"sql": query, "format": "xlsx"})
