@@ -284,7 +284,8 @@ def test_a_prune_forgets_the_claims_of_the_rollouts_it_deleted(tmp_path):
         fresh, _ = make_request(1, rollout_id="fresh-r", resource={"service.name": "tenant-a"})
         _export(c, fresh.SerializeToString())
         assert _post(c, "/v1/prune", b'{"older_than_s": 0}') == (200, b'{"deleted_spans":2}')
-        taken = [make_request(1, rollout_id=rid, resource={"service.name": "tenant-b"})[0] for rid in ("old-r", "fresh-r")]
+        taken = [make_request(1, rollout_id=rid, resource={"service.name": "tenant-b"})[0]
+                 for rid in ("old-r", "fresh-r")]
         assert [_export(c, t.SerializeToString()).partial_success.rejected_spans for t in taken] == [0, 1]
 
 
