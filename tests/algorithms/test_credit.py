@@ -281,7 +281,8 @@ def test_step_mode_rloo_for_a_rollout_alone_in_its_group() -> None:
 
 def test_step_mode_scales_by_std_plus_eps_from_eps_up() -> None:
     # step 0 of group 0: returns-to-go 1 and 1 + 2 sqrt(2): std 2; eps 1 -> divided by 3
-    kw = dict(calls=[(0, 0), (1, 0)], n_calls=[1, 1], groups=[0, 0], rewards=[(0, 0, 1.0), (1, 0, 1.0 + 2 * math.sqrt(2))])
+    kw = dict(calls=[(0, 0), (1, 0)], n_calls=[1, 1], groups=[0, 0],
+              rewards=[(0, 0, 1.0), (1, 0, 1.0 + 2 * math.sqrt(2))])
     res = credit(CreditConfig(mode="step", eps=1.0), **kw)
     assert res.advantages == pytest.approx([-math.sqrt(2) / 3, math.sqrt(2) / 3], rel=1e-9)
     # std exactly eps (rewards 0 and 2: std sqrt(2); eps sqrt(2)) is still divided, and no group is unscaled
@@ -294,7 +295,8 @@ def test_step_mode_scales_by_std_plus_eps_from_eps_up() -> None:
 def test_whitening_divides_by_std_plus_eps_from_eps_up_and_leaves_one_value_alone() -> None:
     kw = dict(calls=[(0, 0), (1, 0), (2, 0)], n_calls=[1, 1, 1], groups=[0, 1, 2],
               rewards=[(0, 0, 0.0), (1, 0, 2.0), (2, 0, 4.0)])  # mean 2, std 2
-    assert credit(CreditConfig(baseline="none", eps=1.0), **kw).advantages.tolist() == pytest.approx([-2 / 3, 0.0, 2 / 3])
+    assert (credit(CreditConfig(baseline="none", eps=1.0), **kw).advantages.tolist()
+            == pytest.approx([-2 / 3, 0.0, 2 / 3]))
     assert credit(CreditConfig(baseline="none", eps=2.0), **kw).advantages.tolist() == [-0.5, 0.0, 0.5]  # std == eps
     one = credit(CreditConfig(baseline="none"), calls=[(0, 0)], n_calls=[1], groups=[0], rewards=[(0, 0, 2.0)])
     assert one.advantages.tolist() == [2.0]  # a batch of one is not whitened

@@ -128,7 +128,8 @@ def test_masked_tokens_do_not_move_the_policy(model_path: Path, tmp_path: Path) 
 
 
 def test_minibatches_and_beta_use_trl_loss(model_path: Path, tmp_path: Path) -> None:
-    algo = _setup(model_path, tmp_path, beta=0.04, mini_batch_size=16, micro_batch_size=8, loss_type="grpo", num_iterations=2)
+    algo = _setup(model_path, tmp_path, beta=0.04, mini_batch_size=16, micro_batch_size=8, loss_type="grpo",
+                  num_iterations=2)
     batch = _batch(algo, seed=4)
     data = pad_transitions(batch.transitions, pad_token_id=algo.tokenizer.pad_token_id)
     ref = algo._logprobs(algo.trainer.model, data)  # (B, C) the reference: the policy before the update

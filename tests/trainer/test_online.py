@@ -124,11 +124,14 @@ def test_online_trainer_learns_from_a_production_stream(tmp_path: Path, collecto
                               "--admin-token-file", str(tmp_path / "admin.token"),
                               "--otlp-endpoint", collector_proc.grpc_endpoint], tmp_path / "serve.log")
         _wait_until(lambda: _get_json(f"{server_url}/health")["status"] == "ok", 120, "spanrl serve", [serve])
-        otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{collector_proc.grpc_endpoint}", "OTEL_SERVICE_NAME": "prod-agent"}
+        otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{collector_proc.grpc_endpoint}",
+                "OTEL_SERVICE_NAME": "prod-agent"}
         logs = [tmp_path / f"requests-{name}.jsonl" for name in ("a", "b")]
         for name, log in zip(("a", "b"), logs):
-            stream.start([str(Path(sys.executable).parent / "opentelemetry-instrument"), sys.executable, str(PRODUCTION / "agent.py"), "--server", server_url,
-                          "--name", f"agent-{name}", "--rate", "4", "--request-log", str(log)], tmp_path / f"agent-{name}.log", otel)
+            stream.start([str(Path(sys.executable).parent / "opentelemetry-instrument"), sys.executable,
+                          str(PRODUCTION / "agent.py"), "--server", server_url,
+                          "--name", f"agent-{name}", "--rate", "4", "--request-log", str(log)],
+                         tmp_path / f"agent-{name}.log", otel)
         feedback_args = [sys.executable, str(PRODUCTION / "feedback.py"), "--delay", "2", "--never", "0.15",
                          "--twice", "0.15", "--sent-log", str(tmp_path / "feedback.jsonl")]
         for log in logs:
@@ -239,11 +242,13 @@ def test_online_cli_config_rejects_unknown_setting_and_other_algorithms(tmp_path
 
     with pytest.raises(ConfigError, match="'max_age' is not a trainer setting; did you mean 'max_age_s'\\? \\(valid: "):
         build_online_trainer({"model": "m", "max_age": 600})
-    with pytest.raises(ConfigError, match="algorithm.learning_rat is not an algorithm setting; did you mean 'learning_rate'"):
+    with pytest.raises(ConfigError,
+                       match="algorithm.learning_rat is not an algorithm setting; did you mean 'learning_rate'"):
         build_online_trainer({"model": "m", "algorithm": {"name": "grpo", "learning_rat": 1e-3}})
     with pytest.raises(ConfigError, match="algorithm.name must be 'grpo' for online training, got 'ppo'"):
         build_online_trainer({"model": "m", "algorithm": {"name": "ppo"}})
-    trainer = build_online_trainer({"model": "m", "output_dir": "out", "algorithm": {"learning_rate": 1e-3}}, base=tmp_path)
+    trainer = build_online_trainer({"model": "m", "output_dir": "out", "algorithm": {"learning_rate": 1e-3}},
+                                   base=tmp_path)
     assert trainer.output_dir == tmp_path / "out" and trainer.algorithm.config.learning_rate == 1e-3
 
 

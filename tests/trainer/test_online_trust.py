@@ -87,8 +87,9 @@ def test_unusable_rewards_and_forged_tokens_are_quarantined_and_training_goes_on
     trainer = _trainer(tiny, server, collector, out)
     row = trainer.poll_once()
     assert row is not None and row["rollouts"] == 2 and row["policy_version"] == 1
-    assert _ledger(out) == {"good-1": "trained", "good-2": "trained", "bad-1e200": "bad_reward", "bad-nan": "bad_reward",
-                            "bad-1e308": "bad_reward", "bad-inf": "bad_reward", "forged": "bad_transitions"}
+    assert _ledger(out) == {"good-1": "trained", "good-2": "trained", "bad-1e200": "bad_reward",
+                            "bad-nan": "bad_reward", "bad-1e308": "bad_reward", "bad-inf": "bad_reward",
+                            "forged": "bad_transitions"}
     assert trainer.state.counters["bad_reward"] == 4 and trainer.state.counters["bad_transitions"] == 1
     assert trainer.state.baseline.finite()
 
@@ -104,7 +105,8 @@ def test_unusable_rewards_and_forged_tokens_are_quarantined_and_training_goes_on
     assert all(torch.isfinite(torch.tensor(result.completions[0].logprobs)))
 
 
-def test_diverging_updates_are_undone_and_stop_training_with_the_last_good_weights_served(tiny, server, collector, tmp_path):
+def test_diverging_updates_are_undone_and_stop_training_with_the_last_good_weights_served(tiny, server, collector,
+                                                                                          tmp_path):
     """An absurd learning rate: Adam's first step overflows float32 and the weights become inf. Each such
     update is undone (back to the last good weights: here the starting model), its rollouts quarantined,
     nothing checkpointed or reloaded; the second in a row stops the trainer with the reason."""
@@ -117,8 +119,9 @@ def test_diverging_updates_are_undone_and_stop_training_with_the_last_good_weigh
     assert all(bool(torch.isfinite(p).all()) for p in diverging.algorithm.model.parameters())  # undone
     _rollout(collector.store, "c", 1.0)
     _rollout(collector.store, "d", 0.0)
-    with pytest.raises(TrainingError, match=r"2 updates in a row were not finite \(max_bad_updates 2; last: weight .* is not "
-                                            r"finite\); stopped. The last good weights, .*model, are intact and still served"):
+    with pytest.raises(TrainingError,
+                       match=r"2 updates in a row were not finite \(max_bad_updates 2; last: weight .* is not "
+                             r"finite\); stopped. The last good weights, .*model, are intact and still served"):
         diverging.poll_once()
     state = json.loads((out / "online_state.json").read_text())
     assert state["checkpoint"] is None and state["step"] == 0 and state["bad_updates"] == 2
@@ -138,7 +141,8 @@ def test_the_collector_token_comes_from_the_environment_and_is_never_saved(tiny,
     config = CollectorConfig(db_path=str(tmp_path / "s.duckdb"), grpc_port=-1, http_port=0, token="s3cret-token")
     with Collector(config) as guarded:
         monkeypatch.setenv("SPANRL_COLLECTOR_TOKEN", "s3cret-token")
-        fields = dict(model=str(tiny), server_url=server.base_url, store_url=guarded.http_endpoint, output_dir=str(tmp_path / "o"))
+        fields = dict(model=str(tiny), server_url=server.base_url, store_url=guarded.http_endpoint,
+                      output_dir=str(tmp_path / "o"))
         assert now_ns(OnlineTrainer(OnlineConfig(**fields), algorithm=GRPO()).store) > 0  # 401 without the token
         OnlineTrainer(OnlineConfig(**fields, collector_token="s3cret-token"), algorithm=GRPO()).start()
     saved = (tmp_path / "o" / "config.json").read_text()

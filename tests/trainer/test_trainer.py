@@ -118,7 +118,8 @@ def test_crashing_and_hanging_agents_do_not_stop_training(tiny_model: Path, tmp_
     tasks[0]["chaos"] = "crash"  # every attempt kills the worker: excluded after max_attempts
     tasks[1]["chaos"] = "hang_first"  # first attempt hangs past the timeout, the retry succeeds
     # the timeout also covers a restarted worker's imports (seconds on a loaded machine): not too tight
-    runner = RunnerConfig(workers=2, max_concurrency=4, instrument=False, rollout_timeout_s=15.0, span_timeout_s=10.0, max_attempts=2)
+    runner = RunnerConfig(workers=2, max_concurrency=4, instrument=False, rollout_timeout_s=15.0, span_timeout_s=10.0,
+                          max_attempts=2)
     out = tmp_path / "chaos"
     trainer = Trainer(
         model=tiny_model, agent=_chaos_agent(tmp_path), tasks=tasks,
@@ -151,10 +152,13 @@ def test_trainer_rejects_bad_config(tiny_model: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="model must be a Hugging Face model folder"):
         Trainer(model=tmp_path / "nope", agent="python a.py", tasks=tasks, algorithm=GRPO())
     with pytest.raises(ConfigError, match="task id 'x' appears twice"):
-        Trainer(model=tiny_model, agent="python a.py", tasks=[{"id": "x"}, {"id": "x"}], algorithm=GRPO(), tasks_per_step=1)
+        Trainer(model=tiny_model, agent="python a.py", tasks=[{"id": "x"}, {"id": "x"}], algorithm=GRPO(),
+                tasks_per_step=1)
     with pytest.raises(ConfigError, match="algorithm must be an Algorithm"):
         Trainer(model=tiny_model, agent="python a.py", tasks=tasks, algorithm="grpo", tasks_per_step=1)
-    with pytest.raises(ConfigError, match=r"temperature 0.7 \(the rollouts'\) differs from the algorithm's temperature 1.0"):
-        Trainer(model=tiny_model, agent="python a.py", tasks=tasks, algorithm=GRPO(), config=TrainerConfig(temperature=0.7, tasks_per_step=1))
+    with pytest.raises(ConfigError,
+                       match=r"temperature 0.7 \(the rollouts'\) differs from the algorithm's temperature 1.0"):
+        Trainer(model=tiny_model, agent="python a.py", tasks=tasks, algorithm=GRPO(),
+                config=TrainerConfig(temperature=0.7, tasks_per_step=1))
     with pytest.raises(ConfigError, match="LightningRL got an unknown field"):
         LightningRL(gama=0.9)

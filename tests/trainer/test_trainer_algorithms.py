@@ -139,7 +139,8 @@ def _critic(body: dict[str, Any]) -> str:
     missing = [h for h in HINTS if h not in template]
     if "Wrap your answer in <critique>" in prompt:
         return f"<critique>Add the instruction: {missing[0] if missing else 'nothing'}</critique>"
-    hint = re.search(r"<critique>\n(.*?)\n</critique>", prompt, re.DOTALL).group(1).removeprefix("Add the instruction: ")
+    hint = re.search(r"<critique>\n(.*?)\n</critique>", prompt,
+                     re.DOTALL).group(1).removeprefix("Add the instruction: ")
     return f"<template>{template} {hint}</template>" if hint in HINTS else f"<template>{template}</template>"
 
 
@@ -151,7 +152,8 @@ def test_apo_optimizes_the_template_the_agent_uses(tiny_model: Path, tmp_path: P
         seen.append(llm.prompt_template)
         prompt = (llm.prompt_template or "{question}").format(question=task["question"])
         llm.client().chat.completions.create(
-            model=llm.model, messages=[{"role": "user", "content": prompt}], max_tokens=2, temperature=llm.sampling["temperature"]
+            model=llm.model, messages=[{"role": "user", "content": prompt}], max_tokens=2,
+            temperature=llm.sampling["temperature"]
         )
         return sum(h in prompt for h in HINTS) / len(HINTS)  # the template decides the reward
 
@@ -159,7 +161,8 @@ def test_apo_optimizes_the_template_the_agent_uses(tiny_model: Path, tmp_path: P
     with FakeOpenAI(reply=_critic) as critic:
         trainer = Trainer(
             model=tiny_model, agent=agent, tasks=tasks, val_tasks=tasks[:1],
-            algorithm=APO(critic_base_url=critic.base_url, critic_model="scripted", beam_width=1, branch_factor=1, rounds=3),
+            algorithm=APO(critic_base_url=critic.base_url, critic_model="scripted", beam_width=1, branch_factor=1,
+                          rounds=3),
             prompt_template="Solve: {question}", config=_config(tmp_path / "run", n_rollouts=2),
         )
         history = trainer.train()
@@ -179,7 +182,8 @@ def test_apo_optimizes_the_template_the_agent_uses(tiny_model: Path, tmp_path: P
 def test_apo_needs_an_initial_template(tiny_model: Path) -> None:
     tasks = calculator.make_tasks(2)
     with pytest.raises(ConfigError, match="prompt_template must be the initial template when the algorithm is APO"):
-        Trainer(model=tiny_model, agent=_calculator_agent, tasks=tasks, algorithm=APO(critic_base_url="http://x/v1"), tasks_per_step=1)
+        Trainer(model=tiny_model, agent=_calculator_agent, tasks=tasks, algorithm=APO(critic_base_url="http://x/v1"),
+                tasks_per_step=1)
     with pytest.raises(ConfigError, match="resume must be False with APO"):
         Trainer(
             model=tiny_model, agent=_calculator_agent, tasks=tasks, algorithm=APO(critic_base_url="http://x/v1"),
@@ -216,4 +220,5 @@ def test_in_process_agent_requests_carry_rollout_baggage(tiny_model: Path, tmp_p
         assert f"spanrl.rollout.id={rollout_id}" in request.headers.get("baggage", "")
         assert "traceparent" in request.headers
     # closing the Trainer put both instrumentors back as it found them
-    assert (OpenAIInstrumentor().is_instrumented_by_opentelemetry, SpanRLInstrumentor().is_instrumented_by_opentelemetry) == was
+    assert ((OpenAIInstrumentor().is_instrumented_by_opentelemetry,
+             SpanRLInstrumentor().is_instrumented_by_opentelemetry) == was)

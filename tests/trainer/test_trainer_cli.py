@@ -32,10 +32,12 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_build_trainer_names_the_bad_setting(tiny_model: Path, tmp_path: Path) -> None:
-    good: dict[str, Any] = {"model": str(tiny_model), "agent": "python a.py", "tasks": [{"id": "a"}, {"id": "b"}], "tasks_per_step": 1}
+    good: dict[str, Any] = {"model": str(tiny_model), "agent": "python a.py", "tasks": [{"id": "a"}, {"id": "b"}],
+                            "tasks_per_step": 1}
     trainer = build_trainer({**good, "algorithm": {"name": "grpo", "learning_rate": 1e-4}, "runner": {"workers": 2}})
     assert trainer.algorithm.config.learning_rate == 1e-4 and trainer.config.runner.workers == 2
-    apo = build_trainer({**good, "algorithm": {"name": "apo", "critic_base_url": "http://127.0.0.1:9/v1", "rounds": 2}, "prompt_template": "Q: {question}"})
+    apo = build_trainer({**good, "algorithm": {"name": "apo", "critic_base_url": "http://127.0.0.1:9/v1", "rounds": 2},
+                         "prompt_template": "Q: {question}"})
     assert apo.prompt_template == "Q: {question}" and apo.algorithm.config.rounds == 2
     with pytest.raises(ConfigError, match="prompt_template must be the initial template when the algorithm is APO"):
         build_trainer({**good, "algorithm": {"name": "apo"}})
@@ -56,7 +58,8 @@ def test_build_trainer_names_the_bad_setting(tiny_model: Path, tmp_path: Path) -
 
 
 @pytest.mark.slow
-def test_spanrl_train_from_yaml_then_resume(tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_spanrl_train_from_yaml_then_resume(tiny_model: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
     tasks, val = calculator.split_tasks(20, 4, seed=4)
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
     (tmp_path / "val.json").write_text(json.dumps(val))
@@ -125,8 +128,10 @@ def test_callable_agent_trains_in_process(tiny_model: Path, tmp_path: Path) -> N
     tasks = calculator.make_tasks(6, seed=6)
     model = Path(shutil.copytree(tiny_model, tmp_path / "model"))
     # the right call or a wrong one (the swapped operator) with odds ~1/2 each: groups of 8 with unequal rewards
-    prime_half_right(model, [([{"role": "user", "content": t["question"]}], f"<call> {t['op']} {t['a']} {t['b']} </call>",
-                              f"<call> {'sub' if t['op'] == 'add' else 'add'} {t['a']} {t['b']} </call>") for t in tasks])
+    prime_half_right(model,
+                     [([{"role": "user", "content": t["question"]}], f"<call> {t['op']} {t['a']} {t['b']} </call>",
+                       f"<call> {'sub' if t['op'] == 'add' else 'add'} {t['a']} {t['b']} </call>")
+                      for t in tasks])
     trainer = Trainer(
         model=model, agent=agent, tasks=tasks, val_tasks=tasks[:2],
         algorithm=GRPO(learning_rate=5e-4), credit=LightningRL(),

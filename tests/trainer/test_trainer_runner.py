@@ -73,12 +73,15 @@ def test_worker_agent_rollouts_reach_the_store(collector: Any) -> None:
     with FakeOpenAI(reply=_calc_reply, record=False) as llm:
         try:
             results = runner.run(
-                [RolloutJob(t["id"], t) for t in tasks], id_prefix="w-", llm_url=llm.url, model="m", sampling={"temperature": 1.0}
+                [RolloutJob(t["id"], t) for t in tasks], id_prefix="w-", llm_url=llm.url, model="m",
+                sampling={"temperature": 1.0}
             )
         finally:
             runner.close()
     assert sorted(r.status for r in results) == ["ok"] * 12
-    rows = collector.store.sql("SELECT rollout_id, task_id, final_reward FROM rollouts WHERE rollout_id LIKE 'w-%'").to_pylist()
+    rows = collector.store.sql(
+        "SELECT rollout_id, task_id, final_reward FROM rollouts WHERE rollout_id LIKE 'w-%'"
+    ).to_pylist()
     assert len(rows) == 12
     assert {r["final_reward"] for r in rows} == {1.0}
     assert {r["task_id"] for r in rows} == {t["id"] for t in tasks}
@@ -91,9 +94,11 @@ def test_failed_rollouts_are_recorded_and_retried(collector: Any, tmp_path: Path
     script = tmp_path / "flaky_agent.py"
     script.write_text(_FLAKY_AGENT)
     config = RunnerConfig(
-        max_concurrency=4, rollout_timeout_s=8.0, span_timeout_s=3.0, max_attempts=2, instrument=False, require_token_spans=False
+        max_concurrency=4, rollout_timeout_s=8.0, span_timeout_s=3.0, max_attempts=2, instrument=False,
+        require_token_spans=False
     )
-    runner = RolloutRunner([sys.executable, str(script)], config=config, ready=_ready_fn(collector.store), otel_env=_otel_env(collector))
+    runner = RolloutRunner([sys.executable, str(script)], config=config, ready=_ready_fn(collector.store),
+                           otel_env=_otel_env(collector))
     jobs = [RolloutJob(kind, {"kind": kind}) for kind in ("ok", "crash_first", "hang", "no_reward")]
     started = time.monotonic()
     try:
@@ -112,7 +117,8 @@ def test_failed_rollouts_are_recorded_and_retried(collector: Any, tmp_path: Path
     }
     crash = next(r for r in results if r.status == "crashed")
     assert "exited with code 3" in (crash.error or "") and "boom: first attempt" in (crash.error or "")
-    assert sorted(r.rollout_id for r in results if r.task_id == "crash_first") == ["f-1-a1", "f-1-a2"]  # fresh id per attempt
+    # fresh id per attempt
+    assert sorted(r.rollout_id for r in results if r.task_id == "crash_first") == ["f-1-a1", "f-1-a2"]
     assert elapsed < 8.0 * 2 + 30  # the hung agent was killed at its timeout, twice, not waited for (120 s)
 
 
@@ -135,11 +141,14 @@ def test_hung_worker_is_killed_and_replaced(collector: Any, tmp_path: Path) -> N
             """
         )
     )
-    config = RunnerConfig(workers=1, rollout_timeout_s=8.0, span_timeout_s=5.0, max_attempts=2, instrument=False, require_token_spans=False)
-    runner = RolloutRunner([sys.executable, str(script)], config=config, ready=_ready_fn(collector.store), otel_env=_otel_env(collector))
+    config = RunnerConfig(workers=1, rollout_timeout_s=8.0, span_timeout_s=5.0, max_attempts=2, instrument=False,
+                          require_token_spans=False)
+    runner = RolloutRunner([sys.executable, str(script)], config=config, ready=_ready_fn(collector.store),
+                           otel_env=_otel_env(collector))
     try:
         results = runner.run(
-            [RolloutJob("a", {"kind": "hang"}), RolloutJob("b", {"kind": "ok"})], id_prefix="h-", llm_url="http://x", model="m", sampling={}
+            [RolloutJob("a", {"kind": "hang"}), RolloutJob("b", {"kind": "ok"})], id_prefix="h-", llm_url="http://x",
+            model="m", sampling={}
         )
     finally:
         runner.close()
@@ -199,20 +208,23 @@ def test_prompt_template_reaches_command_agents(collector: Any, tmp_path: Path, 
     script = tmp_path / "template_agent.py"
     script.write_text(_TEMPLATE_AGENT)
     config = RunnerConfig(workers=workers, rollout_timeout_s=30.0, instrument=False, require_token_spans=False)
-    runner = RolloutRunner([sys.executable, str(script)], config=config, ready=_ready_fn(collector.store), otel_env=_otel_env(collector))
+    runner = RolloutRunner([sys.executable, str(script)], config=config, ready=_ready_fn(collector.store),
+                           otel_env=_otel_env(collector))
     try:
         for prefix, template in ((f"pt{workers}-", "Be exact: {question}"), (f"pn{workers}-", None)):
             results = runner.run(
-                [RolloutJob("t", {"question": "1 add 2"})], id_prefix=prefix, llm_url="http://x", model="m", sampling={},
-                prompt_template=template,
+                [RolloutJob("t", {"question": "1 add 2"})], id_prefix=prefix, llm_url="http://x", model="m",
+                sampling={}, prompt_template=template,
             )
             assert [r.status for r in results] == ["ok"]
     finally:
         runner.close()
     rows = collector.store.sql(
-        "SELECT rollout_id, final_reward FROM rollouts WHERE rollout_id LIKE ? OR rollout_id LIKE ?", [f"pt{workers}-%", f"pn{workers}-%"]
+        "SELECT rollout_id, final_reward FROM rollouts WHERE rollout_id LIKE ? OR rollout_id LIKE ?",
+        [f"pt{workers}-%", f"pn{workers}-%"]
     ).to_pylist()
-    assert {r["rollout_id"].split("-")[0]: r["final_reward"] for r in rows} == {f"pt{workers}": 1.0, f"pn{workers}": 0.0}
+    assert ({r["rollout_id"].split("-")[0]: r["final_reward"] for r in rows}
+            == {f"pt{workers}": 1.0, f"pn{workers}": 0.0})
 
 
 # Writes which tokens it was given, then reports a reward through its SDK (which sends the ingest token).
