@@ -22,6 +22,7 @@ in one group get zero advantage at every step, in every mode (formulas: docs/cre
   arXiv 2402.14740), divide by the group std when ``scale_std``. A rollout alone in its group gets 0.
 - ``none``: ``A = G`` (the right choice with ``gae``); with ``scale_std`` the batch is whitened,
   ``(A - mean) / std`` over all calls, as PPO implementations do. No group comparison.
+- ``running``: against earlier batches, a per-task running mean (rewards one at a time, online): ``baseline.py``.
 
 What the baseline compares, per mode: ``identical`` and ``discounted`` compare episode rewards ``R``
 (``discounted`` then scales each call's advantage by ``gamma ** (T - 1 - t)``); ``step`` compares the
@@ -50,14 +51,15 @@ from typing import Any, Literal
 
 import numpy as np
 
+from spanrl.algorithms.baseline import RunningBaseline, running_advantages
 from spanrl.errors import ConfigError
 
 __all__ = ["CreditConfig", "CreditResult", "MissingValueError", "assign_credit", "default_config", "state_ids"]
 
 CreditMode = Literal["identical", "discounted", "step", "gae"]
-Baseline = Literal["grpo", "rloo", "none"]
+Baseline = Literal["grpo", "rloo", "none", "running"]
 _MODES = ("identical", "discounted", "step", "gae")
-_BASELINES = ("grpo", "rloo", "none")
+_BASELINES = ("grpo", "rloo", "none", "running")
 _MISSING_POLICIES = ("skip", "zero")
 
 
@@ -160,7 +162,7 @@ def assign_credit(
     reward_time_ns: np.ndarray,
     reward_name: np.ndarray | None = None,
     values: np.ndarray | None = None,
-    call_state: np.ndarray | None = None,
+    call_state: np.ndarray | None = None, running: tuple[RunningBaseline, list[str | None]] | None = None,
 ) -> CreditResult:
     """Returns and advantages for the calls of a batch of rollouts.
 
@@ -209,6 +211,8 @@ def assign_credit(
         advantages = np.nan_to_num(returns) if config.mode != "gae" else advantages
         if config.scale_std:
             advantages = _whiten(advantages, call_keep, config.eps)
+    elif config.baseline == "running":  # (state, task id per group): algorithms/baseline.py
+        advantages = running_advantages(config, running, episode, keep, rollout_group)[call_rollout]
     elif config.mode == "step":
         assert to_go is not None
         advantages = _step_baseline(config, to_go, offsets, rollout_calls, call_rollout, call_step, keep,

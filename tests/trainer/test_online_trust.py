@@ -23,7 +23,7 @@ from spanrl.errors import TrainingError
 from spanrl.serving import PolicyServer, SamplingParams, ServerConfig
 from spanrl.store.online import now_ns
 from spanrl.trainer.online import OnlineConfig, OnlineTrainer
-from spanrl.trainer.online_state import RunningBaseline
+from spanrl.algorithms.baseline import RunningBaseline
 from spanrl.trainer.tiny import build_tiny_model
 
 import sys
