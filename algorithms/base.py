@@ -21,7 +21,6 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from spanrl.algorithms.tables import check_transitions  # noqa: F401 - trainer/online.py still imports it from here
 from spanrl.errors import ConfigError, TrainingError
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -22,6 +22,7 @@ in one group get zero advantage at every step, in every mode (formulas: docs/cre
   arXiv 2402.14740), divide by the group std when ``scale_std``. A rollout alone in its group gets 0.
 - ``none``: ``A = G`` (the right choice with ``gae``); with ``scale_std`` the batch is whitened,
   ``(A - mean) / std`` over all calls, as PPO implementations do. No group comparison.
+- ``running``: against earlier batches, a per-task running mean (rewards one at a time, online): ``baseline.py``.
 
 What the baseline compares, per mode: ``identical`` and ``discounted`` compare episode rewards ``R``
 (``discounted`` then scales each call's advantage by ``gamma ** (T - 1 - t)``); ``step`` compares the
@@ -50,14 +51,15 @@ from typing import Any, Literal
 
 import numpy as np
 
+from spanrl.algorithms.baseline import RunningBaseline, running_advantages
 from spanrl.errors import ConfigError
 
 __all__ = ["CreditConfig", "CreditResult", "MissingValueError", "assign_credit", "default_config", "state_ids"]
 
 CreditMode = Literal["identical", "discounted", "step", "gae"]
-Baseline = Literal["grpo", "rloo", "none"]
+Baseline = Literal["grpo", "rloo", "none", "running"]
 _MODES = ("identical", "discounted", "step", "gae")
-_BASELINES = ("grpo", "rloo", "none")
+_BASELINES = ("grpo", "rloo", "none", "running")
 _MISSING_POLICIES = ("skip", "zero")
 
 
@@ -161,17 +163,14 @@ def assign_credit(
     reward_name: np.ndarray | None = None,
     values: np.ndarray | None = None,
     call_state: np.ndarray | None = None,
+    running: tuple[RunningBaseline, list[str | None]] | None = None,
 ) -> CreditResult:
-    """Returns and advantages for the calls of a batch of rollouts.
-
-    Rollouts are indexed ``0..R-1``: ``rollout_calls[i]`` is the number of calls rollout ``i`` made
-    (all agents, before any selection) and ``rollout_group[i]`` its task group index. Calls (the
-    selected ones) give their rollout index and ``step`` (0-based, in the rollout's order). Rewards give
-    their rollout, the step of the last call before them (-1: none), value, time and optional name; the
-    episode reward is a rollout's last by ``reward_time_ns`` (any sort key: load_transitions passes the
-    collector's ingest order). ``values`` (gae only) are the critic's values, one per call. ``call_state`` (needed when
-    ``step_group_weight`` > 0): per call, an integer naming its prompt (``state_ids``).
-    """
+    """Returns and advantages for the calls of a batch of rollouts. Rollouts are ``0..R-1``: ``rollout_calls[i]``
+    calls (all agents, before any selection), task group ``rollout_group[i]``. Calls: rollout and ``step`` (0-based).
+    Rewards: rollout, step of the last call before them (-1: none), value, time, name; the episode reward is the
+    last by ``reward_time_ns`` (any sort key: load_transitions passes the ingest order). ``values`` (gae): one per
+    call. ``call_state`` (``step_group_weight``): per call, its prompt's id (``state_ids``). ``running``
+    (baseline ``running``): the running baseline and each group's task id."""
     config.validate()
     call_rollout = np.asarray(call_rollout, dtype=np.int64)
     call_step = np.asarray(call_step, dtype=np.int64)
@@ -210,6 +209,8 @@ def assign_credit(
         advantages = np.nan_to_num(returns) if config.mode != "gae" else advantages
         if config.scale_std:
             advantages = _whiten(advantages, call_keep, config.eps)
+    elif config.baseline == "running":  # (state, task id per group): algorithms/baseline.py
+        advantages = running_advantages(config, running, episode, keep, rollout_group)[call_rollout]
     elif config.mode == "step":
         assert to_go is not None
         advantages = _step_baseline(config, to_go, offsets, rollout_calls, call_rollout, call_step, keep,

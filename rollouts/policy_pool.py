@@ -24,16 +24,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from spanrl import env
 from spanrl.errors import ConfigError, ServingError
+from spanrl.serving.client import PolicyClient
 
 __all__ = ["PolicyPool", "ServingConfig"]
 
 _BACKENDS = ("transformers", "vllm")
 _DTYPES = ("float32", "bfloat16", "float16", "auto")
 _BALANCE = ("least_loaded", "round_robin")
-_RELOAD_TIMEOUT_S = 600.0
-_HEALTH_TIMEOUT_S = 30.0
 
 
 @dataclasses.dataclass
@@ -201,29 +199,16 @@ class PolicyPool:
         return self.weights_dir
 
     def _remote_version(self, member: _Member) -> int:
-        import httpx
-
         try:
-            reply = httpx.get(f"{member.root}/health", timeout=_HEALTH_TIMEOUT_S)
-            reply.raise_for_status()
-            return int(reply.json()["policy_version"])
-        except (httpx.HTTPError, KeyError, ValueError) as exc:
-            raise ServingError(f"serving.urls: no spanrl policy server answers at {member.root}: {exc}") from exc
+            return PolicyClient(member.root).version()
+        except ServingError as exc:
+            raise ServingError(f"serving.urls: {exc}") from exc
 
     def _remote_reload(self, member: _Member, folder: Path) -> int:
-        import httpx
-
         try:
-            token = env.get_str(env.SPANRL_POLICY_ADMIN_TOKEN)  # the servers' --admin-token
-            reply = httpx.post(
-                f"{member.root}/v1/weights/reload", json={"path": str(folder.resolve())}, timeout=_RELOAD_TIMEOUT_S,
-                headers={"authorization": f"Bearer {token}"} if token else None,
-            )
-        except httpx.HTTPError as exc:
+            return PolicyClient(member.root).reload(folder)
+        except ServingError as exc:
             raise ServingError(f"reload of the policy server at {member.root} failed: {exc}") from exc
-        if reply.status_code != 200:
-            raise ServingError(f"reload of the policy server at {member.root} failed: HTTP {reply.status_code} {reply.text[:500]}")
-        return int(reply.json()["policy_version"])
 
 
 def servers_of(pool: PolicyPool | Any) -> Sequence[str]:

@@ -3,6 +3,7 @@
     from spanrl.serving import PolicyServer, ServerConfig
     srv = PolicyServer(ServerConfig(model=PATH, port=0)).start()
     srv.base_url; srv.rollout_base_url("r1"); srv.reload(model_or_state_dict_or_path); srv.shutdown()
+    PolicyClient(url).version(); PolicyClient(url).reload(folder)   # a server another process started
 
 Heavy modules (torch, transformers, fastapi) load on first use of a name that needs them.
 """
@@ -17,6 +18,7 @@ from spanrl.serving.config import ServerConfig, default_config
 __all__ = [
     "Completion",
     "GenerationResult",
+    "PolicyClient",
     "PolicyServer",
     "SamplingParams",
     "ServerConfig",
@@ -29,6 +31,7 @@ __all__ = [
 ]
 
 _LAZY = {
+    "PolicyClient": "spanrl.serving.client",
     "PolicyServer": "spanrl.serving.server",
     "SamplingParams": "spanrl.serving.backend",
     "Completion": "spanrl.serving.backend",
@@ -53,5 +56,6 @@ def __getattr__(name: str) -> Any:
 if TYPE_CHECKING:  # pragma: no cover
     from spanrl.serving.backend import Completion, GenerationResult, SamplingParams
     from spanrl.serving.models import resolve_model
+    from spanrl.serving.client import PolicyClient
     from spanrl.serving.server import PolicyServer
     from spanrl.codec import decode_float32, decode_int32, encode_float32, encode_int32

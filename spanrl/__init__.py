@@ -17,6 +17,7 @@ from spanrl.errors import (
     SpanRLError,
     StoreBusyError,
     StoreError,
+    StoreUnavailableError,
     TrainingError,
 )
 
@@ -52,6 +53,7 @@ __all__ = sorted(
         "SpanRLError",
         "StoreBusyError",
         "StoreError",
+        "StoreUnavailableError",
         "TrainingError",
         "__version__",
         *_LAZY,

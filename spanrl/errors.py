@@ -3,7 +3,8 @@
     SpanRLError
     ├── ConfigError          a bad argument, config field or environment value
     ├── StoreError           the DuckDB span store cannot do what was asked
-    │   └── StoreBusyError   another process holds the database file (and no collector serves SQL)
+    │   ├── StoreBusyError   another process holds the database file (and no collector serves SQL)
+    │   └── StoreUnavailableError  no collector answers, or it answered 503: try again later
     ├── CollectorError       the collector could not start or was refused
     ├── ServingError         the policy server cannot load or serve a model
     └── TrainingError        the training loop cannot go on
@@ -21,6 +22,7 @@ __all__ = [
     "SpanRLError",
     "StoreBusyError",
     "StoreError",
+    "StoreUnavailableError",
     "TrainingError",
 ]
 
@@ -39,6 +41,11 @@ class StoreError(SpanRLError):
 
 class StoreBusyError(StoreError):
     """Another process holds the DuckDB file and no collector answers SQL for it."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store cannot be reached right now: no collector answers at its URL, or it answered 503 (its
+    store is reopening after a failure). Retrying later may help; any other `StoreError` will not."""
 
 
 class CollectorError(SpanRLError):

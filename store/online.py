@@ -2,7 +2,8 @@
 
 A rollout is **complete** when its end is stored (``store/views.sql``'s ``rollout_state``: its
 ``spanrl.rollout`` span or a ``spanrl.rollout.end`` span; ``complete_ns`` = when that span was ingested),
-or, for an agent that stores neither, once no span of it (feedback aside) arrived for ``quiet_s``. It
+or, for an agent that stores neither, once no span of it (feedback aside) arrived for ``quiet_s`` (None:
+the store's one quiet time, ``views.sql``'s ``rollout_quiet_ns()``, which ``rollout_state`` uses too). It
 **failed** when that span has status ERROR (``rollout_state``'s ``failed``). It is
 **ready** when it is complete and has a reward: ``ready_ns = greatest(complete_ns, first_reward_ns)``,
 on the collector's clock (``ingested_ns``). ``ready_ns`` never changes once set (later feedback only
@@ -40,8 +41,9 @@ _NS_PER_S = 1_000_000_000
 # excluded: its ready_ns can never change from a partial view. Spans are read from max_age before the
 # horizon, so only a rollout longer than max_age could still be cut. Attribution, stored end, failure
 # and rewards are store/views.sql's (rollout_spans, rollout_state, rollout_rewards, trace_rollouts),
-# all bounded by that since; quiet_s and the feedback keys are the online trainer's own. Feedback spans
-# never count as a rollout's activity, so late feedback cannot move a quiet rollout's completion.
+# all bounded by that since; the feedback keys are the online trainer's own, and so is $quiet_ns when given
+# (NULL: views.sql's rollout_quiet_ns()). Feedback spans never count as a rollout's activity, so late
+# feedback cannot move a quiet rollout's completion.
 _ROLLOUT_STATE = f"""
 WITH sp AS (
     SELECT * FROM rollout_spans($horizon_ns - $max_age_ns)
@@ -85,7 +87,8 @@ WITH sp AS (
     SELECT ro.*, rs.task_id, rs.failed, rs.end_ingested_ns AS closed_ns, rewarded.reward, rewarded.first_reward_ns,
            coalesce(rewarded.reward_count, 0) AS reward_count, coalesce(rewarded.feedback_count, 0) AS feedback_count,
            coalesce(rewarded.bad_rewards, 0) AS bad_rewards,
-           coalesce(rs.end_ingested_ns, CASE WHEN ro.last_ns + $quiet_ns <= $now_ns THEN ro.last_ns + $quiet_ns END)
+           coalesce(rs.end_ingested_ns, CASE WHEN ro.last_ns + coalesce($quiet_ns, rollout_quiet_ns()) <= $now_ns
+                                         THEN ro.last_ns + coalesce($quiet_ns, rollout_quiet_ns()) END)
                AS complete_ns
     FROM ro JOIN rollout_state($horizon_ns - $max_age_ns) rs USING (rollout_id) LEFT JOIN rewarded USING (rollout_id)
 )
@@ -144,8 +147,9 @@ def now_ns(store: Any) -> int:
     return int(table.column("now_ns")[0].as_py())
 
 
-def _params(now: int, horizon_ns: int, *, quiet_s: float, max_age_s: float, reward_name: str | None) -> dict[str, Any]:
-    return {"now_ns": now, "horizon_ns": horizon_ns, "quiet_ns": int(quiet_s * _NS_PER_S),
+def _params(now: int, horizon_ns: int, *, quiet_s: float | None, max_age_s: float,
+            reward_name: str | None) -> dict[str, Any]:
+    return {"now_ns": now, "horizon_ns": horizon_ns, "quiet_ns": None if quiet_s is None else int(quiet_s * _NS_PER_S),
             "max_age_ns": int(max_age_s * _NS_PER_S), "reward_name": reward_name}
 
 
@@ -156,8 +160,8 @@ def ready_rollouts(
     now: int,
     horizon_ns: int,
     settle_s: float,
-    quiet_s: float,
     max_age_s: float,
+    quiet_s: float | None = None,
     reward_name: str | None = None,
     limit: int = 10_000,
 ) -> list[ReadyRollout]:
@@ -179,7 +183,7 @@ def ready_rollouts(
 
 
 def count_aged_out(
-    store: Any, *, since_ns: int, now: int, horizon_ns: int, quiet_s: float, max_age_s: float,
+    store: Any, *, since_ns: int, now: int, horizon_ns: int, max_age_s: float, quiet_s: float | None = None,
     reward_name: str | None = None,
 ) -> tuple[int, int]:
     """``(aged_out, failed)``: rollouts whose feedback window (``max_age_s`` after completion) closed in

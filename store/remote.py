@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from spanrl.errors import StoreError
+from spanrl.errors import StoreError, StoreUnavailableError
 
 __all__ = ["RemoteStore"]
 
@@ -63,12 +63,14 @@ class RemoteStore:
                 message = json.loads(body).get("message", body.decode(errors="replace"))
             except ValueError:
                 message = body.decode(errors="replace")
-            raise StoreError(f"collector at {self.url} answered {exc.code}: {message}") from None
+            error = StoreUnavailableError if exc.code == 503 else StoreError  # 503: its store is reopening
+            raise error(f"collector at {self.url} answered {exc.code}: {message}") from None
         except OSError as exc:
-            raise StoreError(f"no collector answered at {self.url}: {exc}") from None
+            raise StoreUnavailableError(f"no collector answered at {self.url}: {exc}") from None
 
     def sql(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> pa.Table:
-        """Run one read statement on the collector's store; `StoreError` carries the collector's message."""
+        """Run one read statement on the collector's store; `StoreError` carries the collector's message
+        (`StoreUnavailableError` when no collector answers or it answered 503)."""
         doc: dict[str, Any] = {"sql": query}
         if params is not None:
             doc["params"] = params if isinstance(params, dict) else list(params)

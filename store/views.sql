@@ -44,7 +44,11 @@ LEFT JOIN trace_rollouts(since_ns, unattributed_only := TRUE) t  -- only traces 
     ON s.rollout_id IS NULL AND t.trace_id = s.trace_id
 WHERE s.ingested_ns >= since_ns;
 
--- How long a rollout that never stored its end must be silent after a reward to count as finished.
+-- How long a rollout that never stored its end must be silent after a reward to count as finished: the
+-- one quiet time of spanrl (rollout_state, the UI, the materializer, and the online trainer's default,
+-- store/online.py). 60 s: an agent without a spanrl.rollout span may pause between calls for tool calls
+-- or long generations, and a rollout closed early is trained on partially, once; waiting longer only
+-- delays its update, well inside the online trainer's feedback window (max_age_s, 600 s).
 CREATE OR REPLACE MACRO rollout_quiet_ns() AS 60_000_000_000::BIGINT;
 
 -- Status: one row per rollout. A rollout's end is stored when

@@ -1,30 +1,48 @@
 """Run checkpoints: ``checkpoint-<step>/`` holds the algorithm's HF folder and state (written by the
-algorithm) plus ``trainer_state.json`` (step, history, resolved config), which marks it complete."""
+algorithm) plus ``trainer_state.json`` (step, history, resolved config), which marks a Trainer's complete
+(the online trainer's commit point is its ``online_state.json``, which names the checkpoint)."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 from spanrl.trainer.config import CHECKPOINT_PREFIX, TRAINER_STATE_FILE
 
-__all__ = ["latest", "path_of", "read_trainer_state", "write_trainer_state"]
+__all__ = ["latest", "path_of", "prune", "read_trainer_state", "write_trainer_state"]
 
 
 def path_of(output_dir: Path, step: int) -> Path:
     return output_dir / f"{CHECKPOINT_PREFIX}{step}"
 
 
-def latest(output_dir: Path) -> Path | None:
-    """The newest ``checkpoint-<step>`` folder holding a trainer state, or None."""
+def _numbered(output_dir: Path) -> list[tuple[int, Path]]:
+    """Every ``checkpoint-<step>`` folder in ``output_dir``, oldest step first."""
     found: list[tuple[int, Path]] = []
     for path in output_dir.glob(f"{CHECKPOINT_PREFIX}*"):
         match = re.fullmatch(rf"{CHECKPOINT_PREFIX}(\d+)", path.name)
-        if match and (path / TRAINER_STATE_FILE).is_file():
+        if match:
             found.append((int(match.group(1)), path))
-    return max(found)[1] if found else None
+    return sorted(found)
+
+
+def latest(output_dir: Path) -> Path | None:
+    """The newest ``checkpoint-<step>`` folder holding a trainer state, or None."""
+    found = [path for _, path in _numbered(output_dir) if (path / TRAINER_STATE_FILE).is_file()]
+    return found[-1] if found else None
+
+
+def prune(output_dir: Path, keep: int, *, protect: Path | None = None) -> list[Path]:
+    """Remove all but the newest ``keep`` checkpoint folders, never ``protect`` (the committed one);
+    returns those removed."""
+    found = _numbered(output_dir)
+    removed = [path for _, path in found[:max(len(found) - keep, 0)] if protect is None or path.name != protect.name]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
 
 
 def write_trainer_state(path: Path, *, step: int, history: list[dict[str, Any]], config: dict[str, Any]) -> None:

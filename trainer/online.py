@@ -7,12 +7,18 @@ else started; their spans and (late) feedback reach a ``spanrl collector``. The 
    and rewarded; ``spanrl.store.online``) after its watermark and ``settle_s`` ago;
 2. skip rollouts whose policy is more than ``max_policy_lag`` versions behind the server's (counted);
 3. ``load_transitions`` of the rest (recorded token ids and log-probs), every call scored with the
-   rollout's combined reward; advantages against the per-task running-mean baseline (``online_state``);
+   rollout's combined reward; advantages by credit assignment's ``running`` baseline (a per-task
+   running mean of earlier rewards, ``spanrl.algorithms.baseline``, its state in ``online_state``);
 4. one GRPO update: the ratio is taken against the *recorded* sampling log-probs and clipped, which
    corrects for the policy lag of the rollouts that were kept;
-5. checkpoint, ledger, then ``online_state.json`` (the commit point), then reload the server through
-   its ``POST /v1/weights/reload`` route: serving never stops, and every later response carries the
-   new policy version.
+5. checkpoint (``trainer/checkpoints.py``'s names and pruning), ledger, then ``online_state.json`` (the
+   commit point), then reload the server through its ``POST /v1/weights/reload`` route
+   (``spanrl.serving.client``): serving never stops, and every later response carries the new policy
+   version; the update's history row goes to the reporting callbacks (``history.jsonl``, and any given).
+
+Its lifecycle is the Trainer's (``trainer/lifecycle.py``): NEW, then RUNNING after ``start()``, TRAINING
+inside ``run()``, CLOSED after ``close()``; a call that does not fit (``poll_once()`` before ``start()``,
+``run()`` inside ``run()``) raises `TrainingError` naming the state.
 
 Feedback that first arrives more than ``max_age_s`` after its rollout completed is never trained on;
 such rollouts are counted as ``aged_out``. After a crash the trainer resumes from the committed state
@@ -29,24 +35,26 @@ import math
 import shutil
 import threading
 import time
-import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from spanrl import env
 from spanrl import semconv as sc
-from spanrl.errors import ConfigError, StoreError, TrainingError
+from spanrl.errors import ConfigError, ServingError, StoreUnavailableError, TrainingError
+from spanrl.serving.client import PolicyClient
 from spanrl.store.online import ReadyRollout, Watermark, count_aged_out, now_ns, ready_rollouts
-from spanrl.trainer.config import CHECKPOINT_PREFIX, CONFIG_FILE, HISTORY_FILE
+from spanrl.trainer import checkpoints
+from spanrl.trainer.config import CONFIG_FILE, HISTORY_FILE
+from spanrl.trainer.lifecycle import State
 from spanrl.trainer.online_state import Ledger, OnlineState
+from spanrl.trainer.reporting import Callback, HistoryFile
 
-__all__ = ["OnlineConfig", "OnlineTrainer", "PolicyClient"]
+__all__ = ["OnlineConfig", "OnlineTrainer"]
 
 _logger = logging.getLogger("spanrl.trainer.online")
 _NS_PER_S = 1_000_000_000
-_HTTP_TIMEOUT_S = 300.0
 
 
 @dataclass
@@ -68,8 +76,9 @@ class OnlineConfig:
     """Seconds between polls of the store when there is nothing to train."""
     settle_s: float = 2.0
     """A rollout is taken only this long after it became ready, so near-simultaneous feedback combines."""
-    quiet_s: float = 30.0
-    """An agent that opens no ``spanrl.rollout`` span: its rollout is complete after this long without spans."""
+    quiet_s: float | None = None
+    """An agent that opens no ``spanrl.rollout`` span: its rollout is complete after this long without spans.
+    None: the store's one quiet time (``store/views.sql``'s ``rollout_quiet_ns()``, 60 s), as every reader of it."""
     max_age_s: float = 600.0
     """Feedback window: a rollout without a reward this long after it completed ages out, never trained."""
     min_rollouts: int = 8
@@ -112,6 +121,8 @@ class OnlineConfig:
                 raise ConfigError(f"{name} must be an http(s) URL, got {value!r}")
         for name in ("poll_interval_s", "settle_s", "quiet_s", "max_age_s", "baseline_prior"):
             value = getattr(self, name)
+            if name == "quiet_s" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
         if isinstance(self.baseline_clip_std, bool) or not isinstance(self.baseline_clip_std, (int, float)) \
@@ -135,46 +146,17 @@ def _good_reward(reward: float | None) -> bool:
     return reward is not None and math.isfinite(reward) and abs(reward) <= sc.REWARD_ABS_MAX
 
 
-class PolicyClient:
-    """The running policy server's ``/health`` (current policy version) and weight-reload route."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url.rstrip("/")
-
-    def _call(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"content-type": "application/json"}
-        token = env.get_str(env.SPANRL_POLICY_ADMIN_TOKEN)  # the server's --admin-token, for its reload route
-        if token:
-            headers["authorization"] = f"Bearer {token}"
-        request = urllib.request.Request(self.url + path, data=data, method="GET" if body is None else "POST",
-                                         headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT_S) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            raise TrainingError(f"policy server {self.url}{path} answered {exc.code}: {exc.read()[:500]!r}") from None
-        except OSError as exc:
-            raise TrainingError(f"policy server {self.url} unreachable ({exc})") from None
-
-    def version(self) -> int:
-        return int(self._call("/health")["policy_version"])
-
-    def reload(self, path: Path) -> int:
-        """Ask the server to load the HF folder ``path`` (it must see the same file system); its new version."""
-        return int(self._call("/v1/weights/reload", {"path": str(Path(path).resolve())})["policy_version"])
-
-
 class OnlineTrainer:
     """Follows the store and trains the served policy (see the module docstring).
 
     ``algorithm``: a weight-training `Algorithm` (default ``GRPO()``); ``store``: anything with
-    ``sql(query, params)`` (default: ``RemoteStore(config.store_url)``); ``on_step``: called with each
-    history row. ``run()`` until ``max_updates`` / ``max_seconds`` / ``stop()``.
+    ``sql(query, params)`` (default: ``RemoteStore(config.store_url)``); ``callbacks``: reporting
+    callbacks (``trainer/reporting.py``) besides ``history.jsonl``; ``on_step``: called with each history
+    row. ``run()`` until ``max_updates`` / ``max_seconds`` / ``stop()``, then ``close()``.
     """
 
     def __init__(self, config: OnlineConfig, *, algorithm: Any = None, store: Any = None,
-                 on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 callbacks: Sequence[Callback] = (), on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.config = config.validate()
         if algorithm is None:
             from spanrl.algorithms import GRPO
@@ -189,13 +171,20 @@ class OnlineTrainer:
         self.server = PolicyClient(config.server_url)
         self.output_dir = Path(config.output_dir)
         self.on_step = on_step
+        self._extra_callbacks = list(callbacks)
+        self._callbacks: list[Callback] = []
         self._stop = threading.Event()
+        self.lifecycle = State.NEW
         self.state: OnlineState | None = None
+        """The committed state (None before ``start()``); it stays readable after ``close()``."""
         self.ledger: Ledger | None = None
 
     # --- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> "OnlineTrainer":
         """Load the committed state and checkpoint (or the starting model) and sync the server to it."""
+        self._refuse("start()", State.TRAINING)
+        if self.lifecycle is State.RUNNING:
+            return self
         import torch
 
         cfg = self.config
@@ -214,49 +203,80 @@ class OnlineTrainer:
             try:  # the server may hold the weights of an update that was never committed
                 version = self.server.reload(checkpoint)
                 _logger.info("resumed at step %d from %s; policy version %d", self.state.step, checkpoint, version)
-            except TrainingError as exc:
+            except ServingError as exc:
                 _logger.warning("spanrl online: could not sync the server to %s (%s); the next update will", checkpoint, exc)
         saved = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "collector_token"}  # never a secret on disk
         (self.output_dir / CONFIG_FILE).write_text(json.dumps(saved, indent=1))
+        self._callbacks = [HistoryFile(self.output_dir / HISTORY_FILE), *self._extra_callbacks]
+        self.lifecycle = State.RUNNING
         return self
 
     def stop(self) -> None:
         """Ask ``run()`` to return after the current poll or update (safe from a signal handler)."""
         self._stop.set()
 
+    def close(self) -> None:
+        """Close the reporting callbacks; the committed state stays on disk (and in ``state``). Safe twice."""
+        self._refuse("close()", State.TRAINING)
+        for callback in self._callbacks:
+            try:
+                callback.close()
+            except Exception:  # closing must go on
+                _logger.exception("could not close %s", type(callback).__name__)
+        self._callbacks = []
+        if self.lifecycle is not State.NEW:
+            self.lifecycle = State.CLOSED
+
+    def __enter__(self) -> OnlineTrainer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _refuse(self, action: str, *states: State) -> None:
+        if self.lifecycle in states:
+            raise TrainingError(f"cannot {action} in state {self.lifecycle.name}: {_WHY[self.lifecycle]}")
+
+    def _loaded(self, action: str) -> tuple[OnlineState, Ledger]:
+        """The committed state and ledger, or `TrainingError` naming the state when nothing is loaded."""
+        self._refuse(action, State.NEW, State.CLOSED)
+        if self.state is None or self.ledger is None:  # RUNNING / TRAINING always have both
+            raise TrainingError(f"cannot {action}: the online state is not loaded")
+        return self.state, self.ledger
+
     def run(self) -> list[dict[str, Any]]:
         """Poll and update until a stop condition; returns this run's history rows."""
-        if self.state is None:
-            self.start()
+        self._refuse("run()", State.TRAINING)
+        self.start()
         cfg, history = self.config, []
         deadline = None if cfg.max_seconds is None else time.monotonic() + cfg.max_seconds
-        while not self._stop.is_set() and not self._done(deadline):
-            try:
-                row = self.poll_once()
-            except (TrainingError, StoreError) as exc:  # server or collector unreachable: wait, try again
-                if isinstance(exc, StoreError) and "no collector answered" not in str(exc) and " 503" not in str(exc):
-                    raise
-                if self.state is not None and self.state.bad_updates >= cfg.max_bad_updates:
-                    raise  # max_bad_updates non-finite updates in a row: a training problem, not a network one
-                _logger.warning("spanrl online: %s; retrying in %.0f s", exc, cfg.poll_interval_s)
-                row = None
-            if row is None:
-                self._stop.wait(cfg.poll_interval_s)
-                continue
-            history.append(row)
+        self.lifecycle = State.TRAINING
+        try:
+            while not self._stop.is_set() and not self._done(deadline):
+                try:
+                    row = self.poll_once()
+                except (ServingError, StoreUnavailableError) as exc:  # server or collector unreachable: wait, retry
+                    _logger.warning("spanrl online: %s; retrying in %.0f s", exc, cfg.poll_interval_s)
+                    row = None
+                if row is None:
+                    self._stop.wait(cfg.poll_interval_s)
+                    continue
+                history.append(row)
+        finally:
+            self.lifecycle = State.RUNNING
         return history
 
     def _done(self, deadline: float | None) -> bool:
-        assert self.state is not None
-        if self.config.max_updates is not None and self.state.step >= self.config.max_updates:
+        state, _ = self._loaded("run()")
+        if self.config.max_updates is not None and state.step >= self.config.max_updates:
             return True
         return deadline is not None and time.monotonic() >= deadline
 
     # --- one poll ----------------------------------------------------------------------------------
     def poll_once(self) -> dict[str, Any] | None:
         """One look at the store: an update (its history row) when enough fresh rollouts are ready."""
-        assert self.state is not None and self.ledger is not None, "call start() first"
-        cfg, state = self.config, self.state
+        state, ledger = self._loaded("poll_once()")
+        cfg = self.config
         now = now_ns(self.store)
         horizon = max(0, min(state.watermark.ready_ns, state.aged_until_ns or now) - 2 * int(cfg.max_age_s * _NS_PER_S))
         window = dict(now=now, horizon_ns=horizon, quiet_s=cfg.quiet_s, max_age_s=cfg.max_age_s, reward_name=cfg.reward_name)
@@ -266,7 +286,7 @@ class OnlineTrainer:
         state.aged_until_ns = now
         ready = ready_rollouts(self.store, state.watermark, settle_s=cfg.settle_s, limit=cfg.max_rollouts, **window)
         version = self.server.version()
-        fresh = {r.rollout_id for r in ready if r.rollout_id not in self.ledger.seen and self._usable(r, version)}
+        fresh = {r.rollout_id for r in ready if r.rollout_id not in ledger.seen and self._usable(r, version)}
         if len(fresh) >= cfg.min_rollouts:
             return self._update(ready, fresh, version)
         # Not enough to train: still move past a leading run of rollouts that will never train.
@@ -297,8 +317,7 @@ class OnlineTrainer:
         from spanrl.algorithms import load_transitions
         from spanrl.algorithms.credit import CreditConfig
 
-        cfg, state = self.config, self.state
-        assert state is not None
+        state, _ = self._loaded("poll_once()")
         started = time.perf_counter()
         fresh = [r for r in ready if r.rollout_id in fresh_ids]
         credit = CreditConfig(mode="identical", baseline="none", scale_std=False, missing_reward="zero", nan_reward="zero")
@@ -310,7 +329,7 @@ class OnlineTrainer:
         if not used:  # nothing token-level to learn from: move past them, no update
             self._commit(ready, trained={}, checkpoint=None, version=version, marks=marks)
             return None
-        advantages = state.baseline.advantages([(r.task_id, float(r.reward or 0.0)) for r in used], scale_std=cfg.scale_std)
+        advantages = self._advantages(used, state)
         by_rollout = {r.rollout_id: (float(r.reward or 0.0), a) for r, a in zip(used, advantages)}
         transitions = [dataclasses.replace(t, reward=by_rollout[t.rollout_id][0], advantage=by_rollout[t.rollout_id][1])
                        for t in transitions if t.rollout_id in by_rollout]
@@ -325,7 +344,7 @@ class OnlineTrainer:
         self._commit(ready, trained=by_rollout, checkpoint=checkpoint, version=version, marks=marks)
         try:
             new_version: int | None = self.server.reload(self.output_dir / checkpoint)
-        except TrainingError as exc:  # the server is down: it is synced again after the next update or restart
+        except ServingError as exc:  # the server is down: it is synced again after the next update or restart
             _logger.warning("spanrl online: reload failed, serving the previous weights: %s", exc)
             new_version = None
         self._prune_checkpoints()
@@ -338,19 +357,35 @@ class OnlineTrainer:
             "combined_feedback": sum(1 for r in used if r.reward_count > 1), "policy_version": new_version,
             "update_seconds": time.perf_counter() - started, **dict(state.counters), **metrics,
         }
-        with open(self.output_dir / HISTORY_FILE, "a") as handle:
-            handle.write(json.dumps(row) + "\n")
+        for callback in self._callbacks:
+            callback.on_row(row)
         if self.on_step is not None:
             self.on_step(row)
         return row
+
+    def _advantages(self, used: list[ReadyRollout], state: OnlineState) -> list[float]:
+        """One advantage per rollout by credit assignment's ``running`` baseline (its state: ``state.baseline``,
+        updated); each rollout is one call scored with its combined reward."""
+        import numpy as np
+        from spanrl.algorithms.credit import CreditConfig, assign_credit
+
+        groups: dict[str | None, int] = {}
+        rollout_group = np.array([groups.setdefault(r.task_id, len(groups)) for r in used], dtype=np.int64)
+        each, zeros = np.arange(len(used)), np.zeros(len(used), dtype=np.int64)
+        result = assign_credit(
+            CreditConfig(mode="identical", baseline="running", scale_std=self.config.scale_std),
+            call_rollout=each, call_step=zeros, rollout_calls=zeros + 1, rollout_group=rollout_group,
+            reward_rollout=each, reward_step=zeros, reward_value=np.array([float(r.reward or 0.0) for r in used]),
+            reward_time_ns=zeros, running=(state.baseline, list(groups)),
+        )
+        return [float(a) for a in result.advantages]
 
     # --- persistence --------------------------------------------------------------------------------
     def _commit(self, considered: list[ReadyRollout], *, trained: dict[str, tuple[float, float]],
                 checkpoint: str | None, version: int, marks: dict[str, str] | None = None) -> None:
         """Ledger lines for ``considered`` (in watermark order), then the state with the watermark past
         the last of them and ``checkpoint``: the commit point."""
-        state, ledger = self.state, self.ledger
-        assert state is not None and ledger is not None
+        state, ledger = self._loaded("poll_once()")
         entries = []
         for r in considered:
             if r.rollout_id in ledger.seen:  # a guard, never expected: the watermark is already past it
@@ -373,7 +408,7 @@ class OnlineTrainer:
     def _checked(self, transitions: list[Any]) -> tuple[list[Any], dict[str, str]]:
         """The transitions of rollouts that pass the algorithm's checks (``check_transitions``, one rollout at
         a time, e.g. a forged token id outside the vocabulary), and ``bad_transitions`` marks for the rest."""
-        from spanrl.algorithms.base import check_transitions
+        from spanrl.algorithms.tables import check_transitions
 
         model = getattr(self.algorithm, "model", None)
         vocab = getattr(getattr(model, "config", None), "vocab_size", None)
@@ -407,8 +442,7 @@ class OnlineTrainer:
 
     def _undo_bad_update(self, ready: list[ReadyRollout], used: list[ReadyRollout], version: int,
                          marks: dict[str, str], problem: str) -> None:
-        cfg, state = self.config, self.state
-        assert state is not None
+        cfg, (state, _) = self.config, self._loaded("poll_once()")
         state.bad_updates += 1
         _logger.warning("spanrl online: update %d of %d in a row not finite (%s); undone, its %d rollouts quarantined",
                         state.bad_updates, cfg.max_bad_updates, problem, len(used))
@@ -425,17 +459,22 @@ class OnlineTrainer:
                                 "intact and still served; lower the learning rate or check the rewards")
 
     def _save_checkpoint(self, step: int) -> str:
-        name = f"{CHECKPOINT_PREFIX}{step}"
-        path = self.output_dir / name
+        path = checkpoints.path_of(self.output_dir, step)
         if path.exists():  # left by a crash before its commit
             shutil.rmtree(path)
         self.algorithm.save(path)
-        return name
+        return path.name
 
     def _prune_checkpoints(self) -> None:
-        assert self.state is not None
-        found = sorted((int(p.name[len(CHECKPOINT_PREFIX):]), p) for p in self.output_dir.glob(f"{CHECKPOINT_PREFIX}*")
-                       if p.name[len(CHECKPOINT_PREFIX):].isdigit())
-        for step, path in found[:-self.config.keep_checkpoints]:
-            if path.name != self.state.checkpoint:
-                shutil.rmtree(path, ignore_errors=True)
+        state, _ = self._loaded("poll_once()")
+        committed = self.output_dir / state.checkpoint if state.checkpoint else None
+        checkpoints.prune(self.output_dir, self.config.keep_checkpoints, protect=committed)
+
+
+_WHY = {
+    State.NEW: "nothing is loaded yet; call start() or run() first",
+    State.TRAINING: "run() is already running",
+    State.CLOSED: "it was closed; call start() or run() to load the committed state again",
+    State.RUNNING: "",
+    State.FOLLOWING: "",
+}

@@ -95,9 +95,9 @@ def _run_online(path: Path, *, output_dir: str | None, max_updates: int | None) 
     trainer = build_online_trainer(raw, base=path.parent)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: trainer.stop())
-    trainer.start()
-    print(f"spanrl online ready step={trainer.state.step} output_dir={trainer.output_dir}", flush=True)
-    history = trainer.run()
+    with trainer:  # start(); close() at the end
+        print(f"spanrl online ready step={trainer.state.step} output_dir={trainer.output_dir}", flush=True)
+        history = trainer.run()
     print(json.dumps({"step": trainer.state.step, "updates_this_run": len(history), "output_dir": str(trainer.output_dir),
                       **trainer.state.counters}), flush=True)
     return 0

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
 import json
 import logging
 import random
@@ -73,6 +72,7 @@ from spanrl.trainer.config import (
     run_description,
 )
 from spanrl.trainer.console import Console
+from spanrl.trainer.lifecycle import State
 from spanrl.trainer.overlap import RolloutPrefetch, StepRollouts, policy_lag
 from spanrl.trainer.reporting import Callback, CurvePlot, HistoryFile, NonFiniteGuard, RowLog, Scalars, StageClock
 from spanrl.rollouts.runner import RolloutJob, RolloutResult
@@ -86,16 +86,6 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 
 _STEP_SEED_STRIDE = 1_000_003  # per-step task sampling seed = seed * stride + step (resumable, no RNG state)
-
-
-class State(enum.Enum):
-    """Where a Trainer is in its life; a call that does not fit the state is refused, naming it."""
-
-    NEW = "new"  # constructed, nothing started
-    RUNNING = "running"  # services up (rank 0, or the only process)
-    TRAINING = "training"  # inside train()
-    FOLLOWING = "following"  # a rank other than 0: only the algorithm, updating on rank 0's batches
-    CLOSED = "closed"  # services stopped; start() or train() starts them again
 
 
 class Trainer:

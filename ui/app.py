@@ -27,7 +27,7 @@ from urllib.parse import parse_qs
 import orjson
 
 from spanrl.algorithms.credit import CreditConfig
-from spanrl.errors import ConfigError, StoreError
+from spanrl.errors import ConfigError, StoreError, StoreUnavailableError
 from spanrl.ui.credit import rollout_credit
 from spanrl.ui.detail import RolloutNotFoundError, rollout_detail
 from spanrl.ui.rollouts import RolloutFilter, RolloutIndex
@@ -193,8 +193,7 @@ async def _error(send: Send, status: int, message: str, extra: list[tuple[bytes,
 
 async def _store_error(send: Send, exc: StoreError, *, user_sql: bool) -> None:
     text = str(exc)
-    unreachable = text.startswith("no collector answered") or " answered 503" in text
-    if user_sql and not unreachable:
+    if user_sql and not isinstance(exc, StoreUnavailableError):
         await _error(send, 400, text)  # the query is wrong: retrying will not help
         return
     _logger.warning("store read failed: %s", text)

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from spanrl.errors import StoreError
+from spanrl.errors import StoreError, StoreUnavailableError
 from spanrl.store import RemoteStore, SpanStore
 
 __all__ = ["Source", "open_source"]
@@ -54,7 +54,7 @@ def open_source(*, db: str | None, url: str | None, token: str | None, default_d
                 return Source(remote, f"collector {remote.url} ({served or 'its store'})", served)
     db = db or default_db
     if db is None:
-        raise StoreError(f"no collector answered at {url} and no --db file was given")
+        raise StoreUnavailableError(f"no collector answered at {url} and no --db file was given")
     if not os.path.exists(db):
         where = f"no collector answered at {url} and " if url else ""
         raise StoreError(f"{where}no span store at {db!r}: the file does not exist")

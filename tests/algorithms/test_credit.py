@@ -42,7 +42,7 @@ def test_default_config_validates_and_is_a_new_object() -> None:
     ("fields", "message"),
     [
         ({"mode": "final"}, "mode must be one of identical, discounted, step, gae; got 'final'"),
-        ({"baseline": "ppo"}, "baseline must be one of grpo, rloo, none; got 'ppo'"),
+        ({"baseline": "ppo"}, "baseline must be one of grpo, rloo, none, running; got 'ppo'"),
         ({"gamma": 1.5}, r"gamma must be a number in \[0, 1\], got 1.5"),
         ({"lam": -0.1}, r"lam must be a number in \[0, 1\], got -0.1"),
         ({"mode": "gae"}, "baseline must be 'none' when mode is 'gae' \\(the critic is the baseline\\), got 'grpo'"),
@@ -195,7 +195,7 @@ def test_whitening_equal_advantages_only_centres_them() -> None:
 def test_lightningrl_validates_its_config() -> None:
     from spanrl.algorithms.credit import LightningRL
 
-    with pytest.raises(ConfigError, match="baseline must be one of grpo, rloo, none; got 'ppo'"):
+    with pytest.raises(ConfigError, match="baseline must be one of grpo, rloo, none, running; got 'ppo'"):
         LightningRL(baseline="ppo")
     with pytest.raises(ConfigError, match="LightningRL got an unknown field"):
         LightningRL(gama=0.9)

@@ -27,11 +27,16 @@ def test_remote_sql_keeps_types_and_params(collector):
 
 
 def test_remote_errors_name_the_problem(collector):
+    """A wrong query is a plain StoreError; a store that cannot be reached is a StoreUnavailableError (retrying
+    may help), told apart by its class, not by its message."""
+    from spanrl.errors import StoreUnavailableError
+
     remote = RemoteStore(collector.http_endpoint)
-    with pytest.raises(StoreError, match="answered 400: only read statements"):
+    with pytest.raises(StoreError, match="answered 400: only read statements") as wrong:
         remote.sql("DROP TABLE spans")
+    assert not isinstance(wrong.value, StoreUnavailableError)
     with pytest.raises(StoreError, match="answered 400: SQL failed: .*no_such_table"):
         remote.sql("SELECT * FROM no_such_table")
     assert RemoteStore("http://127.0.0.1:9").health() is None
-    with pytest.raises(StoreError, match="no collector answered at http://127.0.0.1:9"):
+    with pytest.raises(StoreUnavailableError, match="no collector answered at http://127.0.0.1:9"):
         RemoteStore("http://127.0.0.1:9").sql("SELECT 1")

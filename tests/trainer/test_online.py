@@ -273,7 +273,7 @@ def test_state_and_ledger_resume_at_the_commit_point(tmp_path):
 
 
 def test_baseline_is_per_task_and_excludes_the_rollouts_own_reward():
-    from spanrl.trainer.online_state import RunningBaseline
+    from spanrl.algorithms.baseline import RunningBaseline
 
     baseline = RunningBaseline(window=20, prior=2.0)
     first = baseline.advantages([("easy", 1.0), ("easy", 1.0), ("hard", 0.0), ("hard", 0.0)], scale_std=False)

@@ -23,7 +23,7 @@ from spanrl.errors import TrainingError
 from spanrl.serving import PolicyServer, SamplingParams, ServerConfig
 from spanrl.store.online import now_ns
 from spanrl.trainer.online import OnlineConfig, OnlineTrainer
-from spanrl.trainer.online_state import RunningBaseline
+from spanrl.algorithms.baseline import RunningBaseline
 from spanrl.demo.tiny import build_tiny_model
 
 import sys
@@ -76,6 +76,42 @@ def _trainer(tiny: Path, server: PolicyServer, collector: Any, out: Path, **fiel
 
 def _ledger(out: Path) -> dict[str, str]:
     return {e["rollout_id"]: e["status"] for e in map(json.loads, (out / "ledger.jsonl").read_text().splitlines())}
+
+
+def test_the_online_trainer_has_the_trainers_lifecycle_and_reporting(tiny, server, collector, tmp_path):
+    """NEW -> RUNNING (start) -> TRAINING (inside run) -> RUNNING -> CLOSED, as the Trainer; a call that does
+    not fit is refused naming the state (was: an assert). Rows reach the reporting callbacks and
+    history.jsonl; checkpoints are pruned by trainer/checkpoints.py to keep_checkpoints."""
+    from spanrl.trainer.lifecycle import State
+    from spanrl.trainer.reporting import Callback
+
+    out, seen = tmp_path / "online", []
+
+    class Rows(Callback):
+        def on_row(self, row):
+            seen.append((row["step"], trainer.lifecycle))
+
+        def close(self):
+            seen.append("closed")
+
+    config = OnlineConfig(model=str(tiny), server_url=server.base_url, store_url=collector.http_endpoint,
+                          output_dir=str(out), settle_s=0.0, quiet_s=600.0, min_rollouts=1, max_rollouts=1,
+                          max_updates=3, keep_checkpoints=1, poll_interval_s=0.05)
+    trainer = OnlineTrainer(config, algorithm=GRPO(learning_rate=1e-3), store=collector.store, callbacks=[Rows()])
+    assert trainer.lifecycle is State.NEW
+    with pytest.raises(TrainingError, match=r"cannot poll_once\(\) in state NEW: nothing is loaded yet; call start"):
+        trainer.poll_once()
+    for i in range(3):
+        _rollout(collector.store, f"life-{i}", float(i % 2))
+    history = trainer.run()  # starts itself
+    assert [row["step"] for row in history] == [1, 2, 3] and trainer.lifecycle is State.RUNNING
+    assert seen == [(1, State.TRAINING), (2, State.TRAINING), (3, State.TRAINING)]
+    assert [json.loads(line)["step"] for line in (out / "history.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-3"] and trainer.state.checkpoint == "checkpoint-3"
+    trainer.close()
+    assert trainer.lifecycle is State.CLOSED and seen[-1] == "closed" and trainer.state.step == 3
+    with pytest.raises(TrainingError, match=r"cannot poll_once\(\) in state CLOSED: it was closed"):
+        trainer.poll_once()
 
 
 def test_unusable_rewards_and_forged_tokens_are_quarantined_and_training_goes_on(tiny, server, collector, tmp_path):

@@ -138,3 +138,31 @@ def test_a_rollout_page_shows_the_spans_the_store_attributes_to_it(collector, ui
     assert [(r["rollout_id"], r["span_count"]) for r in rows["rows"]] == [("a", 2), ("b", 1), ("c", 1)]
     assert {r["rollout_id"]: r["span_count"] for r in rows["rows"]} == {
         r["rollout_id"]: r["span_count"] for r in collector.store.sql("SELECT * FROM rollouts").to_pylist()}
+
+
+def test_a_store_that_cannot_be_reached_is_a_503_and_a_wrong_query_a_400(tmp_path):
+    """Told apart by the error's class (StoreUnavailableError), not its message: once the collector is
+    gone, the SQL box answers 503 with Retry-After; while it runs, a wrong query is the user's (400)."""
+    from spanrl.collector import Collector, CollectorConfig
+
+    collector = Collector(CollectorConfig(db_path=str(tmp_path / "s.duckdb"), grpc_port=0, http_port=0)).start()
+    server = UiServer.from_args(url=collector.http_endpoint, port=0).start()
+    try:
+        def sql(query: str) -> tuple[int, dict, str | None]:
+            request = urllib.request.Request(server.url + "api/sql", data=json.dumps({"sql": query}).encode(),
+                                             method="POST", headers={"content-type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=30) as resp:
+                    return resp.status, {}, None
+            except urllib.error.HTTPError as exc:
+                return exc.code, json.loads(exc.read()), exc.headers.get("retry-after")
+
+        status, reply, _ = sql("SELECT * FROM no_such_table")
+        assert status == 400 and "no_such_table" in reply["error"]
+        collector.shutdown()
+        status, reply, retry = sql("SELECT 1")
+        assert status == 503 and retry is not None
+        assert reply["error"].startswith("the span store cannot be read right now: no collector answered at")
+    finally:
+        server.stop()
+        collector.shutdown()  # safe twice

@@ -1,0 +1,67 @@
+"""`PolicyClient`: a running spanrl policy server seen over HTTP (httpx only, no torch).
+
+The one client of a server this process did not start: the online trainer (``spanrl train --online``)
+and the Trainer's pool of other servers (``serving.urls``) read its policy version from ``GET /health``
+and push weights through ``POST /v1/weights/reload`` (the server must see the folder: same machine or a
+shared file system). The reload route needs the server's ``--admin-token``: ``token``, else
+``SPANRL_POLICY_ADMIN_TOKEN`` (read at each call). Every failure is a `ServingError` naming the server.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from spanrl import env
+from spanrl.errors import ServingError
+
+__all__ = ["PolicyClient"]
+
+_HEALTH_TIMEOUT_S = 30.0
+_RELOAD_TIMEOUT_S = 600.0  # a reload loads the whole model
+
+
+class PolicyClient:
+    """The policy server at ``url`` (its root, ``http://host:port``)."""
+
+    def __init__(self, url: str, *, token: str | None = None) -> None:
+        self.url = url.rstrip("/")
+        self._token = token
+
+    def health(self) -> dict[str, Any]:
+        """The server's ``/health`` document (``policy_version``, ``model``, ...)."""
+        return self._call("GET", "/health", None, _HEALTH_TIMEOUT_S)
+
+    def version(self) -> int:
+        """The policy version the server serves now (0 for a fresh server)."""
+        return int(self._field(self.health(), "/health"))
+
+    def reload(self, path: str | Path) -> int:
+        """Ask the server to load the HF folder ``path``; its new policy version."""
+        doc = self._call("POST", "/v1/weights/reload", {"path": str(Path(path).resolve())}, _RELOAD_TIMEOUT_S)
+        return int(self._field(doc, "/v1/weights/reload"))
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float) -> dict[str, Any]:
+        token = self._token or env.get_str(env.SPANRL_POLICY_ADMIN_TOKEN)
+        headers = {"authorization": f"Bearer {token}"} if token and body is not None else None
+        try:
+            reply = httpx.request(method, self.url + path, json=body, headers=headers, timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            raise ServingError(f"no spanrl policy server answers at {self.url}: {exc}") from None
+        if reply.status_code != 200:
+            raise ServingError(f"policy server {self.url}{path} answered {reply.status_code}: {reply.text[:500]}")
+        try:
+            doc = reply.json()
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
+            raise ServingError(f"policy server {self.url}{path} answered no JSON object: {reply.text[:200]!r}")
+        return doc
+
+    def _field(self, doc: dict[str, Any], path: str) -> Any:
+        value = doc.get("policy_version")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ServingError(f"policy server {self.url}{path} answered no policy_version: {str(doc)[:200]}")
+        return value
