@@ -372,7 +372,9 @@ def rollout_filter(sel: Selection, params: dict[str, Any]) -> str:
     return " AND ".join(clauses)
 
 
-def call_filter(sel: Selection, params: dict[str, Any], agent: str = "a.agent", version: str = "c.policy_version") -> str:
+def call_filter(
+    sel: Selection, params: dict[str, Any], agent: str = "a.agent", version: str = "c.policy_version"
+) -> str:
     clauses = ["TRUE"]
     if sel.agents is not None:
         params["agents"] = list(sel.agents)
@@ -384,7 +386,10 @@ def call_filter(sel: Selection, params: dict[str, Any], agent: str = "a.agent", 
 
 
 
-def statement(sel: Selection, columns: Sequence[str], params: dict[str, Any], *, rollouts_also: str = "TRUE", since: str = "0") -> str:
+def statement(
+    sel: Selection, columns: Sequence[str], params: dict[str, Any], *, rollouts_also: str = "TRUE", since: str = "0"
+) -> str:
+
     """``sel``'s rollouts that pass ``rollouts_also`` (SQL), reading spans ingested at or after ``since`` (SQL)."""
     light = [f"{LIGHT_CALL_SQL[c]} AS {c}" for c in columns if c in LIGHT_CALL_SQL]
     return (SQL.replace("__SINCE__", since).replace(_RF, f"({rollout_filter(sel, params)}) AND ({rollouts_also})")
