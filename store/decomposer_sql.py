@@ -48,10 +48,11 @@ _EVENT_SCHEMA_JSON = '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "J
 _REWARD_EVENTS = (sc.REWARD_SPAN_NAME, sc.GEN_AI_EVALUATION_RESULT_EVENT)
 # A call row of the result, selected by both call branches of the statement: its light columns (out_calls
 # f), the server span's (sx) arrays and the temperature its log-probs were computed at.
-_CALL_SELECT = f"""SELECT 'call' AS row_kind, f.* EXCLUDE (s_rid, c_rid, has_ids),
+_CALL_SELECT = (f"""SELECT 'call' AS row_kind, f.* EXCLUDE (s_rid, c_rid, has_ids),
        sx.prompt_token_ids AS prompt_ids, sx.completion_token_ids AS completion_ids, sx.logprobs,
        coalesce(TRY_CAST(sx.attributes ->> '$."{sc.LLM_LOGPROBS_TEMPERATURE}"' AS DOUBLE),
-                nullif(TRY_CAST(sx.attributes ->> '$."{sc.GEN_AI_REQUEST_TEMPERATURE}"' AS DOUBLE), 0.0)) AS temperature"""
+                nullif(TRY_CAST(sx.attributes ->> '$."{sc.GEN_AI_REQUEST_TEMPERATURE}"' AS DOUBLE), 0.0))"""
+                " AS temperature")
 _RF, _CF, _OC, _SR = "__ROLLOUT_FILTER__", "__CALL_FILTER__", "__OUT_CALL_COLUMNS__", "__STEP_REWARDS_JOIN__"
 # The light call columns (out_calls below) as SQL. A caller asks for those it reads (`call_columns`): the
 # rest cost nothing (`rewards_after` is a grouping and a join: with the span ids ~0.1 s CPU of 0.7 for 50k).
@@ -351,7 +352,8 @@ LEFT JOIN dups d USING (rollout_id)
 LEFT JOIN dup_calls dc USING (rollout_id)
 LEFT JOIN lates l USING (rollout_id)
 LEFT JOIN orphans o USING (rollout_id)
-"""  # no ORDER BY: sorting the token arrays in DuckDB cost more than the rest of the rows; store/parts.py sorts
+"""  # noqa: E501 - hashed into kept_rollouts.VERSION, as written; no ORDER BY: sorting the token
+# arrays in DuckDB cost more than the rest of the rows; store/parts.py sorts
 
 
 
