@@ -237,18 +237,17 @@ async def stream(state: ServerState, call: Call) -> AsyncIterator[str]:
         total += req.n
 
     def callback(offset: int) -> Callable[[int, int, float], None]:
-        return lambda choice, token, logprob: loop.call_soon_threadsafe(
-            events.put_nowait, (offset + choice, token, logprob)
-        )
+        return lambda choice, token, logprob: loop.call_soon_threadsafe(events.put_nowait,
+                                                                        (offset + choice, token, logprob))
+
 
     chat = call.operation == semconv.OP_CHAT
     kind = "chat.completion.chunk" if chat else "text_completion"
     created = call.start_ns // 1_000_000_000
     model = state.config.model_name
 
-    def chunk(
-        index: int, delta: dict[str, Any], token_ids: list[int], finish: str | None = None, **extra: Any
-    ) -> dict[str, Any]:
+    def chunk(index: int, delta: dict[str, Any], token_ids: list[int], finish: str | None = None,
+              **extra: Any) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": index, "finish_reason": finish, "token_ids": token_ids}
         if chat:
             choice["delta"] = delta
@@ -260,9 +259,8 @@ async def stream(state: ServerState, call: Call) -> AsyncIterator[str]:
     task = asyncio.ensure_future(complete(state, call, on_token=[callback(o) for o in offsets]))
     task.add_done_callback(lambda _: events.put_nowait(None))
     first = chunk(0, {"role": "assistant", "content": ""} if chat else {}, [])
-    first["prompt_token_ids"] = (
-        call.requests[0].prompt_ids if len(call.requests) == 1 else [r.prompt_ids for r in call.requests]
-    )
+    first["prompt_token_ids"] = (call.requests[0].prompt_ids if len(call.requests) == 1
+                                 else [r.prompt_ids for r in call.requests])
     yield _sse(first)
     held = bool(call.params.sampling.stop or call.tools)
     ids: list[list[int]] = [[] for _ in range(total)]
