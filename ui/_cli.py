@@ -15,7 +15,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("ui", help="the viewer: rollouts, span trees with credit, runs, SQL, in the browser")
     p.add_argument("--db", default=None,
                    help="DuckDB file, read-only when no collector serves it (env SPANRL_DB, default spanrl.duckdb)")
-    p.add_argument("--url", default=None, help="collector to read through first (env SPANRL_SQL_URL, default http://127.0.0.1:4318)")
+    p.add_argument("--url", default=None,
+                   help="collector to read through first (env SPANRL_SQL_URL, default http://127.0.0.1:4318)")
+
     add_token_option(p, "--token", "the collector's read token; the viewer asks for it too "
                      "(env SPANRL_COLLECTOR_READ_TOKEN, else SPANRL_COLLECTOR_TOKEN)")
     p.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1, loopback only)")
