@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.spanrl-installed
 
-.PHONY: venv demo demo-quick test test-frameworks test-frameworks-ci bench anchor-venv clean chromium clang fuzz vllm-venv test-vllm mutation
+.PHONY: venv demo demo-quick lint test test-frameworks test-frameworks-ci bench anchor-venv clean chromium clang fuzz vllm-venv test-vllm mutation
 
 venv: $(STAMP)
 
@@ -63,7 +63,12 @@ clang:
 	  || { $$(command -v sudo) apt-get update -q && $$(command -v sudo) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q clang libclang-rt-dev; }
 	rm -f /tmp/spanrl-clang-probe
 
-test: venv chromium clang
+# ruff with a small rule set ([tool.ruff] in pyproject.toml): lines of at most 120 characters, syntax errors,
+# undefined names, unused imports and variables. `make test` runs it first.
+lint: venv
+	$(BIN)/ruff check .
+
+test: venv lint chromium clang
 	cd examples/node-agent && npm install --no-audit --no-fund --loglevel=error
 	$(BIN)/python -m pytest -q -ra
 

@@ -1,8 +1,9 @@
 """Only the collector's optional C extension; everything else is in pyproject.toml.
 
 `spanrl.collector._wire` (collector/_wire.c, wire_*.c, wire.h; plain CPython C API) is the OTLP
-protobuf fast path. It is optional: where it cannot be built, the install goes on and the collector runs its Python decoder
-(it logs which at start). Declared here, not in pyproject's `[tool.setuptools] ext-modules`, which
+protobuf fast path. It is optional: where it cannot be built, the install goes on and the collector runs
+its Python decoder (it logs which at start).
+ Declared here, not in pyproject's `[tool.setuptools] ext-modules`, which
 setuptools still flags as experimental with a warning on every install.
 """
 

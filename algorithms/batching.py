@@ -3,8 +3,10 @@ runs, for the policy-gradient algorithms.
 
 Padding is compute thrown away: a micro-batch is padded to its longest row, so rows of similar length
 belong together. ``length_sorted_micro_batches`` sorts a mini-batch's rows by (prompt, completion)
-length before cutting it into micro-batches of a fixed row count. The gradient is a sum over micro-batches, so the order changes
-nothing but the padding (the row counts, and so TRL's per-micro-batch normalisation, stay as before).
+length before cutting it into micro-batches of a fixed row count. The gradient is a sum over micro-batches,
+so the order changes nothing but the padding (the row counts, and so TRL's per-micro-batch normalisation,
+stay as before).
+
 
 ``completion_logprobs`` projects the LM head (49k columns on SmolLM2) only at real completion positions.
 TRL 1.16's fused head does that on CUDA but projects every position elsewhere (prompt and padding

@@ -70,7 +70,9 @@ def broadcast(obj: Any) -> Any:
     if not _initialized():
         from spanrl.errors import TrainingError
 
-        raise TrainingError(f"WORLD_SIZE={world()} but torch.distributed is not initialized: set up the algorithm first")
+        raise TrainingError(
+            f"WORLD_SIZE={world()} but torch.distributed is not initialized: set up the algorithm first"
+        )
     import torch.distributed as dist
 
     box = [obj if is_main() else None]
@@ -174,7 +176,8 @@ def refuse_sharding(algorithm: str, *, fsdp: bool = False, lora: bool = False) -
 
 
 def check_fsdp(algorithm: str, *, lora: bool) -> None:
-    """Raise :class:`ConfigError` for the FSDP configurations the sharded update (algorithms/sharding.py) cannot honour."""
+    """Raise :class:`ConfigError` for the FSDP configurations the sharded update (algorithms/sharding.py)
+    cannot honour."""
     from spanrl.errors import ConfigError
 
     why = None
@@ -185,4 +188,7 @@ def check_fsdp(algorithm: str, *, lora: bool) -> None:
     elif lora:
         why = "LoRA adapters are not sharded; train LoRA with examples/accelerate/ddp.yaml"
     if why:
-        raise ConfigError(f"{algorithm} cannot train under accelerate's FSDP configuration (ACCELERATE_USE_FSDP is set): {why}")
+        raise ConfigError(
+            f"{algorithm} cannot train under accelerate's FSDP configuration (ACCELERATE_USE_FSDP is set): {why}"
+        )
+

@@ -163,7 +163,7 @@ def fill_rows(out: np.ndarray, real: np.ndarray | None, column: pa.ChunkedArray,
     Arrow chunk (no concatenated copy of the whole column first). Else each block is filled, then its
     real positions take its rows' values (row-major order is the order of the values)."""
     if real is None:
-        blocks, row, width = [], 0, out.shape[1]
+        blocks, row = [], 0
         for chunk in column.chunks:
             for a in range(0, len(chunk), _BLOCK_ROWS):
                 rows = chunk.slice(a, _BLOCK_ROWS)

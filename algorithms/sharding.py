@@ -46,7 +46,8 @@ def local_numel(model: torch.nn.Module) -> int:
 def optimizer_state_numel(optimizer: torch.optim.Optimizer) -> int:
     """Optimizer-state elements this rank holds (Adam: exp_avg and exp_avg_sq; scalar steps not counted)."""
     return sum(
-        _local(v).numel() for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v) and v.dim()
+        _local(v).numel()
+        for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v) and v.dim()
     )
 
 
@@ -175,5 +176,7 @@ class _SavedOptimizer:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         sharding = self._sharding
-        set_optimizer_state_dict(sharding.model, sharding.optimizer, state, options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(sharding.model, sharding.optimizer, state,
+                                 options=StateDictOptions(full_state_dict=True))
+
         sharding.gather()  # rank 0's copies match the resumed state (a save before the next update)

@@ -258,7 +258,10 @@ def _credit(dec: Any, fast_calls: pa.Table, slow_rows: list[dict[str, Any]], cre
     calls = dec.calls
     rollouts = dec.rollouts
     rollout_ids_all = rollouts.column("rollout_id").to_pylist()
-    index = lambda ids: pc.index_in(ids, value_set=rollouts.column("rollout_id")).to_numpy().astype(np.int64)  # noqa: E731
+    index = lambda ids: (  # noqa: E731
+        pc.index_in(ids, value_set=rollouts.column("rollout_id")).to_numpy().astype(np.int64)
+    )
+
     tasks = rollouts.column("task_id").to_pylist()
     report["no_task_id"] = sum(1 for t in tasks if t is None)
     group_keys = [t if t is not None else f"\x00rollout:{r}" for t, r in zip(tasks, rollout_ids_all)]

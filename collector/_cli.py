@@ -21,28 +21,42 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--db", default=None, help="DuckDB file (env SPANRL_DB, default spanrl.duckdb)")
     p.add_argument("--host", default=None, help="address to bind (env SPANRL_COLLECTOR_HOST, default 127.0.0.1)")
     p.add_argument("--grpc-port", type=int, default=None, help="OTLP/gRPC port, 0 = any free, -1 = off (default 4317)")
-    p.add_argument("--http-port", type=int, default=None, help="OTLP/HTTP + SQL port, 0 = any free, -1 = off (default 4318)")
-    add_token_option(p, "--token", "token of every scope: require 'Authorization: Bearer TOKEN' (env SPANRL_COLLECTOR_TOKEN)")
-    add_token_option(p, "--ingest-token", "token for OTLP export only, the one agents get (env SPANRL_COLLECTOR_INGEST_TOKEN)")
-    add_token_option(p, "--policy-token", "the policy server's OTLP token: only its token ids count (env SPANRL_COLLECTOR_POLICY_TOKEN)")
+    p.add_argument("--http-port", type=int, default=None,
+                   help="OTLP/HTTP + SQL port, 0 = any free, -1 = off (default 4318)")
+    add_token_option(p, "--token",
+                     "token of every scope: require 'Authorization: Bearer TOKEN' (env SPANRL_COLLECTOR_TOKEN)")
+    add_token_option(p, "--ingest-token",
+                     "token for OTLP export only, the one agents get (env SPANRL_COLLECTOR_INGEST_TOKEN)")
+    add_token_option(p, "--policy-token",
+                     "the policy server's OTLP token: only its token ids count (env SPANRL_COLLECTOR_POLICY_TOKEN)")
     add_token_option(p, "--read-token", "token for POST /v1/sql (env SPANRL_COLLECTOR_READ_TOKEN)")
-    add_token_option(p, "--admin-token", "token for POST /v1/prune and /v1/materialize (env SPANRL_COLLECTOR_ADMIN_TOKEN)")
-    p.add_argument("--duckdb-memory-limit", default=None, help="DuckDB memory cap, e.g. 2GB (env SPANRL_DUCKDB_MEMORY_LIMIT, default 1GB)")
+    add_token_option(p, "--admin-token",
+                     "token for POST /v1/prune and /v1/materialize (env SPANRL_COLLECTOR_ADMIN_TOKEN)")
+    p.add_argument("--duckdb-memory-limit", default=None,
+                   help="DuckDB memory cap, e.g. 2GB (env SPANRL_DUCKDB_MEMORY_LIMIT, default 1GB)")
     p.add_argument("--checkpoint-threshold", default=None,
-                   help="WAL size that triggers a checkpoint, e.g. 64MB (env SPANRL_DUCKDB_CHECKPOINT_THRESHOLD, default 512MB)")
+                   help="WAL size that triggers a checkpoint, e.g. 64MB "
+                        "(env SPANRL_DUCKDB_CHECKPOINT_THRESHOLD, default 512MB)")
     p.add_argument("--duckdb-threads", type=int, default=None,
-                   help="DuckDB worker threads (default one per core); 1 cuts insert CPU ~25%% but runs SQL queries on one core")
+                   help="DuckDB worker threads (default one per core); "
+                        "1 cuts insert CPU ~25%% but runs SQL queries on one core")
     p.add_argument("--max-inflight-bytes", type=int, default=None,
-                   help="request bytes being decoded at once; more get a retryable 503 (env SPANRL_COLLECTOR_MAX_INFLIGHT_BYTES, default 256 MiB)")
-    p.add_argument("--max-queue-bytes", type=int, default=None, help="Arrow bytes waiting for the writer (default 256 MiB)")
+                   help="request bytes being decoded at once; more get a retryable 503 "
+                        "(env SPANRL_COLLECTOR_MAX_INFLIGHT_BYTES, default 256 MiB)")
+    p.add_argument("--max-queue-bytes", type=int, default=None,
+                   help="Arrow bytes waiting for the writer (default 256 MiB)")
     p.add_argument("--max-request-bytes", type=int, default=None, help="largest request body (default 64 MiB)")
-    p.add_argument("--sql-timeout-s", type=float, default=None, help="interrupt a /v1/sql query after this (env SPANRL_COLLECTOR_SQL_TIMEOUT_S, default 30)")
+    p.add_argument("--sql-timeout-s", type=float, default=None,
+                   help="interrupt a /v1/sql query after this (env SPANRL_COLLECTOR_SQL_TIMEOUT_S, default 30)")
     p.add_argument("--materialize-interval-s", type=float, default=None,
-                   help="shortest wait between background runs keeping finished rollouts' decomposition (default 2; 0 = off)")
+                   help="shortest wait between background runs keeping finished rollouts' decomposition "
+                        "(default 2; 0 = off)")
     p.add_argument("--retention", default=None, metavar="DURATION",
-                   help="delete spans ingested longer ago than this (e.g. 7d, 12h), in the background (default: keep all)")
+                   help="delete spans ingested longer ago than this (e.g. 7d, 12h), in the background "
+                        "(default: keep all)")
     p.add_argument("--reward-range", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
-                   help="reject spans whose reward is outside [LOW, HIGH] or not finite (default -1e6 1e6, the widest allowed)")
+                   help="reject spans whose reward is outside [LOW, HIGH] or not finite "
+                        "(default -1e6 1e6, the widest allowed)")
     p.set_defaults(func=_run)
 
 
@@ -58,7 +72,8 @@ def _run(args: argparse.Namespace) -> int:
             admin_token=token_from_args(args, "--admin-token"),
             duckdb_memory_limit=args.duckdb_memory_limit, duckdb_checkpoint_threshold=args.checkpoint_threshold,
             duckdb_threads=args.duckdb_threads,
-            max_inflight_bytes=args.max_inflight_bytes, max_request_bytes=args.max_request_bytes, sql_timeout_s=args.sql_timeout_s,
+            max_inflight_bytes=args.max_inflight_bytes, max_request_bytes=args.max_request_bytes,
+            sql_timeout_s=args.sql_timeout_s,
         )
         if args.materialize_interval_s is not None:
             config.materialize_interval_s = args.materialize_interval_s or None  # 0: off
@@ -68,7 +83,9 @@ def _run(args: argparse.Namespace) -> int:
             try:
                 config.retention_s = parse_duration_s(args.retention)
             except SpanRLError:
-                raise ConfigError(f"--retention must be a number and a unit s/m/h/d/w (e.g. 7d), got {args.retention!r}") from None
+                raise ConfigError(
+                    f"--retention must be a number and a unit s/m/h/d/w (e.g. 7d), got {args.retention!r}"
+                ) from None
         if args.reward_range is not None:
             config.reward_range = tuple(args.reward_range)
         if args.max_queue_bytes is not None:
@@ -82,7 +99,9 @@ def _run(args: argparse.Namespace) -> int:
     except SpanRLError as exc:
         print(f"spanrl collector: error: {exc}", file=sys.stderr)
         return 1
-    print(f"{READY_PREFIX} grpc={collector.grpc_endpoint} http={collector.http_endpoint} db={config.db_path}", flush=True)
+    print(f"{READY_PREFIX} grpc={collector.grpc_endpoint} http={collector.http_endpoint} db={config.db_path}",
+          flush=True)
+
     try:
         while not stop.wait(0.5):
             if collector.failed.is_set():

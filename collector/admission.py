@@ -48,7 +48,11 @@ class Admission:
 
     def with_request_cap(self, max_requests: int) -> "Admission":
         """A sibling admitting ``max_requests`` at once, sharing this byte budget."""
-        return Admission(max_requests=max_requests, max_bytes=self._bytes.limit, retry_after_s=self._retry_after_s, _shared=self._bytes)
+        return Admission(
+            max_requests=max_requests, max_bytes=self._bytes.limit, retry_after_s=self._retry_after_s,
+            _shared=self._bytes,
+
+        )
 
     @property
     def retry_after_s(self) -> int:
@@ -70,7 +74,9 @@ class Admission:
         with self._lock:
             if self._requests >= self._max_requests:
                 raise RetryableError(
-                    f"{what}: {self._requests} requests in flight, the limit; retry later", retry_after_s=self._retry_after_s
+                    f"{what}: {self._requests} requests in flight, the limit; retry later",
+                    retry_after_s=self._retry_after_s,
+
                 )
             self._requests += 1
 

@@ -107,7 +107,8 @@ class Batcher:
                                      retry_after_s=self._config.retry_after_s)
             if self._queued_bytes and self._queued_bytes + size > self._config.max_queue_bytes:
                 raise RetryableError(
-                    f"write queue full ({self._queued_bytes} of {self._config.max_queue_bytes} bytes queued); retry later",
+                    f"write queue full ({self._queued_bytes} of {self._config.max_queue_bytes} bytes queued); "
+                    "retry later",
                     retry_after_s=self._config.retry_after_s,
                 )
             self._queue.append((batch.table, batch.accepted, fut, size))
@@ -123,7 +124,9 @@ class Batcher:
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
-                _logger.error("writer thread did not finish within %.1f s; %d bytes still queued", timeout or 0, self._queued_bytes)
+                _logger.error("writer thread did not finish within %.1f s; %d bytes still queued",
+                              timeout or 0, self._queued_bytes)
+
 
     def _take(self) -> list[tuple[pa.Table, int, Future[int], int]] | None:
         with self._cond:

@@ -111,7 +111,8 @@ class CollectorConfig:
             raise ConfigError("grpc_port and http_port are both -1: at least one receiver must be on")
         for name in ("token", "ingest_token", "policy_token", "read_token", "admin_token"):
             check_token(getattr(self, name), field=name)
-        for name in ("max_request_bytes", "grpc_max_concurrent_rpcs", "http_max_concurrency", "max_inflight_bytes", "sql_workers", "sql_max_waiting"):
+        for name in ("max_request_bytes", "grpc_max_concurrent_rpcs", "http_max_concurrency", "max_inflight_bytes",
+                     "sql_workers", "sql_max_waiting"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("shutdown_timeout_s", "sql_timeout_s"):
@@ -121,7 +122,9 @@ class CollectorConfig:
             if not _MEMORY_LIMIT_PATTERN.match(getattr(self, name)):
                 raise ConfigError(f"{name} must be a size such as '1GB' or '512MiB', got {getattr(self, name)!r}")
         if self.materialize_interval_s is not None and not self.materialize_interval_s > 0:
-            raise ConfigError(f"materialize_interval_s must be positive (seconds) or None, got {self.materialize_interval_s}")
+            raise ConfigError(
+                f"materialize_interval_s must be positive (seconds) or None, got {self.materialize_interval_s}"
+            )
         if self.duckdb_threads is not None and self.duckdb_threads < 1:
             raise ConfigError(f"duckdb_threads must be None or at least 1, got {self.duckdb_threads}")
         self.batcher.validate()
@@ -148,9 +151,13 @@ class CollectorConfig:
             policy_token=env.get_str(env.SPANRL_COLLECTOR_POLICY_TOKEN),
             read_token=env.get_str(env.SPANRL_COLLECTOR_READ_TOKEN),
             admin_token=env.get_str(env.SPANRL_COLLECTOR_ADMIN_TOKEN),
-            duckdb_memory_limit=env.get_str(env.SPANRL_DUCKDB_MEMORY_LIMIT, _DUCKDB_MEMORY_LIMIT) or _DUCKDB_MEMORY_LIMIT,
-            duckdb_checkpoint_threshold=env.get_str(env.SPANRL_DUCKDB_CHECKPOINT_THRESHOLD, _DUCKDB_CHECKPOINT_THRESHOLD)
-            or _DUCKDB_CHECKPOINT_THRESHOLD,
+            duckdb_memory_limit=(
+                env.get_str(env.SPANRL_DUCKDB_MEMORY_LIMIT, _DUCKDB_MEMORY_LIMIT) or _DUCKDB_MEMORY_LIMIT
+            ),
+            duckdb_checkpoint_threshold=(
+                env.get_str(env.SPANRL_DUCKDB_CHECKPOINT_THRESHOLD, _DUCKDB_CHECKPOINT_THRESHOLD)
+                or _DUCKDB_CHECKPOINT_THRESHOLD
+            ),
             max_inflight_bytes=env.get_int(env.SPANRL_COLLECTOR_MAX_INFLIGHT_BYTES, _MAX_INFLIGHT_BYTES),
             sql_timeout_s=env.get_float(env.SPANRL_COLLECTOR_SQL_TIMEOUT_S, _SQL_TIMEOUT_S),
             materialize_interval_s=env.get_float(env.SPANRL_COLLECTOR_MATERIALIZE_INTERVAL_S, _MATERIALIZE_INTERVAL_S)
@@ -169,7 +176,10 @@ def _validate_reward_range(value: object) -> None:
     ok = isinstance(value, (tuple, list)) and len(value) == 2 and all(
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
     if not ok or not -bound <= value[0] <= value[1] <= bound:  # type: ignore[index,operator]  # NaN fails too
-        raise ConfigError(f"reward_range must be (low, high) with -{bound:g} <= low <= high <= {bound:g}, got {value!r}")
+        raise ConfigError(
+            f"reward_range must be (low, high) with -{bound:g} <= low <= high <= {bound:g}, got {value!r}"
+        )
+
 
 
 def default_config() -> CollectorConfig:

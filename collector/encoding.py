@@ -28,7 +28,11 @@ from spanrl.collector.otlp_json import MAX_ERRORS_REPORTED, decode_json_request
 from spanrl.collector.tokens import BadSpan, decode_tokens, list_column, resolve_arrays
 from spanrl.collector.wire_schema import parse_array, parse_request
 
-__all__ = ["MAX_NESTING", "SPANS_ARROW_SCHEMA", "EncodedBatch", "decode_json_request", "decode_protobuf_request", "encode_request"]
+__all__ = [
+    "MAX_NESTING", "SPANS_ARROW_SCHEMA", "EncodedBatch", "decode_json_request", "decode_protobuf_request",
+    "encode_request",
+
+]
 
 MAX_NESTING = 16
 """Arrays and kvlists nested in one attribute value, at most; deeper is INVALID_ARGUMENT / 400 for the
@@ -241,10 +245,15 @@ def _span_attributes(span: Any) -> tuple[dict[str, Any], Any]:
 def _events_links_json(span: Any) -> tuple[str | None, str | None]:
     ev = ln = None
     if span.events:
-        ev = _dumps([{"name": e.name, "time_ns": e.time_unix_nano, "attributes": _attrs(e.attributes)} for e in span.events])
+        ev = _dumps(
+            [{"name": e.name, "time_ns": e.time_unix_nano, "attributes": _attrs(e.attributes)} for e in span.events]
+        )
     if span.links:
         ln = _dumps(
-            [{"trace_id": x.trace_id.hex(), "span_id": x.span_id.hex(), "attributes": _attrs(x.attributes)} for x in span.links]
+            [
+                {"trace_id": x.trace_id.hex(), "span_id": x.span_id.hex(), "attributes": _attrs(x.attributes)}
+                for x in span.links
+            ]
         )
     return ev, ln
 
@@ -341,7 +350,9 @@ def _row_cost(row: tuple, resource_bytes: int) -> int:
     return _ROW_BYTES + _TEXT_FACTOR * text + resource_bytes
 
 
-def encode_request(request: Any, *, pre_rejected: int = 0, pre_errors: list[str] | None = None, budget: Any = None) -> EncodedBatch:
+def encode_request(
+    request: Any, *, pre_rejected: int = 0, pre_errors: list[str] | None = None, budget: Any = None
+) -> EncodedBatch:
     """Walk one request (an ExportTraceServiceRequest, or what `decode_protobuf_request` returns) into
     Arrow columns. ``pre_rejected``/``pre_errors`` carry spans the JSON decoder already dropped, so the
     reply counts them. `PermanentError` if an array in it is malformed protobuf or nested past
@@ -407,7 +418,10 @@ def _to_table(rows: list[tuple], tokens: list[Any]) -> pa.Table:
     """Rows -> one Arrow table: one transpose (zip, in C), then one array per column."""
     n = len(rows)
     values = list(zip(*rows))
-    columns = [_hex_column(values[0], _TRACE_ID_BYTES), _hex_column(values[1], _SPAN_ID_BYTES), _hex_column(values[2], _SPAN_ID_BYTES)]
+    columns = [
+        _hex_column(values[0], _TRACE_ID_BYTES), _hex_column(values[1], _SPAN_ID_BYTES),
+        _hex_column(values[2], _SPAN_ID_BYTES),
+    ]
     for column, field in zip(values[3:], _ROW_FIELDS[3:]):
         first = column[0]
         # One value for the whole request (resource, scope, kind, status...): repeated in C, not converted
@@ -417,7 +431,9 @@ def _to_table(rows: list[tuple], tokens: list[Any]) -> pa.Table:
         else:
             columns.append(pa.array(column, field.type))
     no = _NO_TOKENS
-    for slot, (np_dtype, pa_type) in enumerate(((np.int32, _INT_LIST), (np.int32, _INT_LIST), (np.float32, _FLOAT_LIST))):
+    token_types = ((np.int32, _INT_LIST), (np.int32, _INT_LIST), (np.float32, _FLOAT_LIST))
+    for slot, (np_dtype, pa_type) in enumerate(token_types):
+
         column = list_column([None if t is no else t[slot] for t in tokens], np_dtype, pa_type)
         columns.insert(_TOKEN_COLUMN + slot, column)
     return pa.Table.from_arrays(columns, schema=SPANS_ARROW_SCHEMA)

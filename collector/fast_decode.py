@@ -21,7 +21,14 @@ import pyarrow as pa
 
 from spanrl import env
 from spanrl.collector.admission import DecodeBudget
-from spanrl.collector.encoding import MAX_NESTING, SPANS_ARROW_SCHEMA, EncodedBatch, decode_json_request, decode_protobuf_request, encode_request
+from spanrl.collector.encoding import (
+    MAX_NESTING,
+    SPANS_ARROW_SCHEMA,
+    EncodedBatch,
+    decode_json_request,
+    decode_protobuf_request,
+    encode_request,
+)
 from spanrl.collector.errors import PermanentError, RetryableError
 from spanrl.errors import CollectorError
 
@@ -33,7 +40,9 @@ except ImportError as exc:  # not built (no compiler at install): the Python dec
     _wire = None
     _IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
-__all__ = ["active_decoder", "decode_body", "decode_otlp_body", "encode_protobuf_body", "fast_available", "unavailable_reason"]
+__all__ = [
+    "active_decoder", "decode_body", "decode_otlp_body", "encode_protobuf_body", "fast_available", "unavailable_reason",
+]
 
 _logger = logging.getLogger(__name__)
 _STRING, _LIST, _FIXED = 0, 1, 2
@@ -142,7 +151,10 @@ def _mapped(decode: Callable[..., Any], body: bytes, budget: DecodeBudget | None
     except CollectorError:
         raise
     except RecursionError:
-        raise PermanentError(f"attribute values nested too deeply (the limit is {MAX_NESTING} levels of arrays and kvlists)") from None
+        raise PermanentError(
+            f"attribute values nested too deeply (the limit is {MAX_NESTING} levels of arrays and kvlists)"
+        ) from None
+
     except MemoryError:
         raise RetryableError("the collector ran out of memory decoding this request; retry later") from None
     except Exception as exc:  # noqa: BLE001 - logged with its stack, answered without it

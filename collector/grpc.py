@@ -89,7 +89,9 @@ class GrpcReceiver:
             handlers=[
                 grpc.method_handlers_generic_handler(
                     _SERVICE,
-                    {_METHOD: grpc.stream_unary_rpc_method_handler(self._export, response_serializer=ExportTraceServiceResponse.SerializeToString)},
+                    {_METHOD: grpc.stream_unary_rpc_method_handler(
+                        self._export, response_serializer=ExportTraceServiceResponse.SerializeToString
+                    )},
                 )
             ],
             options=[
@@ -129,15 +131,20 @@ class GrpcReceiver:
         finally:
             self._admission.leave()
 
-    def _admitted(self, messages: Iterator[bytes], context: grpc.ServicerContext, authorization: str | None) -> ExportTraceServiceResponse:
+    def _admitted(
+        self, messages: Iterator[bytes], context: grpc.ServicerContext, authorization: str | None
+    ) -> ExportTraceServiceResponse:
         if not self._receiving.acquire(timeout=_RECEIVE_WAIT_S):
-            _abort_retryable(context, RetryableError(f"{_RECEIVING} request bodies are being received, the limit; retry later",
-                                                     retry_after_s=self._admission.retry_after_s))
+            busy = RetryableError(f"{_RECEIVING} request bodies are being received, the limit; retry later",
+                                  retry_after_s=self._admission.retry_after_s)
+            _abort_retryable(context, busy)
         budget = DecodeBudget(self._admission)  # the body's share now, more as its decoded form grows
         try:
             body = next(messages, None)
             if body is None or next(messages, None) is not None:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Export takes exactly one ExportTraceServiceRequest message")
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              "Export takes exactly one ExportTraceServiceRequest message")
+
             budget.hold(len(body) * DECODE_FACTOR)
             budget.body_bytes = len(body)
         except RetryableError as exc:

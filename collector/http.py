@@ -76,7 +76,9 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 
 class _HttpError(Exception):
-    def __init__(self, status: int, message: str, *, grpc_code: int, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, *, grpc_code: int, headers: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.grpc_code = grpc_code
@@ -127,7 +129,9 @@ class OtlpHttpApp:
             body_done = message["type"] == "http.disconnect" or not message.get("more_body", False)
             return message
 
-        async def fail(status: int, grpc_code: int, message: str, as_json: bool, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+        async def fail(
+            status: int, grpc_code: int, message: str, as_json: bool, extra: list[tuple[bytes, bytes]] | None = None
+        ) -> None:
             # A refusal decided before the body was read (caps, token) still drains it, chunk by chunk and
             # kept nowhere, so the sender reads the answer instead of a connection reset mid-upload.
             while not body_done:
@@ -174,7 +178,8 @@ class OtlpHttpApp:
             await fail(503, _GRPC_UNAVAILABLE, f"collector error: {exc}", as_json, [(b"retry-after", b"1")])
 
     async def _route(self, path: str, send: Send, receive: Receive, headers: dict[str, str]) -> None:
-        held = DecodeBudget(self._admission)  # this request's bytes in the memory budget, released when it is queued or done
+        # this request's bytes in the memory budget, released when it is queued or done
+        held = DecodeBudget(self._admission)
         try:
             body = await self._read_body(receive, headers, held)
             if path == "/v1/traces":
@@ -219,13 +224,15 @@ class OtlpHttpApp:
             body = await asyncio.to_thread(_gunzip, body, self._max)
             held.hold_total(len(body) * DECODE_FACTOR)
         elif encoding not in ("identity", ""):
-            raise _HttpError(415, f"Content-Encoding {encoding!r} is not supported; use gzip or none", grpc_code=_GRPC_INVALID_ARGUMENT)
+            raise _HttpError(415, f"Content-Encoding {encoding!r} is not supported; use gzip or none",
+                             grpc_code=_GRPC_INVALID_ARGUMENT)
         return body
 
     async def _traces(self, send: Send, body: bytes, headers: dict[str, str], held: DecodeBudget) -> None:
         ctype = headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype not in (_PROTOBUF_TYPE, _JSON_TYPE):
-            raise _HttpError(415, f"Content-Type {ctype!r} is not supported; use {_PROTOBUF_TYPE} or {_JSON_TYPE}", grpc_code=_GRPC_INVALID_ARGUMENT)
+            raise _HttpError(415, f"Content-Type {ctype!r} is not supported; use {_PROTOBUF_TYPE} or {_JSON_TYPE}",
+                             grpc_code=_GRPC_INVALID_ARGUMENT)
         held.body_bytes = len(body)
         # off the event loop: decoding, the sender's rules and the reward check are CPU work on every span
         batch, committed = await asyncio.to_thread(self._decode_and_queue, body, ctype == _JSON_TYPE, held,
@@ -280,14 +287,19 @@ class OtlpHttpApp:
         await _respond(send, 200, orjson.dumps({"deleted_spans": deleted}), _JSON_TYPE)
 
 
-async def _respond(send: Send, status: int, body: bytes, ctype: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+async def _respond(
+    send: Send, status: int, body: bytes, ctype: str, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
     headers = [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode())]
     headers.extend(extra or [])
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-async def _error(send: Send, status: int, grpc_code: int, message: str, as_json: bool, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+async def _error(
+    send: Send, status: int, grpc_code: int, message: str, as_json: bool, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+
     if as_json:
         await _respond(send, status, orjson.dumps({"code": grpc_code, "message": message}), _JSON_TYPE, extra)
     else:

@@ -36,7 +36,9 @@ POLICY_ONLY_COLUMNS = ("prompt_token_ids", "completion_token_ids", "logprobs")
 """Columns stored only from a sender with the ``policy`` scope."""
 
 
-def admit(batch: EncodedBatch, tokens: Tokens, claims: "RolloutClaims | None", authorization: str | None) -> EncodedBatch:
+def admit(
+    batch: EncodedBatch, tokens: Tokens, claims: "RolloutClaims | None", authorization: str | None
+) -> EncodedBatch:
     """``batch`` as its sender may store it: policy-only columns (`for_sender`), then rollout claims."""
     batch = for_sender(batch, tokens, authorization)
     if claims is None or batch.table is None:
@@ -64,8 +66,10 @@ def for_sender(batch: EncodedBatch, tokens: Tokens, authorization: str | None) -
         table = table.set_column(present.index(name), name, pa.nulls(len(table), columns[name].type))
     if has_response:
         index = present.index("response_id")
-        table = table.set_column(index, "response_id", pc.if_else(server, pa.scalar(None, pa.string()), table.column(index)))
-    _logger.debug("dropped token ids / server response ids of %d spans from a sender without the policy scope", len(table))
+        no_id = pc.if_else(server, pa.scalar(None, pa.string()), table.column(index))
+        table = table.set_column(index, "response_id", no_id)
+    _logger.debug("dropped token ids / server response ids of %d spans from a sender without the policy scope",
+                  len(table))
     return EncodedBatch(table, batch.accepted, batch.rejected, batch.error_message)
 
 
@@ -135,7 +139,8 @@ class RolloutClaims:
         if exempt_names or exempt_servers:
             checked = pc.and_(pc.is_valid(rollout), pc.not_equal(table.column("name"), semconv.FEEDBACK_SPAN_NAME))
             if exempt_servers:
-                llm_server = pc.and_(pc.equal(table.column("kind"), "SERVER"), pc.is_valid(table.column("operation_name")))
+                llm_server = pc.and_(pc.equal(table.column("kind"), "SERVER"),
+                                     pc.is_valid(table.column("operation_name")))
                 checked = pc.and_(checked, pc.invert(llm_server))
             checked = pc.fill_null(checked, False)
         else:
@@ -146,7 +151,9 @@ class RolloutClaims:
             pairs = [(rids[0], svcs[0] or "")]
         else:
             keep = pc.is_valid(rollout) if checked is None else checked
-            chosen = pa.table({"r": rollout, "s": pc.fill_null(service, "")}).filter(keep).group_by(["r", "s"]).aggregate([])
+            pairs_table = pa.table({"r": rollout, "s": pc.fill_null(service, "")})
+            chosen = pairs_table.filter(keep).group_by(["r", "s"]).aggregate([])
+
             pairs = list(zip(chosen.column("r").to_pylist(), chosen.column("s").to_pylist()))
         refused: dict[tuple[str, str], str] = {}
         now = time.monotonic()

@@ -111,9 +111,11 @@ class Collector:
                                       timeout_s=cfg.sql_timeout_s, retry_after_s=retry_s)
                 app = OtlpHttpApp(tokens=cfg.tokens(), bound_host=cfg.host, claims=claims,
                                   max_request_bytes=cfg.max_request_bytes, next_consumer=checked,
-                                  store=self._store, admission=inflight_bytes.with_request_cap(cfg.http_max_concurrency),
+                                  store=self._store,
+                                  admission=inflight_bytes.with_request_cap(cfg.http_max_concurrency),
                                   sql=self._sql, health=self.health)
-                self._http = HttpReceiver(host=cfg.host, port=cfg.http_port, app=app, graceful_timeout_s=cfg.shutdown_timeout_s)
+                self._http = HttpReceiver(host=cfg.host, port=cfg.http_port, app=app,
+                                          graceful_timeout_s=cfg.shutdown_timeout_s)
                 self._http.start()
         except BaseException as exc:
             if isinstance(exc, StoreError):  # damaged file, full disk: /health says so, the CLI exits 1 with it
@@ -206,9 +208,13 @@ def _warm_up() -> None:
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
 
     request = ExportTraceServiceRequest()
-    span = request.resource_spans.add().scope_spans.add().spans.add(trace_id=b"\x01" * 16, span_id=b"\x01" * 8, name="warm-up")
+    spans = request.resource_spans.add().scope_spans.add().spans
+    span = spans.add(trace_id=b"\x01" * 16, span_id=b"\x01" * 8, name="warm-up")
     ids = AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=1)]))
-    span.attributes.extend([KeyValue(key=semconv.LLM_PROMPT_TOKEN_IDS, value=ids), KeyValue(key="k", value=AnyValue(string_value="v"))])
+    span.attributes.extend([
+        KeyValue(key=semconv.LLM_PROMPT_TOKEN_IDS, value=ids), KeyValue(key="k", value=AnyValue(string_value="v")),
+    ])
+
     encode_request(request)
     decode_body(request.SerializeToString())  # the fast path's Arrow arrays from buffers, once
 

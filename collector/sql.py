@@ -25,7 +25,9 @@ __all__ = ["SqlRunner"]
 class SqlRunner:
     """Runs `SpanStore.read_sql` on a private pool, bounded and timed."""
 
-    def __init__(self, store: SpanStore, *, workers: int, max_waiting: int, timeout_s: float, retry_after_s: int) -> None:
+    def __init__(
+        self, store: SpanStore, *, workers: int, max_waiting: int, timeout_s: float, retry_after_s: int
+    ) -> None:
         self._store = store
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="spanrl-sql")
         self._slots = threading.BoundedSemaphore(max_waiting)
@@ -61,4 +63,6 @@ def _arrow_ipc(table: pa.Table) -> bytes:
 
 
 def _rows_json(table: pa.Table) -> bytes:
-    return orjson.dumps({"columns": table.column_names, "rows": table.to_pylist()}, default=str, option=orjson.OPT_SERIALIZE_NUMPY)
+    return orjson.dumps({"columns": table.column_names, "rows": table.to_pylist()},
+                        default=str, option=orjson.OPT_SERIALIZE_NUMPY)
+

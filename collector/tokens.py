@@ -82,7 +82,8 @@ def wire_doubles(buf: bytes) -> np.ndarray | None:
     n, ragged = divmod(len(buf), _DOUBLE_ELEMENT)
     if not n:
         return None if ragged else np.zeros(0, np.float64)
-    if ragged or buf[0::_DOUBLE_ELEMENT] != b"\x0a" * n or buf[1::_DOUBLE_ELEMENT] != b"\x09" * n or buf[2::_DOUBLE_ELEMENT] != b"\x21" * n:
+    if (ragged or buf[0::_DOUBLE_ELEMENT] != b"\x0a" * n or buf[1::_DOUBLE_ELEMENT] != b"\x09" * n
+            or buf[2::_DOUBLE_ELEMENT] != b"\x21" * n):
         return None
     rows = np.frombuffer(buf, np.uint8).reshape(n, _DOUBLE_ELEMENT)
     return np.ascontiguousarray(rows[:, 3:]).view("<f8").reshape(n)
@@ -216,7 +217,10 @@ def _resolve_chunk(tokens: list[Any], slot: int, key: str, chunk: list[tuple[int
             bad.setdefault(r, str(exc))
 
 
-def list_column(items: list[np.ndarray | None] | tuple[np.ndarray | None, ...], np_dtype: str, pa_type: pa.DataType) -> pa.Array:
+def list_column(
+    items: list[np.ndarray | None] | tuple[np.ndarray | None, ...], np_dtype: str, pa_type: pa.DataType
+) -> pa.Array:
+
     """One Arrow list column from per-row arrays (None -> NULL row), with one concatenation."""
     n = len(items)
     if all(a is None for a in items):

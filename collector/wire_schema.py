@@ -70,4 +70,7 @@ def _array_from(array_class: Any, buf: bytes) -> Any:
     try:
         return array_class.FromString(buf)
     except Exception as exc:  # noqa: BLE001 - DecodeError
-        raise PermanentError(f"malformed OTLP protobuf: an ArrayValue ({len(buf)} bytes) does not parse: {exc}") from None
+        raise PermanentError(
+            f"malformed OTLP protobuf: an ArrayValue ({len(buf)} bytes) does not parse: {exc}"
+        ) from None
+

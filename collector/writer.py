@@ -58,7 +58,9 @@ def _for_insert(tables: list[pa.Table]) -> pa.Table:
         i = table.schema.get_field_index(name)
         if i >= 0 and table.schema.field(i).type == pa.string():
             column = table.column(i)
-            as_json = pa.chunked_array([pa.ExtensionArray.from_storage(_ARROW_JSON, c) for c in column.chunks], _ARROW_JSON)
+            as_json = pa.chunked_array(
+                [pa.ExtensionArray.from_storage(_ARROW_JSON, c) for c in column.chunks], _ARROW_JSON
+            )
             table = table.set_column(i, name, as_json)
     return table
 
@@ -123,7 +125,8 @@ class SpanWriter:
                 break
             except StoreError as reopen_exc:
                 self.last_error = f"{first_line}; reopening failed: {reopen_exc}"
-                _logger.error("reopening the span store failed (attempt %d of %d): %s", attempt + 1, self._attempts, reopen_exc)
+                _logger.error("reopening the span store failed (attempt %d of %d): %s",
+                              attempt + 1, self._attempts, reopen_exc)
                 time.sleep(self._backoff_s * 2**attempt)
         else:
             self.state = "failed"
@@ -155,7 +158,9 @@ class SpanWriter:
         finally:
             cur.unregister(_PROBE_VIEW)
         stored = bool(row and row[0] == row[1])
-        _logger.warning("the failed commit of %d spans %s", table.num_rows, "had landed" if stored else "had not landed; inserting it again")
+        _logger.warning("the failed commit of %d spans %s", table.num_rows,
+                        "had landed" if stored else "had not landed; inserting it again")
+
         return stored
 
     def _writer_cursor(self) -> duckdb.DuckDBPyConnection:

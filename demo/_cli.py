@@ -13,7 +13,9 @@ def register(subparsers: Any) -> None:
     demo = subparsers.add_parser("demo", help="everything, locally, on a tiny model (about 5 minutes)")
     demo.add_argument("--output-dir", default="spanrl-demo", help="where everything goes (default spanrl-demo)")
     demo.add_argument("--grpo-steps", type=int, help="GRPO updates (default from DemoConfig)")
-    demo.add_argument("--quick", action="store_true", help="the shortest setting (about a minute): a smoke test, not a result")
+    demo.add_argument("--quick", action="store_true",
+                      help="the shortest setting (about a minute): a smoke test, not a result")
+
     demo.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     output_options(demo)
     demo.set_defaults(func=_demo)

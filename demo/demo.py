@@ -81,13 +81,16 @@ class DemoConfig:
     def validate(self) -> DemoConfig:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if field.type == "int" and (not isinstance(value, int) or value < (0 if field.name in ("seed", "eval_every") else 1)):
-                raise ConfigError(f"{field.name} must be an integer >= {0 if field.name in ('seed', 'eval_every') else 1}, got {value!r}")
+            least = 0 if field.name in ("seed", "eval_every") else 1
+            if field.type == "int" and (not isinstance(value, int) or value < least):
+                raise ConfigError(f"{field.name} must be an integer >= {least}, got {value!r}")
         for name in ("sft_learning_rate", "grpo_learning_rate"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.n_train_tasks + self.n_val_tasks > 9950:
-            raise ConfigError(f"n_train_tasks + n_val_tasks must be at most 9950, got {self.n_train_tasks + self.n_val_tasks}")
+            raise ConfigError(
+                f"n_train_tasks + n_val_tasks must be at most 9950, got {self.n_train_tasks + self.n_val_tasks}"
+            )
         return self
 
 
@@ -120,7 +123,8 @@ def run_demo(config: DemoConfig | None = None, *, echo: Any = print) -> DemoResu
     started = time.perf_counter()
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    train_tasks, val_tasks = calculator.split_tasks(cfg.n_train_tasks, cfg.n_val_tasks, seed=cfg.seed, ops=tuple(cfg.ops))
+    train_tasks, val_tasks = calculator.split_tasks(cfg.n_train_tasks, cfg.n_val_tasks, seed=cfg.seed,
+                                                    ops=tuple(cfg.ops))
 
     echo(f"[1/4] building a tiny Llama + word tokenizer in {out / 'model'}")
     model_dir = build_tiny_model(out / "model", words=calculator.vocabulary(), seed=cfg.seed)
@@ -142,7 +146,9 @@ def run_demo(config: DemoConfig | None = None, *, echo: Any = print) -> DemoResu
     history = [{"step": 0, "val_success": sft_success}, *grpo_history]
     curve = plot_reward_curve(history, out / CURVE_FILE, title="spanrl demo: calculator agent, GRPO after SFT")
     (out / "demo_result.json").write_text(
-        json.dumps({"sft_success": sft_success, "grpo_success": grpo_success, "demonstrator_success": demo_success}, indent=1)
+        json.dumps({"sft_success": sft_success, "grpo_success": grpo_success, "demonstrator_success": demo_success},
+                   indent=1)
+
     )
     seconds = time.perf_counter() - started
     db_path = out / DB_FILE

@@ -60,7 +60,8 @@ def _set_attributes(span: Span, attributes: AttributeMap | None, where: str) -> 
     if attributes is None:
         return
     if not isinstance(attributes, Mapping):
-        _warn(span, f"{where}: attributes must be a mapping of str to str/bool/int/float, got {type(attributes).__name__}")
+        _warn(span,
+              f"{where}: attributes must be a mapping of str to str/bool/int/float, got {type(attributes).__name__}")
         return
     for key, value in attributes.items():
         if not isinstance(key, str) or not _is_attribute_value(value):
@@ -139,7 +140,9 @@ def _emit_one_reward(value: Any, name: str, explanation: str | None, attributes:
     span = _instant_span(semconv.REWARD_SPAN_NAME, attributes=attrs)
     try:
         if number is None:
-            _warn(span, f"emit_reward: value of reward {name!r} must be a finite number, got {value!r} ({type(value).__name__})")
+            _warn(span, f"emit_reward: value of reward {name!r} must be a finite number, "
+                        f"got {value!r} ({type(value).__name__})")
+
             return
         _set_attributes(span, attributes, "emit_reward")
     finally:

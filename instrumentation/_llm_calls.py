@@ -223,7 +223,9 @@ def emit_response(
                 span.set_attribute(semconv.GEN_AI_OUTPUT_MESSAGES, _messages_json(message, "assistant", finish_reason))
             except Exception as exc:
                 _warn(span, f"emit_response: message {message!r:.200} cannot be recorded ({exc})")
-            for key, count in ((semconv.GEN_AI_USAGE_INPUT_TOKENS, input_tokens), (semconv.GEN_AI_USAGE_OUTPUT_TOKENS, output_tokens)):
+            for key, count in ((semconv.GEN_AI_USAGE_INPUT_TOKENS, input_tokens),
+                               (semconv.GEN_AI_USAGE_OUTPUT_TOKENS, output_tokens)):
+
                 if count is None:
                     continue
                 if isinstance(count, numbers.Integral) and not isinstance(count, bool) and count >= 0:
@@ -231,7 +233,9 @@ def emit_response(
                 else:
                     _warn(span, f"emit_response: {key} must be a non-negative integer, got {count!r}")
             _set_token_array(span, semconv.LLM_PROMPT_TOKEN_IDS, prompt_token_ids, floats=False, where="emit_response")
-            _set_token_array(span, semconv.LLM_COMPLETION_TOKEN_IDS, completion_token_ids, floats=False, where="emit_response")
+            _set_token_array(span, semconv.LLM_COMPLETION_TOKEN_IDS, completion_token_ids, floats=False,
+                             where="emit_response")
+
             _set_token_array(span, semconv.LLM_LOGPROBS, logprobs, floats=True, where="emit_response")
             _set_attributes(span, attributes, "emit_response")
         finally:

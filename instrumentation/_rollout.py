@@ -79,7 +79,9 @@ def current_rollout() -> dict[str, str | int]:
     for key in ROLLOUT_KEYS:
         value = entries.get(key)
         if value is not None:
-            found[key] = parse_attempt(str(value), key) if key == semconv.ATTEMPT else str(value)  # type: ignore[assignment]
+            parsed = parse_attempt(str(value), key) if key == semconv.ATTEMPT else str(value)
+            found[key] = parsed  # type: ignore[assignment]
+
     return found or rollout_resource_attributes()
 
 

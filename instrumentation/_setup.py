@@ -1,7 +1,9 @@
 """Programmatic SDK setup for processes that do not run under ``opentelemetry-instrument``.
 
 ``configure()`` installs a ``TracerProvider`` (resource with the rollout ids from the environment,
-``RolloutSpanProcessor``, ``BatchEncodingSpanProcessor`` + ``FastOTLPSpanExporter`` over OTLP/gRPC) as the global provider, once.
+``RolloutSpanProcessor``, ``BatchEncodingSpanProcessor`` + ``FastOTLPSpanExporter`` over OTLP/gRPC) as the
+global provider, once.
+
 Under ``opentelemetry-instrument`` (or any code that already set an SDK provider) it only makes sure
 the rollout processor is attached and returns the existing provider.
 """

@@ -81,12 +81,17 @@ class BatchEncodingSpanProcessor(SpanProcessor):
         self._max_batch = _setting(max_export_batch_size, OTEL_BSP_MAX_EXPORT_BATCH_SIZE)
         self._export_timeout_millis = _setting(export_timeout_millis, OTEL_BSP_EXPORT_TIMEOUT)
         self._max_batch_bytes = max_export_batch_bytes
-        for name, value in (("max_queue_size", self._max_queue_size), ("schedule_delay_millis", self._schedule_delay_s * 1000),
-                            ("max_export_batch_size", self._max_batch), ("max_export_batch_bytes", max_export_batch_bytes)):
+        for name, value in (("max_queue_size", self._max_queue_size),
+                            ("schedule_delay_millis", self._schedule_delay_s * 1000),
+                            ("max_export_batch_size", self._max_batch),
+                            ("max_export_batch_bytes", max_export_batch_bytes)):
             if value <= 0:
                 raise ConfigError(f"{name} must be positive, got {value!r}")
         if self._max_batch > self._max_queue_size:
-            raise ConfigError(f"max_export_batch_size must be <= max_queue_size, got {self._max_batch} > {self._max_queue_size}")
+            raise ConfigError(
+                f"max_export_batch_size must be <= max_queue_size, got {self._max_batch} > {self._max_queue_size}"
+            )
+
         self.dropped = 0
         self._shutdown = False
         self._start_worker()

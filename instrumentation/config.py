@@ -119,8 +119,9 @@ class InstrumentationConfig:
     service_name: str | None = None
     """Resource ``service.name``. None: ``OTEL_SERVICE_NAME``, then ``spanrl-agent``."""
     headers: dict[str, str] = field(default_factory=dict)
-    """Extra gRPC metadata on every export (e.g. ``authorization``); ``SPANRL_COLLECTOR_INGEST_TOKEN`` (else ``SPANRL_COLLECTOR_TOKEN``) adds a
-    bearer token when this has no ``authorization`` key."""
+    """Extra gRPC metadata on every export (e.g. ``authorization``); ``SPANRL_COLLECTOR_INGEST_TOKEN``
+    (else ``SPANRL_COLLECTOR_TOKEN``) adds a bearer token when this has no ``authorization`` key."""
+
     schedule_delay_millis: int = DEFAULT_SCHEDULE_DELAY_MILLIS
     """Longest time a finished span waits in the batch queue before export, in milliseconds."""
     max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE

@@ -274,10 +274,16 @@ def snapshot(span: ReadableSpan) -> tuple[Any, ...]:
             attrs, events, links = attrs._dict, events._dq, links._dq
         else:
             dropped = (getattr(attrs, "dropped", 0), getattr(events, "dropped", 0), getattr(links, "dropped", 0))
-            attrs, events, links = getattr(attrs, "_dict", attrs), getattr(events, "_dq", events), getattr(links, "_dq", links)
-        resource, scope, name, start, end = span._resource, span._instrumentation_scope, span._name, span._start_time, span._end_time
+            attrs, events, links = (
+                getattr(attrs, "_dict", attrs), getattr(events, "_dq", events), getattr(links, "_dq", links)
+            )
+        resource, scope, name, start, end = (
+            span._resource, span._instrumentation_scope, span._name, span._start_time, span._end_time
+        )
     else:
-        ctx, parent, attrs, events, links = span.get_span_context(), span.parent, span.attributes, span.events, span.links
+        ctx, parent, attrs, events, links = (
+            span.get_span_context(), span.parent, span.attributes, span.events, span.links
+        )
         resource, scope, status = span.resource, span.instrumentation_scope, span.status
         name, kind, start, end = span.name, span.kind, span.start_time, span.end_time
         dropped = (span.dropped_attributes, span.dropped_events, span.dropped_links)
@@ -330,7 +336,10 @@ def encode_snapshot(snap: tuple[Any, ...]) -> tuple[bytes, bytes, bytes]:
         parts += [_ld(b"\x6a", _link(link)) for link in links]
     if dropped_links:
         parts.append(b"\x70" + _varint(dropped_links))
-    parts.append(_STATUS_UNSET if not status_code and not status_description else _status(status_code, status_description))
+    parts.append(
+        _STATUS_UNSET if not status_code and not status_description else _status(status_code, status_description)
+    )
+
     parts.append(_SPAN_FLAGS[_FLAGS_REMOTE if parent_remote else _FLAGS_LOCAL])
     return resource_part, scope_part, _ld(b"\x12", b"".join(parts))
 

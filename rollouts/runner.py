@@ -195,7 +195,9 @@ class RolloutRunner:
         if self._on_end is None or reason is None or (reason == "crashed" and self._agent.end_reason is None):
             return
         await asyncio.to_thread(
-            self._on_end, spec.rollout_id, reason, error=error, task_id=spec.task_id, attempt=spec.attempt, mode=spec.mode
+            self._on_end, spec.rollout_id, reason,
+            error=error, task_id=spec.task_id, attempt=spec.attempt, mode=spec.mode,
+
         )
 
     def close(self) -> None:

@@ -67,7 +67,9 @@ class InProcessTracing:
             else:
                 cls._processor.force_flush()  # what the previous run's agents produced goes to its collector
             cls._instrument_openai(endpoint is not None)
-            old, cls._exporter = cls._exporter, (FastOTLPSpanExporter(endpoint=endpoint, insecure=True) if endpoint else None)
+            new = FastOTLPSpanExporter(endpoint=endpoint, insecure=True) if endpoint else None
+            old, cls._exporter = cls._exporter, new
+
             if old is not None:
                 old.shutdown()
 

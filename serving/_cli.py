@@ -29,12 +29,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="OTLP/gRPC endpoint for the server's spans; 'none' to export nothing",
     )
     p.add_argument("--max-body-bytes", type=int, default=None,
-                   help="largest request body; larger gets 413 unread (env SPANRL_POLICY_MAX_BODY_BYTES, default 4 MiB)")
+                   help="largest request body; larger gets 413 unread "
+                        "(env SPANRL_POLICY_MAX_BODY_BYTES, default 4 MiB)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     add_token_option(p, "--admin-token", "token POST /v1/weights/reload needs; the route is off without it "
                      "(env SPANRL_POLICY_ADMIN_TOKEN)")
     p.add_argument("--checkpoint-root", default=None,
-                   help="the folder reloads may load weights from (local files only; env SPANRL_POLICY_CHECKPOINT_ROOT)")
+                   help="the folder reloads may load weights from "
+                        "(local files only; env SPANRL_POLICY_CHECKPOINT_ROOT)")
+
     add_token_option(p, "--collector-token", "bearer token sent with the server's spans: the collector's policy token "
                      "(env SPANRL_COLLECTOR_POLICY_TOKEN, else SPANRL_COLLECTOR_TOKEN)")
     p.add_argument("--no-content", action="store_true", help="do not record message contents on spans")

@@ -104,7 +104,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestError)
     async def _request_error(_: Request, exc: RequestError) -> JSONResponse:
-        return JSONResponse(error_body(exc.message, type=exc.type, param=exc.param, code=exc.code), status_code=exc.status)
+        return JSONResponse(error_body(exc.message, type=exc.type, param=exc.param, code=exc.code),
+                            status_code=exc.status)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
@@ -244,7 +245,10 @@ def _prompts(tokenizer: Any, prompt: Any) -> list[tuple[list[int], str]]:
         if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
             bad = [t for t in value if not 0 <= t < len(tokenizer)]
             if bad:
-                raise RequestError(f"{where} has token ids outside the vocabulary (0..{len(tokenizer) - 1}): {bad[:5]}", param=where)
+                raise RequestError(
+                    f"{where} has token ids outside the vocabulary (0..{len(tokenizer) - 1}): {bad[:5]}", param=where
+                )
+
             return list(value), tokenizer.decode(value)
         raise RequestError(f"{where} must be a non-empty string or list of token ids", param=where)
 

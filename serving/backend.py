@@ -121,4 +121,7 @@ def check_finite_weights(state: Any) -> None:
            if torch.is_tensor(tensor) and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise ServingError(f"weights: {bad[0]} is not finite (NaN or inf){more}; refused, the previous weights are still served")
+        raise ServingError(
+            f"weights: {bad[0]} is not finite (NaN or inf){more}; refused, the previous weights are still served"
+        )
+

@@ -35,10 +35,12 @@ def _text_of(content: Any, where: str) -> str:
         for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise RequestError(f"{where}[{j}] must be a text part {{'type': 'text', 'text': ...}}, got {kind!r}", param=f"{where}[{j}]")
+                raise RequestError(f"{where}[{j}] must be a text part {{'type': 'text', 'text': ...}}, got {kind!r}",
+                                   param=f"{where}[{j}]")
             texts.append(part["text"])
         return "".join(texts)
-    raise RequestError(f"{where} must be a string, a list of text parts or null, got {type(content).__name__}", param=where)
+    raise RequestError(f"{where} must be a string, a list of text parts or null, got {type(content).__name__}",
+                       param=where)
 
 
 def _arguments(value: Any, where: str) -> dict[str, Any]:
@@ -72,7 +74,8 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
         calls = msg.get("tool_calls")
         if calls:
             if role != "assistant" or not isinstance(calls, list):
-                raise RequestError(f"{where}.tool_calls must be a list on an assistant message", param=f"{where}.tool_calls")
+                raise RequestError(f"{where}.tool_calls must be a list on an assistant message",
+                                   param=f"{where}.tool_calls")
             norm["tool_calls"] = []
             for j, call in enumerate(calls):
                 cw = f"{where}.tool_calls[{j}]"
@@ -81,7 +84,8 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
                     raise RequestError(f"{cw}.function.name must be a non-empty string", param=f"{cw}.function.name")
                 args = _arguments(fn.get("arguments", {}), f"{cw}.function.arguments")
                 norm["tool_calls"].append(
-                    {"id": call.get("id") or _call_id(), "type": "function", "function": {"name": fn["name"], "arguments": args}}
+                    {"id": call.get("id") or _call_id(), "type": "function",
+                     "function": {"name": fn["name"], "arguments": args}}
                 )
         elif msg.get("content") is None and role != "assistant":
             raise RequestError(f"{where}.content is required for role {role!r}", param=f"{where}.content")
@@ -105,10 +109,13 @@ def normalize_tools(tools: Any) -> list[dict[str, Any]] | None:
         if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(fn, dict):
             raise RequestError(f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}", param=f"tools[{i}]")
         if not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise RequestError(f"tools[{i}].function.name must be a non-empty string", param=f"tools[{i}].function.name")
+            raise RequestError(f"tools[{i}].function.name must be a non-empty string",
+                               param=f"tools[{i}].function.name")
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
-            raise RequestError(f"tools[{i}].function.parameters must be a JSON schema object", param=f"tools[{i}].function.parameters")
+            raise RequestError(f"tools[{i}].function.parameters must be a JSON schema object",
+                               param=f"tools[{i}].function.parameters")
+
     return tools
 
 

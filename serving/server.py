@@ -37,11 +37,14 @@ def _load_backend(config: ServerConfig) -> Backend:
     if config.backend == "vllm":
         from spanrl.serving.vllm_backend import VLLMBackend
 
-        return VLLMBackend(model_dir, dtype=config.dtype, max_context_tokens=config.max_context_tokens, seed=config.seed)
+        return VLLMBackend(model_dir, dtype=config.dtype, max_context_tokens=config.max_context_tokens,
+                           seed=config.seed)
     from spanrl.serving.hf_backend import TransformersBackend
 
     return TransformersBackend(
-        model_dir, device=config.device, dtype=config.dtype, max_context_tokens=config.max_context_tokens, seed=config.seed
+        model_dir, device=config.device, dtype=config.dtype, max_context_tokens=config.max_context_tokens,
+        seed=config.seed,
+
     )
 
 

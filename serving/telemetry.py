@@ -49,7 +49,9 @@ class SpanRecorder:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
             url = endpoint if "://" in endpoint else f"http://{endpoint}"
-            exporter = OTLPSpanExporter(endpoint=url, insecure=url.startswith("http://"), headers=dict(headers or {}) or None)
+            exporter = OTLPSpanExporter(endpoint=url, insecure=url.startswith("http://"),
+                                        headers=dict(headers or {}) or None)
+
         if exporter is not None:
             self._provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=_EXPORT_DELAY_MILLIS))
         self._tracer = self._provider.get_tracer(_SCOPE_NAME, __version__)

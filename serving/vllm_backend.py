@@ -36,7 +36,12 @@ class VLLMBackend:
     """A vLLM ``LLM`` behind the ``Backend`` interface."""
 
     def __init__(
-        self, model_dir: str | pathlib.Path, *, dtype: str = "auto", max_context_tokens: int | None = None, seed: int = 0
+        self,
+        model_dir: str | pathlib.Path,
+        *,
+        dtype: str = "auto",
+        max_context_tokens: int | None = None,
+        seed: int = 0,
     ) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # one process: tensors reach the worker
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", _CPU_KVCACHE_GIB)
@@ -111,7 +116,9 @@ class VLLMBackend:
         top = []
         if req.params.top_logprobs:
             top = [
-                sorted(((int(k), float(v.logprob)) for k, v in step.items()), key=lambda kv: -kv[1])[: req.params.top_logprobs]
+                sorted(((int(k), float(v.logprob)) for k, v in step.items()),
+                       key=lambda kv: -kv[1])[: req.params.top_logprobs]
+
                 for step in steps
             ]
         if req.on_token is not None:

@@ -34,7 +34,9 @@ _COMMAND_MODULES = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spanrl", description="Train agents with RL from their OpenTelemetry traces.")
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO; train and demo log to a file)")
+    parser.add_argument("--log-level", default="INFO",
+                        help="logging level (default INFO; train and demo log to a file)")
+
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)

@@ -140,7 +140,9 @@ def browser_refusal(method: str, headers: Mapping[str, str], *, bound_host: str,
         ctype = headers.get("content-type", "").split(";")[0].strip().lower()
         allowed = tuple(content_types)
         if ctype not in allowed:
-            return 415, f"Content-Type {ctype or 'none'!r} is not accepted on {method.upper()}; use {' or '.join(allowed)}"
+            return 415, (f"Content-Type {ctype or 'none'!r} is not accepted on {method.upper()}; "
+                         f"use {' or '.join(allowed)}")
+
     return None
 
 

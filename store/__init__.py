@@ -13,4 +13,7 @@ from spanrl.store._spanstore import READ_STATEMENT_TYPES, SpanStore
 from spanrl.store.maintenance import EXPORT_TABLES, export_parquet, parse_duration_s, prune
 from spanrl.store.remote import RemoteStore
 
-__all__ = ["EXPORT_TABLES", "READ_STATEMENT_TYPES", "RemoteStore", "SpanStore", "export_parquet", "parse_duration_s", "prune"]
+__all__ = [
+    "EXPORT_TABLES", "READ_STATEMENT_TYPES", "RemoteStore", "SpanStore", "export_parquet", "parse_duration_s", "prune",
+]
+

@@ -19,7 +19,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("sql", help="SQL over the span store (through a running collector, or the file)")
     p.add_argument("query", help='one read statement, e.g. "SELECT * FROM rollouts"')
     add_store_options(p)
-    p.add_argument("--format", "-f", default="table", choices=("table", "csv", "json", "parquet"), help="output format (default table)")
+    p.add_argument("--format", "-f", default="table", choices=("table", "csv", "json", "parquet"),
+                   help="output format (default table)")
+
     p.add_argument("--output", "-o", default=None, help="write to this file instead of stdout")
     p.set_defaults(func=_sql)
 

@@ -47,7 +47,11 @@ def write_result(table: pa.Table, fmt: str, out: BinaryIO) -> None:
         writer = csv.writer(text, lineterminator="\n")
         writer.writerow(table.column_names)
         for row in table.to_pylist():
-            writer.writerow(["" if v is None else (orjson.dumps(v, default=str).decode() if isinstance(v, (list, dict)) else v) for v in row.values()])
+            writer.writerow([
+                "" if v is None else (orjson.dumps(v, default=str).decode() if isinstance(v, (list, dict)) else v)
+                for v in row.values()
+            ])
+
         out.write(text.getvalue().encode())
     elif fmt == "json":
         out.write(orjson.dumps(table.to_pylist(), default=str) + b"\n")

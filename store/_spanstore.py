@@ -257,7 +257,9 @@ class SpanStore:
             try:
                 return cur.sql(query, params=params).to_arrow_table()
             except duckdb.InterruptException:
-                raise StoreError(f"SQL interrupted: it ran longer than the time limit of {timeout_s:g} s (sql_timeout_s)") from None
+                raise StoreError(
+                    f"SQL interrupted: it ran longer than the time limit of {timeout_s:g} s (sql_timeout_s)"
+                ) from None
             except duckdb.Error as exc:
                 raise StoreError(f"SQL failed: {exc}") from exc
             finally:
@@ -332,8 +334,11 @@ def _check_not_truncated(con: duckdb.DuckDBPyConnection, path: str) -> None:
     expected, actual = _FILE_HEADERS_BYTES + int(total_blocks) * int(block_size), Path(path).stat().st_size
     if actual < expected:
         raise StoreError(
-            f"the span store {path!r} is damaged: the file has {actual} bytes, its header names {total_blocks} blocks of "
-            f"{block_size} ({expected} bytes); it was truncated or only partly copied. Restore it from a backup, or move "
+            f"the span store {path!r} is damaged: the file has {actual} bytes, "
+            f"its header names {total_blocks} blocks of "
+            f"{block_size} ({expected} bytes); it was truncated or only partly copied. "
+            "Restore it from a backup, or move "
+
             "it away to start a new store"
         )
 

@@ -23,7 +23,9 @@ def add_store_options(p: argparse.ArgumentParser) -> None:
     from spanrl.trust import add_token_option
 
     add_token_option(p, "--token", "bearer token for the collector: its read token for SQL and export, its admin token "
-                     "for prune and materialize (env SPANRL_COLLECTOR_READ_TOKEN / _ADMIN_TOKEN, else SPANRL_COLLECTOR_TOKEN)")
+                     "for prune and materialize "
+                     "(env SPANRL_COLLECTOR_READ_TOKEN / _ADMIN_TOKEN, else SPANRL_COLLECTOR_TOKEN)")
+
 
 
 def remote_store(args: argparse.Namespace, *, scope: str = "read") -> Any:

@@ -48,10 +48,11 @@ _EVENT_SCHEMA_JSON = '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "J
 _REWARD_EVENTS = (sc.REWARD_SPAN_NAME, sc.GEN_AI_EVALUATION_RESULT_EVENT)
 # A call row of the result, selected by both call branches of the statement: its light columns (out_calls
 # f), the server span's (sx) arrays and the temperature its log-probs were computed at.
-_CALL_SELECT = f"""SELECT 'call' AS row_kind, f.* EXCLUDE (s_rid, c_rid, has_ids),
+_CALL_SELECT = (f"""SELECT 'call' AS row_kind, f.* EXCLUDE (s_rid, c_rid, has_ids),
        sx.prompt_token_ids AS prompt_ids, sx.completion_token_ids AS completion_ids, sx.logprobs,
        coalesce(TRY_CAST(sx.attributes ->> '$."{sc.LLM_LOGPROBS_TEMPERATURE}"' AS DOUBLE),
-                nullif(TRY_CAST(sx.attributes ->> '$."{sc.GEN_AI_REQUEST_TEMPERATURE}"' AS DOUBLE), 0.0)) AS temperature"""
+                nullif(TRY_CAST(sx.attributes ->> '$."{sc.GEN_AI_REQUEST_TEMPERATURE}"' AS DOUBLE), 0.0))"""
+                " AS temperature")
 _RF, _CF, _OC, _SR = "__ROLLOUT_FILTER__", "__CALL_FILTER__", "__OUT_CALL_COLUMNS__", "__STEP_REWARDS_JOIN__"
 # The light call columns (out_calls below) as SQL. A caller asks for those it reads (`call_columns`): the
 # rest cost nothing (`rewards_after` is a grouping and a join: with the span ids ~0.1 s CPU of 0.7 for 50k).
@@ -210,7 +211,8 @@ call1 AS (
 ),
 calls AS (
     SELECT *,
-           (row_number() OVER (PARTITION BY rollout_id ORDER BY order_ns, coalesce(s_span, c_span)) - 1)::INTEGER AS step,
+           (row_number() OVER (PARTITION BY rollout_id ORDER BY order_ns, coalesce(s_span, c_span)) - 1)::INTEGER
+               AS step,
            (count(*) OVER (PARTITION BY rollout_id))::INTEGER AS rollout_calls,
            hash(w_trace, w_span) AS w_key
     FROM call1
@@ -247,7 +249,8 @@ agents AS (
 -- rewards: span attributes and events, one row each, placed after the last call that ended before them
 rw0 AS MATERIALIZED (  -- no OR across columns: each scan is filtered before it reads the rest (-0.01 s)
     SELECT trace_id, span_id, rid AS copy_rid, rollout_id, end_ns AS time_ns, ingested_ns,
-           coalesce(reward_name, '{sc.DEFAULT_REWARD_NAME}') AS name, usable_reward(reward_value) AS value, 'span' AS source
+           coalesce(reward_name, '{sc.DEFAULT_REWARD_NAME}') AS name, usable_reward(reward_value) AS value,
+           'span' AS source
     FROM rollout_spans(__SINCE__)
     WHERE reward_value IS NOT NULL
     UNION ALL  -- a reward span without a value: NaN
@@ -351,7 +354,7 @@ LEFT JOIN dups d USING (rollout_id)
 LEFT JOIN dup_calls dc USING (rollout_id)
 LEFT JOIN lates l USING (rollout_id)
 LEFT JOIN orphans o USING (rollout_id)
-"""  # no ORDER BY: sorting the token arrays in DuckDB cost more than the rest of the rows; store/decomposer.py sorts
+"""  # no ORDER BY: sorting the token arrays in DuckDB cost more than the rest; store/decomposer.py sorts
 
 
 
@@ -372,7 +375,9 @@ def rollout_filter(sel: Selection, params: dict[str, Any]) -> str:
     return " AND ".join(clauses)
 
 
-def call_filter(sel: Selection, params: dict[str, Any], agent: str = "a.agent", version: str = "c.policy_version") -> str:
+def call_filter(
+    sel: Selection, params: dict[str, Any], agent: str = "a.agent", version: str = "c.policy_version"
+) -> str:
     clauses = ["TRUE"]
     if sel.agents is not None:
         params["agents"] = list(sel.agents)
@@ -384,7 +389,10 @@ def call_filter(sel: Selection, params: dict[str, Any], agent: str = "a.agent", 
 
 
 
-def statement(sel: Selection, columns: Sequence[str], params: dict[str, Any], *, rollouts_also: str = "TRUE", since: str = "0") -> str:
+def statement(
+    sel: Selection, columns: Sequence[str], params: dict[str, Any], *, rollouts_also: str = "TRUE", since: str = "0"
+) -> str:
+
     """``sel``'s rollouts that pass ``rollouts_also`` (SQL), reading spans ingested at or after ``since`` (SQL)."""
     light = [f"{LIGHT_CALL_SQL[c]} AS {c}" for c in columns if c in LIGHT_CALL_SQL]
     return (SQL.replace("__SINCE__", since).replace(_RF, f"({rollout_filter(sel, params)}) AND ({rollouts_also})")

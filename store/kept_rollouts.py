@@ -55,7 +55,8 @@ _COLUMNS = (
     ("client_span_id", "VARCHAR"), ("prompt_ids", "INTEGER[]"), ("completion_ids", "INTEGER[]"),
     ("logprobs", "FLOAT[]"), ("temperature", "DOUBLE"), ("input_messages", "VARCHAR"),
     ("output_messages", "VARCHAR"), ("name", "VARCHAR"), ("value", "DOUBLE"), ("time_ns", "BIGINT"),
-    ("source", "VARCHAR"), ("ingested_ns", "BIGINT"), ("status", "VARCHAR"), ("ended_by", "VARCHAR"), ("start_ns", "BIGINT"),
+    ("source", "VARCHAR"), ("ingested_ns", "BIGINT"), ("status", "VARCHAR"), ("ended_by", "VARCHAR"),
+    ("start_ns", "BIGINT"),
     ("end_ns", "BIGINT"), ("span_count", "BIGINT"), ("duplicate_spans", "HUGEINT"), ("late_arrivals", "BIGINT"),
     ("orphan_calls", "BIGINT"), ("duplicate_calls", "BIGINT"), ("first_ingested_ns", "BIGINT"),
 )
@@ -67,7 +68,8 @@ _MATERIALIZING = threading.Lock()  # one run at a time in this process (two woul
 _CLEAN_CTES = f"""kept_sel AS (  -- kept rollouts of this version that the selection takes; every row the last run
     -- left was clean up to its watermark (its 'open' row without rollout), so "fresh" stays short
     SELECT rollout_id, greatest(watermark_ns, (SELECT max(watermark_ns) FROM decomposed
-                                               WHERE version = '{VERSION}' AND row_kind = 'open' AND rollout_id IS NULL)) AS watermark_ns
+                                               WHERE version = '{VERSION}' AND row_kind = 'open'
+                                                 AND rollout_id IS NULL)) AS watermark_ns
     FROM decomposed
     WHERE version = '{VERSION}' AND row_kind = 'rollout' AND __KEPT_FILTER__
 ),
@@ -90,10 +92,14 @@ kept_clean AS (
 ),
 live_since AS MATERIALIZED (  -- the oldest span of a rollout read live: of those open at the last run (its
     -- 'open' rows; the one without rollout: spans after it), of the dirty ones; 0 before any run (or after prune)
-    SELECT CASE WHEN EXISTS (SELECT 1 FROM decomposed WHERE version = '{VERSION}' AND row_kind = 'open' AND rollout_id IS NULL)
-           THEN least((SELECT min(first_ingested_ns) FROM decomposed WHERE version = '{VERSION}' AND row_kind = 'open'),
-                      (SELECT min(first_ingested_ns) FROM decomposed WHERE version = '{VERSION}' AND row_kind = 'rollout'
-                       AND rollout_id IN (SELECT rollout_id FROM kept_sel) AND rollout_id NOT IN (SELECT rollout_id FROM kept_clean)))
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM decomposed WHERE version = '{VERSION}' AND row_kind = 'open'
+                                                       AND rollout_id IS NULL)
+           THEN least((SELECT min(first_ingested_ns) FROM decomposed
+                       WHERE version = '{VERSION}' AND row_kind = 'open'),
+                      (SELECT min(first_ingested_ns) FROM decomposed
+                       WHERE version = '{VERSION}' AND row_kind = 'rollout'
+                       AND rollout_id IN (SELECT rollout_id FROM kept_sel)
+                       AND rollout_id NOT IN (SELECT rollout_id FROM kept_clean)))
            ELSE 0 END AS since
 ),
 """
@@ -185,7 +191,9 @@ def prepare(con: duckdb.DuckDBPyConnection, *, read_only: bool) -> bool:
     """Make ``decomposed`` exist with this version's columns (SpanStore.open): kept rows are a cache, so
     a table of other columns is replaced. False: a read-only store without it (reads then go live)."""
     have = con.execute("SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = 'decomposed' "
-                       "AND schema_name = 'main' AND database_name = current_database() ORDER BY column_index").fetchall()
+                       "AND schema_name = 'main' AND database_name = current_database() ORDER BY column_index"
+                       ).fetchall()
+
     if [tuple(c) for c in have] == list(_COLUMNS):
         return True
     if read_only:

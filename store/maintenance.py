@@ -30,7 +30,10 @@ def parse_duration_s(text: str) -> float:
     return float(m.group(1)) * _UNIT_S[m.group(2)]
 
 
-def export_parquet(source: SpanStore | RemoteStore, out_dir: str | Path, *, tables: tuple[str, ...] = EXPORT_TABLES) -> list[Path]:
+def export_parquet(
+    source: SpanStore | RemoteStore, out_dir: str | Path, *, tables: tuple[str, ...] = EXPORT_TABLES
+) -> list[Path]:
+
     """Write each of ``tables`` to ``out_dir/<name>.parquet``; return the paths written.
 
     A local store streams with DuckDB's COPY; a remote one (a running collector) is fetched as Arrow.

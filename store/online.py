@@ -11,12 +11,14 @@ arrives later), so ``(ready_ns, rollout_id)`` is a watermark: everything at or b
 
 Rewards are ``rollout_rewards``' rows (the agent's own reward spans and events) plus late feedback
 (``spanrl.feedback`` spans, ``docs/conventions.md``), each resolved to its rollout by its key:
-``gen_ai.response.id`` -> the one rollout of the policy server's (SERVER) calls with that id, ``spanrl.feedback.trace_id`` ->
-the rollout of that trace (``trace_rollouts``), else ``spanrl.rollout.id``; a key two rollouts claim
-resolves to none. Spans belong to rollouts by ``rollout_spans``; every macro reads only spans ingested
-since the horizon less ``max_age_s``, so a poll costs the same however large the store grows. Several rewards combine by one rule: **the
-latest stored wins** (by the collector's ``ingested_ns``, then the sender's timestamp within one commit: a
-later judgment corrects an earlier one, and a verdict stamped in the far future does not win forever).
+``gen_ai.response.id`` -> the one rollout of the policy server's (SERVER) calls with that id,
+``spanrl.feedback.trace_id`` -> the rollout of that trace (``trace_rollouts``), else ``spanrl.rollout.id``;
+a key two rollouts claim resolves to none. Spans belong to rollouts by ``rollout_spans``; every macro reads
+only spans ingested since the horizon less ``max_age_s``, so a poll costs the same however large the store
+grows. Several rewards combine by one rule: **the latest stored wins** (by the collector's ``ingested_ns``,
+then the sender's timestamp within one commit: a later judgment corrects an earlier one, and a verdict
+stamped in the far future does not win forever).
+
 Unusable rewards (non-finite, out of range: ``store/views.sql``'s ``reward_usable``) never win; a rollout
 with only such rewards is still ready, with ``reward`` None, so the trainer can quarantine it.
 
@@ -167,8 +169,10 @@ def ready_rollouts(
 ) -> list[ReadyRollout]:
     """Rollouts ready after ``watermark`` and at least ``settle_s`` before ``now``, oldest first.
 
-    Only rollouts whose spans were all ingested after ``horizon_ns`` are considered. Feedback that first arrives more than
-    ``max_age_s`` after its rollout completed is ignored (the rollout was counted as aged out).
+    Only rollouts whose spans were all ingested after ``horizon_ns`` are considered. Feedback that first
+    arrives more than ``max_age_s`` after its rollout completed is ignored (the rollout was counted as aged
+    out).
+
     """
     params = _params(now, horizon_ns, quiet_s=quiet_s, max_age_s=max_age_s, reward_name=reward_name)
     params.update({"settle_ns": int(settle_s * _NS_PER_S), "wm_ns": watermark.ready_ns, "wm_id": watermark.rollout_id,

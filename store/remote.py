@@ -53,7 +53,9 @@ class RemoteStore:
         headers = {"content-type": "application/json", "accept": accept}
         if self._token:
             headers["authorization"] = f"Bearer {self._token}"
-        request = urllib.request.Request(f"{self.url}{path}", data=json.dumps(doc).encode(), headers=headers, method="POST")
+        request = urllib.request.Request(f"{self.url}{path}", data=json.dumps(doc).encode(), headers=headers,
+                                         method="POST")
+
         try:
             with urllib.request.urlopen(request, timeout=self._timeout_s) as resp:
                 return resp.read()

@@ -25,7 +25,8 @@ def register(subparsers: Any) -> None:
         "train", help="the training loop, from a YAML config",
         description="Train from a YAML (or JSON) config: model, agent, tasks, algorithm and the loop's settings.",
         epilog=f"Every key, its default and meaning: {DOCS} (in the spanrl source); each example ships a "
-               "train.yaml (examples/*/train.yaml) that runs as is. An unknown key is an error naming the nearest valid one.",
+               "train.yaml (examples/*/train.yaml) that runs as is. "
+               "An unknown key is an error naming the nearest valid one.",
     )
     train.add_argument("config", help="YAML or JSON file with the Trainer's settings")
     train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in output_dir")
@@ -34,13 +35,15 @@ def register(subparsers: Any) -> None:
     train.add_argument("--json", action="store_true", help="end with one JSON line summing the run up (for scripts)")
     output_options(train)
     train.add_argument("--online", action="store_true",
-                       help="follow a running collector and policy server: train on live traffic (trainer/online_cli.py)")
+                       help="follow a running collector and policy server: train on live traffic "
+                            "(trainer/online_cli.py)")
     train.set_defaults(func=_train)
 
 
 def output_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar and step lines")
-    parser.add_argument("--verbose", "-v", action="store_true", help="log lines and third-party output on the terminal too")
+    parser.add_argument("--verbose", "-v", action="store_true",
+                        help="log lines and third-party output on the terminal too")
 
 
 def log_file(output_dir: Path, args: argparse.Namespace) -> Path:
@@ -79,7 +82,8 @@ def _train(args: argparse.Namespace) -> int:
     trainer = build_trainer(raw, base=path.parent)
     history = trainer.train()
     last = history[-1] if history else {}
-    summary = {"step": trainer.step, "output_dir": str(trainer.output_dir), **{k: last[k] for k in _SUMMARY_KEYS if k in last}}
+    summary = {"step": trainer.step, "output_dir": str(trainer.output_dir),
+               **{k: last[k] for k in _SUMMARY_KEYS if k in last}}
     print(_summary_line(summary))
     if args.json:
         print(json.dumps(summary))
@@ -88,7 +92,9 @@ def _train(args: argparse.Namespace) -> int:
 
 def _summary_line(summary: dict[str, Any]) -> str:
     parts = [f"done: {summary['step']} steps"]
-    for key, label in (("reward_mean", "reward"), ("val_success", "held-out success"), ("apo/best_score", "best prompt score")):
+    labels = (("reward_mean", "reward"), ("val_success", "held-out success"), ("apo/best_score", "best prompt score"))
+    for key, label in labels:
+
         if isinstance(summary.get(key), (int, float)):
             parts.append(f"{label} {summary[key]:.2f}")
     return ", ".join(parts) + f"; output in {summary['output_dir']}"

@@ -19,7 +19,8 @@ from spanrl.rollouts.runner import RolloutJob, RunnerConfig
 
 __all__ = [
     "APO_RESULT_FILE", "CHECKPOINT_PREFIX", "CONFIG_FILE", "CURVE_FILE", "DB_FILE", "HISTORY_FILE", "LOG_FILE",
-    "ROLLOUTS_FILE", "SERVED_MODEL_NAME", "TRAINER_STATE_FILE", "TrainerConfig", "check_arguments", "jobs_of", "run_description",
+    "ROLLOUTS_FILE", "SERVED_MODEL_NAME", "TRAINER_STATE_FILE", "TrainerConfig", "check_arguments", "jobs_of",
+    "run_description",
 ]
 
 CHECKPOINT_PREFIX = "checkpoint-"
@@ -144,7 +145,9 @@ def jobs_of(tasks: Sequence[Any]) -> list[RolloutJob]:
     return jobs
 
 
-def check_arguments(cfg: TrainerConfig, model: str | Path, tasks: Sequence[Any], algorithm: Any, prompt_template: str | None) -> bool:
+def check_arguments(
+    cfg: TrainerConfig, model: str | Path, tasks: Sequence[Any], algorithm: Any, prompt_template: str | None
+) -> bool:
     """Refuse what cannot train (naming the argument); True when ``algorithm`` optimises the prompt (APO)."""
     if not Path(model).is_dir():
         raise ConfigError(f"model must be a Hugging Face model folder, got {str(model)!r} (not a directory)")
@@ -152,7 +155,8 @@ def check_arguments(cfg: TrainerConfig, model: str | Path, tasks: Sequence[Any],
         raise ConfigError("tasks must hold at least one task")
     if cfg.tasks_per_step > len(tasks):
         raise ConfigError(f"tasks_per_step ({cfg.tasks_per_step}) is larger than the number of tasks ({len(tasks)})")
-    optimizes_prompt = callable(getattr(algorithm, "optimize", None)) and not callable(getattr(algorithm, "update", None))
+    optimizes_prompt = (callable(getattr(algorithm, "optimize", None))
+                        and not callable(getattr(algorithm, "update", None)))
     if prompt_template is not None and not isinstance(prompt_template, str):
         raise ConfigError(f"prompt_template must be a string, got {type(prompt_template).__name__}")
     if optimizes_prompt:
@@ -163,7 +167,9 @@ def check_arguments(cfg: TrainerConfig, model: str | Path, tasks: Sequence[Any],
     else:
         for name in ("setup", "update", "save", "load_state"):
             if not callable(getattr(algorithm, name, None)):
-                raise ConfigError(f"algorithm must be an Algorithm (GRPO(...), SFT(...), APO(...), ...); it has no {name}()")
+                raise ConfigError(
+                    f"algorithm must be an Algorithm (GRPO(...), SFT(...), APO(...), ...); it has no {name}()"
+                )
     algo_temperature = getattr(getattr(algorithm, "config", None), "temperature", None)
     if isinstance(algo_temperature, (int, float)) and cfg.temperature > 0 and algo_temperature != cfg.temperature:
         raise ConfigError(
@@ -185,7 +191,10 @@ def run_description(trainer: Any) -> dict[str, Any]:
             "name": type(trainer.algorithm).__name__,
             **(dataclasses.asdict(algo_cfg) if dataclasses.is_dataclass(algo_cfg) else {}),
         },
-        "credit": dataclasses.asdict(trainer.credit) if dataclasses.is_dataclass(trainer.credit) else repr(trainer.credit),
+        "credit": (
+            dataclasses.asdict(trainer.credit) if dataclasses.is_dataclass(trainer.credit) else repr(trainer.credit)
+        ),
+
         "prompt_template": trainer.prompt_template,
         "n_tasks": len(trainer.tasks),
         "n_val_tasks": len(trainer.val_tasks),

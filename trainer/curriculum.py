@@ -180,7 +180,10 @@ def train_with_curriculum(curriculum: Curriculum, make_trainer: Callable[[list[M
         by_id: dict[str, Mapping[str, Any]] = {}
         for i, task in enumerate(tasks):
             if "id" not in task:
-                raise ConfigError(f"train_with_curriculum needs an 'id' in every task; task {i} has none: {dict(task)!r}")
+                raise ConfigError(
+                    f"train_with_curriculum needs an 'id' in every task; task {i} has none: {dict(task)!r}"
+                )
+
             by_id.setdefault(str(task["id"]), task)
         started_ns = time.time_ns()
         trainer = make_trainer(list(by_id.values()), min(max_steps, step + steps_per_round), step > 0)

@@ -46,7 +46,10 @@ def search_prompt(trainer: Trainer) -> None:
             "step": step, "rollouts_ok": len(ok), "rollouts_failed": sum(not r.ok for r in results),
             "reward_mean": mean, "prompt_template": template, "time/step_s": time.perf_counter() - started,
         })
-        examples = [f"task {json.dumps(tasks[task_id])[:_EXAMPLE_CHARS]} -> reward {reward:g}" for reward, task_id in outcomes]
+        examples = [
+            f"task {json.dumps(tasks[task_id])[:_EXAMPLE_CHARS]} -> reward {reward:g}" for reward, task_id in outcomes
+        ]
+
         return Evaluation(score=mean, examples=examples)
 
     result = trainer.algorithm.optimize(trainer.prompt_template, score)

@@ -70,7 +70,9 @@ class Services:
         self.collector.start()
         self._stack.callback(self._stop, "collector", self.collector.shutdown)
 
-    def start_rest(self, *, agent: Any, serve_from: Path, config: TrainerConfig, ready: ReadyFn, output_dir: Path) -> None:
+    def start_rest(
+        self, *, agent: Any, serve_from: Path, config: TrainerConfig, ready: ReadyFn, output_dir: Path
+    ) -> None:
         """The policy server on ``serve_from`` (in a pool with the servers the Trainer did not start), the
         runner, and tracing of a callable agent."""
         embedded = start_policy_server(
@@ -84,7 +86,9 @@ class Services:
         if callable(agent):
             InProcessTracing.point_at(otel_env["OTEL_EXPORTER_OTLP_ENDPOINT"])
             self._stack.callback(self._stop, "tracing", lambda: InProcessTracing.point_at(None))
-        self.runner = RolloutRunner(agent, config=config.runner, ready=ready, otel_env=otel_env, flush=self.server.force_flush,
+        self.runner = RolloutRunner(agent, config=config.runner, ready=ready, otel_env=otel_env,
+                                    flush=self.server.force_flush,
+
                                     on_end=functools.partial(store_rollouts.record_end, self.collector.store))
         self._stack.callback(self._stop, "runner", self.runner.close)
 

@@ -15,8 +15,9 @@ Every key, its default and its meaning: ``docs/train-config.md``. In short::
     runner: {workers: 4, rollout_timeout_s: 60}      # any RunnerConfig field
 
 Paths of files the config names (tasks, model, ``words_file``) are relative to the config's folder;
-``output_dir`` is relative to the current folder, as on the command line. In ``agent``, a word naming a file next to the config is made
-absolute and a leading ``python`` is the Python running spanrl, so the config runs from any folder.
+``output_dir`` is relative to the current folder, as on the command line. In ``agent``, a word naming a
+file next to the config is made absolute and a leading ``python`` is the Python running spanrl, so the
+config runs from any folder.
 An unknown key is an error naming the nearest valid one.
 """
 
@@ -36,8 +37,8 @@ from spanrl.errors import ConfigError
 __all__ = ["TOP_LEVEL_KEYS", "TINY_KEYS", "build_trainer", "load_tasks"]
 
 DOCS = "docs/train-config.md"
-TOP_LEVEL_KEYS = ("model", "agent", "tasks", "val_tasks", "task_defaults", "algorithm", "credit", "prompt_template", "runner",
-                  "serving")
+TOP_LEVEL_KEYS = ("model", "agent", "tasks", "val_tasks", "task_defaults", "algorithm", "credit", "prompt_template",
+                  "runner", "serving")
 TINY_KEYS = ("words", "words_file", "words_from_tasks", "hidden_size", "num_layers", "num_heads", "intermediate_size",
              "seed", "max_position_embeddings")
 _TINY_FOLDER = "model"
@@ -52,8 +53,9 @@ def check_keys(raw: Mapping[str, Any], valid: Iterable[str], *, section: str = "
         near = difflib.get_close_matches(str(key), valid, n=1)
         hint = f"; did you mean {near[0]!r}?" if near else ""
         name = f"{section}.{key}" if section else repr(key)
-        kind = {"": "a trainer", "runner": "a runner", "credit": "a credit", "model.tiny": "a tiny model",
-                "algorithm": "an algorithm", "algorithm.lora": "a LoRA", "serving": "a serving"}.get(section, f"a {section}")
+        kinds = {"": "a trainer", "runner": "a runner", "credit": "a credit", "model.tiny": "a tiny model",
+                 "algorithm": "an algorithm", "algorithm.lora": "a LoRA", "serving": "a serving"}
+        kind = kinds.get(section, f"a {section}")
         raise ConfigError(f"{name} is not {kind} setting{hint} (valid: {', '.join(valid)}; see {DOCS})")
 
 
@@ -116,7 +118,9 @@ def build_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     if not isinstance(defaults, Mapping):
         raise ConfigError(f"task_defaults must be a mapping of task fields, got {type(defaults).__name__}")
     tasks = _with_defaults(load_tasks(raw.pop("tasks"), base, "tasks"), defaults)
-    val_tasks = _with_defaults(load_tasks(raw.pop("val_tasks"), base, "val_tasks"), defaults) if raw.get("val_tasks") else None
+    val_tasks = (
+        _with_defaults(load_tasks(raw.pop("val_tasks"), base, "val_tasks"), defaults) if raw.get("val_tasks") else None
+    )
     raw.pop("val_tasks", None)
     model, agent, prompt_template = raw.pop("model"), raw.pop("agent"), raw.pop("prompt_template", None)
     if isinstance(raw.get("report_to"), list):
@@ -146,8 +150,9 @@ def _agent_command(value: Any, base: Path) -> Any:
 
             return env_agent(_import_ref(value["env_class"], base, "agent.env_class"),
                              _import_ref(value["reward_class"], base, "agent.reward_class"))
-        raise ConfigError(f"agent must be a command line, {{callable: module:name}} or {{env_class: ..., reward_class: ...}}, "
-                          f"got the keys {sorted(value)}")
+        raise ConfigError("agent must be a command line, {callable: module:name} or "
+                          f"{{env_class: ..., reward_class: ...}}, got the keys {sorted(value)}")
+
     if not isinstance(value, (str, list)):
         raise ConfigError(f"agent must be a command line (a string or a list of words), got {type(value).__name__}")
     words = shlex.split(value) if isinstance(value, str) else [str(w) for w in value]

@@ -13,12 +13,16 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("ui", help="the viewer: rollouts, span trees with credit, runs, SQL, in the browser")
-    p.add_argument("--db", default=None, help="DuckDB file, read-only when no collector serves it (env SPANRL_DB, default spanrl.duckdb)")
-    p.add_argument("--url", default=None, help="collector to read through first (env SPANRL_SQL_URL, default http://127.0.0.1:4318)")
+    p.add_argument("--db", default=None,
+                   help="DuckDB file, read-only when no collector serves it (env SPANRL_DB, default spanrl.duckdb)")
+    p.add_argument("--url", default=None,
+                   help="collector to read through first (env SPANRL_SQL_URL, default http://127.0.0.1:4318)")
+
     add_token_option(p, "--token", "the collector's read token; the viewer asks for it too "
                      "(env SPANRL_COLLECTOR_READ_TOKEN, else SPANRL_COLLECTOR_TOKEN)")
     p.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1, loopback only)")
-    p.add_argument("--port", type=int, default=_DEFAULT_PORT, help=f"port (default {_DEFAULT_PORT}; 0 picks a free one)")
+    p.add_argument("--port", type=int, default=_DEFAULT_PORT,
+                   help=f"port (default {_DEFAULT_PORT}; 0 picks a free one)")
     p.add_argument("--run", action="append", default=[], metavar="DIR",
                    help="a training run's output folder (history.jsonl), or a folder of them; repeatable "
                         "(default: the runs beside the --db file)")
@@ -38,7 +42,9 @@ def _ui(args: argparse.Namespace) -> int:
         print(f"spanrl: error: {exc}", file=sys.stderr)
         return 1
     if args.host not in _LOOPBACK and server.token is None:
-        print(f"spanrl: warning: serving spans on {args.host} without a token; set SPANRL_COLLECTOR_TOKEN", file=sys.stderr)
+        print(f"spanrl: warning: serving spans on {args.host} without a token; set SPANRL_COLLECTOR_TOKEN",
+              file=sys.stderr)
+
     print(f"spanrl ui: reading {server.app.source.description}; open {server.url}", flush=True)
     server.run()
     return 0

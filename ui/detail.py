@@ -82,7 +82,10 @@ def _call(row: dict[str, Any], spans: dict[str, dict[str, Any]], tokens: TokenTe
         "model": attrs.get("gen_ai.response.model") or attrs.get("gen_ai.request.model"),
         "latency_ms": (timed["end_ns"] - timed["start_ns"]) / 1e6 if timed else None,
         "server_latency_ms": (server["end_ns"] - server["start_ns"]) / 1e6 if server else None,
-        "input_tokens": len(row["prompt_ids"]) if row["prompt_ids"] is not None else attrs.get("gen_ai.usage.input_tokens"),
+        "input_tokens": (
+            len(row["prompt_ids"]) if row["prompt_ids"] is not None else attrs.get("gen_ai.usage.input_tokens")
+        ),
+
         "output_tokens": len(completion) if completion is not None else attrs.get("gen_ai.usage.output_tokens"),
         # the decomposer keeps messages only for calls it may retokenize; the client span has them all
         "input_messages": _json(row["input_messages"] or _text(attrs.get("gen_ai.input.messages"))),

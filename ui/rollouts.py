@@ -38,7 +38,8 @@ WITH x AS (
     WHERE rollout_id IS NOT NULL __FILTER__
     GROUP BY rollout_id
 ), r AS (
-    SELECT rollout_id, arg_max(value, [ingested_ns, time_ns]) AS final_reward, count(*) AS reward_count  -- the rollouts view's rule
+    -- the rollouts view's rule
+    SELECT rollout_id, arg_max(value, [ingested_ns, time_ns]) AS final_reward, count(*) AS reward_count
     FROM rollout_rewards($since)
     WHERE rollout_id IS NOT NULL __FILTER__
     GROUP BY rollout_id
@@ -176,7 +177,8 @@ class RolloutIndex:
         try:
             cur.register("r", table)
             counts = {s: 0 for s in STATUSES}
-            for status, n in cur.sql(f"SELECT status, count(*) FROM r WHERE {where} GROUP BY status", params=params).fetchall():
+            by_status = cur.sql(f"SELECT status, count(*) FROM r WHERE {where} GROUP BY status", params=params)
+            for status, n in by_status.fetchall():
                 counts[status] = n
             if flt.status:
                 where += " AND status = $status"
@@ -184,7 +186,10 @@ class RolloutIndex:
             total = cur.sql(f"SELECT count(*) FROM r WHERE {where}", params=params).fetchall()[0][0]
             order = f"{flt.sort} {'DESC' if flt.descending else 'ASC'} NULLS LAST, rollout_id"
             rows = cur.sql(
-                f"SELECT * EXCLUDE ({', '.join(_HIDDEN)}) FROM r WHERE {where} ORDER BY {order} LIMIT {flt.limit} OFFSET {flt.offset}", params=params
+                f"SELECT * EXCLUDE ({', '.join(_HIDDEN)}) FROM r WHERE {where} "
+                f"ORDER BY {order} LIMIT {flt.limit} OFFSET {flt.offset}",
+                params=params,
+
             ).to_arrow_table().to_pylist()
         finally:
             cur.close()

@@ -1,5 +1,7 @@
 """Where the viewer reads spans: a running collector (its read-only SQL endpoint) or a DuckDB file
-opened read-only and sandboxed like the collector's store (no other file, no URL, settings locked). Both answer ``sql(query, params) -> pyarrow.Table``."""
+opened read-only and sandboxed like the collector's store (no other file, no URL, settings locked). Both
+answer ``sql(query, params) -> pyarrow.Table``."""
+
 
 from __future__ import annotations
 

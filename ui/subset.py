@@ -38,7 +38,8 @@ named AS (
 ), picked AS (  -- row ids first: an OR of IN-lists over every column would read the whole table
     SELECT rowid AS r FROM spans WHERE trace_id IN (SELECT trace_id FROM traces)
     UNION
-    SELECT rowid FROM spans WHERE kind = 'SERVER' AND rollout_id IS NOT NULL AND response_id IN (SELECT response_id FROM named)
+    SELECT rowid FROM spans
+    WHERE kind = 'SERVER' AND rollout_id IS NOT NULL AND response_id IN (SELECT response_id FROM named)
 )
 SELECT * FROM spans WHERE rowid IN (SELECT r FROM picked)
 """
@@ -131,7 +132,9 @@ class Scratch:
     def decompose_rollout(self, spans: pa.Table, rollout_id: str) -> Decomposition:
         """The decomposer's view of one rollout among ``spans``; remembered until its spans change
         (their count or newest ``ingested_ns``), since the decomposer's statement is the slow part."""
-        mine = spans.filter(pc.fill_null(pc.equal(spans.column("rollout_id"), rollout_id), False))  # fetch_spans attributed them
+        # fetch_spans attributed them
+        mine = spans.filter(pc.fill_null(pc.equal(spans.column("rollout_id"), rollout_id), False))
+
 
         def compute() -> Decomposition:
             with self.holding(spans) as cur:

@@ -8,7 +8,9 @@ instrumentor records each call); the trainer sets the environment. Two ways to b
 - as a worker (``SPANRL_AGENT_PROTOCOL=jsonl``): reads one rollout per line on stdin (JSON with
   ``rollout_id``, ``task_id``, ``task``, ``attempt``, ``mode``, ``base_url``, ``model``, ``sampling``),
   runs it inside ``spanrl.rollout(...)``, flushes its spans and answers ``{"spanrl_done": ROLLOUT_ID}``
-  on stdout (the trainer then waits until the rollout's spans are stored). One process then serves many rollouts, which saves the ~1 s start-up of each.
+  on stdout (the trainer then waits until the rollout's spans are stored). One process then serves many
+  rollouts, which saves the ~1 s start-up of each.
+
 
 Each rollout: ask the model (tools = the four operations), run the tool it calls, emit the reward.
 """

@@ -81,7 +81,9 @@ def answer_question(client: Any, model: str, question: str, *, max_steps: int = 
     """Search until the model answers (or steps run out). Returns (answer, searches made)."""
     if max_steps < 1:
         raise ValueError(f"max_steps must be >= 1, got {max_steps!r}")
-    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question},
+    ]
     searches = 0
     for _ in range(max_steps):
         kwargs: dict[str, Any] = {"tools": TOOLS} if use_tools else {}
@@ -96,7 +98,9 @@ def answer_question(client: Any, model: str, question: str, *, max_steps: int = 
         if call_id is not None:
             messages.append({"role": "assistant", "content": message.content,
                              "tool_calls": [{"id": call_id, "type": "function",
-                                             "function": {"name": "search", "arguments": json.dumps({"query": argument})}}]})
+                                             "function": {"name": "search",
+                                                          "arguments": json.dumps({"query": argument})}}]})
+
             messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
         else:
             messages.append({"role": "assistant", "content": message.content or ""})

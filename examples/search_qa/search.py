@@ -66,7 +66,9 @@ class BM25Index:
             for t in terms:
                 f = tf.get(t, 0)
                 if f:
-                    s += self._idf[t] * f * (BM25_K1 + 1) / (f + BM25_K1 * (1 - BM25_B + BM25_B * self._lens[i] / self._avg_len))
+                    norm = 1 - BM25_B + BM25_B * self._lens[i] / self._avg_len
+                    s += self._idf[t] * f * (BM25_K1 + 1) / (f + BM25_K1 * norm)
+
             if s > 0:
                 scored.append((s, i))
         scored.sort(key=lambda x: (-x[0], x[1]))

@@ -121,7 +121,8 @@ def build_trainer(cfg: AgenticConfig) -> Any:
         credit=_credit(cfg.credit, cfg.aggregate),
         config=TrainerConfig(
             output_dir=cfg.output_dir, n_rollouts=cfg.group, tasks_per_step=cfg.tasks_per_step, max_steps=cfg.steps,
-            temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed, progress=True, torch_threads=cfg.threads,
+            temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed, progress=True,
+            torch_threads=cfg.threads,
             server_max_batch_size=64,
             runner=RunnerConfig(max_concurrency=64, rollout_timeout_s=900.0, span_timeout_s=60.0, max_attempts=2),
         ),
@@ -149,8 +150,10 @@ def _episode_stats(db_path: Path) -> dict[str, Any]:
 
     with duckdb.connect(str(db_path), read_only=True) as con:
         row = con.execute(
-            "SELECT count(*) FILTER (WHERE name LIKE 'execute_tool%'), count(*) FILTER (WHERE prompt_token_ids IS NOT NULL), "
-            "count(DISTINCT rollout_id) FROM spans WHERE rollout_id IN (SELECT rollout_id FROM spans WHERE mode = 'train')").fetchone()
+            "SELECT count(*) FILTER (WHERE name LIKE 'execute_tool%'), "
+            "count(*) FILTER (WHERE prompt_token_ids IS NOT NULL), "
+            "count(DISTINCT rollout_id) FROM spans "
+            "WHERE rollout_id IN (SELECT rollout_id FROM spans WHERE mode = 'train')").fetchone()
     tools, calls, rollouts = row
     return {"tool_calls": tools, "llm_calls": calls, "rollouts": rollouts,
             "calls_per_episode": calls / rollouts if rollouts else None}
@@ -216,13 +219,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="one sample per episode (trajectory_aggregation); --no-aggregate: one per call")
     parser.add_argument("--temperature", type=float, default=d.temperature)
     parser.add_argument("--val", type=int, default=d.n_val, help="generated held-out tasks")
-    parser.add_argument("--val-tasks", default=None, help="jsonl of held-out tasks: {\"question\": ..., \"answer\": ...}")
+    parser.add_argument("--val-tasks", default=None,
+                        help="jsonl of held-out tasks: {\"question\": ..., \"answer\": ...}")
     parser.add_argument("--eval-every", type=int, default=d.eval_every)
     parser.add_argument("--max-minutes", type=float, default=d.max_minutes)
     parser.add_argument("--threads", type=int, default=d.threads)
     parser.add_argument("--seed", type=int, default=d.seed)
     args = parser.parse_args(argv)
-    cfg = AgenticConfig(output_dir=args.out, model=args.model, steps=args.steps, tasks_per_step=args.tasks_per_step, group=args.group,
+    cfg = AgenticConfig(output_dir=args.out, model=args.model, steps=args.steps, tasks_per_step=args.tasks_per_step,
+                        group=args.group,
+
                         learning_rate=args.lr, credit=args.credit, aggregate=args.aggregate,
                         temperature=args.temperature, n_val=args.val, val_tasks=args.val_tasks,
                         eval_every=args.eval_every, max_minutes=args.max_minutes, threads=args.threads, seed=args.seed)

@@ -49,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     for family in args.families.split(","):
         tasks = make_tasks(family, args.n, seed=1)
         started = time.perf_counter()
-        replies = greedy_replies(model_dir, [messages(t["question"], family, args.shots) for t in tasks], args.max_tokens)
+        prompts = [messages(t["question"], family, args.shots) for t in tasks]
+        replies = greedy_replies(model_dir, prompts, args.max_tokens)
+
         score = {f.__name__: sum(f(r, t["answer"]) for r, t in zip(replies, tasks)) / len(tasks)
                  for f in (reward, exact, lenient)}
         print(f"{family:5s} reward {score['reward']:.3f}  exact {score['exact']:.3f}  lenient {score['lenient']:.3f}  "

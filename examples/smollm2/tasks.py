@@ -83,7 +83,9 @@ def messages(question: str, family: str, shots: int = 2) -> list[dict[str, str]]
     if not 0 <= shots <= _MAX_SHOTS:
         raise ValueError(f"shots must be in 0..{_MAX_SHOTS}, got {shots!r}")
     demos = make_tasks(family, shots, seed=-1) if shots else []
-    chat = [m for d in demos for m in ({"role": "user", "content": d["question"]}, {"role": "assistant", "content": d["answer"]})]
+    chat = [m for d in demos
+            for m in ({"role": "user", "content": d["question"]}, {"role": "assistant", "content": d["answer"]})]
+
     return chat + [{"role": "user", "content": question}]
 
 

@@ -38,13 +38,18 @@ class Generator:
         self.tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
         self.model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
 
-    def __call__(self, chats: list[list[dict[str, Any]]], tools: list[dict[str, Any]] | None, max_tokens: int) -> list[str]:
+    def __call__(
+        self, chats: list[list[dict[str, Any]]], tools: list[dict[str, Any]] | None, max_tokens: int
+    ) -> list[str]:
         from spanrl.serving.chat import normalize_messages
 
-        texts = [self.tok.apply_chat_template(normalize_messages(c), tools=tools, add_generation_prompt=True, tokenize=False)
+        texts = [self.tok.apply_chat_template(normalize_messages(c), tools=tools, add_generation_prompt=True,
+                                              tokenize=False)
                  for c in chats]
         enc = self.tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        options = {"do_sample": True, "temperature": 1.0, "top_p": None, "top_k": None} if self.sample else {"do_sample": False}
+        options = ({"do_sample": True, "temperature": 1.0, "top_p": None, "top_k": None} if self.sample
+                   else {"do_sample": False})
+
         with self.torch.no_grad():
             ids = self.model.generate(**enc, max_new_tokens=max_tokens, pad_token_id=self.tok.pad_token_id, **options)
         return self.tok.batch_decode(ids[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)

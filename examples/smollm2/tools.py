@@ -70,7 +70,8 @@ SHOTS: list[dict[str, Any]] = [m for k, triple in enumerate(_SHOT_TRIPLES) for m
 
 CHAT_TEMPLATE = (
     "{%- if tools %}{{ '<|im_start|>system\\nYou are a helpful assistant with tools: ' }}"
-    "{%- for tool in tools %}{{ tool['function']['name'] }}({{ tool['function']['parameters']['properties'] | join(', ') }})"
+    "{%- for tool in tools %}"
+    "{{ tool['function']['name'] }}({{ tool['function']['parameters']['properties'] | join(', ') }})"
     "{%- if not loop.last %}{{ ', ' }}{% endif %}{% endfor %}"
     "{{ '. Call one with <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>.<|im_end|>\\n' }}"
     "{%- elif messages[0]['role'] != 'system' %}"
@@ -134,8 +135,8 @@ def make_tasks(n: int, *, seed: int, exclude: set[str] | None = None) -> list[di
             continue
         seen.add(key)
         question = rng.choice(PHRASINGS[op]).format(a=a, b=b)
-        tasks.append({"id": f"tools-{seed}-{len(tasks)}", "key": key, "question": question, "answer": str(OPS[op](a, b)),
-                      "tool": op})
+        tasks.append({"id": f"tools-{seed}-{len(tasks)}", "key": key, "question": question,
+                      "answer": str(OPS[op](a, b)), "tool": op})
     return tasks
 
 
@@ -160,7 +161,9 @@ def load_tasks(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             raise ValueError(f"{path}:{n}: not a JSON object ({exc})") from None
         if not isinstance(item, dict) or not isinstance(item.get("question"), str) or "answer" not in item:
             raise ValueError(f"{path}:{n}: each line must be {{\"question\": str, \"answer\": str}}, got {line[:80]!r}")
-        tasks.append({"id": str(item.get("id", f"val-{n}")), "question": item["question"], "answer": str(item["answer"])})
+        tasks.append({"id": str(item.get("id", f"val-{n}")), "question": item["question"],
+                      "answer": str(item["answer"])})
+
     if not tasks:
         raise ValueError(f"{path}: no tasks")
     return tasks

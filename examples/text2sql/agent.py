@@ -5,7 +5,9 @@ A plain openai-client program. The only spanrl line is ``spanrl.emit_reward``; e
 by the standard OpenAI instrumentor. Two ways to run it:
 
     # as a command line, once per rollout (the trainer sets SPANRL_TASK, OPENAI_BASE_URL, OTEL_*):
-    SPANRL_TASK='{"question": "How many projects are active?", "sql": "SELECT COUNT(*) FROM projects WHERE status = '"'"'active'"'"'"}' \
+    SPANRL_TASK='{"question": "How many projects are active?",
+                  "sql": "SELECT COUNT(*) FROM projects WHERE status = '"'"'active'"'"'"}' \
+
         OPENAI_BASE_URL=http://127.0.0.1:8000/v1 opentelemetry-instrument python examples/text2sql/agent.py
 
     # as a Python callable agent(task, llm), llm carrying base_url, model and sampling:

@@ -3,8 +3,10 @@
 It writes the gold query for three of the five question shapes, and makes one systematic mistake
 ``ERROR_RATE`` of the time on the other two: it forgets the department filter when counting projects
 (runs, wrong count) and takes salaries from the projects table (an error). Neither mistake is another
-shape's gold query, so rewarding one shape never reinforces another's mistake. A model imitating it learns the mistake as the most likely answer there, so greedy accuracy
-after SFT stays well below 1 and RL from the execution reward has something to fix. (A clean teacher
+shape's gold query, so rewarding one shape never reinforces another's mistake. A model imitating it learns
+the mistake as the most likely answer there, so greedy accuracy after SFT stays well below 1 and RL from
+the execution reward has something to fix.
+ (A clean teacher
 reaches 1.0 by SFT alone and leaves RL nothing to show.)
 """
 

@@ -46,7 +46,8 @@ def check_sql(client: Any, model: str, question: str, sql: str, result: SqlResul
     """The checker's verdict: (accepted, its reply)."""
     reply = client.chat.completions.create(
         model=model,
-        messages=[{"role": "user", "content": CHECKER_PROMPT.format(question=question, sql=sql, result=result.preview())}],
+        messages=[{"role": "user",
+                   "content": CHECKER_PROMPT.format(question=question, sql=sql, result=result.preview())}],
         temperature=temperature, max_tokens=max_tokens)
     text = (reply.choices[0].message.content or "").strip()
     return text.upper().startswith("OK"), text
@@ -71,8 +72,10 @@ def episode(task: dict[str, Any], client: Any, model: str, sampling: dict[str, A
         if accepted:
             break
         with spanrl.agent(WRITER):
-            sql, result, _ = write_sql(client, model, FEEDBACK_PROMPT.format(question=question, sql=sql, feedback=feedback),
+            prompt = FEEDBACK_PROMPT.format(question=question, sql=sql, feedback=feedback)
+            sql, result, _ = write_sql(client, model, prompt,
                                        max_tries=tries, prompt_style=style, temperature=temperature,
+
                                        max_tokens=max_tokens)
     reward = execution_reward(sql, task["sql"], executable_credit=float(task.get("executable_credit", 0.0)))
     spanrl.emit_reward(reward)

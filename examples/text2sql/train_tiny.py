@@ -150,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"demonstrations' reward {result['demonstrator_reward']:.2f}")
     print(f"held-out execution accuracy ({result['n_val']} questions, greedy): after SFT {result['val_after_sft']:.2f}"
           f" -> after GRPO {result['val_after_grpo']:.2f}")
-    print("training reward by GRPO step: " + " ".join(f"{r:.2f}" for r in result["train_reward_by_step"] if r is not None))
+    rewards = " ".join(f"{r:.2f}" for r in result["train_reward_by_step"] if r is not None)
+    print("training reward by GRPO step: " + rewards)
+
     print(f"{result['seconds']:.0f} s; details in {Path(args.out) / 'result.json'}")
     return 0
 
