@@ -208,7 +208,8 @@ class APO:
         started = time.perf_counter()
         initial = evaluate(template)
         history: list[dict[str, Any]] = [
-            {"round": 0, "template": template, "score": initial.score, "parent": None, "critique": None, "status": "initial"}
+            {"round": 0, "template": template, "score": initial.score, "parent": None, "critique": None,
+             "status": "initial"}
         ]
         beam = [template]
         for round_ in range(1, cfg.rounds + 1):
@@ -222,7 +223,8 @@ class APO:
                         history.append({**entry, "score": None, "status": "rejected: placeholders changed"})
                         continue
                     if child in cache or child in children:
-                        history.append({**entry, "score": cache[child].score if child in cache else None, "status": "duplicate"})
+                        score = cache[child].score if child in cache else None
+                        history.append({**entry, "score": score, "status": "duplicate"})
                         continue
                     children.append(child)
                     history.append({**entry, "score": evaluate(child).score, "status": "scored"})

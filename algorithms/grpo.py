@@ -163,14 +163,16 @@ def _make_trainer_class() -> type:
 
         def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, **kwargs):
             size, entropy = kwargs.pop("batch_size", None) or input_ids.size(0), kwargs.pop("compute_entropy", False)
-            if any(v is not None and v is not False for v in kwargs.values()) or not plain_lm_head(model):  # multimodal, MoE, scaled logits, FSDP
+            # multimodal, MoE, scaled logits, FSDP
+            if any(v is not None and v is not False for v in kwargs.values()) or not plain_lm_head(model):
                 logps, entropies, aux = super()._get_per_token_logps_and_entropies(
                     model, input_ids, attention_mask, logits_to_keep, batch_size=size, compute_entropy=entropy, **kwargs
                 )
             else:  # TRL's fused head projects every position off CUDA; ours only the completion tokens
                 parts = [
                     completion_logprobs(model, input_ids[i : i + size], attention_mask[i : i + size], logits_to_keep,
-                                        temperature=self.temperature, fp32_head=self.args.cast_lm_head_to_fp32, entropy=entropy)
+                                        temperature=self.temperature, fp32_head=self.args.cast_lm_head_to_fp32,
+                                        entropy=entropy)
                     for i in range(0, input_ids.size(0), size)
                 ]
                 logps = torch.cat([p[0] for p in parts])
@@ -295,7 +297,8 @@ class GRPO(Algorithm):
                 (tokens,) = all_reduce_sum([float(data.loss_mask[rows].sum())])
                 trainer.current_gradient_accumulation_steps = n_micro
                 step_loss = 0.0
-                parts = length_sorted_micro_batches(rows, prompt_lengths, completion_lengths, micro, sort=cfg.length_bucketing)
+                parts = length_sorted_micro_batches(rows, prompt_lengths, completion_lengths, micro,
+                                                    sort=cfg.length_bucketing)
                 # One autocast region per optimizer step: its cache casts each weight to bf16 once, not per micro-batch.
                 with update_autocast(self.bf16, device):
                     for part in parts:

@@ -235,7 +235,8 @@ class PPO(Algorithm):
             self.model.eval(), self.critic.eval()
             old_values = state_values(self.critic, data)  # (B,)
             # unknown sampling log-probs (retokenized calls): the current policy's stand in, for those rows only
-            data.old_logprobs = fill_missing_logprobs(data, lambda part: completion_logprobs(self.model, part, cfg.temperature)[0])
+            data.old_logprobs = fill_missing_logprobs(
+                data, lambda part: completion_logprobs(self.model, part, cfg.temperature)[0])
         returns = data.advantages + old_values  # (B,) the GAE value target
         self.model.train(), self.critic.train()
 
@@ -260,7 +261,8 @@ class PPO(Algorithm):
                 loss.backward()
                 params = [p for group in self.optimizer.param_groups for p in group["params"]]
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm or float("inf"))
-                if torch.isfinite(grad_norm):  # a NaN / inf gradient: the step is skipped, the weights stay (GradScaler's rule)
+                # a NaN / inf gradient: the step is skipped, the weights stay (GradScaler's rule)
+                if torch.isfinite(grad_norm):
                     self.optimizer.step()
                 info["grad_norm"] = grad_norm
                 for key, value in info.items():
@@ -298,5 +300,6 @@ class PPO(Algorithm):
         from transformers import AutoModelForTokenClassification
 
         load_checkpoint(self, checkpoint_dir, model=self.model, optimizer=self.optimizer)
-        critic = AutoModelForTokenClassification.from_pretrained(Path(checkpoint_dir) / _CRITIC_DIR, dtype=torch.float32)
+        critic = AutoModelForTokenClassification.from_pretrained(Path(checkpoint_dir) / _CRITIC_DIR,
+                                                                 dtype=torch.float32)
         self.critic.load_state_dict(critic.state_dict())

@@ -123,7 +123,8 @@ class SFT(Algorithm):
             "charts/learning_rate": cfg.learning_rate,
         }
         if not chosen:
-            _logger.info("SFT update %d: no transition has reward >= %s; nothing to learn", self.step, cfg.reward_threshold)
+            _logger.info("SFT update %d: no transition has reward >= %s; nothing to learn", self.step,
+                         cfg.reward_threshold)
             self.step += 1
             return {**metrics, "losses/sft_loss": float("nan"), "charts/grad_norm": 0.0, "charts/update_seconds": 0.0}
         rows = {

@@ -19,7 +19,10 @@ from spanrl.errors import ConfigError
 if TYPE_CHECKING:  # pragma: no cover
     from spanrl.algorithms.transitions import Transition, TransitionBatch
 
-__all__ = ["TRANSITIONS_SCHEMA", "check_transitions", "flat_values", "list_lengths", "transition_table", "transitions_of", "values_within"]
+__all__ = [
+    "TRANSITIONS_SCHEMA", "check_transitions", "flat_values", "list_lengths", "transition_table", "transitions_of",
+    "values_within",
+]
 
 
 TRANSITIONS_SCHEMA = pa.schema(

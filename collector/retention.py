@@ -1,10 +1,11 @@
 """The collector's retention: spans older than ``retention_s`` by the collector's own clock are deleted
 in the background.
 
-A daemon thread runs `spanrl.store.prune` (one transaction on its own cursor, like ``POST /v1/prune``)
-every ``interval_s`` (and forgets the rollout claims of what it deleted): whole rollouts whose last span was *ingested* more than ``retention_s`` ago, and
-rollout-less spans ingested before then. Ingest time, not the sender's ``end_ns``: a span stamped far in
-the future is pruned like any other. It never holds the writer. Errors are logged, never fatal.
+A daemon thread runs `spanrl.store.prune` (one transaction on its own cursor, like ``POST /v1/prune``) every
+``interval_s`` and forgets the rollout claims of what it deleted: whole rollouts whose last span was
+*ingested* more than ``retention_s`` ago, and rollout-less spans ingested before then. Ingest time, not the
+sender's ``end_ns``: a span stamped far in the future is pruned like any other. It never holds the writer.
+Errors are logged, never fatal.
 """
 
 from __future__ import annotations

@@ -166,7 +166,8 @@ class OnlineTrainer:
         if store is None:
             from spanrl.store import RemoteStore
 
-            store = RemoteStore(config.store_url, token=config.collector_token or env.get_str(env.SPANRL_COLLECTOR_TOKEN))
+            token = config.collector_token or env.get_str(env.SPANRL_COLLECTOR_TOKEN)
+            store = RemoteStore(config.store_url, token=token)
         self.store = store
         self.server = PolicyClient(config.server_url)
         self.output_dir = Path(config.output_dir)
@@ -204,7 +205,8 @@ class OnlineTrainer:
                 version = self.server.reload(checkpoint)
                 _logger.info("resumed at step %d from %s; policy version %d", self.state.step, checkpoint, version)
             except ServingError as exc:
-                _logger.warning("spanrl online: could not sync the server to %s (%s); the next update will", checkpoint, exc)
+                _logger.warning("spanrl online: could not sync the server to %s (%s); the next update will",
+                                checkpoint, exc)
         saved = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "collector_token"}  # never a secret on disk
         (self.output_dir / CONFIG_FILE).write_text(json.dumps(saved, indent=1))
         self._callbacks = [HistoryFile(self.output_dir / HISTORY_FILE), *self._extra_callbacks]
@@ -279,7 +281,8 @@ class OnlineTrainer:
         cfg = self.config
         now = now_ns(self.store)
         horizon = max(0, min(state.watermark.ready_ns, state.aged_until_ns or now) - 2 * int(cfg.max_age_s * _NS_PER_S))
-        window = dict(now=now, horizon_ns=horizon, quiet_s=cfg.quiet_s, max_age_s=cfg.max_age_s, reward_name=cfg.reward_name)
+        window = dict(now=now, horizon_ns=horizon, quiet_s=cfg.quiet_s, max_age_s=cfg.max_age_s,
+                      reward_name=cfg.reward_name)
         aged, failed = count_aged_out(self.store, since_ns=state.aged_until_ns, **window)
         state.count("aged_out", aged)
         state.count("failed", failed)
@@ -307,7 +310,8 @@ class OnlineTrainer:
             return marks[rollout.rollout_id]
         if not _good_reward(rollout.reward):
             return "bad_reward"
-        return "stale" if rollout.min_policy_version is not None and not self._usable(rollout, version) else "no_transitions"
+        stale = rollout.min_policy_version is not None and not self._usable(rollout, version)
+        return "stale" if stale else "no_transitions"
 
     @staticmethod
     def _lag(rollout: ReadyRollout, version: int) -> int | None:
@@ -320,7 +324,8 @@ class OnlineTrainer:
         state, _ = self._loaded("poll_once()")
         started = time.perf_counter()
         fresh = [r for r in ready if r.rollout_id in fresh_ids]
-        credit = CreditConfig(mode="identical", baseline="none", scale_std=False, missing_reward="zero", nan_reward="zero")
+        credit = CreditConfig(mode="identical", baseline="none", scale_std=False, missing_reward="zero",
+                              nan_reward="zero")
         batch = load_transitions(self.store, credit=credit, rollout_ids=[r.rollout_id for r in fresh],
                                  tokenizer=self.algorithm.tokenizer)
         transitions, marks = self._checked(batch.transitions)
@@ -395,7 +400,8 @@ class OnlineTrainer:
             state.count(status)
             entries.append({"rollout_id": r.rollout_id, "task_id": r.task_id, "step": state.step, "status": status,
                             "reward": r.reward, "rewards": r.reward_count, "policy_version": r.min_policy_version,
-                            "policy_lag": self._lag(r, version), "advantage": trained.get(r.rollout_id, (None, None))[1]})
+                            "policy_lag": self._lag(r, version),
+                            "advantage": trained.get(r.rollout_id, (None, None))[1]})
         ledger.append(entries)
         if considered:
             state.watermark = Watermark(ready_ns=considered[-1].ready_ns, rollout_id=considered[-1].rollout_id)
@@ -431,7 +437,8 @@ class OnlineTrainer:
         import torch
 
         for key, value in metrics.items():
-            if key.startswith(("losses/", "charts/grad_norm")) and isinstance(value, float) and not math.isfinite(value):
+            watched = key.startswith(("losses/", "charts/grad_norm"))
+            if watched and isinstance(value, float) and not math.isfinite(value):
                 return f"{key} = {value}"
         model = getattr(self.algorithm, "model", None)  # the live model (a LoRA one unmerged: no copy)
         weights = model.state_dict() if model is not None else self.algorithm.policy_weights()

@@ -98,6 +98,6 @@ def _run_online(path: Path, *, output_dir: str | None, max_updates: int | None) 
     with trainer:  # start(); close() at the end
         print(f"spanrl online ready step={trainer.state.step} output_dir={trainer.output_dir}", flush=True)
         history = trainer.run()
-    print(json.dumps({"step": trainer.state.step, "updates_this_run": len(history), "output_dir": str(trainer.output_dir),
-                      **trainer.state.counters}), flush=True)
+    print(json.dumps({"step": trainer.state.step, "updates_this_run": len(history),
+                      "output_dir": str(trainer.output_dir), **trainer.state.counters}), flush=True)
     return 0

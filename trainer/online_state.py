@@ -65,18 +65,18 @@ class OnlineState:
         base.update(window=window, prior=prior, clip_std=clip_std)
         baseline = RunningBaseline(**base)
         if not baseline.finite():  # NaN / inf saved by a run before the rewards were checked: start afresh
-            _logger.warning("online state %s: the running baseline was not finite (mean %r, var %r); starting it afresh",
-                            path, baseline.mean, baseline.var)
+            _logger.warning("online state %s: the running baseline was not finite (mean %r, var %r); "
+                            "starting it afresh", path, baseline.mean, baseline.var)
             baseline = RunningBaseline(window=window, prior=prior, clip_std=clip_std)
         return cls(watermark=Watermark(**raw.pop("watermark")), baseline=baseline, **raw)
 
 
 class Ledger:
-    """``ledger.jsonl``: one line per rollout the trainer handled, once: ``{"rollout_id", "step", "status",
-    "reward", "policy_lag", ...}`` with status ``trained`` | ``stale`` (more than K versions behind) | ``no_transitions`` (no
-    token-level calls) | ``bad_reward`` (no usable reward: non-finite or out of range) | ``bad_transitions`` (its
-    transitions fail the algorithm's checks, e.g. a token id outside the vocabulary) | ``bad_update`` (in an
-    update whose gradients or weights were not finite: skipped)."""
+    """``ledger.jsonl``: one line per rollout the trainer handled, once: ``{"rollout_id", "step", "status", "reward",
+    "policy_lag", ...}`` with status ``trained`` | ``stale`` (more than K versions behind) |
+    ``no_transitions`` (no token-level calls) | ``bad_reward`` (no usable reward: non-finite or out of range)
+    | ``bad_transitions`` (its transitions fail the algorithm's checks, e.g. a token id outside the
+    vocabulary) | ``bad_update`` (in an update whose gradients or weights were not finite: skipped)."""
 
     def __init__(self, output_dir: Path, committed_lines: int) -> None:
         self.path = Path(output_dir) / LEDGER_FILE

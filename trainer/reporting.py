@@ -186,4 +186,5 @@ class StageClock:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - started
 
     def row(self) -> dict[str, float]:
-        return {**{f"time/{k}_s": v for k, v in self.seconds.items()}, "time/step_s": time.perf_counter() - self._started}
+        row = {f"time/{k}_s": v for k, v in self.seconds.items()}
+        return {**row, "time/step_s": time.perf_counter() - self._started}

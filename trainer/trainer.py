@@ -421,15 +421,15 @@ class Trainer:
 
         started, version = time.time(), self._policy_version()
         try:
-            results = runner.run(
-                jobs, id_prefix=f"{self._run_tag}-{tag}-", llm_url=llm_url, model=SERVED_MODEL_NAME, sampling=sampling,
-                mode=mode, on_result=on_result, prompt_template=template if template is not None else self.prompt_template,
-            )
+            results = runner.run(jobs, id_prefix=f"{self._run_tag}-{tag}-", llm_url=llm_url, model=SERVED_MODEL_NAME,
+                                 sampling=sampling, mode=mode, on_result=on_result,
+                                 prompt_template=template if template is not None else self.prompt_template)
         finally:
             remove()
         with (self.output_dir / ROLLOUTS_FILE).open("a") as log:
             for r in results:
-                log.write(json.dumps({**dataclasses.asdict(r), "step": self.step, "policy_version": version, "time": started}) + "\n")
+                row = {**dataclasses.asdict(r), "step": self.step, "policy_version": version, "time": started}
+                log.write(json.dumps(row) + "\n")
         return results
 
     def _runner_free(self) -> None:

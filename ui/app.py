@@ -63,7 +63,8 @@ class UiApp:
     """The ASGI application over one `Source`; ``runs`` feed the run page, ``credit`` the advantages."""
 
     def __init__(self, source: Source, *, token: str | None = None, runs: Sequence[Run] = (),
-                 credit: CreditConfig | None = None, tokens: TokenText | None = None, bound_host: str = "127.0.0.1") -> None:
+                 credit: CreditConfig | None = None, tokens: TokenText | None = None,
+                 bound_host: str = "127.0.0.1") -> None:
         self.source = source
         self.index = RolloutIndex(source)
         self.scratch = Scratch()
@@ -87,7 +88,8 @@ class UiApp:
                 await self._static(send, path)
                 return
             if not self._tokens.allows(headers.get("authorization"), "read"):
-                raise _HttpError(401, "missing or wrong bearer token (header 'Authorization: Bearer <token>', the collector's token)")
+                raise _HttpError(401, "missing or wrong bearer token (header 'Authorization: Bearer <token>', "
+                                      "the collector's token)")
             body = await _read_body(receive) if method == "POST" else b""
             result = await asyncio.to_thread(self._api, method, path, query, body)
             if isinstance(result, tuple):
@@ -95,7 +97,8 @@ class UiApp:
                 extra = [(b"content-disposition", f'attachment; filename="{filename}"'.encode())]
                 await _respond(send, 200, payload, content_type, extra)
             else:
-                await _respond(send, 200, orjson.dumps(result, default=str, option=orjson.OPT_NON_STR_KEYS), "application/json")
+                payload = orjson.dumps(result, default=str, option=orjson.OPT_NON_STR_KEYS)
+                await _respond(send, 200, payload, "application/json")
         except _HttpError as exc:
             await _error(send, exc.status, str(exc))
         except RolloutNotFoundError as exc:
@@ -181,8 +184,10 @@ async def _read_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
-async def _respond(send: Send, status: int, body: bytes, content_type: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode()), *_SECURITY_HEADERS]
+async def _respond(send: Send, status: int, body: bytes, content_type: str,
+                   extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode()),
+               *_SECURITY_HEADERS]
     await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
     await send({"type": "http.response.body", "body": body})
 
@@ -197,4 +202,5 @@ async def _store_error(send: Send, exc: StoreError, *, user_sql: bool) -> None:
         await _error(send, 400, text)  # the query is wrong: retrying will not help
         return
     _logger.warning("store read failed: %s", text)
-    await _error(send, 503, f"the span store cannot be read right now: {text}", [(b"retry-after", _RETRY_AFTER_S.encode())])
+    await _error(send, 503, f"the span store cannot be read right now: {text}",
+                 [(b"retry-after", _RETRY_AFTER_S.encode())])
