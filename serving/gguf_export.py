@@ -60,7 +60,9 @@ def _load(checkpoint: pathlib.Path) -> tuple[Any, Any]:
 def _check_architecture(config: Any) -> None:
     """Refuse what the llama layout written here cannot express, naming the field."""
     if config.model_type != "llama":
-        raise ConfigError(f"checkpoint: GGUF export writes Llama-family models (model_type 'llama'), got {config.model_type!r}")
+        raise ConfigError(
+            f"checkpoint: GGUF export writes Llama-family models (model_type 'llama'), got {config.model_type!r}"
+        )
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     if rope.get("rope_type", rope.get("type", "default")) != "default":
         raise ConfigError(f"checkpoint: rope scaling {rope.get('rope_type')!r} is not written to GGUF; only 'default'")
