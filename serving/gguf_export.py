@@ -52,6 +52,10 @@ def _load(checkpoint: pathlib.Path) -> tuple[Any, Any]:
     from peft import AutoPeftModelForCausalLM, PeftConfig
 
     base = PeftConfig.from_pretrained(checkpoint).base_model_name_or_path
+    if not base or not (pathlib.Path(base) / "config.json").is_file():
+        raise ConfigError(
+            f"checkpoint: the adapter in {str(checkpoint)!r} names base model {base!r}, not a local model folder"
+        )
     model = AutoPeftModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).merge_and_unload()
     has_tokenizer = (checkpoint / "tokenizer.json").is_file() or (checkpoint / "tokenizer_config.json").is_file()
     return model.eval(), AutoTokenizer.from_pretrained(checkpoint if has_tokenizer else base)

@@ -173,35 +173,50 @@ def test_spanrl_serve_answers_from_exported_gguf(cli_q8, tmp_path) -> None:
     assert code == 0, log_path.read_text()
 
 
+def _export_cli(source: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
+    cmd = [sys.executable, "-m", "spanrl", "export", "model", str(source), "--outtype", "f32", "-o", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
 @pytest.mark.slow
-def test_lora_adapter_exports_merged(smollm2, tmp_path) -> None:
-    """A small untied Llama with SmolLM2's tokenizer, a LoRA adapter with non-zero weights: the GGUF
-    holds the merged weights (and ``output.weight``, the untied head)."""
+def test_lora_run_exports_merged(smollm2, tmp_path) -> None:
+    """A small untied Llama with SmolLM2's tokenizer and a LoRA adapter with non-zero weights, laid out
+    as a Trainer run (``checkpoint-N/``: merged weights, ``adapters/default/``, trainer state): the adapter
+    folder and the run folder both export the merged weights (and ``output.weight``, the untied head)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from spanrl.trainer.checkpoints import write_trainer_state
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2)
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
                          max_position_embeddings=256)
-    base = LlamaForCausalLM(config).eval()
-    base.save_pretrained(tmp_path / "base")
+    run = tmp_path / "run"
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "base")
     tokenizer.save_pretrained(tmp_path / "base")
-    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, target_modules="all-linear"))
-    peft_model.save_pretrained(tmp_path / "adapter")  # adapter_config.json names tmp_path / "base"
+    base = LlamaForCausalLM.from_pretrained(tmp_path / "base").eval()  # loaded: the adapter names its folder
+    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+                                                 target_modules="all-linear"))
+    # as algorithms/base.py saves it; adapter_config.json names tmp_path / "base"
+    peft_model.save_pretrained(run / "checkpoint-2" / "adapters" / "default")
     ids = tokenizer.encode("The capital of France is", return_tensors="pt")
     with torch.no_grad():
-        merged = peft_model.merge_and_unload().eval()(ids).logits[0]
+        merged_model = peft_model.merge_and_unload().eval()
+        merged = merged_model(ids).logits[0]
         unmerged = LlamaForCausalLM.from_pretrained(tmp_path / "base").eval()(ids).logits[0]
-    cmd = [sys.executable, "-m", "spanrl", "export", "model", str(tmp_path / "adapter"), "--outtype", "f32",
-           "-o", str(tmp_path / "out" / "lora.gguf")]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    model, _ = _load_gguf(tmp_path / "out" / "lora.gguf")
-    got = _logits(model, ids)
-    assert (got - merged).abs().max().item() <= 1e-4
-    assert (got - unmerged).abs().max().item() > 1e-2  # the adapter changed the weights
+    for step, model in ((1, LlamaForCausalLM.from_pretrained(tmp_path / "base")), (2, merged_model)):
+        model.save_pretrained(run / f"checkpoint-{step}")
+        tokenizer.save_pretrained(run / f"checkpoint-{step}")
+        write_trainer_state(run / f"checkpoint-{step}", step=step, history=[], config={})
+    for source in (run / "checkpoint-2" / "adapters" / "default", run):
+        model, _ = _load_gguf(_export_cli(source, tmp_path / source.name / "out.gguf"))
+        got = _logits(model, ids)
+        assert (got - merged).abs().max().item() <= 1e-4, source
+        assert (got - unmerged).abs().max().item() > 1e-2  # the adapter changed the weights
 
 
 def test_tiny_word_level_model_refused_before_writing(tiny_model_dir, tmp_path) -> None:
