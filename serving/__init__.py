@@ -25,6 +25,7 @@ __all__ = [
     "default_config",
     "encode_float32",
     "encode_int32",
+    "export_gguf",
     "resolve_model",
 ]
 
@@ -38,6 +39,7 @@ _LAZY = {
     "encode_float32": "spanrl.codec",
     "encode_int32": "spanrl.codec",
     "resolve_model": "spanrl.serving.models",
+    "export_gguf": "spanrl.serving.gguf_export",
 }
 
 
@@ -52,6 +54,7 @@ def __getattr__(name: str) -> Any:
 
 if TYPE_CHECKING:  # pragma: no cover
     from spanrl.serving.backend import Completion, GenerationResult, SamplingParams
+    from spanrl.serving.gguf_export import export_gguf
     from spanrl.serving.models import resolve_model
     from spanrl.serving.server import PolicyServer
     from spanrl.codec import decode_float32, decode_int32, encode_float32, encode_int32
