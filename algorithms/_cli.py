@@ -1,4 +1,5 @@
-"""``spanrl export transitions``: training rows (ids, masks, logprobs, rewards, advantages) for offline work.
+"""``spanrl export transitions``: training rows (ids, masks, logprobs, rewards, advantages) for offline work;
+``spanrl export model``: a trained checkpoint as one GGUF file for llama.cpp and Ollama.
 
 Reads through a running collector (``--url``) when it serves the same ``--db``, else opens the file
 read-only, like ``spanrl sql``. Writes Parquet, JSON lines, or a Hugging Face ``datasets`` folder, and
@@ -13,12 +14,13 @@ import sys
 from typing import Any
 
 _FORMATS = ("parquet", "jsonl", "hf")
+_GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")  # spanrl.serving.gguf_export.GGUF_TYPES, not imported at startup
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from spanrl.store.access import add_store_options
 
-    p = subparsers.add_parser("export", help="export training data: spanrl export transitions ...")
+    p = subparsers.add_parser("export", help="export training data or a model: spanrl export transitions|model ...")
     sub = p.add_subparsers(dest="export_command", metavar="WHAT", required=True)
     t = sub.add_parser("transitions", help="transitions with advantages, as Parquet, JSON lines or a HF dataset")
     t.add_argument("--output", "-o", required=True, help="output file (parquet, jsonl) or folder (hf)")
@@ -43,6 +45,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--aggregate", action="store_true", help="merge multi-turn calls into one masked sample")
     t.add_argument("--tokenizer", default=None, help="tokenizer folder to retokenize calls without ids")
     t.set_defaults(func=_export_transitions)
+    _register_model(sub)
+
+
+def _register_model(sub: argparse._SubParsersAction) -> None:
+    m = sub.add_parser("model", help="a checkpoint as a GGUF file (llama.cpp, Ollama), LoRA adapters merged")
+    m.add_argument("checkpoint", help="HF model folder, PEFT adapter folder, or a run's output_dir (latest checkpoint)")
+    m.add_argument("--format", "-f", default="gguf", choices=("gguf",), help="output format (default gguf)")
+    m.add_argument("--outtype", "--type", default="f16", choices=_GGUF_TYPES,
+                   help="tensor type (default f16; norms stay f32)")
+    m.add_argument("--output", "-o", required=True, help="output file, ending in .gguf")
+    m.add_argument("--ollama", action="store_true", help="also write an Ollama Modelfile beside the file")
+    m.set_defaults(func=_export_model)
+
+
+def _export_model(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from spanrl.errors import SpanRLError
+    from spanrl.serving.gguf_export import export_gguf
+    from spanrl.trainer.checkpoints import latest
+
+    checkpoint = Path(args.checkpoint)
+    is_model = (checkpoint / "config.json").is_file() or (checkpoint / "adapter_config.json").is_file()
+    if not is_model and latest(checkpoint) is not None:  # a run folder: its newest complete checkpoint
+        checkpoint = latest(checkpoint)
+    try:
+        out = export_gguf(checkpoint, args.output, kind=args.outtype, ollama=args.ollama)
+    except SpanRLError as exc:
+        print(f"spanrl: error: {exc}", file=sys.stderr)
+        return 1
+    print(out)
+    return 0
 
 
 def _export_transitions(args: argparse.Namespace) -> int:

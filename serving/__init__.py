@@ -27,6 +27,7 @@ __all__ = [
     "default_config",
     "encode_float32",
     "encode_int32",
+    "export_gguf",
     "resolve_model",
 ]
 
@@ -41,6 +42,7 @@ _LAZY = {
     "encode_float32": "spanrl.codec",
     "encode_int32": "spanrl.codec",
     "resolve_model": "spanrl.serving.models",
+    "export_gguf": "spanrl.serving.gguf_export",
 }
 
 
@@ -55,6 +57,7 @@ def __getattr__(name: str) -> Any:
 
 if TYPE_CHECKING:  # pragma: no cover
     from spanrl.serving.backend import Completion, GenerationResult, SamplingParams
+    from spanrl.serving.gguf_export import export_gguf
     from spanrl.serving.models import resolve_model
     from spanrl.serving.client import PolicyClient
     from spanrl.serving.server import PolicyServer
