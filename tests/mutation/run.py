@@ -33,7 +33,8 @@ _PYTEST = (f"env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 PYTH
            f"{sys.executable} -m pytest -x -q -p no:cacheprovider")
 
 TARGETS: dict[str, tuple[str, str]] = {
-    "credit": ("algorithms/credit.py", f"{_PYTEST} --noconftest tests/algorithms/test_credit.py"),
+    "credit": ("algorithms/credit.py",
+               f"{_PYTEST} --noconftest tests/algorithms/test_credit.py tests/algorithms/test_credit_gigpo.py"),
     "decomposer": ("store/decomposer.py", f"{_PYTEST} tests/store/test_decomposer.py"),
     "grpo": ("algorithms/grpo.py", f"{_PYTEST} tests/algorithms/test_grpo.py"),
 }
