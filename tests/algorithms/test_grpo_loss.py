@@ -121,7 +121,12 @@ def test_metrics_average_the_steps_over_the_real_rows(model_path: Path, tmp_path
     # one real row: no spread; no KL tokens: 0
     single = algo._metrics({"policy_loss": [1.0], "grad_norm": [1.0], "kl": [0.0, 0.0]}, data.select(slice(0, 1)), 0.0)
     assert single["charts/advantage_std"] == 0.0 and single["losses/approx_kl"] == 0.0
+    assert single["charts/reward_mean"] == 1.0
     assert single["losses/clipfrac"] == 0.0 and single["losses/kl_ref"] == 0.0
+    # equal advantages: float32 rounding makes the variance -7e-9, which must read as 0
+    same = pad_transitions([_t([3], [1], 0.3), _t([3], [1], 0.3)], pad_token_id=0)
+    assert algo._metrics({"policy_loss": [1.0], "grad_norm": [1.0], "kl": [0.0, 0.0]}, same, 0.0)[
+        "charts/advantage_std"] == 0.0
 
 
 def _set_grads(algo: GRPO, value: float) -> int:
