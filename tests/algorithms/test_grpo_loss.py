@@ -66,6 +66,19 @@ def test_update_loss_is_the_token_weighted_advantage(model_path: Path, tmp_path:
     assert metrics["charts/grad_norm"] > 0
     assert metrics["charts/step"] == 1.0 and algo.trainer.state.global_step == 1
     assert "losses/kl_ref" not in metrics
+    assert 0.0 < metrics["charts/update_seconds"] < 600.0
+
+
+def test_update_reports_the_k3_kl_to_the_server_logprobs(model_path: Path, tmp_path: Path) -> None:
+    # old log-probs 0.5 above the policy's on every loss token: log ratio -0.5, k3 = e^-0.5 - 1 + 0.5
+    algo = _setup(model_path, tmp_path, micro_batch_size=1)
+    p = prompt_ids(algo.tokenizer, 2)
+    batch = [_t(p, [1, 1], 1.0), _t(p, [1, 0, 1], -1.0)]
+    current = algo._logprobs(algo.trainer.model, pad_transitions(batch, pad_token_id=algo.tokenizer.pad_token_id))
+    for t, row in zip(batch, current):
+        t.old_logprobs = [lp + 0.5 if m else 0.0 for lp, m in zip(row.tolist(), t.completion_mask)]
+    metrics = algo.update(batch_of(batch))
+    assert metrics["losses/approx_kl"] == pytest.approx(math.exp(-0.5) - 0.5, rel=1e-4)
 
 
 def test_every_mini_batch_is_one_step(model_path: Path, tmp_path: Path) -> None:
@@ -121,7 +134,7 @@ def test_metrics_average_the_steps_over_the_real_rows(model_path: Path, tmp_path
     # one real row: no spread; no KL tokens: 0
     single = algo._metrics({"policy_loss": [1.0], "grad_norm": [1.0], "kl": [0.0, 0.0]}, data.select(slice(0, 1)), 0.0)
     assert single["charts/advantage_std"] == 0.0 and single["losses/approx_kl"] == 0.0
-    assert single["charts/reward_mean"] == 1.0
+    assert single["charts/reward_mean"] == 1.0 and single["losses/entropy"] == 0.0
     assert single["losses/clipfrac"] == 0.0 and single["losses/kl_ref"] == 0.0
     # equal advantages: float32 rounding makes the variance -7e-9, which must read as 0
     same = pad_transitions([_t([3], [1], 0.3), _t([3], [1], 0.3)], pad_token_id=0)
