@@ -49,19 +49,19 @@ def test_approx_kl_is_k3_over_the_loss_tokens() -> None:
 
 
 def test_update_loss_is_the_token_weighted_advantage(model_path: Path, tmp_path: Path) -> None:
-    # ratio 1 (on-policy): dapo's token loss is -A, summed over the 2 micro-batches and divided by the
-    # mini-batch's loss tokens: -(1*2 - 2*1 + 0.5*3 + 3*1) / 7
+    # ratio 1 (on-policy): dapo's token loss is -A, summed over the 3 micro-batches and divided by the
+    # mini-batch's loss tokens: -(1*2 - 2*1 + 0.5*3 + 3*1 + 0 + 0) / 10 (more rows than prompt columns)
     algo = _setup(model_path, tmp_path, micro_batch_size=2)
     p = prompt_ids(algo.tokenizer, 0)
     batch = [_t(p, [1, 0, 1], 1.0, reward=1.0), _t(p, [1], -2.0), _t(p, [1, 1, 1], 0.5, reward=1.0),
-             _t(p, [1, 0], 3.0)]
+             _t(p, [1, 0], 3.0), _t(p, [1], 0.0), _t(p, [1, 1], 0.0)]
     metrics = algo.update(batch_of(batch))
-    assert metrics["losses/policy_loss"] == pytest.approx(-4.5 / 7, abs=1e-5)
+    assert metrics["losses/policy_loss"] == pytest.approx(-0.45, abs=1e-5)
     assert metrics["losses/approx_kl"] == pytest.approx(0.0, abs=1e-6)
-    assert metrics["charts/transitions"] == 4
-    assert metrics["charts/reward_mean"] == 0.5
-    # sample std of [1, -2, 0.5, 3]: mean 0.625, squares 0.140625 + 6.890625 + 0.015625 + 5.640625 = 12.6875
-    assert metrics["charts/advantage_std"] == pytest.approx(math.sqrt(12.6875 / 3), rel=1e-6)
+    assert metrics["charts/transitions"] == 6
+    assert metrics["charts/reward_mean"] == pytest.approx(1 / 3)
+    # sample std of [1, -2, 0.5, 3, 0, 0]: sum 2.5, squares 14.25, so (14.25 - 2.5^2 / 6) / 5
+    assert metrics["charts/advantage_std"] == pytest.approx(math.sqrt((14.25 - 6.25 / 6) / 5), rel=1e-6)
     assert metrics["charts/learning_rate"] == pytest.approx(5e-4)
     assert metrics["charts/grad_norm"] > 0
     assert metrics["charts/step"] == 1.0 and algo.trainer.state.global_step == 1
@@ -138,8 +138,8 @@ def test_metrics_average_the_steps_over_the_real_rows(model_path: Path, tmp_path
     assert single["losses/clipfrac"] == 0.0 and single["losses/kl_ref"] == 0.0
     # equal advantages: float32 rounding makes the variance -7e-9, which must read as 0
     same = pad_transitions([_t([3], [1], 0.3), _t([3], [1], 0.3)], pad_token_id=0)
-    assert algo._metrics({"policy_loss": [1.0], "grad_norm": [1.0], "kl": [0.0, 0.0]}, same, 0.0)[
-        "charts/advantage_std"] == 0.0
+    both = algo._metrics({"policy_loss": [1.0], "grad_norm": [1.0], "kl": [0.3, 1.0]}, same, 0.0)
+    assert both["charts/advantage_std"] == 0.0 and both["losses/approx_kl"] == 0.3  # one KL token
 
 
 def _set_grads(algo: GRPO, value: float) -> int:
@@ -149,17 +149,20 @@ def _set_grads(algo: GRPO, value: float) -> int:
     return sum(p.numel() for p in params)
 
 
-@pytest.mark.parametrize("max_grad_norm", [0.0, 1.0])
+@pytest.mark.parametrize("max_grad_norm", [0.0, 1.0, 1e-6])
 def test_optimizer_step_returns_the_pre_clip_norm(model_path: Path, tmp_path: Path, max_grad_norm: float) -> None:
     algo = _setup(model_path, tmp_path, max_grad_norm=max_grad_norm, learning_rate=0.01)
     before = [p.detach().clone() for p in algo.model.parameters()]
     n = _set_grads(algo, 0.5)
-    assert algo._optimizer_step() == pytest.approx(0.5 * math.sqrt(n), rel=1e-5)
+    norm = 0.5 * math.sqrt(n)
+    assert algo._optimizer_step() == pytest.approx(norm, rel=1e-5)
     assert algo.trainer.state.global_step == 1
     assert all(p.grad is None for p in algo.model.parameters())
-    # Adam's first step moves every weight by the learning rate against the gradient's sign
+    # Adam's first step moves every weight by lr * g / (|g| + 1e-8): the learning rate unless clipping to
+    # 1e-6 made g ~1e-9 (torch clips by max_norm / (norm + 1e-6); 0 = no clipping)
+    g = 0.5 * (min(1.0, max_grad_norm / (norm + 1e-6)) if max_grad_norm > 0 else 1.0)
     for p, q in zip(algo.model.parameters(), before):
-        torch.testing.assert_close(p.detach(), q - 0.01, atol=1e-5, rtol=0)
+        torch.testing.assert_close(p.detach(), q - 0.01 * g / (g + 1e-8), atol=1e-5, rtol=0)
 
 
 def test_optimizer_step_skips_a_nan_gradient(model_path: Path, tmp_path: Path) -> None:
