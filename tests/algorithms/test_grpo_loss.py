@@ -67,6 +67,7 @@ def test_update_loss_is_the_token_weighted_advantage(model_path: Path, tmp_path:
     assert metrics["charts/step"] == 1.0 and algo.trainer.state.global_step == 1
     assert "losses/kl_ref" not in metrics
     assert 0.0 < metrics["charts/update_seconds"] < 600.0
+    assert not algo.trainer.state.log_history  # no report_to: nothing goes through Trainer.log
 
 
 def test_update_reports_the_k3_kl_to_the_server_logprobs(model_path: Path, tmp_path: Path) -> None:
