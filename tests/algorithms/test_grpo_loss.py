@@ -174,3 +174,26 @@ def test_optimizer_step_skips_a_nan_gradient(model_path: Path, tmp_path: Path) -
     assert algo.trainer.state.global_step == 0
     assert all(p.grad is None for p in algo.model.parameters())
     assert all(torch.equal(p, q) for p, q in zip(algo.model.parameters(), before))
+
+
+def test_lora_reference_is_the_base_model(model_path: Path, tmp_path: Path) -> None:
+    # with LoRA TRL keeps no reference copy: the reference is the model with its adapter off. A perturbed
+    # adapter makes it differ from the policy from the first step; lr 1e-12 keeps the policy where it is,
+    # so TRL's kl_ref (one micro-batch) is k3(ref - policy) averaged over the loss tokens
+    from spanrl.algorithms.lora import LoRAConfig
+
+    algo = _setup(model_path, tmp_path, lora=LoRAConfig(r=4), beta=0.1, learning_rate=1e-12)
+    with torch.no_grad():
+        for name, param in algo.model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(0)) * 2.0)
+    p = prompt_ids(algo.tokenizer, 3)
+    batch = [_t(p, [1, 1, 1], 1.0), _t(p, [1, 0], -1.0)]
+    data = pad_transitions(batch, pad_token_id=algo.tokenizer.pad_token_id)
+    policy = algo._logprobs(algo.model, data)
+    with algo.model.disable_adapter():
+        ref = algo._logprobs(algo.model, data)
+    d = (ref - policy)[data.loss_mask]
+    expected = float((d.exp() - d - 1).mean())
+    assert expected > 0.01
+    assert algo.update(batch_of(batch))["losses/kl_ref"] == pytest.approx(expected, rel=1e-3)
