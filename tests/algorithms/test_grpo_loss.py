@@ -136,6 +136,8 @@ def test_metrics_average_the_steps_over_the_real_rows(model_path: Path, tmp_path
     single = algo._metrics({"policy_loss": [1.0], "grad_norm": [1.0], "kl": [0.0, 0.0]}, data.select(slice(0, 1)), 0.0)
     assert single["charts/advantage_std"] == 0.0 and single["losses/approx_kl"] == 0.0
     assert single["charts/reward_mean"] == 1.0 and single["losses/entropy"] == 0.0
+    inert = algo._metrics({"policy_loss": [0.0], "grad_norm": [0.0], "kl": [0.0, 0.0]}, data.select(slice(2, 3)), 0.0)
+    assert inert["charts/transitions"] == 0 and inert["charts/reward_mean"] == 0.0  # no row with a loss token
     assert single["losses/clipfrac"] == 0.0 and single["losses/kl_ref"] == 0.0
     # equal advantages: float32 rounding makes the variance -7e-9, which must read as 0
     same = pad_transitions([_t([3], [1], 0.3), _t([3], [1], 0.3)], pad_token_id=0)
@@ -176,24 +178,29 @@ def test_optimizer_step_skips_a_nan_gradient(model_path: Path, tmp_path: Path) -
     assert all(torch.equal(p, q) for p, q in zip(algo.model.parameters(), before))
 
 
-def test_lora_reference_is_the_base_model(model_path: Path, tmp_path: Path) -> None:
-    # with LoRA TRL keeps no reference copy: the reference is the model with its adapter off. A perturbed
-    # adapter makes it differ from the policy from the first step; lr 1e-12 keeps the policy where it is,
-    # so TRL's kl_ref (one micro-batch) is k3(ref - policy) averaged over the loss tokens
+@pytest.mark.parametrize("lora", [False, True])
+def test_kl_ref_is_k3_against_the_reference(model_path: Path, tmp_path: Path, lora: bool) -> None:
+    # the reference: TRL's copy of the initial model, or with LoRA (no copy) the model with its adapter off.
+    # Perturbing the policy (its adapter) makes them differ from the first step; lr 1e-12 keeps the policy
+    # where it is, so TRL's kl_ref (one micro-batch) is k3(ref - policy) averaged over the loss tokens
     from spanrl.algorithms.lora import LoRAConfig
 
-    algo = _setup(model_path, tmp_path, lora=LoRAConfig(r=4), beta=0.1, learning_rate=1e-12)
+    algo = _setup(model_path, tmp_path, lora=LoRAConfig(r=4) if lora else None, beta=0.1, learning_rate=1e-12)
+    gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, param in algo.model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(0)) * 2.0)
+            if "lora_B" in name or not lora:
+                param.add_(torch.randn(param.shape, generator=gen) * (2.0 if lora else 0.2))
     p = prompt_ids(algo.tokenizer, 3)
     batch = [_t(p, [1, 1, 1], 1.0), _t(p, [1, 0], -1.0)]
     data = pad_transitions(batch, pad_token_id=algo.tokenizer.pad_token_id)
     policy = algo._logprobs(algo.model, data)
-    with algo.model.disable_adapter():
-        ref = algo._logprobs(algo.model, data)
+    if lora:
+        with algo.model.disable_adapter():
+            ref = algo._logprobs(algo.model, data)
+    else:
+        ref = algo._logprobs(algo.trainer.ref_model, data)
     d = (ref - policy)[data.loss_mask]
     expected = float((d.exp() - d - 1).mean())
-    assert expected > 0.01
+    assert expected > 1e-3  # the reference differs from the policy
     assert algo.update(batch_of(batch))["losses/kl_ref"] == pytest.approx(expected, rel=1e-3)
