@@ -1,7 +1,9 @@
-"""Mutation testing of the core math with cosmic-ray (``make mutation``; not in CI: ~20 min a module on a
-quiet 2-core machine). Each target mutates one module and runs only the tests that cover it; the score
-must reach ``MIN_KILLED`` of the mutants. Mutants are made in a scratch copy of the committed tree
-(``mutation-results/tree``, ``git archive HEAD``, imported first through PYTHONPATH), never in the checkout.
+"""Mutation testing of the core math with cosmic-ray (``make mutation``; not in CI: 5-25 min a module on 2
+loaded cores). Each target mutates one module and runs only the tests that cover it; the score must reach
+``MIN_KILLED`` of the mutants. grpo.py's target mutates only the loss plumbing (``REGIONS``: cosmic-ray's line
+filter over the named functions) and runs the fast ``test_grpo_loss.py``. Mutants are made in a scratch copy of
+the committed tree (``mutation-results/tree``, ``git archive HEAD``, imported first through PYTHONPATH), never in
+the checkout: commit new tests before a run.
 
     .venv/bin/python tests/mutation/run.py [--retest-survivors] [credit|decomposer|grpo ...]
 
@@ -50,7 +52,8 @@ REGIONS: dict[str, tuple[str, ...]] = {
 
 _KEEP_BINARY = "Add_Sub|Sub_Add|Mul_Div|Div_Mul|Pow_Mul|FloorDiv_Div|Mod_FloorDiv|MatMult_Mul"
 _KEEP_COMPARE = "Eq_NotEq|NotEq_Eq|Lt_LtE|LtE_Lt|Gt_GtE|GtE_Gt|Is_IsNot|IsNot_Is|In_NotIn|NotIn_In"
-_EXCLUDE = [f"core/ReplaceBinaryOperator_(?!({_KEEP_BINARY})$).*", f"core/ReplaceComparisonOperator_(?!({_KEEP_COMPARE})$).*"]
+_EXCLUDE = [f"core/ReplaceBinaryOperator_(?!({_KEEP_BINARY})$).*",
+            f"core/ReplaceComparisonOperator_(?!({_KEEP_COMPARE})$).*"]
 
 
 def _config(module: str, command: str, functions: tuple[str, ...] = ()) -> str:
