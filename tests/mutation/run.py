@@ -39,7 +39,8 @@ TARGETS: dict[str, tuple[str, str]] = {
                f"{_PYTEST} --noconftest tests/algorithms/test_credit.py tests/algorithms/test_credit_gigpo.py"),
     # the kept-rows path (store/decomposed.py's statement over this module's SQL) is decompose()'s default
     "decomposer": ("store/decomposer.py",
-                   f"{_PYTEST} tests/store/test_decomposer.py tests/store/test_decomposer_walk.py tests/store/test_decomposed.py"),
+                   f"{_PYTEST} tests/store/test_decomposer.py tests/store/test_decomposer_walk.py "
+                   f"tests/store/test_decomposed.py"),
     "grpo": ("algorithms/grpo.py", f"{_PYTEST} tests/algorithms/test_grpo_loss.py"),
 }
 """Name -> (module to mutate, the test command that must fail on each mutant)."""
