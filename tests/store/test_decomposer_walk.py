@@ -9,7 +9,7 @@ import pytest
 from test_decomposer import Recorder, Rollout, _ns, deliver, rows
 
 from spanrl.errors import StoreError
-from spanrl.store.decomposer import decompose
+from spanrl.store.decomposer import Selection, decompose
 
 
 def test_the_agent_is_found_at_every_depth_across_the_unrolled_walk(collector: Any) -> None:
@@ -30,6 +30,8 @@ def test_the_agent_is_found_at_every_depth_across_the_unrolled_walk(collector: A
 
     assert rows(dec.calls, "step", "agent") == [(k, f"a{k}") for k in range(9)]
     assert rows(dec.rollouts, "orphan_calls") == [(0,)]
+    # the selection by keyword, as the signature allows: the agent six spans up (the last plain join)
+    assert rows(decompose(collector.store, selection=Selection(agents=["a5"])).calls, "prompt_ids") == [([6],)]
 
 
 def test_a_failing_query_is_a_store_error() -> None:
