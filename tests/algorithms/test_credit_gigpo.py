@@ -59,6 +59,25 @@ def test_a_state_no_other_rollout_reached_adds_nothing() -> None:
     states = [0, 1, 0, 2, 0, 3, 0, 4]  # every second call alone in its step group
     result = gigpo(CreditConfig(scale_std=False, step_group_weight=1.0), [1, 1, 0, 1], states=states)
     np.testing.assert_allclose(result.advantages[1::2], [0.25, 0.25, -0.75, 0.25])
+    assert result.report["step_groups"] == 1  # step 0's; a call alone is no step group
+
+
+def test_a_step_group_whose_std_is_eps_is_scaled() -> None:
+    # R = [2, 2, 0, 2], eps 1: the task group and step 0 have std (ddof 1) exactly 1 = eps, so both terms are
+    # (R - 1.5) / (1 + 1); step 1's state 2 holds [0, 2] (-/+1 over sqrt 2 + 1), state 1's [2, 2] std 0: 0
+    result = gigpo(CreditConfig(step_group_weight=1.0, eps=1.0), [2, 2, 0, 2])
+    s2 = 1 / (np.sqrt(2) + 1)
+    np.testing.assert_allclose(result.advantages, [0.5, 0.25, 0.5, 0.25, -1.5, -0.75 - s2, 0.5, 0.25 + s2])
+
+
+def test_no_calls_give_no_advantages() -> None:
+    none = np.array([], dtype=np.int64)
+    result = assign_credit(
+        CreditConfig(step_group_weight=1.0), call_rollout=none, call_step=none, rollout_calls=none,
+        rollout_group=none, reward_rollout=none, reward_step=none, reward_value=np.array([]), reward_time_ns=none,
+        call_state=none,
+    )
+    assert result.advantages.shape == (0,) and result.report["step_groups"] == 0
 
 
 def test_states_of_different_task_groups_never_mix() -> None:

@@ -1,7 +1,9 @@
-"""Mutation testing of the core math with cosmic-ray (``make mutation``; not in CI: ~20 min a module on a
-quiet 2-core machine). Each target mutates one module and runs only the tests that cover it; the score
-must reach ``MIN_KILLED`` of the mutants. Mutants are made in a scratch copy of the committed tree
-(``mutation-results/tree``, ``git archive HEAD``, imported first through PYTHONPATH), never in the checkout.
+"""Mutation testing of the core math with cosmic-ray (``make mutation``; not in CI: 5-25 min a module on 2
+loaded cores). Each target mutates one module and runs only the tests that cover it; the score must reach
+``MIN_KILLED`` of the mutants. grpo.py's target mutates only the loss plumbing (``REGIONS``: cosmic-ray's line
+filter over the named functions) and runs the fast ``test_grpo_loss.py``. Mutants are made in a scratch copy of
+the committed tree (``mutation-results/tree``, ``git archive HEAD``, imported first through PYTHONPATH), never in
+the checkout: commit new tests before a run.
 
     .venv/bin/python tests/mutation/run.py [--retest-survivors] [credit|decomposer|grpo ...]
 
@@ -33,11 +35,22 @@ _PYTEST = (f"env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 PYTH
            f"{sys.executable} -m pytest -x -q -p no:cacheprovider")
 
 TARGETS: dict[str, tuple[str, str]] = {
-    "credit": ("algorithms/credit.py", f"{_PYTEST} --noconftest tests/algorithms/test_credit.py"),
-    "decomposer": ("store/decomposer.py", f"{_PYTEST} tests/store/test_decomposer.py"),
-    "grpo": ("algorithms/grpo.py", f"{_PYTEST} tests/algorithms/test_grpo.py"),
+    "credit": ("algorithms/credit.py",
+               f"{_PYTEST} --noconftest tests/algorithms/test_credit.py tests/algorithms/test_credit_gigpo.py"),
+    # the kept-rows path (store/decomposed.py's statement over this module's SQL) is decompose()'s default
+    "decomposer": ("store/decomposer.py",
+                   f"{_PYTEST} tests/store/test_decomposer.py tests/store/test_decomposer_walk.py "
+                   f"tests/store/test_decomposed.py"),
+    "grpo": ("algorithms/grpo.py", f"{_PYTEST} tests/algorithms/test_grpo_loss.py"),
 }
 """Name -> (module to mutate, the test command that must fail on each mutant)."""
+
+REGIONS: dict[str, tuple[str, ...]] = {
+    # the loss plumbing: what goes into TRL's loss and what comes out; not validate/setup/checkpoints (config
+    # and I/O, test_grpo.py's ~13 s of CPU a mutant) nor the log-prob forwards (spanrl.algorithms.batching's)
+    "grpo": ("update", "_trl_inputs", "_processes_per_rank", "_optimizer_step", "_metrics", "_approx_kl"),
+}
+"""Name -> the functions whose lines alone are mutated (cosmic-ray's line filter); absent: the whole module."""
 
 _KEEP_BINARY = "Add_Sub|Sub_Add|Mul_Div|Div_Mul|Pow_Mul|FloorDiv_Div|Mod_FloorDiv|MatMult_Mul"
 _KEEP_COMPARE = "Eq_NotEq|NotEq_Eq|Lt_LtE|LtE_Lt|Gt_GtE|GtE_Gt|Is_IsNot|IsNot_Is|In_NotIn|NotIn_In"
@@ -45,11 +58,27 @@ _EXCLUDE = [f"core/ReplaceBinaryOperator_(?!({_KEEP_BINARY})$).*",
             f"core/ReplaceComparisonOperator_(?!({_KEEP_COMPARE})$).*"]
 
 
-def _config(module: str, command: str) -> str:
+def _config(module: str, command: str, functions: tuple[str, ...] = ()) -> str:
     excluded = ", ".join(f'"{p}"' for p in _EXCLUDE)
-    return (f'[cosmic-ray]\nmodule-path = "{module}"\ntimeout = 120.0\nexcluded-modules = []\n'
-            f'test-command = "{command}"\n\n[cosmic-ray.distributor]\nname = "local"\n\n'
-            f'[cosmic-ray.filters.operators-filter]\nexclude-operators = [{excluded}]\n')
+    config = (f'[cosmic-ray]\nmodule-path = "{module}"\ntimeout = 120.0\nexcluded-modules = []\n'
+              f'test-command = "{command}"\n\n[cosmic-ray.distributor]\nname = "local"\n\n'
+              f'[cosmic-ray.filters.operators-filter]\nexclude-operators = [{excluded}]\n')
+    if functions:
+        lines = ", ".join(f'"{a}-{b}"' for a, b in _function_lines(TREE / module, functions))
+        config += f'\n[cosmic-ray.filters.line-filter]\nlines = {{ "{module}" = [{lines}] }}\n'
+    return config
+
+
+def _function_lines(path: Path, functions: tuple[str, ...]) -> list[tuple[int, int]]:
+    """(first, last) line of each named function or method of ``path``; all must exist."""
+    import ast
+
+    found = {n.name: (n.lineno, n.end_lineno) for n in ast.walk(ast.parse(path.read_text()))
+             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name in functions}
+    missing = sorted(set(functions) - set(found))
+    if missing:
+        raise SystemExit(f"{path}: no function {missing}")
+    return [found[name] for name in functions]
 
 
 def score(session: Path) -> tuple[int, int, list[str]]:
@@ -84,11 +113,14 @@ def make_tree() -> None:
 def run(name: str, *, retest_survivors: bool = False) -> bool:
     module, command = TARGETS[name]
     config, session = OUT / f"{name}.toml", OUT / f"{name}.sqlite"
-    config.write_text(_config(module, command))
+    functions = REGIONS.get(name, ())
+    config.write_text(_config(module, command, functions))
     bin_dir = Path(sys.executable).parent
     if not session.exists():  # a session is resumable: exec runs only the mutants not done yet
         subprocess.run([bin_dir / "cosmic-ray", "init", config, session], cwd=TREE, check=True)
         subprocess.run([bin_dir / "cr-filter-operators", session, config], cwd=TREE, check=True)
+        if functions:
+            subprocess.run([bin_dir / "cr-filter-lines", session, "--config", config], cwd=TREE, check=True)
     elif retest_survivors:
         with sqlite3.connect(session) as con:
             con.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'")
