@@ -11,7 +11,7 @@ import pytest
 import torch
 from toy_task import batch_of, build_model, prompt_ids, one_torch_thread  # noqa: F401 (autouse fixture)
 
-from spanrl.algorithms.base import pad_transitions
+from spanrl.algorithms.padding import pad_transitions
 from spanrl.algorithms.grpo import GRPO, _approx_kl
 from spanrl.algorithms.transitions import Transition
 
@@ -67,7 +67,7 @@ def test_update_loss_is_the_token_weighted_advantage(model_path: Path, tmp_path:
     assert metrics["charts/step"] == 1.0 and algo.trainer.state.global_step == 1
     assert "losses/kl_ref" not in metrics
     assert 0.0 < metrics["charts/update_seconds"] < 600.0
-    assert not algo.trainer.state.log_history  # no report_to: nothing goes through Trainer.log
+    assert not algo.trainer.state.log_history  # algorithms write no reports: nothing goes through Trainer.log
 
 
 def test_update_reports_the_k3_kl_to_the_server_logprobs(model_path: Path, tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ filter over the named functions) and runs the fast ``test_grpo_loss.py``. Mutant
 the committed tree (``mutation-results/tree``, ``git archive HEAD``, imported first through PYTHONPATH), never in
 the checkout: commit new tests before a run.
 
-    .venv/bin/python tests/mutation/run.py [--retest-survivors] [credit|decomposer|grpo ...]
+    .venv/bin/python tests/mutation/run.py [--retest-survivors] [credit|decomposer|decomposer_sql|grpo ...]
 
 ``--retest-survivors`` refreshes the copy and runs again only the mutants that survived last time (after
 adding tests that should kill them).
@@ -34,13 +34,14 @@ TREE = OUT / "tree"
 _PYTEST = (f"env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 PYTHONPATH={TREE} "
            f"{sys.executable} -m pytest -x -q -p no:cacheprovider")
 
+_DECOMPOSER_TESTS = (f"{_PYTEST} tests/store/test_decomposer.py tests/store/test_decomposer_walk.py "
+                     f"tests/store/test_kept_rollouts.py")
 TARGETS: dict[str, tuple[str, str]] = {
     "credit": ("algorithms/credit.py",
                f"{_PYTEST} --noconftest tests/algorithms/test_credit.py tests/algorithms/test_credit_gigpo.py"),
-    # the kept-rows path (store/decomposed.py's statement over this module's SQL) is decompose()'s default
-    "decomposer": ("store/decomposer.py",
-                   f"{_PYTEST} tests/store/test_decomposer.py tests/store/test_decomposer_walk.py "
-                   f"tests/store/test_decomposed.py"),
+    # the decomposer runs its statement (decomposer_sql.py) through the kept-rows path (kept_rollouts.py) by default
+    "decomposer": ("store/decomposer.py", _DECOMPOSER_TESTS),
+    "decomposer_sql": ("store/decomposer_sql.py", _DECOMPOSER_TESTS),
     "grpo": ("algorithms/grpo.py", f"{_PYTEST} tests/algorithms/test_grpo_loss.py"),
 }
 """Name -> (module to mutate, the test command that must fail on each mutant)."""
