@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 _PRIME_STEPS_MAX = 1000
-_PRIME_LR = 1e-2
+# Tried in order, each from the initial weights: at 1e-2 Adam can settle where the prompts are not told apart
+# (four gold answers that differ in one digit stall at 1/8 each, text2sql's on transformers 5.24), 3e-3 does not
+_PRIME_LRS = (1e-2, 3e-3, 1e-3)
 # Priming stops once P(right completion | prompt) is in _PRIME_TARGET on every prompt, and fails unless it
 # is in _PRIME_BAND when the steps run out (a prompt the tiny model cannot tell from another stalls at 1/4).
 _PRIME_TARGET = (0.35, 0.65)
@@ -51,21 +53,11 @@ def _batch(pairs: list[tuple[list[int], list[int]]]) -> tuple[Any, Any, Any]:
     return ids, ids[:, 1:], mask
 
 
-def prime_half_right(model_dir: Path, examples: Sequence[tuple[list[dict[str, Any]], str, str]]) -> Path:
-    """Train the tiny model at ``model_dir`` in place so that, for each ``(messages, right, wrong)``, the
-    reply to ``messages`` is ``right`` (then ``<eos>``) with a probability in ``_PRIME_BAND``: supervised
-    steps towards ``right`` and ``wrong`` equally, stopped once every prompt is in the band.
-    An example whose ``right`` and ``wrong`` are the same text is taught outright (no band: e.g. a
-    reviewer's "OK"). Returns ``model_dir``; raises if the band is not reached."""
+def _prime(model: Any, ids: Any, targets: Any, mask: Any, banded: Any, lr: float) -> Any:
+    """Supervised steps towards every completion at once; P(right) of the banded prompts where it stopped."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    pairs = [_sequences(tokenizer, m, c) for m, right, wrong in examples for c in (right, wrong)]
-    banded = torch.tensor([right != wrong for _, right, wrong in examples])
-    ids, targets, mask = _batch(pairs)
-    optimizer = torch.optim.Adam(model.parameters(), lr=_PRIME_LR)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     right = torch.zeros(0)
     for _ in range(_PRIME_STEPS_MAX + 1):
         logprobs = torch.log_softmax(model(ids).logits[:, :-1].float(), -1).gather(2, targets[..., None])[..., 0]
@@ -76,7 +68,28 @@ def prime_half_right(model_dir: Path, examples: Sequence[tuple[list[dict[str, An
         optimizer.zero_grad()
         (-sequence.mean()).backward()
         optimizer.step()
-    if not bool(((right >= _PRIME_BAND[0]) & (right <= _PRIME_BAND[1])).all()):
+    return right
+
+
+def prime_half_right(model_dir: Path, examples: Sequence[tuple[list[dict[str, Any]], str, str]]) -> Path:
+    """Train the tiny model at ``model_dir`` in place so that, for each ``(messages, right, wrong)``, the
+    reply to ``messages`` is ``right`` (then ``<eos>``) with a probability in ``_PRIME_BAND``: supervised
+    steps towards ``right`` and ``wrong`` equally, stopped once every prompt is in the band.
+    An example whose ``right`` and ``wrong`` are the same text is taught outright (no band: e.g. a
+    reviewer's "OK"). Returns ``model_dir``; raises if the band is not reached."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    pairs = [_sequences(tokenizer, m, c) for m, right, wrong in examples for c in (right, wrong)]
+    banded = torch.tensor([right != wrong for _, right, wrong in examples])
+    ids, targets, mask = _batch(pairs)
+    for lr in _PRIME_LRS:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        right = _prime(model, ids, targets, mask, banded, lr)
+        if bool(((right >= _PRIME_BAND[0]) & (right <= _PRIME_BAND[1])).all()):
+            break
+    else:
         raise AssertionError(f"priming did not bring every P(right) into {_PRIME_BAND}: {right.tolist()}")
     model.save_pretrained(model_dir)
     print(f"primed {model_dir}: P(right) = {[round(p, 2) for p in right.tolist()]}")

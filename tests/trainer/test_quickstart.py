@@ -67,7 +67,7 @@ def test_deployed_agent_runs_a_question_greedily():
     [
         ({"env_class": dict}, "env_class must be a subclass of AgentEnv, got <class 'dict'>"),
         ({"reward_class": object}, "reward_class must be a subclass of RewardFunction"),
-        ({"algorithm": "reinforce"}, r"algorithm must be one of \('grpo', 'ppo', 'dpo', 'sft'\), got 'reinforce'"),
+        ({"algorithm": "reinforce"}, r"algorithm must be one of \('grpo', 'ppo', 'sft', 'dpo'\), got 'reinforce'"),
         ({"batch_size": 2, "n_rollouts": 4}, r"batch_size \(2\) must be at least n_rollouts \(4\)"),
         ({"total_steps": 0}, "total_steps must be a positive integer, got 0"),
         ({"learning_rate": -1.0}, "learning_rate must be > 0, got -1.0"),
