@@ -232,7 +232,7 @@ class SpanStore:
             rel = cur.sql(query, params=params)
             return rel.to_arrow_table() if rel is not None else pa.table({})
         except duckdb.Error as exc:
-            raise StoreError(f"SQL failed: {exc}") from exc
+            raise StoreError(_damaged(self._path, exc) or f"SQL failed: {exc}") from exc
         finally:
             cur.close()
 
@@ -261,7 +261,7 @@ class SpanStore:
                     f"SQL interrupted: it ran longer than the time limit of {timeout_s:g} s (sql_timeout_s)"
                 ) from None
             except duckdb.Error as exc:
-                raise StoreError(f"SQL failed: {exc}") from exc
+                raise StoreError(_damaged(self._path, exc) or f"SQL failed: {exc}") from exc
             finally:
                 if timer is not None:
                     timer.cancel()
@@ -343,8 +343,24 @@ def _check_not_truncated(con: duckdb.DuckDBPyConnection, path: str) -> None:
         )
 
 
+_DAMAGED = ("Corrupt database file", "is not a valid DuckDB database file")  # DuckDB's block checksums, its header
+
+
+def _damaged(path: str, exc: BaseException) -> str | None:
+    """The message for a file DuckDB found damaged (a block whose checksum fails, a header it cannot read), else None.
+    Blocks are checked as they are read: at start for what the collector reads then, later for the rest."""
+    if not any(needle in str(exc) for needle in _DAMAGED):
+        return None
+    first = str(exc).splitlines()[0]
+    return (f"the span store {path!r} is damaged: {first}. Restore it from a backup, or move it away to start a "
+            "new store")
+
+
 def _open_failure(path: str, exc: BaseException) -> str:
-    """The reason an open failed, and what to do when the disk is full."""
+    """The reason an open failed, and what to do when the disk is full or the file is damaged."""
+    damaged = _damaged(path, exc)
+    if damaged is not None:
+        return damaged
     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     if any(needle in str(exc) for needle in _DISK_FULL):
         return (f"cannot open the span store {path!r}: the disk is full (or a file size limit was reached): {first}. "

@@ -69,6 +69,22 @@ def test_a_truncated_store_is_refused_at_start_with_the_reason(tmp_path):
     assert db.stat().st_size == size // 2 and not Path(f"{db}.wal").exists()  # nothing written to it
 
 
+@pytest.mark.parametrize("offset", [0, 3 * 4096], ids=["header", "first-block"])
+def test_a_store_with_damaged_bytes_is_refused_at_start_with_the_reason(tmp_path, offset):
+    """DuckDB checksums every block; a damaged one read at start (the header, the catalog's) is named, not
+    a bare 'SQL failed' or a traceback, and the file is left as it was."""
+    db = tmp_path / "spans.duckdb"
+    _store_with_spans(db)
+    with open(db, "r+b") as f:
+        f.seek(offset)
+        f.write(bytes(range(256)) * 16)  # 4 KiB that are no DuckDB block
+    damaged = db.read_bytes()
+    ran = _collector_cli(db, tmp_path)
+    assert ran.returncode == 1 and "ready" not in ran.stdout and "Traceback" not in ran.stderr, ran.stderr
+    assert f"the span store '{db}' is damaged: " in ran.stderr and "Restore it from a backup" in ran.stderr
+    assert db.read_bytes() == damaged
+
+
 def test_a_full_disk_at_restart_is_a_clear_error_and_loses_nothing(tmp_path):
     db = tmp_path / "spans.duckdb"
     _store_with_spans(db)
