@@ -223,8 +223,8 @@ class APO:
                         history.append({**entry, "score": None, "status": "rejected: placeholders changed"})
                         continue
                     if child in cache or child in children:
-                        score = cache[child].score if child in cache else None
-                        history.append({**entry, "score": score, "status": "duplicate"})
+                        known = cache[child].score if child in cache else None
+                        history.append({**entry, "score": known, "status": "duplicate"})
                         continue
                     children.append(child)
                     history.append({**entry, "score": evaluate(child).score, "status": "scored"})
