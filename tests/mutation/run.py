@@ -35,6 +35,7 @@ _PYTEST = (f"env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 PYTH
            f"{sys.executable} -m pytest -x -q -p no:cacheprovider")
 
 _DECOMPOSER_TESTS = (f"{_PYTEST} tests/store/test_decomposer.py tests/store/test_decomposer_walk.py "
+                     f"tests/store/test_decomposer_parts.py "
                      f"tests/store/test_kept_rollouts.py")
 TARGETS: dict[str, tuple[str, str]] = {
     "credit": ("algorithms/credit.py",
