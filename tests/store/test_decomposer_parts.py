@@ -20,10 +20,29 @@ def _part(rows: pa.Table, kind: str) -> list[tuple[Any, str]]:
     return list(zip(part.column("k").to_pylist(), part.column("v").to_pylist()))
 
 
+def _chunks(rows: pa.Table, kind: str) -> list[int]:
+    """Per chunk of the part's key column, where its values start in memory (a slice shares the input's)."""
+    part = _row_kind_part(rows, kind, ("k", "v"), ("k",))
+    return [c.buffers()[1].address + c.offset * 8 for c in part.column("k").chunks]
+
+
+def _at(rows: pa.Table, row: int) -> int:
+    return rows.column("k").chunk(0).buffers()[1].address + row * 8
+
+
 def test_contiguous_sorted_rows_come_back_as_they_are() -> None:
     rows = _rows(["reward", "call", "call", "call", "rollout"], [9, 1, 2, 3, 0])
     assert _part(rows, "call") == [(1, "call1"), (2, "call2"), (3, "call3")]
     assert _part(rows, "reward") == [(9, "reward0")] and _part(rows, "rollout") == [(0, "rollout4")]
+    assert _chunks(rows, "call") == [_at(rows, 1)]  # one zero-copy slice of the decomposer's rows
+
+
+def test_rows_in_a_few_ordered_runs_are_zero_copy_slices_a_run_each() -> None:
+    rows = _rows(["call"] * 4, [3, 4, 1, 2])  # DuckDB's threads emit ordered runs: a rotation
+    assert [k for k, _ in _part(rows, "call")] == [1, 2, 3, 4]
+    assert _chunks(rows, "call") == [_at(rows, 2), _at(rows, 0)]
+    one = _rows(["reward", "call"], [0, 7])
+    assert _chunks(one, "call") == [_at(one, 1)]
 
 
 def test_no_row_of_a_kind_is_an_empty_table_with_the_columns() -> None:
@@ -41,8 +60,10 @@ def test_interleaved_kinds_and_out_of_order_runs_are_sorted() -> None:
 
 def test_many_runs_are_taken_in_order_and_nulls_sort_last() -> None:
     keys = [k for pair in zip(range(300, 0, -1), range(301, 601)) for k in pair]  # 600 rows, ~300 runs
-    got = _part(_rows(["call"] * len(keys), keys), "call")
+    many = _rows(["call"] * len(keys), keys)
+    got = _part(many, "call")
     assert [k for k, _ in got] == sorted(keys)
+    assert len(_chunks(many, "call")) == 1  # past _MAX_SORTED_RUNS: one `take`, not 600 slices
     with_null = _part(_rows(["call"] * 3, [None, 2, 1]), "call")
     assert [k for k, _ in with_null] == [1, 2, None]
 
