@@ -8,8 +8,7 @@ Public names are loaded on first use, so importing one part does not import them
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from spanrl._lazy import lazy_getattr
 
 # public name -> module that defines it
 _LAZY: dict[str, str] = {
@@ -55,10 +54,4 @@ def algorithm_class(name: str, *, field: str = "algorithm", allowed: tuple[str, 
     return __getattr__(ALGORITHMS[key])
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'spanrl.algorithms' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())

@@ -10,9 +10,9 @@ Heavy modules (torch, transformers, fastapi) load on first use of a name that ne
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from spanrl._lazy import lazy_getattr
 from spanrl.serving.config import ServerConfig, default_config
 
 __all__ = [
@@ -46,13 +46,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'spanrl.serving' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 
 if TYPE_CHECKING:  # pragma: no cover
