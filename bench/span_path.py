@@ -18,13 +18,15 @@ import json
 import sys
 import tempfile
 import threading
+import tomllib
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-REPO_ROOTS = ("spanrl", "instrumentation", "collector", "store", "algorithms", "trainer", "rollouts", "demo",
-              "serving", "ui")
+# every product folder, as pyproject maps the packages (bench/ runs from the checkout)
+_PYPROJECT = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+REPO_ROOTS = tuple(sorted({d.split("/")[0] for d in _PYPROJECT["tool"]["setuptools"]["package-dir"].values()}))
 MAX_FILES = 12
 # the collector's background upkeep (kept rollouts, retention): it runs on its own clock, not on a span's path
 _MAINTENANCE_THREADS = ("spanrl-materializer", "spanrl-retention")
