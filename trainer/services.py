@@ -87,8 +87,7 @@ class Services:
             InProcessTracing.point_at(otel_env["OTEL_EXPORTER_OTLP_ENDPOINT"])
             self._stack.callback(self._stop, "tracing", lambda: InProcessTracing.point_at(None))
         self.runner = RolloutRunner(agent, config=config.runner, ready=ready, otel_env=otel_env,
-                                    flush=self.server.force_flush,
-
+                                    flush=self.server.force_flush, backend=config.rollouts,
                                     on_end=functools.partial(store_rollouts.record_end, self.collector.store))
         self._stack.callback(self._stop, "runner", self.runner.close)
 
