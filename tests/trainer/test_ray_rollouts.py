@@ -180,3 +180,20 @@ def test_a_node_killed_mid_step_is_retried_elsewhere_never_hung_never_twice(
     time.sleep(1.0)
     assert not any((out / f"{r.rollout_id}.done").exists() for r in lost)
     assert _rewarded(collector.store, [r.rollout_id for r in results]) == {r.rollout_id for r in ok}
+
+
+def test_the_calculator_demo_quick_trains_through_ray(cluster: Cluster, tmp_path: Path) -> None:
+    """The demo's quick setting (SFT warm start, then GRPO steps) with every rollout on the cluster: the
+    same stages and figures as on this machine (the SFT start does not depend on where rollouts ran)."""
+    from spanrl.demo.demo import DemoConfig, run_demo
+
+    result = run_demo(DemoConfig.quick(output_dir=str(tmp_path / "demo"), progress=False,
+                                       rollouts={"backend": "ray", "address": cluster.address}), echo=print)
+    rows = [json.loads(line) for line in (tmp_path / "demo" / "grpo" / "rollouts.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["mode"] == "train"]
+    assert len([r for r in train if r["status"] == STATUS_OK]) == 2 * 2 * 4  # steps x tasks x group size
+    assert {r["node"] for r in rows} == _node_ids(cluster)
+    assert [row["policy_version"] for row in result.history if "policy_version" in row][-1] == 2
+    assert 0.0 <= result.sft_success <= 1.0 and 0.0 <= result.grpo_success <= 1.0
+    print(f"ray quick demo: after SFT {result.sft_success:.2f} -> after GRPO {result.grpo_success:.2f} "
+          f"in {result.seconds:.0f} s")
