@@ -12,7 +12,9 @@ runner retries it under a fresh rollout id, so no rollout is trained twice.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,11 +24,12 @@ from spanrl.rollouts import ray_task
 from spanrl.rollouts.agent_env import otel_rollout_env
 from spanrl.rollouts.rollouts import STATUS_CRASHED, STATUS_TIMEOUT, RolloutsConfig, RolloutSpec
 
-__all__ = ["RayCallableAgent", "RayCommandAgent", "RayWorkerPool", "connect", "node_environment"]
+__all__ = ["RayCallableAgent", "RayCommandAgent", "RayWorkerPool", "advertised", "connect", "node_environment"]
 
 _logger = logging.getLogger(__name__)
 _CLOSE_TIMEOUT_S = 10.0
 _OWN_PREFIXES = ("OTEL_", "SPANRL_")
+_LOCAL_HOSTS = ("127.0.0.1", "0.0.0.0", "localhost", "::1", "::")
 
 
 def _ray() -> Any:
@@ -55,6 +58,13 @@ class Cluster:
             **({"resources": resources} if resources else {}),
         }
         self.start_timeout_s = cfg.start_timeout_s
+        self.advertise_host = cfg.advertise_host
+
+    def url(self, url: str) -> str:
+        return advertised(url, self.advertise_host)
+
+    def reachable(self, spec: RolloutSpec) -> RolloutSpec:
+        return dataclasses.replace(spec, base_url=self.url(spec.base_url))
 
     def task(self, fn: Any) -> Any:
         return _ray().remote(fn).options(**self.options, max_retries=0)
@@ -74,6 +84,15 @@ class Cluster:
     def close(self) -> None:
         if self.owned:
             _ray().shutdown()
+
+
+def advertised(url: str, host: str | None) -> str:
+    """``url`` as the nodes reach it: a loopback or wildcard host replaced by ``host`` (None: unchanged)."""
+    parts = urllib.parse.urlsplit(url)
+    if not host or parts.hostname not in _LOCAL_HOSTS:
+        return url
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def _described(ray: Any, exc: BaseException) -> str:
@@ -108,6 +127,7 @@ class RayCommandAgent:
         self._task = cluster.task(ray_task.run_command)
 
     async def run(self, spec: RolloutSpec, timeout_s: float) -> tuple[str, str | None, str | None]:
+        spec = self.cluster.reachable(spec)
         rollout_env = {**self.node_env, **spec.environ(), **otel_rollout_env(self.node_env, spec.ids())}
         return await self.cluster.result(self._task.remote(self.argv, self.instrument, rollout_env, timeout_s),
                                          timeout_s)
@@ -127,7 +147,7 @@ class RayCallableAgent:
         self._task = cluster.task(ray_task.run_callable)
 
     async def run(self, spec: RolloutSpec, timeout_s: float) -> tuple[str, str | None, str | None]:
-        ref = self._task.remote(self._fn, spec.message(), self.endpoint, timeout_s)
+        ref = self._task.remote(self._fn, self.cluster.reachable(spec).message(), self.endpoint, timeout_s)
         return await self.cluster.result(ref, timeout_s)
 
     async def close(self) -> None:
@@ -156,8 +176,8 @@ class RayWorkerPool:
         try:
             if self.actors[slot] is None:
                 self.actors[slot] = self._actor_class.remote(*self._args)
-            status, error, node = await self.cluster.result(self.actors[slot].run.remote(spec.message(), timeout_s),
-                                                            timeout_s)
+            message = self.cluster.reachable(spec).message()
+            status, error, node = await self.cluster.result(self.actors[slot].run.remote(message, timeout_s), timeout_s)
             if node is None:  # the actor is lost or stuck: the next rollout on this slot gets a new one
                 _ray().kill(self.actors[slot])
                 self.actors[slot] = None
@@ -182,11 +202,14 @@ def ray_agent(agent: Any, *, cluster_config: RolloutsConfig, argv: list[str] | N
               node_env: dict[str, str], workers: int, otlp_endpoint: str | None) -> Any:
     """The Ray agent for ``agent``: a callable's tasks, or a command's tasks (``workers`` 0) or actors."""
     cluster = connect(cluster_config)
+    endpoint_key = "OTEL_EXPORTER_OTLP_ENDPOINT"
+    if endpoint_key in node_env:
+        node_env = {**node_env, endpoint_key: cluster.url(node_env[endpoint_key])}
     if callable(agent):
         if not otlp_endpoint:
             raise ConfigError("a callable agent on Ray needs the collector's OTLP endpoint "
                               "(OTEL_EXPORTER_OTLP_ENDPOINT in otel_env)")
-        return RayCallableAgent(cluster, agent, otlp_endpoint)
+        return RayCallableAgent(cluster, agent, cluster.url(otlp_endpoint))
     assert argv is not None
     if workers:
         return RayWorkerPool(cluster, argv, instrument, node_env, workers)

@@ -82,6 +82,11 @@ class RolloutsConfig:
     """Ray: the namespace the driver joins (None: an anonymous one)."""
     scheduling_strategy: str = "SPREAD"
     """Ray: ``SPREAD`` (rollouts spread over the nodes) or ``DEFAULT`` (Ray packs them)."""
+    advertise_host: str | None = None
+    """Ray: this machine's address as the nodes reach it (its IP or name). With it the Trainer's
+    collector and embedded policy server bind ``0.0.0.0``, and rollouts on the nodes get their URLs with
+    this host in place of a loopback or wildcard one. None: the nodes share this machine's loopback
+    (a cluster on one machine)."""
     start_timeout_s: float = 120.0
     """Ray: how long a rollout may wait for a place on the cluster, on top of ``rollout_timeout_s``;
     past both it is ``timeout`` (its task cancelled)."""

@@ -115,6 +115,15 @@ def test_the_remote_module_ships_by_value_and_shares_the_statuses() -> None:
     assert (ray_task.OK, ray_task.CRASHED, ray_task.TIMEOUT) == (STATUS_OK, STATUS_CRASHED, STATUS_TIMEOUT)
 
 
+def test_nodes_get_urls_on_the_advertised_host() -> None:
+    from spanrl.rollouts.ray_backend import advertised
+
+    assert advertised("http://127.0.0.1:4317", "10.0.0.5") == "http://10.0.0.5:4317"
+    assert advertised("http://0.0.0.0:8000/rollouts/r-1-a1/v1", "trainer") == "http://trainer:8000/rollouts/r-1-a1/v1"
+    assert advertised("http://policy-2:8000", "10.0.0.5") == "http://policy-2:8000"  # a server the user named
+    assert advertised("http://127.0.0.1:4317", None) == "http://127.0.0.1:4317"
+
+
 @pytest.mark.parametrize("workers", [0, 2], ids=["task-per-rollout", "jsonl-actors"])
 def test_rollouts_spread_over_both_nodes_with_the_local_environment(
     cluster: Cluster, collector: Any, tmp_path: Path, workers: int
