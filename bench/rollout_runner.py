@@ -90,6 +90,10 @@ def _ray_cluster(nodes: int, cpus: int) -> Iterator[Any]:
         cluster.wait_for_nodes()
         yield RolloutsConfig(backend="ray", address=cluster.address)
     finally:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
         cluster.shutdown()
 
 

@@ -203,8 +203,8 @@ def ray_agent(agent: Any, *, cluster_config: RolloutsConfig, argv: list[str] | N
     """The Ray agent for ``agent``: a callable's tasks, or a command's tasks (``workers`` 0) or actors."""
     cluster = connect(cluster_config)
     endpoint_key = "OTEL_EXPORTER_OTLP_ENDPOINT"
-    if endpoint_key in node_env:
-        node_env = {**node_env, endpoint_key: cluster.url(node_env[endpoint_key])}
+    if otlp_endpoint and node_env.get(endpoint_key) == otlp_endpoint:  # the Trainer's collector, not runner.env's
+        node_env = {**node_env, endpoint_key: cluster.url(otlp_endpoint)}
     if callable(agent):
         if not otlp_endpoint:
             raise ConfigError("a callable agent on Ray needs the collector's OTLP endpoint "
