@@ -1,4 +1,5 @@
-"""Rollout throughput of a command-line agent: one process per rollout (baseline) vs jsonl workers.
+"""Rollout throughput of a command-line agent: one process per rollout (baseline) vs jsonl workers, and
+the same jsonl workers as Ray actors on a local Ray cluster of 1 and 2 nodes (``--ray``).
 
 The calculator agent (examples/calculator/agent.py) under opentelemetry-instrument, talking to a
 scripted OpenAI-compatible server (tests/fake_openai.py, a stand-in for the model), its spans going to
@@ -6,6 +7,12 @@ an in-process collector; a rollout counts once its reward is committed in DuckDB
 mode (median of REPEATS runs) and the ratio workers / per-process.
 
     .venv/bin/python bench/rollout_runner.py [--rollouts 32] [--repeats 3] [--workers 4]
+    .venv/bin/python bench/rollout_runner.py --ray [--modes workers] [--workers 2]
+
+With ``--ray`` each node of ``ray.cluster_utils.Cluster`` gets ``workers / nodes`` CPUs (one actor each), so
+both clusters hold the same number of workers; on one machine's shared cores the 2-node/1-node ratio is
+the backend's overhead, not a speed-up. The overhead per rollout is 1/rate(ray) - 1/rate(local) at the
+same concurrency.
 """
 
 from __future__ import annotations
@@ -15,7 +22,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -33,7 +43,8 @@ def _reply(body: dict) -> str:
     return f"<call> {op} {a} {b} </call>"
 
 
-def _measure(collector: Collector, llm_url: str, *, workers: int, concurrency: int, rollouts: int, tag: str) -> float:
+def _measure(collector: Collector, llm_url: str, *, workers: int, concurrency: int, rollouts: int, tag: str,
+             backend: Any = None) -> float:
     store = collector.store
 
     def ready(ids: list[str], since_ns: int) -> set[str]:
@@ -47,6 +58,7 @@ def _measure(collector: Collector, llm_url: str, *, workers: int, concurrency: i
                             rollout_timeout_s=120),
         ready=ready,
         otel_env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{collector.grpc_endpoint}"},
+        backend=backend,
     )
     jobs = [RolloutJob(t["id"], t) for t in calculator.make_tasks(rollouts, seed=7)]
     try:
@@ -63,12 +75,68 @@ def _measure(collector: Collector, llm_url: str, *, workers: int, concurrency: i
     return rollouts / seconds
 
 
+@contextmanager
+def _ray_cluster(nodes: int, cpus: int) -> Iterator[Any]:
+    """A local Ray cluster of ``nodes`` nodes (``cpus`` each, no dashboard), shut down after."""
+    from ray.cluster_utils import Cluster
+
+    from spanrl.rollouts.rollouts import RolloutsConfig
+
+    args = {"num_cpus": cpus, "object_store_memory": 80 * 2**20}
+    cluster = Cluster(initialize_head=True, head_node_args={**args, "include_dashboard": False})
+    try:
+        for _ in range(nodes - 1):
+            cluster.add_node(**args)
+        cluster.wait_for_nodes()
+        yield RolloutsConfig(backend="ray", address=cluster.address)
+    finally:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
+
+
+def _ray_main(args: argparse.Namespace) -> None:
+    modes = {"per-process": 0, "workers": args.workers}
+    with tempfile.TemporaryDirectory() as tmp, FakeOpenAI(reply=_reply, record=False) as llm:
+        with Collector(CollectorConfig(db_path=str(Path(tmp) / "bench.duckdb"), grpc_port=0, http_port=0)) as collector:
+            rates: dict[str, list[float]] = {}
+            for mode in args.modes.split(","):
+                workers = modes[mode]
+                for rep in range(args.repeats):
+                    rates.setdefault(f"{mode} local", []).append(_measure(
+                        collector, llm.url, workers=workers, concurrency=args.workers, rollouts=args.rollouts,
+                        tag=f"{mode}-l{rep}"))
+                for nodes in (1, 2):
+                    with _ray_cluster(nodes, args.workers // nodes) as backend:
+                        for rep in range(args.repeats):
+                            rates.setdefault(f"{mode} ray {nodes} node(s)", []).append(_measure(
+                                collector, llm.url, workers=workers, concurrency=args.workers,
+                                rollouts=args.rollouts, tag=f"{mode}-r{nodes}-{rep}", backend=backend))
+    medians = {name: statistics.median(values) for name, values in rates.items()}
+    for name, value in medians.items():
+        runs = [round(v, 2) for v in rates[name]]
+        print(f"{name:>26}: {value:7.2f} rollouts/s (median of {args.repeats}; runs {runs})")
+    for mode in args.modes.split(","):
+        local = medians[f"{mode} local"]
+        for nodes in (1, 2):
+            ray_rate = medians[f"{mode} ray {nodes} node(s)"]
+            print(f"{mode} ray {nodes} node(s): overhead {1000 * (1 / ray_rate - 1 / local):+.0f} ms per rollout "
+                  f"(at concurrency {args.workers}), {ray_rate / local:.2f}x the local rate")
+        print(f"{mode}: 2 nodes / 1 node {medians[f'{mode} ray 2 node(s)'] / medians[f'{mode} ray 1 node(s)']:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--ray", action="store_true", help="local runner vs the Ray backend on 1 and 2 nodes")
+    parser.add_argument("--modes", default="workers", help="with --ray: per-process,workers")
     args = parser.parse_args()
+    if args.ray:
+        return _ray_main(args)
     with tempfile.TemporaryDirectory() as tmp, FakeOpenAI(reply=_reply, record=False) as llm:
         with Collector(CollectorConfig(db_path=str(Path(tmp) / "bench.duckdb"), grpc_port=0, http_port=0)) as collector:
             rates: dict[str, list[float]] = {"per-process": [], f"{args.workers} workers": []}

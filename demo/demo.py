@@ -70,6 +70,9 @@ class DemoConfig:
     one seed; GRPO's sampling through the policy server is not."""
     progress: bool = True
     """Rich progress bars."""
+    rollouts: Any = None
+    """Where the agent's rollouts run (a ``RolloutsConfig`` or its mapping, e.g. ``{"backend": "ray"}``);
+    None: on this machine."""
 
     @classmethod
     def quick(cls, **fields: Any) -> DemoConfig:
@@ -165,6 +168,7 @@ def run_demo(config: DemoConfig | None = None, *, echo: Any = print) -> DemoResu
 def _config(cfg: DemoConfig, stage: str, **fields: Any) -> Any:
     """The TrainerConfig of one stage (``sft`` or ``grpo``): both write to one span store."""
     from spanrl.trainer.config import DB_FILE, TrainerConfig
+    from spanrl.rollouts.rollouts import RolloutsConfig
     from spanrl.rollouts.runner import RunnerConfig
 
     out = Path(cfg.output_dir)
@@ -172,7 +176,8 @@ def _config(cfg: DemoConfig, stage: str, **fields: Any) -> Any:
     if "runner" in fields:
         runner = dataclasses.replace(runner, **fields.pop("runner"))
     return TrainerConfig(output_dir=str(out / stage), db_path=str(out / DB_FILE), eval_at_start=False, seed=cfg.seed,
-                         progress=cfg.progress, torch_threads=cfg.torch_threads, runner=runner, **fields)
+                         progress=cfg.progress, torch_threads=cfg.torch_threads, runner=runner,
+                         rollouts=RolloutsConfig.of(cfg.rollouts), **fields)
 
 
 def _sft_trainer(cfg: DemoConfig, teacher_url: str, model: Path, train_tasks: list[Any], val_tasks: list[Any]) -> Any:

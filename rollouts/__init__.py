@@ -21,6 +21,7 @@ _LAZY: dict[str, str] = {
     "RolloutResult": "spanrl.rollouts.rollouts",
     "RolloutRunner": "spanrl.rollouts.runner",
     "RolloutSpec": "spanrl.rollouts.rollouts",
+    "RolloutsConfig": "spanrl.rollouts.rollouts",
     "RunnerConfig": "spanrl.rollouts.rollouts",
     "ServingConfig": "spanrl.rollouts.policy_pool",
     "WorkerPool": "spanrl.rollouts.agent_processes",

@@ -14,8 +14,8 @@ from spanrl import env, semconv
 from spanrl.errors import ConfigError
 
 __all__ = [
-    "STATUS_CRASHED", "STATUS_NO_REWARD", "STATUS_OK", "STATUS_TIMEOUT", "AgentFn", "LLMEndpoint", "RolloutJob",
-    "RolloutResult", "RolloutSpec", "RunnerConfig",
+    "BACKENDS", "STATUS_CRASHED", "STATUS_NO_REWARD", "STATUS_OK", "STATUS_TIMEOUT", "AgentFn", "LLMEndpoint",
+    "RolloutJob", "RolloutResult", "RolloutSpec", "RolloutsConfig", "RunnerConfig",
 ]
 
 STATUS_OK = "ok"
@@ -24,6 +24,9 @@ STATUS_TIMEOUT = "timeout"  # the agent ran past rollout_timeout_s
 STATUS_NO_REWARD = "no_reward"  # the agent finished but no reward reached the store in span_timeout_s
 
 AgentFn = Callable[[Any, "LLMEndpoint"], Any]
+
+BACKENDS = ("local", "ray")
+_STRATEGIES = ("SPREAD", "DEFAULT")
 
 
 @dataclasses.dataclass
@@ -58,6 +61,68 @@ class RunnerConfig:
             raise ConfigError(f"max_attempts must be a positive integer, got {self.max_attempts!r}")
         if not isinstance(self.workers, int) or self.workers < 0:
             raise ConfigError(f"workers must be a non-negative integer, got {self.workers!r}")
+
+
+@dataclasses.dataclass
+class RolloutsConfig:
+    """Where rollouts run: on this machine, or as Ray tasks and actors anywhere on a Ray cluster."""
+
+    backend: str = "local"
+    """``local`` (processes and threads of the Trainer's machine) or ``ray`` (needs ``spanrl[ray]``)."""
+    address: str | None = None
+    """Ray: the cluster, as ``ray.init`` takes it (``auto``, ``HEAD_IP:6379``, ``ray://HEAD_IP:10001``);
+    None: ``RAY_ADDRESS``, else a Ray started on this machine for the run."""
+    resources: dict[str, float] = dataclasses.field(default_factory=lambda: {"CPU": 1})
+    """Ray: what one rollout (or one jsonl worker) reserves on its node: ``CPU``, ``GPU``, ``memory``
+    (bytes) and custom resources by name (e.g. ``{CPU: 1, sandbox: 1}``)."""
+    runtime_env: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Ray: the job's ``runtime_env`` for the agent's own needs (``pip``, ``env_vars``, ``working_dir``,
+    ``py_modules``); a callable agent must be importable on the nodes through it (or their image)."""
+    namespace: str | None = None
+    """Ray: the namespace the driver joins (None: an anonymous one)."""
+    scheduling_strategy: str = "SPREAD"
+    """Ray: ``SPREAD`` (rollouts spread over the nodes) or ``DEFAULT`` (Ray packs them)."""
+    advertise_host: str | None = None
+    """Ray: this machine's address as the nodes reach it (its IP or name). With it the Trainer's
+    collector and embedded policy server bind ``0.0.0.0``, and rollouts on the nodes get their URLs with
+    this host in place of a loopback or wildcard one. None: the nodes share this machine's loopback
+    (a cluster on one machine)."""
+    start_timeout_s: float = 120.0
+    """Ray: how long a rollout may wait for a place on the cluster, on top of ``rollout_timeout_s``;
+    past both it is ``timeout`` (its task cancelled)."""
+
+    @classmethod
+    def of(cls, value: RolloutsConfig | dict[str, Any] | None) -> RolloutsConfig:
+        """A validated RolloutsConfig from itself, a mapping of its fields (the YAML's ``rollouts:``) or None."""
+        if value is None:
+            return cls()
+        if isinstance(value, dict):
+            fields = {f.name for f in dataclasses.fields(cls)}
+            for key in value:
+                if key not in fields:
+                    raise ConfigError(f"rollouts.{key} is not a rollouts setting; expected one of {sorted(fields)}")
+            value = cls(**value)
+        if not isinstance(value, cls):
+            raise ConfigError(f"rollouts must be a mapping of rollouts settings, got {type(value).__name__}")
+        return value.validate()
+
+    def validate(self) -> RolloutsConfig:
+        """Raise :class:`ConfigError` naming the first bad field; return self."""
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"rollouts.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.scheduling_strategy not in _STRATEGIES:
+            raise ConfigError(f"rollouts.scheduling_strategy must be one of {_STRATEGIES}, "
+                              f"got {self.scheduling_strategy!r}")
+        if not isinstance(self.resources, dict) or any(
+            not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 for v in self.resources.values()
+        ):
+            raise ConfigError(f"rollouts.resources must map resource names to amounts >= 0, got {self.resources!r}")
+        if not isinstance(self.runtime_env, dict):
+            raise ConfigError(f"rollouts.runtime_env must be a mapping (Ray's runtime_env), got {self.runtime_env!r}")
+        if not isinstance(self.start_timeout_s, (int, float)) or self.start_timeout_s <= 0:
+            raise ConfigError(f"rollouts.start_timeout_s must be a positive number of seconds, "
+                              f"got {self.start_timeout_s!r}")
+        return self
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +211,8 @@ class RolloutResult:
     """``ok``, ``crashed``, ``timeout`` or ``no_reward``."""
     duration_s: float
     error: str | None = None
+    node: str | None = None
+    """The Ray node id the attempt ran on (None: this machine)."""
 
     @property
     def ok(self) -> bool:

@@ -29,16 +29,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import os
+import shlex
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from spanrl import semconv
 from spanrl.errors import ConfigError
 from spanrl.rollouts.agent_env import agent_credentials
 from spanrl.rollouts.agent_processes import CommandAgent, WorkerPool, command_argv
+from spanrl.rollouts.callable_agent import CallableAgent
 from spanrl.rollouts.rollouts import (
     STATUS_CRASHED,
     STATUS_NO_REWARD,
@@ -49,6 +50,7 @@ from spanrl.rollouts.rollouts import (
     RolloutJob,
     RolloutResult,
     RolloutSpec,
+    RolloutsConfig,
     RunnerConfig,
 )
 
@@ -70,51 +72,22 @@ ReadyFn = Callable[[Sequence[str], int], set[str]]
 EndFn = Callable[..., None]  # on_end(rollout_id, reason, *, error, task_id, attempt, mode): record_end's shape
 
 
-class _CallableAgent:
-    end_reason: str | None = None  # its spanrl.rollout span is its end
+def _agent_env(environ: Mapping[str, str], otel_env: Mapping[str, str], config: RunnerConfig) -> dict[str, str]:
+    """A command agent's environment before the rollout's own variables: the ingest token only (issue 28)."""
+    return agent_credentials({
+        **environ, "OTEL_BSP_SCHEDULE_DELAY": str(_BSP_SCHEDULE_DELAY_MILLIS), **otel_env, **config.env,
+    })
 
-    def __init__(self, fn: AgentFn) -> None:
-        self.fn = fn
 
-    def _enter(self, spec: RolloutSpec) -> Any:
-        from spanrl.instrumentation import rollout
+def _ray_agent(agent: Any, config: RunnerConfig, backend: RolloutsConfig, otel_env: Mapping[str, str]) -> Any:
+    from spanrl.rollouts.ray_backend import node_environment, ray_agent
 
-        return rollout(rollout_id=spec.rollout_id, task_id=spec.task_id, attempt=spec.attempt, mode=spec.mode)
-
-    def _finish(self, value: Any) -> None:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            from spanrl.instrumentation import emit_reward
-
-            emit_reward(float(value))
-
-    async def run(self, spec: RolloutSpec, timeout_s: float) -> tuple[str, str | None]:
-        llm = LLMEndpoint(
-            base_url=spec.base_url, model=spec.model, sampling=dict(spec.sampling), prompt_template=spec.prompt_template
-        )
-        try:
-            if inspect.iscoroutinefunction(self.fn):
-
-                async def call() -> None:
-                    with self._enter(spec):
-                        self._finish(await self.fn(spec.task, llm))
-
-                await asyncio.wait_for(call(), timeout_s)
-            else:
-
-                def call_sync() -> None:
-                    with self._enter(spec):
-                        self._finish(self.fn(spec.task, llm))
-
-                # A sync agent past its timeout keeps its thread until it returns; its result is ignored.
-                await asyncio.wait_for(asyncio.to_thread(call_sync), timeout_s)
-        except asyncio.TimeoutError:
-            return STATUS_TIMEOUT, f"agent ran past {timeout_s:g} s"
-        except Exception as exc:  # the user's agent failed: record it, retry
-            return STATUS_CRASHED, f"{type(exc).__name__}: {exc}"
-        return STATUS_OK, None
-
-    async def close(self) -> None:
-        pass
+    argv = None if callable(agent) else (shlex.split(agent) if isinstance(agent, str) else [str(a) for a in agent])
+    if argv == []:
+        raise ConfigError("agent command is empty")
+    return ray_agent(agent, cluster_config=backend, argv=argv, instrument=config.instrument,
+                     node_env=_agent_env(node_environment(os.environ), otel_env, config), workers=config.workers,
+                     otlp_endpoint=otel_env.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
 
 
 class RolloutRunner:
@@ -129,31 +102,31 @@ class RolloutRunner:
         otel_env: dict[str, str] | None = None,
         flush: Callable[[], Any] | None = None,
         on_end: EndFn | None = None,
+        backend: RolloutsConfig | None = None,
     ) -> None:
         """``ready(rollout_ids, since_ns)`` returns the ids whose spans are committed (only spans
         ingested at or after ``since_ns`` need to be looked at); ``flush`` (e.g. the policy server's
         ``force_flush``) runs before each check, after in-process spans are flushed; ``otel_env`` is the
         ``OTEL_*`` environment; ``on_end`` stores a rollout's end when the runner knows it (a command agent
-        exited, a worker answered, a timeout), e.g. ``functools.partial(record_end, store)``."""
+        exited, a worker answered, a timeout), e.g. ``functools.partial(record_end, store)``; ``backend``
+        says where rollouts run (default: here; ``backend="ray"``: on a Ray cluster, ``ray_backend.py``)."""
         config.validate()
+        backend = RolloutsConfig.of(backend)
         self.config = config
         self._ready = ready
         self._flush = flush
         self._on_end = on_end
         self._loop = asyncio.new_event_loop()
-        if callable(agent):
-            self._agent: Any = _CallableAgent(agent)
-        elif isinstance(agent, (str, list, tuple)):
-            base_env = agent_credentials({  # the ingest token only (issue 28)
-                **os.environ,
-                "OTEL_BSP_SCHEDULE_DELAY": str(_BSP_SCHEDULE_DELAY_MILLIS),
-                **(otel_env or {}),
-                **config.env,
-            })
+        if not callable(agent) and not isinstance(agent, (str, list, tuple)):
+            raise ConfigError(f"agent must be a callable or a command line, got {type(agent).__name__}")
+        if backend.backend == "ray":
+            self._agent: Any = _ray_agent(agent, config, backend, otel_env or {})
+        elif callable(agent):
+            self._agent = CallableAgent(agent)
+        else:
+            base_env = _agent_env(os.environ, otel_env or {}, config)
             argv = command_argv(agent, config.instrument)
             self._agent = WorkerPool(argv, base_env, config.workers) if config.workers else CommandAgent(argv, base_env)
-        else:
-            raise ConfigError(f"agent must be a callable or a command line, got {type(agent).__name__}")
 
     def run(
         self,
@@ -182,7 +155,7 @@ class RolloutRunner:
 
     def _flush_all(self) -> None:
         """In-process spans (a callable agent's, still in a batch processor), then the caller's flush."""
-        if isinstance(self._agent, _CallableAgent):
+        if isinstance(self._agent, CallableAgent):
             from spanrl.instrumentation import flush
 
             flush()
@@ -242,14 +215,17 @@ class RolloutRunner:
                             sampling=dict(sampling),
                             prompt_template=prompt_template,
                         )
-                        try:
-                            status, error = await self._agent.run(spec, self.config.rollout_timeout_s)
+                        node = None
+                        try:  # a Ray agent also answers the node it ran on
+                            status, error, *where = await self._agent.run(spec, self.config.rollout_timeout_s)
+                            node = where[0] if where else None
                         except Exception as exc:  # e.g. the agent could not be started, or wrote garbage
                             status, error = STATUS_CRASHED, f"could not run the agent: {type(exc).__name__}: {exc}"
                 await self._store_end(spec, status, error)
                 if status == STATUS_OK and not await waiter.wait(rollout_id, self.config.span_timeout_s):
                     status, error = STATUS_NO_REWARD, f"no reward stored within {self.config.span_timeout_s:g} s"
-                result = RolloutResult(rollout_id, job.task_id, attempt, mode, status, time.monotonic() - start, error)
+                result = RolloutResult(rollout_id, job.task_id, attempt, mode, status, time.monotonic() - start, error,
+                                       node)
                 results.append(result)
                 if on_result is not None:
                     on_result(result)

@@ -38,6 +38,13 @@ def register(subparsers: Any) -> None:
                        help="follow a running collector and policy server: train on live traffic "
                             "(trainer/online_cli.py)")
     train.set_defaults(func=_train)
+    sweep = subparsers.add_parser(
+        "sweep", help="grid or random search over train-config keys, as Ray Tune trials",
+        description="Run a grid or random search over train-config keys (trainer/sweep.py documents the YAML); "
+                    "print one line per trial and the best config. Needs spanrl[ray].",
+    )
+    sweep.add_argument("config", help="the sweep's YAML: train, parameters, search, metric, ...")
+    sweep.set_defaults(func=_sweep)
 
 
 def output_options(parser: argparse.ArgumentParser) -> None:
@@ -88,6 +95,13 @@ def _train(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary))
     return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from spanrl.trainer.sweep import run_sweep
+
+    rows = run_sweep(Path(args.config))
+    return 0 if any(row["error"] is None for row in rows) else 1
 
 
 def _summary_line(summary: dict[str, Any]) -> str:

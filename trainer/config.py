@@ -15,6 +15,7 @@ from pathlib import Path
 from spanrl.trainer.reporting import check_report_to
 from spanrl.errors import ConfigError
 from spanrl.rollouts.policy_pool import ServingConfig
+from spanrl.rollouts.rollouts import RolloutsConfig
 from spanrl.rollouts.runner import RolloutJob, RunnerConfig
 
 __all__ = [
@@ -96,6 +97,9 @@ class TrainerConfig:
     serving: ServingConfig = dataclasses.field(default_factory=ServingConfig)
     """Backend, device and dtype of the embedded server, and servers it did not start (``urls``);
     a mapping of ServingConfig fields is accepted (the YAML's ``serving:``)."""
+    rollouts: RolloutsConfig = dataclasses.field(default_factory=RolloutsConfig)
+    """Where rollouts run: here, or on a Ray cluster (``backend: ray``); a mapping of RolloutsConfig
+    fields is accepted (the YAML's ``rollouts:``)."""
 
     def validate(self) -> TrainerConfig:
         """Raise :class:`ConfigError` naming the first bad field; return self."""
@@ -125,6 +129,7 @@ class TrainerConfig:
         self.report_to = tuple(report_to)
         self.runner.validate()
         self.serving = ServingConfig.of(self.serving)
+        self.rollouts = RolloutsConfig.of(self.rollouts)
         return self
 
 

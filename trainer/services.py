@@ -28,7 +28,7 @@ ReadyFn = Callable[[Sequence[str], int], set]
 
 
 def start_policy_server(model: Path, *, otlp_endpoint: str | None, max_batch_size: int = 32, seed: int = 0,
-                        serving: Any = None) -> Any:
+                        serving: Any = None, host: str = "127.0.0.1") -> Any:
     """A started :class:`~spanrl.serving.PolicyServer` for ``model`` on a free local port (backend, device
     and dtype from ``serving``, a :class:`~spanrl.rollouts.policy_pool.ServingConfig`)."""
     from spanrl.serving import PolicyServer, ServerConfig
@@ -38,7 +38,7 @@ def start_policy_server(model: Path, *, otlp_endpoint: str | None, max_batch_siz
         ServerConfig(
             model=str(model),
             served_model_name=SERVED_MODEL_NAME,
-            host="127.0.0.1",
+            host=host,
             port=0,
             otlp_endpoint=otlp_endpoint,
             max_batch_size=max_batch_size,
@@ -61,11 +61,13 @@ class Services:
         self.runner: RolloutRunner | None = None
         self._stack = contextlib.ExitStack()
 
-    def start_collector(self, db_path: Path, serving: ServingConfig) -> None:
-        """The collector first: the algorithm's setup may take a while, spans may already arrive."""
+    def start_collector(self, db_path: Path, serving: ServingConfig, *, reachable: bool = False) -> None:
+        """The collector first: the algorithm's setup may take a while, spans may already arrive.
+        ``reachable``: bind every interface (rollouts on other machines export here)."""
         from spanrl.collector import Collector, CollectorConfig
 
-        self.collector = Collector(CollectorConfig(db_path=str(db_path), host=serving.collector_host,
+        host = "0.0.0.0" if reachable else serving.collector_host
+        self.collector = Collector(CollectorConfig(db_path=str(db_path), host=host,
                                                    grpc_port=serving.collector_port, http_port=0))
         self.collector.start()
         self._stack.callback(self._stop, "collector", self.collector.shutdown)
@@ -77,7 +79,7 @@ class Services:
         runner, and tracing of a callable agent."""
         embedded = start_policy_server(
             serve_from, otlp_endpoint=self.collector.grpc_endpoint, max_batch_size=config.server_max_batch_size,
-            seed=config.seed, serving=config.serving,
+            seed=config.seed, serving=config.serving, host="0.0.0.0" if config.rollouts.advertise_host else "127.0.0.1",
         )
         self.server = PolicyPool(config.serving, embedded=embedded, weights_dir=output_dir / "served-weights",
                                  model_dir=Path(serve_from))
@@ -87,8 +89,7 @@ class Services:
             InProcessTracing.point_at(otel_env["OTEL_EXPORTER_OTLP_ENDPOINT"])
             self._stack.callback(self._stop, "tracing", lambda: InProcessTracing.point_at(None))
         self.runner = RolloutRunner(agent, config=config.runner, ready=ready, otel_env=otel_env,
-                                    flush=self.server.force_flush,
-
+                                    flush=self.server.force_flush, backend=config.rollouts,
                                     on_end=functools.partial(store_rollouts.record_end, self.collector.store))
         self._stack.callback(self._stop, "runner", self.runner.close)
 

@@ -13,6 +13,7 @@ Every key, its default and its meaning: ``docs/train-config.md``. In short::
     prompt_template: "Solve: {question}"             # given to every agent; APO's starting template
     n_rollouts: 8                     # any TrainerConfig field
     runner: {workers: 4, rollout_timeout_s: 60}      # any RunnerConfig field
+    rollouts: {backend: ray, address: auto}          # where rollouts run (RolloutsConfig fields)
 
 Paths of files the config names (tasks, model, ``words_file``) are relative to the config's folder;
 ``output_dir`` is relative to the current folder, as on the command line. In ``agent``, a word naming a
@@ -38,7 +39,7 @@ __all__ = ["TOP_LEVEL_KEYS", "TINY_KEYS", "build_trainer", "load_tasks"]
 
 DOCS = "docs/train-config.md"
 TOP_LEVEL_KEYS = ("model", "agent", "tasks", "val_tasks", "task_defaults", "algorithm", "credit", "prompt_template",
-                  "runner", "serving")
+                  "runner", "serving", "rollouts")
 TINY_KEYS = ("words", "words_file", "words_from_tasks", "hidden_size", "num_layers", "num_heads", "intermediate_size",
              "seed", "max_position_embeddings")
 _TINY_FOLDER = "model"
@@ -54,7 +55,8 @@ def check_keys(raw: Mapping[str, Any], valid: Iterable[str], *, section: str = "
         hint = f"; did you mean {near[0]!r}?" if near else ""
         name = f"{section}.{key}" if section else repr(key)
         kinds = {"": "a trainer", "runner": "a runner", "credit": "a credit", "model.tiny": "a tiny model",
-                 "algorithm": "an algorithm", "algorithm.lora": "a LoRA", "serving": "a serving"}
+                 "algorithm": "an algorithm", "algorithm.lora": "a LoRA", "serving": "a serving",
+                 "rollouts": "a rollouts"}
         kind = kinds.get(section, f"a {section}")
         raise ConfigError(f"{name} is not {kind} setting{hint} (valid: {', '.join(valid)}; see {DOCS})")
 
@@ -89,6 +91,7 @@ def build_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     from spanrl.algorithms import algorithm_class
     from spanrl.algorithms.credit import CreditConfig, LightningRL
     from spanrl.rollouts.policy_pool import ServingConfig
+    from spanrl.rollouts.rollouts import RolloutsConfig
     from spanrl.rollouts.runner import RunnerConfig
     from spanrl.trainer.trainer import Trainer, TrainerConfig
 
@@ -98,7 +101,7 @@ def build_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     for key in ("model", "agent", "tasks"):
         if key not in raw:
             raise ConfigError(f"the train config needs {key!r}")
-    trainer_fields = {f.name for f in dataclasses.fields(TrainerConfig)} - {"runner", "serving"}
+    trainer_fields = {f.name for f in dataclasses.fields(TrainerConfig)} - {"runner", "serving", "rollouts"}
     check_keys(raw, trainer_fields | set(TOP_LEVEL_KEYS))
     algo_raw = dict(raw.pop("algorithm", None) or {"name": "grpo"})
     cls = algorithm_class(str(algo_raw.pop("name", "grpo")), field="algorithm.name")
@@ -114,6 +117,8 @@ def build_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     check_keys(runner_raw, {f.name for f in dataclasses.fields(RunnerConfig)}, section="runner")
     serving_raw = raw.pop("serving", None) or {}
     check_keys(serving_raw, {f.name for f in dataclasses.fields(ServingConfig)}, section="serving")
+    rollouts_raw = raw.pop("rollouts", None) or {}
+    check_keys(rollouts_raw, {f.name for f in dataclasses.fields(RolloutsConfig)}, section="rollouts")
     defaults = raw.pop("task_defaults", None) or {}
     if not isinstance(defaults, Mapping):
         raise ConfigError(f"task_defaults must be a mapping of task fields, got {type(defaults).__name__}")
@@ -125,7 +130,8 @@ def build_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     model, agent, prompt_template = raw.pop("model"), raw.pop("agent"), raw.pop("prompt_template", None)
     if isinstance(raw.get("report_to"), list):
         raw["report_to"] = tuple(raw["report_to"])
-    config = TrainerConfig(**raw, runner=RunnerConfig(**runner_raw), serving=ServingConfig.of(serving_raw))
+    config = TrainerConfig(**raw, runner=RunnerConfig(**runner_raw), serving=ServingConfig.of(serving_raw),
+                           rollouts=RolloutsConfig.of(rollouts_raw))
     return Trainer(
         model=_model(model, base, Path(config.output_dir), [*tasks, *(val_tasks or [])]),
         agent=_agent_command(agent, base), tasks=tasks, val_tasks=val_tasks, algorithm=cls(**algo_raw),

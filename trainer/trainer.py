@@ -182,7 +182,7 @@ class Trainer:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         (self.output_dir / CONFIG_FILE).write_text(json.dumps(self._config_dict(), indent=1, default=str))
         try:
-            self._services.start_collector(self.db_path, cfg.serving)
+            self._services.start_collector(self.db_path, cfg.serving, reachable=bool(cfg.rollouts.advertise_host))
             serve_from = self._setup_algorithm()
             self._services.start_rest(agent=self.agent, serve_from=serve_from, config=cfg, ready=self._ready,
                                       output_dir=self.output_dir)

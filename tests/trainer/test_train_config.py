@@ -18,6 +18,7 @@ from spanrl.algorithms.credit import CreditConfig
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.cli import main
 from spanrl.errors import ConfigError
+from spanrl.rollouts import RolloutsConfig
 from spanrl.trainer import RunnerConfig, TrainerConfig
 from spanrl.trainer.train_config import TINY_KEYS, TOP_LEVEL_KEYS, build_trainer
 
@@ -58,7 +59,7 @@ def test_example_config_builds_a_trainer_from_another_folder(config: Path, tmp_p
 def test_the_docs_name_every_key() -> None:
     documented = _documented_keys()
     expected = set(TOP_LEVEL_KEYS) | set(TINY_KEYS)
-    for cls in (TrainerConfig, RunnerConfig, CreditConfig, LoRAConfig):
+    for cls in (TrainerConfig, RunnerConfig, RolloutsConfig, CreditConfig, LoRAConfig):
         expected |= {f.name for f in dataclasses.fields(cls)} - {"runner"}
     for name in ALGORITHMS:
         expected |= {f.name for f in dataclasses.fields(algorithm_class(name).config_class)}
