@@ -5,7 +5,7 @@ It follows ``plain_agent.py``'s request logs and, ``--delay`` seconds after each
 ``gen_ai.response.id``: the completion it judges) on a span of its own. Run it under
 ``opentelemetry-instrument`` so the SDK exports to ``OTEL_EXPORTER_OTLP_ENDPOINT`` like any service::
 
-    opentelemetry-instrument python examples/production/plain_feedback.py --log requests-a.jsonl --delay 3
+    opentelemetry-instrument python examples/production/plain_feedback.py --request-log requests-a.jsonl --delay 3
 
 Some requests are never judged (``--never``), some twice (``--twice``: wrong first, right
 ``--second-after`` s later; the latest verdict wins); which ones depends only on the conversation id.
@@ -74,19 +74,19 @@ def _read_new(paths: list[str], offsets: dict[str, int]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--log", action="append", required=True, help="an agent's request log (repeatable)")
+    parser.add_argument("--request-log", action="append", required=True, help="an agent's request log (repeatable)")
     parser.add_argument("--delay", type=float, default=3.0, help="seconds between an answer and its verdict")
     parser.add_argument("--never", type=float, default=0.15, help="share of requests never judged")
     parser.add_argument("--twice", type=float, default=0.15, help="share judged twice (the latest wins)")
     parser.add_argument("--second-after", type=float, default=1.0, help="seconds between the two verdicts")
     parser.add_argument("--sent-log", default=None, help="JSONL file to append each verdict sent to")
     args = parser.parse_args(argv)
-    offsets = {path: 0 for path in args.log}
+    offsets = {path: 0 for path in args.request_log}
     queue: list[tuple[float, int, dict, float]] = []
     sent_log = open(args.sent_log, "a") if args.sent_log else None
     n = 0
     while True:
-        for record in _read_new(args.log, offsets):
+        for record in _read_new(args.request_log, offsets):
             for after, value in plan(record, never=args.never, twice=args.twice):
                 heapq.heappush(queue, (record["time"] + args.delay + after * args.second_after, n, record, value))
                 n += 1

@@ -105,3 +105,21 @@ def test_evaluation_results_keyed_by_response_are_late_feedback_latest_wins(coll
     assert (by_id[f"trace:{trace_1}"].reward, by_id[f"trace:{trace_1}"].feedback_count) == (1.0, 2)
     assert (by_id["conversation:c-2"].reward, by_id["conversation:c-2"].feedback_count) == (0.5, 1)
     assert by_id["conversation:c-2"].task_id.startswith("user:") and by_id["conversation:c-2"].token_calls == 1
+
+
+def test_task_derivation_follows_spanrl_task_from(tmp_path, monkeypatch, caplog) -> None:
+    from spanrl.collector import Collector, CollectorConfig
+
+    tasks = {}
+    for setting in ("input_messages", "none", "bogus"):
+        monkeypatch.setenv("SPANRL_TASK_FROM", setting)
+        collector = Collector(CollectorConfig(db_path=str(tmp_path / f"{setting}.duckdb"), grpc_port=0,
+                                              http_port=0)).start()
+        try:
+            _served(_tracer(collector, "spanrl-policy"), "chatcmpl-1", "the sky is")
+            tasks[setting] = _rollouts(collector)["response:chatcmpl-1"]["task_id"]
+        finally:
+            collector.shutdown()
+    assert tasks["input_messages"].startswith("input:") and tasks["none"] is None
+    assert tasks["bogus"].startswith("user:")  # a bad value: the default, with a warning naming the choices
+    assert "SPANRL_TASK_FROM='bogus' is not one of first_user_message, input_messages, none" in caplog.text

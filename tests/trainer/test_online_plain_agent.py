@@ -65,7 +65,7 @@ def test_online_trainer_learns_from_agents_without_spanrl_ids(tmp_path: Path, co
                          tmp_path / f"agent-{name}.log", {**otel, "OTEL_SERVICE_NAME": f"plain-agent-{name}"})
         feedback = [instrument, sys.executable, str(PRODUCTION / "plain_feedback.py"), "--delay", "1",
                     "--second-after", "0.5", "--sent-log", str(tmp_path / "feedback.jsonl")]
-        stream.start(feedback + [arg for log in logs for arg in ("--log", str(log))], tmp_path / "feedback.log",
+        stream.start(feedback + [arg for log in logs for arg in ("--request-log", str(log))], tmp_path / "feedback.log",
                      {**otel, "OTEL_SERVICE_NAME": "users"})
         trainer = stream.start([sys.executable, "-m", "spanrl", "train", "--online",
                                 str(_config(tmp_path, model, server_url, collector_proc.http_endpoint))],
