@@ -58,6 +58,10 @@ def test_online_trainer_learns_from_agents_without_spanrl_ids(tmp_path: Path, co
                               "--admin-token-file", str(tmp_path / "admin.token"),
                               "--otlp-endpoint", collector_proc.grpc_endpoint], tmp_path / "serve.log")
         otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{collector_proc.grpc_endpoint}"}
+        # started beside the server (it retries until the server answers): the two start-ups overlap
+        trainer = stream.start([sys.executable, "-m", "spanrl", "train", "--online",
+                                str(_config(tmp_path, model, server_url, collector_proc.http_endpoint))],
+                               tmp_path / "online.log", {"SPANRL_POLICY_ADMIN_TOKEN": "online-admin"})
         _wait_until(lambda: _get_json(f"{server_url}/health")["status"] == "ok", 120, "spanrl serve", [serve])
         for name, log in zip(("a", "b"), logs):
             stream.start([instrument, sys.executable, str(PRODUCTION / "plain_agent.py"), "--server", server_url,
@@ -67,9 +71,6 @@ def test_online_trainer_learns_from_agents_without_spanrl_ids(tmp_path: Path, co
                     "--second-after", "0.5", "--sent-log", str(tmp_path / "feedback.jsonl")]
         stream.start(feedback + [arg for log in logs for arg in ("--request-log", str(log))], tmp_path / "feedback.log",
                      {**otel, "OTEL_SERVICE_NAME": "users"})
-        trainer = stream.start([sys.executable, "-m", "spanrl", "train", "--online",
-                                str(_config(tmp_path, model, server_url, collector_proc.http_endpoint))],
-                               tmp_path / "online.log", {"SPANRL_POLICY_ADMIN_TOKEN": "online-admin"})
         trainer.wait(_LIMIT_S)
         assert trainer.returncode == 0, (tmp_path / "online.log").read_text()[-3000:]
         final = _get_json(f"{server_url}/health")["policy_version"]
