@@ -24,7 +24,7 @@ from colors import TASKS, VOCABULARY, is_right  # noqa: E402
 
 _TASKS = {t["id"]: t for t in TASKS}
 _UPDATES = 8
-_LATE_REQUESTS = 60  # answers served by the final policy, after training stopped
+_LATE_REQUESTS = 80  # answers served by the final policy, after training stopped
 _LIMIT_S = 240.0
 
 
@@ -34,7 +34,7 @@ def _config(tmp_path: Path, model: Path, server_url: str, store_url: str) -> Pat
         f"model: {model}\nserver_url: {server_url}\nstore_url: {store_url}\noutput_dir: {tmp_path / 'online'}\n"
         "algorithm: {name: grpo, learning_rate: 1.0e-1}\n"
         "poll_interval_s: 0.5\nsettle_s: 1.0\nmax_age_s: 8\nquiet_s: 1.0\n"  # conversations end by quiet time
-        f"min_rollouts: 16\nmax_rollouts: 64\nmax_policy_lag: 3\nmax_updates: {_UPDATES}\n"
+        f"min_rollouts: 32\nmax_rollouts: 64\nmax_policy_lag: 3\nmax_updates: {_UPDATES}\n"
     )
     return path
 
@@ -65,7 +65,7 @@ def test_online_trainer_learns_from_agents_without_spanrl_ids(tmp_path: Path, co
         _wait_until(lambda: _get_json(f"{server_url}/health")["status"] == "ok", 120, "spanrl serve", [serve])
         for name, log in zip(("a", "b"), logs):
             stream.start([instrument, sys.executable, str(PRODUCTION / "plain_agent.py"), "--server", server_url,
-                          "--name", f"agent-{name}", "--rate", "4", "--request-log", str(log)],
+                          "--name", f"agent-{name}", "--rate", "6", "--request-log", str(log)],
                          tmp_path / f"agent-{name}.log", {**otel, "OTEL_SERVICE_NAME": f"plain-agent-{name}"})
         feedback = [instrument, sys.executable, str(PRODUCTION / "plain_feedback.py"), "--delay", "1",
                     "--second-after", "0.5", "--sent-log", str(tmp_path / "feedback.jsonl")]
@@ -86,7 +86,7 @@ def test_online_trainer_learns_from_agents_without_spanrl_ids(tmp_path: Path, co
     trained = [e for e in ledger if e["status"] == "trained"]
 
     # Each conversation is one rollout, named by it; only judged ones train, on the user's last verdict.
-    assert final == _UPDATES and len(trained) >= 16 * _UPDATES / 2
+    assert final == _UPDATES and len(trained) >= 32 * _UPDATES
     for entry in trained:
         request = requests[entry["rollout_id"]]
         assert entry["reward"] == last_verdict[entry["rollout_id"]]
@@ -102,5 +102,6 @@ def test_online_trainer_learns_from_agents_without_spanrl_ids(tmp_path: Path, co
         return sum(is_right(_TASKS[r["task_id"]], r["answer"]) for r in chosen) / max(len(chosen), 1), len(chosen)
 
     (early, n_early), (late, n_late) = success(0), success(final)
-    assert n_early >= 16 and n_late >= _LATE_REQUESTS, (n_early, n_late)
-    assert late >= early + 0.2, (early, late)
+    assert n_early >= 32 and n_late >= _LATE_REQUESTS, (n_early, n_late)
+    # (measured: 0.17 -> 0.58 with 16 rollouts an update on a loaded machine; 2 standard errors are about 0.14)
+    assert late >= early + 0.15, (early, late)
