@@ -102,9 +102,10 @@ CREATE OR REPLACE MACRO rollout_state(since_ns) AS TABLE
 WITH s AS (
     SELECT rollout_id,
            coalesce(any_value(task_id),
-                    derived_task(arg_min(CASE WHEN kind = 'SERVER' AND response_id IS NOT NULL
+                    derived_task(arg_min(CASE WHEN kind = 'SERVER' AND response_id IS NOT NULL AND task_id IS NULL
                                               THEN attributes ->> '$."gen_ai.input.messages"' END, start_ns)
-                                 FILTER (WHERE kind = 'SERVER' AND response_id IS NOT NULL))) AS task_id,
+                                 FILTER (WHERE kind = 'SERVER' AND response_id IS NOT NULL AND task_id IS NULL)))
+               AS task_id,  -- derived only from calls without a task: free where spans name theirs
            max(attempt) AS attempt,
            any_value(mode) AS mode,
            min(start_ns) FILTER (WHERE name <> 'spanrl.rollout.end') AS start_ns,

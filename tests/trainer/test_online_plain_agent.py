@@ -23,7 +23,7 @@ sys.path.insert(0, str(PRODUCTION))
 from colors import TASKS, VOCABULARY, is_right  # noqa: E402
 
 _TASKS = {t["id"]: t for t in TASKS}
-_UPDATES = 8
+_UPDATES = 10
 _LATE_REQUESTS = 80  # answers served by the final policy, after training stopped
 _LIMIT_S = 240.0
 
