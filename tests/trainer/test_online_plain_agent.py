@@ -103,5 +103,5 @@ def test_online_trainer_learns_from_agents_without_spanrl_ids(tmp_path: Path, co
 
     (early, n_early), (late, n_late) = success(0), success(final)
     assert n_early >= 32 and n_late >= _LATE_REQUESTS, (n_early, n_late)
-    # (measured: 0.17 -> 0.58 with 16 rollouts an update on a loaded machine; 2 standard errors are about 0.14)
-    assert late >= early + 0.15, (early, late)
+    # (measured in 5 runs: 0.19-0.23 -> 0.36-0.73, a rise of 0.17-0.50; one standard error of it is about 0.07)
+    assert late >= early + 0.12, (early, late)
