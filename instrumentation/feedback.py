@@ -1,16 +1,19 @@
 """``emit_feedback``: a reward for a rollout that already ended, sent later from any process.
 
 In production the reward often comes from elsewhere and late: a user's thumbs-up minutes after the
-answer, a ticket closed the next day, a batch judge. ``emit_feedback`` writes one ``spanrl.feedback``
-span (a root span in a trace of its own, so it never inherits the rollout of whatever code calls it)
-with the reward attributes of ``docs/conventions.md`` and exactly one key naming what it judges:
+answer, a ticket closed the next day, a batch judge. ``emit_feedback`` writes it in the OpenTelemetry
+GenAI form: a ``gen_ai.evaluation.result`` event (``gen_ai.evaluation.name``,
+``gen_ai.evaluation.score.value``, ``gen_ai.evaluation.explanation``) on one ``spanrl.feedback`` span (a
+root span in a trace of its own, so it never inherits the rollout of whatever code calls it), with
+exactly one key naming what it judges:
 
+* ``response_id``: the ``id`` of one completion the rollout received (``gen_ai.response.id``, on the event
+  and the span: the standard key, which any OTel program can send without spanrl);
 * ``rollout_id``: the rollout (``spanrl.rollout.id`` on the span, so every view sees it at once);
-* ``response_id``: the ``id`` of one completion the rollout received (``gen_ai.response.id``);
 * ``trace_id``: a trace of the rollout (``spanrl.feedback.trace_id``, 32 hex characters).
 
 Like the rest of the emit API it imports no torch, is a no-op without an OTel SDK and never raises: a
-bad value or key is logged and the span carries ``spanrl.emit.error`` and no value, so it trains nothing.
+bad value or key is logged and the span carries ``spanrl.emit.error`` and no event, so it trains nothing.
 Several feedbacks for one rollout combine by the rule in ``docs/conventions.md`` (the latest wins).
 """
 
@@ -81,22 +84,18 @@ def emit_feedback(
     """
     try:
         keys = {"rollout_id": rollout_id, "response_id": response_id, "trace_id": trace_id}
-        reward_name = semconv.DEFAULT_REWARD_NAME if name is None else str(name)
         problem = _problem(value, keys)
-        attrs: dict[str, Any] = {semconv.REWARD_NAME: reward_name}
+        attrs: dict[str, Any] = {}
+        event: dict[str, Any] = {}
         if problem is None:
-            number = float(value)
-            attrs.update({
-                semconv.REWARD_VALUE: number,
-                semconv.GEN_AI_EVALUATION_SCORE_VALUE: number,
-                semconv.GEN_AI_EVALUATION_NAME: reward_name,
-            })
+            event = {semconv.GEN_AI_EVALUATION_NAME: semconv.DEFAULT_REWARD_NAME if name is None else str(name),
+                     semconv.GEN_AI_EVALUATION_SCORE_VALUE: float(value)}
             if explanation is not None:
-                attrs[semconv.GEN_AI_EVALUATION_EXPLANATION] = str(explanation)
+                event[semconv.GEN_AI_EVALUATION_EXPLANATION] = str(explanation)
             if rollout_id is not None:
                 attrs[semconv.ROLLOUT_ID] = rollout_id
             elif response_id is not None:
-                attrs[semconv.GEN_AI_RESPONSE_ID] = response_id
+                attrs[semconv.GEN_AI_RESPONSE_ID] = event[semconv.GEN_AI_RESPONSE_ID] = response_id
             else:
                 attrs[semconv.FEEDBACK_TRACE_ID] = _trace_id_hex(trace_id)
         # A root span in an empty context: no parent, no baggage, so no other rollout's ids leak onto it.
@@ -108,6 +107,8 @@ def emit_feedback(
                 if span.is_recording():
                     span.set_attribute(semconv.EMIT_ERROR, problem)
                     span.set_status(Status(StatusCode.ERROR, problem))
+            else:
+                span.add_event(semconv.GEN_AI_EVALUATION_RESULT_EVENT, attributes=event)
         finally:
             span.end()
     except Exception:

@@ -14,7 +14,8 @@ must be ``application/json``, a foreign ``Origin`` is refused, and bound to loop
 ``/v1/weights/reload`` needs ``Authorization: Bearer <admin_token>`` and loads only folders under
 ``checkpoint_root``, local files only (403 when either is not configured, 401 without the token).
 
-Headers ``x-spanrl-rollout-id``, ``x-spanrl-task-id``, ``x-spanrl-attempt`` do the same (the path wins).
+Headers ``x-spanrl-rollout-id``, ``x-spanrl-task-id``, ``x-spanrl-attempt`` do the same (the path wins); a request
+with none of them may name its conversation instead (``serving/attribution.py``).
 
 Besides the OpenAI fields, every response carries ``prompt_token_ids`` (top level; a list of lists for
 a completions request with several prompts), ``policy_version``, and on each choice ``token_ids`` (the
@@ -36,6 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from spanrl.errors import ServingError
 from spanrl import semconv
+from spanrl.serving.attribution import rollout_of as _rollout_of
 from spanrl.serving.backend import GenerationRequest
 from spanrl.serving.chat import normalize_messages, normalize_tools, render_prompt
 from spanrl.serving.errors import RequestError, error_body
@@ -48,7 +50,6 @@ __all__ = ["ServerState", "build_app"]
 
 _logger = logging.getLogger(__name__)
 
-_ROLLOUT_HEADER, _TASK_HEADER, _ATTEMPT_HEADER = "x-spanrl-rollout-id", "x-spanrl-task-id", "x-spanrl-attempt"
 _PREFIXES = semconv.ROLLOUT_PATH_PREFIXES
 
 def build_app(state: ServerState) -> FastAPI:
@@ -118,25 +119,6 @@ def _add_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body(str(exc.detail), type=kind), status_code=exc.status_code)
 
 
-def _rollout_of(request: Request) -> dict[str, Any]:
-    """The rollout ids of a request: from its path, else its ``x-spanrl-*`` headers."""
-    path, headers = request.path_params, request.headers
-    attrs: dict[str, Any] = {}
-    rollout = path.get("rollout_id") or headers.get(_ROLLOUT_HEADER)
-    task = path.get("task_id") or headers.get(_TASK_HEADER)
-    attempt = path.get("attempt") or headers.get(_ATTEMPT_HEADER)
-    if rollout:
-        attrs[semconv.ROLLOUT_ID] = rollout
-    if task:
-        attrs[semconv.TASK_ID] = task
-    if attempt:
-        try:
-            attrs[semconv.ATTEMPT] = int(attempt)
-        except ValueError:
-            raise RequestError(f"attempt must be an integer, got {attempt!r}", param="attempt") from None
-    return attrs
-
-
 class _Routes:
     """The route handlers of one server, as bound methods (``build_app`` only wires them)."""
 
@@ -169,7 +151,7 @@ class _Routes:
     async def chat_completions(self, request: Request) -> Any:
         state, start_ns = self.state, time.time_ns()
         body = await self._body(request)
-        rollout = _rollout_of(request)
+        rollout = _rollout_of(request, body)
         messages = normalize_messages(body.get("messages"))
         tools = normalize_tools(body.get("tools"))
         prompt_ids = await self.tokenize.run(render_prompt, messages, tools)
@@ -192,7 +174,7 @@ class _Routes:
     async def completions(self, request: Request) -> Any:
         state, start_ns = self.state, time.time_ns()
         body = await self._body(request)
-        rollout = _rollout_of(request)
+        rollout = _rollout_of(request, body)
         prompts = await self.tokenize.run(_prompts, body.get("prompt"))
         params = [self._params(body, len(ids), chat=False) for ids, _ in prompts]
         call = Call(

@@ -83,6 +83,13 @@ SPANRL_COLLECTOR_READ_TOKEN = "SPANRL_COLLECTOR_READ_TOKEN"
 SPANRL_COLLECTOR_ADMIN_TOKEN = "SPANRL_COLLECTOR_ADMIN_TOKEN"
 """Collector token granting ``POST /v1/prune`` and ``POST /v1/materialize``."""
 
+SPANRL_TASK_FROM = "SPANRL_TASK_FROM"
+"""How the store names the task of a rollout that names none (a production conversation), read when the
+store is opened (the collector's): ``first_user_message`` (default; a hash of the first user message the
+policy server was sent), ``input_messages`` (a hash of all of them) or ``none``."""
+
+TASK_FROM_CHOICES = ("first_user_message", "input_messages", "none")
+
 SPANRL_COLLECTOR_HOST = "SPANRL_COLLECTOR_HOST"
 """Address the collector binds. Default ``127.0.0.1``."""
 

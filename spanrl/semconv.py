@@ -65,6 +65,7 @@ GEN_AI_SYSTEM = "gen_ai.system"  # older name of the provider, still written by 
 GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
 GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
 GEN_AI_RESPONSE_ID = "gen_ai.response.id"
+GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"  # a production rollout (store/views.sql, attribution)
 GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
 GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
 GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"

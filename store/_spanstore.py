@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import duckdb
 import pyarrow as pa
 
+from spanrl import env
 from spanrl.errors import StoreBusyError, StoreError
 
 __all__ = ["READ_STATEMENT_TYPES", "SpanStore"]
@@ -57,7 +58,18 @@ def _check_read_only_statement(cur: duckdb.DuckDBPyConnection, query: str) -> No
 
 
 def _sql_resource(name: str) -> str:
-    return resources.files("spanrl.store").joinpath(name).read_text(encoding="utf-8")
+    text = resources.files("spanrl.store").joinpath(name).read_text(encoding="utf-8")
+    return text.replace("__TASK_FROM__", _task_from()) if name == _VIEWS_FILE else text
+
+
+def _task_from() -> str:
+    """How views.sql derives a task for rollouts that name none (``SPANRL_TASK_FROM``)."""
+    value = env.get_str(env.SPANRL_TASK_FROM, env.TASK_FROM_CHOICES[0])
+    if value not in env.TASK_FROM_CHOICES:
+        _logger.warning("%s=%r is not one of %s; using %s", env.SPANRL_TASK_FROM, value,
+                        ", ".join(env.TASK_FROM_CHOICES), env.TASK_FROM_CHOICES[0])
+        return env.TASK_FROM_CHOICES[0]
+    return value
 
 
 class SpanStore:

@@ -10,8 +10,10 @@ on the collector's clock (``ingested_ns``). ``ready_ns`` never changes once set 
 arrives later), so ``(ready_ns, rollout_id)`` is a watermark: everything at or below it was handled.
 
 Rewards are ``rollout_rewards``' rows (the agent's own reward spans and events) plus late feedback
-(``spanrl.feedback`` spans, ``docs/conventions.md``), each resolved to its rollout by its key:
-``gen_ai.response.id`` -> the one rollout of the policy server's (SERVER) calls with that id,
+(``docs/conventions.md``: a ``gen_ai.evaluation.result`` event, or a span with its attributes, naming a
+``gen_ai.response.id``; or a ``spanrl.feedback`` span), each resolved to its rollout by its key:
+``gen_ai.response.id`` -> the one rollout of the policy server's (SERVER) calls with that id (a reward in a
+rollout that names a response the server never served stays its rollout's),
 ``spanrl.feedback.trace_id`` -> the rollout of that trace (``trace_rollouts``), else ``spanrl.rollout.id``;
 a key two rollouts claim resolves to none. Spans belong to rollouts by ``rollout_spans``; every macro reads
 only spans ingested since the horizon less ``max_age_s``, so a poll costs the same however large the store
@@ -50,14 +52,16 @@ _ROLLOUT_STATE = f"""
 WITH sp AS (
     SELECT * FROM rollout_spans($horizon_ns - $max_age_ns)
 ), rw AS (
-    SELECT r.rollout_id, r.time_ns, r.value, r.usable, r.ingested_ns, s.name = '{sc.FEEDBACK_SPAN_NAME}' AS is_feedback,
-           s.response_id AS fb_response, s.attributes ->> '$."{sc.FEEDBACK_TRACE_ID}"' AS fb_trace
+    SELECT r.rollout_id, r.time_ns, r.value, r.usable, r.ingested_ns,
+           s.name = '{sc.FEEDBACK_SPAN_NAME}' OR (r.response_id IS NOT NULL AND r.rollout_id IS NULL) AS is_feedback,
+           CASE WHEN s.kind <> 'SERVER' THEN r.response_id END AS fb_response,
+           s.attributes ->> '$."{sc.FEEDBACK_TRACE_ID}"' AS fb_trace
     FROM rollout_rewards($horizon_ns - $max_age_ns, usable_only := FALSE) r JOIN sp s ON s.rid = r.rid
     WHERE $reward_name IS NULL OR r.name = $reward_name
 ), by_response AS (  -- the one rollout of the policy server's calls with that response id (none when two claim it):
     -- only SERVER spans, whose response id only the policy server's token can store (collector/identity.py)
     SELECT response_id, min(rollout_id) AS rollout_id FROM sp
-    WHERE response_id IN (SELECT fb_response FROM rw WHERE is_feedback) AND kind = 'SERVER'
+    WHERE response_id IN (SELECT fb_response FROM rw) AND kind = 'SERVER'
       AND rollout_id IS NOT NULL AND name <> '{sc.FEEDBACK_SPAN_NAME}'
     GROUP BY response_id
     HAVING count(DISTINCT rollout_id) = 1
@@ -65,12 +69,12 @@ WITH sp AS (
     SELECT trace_id, rollout_id FROM trace_rollouts($horizon_ns - $max_age_ns)
     WHERE trace_id IN (SELECT fb_trace FROM rw WHERE is_feedback)
 ), resolved AS (
-    SELECT CASE WHEN rw.is_feedback AND rw.fb_response IS NOT NULL THEN br.rollout_id
+    SELECT CASE WHEN rw.fb_response IS NOT NULL THEN coalesce(br.rollout_id, rw.rollout_id)
                 WHEN rw.is_feedback AND rw.fb_trace IS NOT NULL THEN bt.rollout_id
                 ELSE rw.rollout_id END AS rollout_id,
            rw.time_ns, rw.value, rw.usable, rw.ingested_ns, rw.is_feedback
     FROM rw
-    LEFT JOIN by_response br ON rw.is_feedback AND br.response_id = rw.fb_response
+    LEFT JOIN by_response br ON br.response_id = rw.fb_response
     LEFT JOIN by_trace bt ON rw.is_feedback AND bt.trace_id = rw.fb_trace
 ), rewarded AS (
     SELECT rollout_id, arg_max(value, [ingested_ns, time_ns]) FILTER (WHERE usable) AS reward,

@@ -12,6 +12,12 @@
 -- belongs to that rollout. A trace without ids belongs to the rollout the policy server attributed a
 -- call of it to (by URL path or headers): its client span has the server span's gen_ai.response.id.
 -- A trace whose spans name two rollouts is ambiguous: its spans without ids stay unattributed.
+-- A trace no rollout id reached at all (a production agent that knows nothing of spanrl) belongs to a
+-- rollout when the policy server served a call of it (a SERVER span with a response id), by the first of:
+--   * its conversation: the one gen_ai.conversation.id its spans name -> 'conversation:<id>' (every trace
+--     of a conversation is one rollout; two conversations in one trace: unattributed);
+--   * its trace, when the client sent a traceparent (the server span has a parent) -> 'trace:<trace_id>';
+--   * the single response, when it did not -> 'response:<gen_ai.response.id>'.
 -- `unattributed_only`: only traces with a span without an id (what rollout_spans needs; most spans carry
 -- their id, and grouping every trace of the store cost ~0.03 s per 1M spans on each use).
 CREATE OR REPLACE MACRO trace_rollouts(since_ns, unattributed_only := FALSE) AS TABLE
@@ -30,10 +36,42 @@ WITH own AS (
       AND s.rollout_id IS NOT NULL AND s.kind = 'SERVER' AND s.ingested_ns >= since_ns
       AND c.trace_id NOT IN (SELECT trace_id FROM own)
     GROUP BY c.trace_id
+), served AS (  -- the policy server's calls in traces without any rollout id
+    SELECT trace_id, bool_or(parent_span_id IS NOT NULL) AS traced, min(response_id) AS response_id
+    FROM spans
+    WHERE kind = 'SERVER' AND response_id IS NOT NULL AND rollout_id IS NULL AND ingested_ns >= since_ns
+      AND trace_id NOT IN (SELECT trace_id FROM own) AND trace_id NOT IN (SELECT trace_id FROM linked)
+    GROUP BY trace_id
+), conversation AS (
+    SELECT trace_id, min(c) AS c, min(c) = max(c) AS single
+    FROM (SELECT trace_id, attributes ->> '$."gen_ai.conversation.id"' AS c FROM spans
+          WHERE trace_id IN (SELECT trace_id FROM served) AND ingested_ns >= since_ns)
+    WHERE c IS NOT NULL
+    GROUP BY trace_id
 )
 SELECT trace_id, rollout_id FROM own WHERE single
 UNION ALL
-SELECT trace_id, rollout_id FROM linked WHERE single;
+SELECT trace_id, rollout_id FROM linked WHERE single
+UNION ALL
+SELECT trace_id, CASE WHEN c.trace_id IS NOT NULL THEN 'conversation:' || c.c
+                      WHEN s.traced THEN 'trace:' || s.trace_id
+                      ELSE 'response:' || s.response_id END AS rollout_id
+FROM served s LEFT JOIN conversation c USING (trace_id)
+WHERE coalesce(c.single, TRUE);
+
+-- The task of a rollout whose spans name none (spanrl.task.id), from the first call the policy server
+-- served it (its gen_ai.input.messages, when the server records content), so that rollouts asking the
+-- same thing share a baseline. task_from() picks the derivation (SPANRL_TASK_FROM, set when the store
+-- is opened): 'first_user_message' (default): 'user:' + 16 hex of md5 of the first user message's parts;
+-- 'input_messages': 'input:' + of all input messages; 'none': no task.
+CREATE OR REPLACE MACRO task_from() AS '__TASK_FROM__';
+CREATE OR REPLACE MACRO derived_task(messages) AS
+CASE task_from()
+    WHEN 'first_user_message' THEN 'user:' || left(md5(
+        list_filter(from_json(messages, '[{"role": "VARCHAR", "parts": "JSON"}]'), lambda m: m.role = 'user')[1].parts
+        ::VARCHAR), 16)
+    WHEN 'input_messages' THEN 'input:' || left(md5(messages), 16)
+END;
 
 -- Attribution, step 2: every span with its rollout: its own spanrl.rollout.id (span attribute, else
 -- resource attribute), else its trace's. `rid` is the span's rowid in `spans`.
@@ -63,7 +101,11 @@ CREATE OR REPLACE MACRO rollout_quiet_ns() AS 60_000_000_000::BIGINT;
 CREATE OR REPLACE MACRO rollout_state(since_ns) AS TABLE
 WITH s AS (
     SELECT rollout_id,
-           any_value(task_id) AS task_id,
+           coalesce(any_value(task_id),
+                    derived_task(arg_min(CASE WHEN kind = 'SERVER' AND response_id IS NOT NULL AND task_id IS NULL
+                                              THEN attributes ->> '$."gen_ai.input.messages"' END, start_ns)
+                                 FILTER (WHERE kind = 'SERVER' AND response_id IS NOT NULL AND task_id IS NULL)))
+               AS task_id,  -- derived only from calls without a task: free where spans name theirs
            max(attempt) AS attempt,
            any_value(mode) AS mode,
            min(start_ns) FILTER (WHERE name <> 'spanrl.rollout.end') AS start_ns,
@@ -104,6 +146,8 @@ CREATE OR REPLACE MACRO usable_reward(x) AS CASE WHEN reward_usable(x) THEN x EL
 -- One row per reward among spans ingested at or after since_ns: typed span rewards
 -- (spanrl.reward.value / gen_ai.evaluation.score.value on a span) and reward events (spanrl.reward /
 -- gen_ai.evaluation.result) unnested from the events JSON. `rid` and `ingested_ns` are the span's.
+-- `response_id`: the response it judges (the event's gen_ai.response.id, else its span's), the key late
+-- feedback resolves by (store/online.py).
 -- Only usable values (above) unless `usable_only := FALSE`; `usable` says which.
 CREATE OR REPLACE MACRO rollout_rewards(since_ns, usable_only := TRUE) AS TABLE
 SELECT *, reward_usable(value) AS usable FROM (
@@ -111,7 +155,8 @@ SELECT rid, ingested_ns, rollout_id, task_id, attempt, mode, trace_id, span_id,
        end_ns AS time_ns,
        coalesce(reward_name, 'reward') AS name,
        reward_value AS value,
-       'span' AS source
+       'span' AS source,
+       response_id
 FROM rollout_spans(since_ns)
 WHERE reward_value IS NOT NULL
 UNION ALL
@@ -122,9 +167,10 @@ SELECT rid, ingested_ns, rollout_id, task_id, attempt, mode, trace_id, span_id,
                 'reward') AS name,
        coalesce(TRY_CAST(ev.attributes ->> '$."spanrl.reward.value"' AS DOUBLE),
                 TRY_CAST(ev.attributes ->> '$."gen_ai.evaluation.score.value"' AS DOUBLE)) AS value,
-       'event' AS source
+       'event' AS source,
+       coalesce(ev.attributes ->> '$."gen_ai.response.id"', response_id) AS response_id
 FROM (
-    SELECT rid, ingested_ns, rollout_id, task_id, attempt, mode, trace_id, span_id,
+    SELECT rid, ingested_ns, rollout_id, task_id, attempt, mode, trace_id, span_id, response_id,
            unnest(from_json(events, '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "JSON"}]')) AS ev
     FROM rollout_spans(since_ns)
     WHERE events IS NOT NULL

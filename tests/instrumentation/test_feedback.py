@@ -1,5 +1,5 @@
-"""`spanrl.emit_feedback` on a real SDK provider: one key per span, a root span of its own, bad input
-warned about and never raised."""
+"""`spanrl.emit_feedback` on a real SDK provider: one key per span, the reward as a `gen_ai.evaluation.result`
+event, a root span of its own, bad input warned about and never raised."""
 
 from __future__ import annotations
 
@@ -28,11 +28,16 @@ def test_emit_feedback_writes_one_key_and_the_reward(spans, key, value, attribut
     span = spans.one(semconv.FEEDBACK_SPAN_NAME)
     attrs = dict(span.attributes)
     assert attrs[attribute] == stored
-    assert attrs[semconv.REWARD_VALUE] == 0.5 and attrs[semconv.GEN_AI_EVALUATION_SCORE_VALUE] == 0.5
-    assert attrs[semconv.REWARD_NAME] == "thumbs" and attrs[semconv.GEN_AI_EVALUATION_NAME] == "thumbs"
-    assert attrs[semconv.GEN_AI_EVALUATION_EXPLANATION] == "user clicked up"
     other_keys = {semconv.ROLLOUT_ID, semconv.GEN_AI_RESPONSE_ID, semconv.FEEDBACK_TRACE_ID} - {attribute}
     assert not other_keys & set(attrs)
+    assert semconv.REWARD_VALUE not in attrs and semconv.GEN_AI_EVALUATION_SCORE_VALUE not in attrs  # one reward
+    # The reward is the GenAI conventions' evaluation event; a response key rides on it too.
+    (event,) = span.events
+    expected = {semconv.GEN_AI_EVALUATION_NAME: "thumbs", semconv.GEN_AI_EVALUATION_SCORE_VALUE: 0.5,
+                semconv.GEN_AI_EVALUATION_EXPLANATION: "user clicked up"}
+    if key == "response_id":
+        expected[semconv.GEN_AI_RESPONSE_ID] = stored
+    assert event.name == semconv.GEN_AI_EVALUATION_RESULT_EVENT and dict(event.attributes) == expected
     assert span.kind == SpanKind.INTERNAL and span.status.status_code == StatusCode.UNSET
 
 
@@ -69,4 +74,5 @@ def test_emit_feedback_bad_input_warns_and_trains_nothing(spans, caplog, kwargs,
     assert message in span.attributes[semconv.EMIT_ERROR]
     assert span.status.status_code == StatusCode.ERROR
     assert semconv.REWARD_VALUE not in span.attributes and semconv.GEN_AI_EVALUATION_SCORE_VALUE not in span.attributes
+    assert not span.events
     assert message in caplog.text
