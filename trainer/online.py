@@ -15,6 +15,8 @@ else started; their spans and (late) feedback reach a ``spanrl collector``. The 
    commit point), then reload the server through its ``POST /v1/weights/reload`` route
    (``spanrl.serving.client``): serving never stops, and every later response carries the new policy
    version; the update's history row goes to the reporting callbacks (``history.jsonl``, and any given).
+6. with ``guard`` on, each reload opens a trial: no update until the new version's live reward is judged
+   against the previous weights', and a version that made it worse is rolled back (``trainer/online_guard.py``).
 
 Its lifecycle is the Trainer's (``trainer/lifecycle.py``): NEW, then RUNNING after ``start()``, TRAINING
 inside ``run()``, CLOSED after ``close()``; a call that does not fit (``poll_once()`` before ``start()``,

@@ -157,6 +157,9 @@ def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collec
     assert seen["greedy-rejected"][0] == seen["greedy-1"][0] != seen["greedy-2"][0]
     assert seen["greedy-rejected"][1] == pytest.approx(seen["greedy-1"][1], abs=1e-5)
     assert seen["restored_weights"] and seen["update-3"]["policy_version"] == 4
+    # The override was for update 2 alone (the schedule restored with checkpoint-1's optimizer state).
+    rates = [seen[f"update-{step}"]["charts/learning_rate"] for step in (1, 2, 3)]
+    assert rates == [pytest.approx(1e-3), pytest.approx(300.0), pytest.approx(1e-3)]
 
     # The live reward users saw: down under v2, back to its earlier level under v3 (checkpoint-1 again).
     requests = [r for log in logs for r in _read_jsonl(log)]
@@ -182,3 +185,13 @@ def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collec
     assert state["rejected_versions"] == [2] and state["counters"]["guard_rejected"] == 1
     assert state["trial"]["step"] == 3 and state["trial"]["previous"] == "checkpoint-1"  # v4 on trial
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-3"]  # the trial's base kept
+
+
+def test_a_guard_verdict_is_one_line_on_the_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    from spanrl.trainer.online_cli import _print_step
+
+    _print_step({"step": 2, "event": "rejected", "trial_step": 2, "trial_versions": [2], "reward_new": 0.167,
+                 "judged_new": 35, "reward_previous": 0.671, "judged_previous": 79, "p_value": 5.5e-28,
+                 "restored": "checkpoint-1", "policy_version": 3})
+    assert capsys.readouterr().out == ("guard: update 2 (v2) rejected: live reward 0.17 over 35 vs 0.67 over 79 "
+                                       "before (p 5.5e-28); rolled back to checkpoint-1, now serving v3\n")
