@@ -21,6 +21,8 @@ from spanrl.store.online import RewardStats
 from spanrl.trainer.online_guard import t_sf, verdict, worse_p_value
 
 AGENT = Path(__file__).resolve().parent / "_guard_agent.py"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collector"))
+from _otlp import kv, make_request  # noqa: E402
 
 
 def _t_sf_by_integration(t: float, df: float, steps: int = 20_000) -> float:
@@ -195,3 +197,86 @@ def test_a_guard_verdict_is_one_line_on_the_terminal(capsys: pytest.CaptureFixtu
                  "restored": "checkpoint-1", "policy_version": 3})
     assert capsys.readouterr().out == ("guard: update 2 (v2) rejected: live reward 0.17 over 35 vs 0.67 over 79 "
                                        "before (p 5.5e-28); rolled back to checkpoint-1, now serving v3\n")
+
+
+def _served(store: Any, rollout_id: str, reward: float, version: int) -> None:
+    """A finished rollout whose one policy-server call ``version`` served, judged ``reward``."""
+    from spanrl import semconv as sc
+    from spanrl.collector.encoding import encode_request
+
+    req, _ = make_request(3, rollout_id=rollout_id, resource={sc.TASK_ID: "t"})
+    root, call, judged = req.resource_spans[0].scope_spans[0].spans
+    root.name = sc.ROLLOUT_SPAN_NAME
+    call.kind = 2  # SERVER
+    call.attributes.extend([kv(sc.GEN_AI_OPERATION_NAME, "chat"), kv(sc.LLM_PROMPT_TOKEN_IDS, [5, 6, 7]),
+                            kv(sc.LLM_COMPLETION_TOKEN_IDS, [8, 9, 2]), kv(sc.LLM_LOGPROBS, [-1.0, -1.5, -0.5]),
+                            kv(sc.POLICY_VERSION, version)])
+    judged.name = sc.FEEDBACK_SPAN_NAME
+    judged.attributes.append(kv(sc.REWARD_VALUE, reward))
+    store.append(encode_request(req).table)
+
+
+def test_a_trial_survives_a_restart_and_the_first_update_rolls_back_to_the_starting_weights(
+        tmp_path: Path, collector: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trial is committed with its update: a restart serves the new weights again under a new version,
+    which joins the trial. Rejecting the first update restores checkpoint-0 (the starting weights, saved
+    before it); what the rejected versions served is ledgered ``rejected_version``; training goes on."""
+    import torch
+    from safetensors.torch import load_file
+
+    from spanrl.algorithms import GRPO
+    from spanrl.demo.tiny import build_tiny_model
+    from spanrl.serving import PolicyServer, ServerConfig
+    from spanrl.trainer.online import OnlineConfig, OnlineTrainer
+
+    torch.set_num_threads(1)
+    model = build_tiny_model(tmp_path / "tiny", words=[f"w{i}" for i in range(20)], seed=0)
+    monkeypatch.setenv("SPANRL_POLICY_ADMIN_TOKEN", "guard-admin")
+    server = PolicyServer(ServerConfig(model=model, port=0, otlp_endpoint=None, admin_token="guard-admin",
+                                       checkpoint_root=tmp_path)).start()
+    out = tmp_path / "online"
+    config = OnlineConfig(model=str(model), server_url=server.base_url, store_url=collector.http_endpoint,
+                          output_dir=str(out), settle_s=0.0, quiet_s=600.0, min_rollouts=2, max_rollouts=16,
+                          keep_checkpoints=1, guard=True, guard_min_judged=3, guard_margin=0.1)
+    try:
+        for i, reward in enumerate((1.0, 1.0, 0.9, 0.8)):
+            _served(collector.store, f"v0-{i}", reward, 0)
+        first = OnlineTrainer(config, algorithm=GRPO(learning_rate=1e-3), store=collector.store).start()
+        assert first.poll_once()["policy_version"] == 1 and first.state.trial["previous"] == "checkpoint-0"
+        _served(collector.store, "v1-0", 0.0, 1)
+        assert first.poll_once() is None and first.state.trial is not None  # one verdict of 3: no update, no verdict
+        first.close()
+
+        again = OnlineTrainer(config, algorithm=GRPO(learning_rate=1e-3), store=collector.store).start()
+        assert again.state.trial["new_versions"] == [1, 2] and server.version == 2  # checkpoint-1 served again
+        _served(collector.store, "v1-1", 0.1, 1)
+        _served(collector.store, "v2-0", 0.0, 2)
+        row = again.poll_once()
+        assert row["event"] == "rejected" and row["restored"] == "checkpoint-0" and row["policy_version"] == 3
+        assert (row["judged_new"], row["judged_previous"]) == (3, 4)
+        start = load_file(str(model / "model.safetensors"))
+        assert all(torch.equal(again.algorithm.model.state_dict()[k], v) for k, v in start.items())
+        (tokens, logprobs), (want_tokens, want_logprobs) = _greedy(server), _greedy_of(model)
+        assert tokens == want_tokens and logprobs == pytest.approx(want_logprobs, abs=1e-5)  # the starting weights
+
+        assert again.poll_once() is None  # moves past what the rejected versions served
+        ledger = {e["rollout_id"]: e["status"] for e in _read_jsonl(out / "ledger.jsonl") if "rollout_id" in e}
+        assert {k: ledger[k] for k in ("v1-0", "v1-1", "v2-0")} == dict.fromkeys(("v1-0", "v1-1", "v2-0"),
+                                                                                   "rejected_version")
+        _served(collector.store, "v3-0", 1.0, 3)
+        _served(collector.store, "v3-1", 0.0, 3)
+        assert again.poll_once()["step"] == 2 and again.state.trial["previous_versions"] == [0, 3]
+        assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-0", "checkpoint-2"]
+    finally:
+        server.shutdown()
+
+
+def _greedy_of(model: Path) -> tuple[list[int], list[float]]:
+    """Greedy tokens and log-probs of the HF folder ``model`` as a fresh policy server sees them."""
+    from spanrl.serving import PolicyServer, ServerConfig
+
+    fresh = PolicyServer(ServerConfig(model=model, port=0, otlp_endpoint=None)).start()
+    try:
+        return _greedy(fresh)
+    finally:
+        fresh.shutdown()
