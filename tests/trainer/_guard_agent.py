@@ -1,9 +1,10 @@
 """A production agent for the guard test: requests at a steady rate, each one rollout, judged at once.
 
 The user's verdict is how varied the answer is (distinct words / max_tokens, a continuous reward): the
-tiny random model samples nearly uniformly and scores about 0.6; a model one huge step has ruined
-repeats a word or stops at once and scores far less. It sends the verdict by rollout id with
-``spanrl.emit_feedback`` and logs one JSON line per request (rollout id, policy version, reward).
+tiny random model samples nearly uniformly and scores about 0.5; a model one huge step has ruined
+answers the same few words over and over (or stops at once) and scores 0.25 or less. It sends the
+verdict by rollout id with ``spanrl.emit_feedback`` and logs one JSON line per request (rollout id,
+policy version, reward).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server", required=True)
     parser.add_argument("--name", required=True)
     parser.add_argument("--rate", type=float, default=8.0)
-    parser.add_argument("--max-tokens", type=int, default=6)
+    parser.add_argument("--max-tokens", type=int, default=12)
     parser.add_argument("--log", required=True)
     args = parser.parse_args(argv)
     configure(service_name=f"guard-{args.name}")

@@ -99,7 +99,8 @@ def _greedy(server: Any) -> tuple[list[int], list[float]]:
 def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collector: Any,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Update 2 takes one huge step (learning rate 300): the guard sees its live reward fall, serves
-    checkpoint-1 again, restores the trainer to it, and training goes on; no rollout trains twice."""
+    checkpoint-1 again, restores the trainer to it, and training goes on (update 3, accepted: the test
+    stops there); no rollout trains twice."""
     import torch
     from safetensors.torch import load_file
 
@@ -123,6 +124,8 @@ def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collec
     def on_step(row: dict[str, Any]) -> None:  # what a person would check when each row lands
         seen[row.get("event") or f"update-{row['step']}"] = row
         seen[f"greedy-{row.get('event') or row['step']}"] = _greedy(server)
+        if row.get("event") == "accepted" and row["trial_step"] == 3:  # judged after the rollback: enough
+            trainer.stop()
         if row.get("event") == "rejected":
             weights = load_file(str(out / "checkpoint-1" / "model.safetensors"))
             live = trainer.algorithm.model.state_dict()
@@ -136,8 +139,8 @@ def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collec
                 env={**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{collector.grpc_endpoint}"}))
         config = OnlineConfig(model=str(model), server_url=server.base_url, store_url=collector.http_endpoint,
                               output_dir=str(out), poll_interval_s=0.2, settle_s=0.5, quiet_s=30.0, max_age_s=10.0,
-                              min_rollouts=16, max_rollouts=48, max_policy_lag=3, keep_checkpoints=1, max_updates=3,
-                              max_seconds=240.0, guard=True, guard_min_judged=24, guard_margin=0.1,
+                              min_rollouts=16, max_rollouts=48, max_policy_lag=3, keep_checkpoints=1, max_seconds=240.0,
+                              guard=True, guard_min_judged=24, guard_margin=0.1,
                               learning_rate_overrides={2: 300.0})
         trainer = OnlineTrainer(config, algorithm=GRPO(learning_rate=1e-3), store=collector.store, on_step=on_step)
         history = trainer.run()
@@ -148,7 +151,7 @@ def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collec
         server.shutdown()
 
     events = [row.get("event") or "update" for row in history]
-    assert events == ["update", "accepted", "update", "rejected", "update"], (events, history)
+    assert events == ["update", "accepted", "update", "rejected", "update", "accepted"], (events, history)
     rejected = seen["rejected"]
     assert rejected["trial_step"] == 2 and rejected["restored"] == "checkpoint-1"
     assert rejected["trial_versions"] == [2] and rejected["policy_version"] == 3
@@ -163,13 +166,19 @@ def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collec
     rates = [seen[f"update-{step}"]["charts/learning_rate"] for step in (1, 2, 3)]
     assert rates == [pytest.approx(1e-3), pytest.approx(300.0), pytest.approx(1e-3)]
 
-    # The live reward users saw: down under v2, back to its earlier level under v3 (checkpoint-1 again).
+    # The live reward users saw: down under v2, back to its earlier level after the rollback (v3 serves
+    # checkpoint-1 again, v4 one small step from it).
     requests = [r for log in logs for r in _read_jsonl(log)]
-    by_version: dict[int, list[float]] = {}
-    for r in requests:
-        by_version.setdefault(r["policy_version"], []).append(r["reward"])
-    mean = {v: sum(rs) / len(rs) for v, rs in by_version.items() if len(rs) >= 10}
-    assert mean[2] < mean[1] - 0.15 and abs(mean[3] - mean[1]) < 0.12, mean
+
+    def mean(selected: list[float]) -> float:
+        assert len(selected) >= 20, len(selected)
+        return sum(selected) / len(selected)
+
+    before = mean([r["reward"] for r in requests if r["policy_version"] in (0, 1)])
+    harmed = mean([r["reward"] for r in requests if r["policy_version"] == 2])
+    after = mean([r["reward"] for r in requests if r["policy_version"] in (3, 4)])
+    # (measured: about 0.5 before and after, 0.08..0.25 under v2)
+    assert harmed < before - 0.2 and abs(after - before) < 0.1, (before, harmed, after)
 
     # The ledger: the rejection recorded; no rollout handled twice; the rejected update's rollouts stay
     # trained (once); what v2 served was judged but never trained.
@@ -185,8 +194,9 @@ def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collec
     assert served_by_v2 and not served_by_v2 & trained
     state = json.loads((out / "online_state.json").read_text())
     assert state["rejected_versions"] == [2] and state["counters"]["guard_rejected"] == 1
-    assert state["trial"]["step"] == 3 and state["trial"]["previous"] == "checkpoint-1"  # v4 on trial
-    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-3"]  # the trial's base kept
+    assert state["trial"] is None and state["served_versions"] == [4]
+    assert seen["accepted"]["trial_versions"] == [4]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-3"]  # trial 3's base kept
 
 
 def test_a_guard_verdict_is_one_line_on_the_terminal(capsys: pytest.CaptureFixture[str]) -> None:
