@@ -106,7 +106,8 @@ class OnlineConfig:
     reward_name: str | None = None
     """Only rewards (and feedback) of this name; None: any."""
     max_updates: int | None = None
-    """Stop after this many updates (all runs of this output dir together); None: run until stopped."""
+    """Stop after this many updates (all runs of this output dir together, rolled-back ones too); None: run
+    until stopped."""
     max_seconds: float | None = None
     """Stop after this many seconds of this run; None: run until stopped."""
     keep_checkpoints: int = 2

@@ -209,21 +209,43 @@ def test_a_guard_verdict_is_one_line_on_the_terminal(capsys: pytest.CaptureFixtu
                                        "before (p 5.5e-28); rolled back to checkpoint-1, now serving v3\n")
 
 
-def _served(store: Any, rollout_id: str, reward: float, version: int) -> None:
-    """A finished rollout whose one policy-server call ``version`` served, judged ``reward``."""
+def _served(store: Any, rollout_id: str, reward: float, *versions: int) -> None:
+    """A finished rollout whose policy-server calls the given ``versions`` served, judged ``reward``."""
     from spanrl import semconv as sc
     from spanrl.collector.encoding import encode_request
 
-    req, _ = make_request(3, rollout_id=rollout_id, resource={sc.TASK_ID: "t"})
-    root, call, judged = req.resource_spans[0].scope_spans[0].spans
+    req, _ = make_request(2 + len(versions), rollout_id=rollout_id, resource={sc.TASK_ID: "t"})
+    root, *calls, judged = req.resource_spans[0].scope_spans[0].spans
     root.name = sc.ROLLOUT_SPAN_NAME
-    call.kind = 2  # SERVER
-    call.attributes.extend([kv(sc.GEN_AI_OPERATION_NAME, "chat"), kv(sc.LLM_PROMPT_TOKEN_IDS, [5, 6, 7]),
-                            kv(sc.LLM_COMPLETION_TOKEN_IDS, [8, 9, 2]), kv(sc.LLM_LOGPROBS, [-1.0, -1.5, -0.5]),
-                            kv(sc.POLICY_VERSION, version)])
+    for call, version in zip(calls, versions):
+        call.kind = 2  # SERVER
+        call.attributes.extend([kv(sc.GEN_AI_OPERATION_NAME, "chat"), kv(sc.LLM_PROMPT_TOKEN_IDS, [5, 6, 7]),
+                                kv(sc.LLM_COMPLETION_TOKEN_IDS, [8, 9, 2]), kv(sc.LLM_LOGPROBS, [-1.0, -1.5, -0.5]),
+                                kv(sc.POLICY_VERSION, version)])
     judged.name = sc.FEEDBACK_SPAN_NAME
     judged.attributes.append(kv(sc.REWARD_VALUE, reward))
     store.append(encode_request(req).table)
+
+
+def test_the_live_reward_of_two_sets_of_policy_versions_comes_from_the_store(collector: Any) -> None:
+    """``version_rewards``: per side, the judged rollouts whose every call one of its versions served; a
+    rollout that spans a reload, or another version's, counts for neither."""
+    from spanrl.store.online import Watermark, now_ns, ready_rollouts, version_rewards
+
+    for rollout_id, reward, versions in (("a", 0.2, [3]), ("b", 0.4, [4]), ("c", 1.0, [1]), ("d", 0.5, [1]),
+                                         ("e", 0.0, [1, 1]), ("mixed", 0.0, [1, 3]), ("other", 0.9, [2])):
+        _served(collector.store, rollout_id, reward, *versions)
+    window = dict(now=now_ns(collector.store), horizon_ns=0, max_age_s=60.0, quiet_s=600.0)
+    new, previous = version_rewards(collector.store, new_versions=[3, 4], previous_versions=[1], settle_s=0.0,
+                                    **window)
+    assert (new.n, previous.n) == (2, 3)
+    assert (new.mean, new.var) == (pytest.approx(0.3), pytest.approx(0.02))
+    assert (previous.mean, previous.var) == (pytest.approx(0.5), pytest.approx(0.25))
+    assert version_rewards(collector.store, new_versions=[3, 4], previous_versions=[1], settle_s=3600.0,
+                           **window) == (RewardStats(), RewardStats())  # none settled yet
+    spans = {r.rollout_id: (r.min_policy_version, r.max_policy_version)
+             for r in ready_rollouts(collector.store, Watermark(), settle_s=0.0, **window)}
+    assert spans["mixed"] == (1, 3) and spans["e"] == (1, 1)
 
 
 def test_a_trial_survives_a_restart_and_the_first_update_rolls_back_to_the_starting_weights(
