@@ -386,8 +386,7 @@ class OnlineTrainer:
         except ServingError as exc:  # the server is down: it is synced again after the next update or restart
             _logger.warning("spanrl online: reload failed, serving the previous weights: %s", exc)
             new_version = None
-        if state.trial is not None and new_version is not None:
-            self.guard.serving(new_version)
+        self.guard.reloaded(new_version)
         self._prune_checkpoints()
         lags = [self._lag(r, version) for r in used]
         row = {

@@ -166,6 +166,17 @@ class Guard:
         (state.trial["new_versions"] if state.trial is not None else state.served_versions).append(version)
         state.save(self.trainer.output_dir)
 
+    def reloaded(self, version: int | None) -> None:
+        """After an update's reload (``version`` None: it failed): the version on trial, or, with no trial
+        (the guard off), the only version that serves the new checkpoint from now on."""
+        state = self.trainer.state
+        if state.trial is not None:
+            state.trial["new_versions"].extend([] if version is None else [version])
+        else:
+            state.served_versions = [] if version is None else [version]
+            state.served_since_ns = now_ns(self.trainer.store)
+        state.save(self.trainer.output_dir)
+
     def open(self, *, step: int, checkpoint: str, previous: str, version: int, oldest_ns: int) -> dict[str, Any]:
         """The trial of ``checkpoint`` (update ``step``) against ``previous``, which ``version`` serves now;
         ``oldest_ns``: the update's oldest rollout (``ready_ns``), where the first trial's store reads begin."""

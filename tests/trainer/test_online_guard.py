@@ -312,3 +312,41 @@ def _greedy_of(model: Path) -> tuple[list[int], list[float]]:
         return _greedy(fresh)
     finally:
         fresh.shutdown()
+
+
+def test_turning_the_guard_on_later_compares_with_the_versions_of_the_committed_weights(
+        tmp_path: Path, collector: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the guard the trainer still notes which versions serve its committed checkpoint, so a run
+    restarted with ``guard: true`` judges its next update against those versions (not v0's starting weights)."""
+    import dataclasses
+
+    import torch
+
+    from spanrl.algorithms import GRPO
+    from spanrl.demo.tiny import build_tiny_model
+    from spanrl.serving import PolicyServer, ServerConfig
+    from spanrl.trainer.online import OnlineConfig, OnlineTrainer
+
+    torch.set_num_threads(1)
+    model = build_tiny_model(tmp_path / "tiny", words=[f"w{i}" for i in range(20)], seed=0)
+    monkeypatch.setenv("SPANRL_POLICY_ADMIN_TOKEN", "guard-admin")
+    server = PolicyServer(ServerConfig(model=model, port=0, otlp_endpoint=None, admin_token="guard-admin",
+                                       checkpoint_root=tmp_path)).start()
+    config = OnlineConfig(model=str(model), server_url=server.base_url, store_url=collector.http_endpoint,
+                          output_dir=str(tmp_path / "online"), settle_s=0.0, quiet_s=600.0, min_rollouts=2)
+    try:
+        _served(collector.store, "a", 1.0, 0)
+        _served(collector.store, "b", 0.0, 0)
+        plain = OnlineTrainer(config, algorithm=GRPO(learning_rate=1e-3), store=collector.store).start()
+        assert plain.poll_once()["policy_version"] == 1 and plain.state.trial is None
+        assert plain.state.served_versions == [1]
+        guarded = OnlineTrainer(dataclasses.replace(config, guard=True), algorithm=GRPO(learning_rate=1e-3),
+                                store=collector.store).start()
+        assert guarded.state.served_versions == [1, 2]  # the restart served checkpoint-1 again
+        _served(collector.store, "c", 1.0, 2)
+        _served(collector.store, "d", 0.0, 2)
+        assert guarded.poll_once()["policy_version"] == 3
+        trial = guarded.state.trial
+        assert (trial["previous"], trial["previous_versions"], trial["new_versions"]) == ("checkpoint-1", [1, 2], [3])
+    finally:
+        server.shutdown()
