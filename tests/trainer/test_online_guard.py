@@ -117,7 +117,7 @@ def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collec
     server = PolicyServer(ServerConfig(model=model, port=_free_port(), otlp_endpoint=collector.grpc_endpoint,
                                        admin_token="guard-admin", checkpoint_root=tmp_path,
                                        served_model_name="policy")).start()
-    agents, logs = [], [tmp_path / f"agent-{name}.jsonl" for name in ("a", "b")]
+    agents, errors, logs = [], [], [tmp_path / f"agent-{name}.jsonl" for name in ("a", "b")]
     seen: dict[str, Any] = {}
     out = tmp_path / "online"
 
@@ -133,9 +133,10 @@ def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collec
 
     try:
         for name, log in zip(("a", "b"), logs):
+            errors.append(open(tmp_path / f"agent-{name}.err", "w"))
             agents.append(subprocess.Popen(
                 [sys.executable, str(AGENT), "--server", server.base_url, "--name", name, "--log", str(log)],
-                stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"agent-{name}.err", "w"), start_new_session=True,
+                stdout=subprocess.DEVNULL, stderr=errors[-1], start_new_session=True,
                 env={**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{collector.grpc_endpoint}"}))
         config = OnlineConfig(model=str(model), server_url=server.base_url, store_url=collector.http_endpoint,
                               output_dir=str(out), poll_interval_s=0.2, settle_s=0.5, quiet_s=30.0, max_age_s=10.0,
@@ -148,6 +149,8 @@ def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collec
         for agent in agents:
             os.killpg(agent.pid, signal.SIGTERM)
             agent.wait(20)
+        for handle in errors:
+            handle.close()
         server.shutdown()
 
     events = [row.get("event") or "update" for row in history]
