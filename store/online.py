@@ -35,7 +35,7 @@ from typing import Any
 
 from spanrl import semconv as sc
 
-__all__ = ["ReadyRollout", "Watermark", "count_aged_out", "now_ns", "ready_rollouts"]
+__all__ = ["ReadyRollout", "RewardStats", "Watermark", "count_aged_out", "now_ns", "ready_rollouts", "version_rewards"]
 
 _NS_PER_S = 1_000_000_000
 
@@ -84,6 +84,7 @@ WITH sp AS (
 ), ro AS (
     SELECT rollout_id, max(ingested_ns) AS last_ns,
            min(policy_version) FILTER (WHERE prompt_token_ids IS NOT NULL) AS min_policy_version,
+           max(policy_version) FILTER (WHERE prompt_token_ids IS NOT NULL) AS max_policy_version,
            count(*) FILTER (WHERE prompt_token_ids IS NOT NULL) AS token_calls
     FROM sp
     WHERE rollout_id IS NOT NULL AND name <> '{sc.FEEDBACK_SPAN_NAME}'
@@ -101,8 +102,8 @@ WITH sp AS (
 """
 
 _READY = _ROLLOUT_STATE + """
-SELECT rollout_id, task_id, reward, reward_count, feedback_count, bad_rewards, min_policy_version, token_calls,
-       greatest(complete_ns, first_reward_ns) AS ready_ns
+SELECT rollout_id, task_id, reward, reward_count, feedback_count, bad_rewards, min_policy_version,
+       max_policy_version, token_calls, greatest(complete_ns, first_reward_ns) AS ready_ns
 FROM st
 WHERE NOT failed AND complete_ns IS NOT NULL AND first_reward_ns IS NOT NULL
   AND first_reward_ns <= complete_ns + $max_age_ns
@@ -145,6 +146,8 @@ class ReadyRollout:
     token_calls: int
     ready_ns: int
     bad_rewards: int = 0
+    max_policy_version: int | None = None
+    """The newest policy version that served one of its calls (``min_policy_version`` the oldest)."""
 
 
 def now_ns(store: Any) -> int:
@@ -186,6 +189,7 @@ def ready_rollouts(
         rollout_id=r["rollout_id"], task_id=r["task_id"], reward=None if r["reward"] is None else float(r["reward"]),
         reward_count=int(r["reward_count"]), bad_rewards=int(r["bad_rewards"]),
         feedback_count=int(r["feedback_count"]), min_policy_version=r["min_policy_version"],
+        max_policy_version=r["max_policy_version"],
         token_calls=int(r["token_calls"]), ready_ns=int(r["ready_ns"]),
     ) for r in rows]
 
@@ -200,3 +204,42 @@ def count_aged_out(
     params["since_ns"] = since_ns
     row = store.sql(_AGED, params).to_pylist()[0]
     return int(row["aged_out"] or 0), int(row["failed"] or 0)
+
+
+# The live reward of two sets of policy versions (the online trainer's guard: a new version against the
+# weights it replaced): per side, the ready rollouts all of whose token calls one of its versions served
+# (a rollout that spans a reload belongs to neither), with their combined reward, as _READY takes them.
+_VERSION_REWARDS = _ROLLOUT_STATE + """
+SELECT CASE WHEN list_contains($new_versions, min_policy_version) THEN 'new' ELSE 'previous' END AS side,
+       count(*) AS n, avg(reward) AS mean, coalesce(var_samp(reward), 0.0) AS var
+FROM st
+WHERE NOT failed AND reward IS NOT NULL AND complete_ns IS NOT NULL AND min_policy_version = max_policy_version
+  AND first_reward_ns <= complete_ns + $max_age_ns
+  AND greatest(complete_ns, first_reward_ns) <= $now_ns - $settle_ns
+  AND (list_contains($new_versions, min_policy_version) OR list_contains($previous_versions, min_policy_version))
+GROUP BY 1
+"""
+
+
+@dataclass(frozen=True)
+class RewardStats:
+    """The judged rollouts of a set of policy versions: how many, their mean reward and its sample variance."""
+
+    n: int = 0
+    mean: float = 0.0
+    var: float = 0.0
+
+
+def version_rewards(
+    store: Any, *, new_versions: list[int], previous_versions: list[int], now: int, horizon_ns: int, settle_s: float,
+    max_age_s: float, quiet_s: float | None = None, reward_name: str | None = None,
+) -> tuple[RewardStats, RewardStats]:
+    """``(new, previous)``: the live reward of the rollouts served (every token call) by ``new_versions``,
+    and by ``previous_versions``, counting those ready at least ``settle_s`` before ``now`` whose spans
+    were all ingested after ``horizon_ns`` (rewards combined as in `ready_rollouts`)."""
+    params = _params(now, horizon_ns, quiet_s=quiet_s, max_age_s=max_age_s, reward_name=reward_name)
+    params.update({"settle_ns": int(settle_s * _NS_PER_S), "new_versions": [int(v) for v in new_versions],
+                   "previous_versions": [int(v) for v in previous_versions]})
+    sides = {r["side"]: RewardStats(int(r["n"]), float(r["mean"]), float(r["var"]))
+             for r in store.sql(_VERSION_REWARDS, params).to_pylist()}
+    return sides.get("new", RewardStats()), sides.get("previous", RewardStats())

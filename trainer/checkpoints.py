@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +36,12 @@ def latest(output_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def prune(output_dir: Path, keep: int, *, protect: Path | None = None) -> list[Path]:
-    """Remove all but the newest ``keep`` checkpoint folders, never ``protect`` (the committed one);
+def prune(output_dir: Path, keep: int, *, protect: Path | Iterable[Path] | None = None) -> list[Path]:
+    """Remove all but the newest ``keep`` checkpoint folders, never ``protect`` (the committed one, or several);
     returns those removed."""
     found = _numbered(output_dir)
-    removed = [path for _, path in found[:max(len(found) - keep, 0)] if protect is None or path.name != protect.name]
+    kept = {p.name for p in ([protect] if isinstance(protect, Path) else protect or [])}
+    removed = [path for _, path in found[:max(len(found) - keep, 0)] if path.name not in kept]
     for path in removed:
         shutil.rmtree(path, ignore_errors=True)
     return removed

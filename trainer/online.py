@@ -15,6 +15,8 @@ else started; their spans and (late) feedback reach a ``spanrl collector``. The 
    commit point), then reload the server through its ``POST /v1/weights/reload`` route
    (``spanrl.serving.client``): serving never stops, and every later response carries the new policy
    version; the update's history row goes to the reporting callbacks (``history.jsonl``, and any given).
+6. with ``guard`` on, each reload opens a trial: no update until the new version's live reward is judged
+   against the previous weights', and a version that made it worse is rolled back (``trainer/online_guard.py``).
 
 Its lifecycle is the Trainer's (``trainer/lifecycle.py``): NEW, then RUNNING after ``start()``, TRAINING
 inside ``run()``, CLOSED after ``close()``; a call that does not fit (``poll_once()`` before ``start()``,
@@ -48,6 +50,8 @@ from spanrl.store.online import ReadyRollout, Watermark, count_aged_out, now_ns,
 from spanrl.trainer import checkpoints
 from spanrl.trainer.config import CONFIG_FILE, HISTORY_FILE
 from spanrl.trainer.lifecycle import State
+from spanrl.trainer.online_checks import checked_transitions, nonfinite
+from spanrl.trainer.online_guard import Guard, one_off_learning_rate, validate_guard
 from spanrl.trainer.online_state import Ledger, OnlineState
 from spanrl.trainer.reporting import Callback, HistoryFile
 
@@ -102,11 +106,24 @@ class OnlineConfig:
     reward_name: str | None = None
     """Only rewards (and feedback) of this name; None: any."""
     max_updates: int | None = None
-    """Stop after this many updates (all runs of this output dir together); None: run until stopped."""
+    """Stop after this many updates (all runs of this output dir together, rolled-back ones too); None: run
+    until stopped."""
     max_seconds: float | None = None
     """Stop after this many seconds of this run; None: run until stopped."""
     keep_checkpoints: int = 2
-    """Checkpoints kept in the output dir (the newest ones)."""
+    """Checkpoints kept in the output dir (the newest ones; those a guard trial needs are kept too)."""
+    guard: bool = False
+    """Guarded updates (``trainer/online_guard.py``): after each reload, make no further update until the new
+    version's live reward is judged against the previous weights'; roll it back when it is worse."""
+    guard_min_judged: int = 16
+    """Judged rollouts each side needs (those the new version served alone, and the previous weights')."""
+    guard_margin: float = 0.0
+    """Reward units: reject only a new version whose mean live reward is more than this below the previous."""
+    guard_alpha: float = 0.05
+    """Significance level of the one-sided Welch t-test that the new version is worse by more than the margin."""
+    learning_rate_overrides: dict[int, float] = dataclasses.field(default_factory=dict)
+    """Update step -> learning rate for that update alone, then the algorithm's own again. To rehearse the
+    guard, one huge rate makes one harmful update: ``{3: 300.0}``."""
     seed: int = 0
     torch_threads: int | None = 1
     """``torch.set_num_threads`` for this process; None leaves torch's default."""
@@ -138,6 +155,7 @@ class OnlineConfig:
             raise ConfigError(f"max_policy_lag must be an integer >= 0, got {self.max_policy_lag!r}")
         if self.max_updates is not None and (not isinstance(self.max_updates, int) or self.max_updates < 1):
             raise ConfigError(f"max_updates must be a positive integer or None, got {self.max_updates!r}")
+        validate_guard(self)
         return self
 
 
@@ -179,6 +197,7 @@ class OnlineTrainer:
         self.state: OnlineState | None = None
         """The committed state (None before ``start()``); it stays readable after ``close()``."""
         self.ledger: Ledger | None = None
+        self.guard = Guard(self)
 
     # --- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> "OnlineTrainer":
@@ -203,6 +222,7 @@ class OnlineTrainer:
             self.algorithm.load_state(checkpoint)
             try:  # the server may hold the weights of an update that was never committed
                 version = self.server.reload(checkpoint)
+                self.guard.serving(version)
                 _logger.info("resumed at step %d from %s; policy version %d", self.state.step, checkpoint, version)
             except ServingError as exc:
                 _logger.warning("spanrl online: could not sync the server to %s (%s); the next update will",
@@ -289,8 +309,14 @@ class OnlineTrainer:
         state.aged_until_ns = now
         ready = ready_rollouts(self.store, state.watermark, settle_s=cfg.settle_s, limit=cfg.max_rollouts, **window)
         version = self.server.version()
+        if state.trial is not None and not cfg.guard:  # the guard was turned off: no trial to decide
+            state.trial = None
+        if state.trial is not None:  # no update until the newest one is judged (trainer/online_guard.py)
+            row = self.guard.judge()
+            if row is not None:
+                return self._report(row)
         fresh = {r.rollout_id for r in ready if r.rollout_id not in ledger.seen and self._usable(r, version)}
-        if len(fresh) >= cfg.min_rollouts:
+        if len(fresh) >= cfg.min_rollouts and state.trial is None:
             return self._update(ready, fresh, version)
         # Not enough to train: still move past a leading run of rollouts that will never train.
         prefix = list(itertools.takewhile(lambda r: r.rollout_id not in fresh, ready))
@@ -300,7 +326,8 @@ class OnlineTrainer:
 
     def _usable(self, rollout: ReadyRollout, version: int) -> bool:
         lag = self._lag(rollout, version)
-        return lag is not None and lag <= self.config.max_policy_lag and _good_reward(rollout.reward)
+        return lag is not None and lag <= self.config.max_policy_lag and _good_reward(rollout.reward) \
+            and not self.guard.rejected(rollout)
 
     def _status(self, rollout: ReadyRollout, version: int, trained: dict[str, tuple[float, float]],
                 marks: dict[str, str]) -> str:
@@ -310,6 +337,8 @@ class OnlineTrainer:
             return marks[rollout.rollout_id]
         if not _good_reward(rollout.reward):
             return "bad_reward"
+        if self.guard.rejected(rollout):
+            return "rejected_version"
         stale = rollout.min_policy_version is not None and not self._usable(rollout, version)
         return "stale" if stale else "no_transitions"
 
@@ -328,7 +357,7 @@ class OnlineTrainer:
                               nan_reward="zero")
         batch = load_transitions(self.store, credit=credit, rollout_ids=[r.rollout_id for r in fresh],
                                  tokenizer=self.algorithm.tokenizer)
-        transitions, marks = self._checked(batch.transitions)
+        transitions, marks = checked_transitions(self.algorithm, batch.transitions)
         with_calls = {t.rollout_id for t in transitions}
         used = [r for r in fresh if r.rollout_id in with_calls]
         if not used:  # nothing token-level to learn from: move past them, no update
@@ -338,20 +367,26 @@ class OnlineTrainer:
         by_rollout = {r.rollout_id: (float(r.reward or 0.0), a) for r, a in zip(used, advantages)}
         transitions = [dataclasses.replace(t, reward=by_rollout[t.rollout_id][0], advantage=by_rollout[t.rollout_id][1])
                        for t in transitions if t.rollout_id in by_rollout]
-        metrics = self.algorithm.update(transitions) if transitions else {}
-        problem = self._nonfinite(metrics)
+        previous = self.guard.base()
+        with one_off_learning_rate(self.algorithm, self.config.learning_rate_overrides.get(state.step + 1)):
+            metrics = self.algorithm.update(transitions) if transitions else {}
+        problem = nonfinite(self.algorithm, metrics)
         if problem is not None:  # undone; its rollouts quarantined; after max_bad_updates in a row: stop
             self._undo_bad_update(ready, used, version, marks, problem)
             return None
         state.step += 1
         state.bad_updates = 0
         checkpoint = self._save_checkpoint(state.step)
+        if previous is not None:  # on trial from now on; a crash before the reload resumes it (start())
+            state.trial = self.guard.open(step=state.step, checkpoint=checkpoint, previous=previous, version=version,
+                                         oldest_ns=min(r.ready_ns for r in used))
         self._commit(ready, trained=by_rollout, checkpoint=checkpoint, version=version, marks=marks)
         try:
             new_version: int | None = self.server.reload(self.output_dir / checkpoint)
         except ServingError as exc:  # the server is down: it is synced again after the next update or restart
             _logger.warning("spanrl online: reload failed, serving the previous weights: %s", exc)
             new_version = None
+        self.guard.reloaded(new_version)
         self._prune_checkpoints()
         lags = [self._lag(r, version) for r in used]
         row = {
@@ -362,6 +397,9 @@ class OnlineTrainer:
             "combined_feedback": sum(1 for r in used if r.reward_count > 1), "policy_version": new_version,
             "update_seconds": time.perf_counter() - started, **dict(state.counters), **metrics,
         }
+        return self._report(row)
+
+    def _report(self, row: dict[str, Any]) -> dict[str, Any]:
         for callback in self._callbacks:
             callback.on_row(row)
         if self.on_step is not None:
@@ -411,42 +449,6 @@ class OnlineTrainer:
         state.save(self.output_dir)
 
     # --- what cannot be trained on -------------------------------------------------------------------
-    def _checked(self, transitions: list[Any]) -> tuple[list[Any], dict[str, str]]:
-        """The transitions of rollouts that pass the algorithm's checks (``check_transitions``, one rollout at
-        a time, e.g. a forged token id outside the vocabulary), and ``bad_transitions`` marks for the rest."""
-        from spanrl.algorithms.tables import check_transitions
-
-        model = getattr(self.algorithm, "model", None)
-        vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-        by_rollout: dict[str, list[Any]] = {}
-        for t in transitions:
-            by_rollout.setdefault(t.rollout_id, []).append(t)
-        kept, marks = [], {}
-        for rollout_id, items in by_rollout.items():
-            try:  # the advantage is set later: checked here with a placeholder
-                check_transitions([dataclasses.replace(t, advantage=0.0) for t in items], vocab_size=vocab)
-            except ConfigError as exc:
-                _logger.warning("spanrl online: rollout %s quarantined (bad_transitions): %s", rollout_id, exc)
-                marks[rollout_id] = "bad_transitions"
-                continue
-            kept.extend(items)
-        return kept, marks
-
-    def _nonfinite(self, metrics: dict[str, Any]) -> str | None:
-        """What was not finite after an update (a loss, the gradient norm, a weight), or None."""
-        import torch
-
-        for key, value in metrics.items():
-            watched = key.startswith(("losses/", "charts/grad_norm"))
-            if watched and isinstance(value, float) and not math.isfinite(value):
-                return f"{key} = {value}"
-        model = getattr(self.algorithm, "model", None)  # the live model (a LoRA one unmerged: no copy)
-        weights = model.state_dict() if model is not None else self.algorithm.policy_weights()
-        for name, tensor in weights.items():
-            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                return f"weight {name} is not finite"
-        return None
-
     def _undo_bad_update(self, ready: list[ReadyRollout], used: list[ReadyRollout], version: int,
                          marks: dict[str, str], problem: str) -> None:
         cfg, (state, _) = self.config, self._loaded("poll_once()")
@@ -474,8 +476,9 @@ class OnlineTrainer:
 
     def _prune_checkpoints(self) -> None:
         state, _ = self._loaded("poll_once()")
-        committed = self.output_dir / state.checkpoint if state.checkpoint else None
-        checkpoints.prune(self.output_dir, self.config.keep_checkpoints, protect=committed)
+        needed = [state.checkpoint, state.trial["previous"] if state.trial else None]  # committed; a trial's base
+        checkpoints.prune(self.output_dir, self.config.keep_checkpoints,
+                          protect=[self.output_dir / name for name in needed if name])
 
 
 _WHY = {

@@ -53,12 +53,25 @@ def build_online_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
 
 
 def _print_step(row: dict[str, Any]) -> None:
-    """One line per update, for people watching the terminal."""
+    """One line per update (and per guard verdict), for people watching the terminal."""
+    if row.get("event") is not None:
+        print(_verdict_line(row), flush=True)
+        return
     reward = "-" if row.get("reward_mean") is None else f"{row['reward_mean']:.2f}"
     lag = "-" if row.get("policy_lag_mean") is None else f"{row['policy_lag_mean']:.1f}"
     print(f"update {row['step']}: {row['rollouts']} rollouts, reward {reward}, lag {lag} versions, "
           f"now serving v{row.get('policy_version')} (stale {row.get('stale', 0)}, aged out {row.get('aged_out', 0)}, "
           f"trained {row.get('trained', 0)})", flush=True)
+
+
+def _verdict_line(row: dict[str, Any]) -> str:
+    p_value = "-" if row.get("p_value") is None else f"{row['p_value']:.2g}"
+    line = (f"guard: update {row['trial_step']} (v{','.join(map(str, row['trial_versions']))}) {row['event']}: "
+            f"live reward {row['reward_new']:.2f} over {row['judged_new']} vs {row['reward_previous']:.2f} over "
+            f"{row['judged_previous']} before (p {p_value})")
+    if row["event"] == "rejected":
+        line += f"; rolled back to {row['restored']}, now serving v{row['policy_version']}"
+    return line
 
 
 def _quiet_third_party() -> None:

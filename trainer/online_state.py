@@ -42,6 +42,12 @@ class OnlineState:
     bad_updates: int = 0  # updates in a row that were not finite (undone); 0 after a good one
     counters: dict[str, int] = field(default_factory=dict)
     baseline: RunningBaseline = field(default_factory=RunningBaseline)
+    # Guarded updates (trainer/online_guard.py): the open trial of the newest update, if any; the policy
+    # versions that served the committed weights (and since when, collector clock); every rejected version.
+    trial: dict[str, Any] | None = None
+    served_versions: list[int] = field(default_factory=list)
+    served_since_ns: int = 0
+    rejected_versions: list[int] = field(default_factory=list)
 
     def count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + int(n)
@@ -76,7 +82,10 @@ class Ledger:
     "policy_lag", ...}`` with status ``trained`` | ``stale`` (more than K versions behind) |
     ``no_transitions`` (no token-level calls) | ``bad_reward`` (no usable reward: non-finite or out of range)
     | ``bad_transitions`` (its transitions fail the algorithm's checks, e.g. a token id outside the
-    vocabulary) | ``bad_update`` (in an update whose gradients or weights were not finite: skipped)."""
+    vocabulary) | ``bad_update`` (in an update whose gradients or weights were not finite: skipped) |
+    ``rejected_version`` (served by a policy version the guard rolled back: judged, never trained). A
+    guarded update that was rolled back is one line without a rollout id: ``{"event": "rejected_update",
+    "step", "checkpoint", "rejected_versions", "restored", "policy_version", "reward_new", ...}``."""
 
     def __init__(self, output_dir: Path, committed_lines: int) -> None:
         self.path = Path(output_dir) / LEDGER_FILE
@@ -85,8 +94,9 @@ class Ledger:
             self.path.write_text("".join(lines[:committed_lines]))
         self.lines = min(len(lines), committed_lines)
         entries = [json.loads(line) for line in lines[:committed_lines]]
-        self.seen = {e["rollout_id"] for e in entries}
-        self.trained = {e["rollout_id"] for e in entries if e["status"] == "trained"}
+        self.seen: set[str] = set()
+        self.trained: set[str] = set()
+        self._note(entries)
 
     def append(self, entries: list[dict[str, Any]]) -> None:
         if not entries:
@@ -96,5 +106,9 @@ class Ledger:
             handle.flush()
             os.fsync(handle.fileno())
         self.lines += len(entries)
-        self.seen.update(e["rollout_id"] for e in entries)
-        self.trained.update(e["rollout_id"] for e in entries if e["status"] == "trained")
+        self._note(entries)
+
+    def _note(self, entries: list[dict[str, Any]]) -> None:
+        rollouts = [e for e in entries if "rollout_id" in e]  # event lines (a rejected update) name none
+        self.seen.update(e["rollout_id"] for e in rollouts)
+        self.trained.update(e["rollout_id"] for e in rollouts if e["status"] == "trained")

@@ -1,0 +1,239 @@
+"""Guarded updates (``OnlineConfig.guard``): a new policy version that makes the live reward worse is rolled back.
+
+After each reload the new version is *on trial*: the online trainer makes no further update until it is
+judged. Its live reward is that of the rollouts whose every token call it served (``store/online.py``'s
+``version_rewards``); the previous weights' is that of every version that served them (a rollback
+serves them again under a new version number, and those versions count too). Rewards may be
+continuous or 0/1.
+
+**The rule** (`verdict`): once both sides have at least ``min_judged`` judged rollouts, one look:
+reject the new version when ``previous_mean - new_mean > margin`` and Welch's one-sided t-test of
+H0 ``new_mean >= previous_mean - margin`` against H1 ``new_mean < previous_mean - margin`` gives
+``p < alpha``; otherwise accept it. When only the previous side lacks ``min_judged`` (it served too
+few), the new version is accepted untested (counted ``guard_untested``). One look per trial keeps the
+false-rejection rate of a harmless update at most ``alpha``.
+
+**A rejection** reloads the previous checkpoint into the server (a new version number, the old weights),
+restores the trainer's weights, optimizer, scheduler and RNG from that same checkpoint (GRPO's
+checkpoints hold them all), writes a ``rejected_update`` line to the ledger and a ``rejected`` row to the
+history, and training goes on from there. The rollouts the rejected update trained stay ``trained``
+(never trained again); those the rejected version served are judged, counted in the test, and never
+trained (ledger status ``rejected_version``): they were sampled from weights the trainer no longer has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from spanrl.errors import ConfigError
+from spanrl.store.online import ReadyRollout, RewardStats, now_ns, version_rewards
+
+__all__ = ["Guard", "one_off_learning_rate", "t_sf", "validate_guard", "verdict", "worse_p_value"]
+
+_logger = logging.getLogger("spanrl.trainer.online")
+_NS_PER_S = 1_000_000_000
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the incomplete beta function (modified Lentz)."""
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        for numerator in (m * (b - m) * x / ((qam + 2 * m) * (a + 2 * m)),
+                          -(a + m) * (qab + m) * x / ((a + 2 * m) * (qap + 2 * m))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-14:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_sf(t: float, df: float) -> float:
+    """P(T > t) for Student's t with ``df`` degrees of freedom."""
+    if math.isinf(t):
+        return 0.0 if t > 0 else 1.0
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    return tail if t >= 0 else 1.0 - tail
+
+
+def worse_p_value(previous: RewardStats, new: RewardStats, margin: float) -> float:
+    """Welch's one-sided p-value of H0 ``new.mean >= previous.mean - margin`` (each side needs n >= 2):
+    ``t = (previous.mean - new.mean - margin) / sqrt(previous.var / previous.n + new.var / new.n)`` on the
+    Welch-Satterthwaite degrees of freedom. No spread on either side: 0 when the gap exceeds the margin, else 1."""
+    a, b = previous.var / previous.n, new.var / new.n
+    gap = previous.mean - new.mean - margin
+    if a + b <= 0.0:
+        return 0.0 if gap > 0 else 1.0
+    df = (a + b) ** 2 / (a * a / (previous.n - 1) + b * b / (new.n - 1))
+    return t_sf(gap / math.sqrt(a + b), df)
+
+
+def verdict(previous: RewardStats, new: RewardStats, *, margin: float, alpha: float, min_judged: int) -> str | None:
+    """``"rejected"`` | ``"accepted"`` | ``"untested"`` (the previous side has too few judged rollouts), or
+    None while the new version has fewer than ``min_judged`` (the module docstring's rule)."""
+    if new.n < min_judged:
+        return None
+    if previous.n < min_judged:
+        return "untested"
+    worse = previous.mean - new.mean > margin and worse_p_value(previous, new, margin) < alpha
+    return "rejected" if worse else "accepted"
+
+
+def validate_guard(config: Any) -> None:
+    """Raise `ConfigError` naming the first bad guard field of an `OnlineConfig` (and read the overrides' steps)."""
+    judged, margin, alpha = config.guard_min_judged, config.guard_margin, config.guard_alpha
+    if isinstance(judged, bool) or not isinstance(judged, int) or judged < 2:
+        raise ConfigError(f"guard_min_judged must be an integer >= 2, got {judged!r}")
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < math.inf:
+        raise ConfigError(f"guard_margin must be a finite number >= 0, got {margin!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        raise ConfigError(f"guard_alpha must be a number in (0, 1), got {alpha!r}")
+    overrides = config.learning_rate_overrides
+    try:  # a JSON config gives the steps as strings
+        config.learning_rate_overrides = {int(k): float(v) for k, v in dict(overrides).items()}
+    except (TypeError, ValueError):
+        raise ConfigError(f"learning_rate_overrides must map update steps to learning rates, got {overrides!r}") \
+            from None
+    if not all(lr > 0 and math.isfinite(lr) for lr in config.learning_rate_overrides.values()):
+        raise ConfigError(f"learning_rate_overrides must be finite and > 0, got {overrides!r}")
+
+
+@contextlib.contextmanager
+def one_off_learning_rate(algorithm: Any, learning_rate: float | None) -> Iterator[None]:
+    """Every optimizer step inside uses ``learning_rate`` (times the schedule's factor), then the algorithm's
+    own rate is back (``OnlineConfig.learning_rate_overrides``). None: no change."""
+    if learning_rate is None:
+        yield
+        return
+    trainer = algorithm.trainer  # the HF Trainer under a TRL algorithm: its optimizer and LambdaLR schedule
+    scheduler, groups = trainer.lr_scheduler, trainer.optimizer.param_groups
+    saved = list(scheduler.base_lrs)
+    scheduler.base_lrs = [float(learning_rate)] * len(saved)
+    for group, base in zip(groups, saved):
+        group["lr"] = group["lr"] * float(learning_rate) / base
+    try:
+        yield
+    finally:
+        scheduler.base_lrs = saved
+        for group, base in zip(groups, saved):
+            group["lr"] = group["lr"] * base / float(learning_rate)
+
+
+class Guard:
+    """The online trainer's trials (``state.trial``) and rollbacks; ``trainer`` is its `OnlineTrainer`."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def base(self) -> str | None:
+        """With the guard on: the checkpoint a rejection of the coming update restores (``checkpoint-0``, the
+        starting weights and a fresh optimizer, saved before the first update). None with the guard off."""
+        if not self.trainer.config.guard:
+            return None
+        return self.trainer.state.checkpoint or self.trainer._save_checkpoint(0)
+
+    def rejected(self, rollout: ReadyRollout) -> bool:
+        """Whether a policy version the guard rolled back served one of its calls."""
+        low = rollout.min_policy_version
+        high = rollout.max_policy_version if rollout.max_policy_version is not None else low
+        return low is not None and any(low <= v <= high for v in self.trainer.state.rejected_versions)
+
+    def serving(self, version: int) -> None:
+        """The server now serves the committed checkpoint as ``version`` (after an update's or a restart's reload)."""
+        state = self.trainer.state
+        (state.trial["new_versions"] if state.trial is not None else state.served_versions).append(version)
+        state.save(self.trainer.output_dir)
+
+    def reloaded(self, version: int | None) -> None:
+        """After an update's reload (``version`` None: it failed): the version on trial, or, with no trial
+        (the guard off), the only version that serves the new checkpoint from now on."""
+        state = self.trainer.state
+        if state.trial is not None:
+            state.trial["new_versions"].extend([] if version is None else [version])
+        else:
+            state.served_versions = [] if version is None else [version]
+            state.served_since_ns = now_ns(self.trainer.store)
+        state.save(self.trainer.output_dir)
+
+    def open(self, *, step: int, checkpoint: str, previous: str, version: int, oldest_ns: int) -> dict[str, Any]:
+        """The trial of ``checkpoint`` (update ``step``) against ``previous``, which ``version`` serves now;
+        ``oldest_ns``: the update's oldest rollout (``ready_ns``), where the first trial's store reads begin."""
+        state = self.trainer.state
+        versions = sorted({*state.served_versions, version})
+        return {"step": step, "checkpoint": checkpoint, "previous": previous, "new_versions": [],
+                "previous_versions": versions, "since_ns": state.served_since_ns or oldest_ns,
+                "opened_ns": now_ns(self.trainer.store)}
+
+    def judge(self) -> dict[str, Any] | None:
+        """Look at the open trial once: a history row when it was decided, None while it waits."""
+        trainer, cfg = self.trainer, self.trainer.config
+        state, trial = trainer.state, trainer.state.trial
+        if not trial["new_versions"]:  # the reload after the update failed: the new version is not served yet
+            trial["new_versions"].append(trainer.server.reload(trainer.output_dir / trial["checkpoint"]))
+            state.save(trainer.output_dir)
+        now = now_ns(trainer.store)
+        new, previous = version_rewards(
+            trainer.store, new_versions=trial["new_versions"], previous_versions=trial["previous_versions"], now=now,
+            horizon_ns=max(0, trial["since_ns"] - 2 * int(cfg.max_age_s * _NS_PER_S)), settle_s=cfg.settle_s,
+            max_age_s=cfg.max_age_s, quiet_s=cfg.quiet_s, reward_name=cfg.reward_name)
+        decided = verdict(previous, new, margin=cfg.guard_margin, alpha=cfg.guard_alpha,
+                          min_judged=cfg.guard_min_judged)
+        if decided is None:
+            return None
+        p_value = worse_p_value(previous, new, cfg.guard_margin) if decided != "untested" else None
+        row = {"step": state.step, "time": time.time(), "event": decided, "trial_step": trial["step"],
+               "trial_versions": trial["new_versions"], "reward_new": new.mean, "reward_previous": previous.mean,
+               "judged_new": new.n, "judged_previous": previous.n, "p_value": p_value}
+        if decided == "rejected":
+            row.update(self._roll_back(trial, row))
+        else:
+            state.served_versions, state.served_since_ns = list(trial["new_versions"]), trial["opened_ns"]
+            state.trial = None
+            state.count(f"guard_{decided}")
+            state.save(trainer.output_dir)
+        _logger.info("spanrl online: update %d (v%s) %s: live reward %.3f over %d vs %.3f over %d (p %s)",
+                     trial["step"], trial["new_versions"], decided, new.mean, new.n, previous.mean, previous.n,
+                     "-" if p_value is None else f"{p_value:.3g}")
+        return row
+
+    def _roll_back(self, trial: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+        """Serve and restore the previous checkpoint; commit the rejection (ledger line, state)."""
+        trainer = self.trainer
+        state, ledger, previous = trainer.state, trainer.ledger, trial["previous"]
+        version = trainer.server.reload(trainer.output_dir / previous)  # a ServingError: retried at the next poll
+        trainer.algorithm.load_state(trainer.output_dir / previous)
+        restored = {"restored": previous, "policy_version": version}
+        ledger.append([{"event": "rejected_update", "step": trial["step"], "checkpoint": trial["checkpoint"],
+                        "rejected_versions": trial["new_versions"], **restored,
+                        **{k: row[k] for k in ("reward_new", "reward_previous", "judged_new", "judged_previous",
+                                               "p_value")}}])
+        state.rejected_versions = sorted({*state.rejected_versions, *trial["new_versions"]})
+        state.served_versions = [*trial["previous_versions"], version]
+        state.checkpoint, state.trial, state.ledger_lines = previous, None, ledger.lines
+        state.count("guard_rejected")
+        state.save(trainer.output_dir)
+        _logger.warning("spanrl online: update %d rolled back: serving %s again as v%d", trial["step"], previous,
+                        version)
+        return restored
