@@ -112,7 +112,7 @@ def script(doc: Path, ports: dict[int, int]) -> str:
             parts.append(f"cat > {block.mark.group('file')} <<'SPANRL_DOC_EOF'\n{text}SPANRL_DOC_EOF")
             continue
         for default, port in ports.items():
-            text = re.sub(rf":{default}\b", f":{port}", text)
+            text = re.sub(rf"(?<=:){default}\b|(?<=port ){default}\b", str(port), text)
         parts.append(f"echo '>>> {block.where}'\n{text}")
     return "\n".join(parts) + "\n"
 

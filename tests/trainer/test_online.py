@@ -249,7 +249,9 @@ def test_online_cli_config_rejects_unknown_setting_and_other_algorithms(tmp_path
         build_online_trainer({"model": "m", "algorithm": {"name": "ppo"}})
     trainer = build_online_trainer({"model": "m", "output_dir": "out", "algorithm": {"learning_rate": 1e-3}},
                                    base=tmp_path)
-    assert trainer.output_dir == tmp_path / "out" and trainer.algorithm.config.learning_rate == 1e-3
+    # the model beside the config, the output where the command runs (as `spanrl train` does)
+    assert trainer.config.model == str(tmp_path / "m") and trainer.output_dir == Path("out")
+    assert trainer.algorithm.config.learning_rate == 1e-3
 
 
 def test_state_and_ledger_resume_at_the_commit_point(tmp_path):
