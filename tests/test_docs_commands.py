@@ -11,7 +11,8 @@ The marking convention, on the line right before a fence:
 
 A shell block (bash, sh, shell, console) with neither ``run`` nor ``not run`` fails the marking test. A
 document's runnable blocks run in order as one bash script (``set -e``) in a temp folder outside the
-checkout, its ``file`` blocks written there first in their place, with the venv's ``bin`` on PATH and the
+checkout (holding a link to ``examples/`` for the walkthroughs run from a checkout), its ``file`` blocks
+written there in their place, with the venv's ``bin`` on PATH and the
 default ports (4317, 4318, 8000) replaced by free ones; background jobs (``&``) are killed at the end.
 Documents that say "from an installed spanrl" run against the wheel (the fixture of
 ``tests/trainer/test_demo_from_wheel.py``).
@@ -35,7 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", REPO / "examples" / "README.md", *sorted(REPO.glob("examples/*/README.md"))]
 SHELL = {"bash", "sh", "shell", "console"}
 _SUBS = r"( \"[^\"]*\" => \"[^\"]*\",?)*"
-_MARK = re.compile(rf"^<!-- (run: quick(?P<subs>{_SUBS})|not run: (?P<why>.+\S)|file: (?P<file>[\w./-]+)(?P<fsubs>{_SUBS})) -->$")
+_MARK = re.compile(rf"^<!-- (run: quick(?P<subs>{_SUBS})|not run: (?P<why>.+\S)|"
+                   rf"file: (?P<file>[\w./-]+)(?P<fsubs>{_SUBS})) -->$")
 _SUB = re.compile(r"\"([^\"]*)\" => \"([^\"]*)\"")
 _FENCE = re.compile(r"^```(\w*)\s*$")
 _DEFAULT_PORTS = (4317, 4318, 8000)
@@ -108,11 +110,11 @@ def script(doc: Path, ports: dict[int, int]) -> str:
         for old, new in _SUB.findall(block.mark.group("subs") or block.mark.group("fsubs") or ""):
             assert old in text, f"{block.where}: the quick setting replaces {old!r}, which the block lacks"
             text = text.replace(old, new)
+        for default, port in ports.items():
+            text = re.sub(rf"(?<=:){default}\b|(?<=port ){default}\b", str(port), text)
         if block.mark.group("file"):
             parts.append(f"cat > {block.mark.group('file')} <<'SPANRL_DOC_EOF'\n{text}SPANRL_DOC_EOF")
             continue
-        for default, port in ports.items():
-            text = re.sub(rf"(?<=:){default}\b|(?<=port ){default}\b", str(port), text)
         parts.append(f"echo '>>> {block.where}'\n{text}")
     return "\n".join(parts) + "\n"
 
@@ -149,6 +151,12 @@ def test_runnable_blocks_run(doc: Path, tmp_path: Path, request: pytest.FixtureR
     ports = {default: _free_port() for default in _DEFAULT_PORTS}
     folder = tmp_path / "user"
     folder.mkdir()
+    if site is None:  # a walkthrough "from the root of your checkout": its examples, nothing else of it
+        (folder / "examples").symlink_to(REPO / "examples")
+    else:
+        where = subprocess.run([sys.executable, "-c", "import spanrl.trainer; print(spanrl.trainer.__file__)"],
+                               cwd=folder, env=_environ(ports, site), capture_output=True, text=True, check=True)
+        assert where.stdout.startswith(str(site)), f"spanrl came from {where.stdout}, not the wheel"
     (folder / "doc.sh").write_text(script(doc, ports))
     log = tmp_path / "doc.log"
     started = time.monotonic()
@@ -163,9 +171,8 @@ def test_runnable_blocks_run(doc: Path, tmp_path: Path, request: pytest.FixtureR
             except ProcessLookupError:
                 pass
     shown = log.read_text()
-    assert rc == 0, f"{doc.relative_to(REPO)}'s commands failed after {time.monotonic() - started:.0f} s:\n{shown[-6000:]}"
+    took = time.monotonic() - started
+    assert rc == 0, f"{doc.relative_to(REPO)}'s commands failed after {took:.0f} s:\n{shown[-6000:]}"
     assert "Traceback" not in shown, shown[-6000:]
     for expected in re.findall(r"<!-- expect: (.+?) -->", doc.read_text()):
         assert re.search(expected, shown, re.MULTILINE), f"{expected!r} not in the output:\n{shown[-6000:]}"
-    if site is not None:
-        assert str(REPO) not in shown.replace(str(folder), "")
