@@ -9,7 +9,8 @@ with the reward attributes of ``docs/conventions.md`` and exactly one key naming
 * ``response_id``: the ``id`` of one completion the rollout received (``gen_ai.response.id``);
 * ``trace_id``: a trace of the rollout (``spanrl.feedback.trace_id``, 32 hex characters).
 
-Like the rest of the emit API it imports no torch, is a no-op without an OTel SDK and never raises: a
+Like the rest of the emit API it imports no torch, does nothing without an OTel SDK (it says so once, as a
+warning naming ``configure()``) and never raises: a
 bad value or key is logged and the span carries ``spanrl.emit.error`` and no value, so it trains nothing.
 Several feedbacks for one rollout combine by the rule in ``docs/conventions.md`` (the latest wins).
 """
@@ -43,6 +44,19 @@ def _trace_id_hex(value: Any) -> str | None:
         if len(text) == _TRACE_ID_HEX_CHARS and set(text) <= _HEX and text.strip("0"):
             return text
     return None
+
+
+_warned_no_sdk = False
+
+
+def _warn_no_sdk() -> None:
+    """Once per process: feedback from a process without an OTel SDK goes nowhere, which must not be silent."""
+    global _warned_no_sdk
+    if not _warned_no_sdk:
+        _warned_no_sdk = True
+        _logger.warning("spanrl: emit_feedback: no OpenTelemetry SDK in this process, so the feedback is not sent; "
+                        "call spanrl.instrumentation.configure() first and spanrl.instrumentation.flush() before "
+                        "exiting, or run under opentelemetry-instrument")
 
 
 def _problem(value: Any, keys: dict[str, Any]) -> str | None:
@@ -103,6 +117,8 @@ def emit_feedback(
         span = tracer().start_span(semconv.FEEDBACK_SPAN_NAME, context=context.Context(), kind=SpanKind.INTERNAL,
                                    attributes=attrs)
         try:
+            if not span.is_recording():
+                _warn_no_sdk()
             if problem is not None:
                 _logger.warning("spanrl: %s", problem)
                 if span.is_recording():
