@@ -84,6 +84,9 @@ def run_online(path: Path, *, output_dir: str | None = None, max_updates: int | 
 def _run_online(path: Path, *, output_dir: str | None, max_updates: int | None) -> int:
     import yaml
 
+    from spanrl.logs import log_to_file
+    from spanrl.trainer.config import LOG_FILE
+
     if not path.is_file():
         raise ConfigError(f"config: no such file {str(path)!r}")
     raw = yaml.safe_load(path.read_text()) or {}
@@ -93,6 +96,8 @@ def _run_online(path: Path, *, output_dir: str | None, max_updates: int | None) 
         raw["max_updates"] = max_updates
     _quiet_third_party()
     trainer = build_online_trainer(raw, base=path.parent)
+    # as `spanrl train`: every log line (HTTP clients, checkpoints) to a file, the terminal keeps one line an update
+    print(f"full logs: {log_to_file(trainer.output_dir / LOG_FILE)}", flush=True)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: trainer.stop())
     with trainer:  # start(); close() at the end
