@@ -9,7 +9,8 @@ The marking convention, on the line right before a fence:
     <!-- file: NAME "OLD" => "NEW" -->     ... written with these substitutions
     <!-- expect: REGEX -->                 after the document's blocks ran, their output matches REGEX
 
-A shell block (bash, sh, shell, console) with neither ``run`` nor ``not run`` fails the marking test. A
+A shell block (bash, sh, shell, console) with neither ``run`` nor ``not run`` fails the marking test, and so
+does any other code block with no marker. A
 document's runnable blocks run in order as one bash script (``set -e``) in a temp folder outside the
 checkout (holding a link to ``examples/`` for the walkthroughs run from a checkout), its ``file`` blocks
 written there in their place, with the venv's ``bin`` on PATH and the
@@ -26,7 +27,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,7 +54,11 @@ class Block:
 
     @property
     def where(self) -> str:
-        return f"{self.doc.relative_to(REPO)}:{self.line}"
+        return f"{_name(self.doc)}:{self.line}"
+
+
+def _name(doc: Path) -> str:
+    return str(doc.relative_to(REPO)) if doc.is_relative_to(REPO) else doc.name
 
 
 def blocks(doc: Path) -> list[Block]:
@@ -82,6 +86,12 @@ def test_every_shell_block_is_marked() -> None:
     unmarked = [b.where for doc in DOCS for b in blocks(doc)
                 if b.lang in SHELL and not (b.mark and not b.mark.group("file"))]
     assert unmarked == [], "shell blocks with neither <!-- run: quick --> nor <!-- not run: why -->"
+
+
+def test_every_other_code_block_is_run_or_says_why() -> None:
+    """Code (Python, YAML, a diagram): a file the runnable blocks use, or a reason it is not run."""
+    unmarked = [b.where for doc in DOCS for b in blocks(doc) if b.lang not in SHELL and not b.mark]
+    assert unmarked == [], "code blocks with neither <!-- file: NAME --> nor <!-- not run: why -->"
 
 
 def test_the_marks_parse() -> None:
@@ -144,13 +154,10 @@ def _environ(ports: dict[int, int], site: Path | None) -> dict[str, str]:
     return environ
 
 
-@pytest.mark.parametrize("doc", _runnable_docs(), ids=lambda p: str(p.relative_to(REPO)))
-def test_runnable_blocks_run(doc: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    from_wheel = "from an installed spanrl" in doc.read_text()
-    site = request.getfixturevalue("wheel_site") if from_wheel else None
+def run_doc(doc: Path, folder: Path, site: Path | None) -> tuple[int, str]:
+    """Run ``doc``'s runnable blocks in ``folder``: (exit status, everything they printed)."""
     ports = {default: _free_port() for default in _DEFAULT_PORTS}
-    folder = tmp_path / "user"
-    folder.mkdir()
+    folder.mkdir(parents=True, exist_ok=True)
     if site is None:  # a walkthrough "from the root of your checkout": its examples, nothing else of it
         (folder / "examples").symlink_to(REPO / "examples")
     else:
@@ -158,8 +165,7 @@ def test_runnable_blocks_run(doc: Path, tmp_path: Path, request: pytest.FixtureR
                                cwd=folder, env=_environ(ports, site), capture_output=True, text=True, check=True)
         assert where.stdout.startswith(str(site)), f"spanrl came from {where.stdout}, not the wheel"
     (folder / "doc.sh").write_text(script(doc, ports))
-    log = tmp_path / "doc.log"
-    started = time.monotonic()
+    log = folder.parent / f"{folder.name}.log"
     with log.open("w") as out:
         proc = subprocess.Popen(["bash", "doc.sh"], cwd=folder, env=_environ(ports, site), stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -170,9 +176,34 @@ def test_runnable_blocks_run(doc: Path, tmp_path: Path, request: pytest.FixtureR
                 os.killpg(proc.pid, signal.SIGKILL)  # the group this test started: servers left behind
             except ProcessLookupError:
                 pass
-    shown = log.read_text()
-    took = time.monotonic() - started
-    assert rc == 0, f"{doc.relative_to(REPO)}'s commands failed after {took:.0f} s:\n{shown[-6000:]}"
+    return rc, log.read_text()
+
+
+def check(doc: Path, rc: int, shown: str) -> None:
+    """What the reader was promised: the commands succeed, no traceback, every ``expect`` line seen."""
+    assert rc == 0, f"{_name(doc)}'s commands failed:\n{shown[-6000:]}"
     assert "Traceback" not in shown, shown[-6000:]
     for expected in re.findall(r"<!-- expect: (.+?) -->", doc.read_text()):
         assert re.search(expected, shown, re.MULTILINE), f"{expected!r} not in the output:\n{shown[-6000:]}"
+
+
+def test_the_runner_fails_what_a_reader_would_see_fail(tmp_path: Path) -> None:
+    doc = tmp_path / "README.md"
+    doc.write_text('<!-- file: conf.txt "SLOW" => "QUICK" -->\n```\nSLOW http://127.0.0.1:8000\n```\n\n'
+                   "<!-- run: quick -->\n```bash\ncat conf.txt\necho port 4318 spanrl sql\n```\n"
+                   "<!-- expect: ^QUICK http://127.0.0.1:\\d+$ -->\n")
+    rc, shown = run_doc(doc, tmp_path / "ok", None)
+    check(doc, rc, shown)
+    assert ":8000" not in shown and "port 4318" not in shown  # the defaults became free ports
+    doc.write_text(doc.read_text() + "<!-- expect: never printed -->\n")
+    with pytest.raises(AssertionError, match="never printed"):
+        check(doc, *run_doc(doc, tmp_path / "unseen", None))
+    doc.write_text("<!-- run: quick -->\n```bash\nfalse\necho after\n```\n")
+    rc, shown = run_doc(doc, tmp_path / "failing", None)
+    assert rc != 0 and "after" not in shown  # set -e: the first failing command stops the walkthrough
+
+
+@pytest.mark.parametrize("doc", _runnable_docs(), ids=lambda p: str(p.relative_to(REPO)))
+def test_runnable_blocks_run(doc: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    site = request.getfixturevalue("wheel_site") if "from an installed spanrl" in doc.read_text() else None
+    check(doc, *run_doc(doc, tmp_path / "user", site))
