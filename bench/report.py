@@ -117,16 +117,13 @@ def run_one(name: str, anchor_venv: Path, vllm_venv: Path, results: Path) -> dic
 
 
 def machine() -> str:
-    """Cores, CPU model, memory, and when and at which commit the table was built."""
+    """Cores, CPU model, memory, and when the table was built (a date and a machine: users read it)."""
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor() or "?") if Path("/proc/cpuinfo").exists() else "?"
     mem = next((int(ln.split()[1]) / 2**20 for ln in Path("/proc/meminfo").read_text().splitlines()
                 if ln.startswith("MemTotal")), 0.0) if Path("/proc/meminfo").exists() else 0.0
-    git = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-                         cwd=ROOT).stdout.strip()
     return (f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM; table built "
-            f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} "
-            f"UTC at commit `{git or '?'}`")
+            f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC")
 
 
 def _names(values: list[str]) -> list[str]:

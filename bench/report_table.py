@@ -285,7 +285,7 @@ def build_section(results: dict[str, Bench], machine: str) -> str:
     lines += ["", f"Machine: {machine}. Each figure beside the anchor's from the same run of the same bench, "
               "ratios from those two; the runs:", ""]
     lines += runs_table(results)
-    lines += ["", f"Goals of issue 17 in these runs: {goals(results)}."]
+    lines += ["", f"Goals in these runs: {goals(results)}."]
     return "\n".join(lines)
 
 

@@ -12,8 +12,9 @@ exactly one key naming what it judges:
 * ``rollout_id``: the rollout (``spanrl.rollout.id`` on the span, so every view sees it at once);
 * ``trace_id``: a trace of the rollout (``spanrl.feedback.trace_id``, 32 hex characters).
 
-Like the rest of the emit API it imports no torch, is a no-op without an OTel SDK and never raises: a
-bad value or key is logged and the span carries ``spanrl.emit.error`` and no event, so it trains nothing.
+Like the rest of the emit API it imports no torch, does nothing without an OTel SDK (it says so once, as a
+warning naming ``configure()``) and never raises: a bad value or key is logged and the span carries
+``spanrl.emit.error`` and no event, so it trains nothing.
 Several feedbacks for one rollout combine by the rule in ``docs/conventions.md`` (the latest wins).
 """
 
@@ -46,6 +47,19 @@ def _trace_id_hex(value: Any) -> str | None:
         if len(text) == _TRACE_ID_HEX_CHARS and set(text) <= _HEX and text.strip("0"):
             return text
     return None
+
+
+_warned_no_sdk = False
+
+
+def _warn_no_sdk() -> None:
+    """Once per process: feedback from a process without an OTel SDK goes nowhere, which must not be silent."""
+    global _warned_no_sdk
+    if not _warned_no_sdk:
+        _warned_no_sdk = True
+        _logger.warning("spanrl: emit_feedback: no OpenTelemetry SDK in this process, so the feedback is not sent; "
+                        "call spanrl.instrumentation.configure() first and spanrl.instrumentation.flush() before "
+                        "exiting, or run under opentelemetry-instrument")
 
 
 def _problem(value: Any, keys: dict[str, Any]) -> str | None:
@@ -102,6 +116,8 @@ def emit_feedback(
         span = tracer().start_span(semconv.FEEDBACK_SPAN_NAME, context=context.Context(), kind=SpanKind.INTERNAL,
                                    attributes=attrs)
         try:
+            if not span.is_recording():
+                _warn_no_sdk()
             if problem is not None:
                 _logger.warning("spanrl: %s", problem)
                 if span.is_recording():

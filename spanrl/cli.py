@@ -32,14 +32,23 @@ _COMMAND_MODULES = (
 )
 
 
+# Where a newcomer starts; every command's help ends with it (the docs ship in the spanrl source).
+START_HERE = ("Start here: the README's 'Train your own agent' (an agent, a train.yaml, your own collector and "
+              "server, online training). Every config key: docs/train-config.md (spanrl train), "
+              "docs/online-config.md (spanrl train --online); span conventions: docs/conventions.md.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="spanrl", description="Train agents with RL from their OpenTelemetry traces.")
+    parser = argparse.ArgumentParser(prog="spanrl", description="Train agents with RL from their OpenTelemetry traces.",
+                                     epilog=START_HERE)
     parser.add_argument("--log-level", default="INFO",
                         help="logging level (default INFO; train and demo log to a file)")
 
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
+    for command in subparsers.choices.values():
+        command.epilog = f"{command.epilog} {START_HERE}" if command.epilog else START_HERE
     return parser
 
 

@@ -123,11 +123,13 @@ compiled fast path (``spanrl.collector._wire``), e.g. to compare the two in ``be
 Default ``auto``: the fast path when it is built, the Python decoder for whatever it does not accept."""
 
 SPANRL_SQL_URL = "SPANRL_SQL_URL"
-"""Base URL where ``spanrl sql`` looks for a running collector. Default ``http://127.0.0.1:4318``."""
+"""Base URL where ``spanrl sql`` (and ``spanrl train --online`` without ``store_url``) looks for a running
+collector. Default ``http://127.0.0.1:4318``."""
 
 # --- Policy server ---------------------------------------------------------------------------------
 SPANRL_POLICY_URL = "SPANRL_POLICY_URL"
-"""Base URL of the policy server (without ``/v1``). Default ``http://127.0.0.1:8000``."""
+"""Base URL of the policy server (without ``/v1``), e.g. for ``spanrl train --online`` without ``server_url``.
+Default ``http://127.0.0.1:8000``."""
 
 SPANRL_POLICY_MAX_BODY_BYTES = "SPANRL_POLICY_MAX_BODY_BYTES"
 """Largest request body the policy server reads; larger ones get 413 before the body is read.

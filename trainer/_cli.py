@@ -36,7 +36,7 @@ def register(subparsers: Any) -> None:
     output_options(train)
     train.add_argument("--online", action="store_true",
                        help="follow a running collector and policy server: train on live traffic "
-                            "(trainer/online_cli.py)")
+                            "(its keys: docs/online-config.md)")
     train.set_defaults(func=_train)
     sweep = subparsers.add_parser(
         "sweep", help="grid or random search over train-config keys, as Ray Tune trials",

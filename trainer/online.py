@@ -59,6 +59,8 @@ __all__ = ["OnlineConfig", "OnlineTrainer"]
 
 _logger = logging.getLogger("spanrl.trainer.online")
 _NS_PER_S = 1_000_000_000
+_POLICY_URL = f"http://{env.DEFAULT_HOST}:{env.DEFAULT_POLICY_PORT}"
+_STORE_URL = f"http://{env.DEFAULT_HOST}:{env.DEFAULT_HTTP_PORT}"
 
 
 @dataclass
@@ -67,10 +69,11 @@ class OnlineConfig:
 
     model: str = ""
     """The starting policy: an HF folder (the one ``spanrl serve`` was started with)."""
-    server_url: str = f"http://{env.DEFAULT_HOST}:{env.DEFAULT_POLICY_PORT}"
-    """The running policy server, reloaded after every update."""
-    store_url: str = f"http://{env.DEFAULT_HOST}:{env.DEFAULT_HTTP_PORT}"
-    """The collector's HTTP endpoint (its SQL route reads the span store)."""
+    server_url: str = dataclasses.field(default_factory=lambda: env.get_str(env.SPANRL_POLICY_URL) or _POLICY_URL)
+    """The running policy server, reloaded after every update (default ``SPANRL_POLICY_URL``, else port 8000)."""
+    store_url: str = dataclasses.field(default_factory=lambda: env.get_str(env.SPANRL_SQL_URL) or _STORE_URL)
+    """The collector's HTTP endpoint, whose SQL route reads the span store (default ``SPANRL_SQL_URL``, as
+    ``spanrl sql``, else port 4318)."""
     collector_token: str | None = None
     """Bearer token of the collector, if it has one (None: ``SPANRL_COLLECTOR_TOKEN``). Never written to
     ``config.json``."""

@@ -1,7 +1,7 @@
 """``spanrl train --online CONFIG``: the online trainer from a YAML/JSON config.
 
 The config has `OnlineConfig`'s fields at the top level, plus the algorithm (GRPO only: the update
-must take its ratio against the recorded sampling log-probs)::
+must take its ratio against the recorded sampling log-probs); every key: docs/online-config.md::
 
     model: tiny-model/                 # the folder `spanrl serve` was started with
     server_url: http://127.0.0.1:8000  # the running policy server
@@ -46,9 +46,9 @@ def build_online_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
         raise ConfigError(f"algorithm.name must be 'grpo' for online training, got {name!r}")
     check_keys(raw, {f.name for f in dataclasses.fields(OnlineConfig)} | {"algorithm"})
     check_keys(algo, {f.name for f in dataclasses.fields(GRPOConfig)}, section="algorithm")
-    for key in ("model", "output_dir"):
-        if isinstance(raw.get(key), str) and not Path(raw[key]).is_absolute():
-            raw[key] = str(base / raw[key])
+    # as in `spanrl train`: the model is found beside the config, the output goes where the user runs it
+    if isinstance(raw.get("model"), str) and not Path(raw["model"]).is_absolute():
+        raw["model"] = str(base / raw["model"])
     return OnlineTrainer(OnlineConfig(**raw), algorithm=GRPO(**algo), on_step=_print_step)
 
 
@@ -97,6 +97,9 @@ def run_online(path: Path, *, output_dir: str | None = None, max_updates: int | 
 def _run_online(path: Path, *, output_dir: str | None, max_updates: int | None) -> int:
     import yaml
 
+    from spanrl.logs import log_to_file
+    from spanrl.trainer.config import LOG_FILE
+
     if not path.is_file():
         raise ConfigError(f"config: no such file {str(path)!r}")
     raw = yaml.safe_load(path.read_text()) or {}
@@ -106,6 +109,8 @@ def _run_online(path: Path, *, output_dir: str | None, max_updates: int | None) 
         raw["max_updates"] = max_updates
     _quiet_third_party()
     trainer = build_online_trainer(raw, base=path.parent)
+    # as `spanrl train`: every log line (HTTP clients, checkpoints) to a file, the terminal keeps one line an update
+    print(f"full logs: {log_to_file(trainer.output_dir / LOG_FILE)}", flush=True)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: trainer.stop())
     with trainer:  # start(); close() at the end

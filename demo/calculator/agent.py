@@ -108,7 +108,8 @@ def main() -> None:
         return
     task = json.loads(os.environ["SPANRL_TASK"])
     sampling = json.loads(os.environ.get("SPANRL_SAMPLING") or "{}")
-    client = openai.OpenAI(max_retries=0)  # OPENAI_BASE_URL and OPENAI_API_KEY come from the environment
+    # OPENAI_BASE_URL from the environment; a local server needs no key, so run by hand it works without one
+    client = openai.OpenAI(api_key=os.environ.get("OPENAI_API_KEY") or "spanrl", max_retries=0)
     print(run_rollout(client, task, model=os.environ.get("SPANRL_MODEL", DEFAULT_MODEL), sampling=sampling))
 
 

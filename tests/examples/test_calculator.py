@@ -113,3 +113,19 @@ def test_demonstrator_answers_each_question_alike_whatever_order_the_requests_co
     with DemonstratorServer(seed=0) as server:  # one question asked again and again: independent draws
         again = [ask(server.url, "30 sub 7").split()[2] == "7" for _ in range(100)]
     assert abs(sum(again) / 100 - calculator.DEMO_ERROR_RATE) < 0.15, sum(again)
+
+
+def test_the_agent_run_by_hand_needs_no_api_key(tmp_path: Path) -> None:
+    """The README's by-hand command: a local server, no OPENAI_API_KEY set; the agent answers and prints."""
+    import json
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "SPANRL_", "OTEL_"))}
+    with DemonstratorServer(seed=0) as server:
+        env.update(SPANRL_TASK=json.dumps({"id": "add-2-3", "question": "2 add 3", "op": "add", "a": 2, "b": 3}),
+                   OPENAI_BASE_URL=f"{server.url}/v1", OTEL_TRACES_EXPORTER="none")
+        done = subprocess.run([sys.executable, str(CALCULATOR / "agent.py")], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "1.0"  # the demonstrator never swaps add's operands

@@ -76,3 +76,18 @@ def test_emit_feedback_bad_input_warns_and_trains_nothing(spans, caplog, kwargs,
     assert semconv.REWARD_VALUE not in span.attributes and semconv.GEN_AI_EVALUATION_SCORE_VALUE not in span.attributes
     assert not span.events
     assert message in caplog.text
+
+
+def test_emit_feedback_without_an_sdk_says_so_once(tmp_path):
+    """A feedback script that forgot ``configure()``: one warning naming the fix, not silence."""
+    import os
+    import subprocess
+    import sys
+
+    script = "import spanrl\nfor _ in range(3):\n    spanrl.emit_feedback(1.0, rollout_id='r-1')\n"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SPANRL_"))}
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("no OpenTelemetry SDK in this process") == 1, done.stderr
+    assert "spanrl.instrumentation.configure()" in done.stderr

@@ -249,7 +249,9 @@ def test_online_cli_config_rejects_unknown_setting_and_other_algorithms(tmp_path
         build_online_trainer({"model": "m", "algorithm": {"name": "ppo"}})
     trainer = build_online_trainer({"model": "m", "output_dir": "out", "algorithm": {"learning_rate": 1e-3}},
                                    base=tmp_path)
-    assert trainer.output_dir == tmp_path / "out" and trainer.algorithm.config.learning_rate == 1e-3
+    # the model beside the config, the output where the command runs (as `spanrl train` does)
+    assert trainer.config.model == str(tmp_path / "m") and trainer.output_dir == Path("out")
+    assert trainer.algorithm.config.learning_rate == 1e-3
 
 
 def test_state_and_ledger_resume_at_the_commit_point(tmp_path):
@@ -282,3 +284,14 @@ def test_baseline_is_per_task_and_excludes_the_rollouts_own_reward():
     easy, hard = baseline.advantages([("easy", 1.0), ("hard", 1.0)], scale_std=False)
     assert 0 < easy < hard
     assert baseline.value("new task") == baseline.mean
+
+
+def test_the_urls_default_to_the_variables_spanrl_sql_reads(monkeypatch, tmp_path):
+    from spanrl.trainer.online_cli import build_online_trainer
+
+    monkeypatch.setenv("SPANRL_POLICY_URL", "http://127.0.0.1:18000")
+    monkeypatch.setenv("SPANRL_SQL_URL", "http://127.0.0.1:14318")
+    trainer = build_online_trainer({"model": "m"}, base=tmp_path)
+    assert (trainer.config.server_url, trainer.config.store_url) == ("http://127.0.0.1:18000", "http://127.0.0.1:14318")
+    given = build_online_trainer({"model": "m", "server_url": "http://h:1", "store_url": "http://h:2"}, base=tmp_path)
+    assert (given.config.server_url, given.config.store_url) == ("http://h:1", "http://h:2")  # the config wins

@@ -25,6 +25,7 @@ from spanrl.trainer.train_config import TINY_KEYS, TOP_LEVEL_KEYS, build_trainer
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_CONFIGS = sorted(REPO.glob("examples/*/train.yaml"))
 DOC = REPO / "docs" / "train-config.md"
+ONLINE_DOC = REPO / "docs" / "online-config.md"
 
 
 def _documented_keys() -> set[str]:
@@ -68,10 +69,33 @@ def test_the_docs_name_every_key() -> None:
     assert all(f"examples/{p.parent.name}/train.yaml" in text for p in EXAMPLE_CONFIGS)
 
 
-def test_train_help_points_to_the_docs(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_online_docs_name_every_key_and_no_other() -> None:
+    from spanrl.trainer.online import OnlineConfig
+
+    documented = set(re.findall(r"^\| `([a-z0-9_]+)` \|", ONLINE_DOC.read_text(), flags=re.MULTILINE))
+    fields = {f.name for f in dataclasses.fields(OnlineConfig)}
+    assert fields - documented == set(), "docs/online-config.md misses these keys"
+    assert documented - fields == set(), "docs/online-config.md names keys `spanrl train --online` refuses"
+
+
+def test_train_help_points_to_the_docs(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "400")
     with pytest.raises(SystemExit):
         main(["train", "--help"])
-    assert "docs/train-config.md" in capsys.readouterr().out
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "docs/train-config.md" in shown and "docs/online-config.md" in shown
+    assert "Start here: the README's 'Train your own agent'" in shown
+
+
+@pytest.mark.parametrize("command", [[], ["serve"], ["collector"], ["sql"], ["demo"], ["ui"]])
+def test_every_help_says_where_to_start(command: list[str], capsys: pytest.CaptureFixture[str],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # argparse wraps at hyphens: keep the file names whole
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "Start here: the README's 'Train your own agent'" in shown and "docs/train-config.md" in shown
+    assert "Train your own agent" in (REPO / "README.md").read_text()
 
 
 @pytest.mark.parametrize(
