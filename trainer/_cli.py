@@ -14,6 +14,7 @@ from typing import Any
 
 from spanrl.errors import ConfigError
 from spanrl.trainer.train_config import DOCS, build_trainer, load_tasks
+from spanrl.extras import needs_extra
 
 __all__ = ["build_trainer", "load_tasks", "log_file", "output_options", "register"]
 
@@ -38,6 +39,7 @@ def register(subparsers: Any) -> None:
                        help="follow a running collector and policy server: train on live traffic "
                             "(trainer/online_cli.py)")
     train.set_defaults(func=_train)
+    needs_extra(train, "train")
 
 
 def output_options(parser: argparse.ArgumentParser) -> None:
