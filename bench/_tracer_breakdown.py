@@ -41,7 +41,7 @@ _TIMEOUT_S = 600.0
 
 _SCRIPT = textwrap.dedent(
     """
-    import gc, json, random, statistics, sys, time
+    import gc, json, random, statistics, sys, time, types
     import openai
     from openai.resources.chat.completions import Completions
     from wrapt import FunctionWrapper
@@ -115,10 +115,17 @@ _SCRIPT = textwrap.dedent(
     from opentelemetry import propagate
     from spanrl.instrumentation._propagate import with_context_headers
 
-    class LeanClient(openai.OpenAI):  # SPANRL_CAPTURE=lean: no OpenAI instrumentor, context headers only
-        _build_headers = with_context_headers(openai.OpenAI._build_headers)
-    lean_chat = LeanClient(base_url=url + "/v1", api_key="sk-bench").chat.completions
-    lean = {"http": lambda: bare(lean_chat, model="tiny", messages=messages),
+    # SPANRL_CAPTURE=lean: no OpenAI instrumentor, the context headers only (instrumentation/_propagate.py),
+    # on the same client as the plain stage (its header builder swapped for the call)
+    lean_headers = types.MethodType(with_context_headers(type(client)._build_headers), client)
+
+    def lean_http():
+        client._build_headers = lean_headers
+        try:
+            bare(chat, model="tiny", messages=messages)
+        finally:
+            del client._build_headers
+    lean = {"http": lean_http,
             "loop": lambda: (propagate.inject({}), local.create(model="tiny", messages=messages))}
     calls = {"http": (lambda: bare(chat, model="tiny", messages=messages),
                       lambda: chat.create(model="tiny", messages=messages)),

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.slow  # one venv and an install from the package index per session
+
 REPO = Path(__file__).resolve().parents[2]
 _PACKAGE_DIRS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
 # setup.py (the collector's optional C extension) is left out: the agent side never loads it
