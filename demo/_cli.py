@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from spanrl.trainer._cli import log_file, output_options
+from spanrl.extras import needs_extra
 
 
 def register(subparsers: Any) -> None:
@@ -19,6 +20,7 @@ def register(subparsers: Any) -> None:
     demo.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     output_options(demo)
     demo.set_defaults(func=_demo)
+    needs_extra(demo, "train")
 
 
 

@@ -94,6 +94,28 @@ def _as_number(value: Any) -> float | None:
     return None
 
 
+def _no_direct_route(name: str, attributes: dict[str, Any]) -> bool:
+    return False
+
+
+_emit_instant: Callable[[str, dict[str, Any]], bool] | None = None
+
+
+def _direct(attrs: dict[str, Any]) -> bool:
+    """A reward span straight into spanrl's export queue (``_direct.py``); False: make an SDK span."""
+    global _emit_instant
+    try:
+        if _emit_instant is None:
+            try:  # needs the OTel SDK, which the emit API does not
+                from spanrl.instrumentation._direct import emit_instant as _emit_instant
+            except ImportError:
+                _emit_instant = _no_direct_route
+        return _emit_instant(semconv.REWARD_SPAN_NAME, attrs)
+    except Exception:
+        _logger.exception("spanrl: the direct reward span failed; recording it as an SDK span")
+        return False
+
+
 def _instant_span(name: str, *, kind: SpanKind = SpanKind.INTERNAL, attributes: dict[str, Any] | None = None) -> Span:
     return tracer().start_span(name, kind=kind, attributes=attributes)
 
@@ -137,6 +159,8 @@ def _emit_one_reward(value: Any, name: str, explanation: str | None, attributes:
         attrs[semconv.GEN_AI_EVALUATION_NAME] = name
         if explanation is not None:
             attrs[semconv.GEN_AI_EVALUATION_EXPLANATION] = str(explanation)
+        if attributes is None and _direct(attrs):
+            return
     span = _instant_span(semconv.REWARD_SPAN_NAME, attributes=attrs)
     try:
         if number is None:

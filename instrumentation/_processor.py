@@ -32,24 +32,31 @@ class RolloutSpanProcessor(SpanProcessor):
         if not self.enabled:
             return
         try:
-            entries = baggage.get_all(parent_context)
-            if not entries and not self.fallback:
-                return
-            for key in ROLLOUT_KEYS:
-                value: Any = entries.get(key)
-                if value is None:
-                    value = self.fallback.get(key)
-                    if value is None:
-                        continue
-                elif key == semconv.ATTEMPT:
-                    value = parse_attempt(str(value), key)
-                    if value is None:
-                        continue
-                else:
-                    value = str(value)
+            for key, value in self.ids(parent_context):
                 span.set_attribute(key, value)
         except Exception:  # telemetry never breaks the agent
             _logger.exception("spanrl could not stamp rollout ids on a span")
+
+    def ids(self, parent_context: context.Context | None = None) -> list[tuple[str, Any]]:
+        """The (key, value) pairs ``on_start`` stamps on a span started in ``parent_context``, in order."""
+        entries = baggage.get_all(parent_context)
+        if not entries and not self.fallback:
+            return []
+        out = []
+        for key in ROLLOUT_KEYS:
+            value: Any = entries.get(key)
+            if value is None:
+                value = self.fallback.get(key)
+                if value is None:
+                    continue
+            elif key == semconv.ATTEMPT:
+                value = parse_attempt(str(value), key)
+                if value is None:
+                    continue
+            else:
+                value = str(value)
+            out.append((key, value))
+        return out
 
 
 def attach_rollout_processor(provider: Any) -> RolloutSpanProcessor | None:

@@ -113,6 +113,17 @@ class BatchEncodingSpanProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         if self._shutdown or not span.context.trace_flags.sampled:
             return
+        try:
+            snap = snapshot(span)
+        except Exception:  # telemetry never breaks the agent
+            _logger.exception("spanrl could not read span %r; dropped", span.name)
+            return
+        self.enqueue(snap)
+
+    def enqueue(self, snap: tuple[Any, ...]) -> None:
+        """Queue a span ``snapshot`` for export (``on_end``, and ``_direct`` for spans it writes itself)."""
+        if self._shutdown:
+            return
         queue = self._queue
         if len(queue) >= self._max_queue_size:
             self.dropped += 1
@@ -120,11 +131,7 @@ class BatchEncodingSpanProcessor(SpanProcessor):
                 _logger.warning("spanrl: span queue full (%d); dropping spans until the collector catches up",
                                 self._max_queue_size)
             return
-        try:
-            queue.append(snapshot(span))
-        except Exception:  # telemetry never breaks the agent
-            _logger.exception("spanrl could not read span %r; dropped", span.name)
-            return
+        queue.append(snap)
         if len(queue) >= self._max_batch and not self._wake.is_set():
             self._wake.set()
 

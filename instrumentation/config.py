@@ -55,6 +55,20 @@ _TRACELOOP_TRACE_CONTENT = "TRACELOOP_TRACE_CONTENT"
 _TRACELOOP_METRICS_ENABLED = "TRACELOOP_METRICS_ENABLED"
 
 
+CAPTURE_PROFILES = ("full", "lean")
+DEFAULT_CAPTURE = "full"
+
+
+def capture_profile() -> str:
+    """``SPANRL_CAPTURE`` (``full`` or ``lean``); an unknown value is logged and ``full`` is used."""
+    value = env.get_str(env.SPANRL_CAPTURE, DEFAULT_CAPTURE).strip().lower()
+    if value not in CAPTURE_PROFILES:
+        _logger.warning("%s=%r is not one of %s; using %s", env.SPANRL_CAPTURE, value, ", ".join(CAPTURE_PROFILES),
+                        DEFAULT_CAPTURE)
+        return DEFAULT_CAPTURE
+    return value
+
+
 def _is_set(environ: MutableMapping[str, str], *names: str) -> bool:
     return any(environ.get(name, "").strip() for name in names)
 

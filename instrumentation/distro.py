@@ -13,7 +13,7 @@ from typing import Any
 from opentelemetry.instrumentation.distro import BaseDistro
 
 from spanrl import env
-from spanrl.instrumentation.config import apply_env_defaults
+from spanrl.instrumentation.config import apply_env_defaults, capture_profile
 
 _logger = logging.getLogger(__name__)
 _OPENAI_V2 = "opentelemetry.instrumentation.openai_v2"
@@ -41,6 +41,10 @@ class SpanRLDistro(BaseDistro):
                             ", ".join(_CHOICES), _DEFAULT_CHOICE)
             choice = _DEFAULT_CHOICE
         keep, drop = _CHOICES[choice]
+        if value.startswith((_OPENLLMETRY + ":", _OPENAI_V2)) and capture_profile() == "lean":
+            _logger.info("spanrl: %s not loaded (%s=lean: the policy server records the calls)", value,
+                         env.SPANRL_CAPTURE)
+            return
         if value.startswith(drop) and importlib.util.find_spec(keep.rstrip(":")) is not None:
             _logger.info("spanrl: %s not loaded, %s already traces OpenAI calls", value, choice)
             return

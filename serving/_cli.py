@@ -8,6 +8,7 @@ import sys
 from spanrl import env
 from spanrl.errors import SpanRLError
 from spanrl.trust import add_token_option, token_from_args
+from spanrl.extras import needs_extra
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -42,6 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                      "(env SPANRL_COLLECTOR_POLICY_TOKEN, else SPANRL_COLLECTOR_TOKEN)")
     p.add_argument("--no-content", action="store_true", help="do not record message contents on spans")
     p.set_defaults(func=_serve)
+    needs_extra(p, "serve")
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -2,7 +2,7 @@
 
 The agent side (``emit_reward``, ``agent``, ``rollout``, ...) imports no torch. Training and serving
 names (``Trainer``, ``GRPO``, ``PolicyServer``, ...) are loaded on first use and need the
-``spanrl[train]`` / ``spanrl[serve]`` extras.
+``spanrl[train]`` / ``spanrl[serve]`` extras (``Collector``, ``SpanStore``: ``spanrl[collector]``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from spanrl._lazy import lazy_getattr
 from spanrl.errors import (
     CollectorError,
     ConfigError,
+    MissingExtraError,
     ServingError,
     SpanRLError,
     StoreBusyError,
@@ -49,6 +50,7 @@ __all__ = sorted(
     [
         "CollectorError",
         "ConfigError",
+        "MissingExtraError",
         "ServingError",
         "SpanRLError",
         "StoreBusyError",

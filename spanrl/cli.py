@@ -18,7 +18,8 @@ import importlib
 import logging
 import sys
 
-from spanrl.errors import SpanRLError
+from spanrl.errors import MissingExtraError, SpanRLError
+from spanrl.extras import extra_of_module, require_extra
 
 # Modules with a `register(subparsers)` function, in the order their commands are listed.
 _COMMAND_MODULES = (
@@ -60,10 +61,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        if getattr(args, "extra", None):
+            require_extra(args.extra, args.extra_for)
+        return _run(args)
     except SpanRLError as exc:  # bad input or a failed run: one clear line, no traceback
         print(f"spanrl: error: {exc}", file=sys.stderr)
         return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        return int(args.func(args) or 0)
+    except ModuleNotFoundError as exc:  # a module of an extra the command's declaration did not list
+        extra = extra_of_module(exc.name)
+        if extra is None:
+            raise
+        raise MissingExtraError(f"spanrl {args.command} needs the {extra} extra: pip install 'spanrl[{extra}]' "
+                                f"(missing: {exc.name})", extra=extra) from exc
 
 
 if __name__ == "__main__":  # pragma: no cover

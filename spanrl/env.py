@@ -61,6 +61,12 @@ call): ``openllmetry`` (default: ``opentelemetry-instrumentation-openai``) or ``
 ``opentelemetry-instrumentation-openai-v2``). Other distros load both; the decomposer then keeps one
 client span per call and counts the other (``duplicate_calls``)."""
 
+SPANRL_CAPTURE = "SPANRL_CAPTURE"
+"""What the agent side records: ``full`` (default: an LLM span per OpenAI call with messages, usage and
+ids, plus tool and reward spans) or ``lean`` (for agents whose calls go to ``spanrl serve``, which records
+each call with its token ids: no OpenAI instrumentor is loaded; W3C ``traceparent`` and ``baggage`` on each
+request, tool and reward spans); measured side by side in ``docs/measurements.md``."""
+
 # --- Collector and store ---------------------------------------------------------------------------
 SPANRL_DB = "SPANRL_DB"
 """Path of the DuckDB span store. Default ``spanrl.duckdb`` in the working directory."""

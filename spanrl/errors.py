@@ -2,6 +2,7 @@
 
     SpanRLError
     ├── ConfigError          a bad argument, config field or environment value
+    │   └── MissingExtraError  a command needs an extra that is not installed (pip install 'spanrl[EXTRA]')
     ├── StoreError           the DuckDB span store cannot do what was asked
     │   ├── StoreBusyError   another process holds the database file (and no collector serves SQL)
     │   └── StoreUnavailableError  no collector answers, or it answered 503: try again later
@@ -18,6 +19,7 @@ from __future__ import annotations
 __all__ = [
     "CollectorError",
     "ConfigError",
+    "MissingExtraError",
     "ServingError",
     "SpanRLError",
     "StoreBusyError",
@@ -33,6 +35,15 @@ class SpanRLError(Exception):
 
 class ConfigError(SpanRLError, ValueError):
     """A bad argument, config field or environment value; the message names the field."""
+
+
+class MissingExtraError(ConfigError):
+    """A command or name needs an optional extra that is not installed; ``extra`` names it
+    (``pip install 'spanrl[<extra>]'``). An input error: retrying without installing it cannot help."""
+
+    def __init__(self, message: str, *, extra: str) -> None:
+        super().__init__(message)
+        self.extra = extra
 
 
 class StoreError(SpanRLError):

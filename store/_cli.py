@@ -13,6 +13,7 @@ import sys
 
 # the options and the collector-or-file choice are shared with `spanrl export` (store/access.py)
 from spanrl.store.access import add_store_options, db_path, remote_store
+from spanrl.extras import needs_extra
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,6 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p.add_argument("--output", "-o", default=None, help="write to this file instead of stdout")
     p.set_defaults(func=_sql)
+    needs_extra(p, "collector")
 
     store = subparsers.add_parser("store", help="span store maintenance: export, prune, materialize")
     sub = store.add_subparsers(dest="store_command", metavar="ACTION", required=True)
@@ -31,13 +33,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--parquet", required=True, metavar="DIR", help="output folder (created)")
     add_store_options(e)
     e.set_defaults(func=_export)
+    needs_extra(e, "collector")
     r = sub.add_parser("prune", help="delete rollouts whose last span was stored longer ago than --older-than")
     r.add_argument("--older-than", required=True, metavar="AGE", help="age such as 7d, 12h, 30m, 2w")
     add_store_options(r)
     r.set_defaults(func=_prune)
+    needs_extra(r, "collector")
     m = sub.add_parser("materialize", help="keep the decomposition of finished rollouts (reads then take it)")
     add_store_options(m)
     m.set_defaults(func=_materialize)
+    needs_extra(m, "collector")
 
 
 def _fail(message: object) -> int:

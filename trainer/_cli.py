@@ -14,6 +14,7 @@ from typing import Any
 
 from spanrl.errors import ConfigError
 from spanrl.trainer.train_config import DOCS, build_trainer, load_tasks
+from spanrl.extras import needs_extra
 
 __all__ = ["build_trainer", "load_tasks", "log_file", "output_options", "register"]
 
@@ -38,6 +39,7 @@ def register(subparsers: Any) -> None:
                        help="follow a running collector and policy server: train on live traffic "
                             "(its keys: docs/online-config.md)")
     train.set_defaults(func=_train)
+    needs_extra(train, "train")
     sweep = subparsers.add_parser(
         "sweep", help="grid or random search over train-config keys, as Ray Tune trials",
         description="Run a grid or random search over train-config keys (trainer/sweep.py documents the YAML); "
@@ -45,6 +47,7 @@ def register(subparsers: Any) -> None:
     )
     sweep.add_argument("config", help="the sweep's YAML: train, parameters, search, metric, ...")
     sweep.set_defaults(func=_sweep)
+    needs_extra(sweep, "train")  # and ray: a missing ray names the ray extra (spanrl.extras)
 
 
 def output_options(parser: argparse.ArgumentParser) -> None:

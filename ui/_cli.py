@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from spanrl.trust import add_token_option, token_from_args
+from spanrl.extras import needs_extra
 
 _DEFAULT_PORT = 4320
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -29,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="folder with tokenizer.json to show completions as text (default: the runs' model)")
     p.set_defaults(func=_ui)
+    needs_extra(p, "collector")
 
 
 def _ui(args: argparse.Namespace) -> int:
