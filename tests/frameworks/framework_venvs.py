@@ -23,6 +23,11 @@ FRAMEWORKS: dict[str, list[str]] = {
                        "langchain-openai==1.7.4", "langchain-core==1.8.3"],
     "openai_agents_sdk": [*_OTEL, "opentelemetry-instrumentation-openai==0.62.4", "openai-agents==0.24.0",
                           "openai==3.57.0"],
+    # the same SDK on its default model, OpenAIResponsesModel: POST /v1/responses
+    "openai_agents_responses": [*_OTEL, "opentelemetry-instrumentation-openai==0.62.4", "openai-agents==0.24.0",
+                                "openai==3.57.0"],
+    # Anthropic's own client (POST /v1/messages), traced by OpenLLMetry's Anthropic instrumentor
+    "anthropic_messages": [*_OTEL, "opentelemetry-instrumentation-anthropic==0.62.4", "anthropic==2.15.0"],
     # LiteLLM: offline it needs LITELLM_LOCAL_MODEL_COST_MAP=True (the agent sets it); httpx instrumentation
     # carries traceparent, as no OpenAI instrumentor sees LiteLLM's requests
     "litellm_httpx": [*_OTEL, "opentelemetry-instrumentation-httpx==0.66b2", "litellm==1.110.2", "openai==3.57.0",
