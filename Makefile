@@ -80,14 +80,18 @@ fuzz: venv clang
 
 # Agents in other frameworks (one small venv each under tests/frameworks/.venvs, no spanrl in it), each
 # trained one GRPO step as the Trainer's command-line agent. A framework whose install fails fails loudly.
-# All seven: 1013 s with the venv installs, 565 s with them built (2 cores at load 9-17, 2026-12-01).
+# All seven: 1013 s with the venv installs, 565 s with them built (2 cores at load 9-17, 2026-12-01); the two
+# added since (Agents SDK on Responses, Anthropic client): 24 s to install both (warm pip cache), then 107 s and
+# 254 s (2 cores at load 10-30, 2026-12-02).
 test-frameworks: venv
 	$(BIN)/python -m pytest -q -ra -m frameworks tests/frameworks
 
-# What CI runs (.ci/run): the four most used, openai-v2, OpenLLMetry, LangGraph and the OpenAI Agents SDK
-# (~520 s of the 1013 with installs); LiteLLM, hand-made spans and the two-instrumentor case stay in
-# test-frameworks, to run weekly or before a release.
-FRAMEWORKS_CI := openai_v2 openllmetry_async_stream langgraph_tool openai_agents_sdk
+# What CI runs (.ci/run): the most used, openai-v2, OpenLLMetry, LangGraph, the OpenAI Agents SDK on Chat
+# Completions and on its default Responses model, and Anthropic's client (~520 s of the 1013 with installs for
+# the first four, ~6 min more for the last two at load 10-30); LiteLLM, hand-made spans and the two-instrumentor
+# case stay in test-frameworks, to run weekly or before a release.
+FRAMEWORKS_CI := openai_v2 openllmetry_async_stream langgraph_tool openai_agents_sdk openai_agents_responses \
+	anthropic_messages
 test-frameworks-ci: venv
 	$(BIN)/python -m pytest -q -ra -m frameworks $(foreach f,$(FRAMEWORKS_CI),'tests/frameworks/test_frameworks.py::test_framework_agent_trains_without_spanrl[$(f)]')
 
