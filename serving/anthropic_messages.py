@@ -157,7 +157,7 @@ def _stop(state: Any, call: Any, choice: dict[str, Any]) -> tuple[str, str | Non
         text = choice["message"]["content"] or ""
         rest = full[len(text):] if full.startswith(text) else ""
         for stop in call.params.sampling.stop:
-            if rest.startswith(stop) or (stop in rest and not text):
+            if rest.startswith(stop):
                 return "stop_sequence", stop
     return reason, None
 

@@ -132,3 +132,15 @@ def test_full_queue_is_overloaded_with_retry_after(tiny_model_dir) -> None:
     finally:
         release.set()
         server.shutdown()
+
+
+def test_stop_sequence_is_named(served) -> None:
+    client = _client(served.server)
+    ask = {"model": "tiny", "messages": [{"role": "user", "content": "what is"}], "max_tokens": 20,
+           "extra_body": _GREEDY}
+    whole = client.messages.create(**ask).content[0].text
+    words = whole.split()
+    stop = words[next(i for i in range(1, len(words)) if words[i] not in " ".join(words[:i]))]
+    cut = client.messages.create(**ask, stop_sequences=[stop, "never-generated"])
+    assert (cut.stop_reason, cut.stop_sequence) == ("stop_sequence", stop)
+    assert whole.startswith(cut.content[0].text.rstrip()) and stop not in cut.content[0].text.split()
