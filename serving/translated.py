@@ -21,7 +21,7 @@ from spanrl.serving.chat import normalize_messages, render_prompt
 from spanrl.serving.errors import RequestError
 from spanrl.serving.responses import Call, complete
 
-__all__ = ["Finished", "build_call", "follow", "refuse_set"]
+__all__ = ["Finished", "build_call", "finish", "follow", "refuse_set", "sent_text"]
 
 Finished = tuple[list[GenerationResult], dict[str, Any]]
 """The results of a one-choice call and its chat choice (``message``, ``finish_reason``, ``token_ids`` ...)."""
