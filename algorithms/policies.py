@@ -157,6 +157,7 @@ class MultiLoRA(Algorithm):
         self.serving_adapters: dict[str, Path] = {}
         """Adapter name -> PEFT folder the policy server starts with (written by setup, a resume's after load)."""
         self._seed = 0
+        self._base_path = Path()
 
     @property
     def names(self) -> list[str]:
@@ -177,6 +178,7 @@ class MultiLoRA(Algorithm):
         from peft import get_peft_model
 
         seed_everything(seed)
+        self._base_path = Path(model_path).resolve()
         base, self.tokenizer = load_policy(Path(model_path))
         first, *rest = self.names
         self.model = get_peft_model(base, self._peft_config(first), adapter_name=first)
@@ -203,7 +205,8 @@ class MultiLoRA(Algorithm):
         from safetensors.torch import save_file
 
         folder.mkdir(parents=True, exist_ok=True)
-        self.model.peft_config[name].save_pretrained(str(folder))
+        config = dataclasses.replace(self.model.peft_config[name], base_model_name_or_path=str(self._base_path))
+        config.save_pretrained(str(folder))  # the base it adapts, as PEFT records it
         state = {k: v.detach().cpu().contiguous() for k, v in self.adapter_state(name).items()}
         save_file(state, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
         return folder

@@ -100,8 +100,16 @@ class Services:
         self._stack.callback(self._stop, "runner", self.runner.close)
 
     def serve_only(self, model: Path, serving: ServingConfig) -> None:
-        """Just a policy server (``Trainer.deploy`` after the run closed)."""
-        self.server = start_policy_server(model, otlp_endpoint=None, serving=serving)
+        """Just a policy server (``Trainer.deploy`` after the run closed); a checkpoint of per-agent adapters
+        (``adapters/<name>/``, no model of its own) is served as its base plus each adapter."""
+        adapters = None
+        if not (Path(model) / "config.json").is_file() and (Path(model) / "adapters").is_dir():
+            import json
+
+            adapters = {d.name: d for d in sorted((Path(model) / "adapters").iterdir()) if d.is_dir()}
+            config = json.loads((next(iter(adapters.values())) / "adapter_config.json").read_text())
+            model = Path(config["base_model_name_or_path"])
+        self.server = start_policy_server(model, otlp_endpoint=None, serving=serving, adapters=adapters)
         self._stack.callback(self._stop, "server", self.server.shutdown)
 
     def agent_otel_env(self) -> dict[str, str]:

@@ -135,3 +135,36 @@ def test_config_errors_name_the_field():
         per_agent(SFT(), {"writer": {}})
     config = MultiLoRAConfig(policies={"writer": {"lora": {"r": 2}, "reward_name": "ok"}}).validate()
     assert config.policies["writer"].lora.r == 2 and set(config.policies) == {"writer", "default"}
+
+
+def test_train_config_policies_build_per_agent_adapters(model_path, tmp_path):
+    from spanrl.trainer.train_config import build_trainer
+
+    raw = {"model": str(model_path), "agent": ["python", "agent.py"], "tasks": [{"question": "1 add 2"}],
+           "algorithm": {"name": "grpo", "learning_rate": 1e-3, "epsilon": 0.3},
+           "policies": {"writer": {"lora": {"r": 4}}, "checker": {"reward_name": "caught"}},
+           "output_dir": str(tmp_path / "run"), "tasks_per_step": 1}
+    trainer = build_trainer(raw, base=tmp_path)
+    algo = trainer.algorithm
+    assert isinstance(algo, MultiLoRA) and algo.names == ["writer", "checker", "default"]
+    assert algo.config.learning_rate == 1e-3 and algo.config.epsilon == 0.3
+    assert algo.config.policies["writer"].lora.r == 4 and algo.config.policies["checker"].reward_name == "caught"
+    assert algo.rollout_models() == ("default", {"writer": "writer", "checker": "checker"})
+    with pytest.raises(ConfigError, match="policies.checker.reward is not a policy setting"):
+        build_trainer({**raw, "policies": {"checker": {"reward": "x"}}}, base=tmp_path)
+
+
+def test_each_agent_has_its_own_model_variable(monkeypatch):
+    from spanrl import env
+    from spanrl.rollouts.rollouts import LLMEndpoint, RolloutSpec
+
+    spec = RolloutSpec(rollout_id="r", task_id="t", task={}, attempt=1, mode="train", base_url="http://x/v1",
+                       model="default", sampling={}, agent_models={"sql-writer": "sql-writer", "checker": "checker"})
+    environ = spec.environ()
+    assert environ["SPANRL_MODEL_SQL_WRITER"] == "sql-writer" and environ["SPANRL_MODEL_CHECKER"] == "checker"
+    assert environ["SPANRL_MODEL"] == "default"
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    assert env.agent_model("sql-writer") == "sql-writer" and env.agent_model("planner") == "default"
+    llm = LLMEndpoint(base_url="http://x/v1", model="default", agent_models={"checker": "checker"})
+    assert llm.model_for("checker") == "checker" and llm.model_for("planner") == "default"
