@@ -224,8 +224,9 @@ class _Routes:
         return {"object": "list", "data": [model, *adapters]}
 
     async def health(self) -> dict[str, Any]:
+        adapters = self.state.batcher.adapters
         return {"status": "ok", "model": self.model_name, "policy_version": self.state.batcher.version,
-                "adapters": self.state.batcher.adapters}
+                **({"adapters": adapters} if adapters else {})}
 
     async def reload(self, request: Request) -> dict[str, Any]:
         config = self.state.config
