@@ -104,3 +104,26 @@ def test_two_agents_train_their_own_adapters_and_resume(tiny_model: Path, tmp_pa
         assert ids[1:] == ["checker", "default", "writer"]
     finally:
         resumed.close()
+    _viewer_shows_each_agent(tmp_path / "run")
+
+
+def _viewer_shows_each_agent(run: Path) -> None:
+    """The viewer (``spanrl ui`` on the run): each call's agent and adapter with its version, a curve per agent."""
+    import subprocess
+    import urllib.request
+
+    proc = subprocess.Popen([sys.executable, "-m", "spanrl", "ui", "--port", "0", "--db", str(run / "spans.duckdb"),
+                             "--run", str(run)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        url = proc.stdout.readline().strip().rsplit(" open ", 1)[1].rstrip("/")  # type: ignore[union-attr]
+        get = lambda path: json.loads(urllib.request.urlopen(url + path, timeout=60).read())  # noqa: E731
+        runs = get("/api/runs")["runs"]
+        assert {"agents/writer/reward_mean", "agents/checker/advantage_mean"} <= set(runs[0]["rows"][-1])
+        rollout = get("/api/rollouts?mode=train")["rows"][0]
+        assert rollout["agents"] == "checker, writer"
+        calls = get(f"/api/rollout?id={rollout['rollout_id']}")["calls"]
+        assert sorted((c["agent"], c["adapter"]) for c in calls) == [("checker", "checker"), ("writer", "writer")]
+        assert all(c["policy_version"] is not None for c in calls)
+    finally:
+        proc.terminate()
+        proc.wait(30)
