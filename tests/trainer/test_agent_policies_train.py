@@ -14,7 +14,7 @@ import torch
 import spanrl
 from spanrl.algorithms import GRPO
 from spanrl.algorithms.lora import LoRAConfig
-from spanrl.algorithms.policies import AgentPolicy
+from spanrl.algorithms import AgentPolicy
 from spanrl.demo.tiny import build_tiny_model
 from spanrl.trainer import LLMEndpoint, RunnerConfig, Trainer, TrainerConfig
 
