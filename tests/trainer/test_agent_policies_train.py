@@ -39,6 +39,7 @@ def one_torch_thread():
 
 
 SEEN: list[tuple[str, str]] = []
+CAUGHT: list[float] = []
 
 
 def two_agents(task: dict[str, Any], llm: LLMEndpoint) -> float:
@@ -52,6 +53,9 @@ def two_agents(task: dict[str, Any], llm: LLMEndpoint) -> float:
             reply = client.chat.completions.create(model=model, messages=messages, max_tokens=6,
                                                    temperature=llm.sampling["temperature"])
             total += len(reply.choices[0].message.content or "") / 10  # varies between samples: a gradient
+            if name == "checker":  # the checker's own reward: half its share of the rollout's
+                CAUGHT.append(len(reply.choices[0].message.content or "") / 20)
+                spanrl.emit_reward(CAUGHT[-1], name="caught")
     return total
 
 
@@ -59,7 +63,8 @@ def _trainer(tiny_model: Path, out: Path, **fields: Any) -> Trainer:
     base: dict[str, Any] = dict(output_dir=str(out), n_rollouts=3, tasks_per_step=2, max_steps=1, eval_at_start=False,
                                 progress=False, torch_threads=1, runner=RunnerConfig(max_concurrency=3))
     config = TrainerConfig(**{**base, **fields})
-    policies = {"writer": AgentPolicy(lora=LoRAConfig(r=4, alpha=8)), "checker": AgentPolicy(lora=LoRAConfig(r=2))}
+    policies = {"writer": AgentPolicy(lora=LoRAConfig(r=4, alpha=8)), "checker": AgentPolicy(lora=LoRAConfig(r=2),
+                                                                                   reward_name="caught")}
     return Trainer(model=tiny_model, agent=two_agents, tasks=calculator.make_tasks(4, seed=1), config=config,
                    algorithm=GRPO(learning_rate=5e-2), policies=policies)
 
@@ -68,6 +73,7 @@ def test_two_agents_train_their_own_adapters_and_resume(tiny_model: Path, tmp_pa
     from peft.utils import load_peft_weights
 
     SEEN.clear()
+    CAUGHT.clear()
     trainer = _trainer(tiny_model, tmp_path / "run")
     with trainer:
         initial = {n: trainer.algorithm.adapter_state(n) for n in ("writer", "checker")}
@@ -81,6 +87,10 @@ def test_two_agents_train_their_own_adapters_and_resume(tiny_model: Path, tmp_pa
     assert row["rollouts_ok"] == 6 and row["transitions"] == 12
     assert row["agents/writer/transitions"] == 6 and row["agents/checker/transitions"] == 6
     assert "agents/default/transitions" not in row  # no call went to the default policy
+    # each agent's own credit: the checker's named reward, the writer's the rollout's
+    assert row["agents/checker/reward_mean"] == pytest.approx(sum(CAUGHT) / len(CAUGHT))
+    assert row["agents/writer/reward_mean"] == pytest.approx(row["reward_mean"])
+    assert row["agents/checker/reward_mean"] != pytest.approx(row["reward_mean"])
     assert row["agents/writer/policy_version"] == 1 and row["agents/checker/policy_version"] == 1
     logged = json.loads((tmp_path / "run" / "history.jsonl").read_text().splitlines()[-1])
     assert logged["agents/checker/transitions"] == 6
