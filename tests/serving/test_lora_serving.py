@@ -185,3 +185,14 @@ def test_batcher_groups_queued_requests_by_adapter(tiny_model_dir, adapters, cap
     # interleaved in the queue, generated as one batch per adapter (a mixed batch would fail and run one by one)
     assert [r.batch_size for r in results] == [3, 3, 2, 3, 3, 2, 3, 3]
     assert "a batch failed" not in caplog.text
+
+
+def test_serve_cli_refuses_a_lora_module_without_a_path(tiny_model_dir, tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "spanrl", "serve", "--model", str(tiny_model_dir), "--port", "0",
+                          "--otlp-endpoint", "none", "--lora-modules", f"writer={tmp_path}", "checker"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--lora-modules takes NAME=PATH pairs" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
