@@ -74,6 +74,9 @@ class AdapterSet:
     def _add_folder(self, name: str, folder: pathlib.Path) -> None:
         from peft import PeftConfig, PeftModel
 
+        if not (folder / "adapter_config.json").is_file():  # checked here: PEFT would look on the Hub next
+            raise ServingError(f"adapter {name!r}: {str(folder)!r} is not a PEFT adapter folder "
+                               "(no adapter_config.json)")
         try:
             config = PeftConfig.from_pretrained(str(folder))
         except (OSError, ValueError) as exc:
@@ -138,6 +141,9 @@ def _folder(source: Any) -> pathlib.Path | None:
 def _read_weights(name: str, folder: pathlib.Path) -> dict[str, torch.Tensor]:
     from peft.utils import load_peft_weights
 
+    if not any((folder / f).is_file() for f in ("adapter_model.safetensors", "adapter_model.bin")):
+        # local files only: PEFT would try the Hub for a folder without them
+        raise ServingError(f"adapter {name!r}: {str(folder)!r} holds no adapter_model.safetensors")
     try:
         return load_peft_weights(str(folder), device="cpu")
     except (OSError, ValueError, FileNotFoundError) as exc:

@@ -139,6 +139,12 @@ def test_reload_of_one_adapter_bumps_only_its_version(tiny_model_dir, adapters, 
         assert server.adapters["writer"] == 1
         assert _greedy(server.base_url, "writer", _PROMPTS[0]) == before["checker"]
 
+        shutil.copytree(tiny_model_dir, tmp_path / "base-copy")  # a model folder is no adapter: refused, kept
+        for name in ("writer", "fresh"):
+            refused = _reload(server, tmp_path / "base-copy", name)
+            assert refused.status_code == 400, refused.text
+        assert server.adapters == {"writer": 1, "checker": 0}
+
         added = _reload(server, tmp_path / "wide", "wide")  # a new name: added at runtime, as vLLM's load_lora
         assert added.status_code == 200, added.text
         assert server.adapters == {"writer": 1, "checker": 0, "wide": 1}
