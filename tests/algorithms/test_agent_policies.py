@@ -152,6 +152,8 @@ def test_train_config_policies_build_per_agent_adapters(model_path, tmp_path):
     assert algo.rollout_models() == ("default", {"writer": "writer", "checker": "checker"})
     with pytest.raises(ConfigError, match="policies.checker.reward is not a policy setting"):
         build_trainer({**raw, "policies": {"checker": {"reward": "x"}}}, base=tmp_path)
+    with pytest.raises(ConfigError, match="agent_name 'writer' trains one agent"):
+        build_trainer({**raw, "agent_name": "writer"}, base=tmp_path)
 
 
 def test_each_agent_has_its_own_model_variable(monkeypatch):
