@@ -1,7 +1,7 @@
 """spanrl.algorithms: what turns transitions into a better policy.
 
-The ``Algorithm`` contract, GRPO, PPO, SFT, DPO, APO, LoRA, LightningRL credit assignment and
-``load_transitions`` / ``load_training_batch``. The loop around them lives in :mod:`spanrl.trainer`.
+The ``Algorithm`` contract, GRPO, PPO, SFT, DPO, APO, LoRA (one adapter per agent: ``MultiLoRA``), LightningRL
+credit assignment and ``load_transitions`` / ``load_training_batch``. The loop around them: :mod:`spanrl.trainer`.
 
 Public names are loaded on first use, so importing one part does not import them all.
 """
@@ -15,6 +15,7 @@ _LAZY: dict[str, str] = {
     "APO": "spanrl.algorithms.apo",
     "APOConfig": "spanrl.algorithms.apo",
     "APOResult": "spanrl.algorithms.apo",
+    "AgentPolicy": "spanrl.algorithms.policies",
     "Algorithm": "spanrl.algorithms.base",
     "DPO": "spanrl.algorithms.dpo",
     "DPOConfig": "spanrl.algorithms.dpo",
@@ -22,6 +23,8 @@ _LAZY: dict[str, str] = {
     "GRPOConfig": "spanrl.algorithms.grpo",
     "LightningRL": "spanrl.algorithms.credit",
     "LoRAConfig": "spanrl.algorithms.lora",
+    "MultiLoRA": "spanrl.algorithms.policies",
+    "MultiLoRAConfig": "spanrl.algorithms.policies",
     "CreditConfig": "spanrl.algorithms.credit",
     "PPO": "spanrl.algorithms.ppo",
     "PPOConfig": "spanrl.algorithms.ppo",

@@ -1,8 +1,8 @@
 """LoRA through PEFT (Hu et al. 2021, arXiv 2106.09685): one small config every algorithm accepts.
 
-For multi-agent training, give each agent its own algorithm instance with its own ``LoRAConfig``
-(``adapter_name`` = the agent's name): each trains one adapter on that agent's transitions, and each
-checkpoint holds the merged weights (for serving) plus the adapter alone in ``adapter/``.
+One adapter per agent of a multi-agent system, trained together on one base: ``Trainer(policies=...)``
+(``spanrl.algorithms.policies``). With one algorithm's ``lora``, each checkpoint holds the merged weights (for
+serving) plus the adapter alone in ``adapters/<adapter_name>/``.
 """
 
 from __future__ import annotations

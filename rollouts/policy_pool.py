@@ -160,8 +160,12 @@ class PolicyPool:
             with self._lock:
                 member.running -= 1
 
-    def reload(self, weights: Any) -> int:
-        """Push ``weights`` (a module or a state_dict) to every server; returns the new version."""
+    def reload(self, weights: Any, adapter: str | None = None) -> int:
+        """Push ``weights`` (a module or a state_dict) to every server; returns the new version. With
+        ``adapter``: that LoRA adapter's weights, on the embedded server (the only one serving adapters)."""
+        if adapter is not None:
+            self._version = self.embedded.reload(weights, adapter=adapter)  # every adapter reloads each step
+            return self._version
         version = self.embedded.reload(weights)
         remote = [m for m in self._members if m.server is None]
         if remote:

@@ -138,6 +138,12 @@ class LLMEndpoint:
     prompt_template: str | None = None
     """The prompt template the agent should use (``str.format`` fields filled from the task), or None
     for its own; set by the Trainer (``prompt_template=``, and each candidate APO scores)."""
+    agent_models: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Per-agent policies: agent name -> the model (adapter) its calls ask for; see :meth:`model_for`."""
+
+    def model_for(self, agent: str | None) -> str:
+        """The model the calls of ``agent`` ask for: its own adapter with per-agent policies, else ``model``."""
+        return self.agent_models.get(agent, self.model) if agent is not None else self.model
 
     def client(self) -> Any:
         """An ``openai.OpenAI`` client for this endpoint."""
@@ -173,6 +179,8 @@ class RolloutSpec:
     model: str
     sampling: dict[str, Any]
     prompt_template: str | None = None
+    agent_models: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Agent name -> model name (per-agent policies); ``SPANRL_MODEL_<AGENT>`` each."""
 
     def ids(self) -> dict[str, str | int]:
         """The rollout's ids under their span attribute names (``semconv.ROLLOUT_ID`` ...)."""
@@ -199,6 +207,7 @@ class RolloutSpec:
             "ANTHROPIC_BASE_URL": self.base_url.removesuffix("/v1"),
             "ANTHROPIC_API_KEY": "spanrl",
             **({env.SPANRL_PROMPT_TEMPLATE: self.prompt_template} if self.prompt_template is not None else {}),
+            **{env.agent_model_var(agent): model for agent, model in self.agent_models.items()},
         }
 
 

@@ -5,7 +5,8 @@ An agent is either a Python callable ``agent(task, llm)`` (sync or async; runs i
 language, started with the rollout's environment:
 
     SPANRL_ROLLOUT_ID, SPANRL_TASK_ID, SPANRL_TASK (JSON), SPANRL_ATTEMPT, SPANRL_MODE, SPANRL_MODEL,
-    SPANRL_SAMPLING (JSON), OPENAI_BASE_URL=<llm>/rollouts/<rollout_id>/v1, OPENAI_API_KEY,
+    SPANRL_SAMPLING (JSON), SPANRL_MODEL_<AGENT> (per-agent policies),
+    OPENAI_BASE_URL=<llm>/rollouts/<rollout_id>/v1, OPENAI_API_KEY,
     ANTHROPIC_BASE_URL=<llm>/rollouts/<rollout_id>, ANTHROPIC_API_KEY, OTEL_*,
     and SPANRL_PROMPT_TEMPLATE when the trainer gives the agent a prompt template (APO); the rollout ids
     also go in the standard OTEL_RESOURCE_ATTRIBUTES (merged with the user's), so any OTel SDK tags every
@@ -140,17 +141,19 @@ class RolloutRunner:
         mode: str = "train",
         on_result: Callable[[RolloutResult], None] | None = None,
         prompt_template: str | None = None,
+        agent_models: dict[str, str] | None = None,
     ) -> list[RolloutResult]:
         """Run every job (retrying failures); return every attempt's result, in completion order.
 
         Rollout ids are ``{id_prefix}{index}-a{attempt}``; each talks to ``{llm_url}/rollouts/{id}/v1``
         (``llm_url``: a server root, or a ``PolicyPool`` that leases one of its servers per rollout).
-        ``prompt_template`` reaches the agent (``llm.prompt_template`` / ``SPANRL_PROMPT_TEMPLATE``).
+        ``prompt_template`` reaches the agent (``llm.prompt_template`` / ``SPANRL_PROMPT_TEMPLATE``);
+        ``agent_models`` (agent name -> model, per-agent policies) as ``llm.agent_models`` / ``SPANRL_MODEL_<AGENT>``.
         """
         return self._loop.run_until_complete(
             self._run(
                 jobs, id_prefix=id_prefix, llm_url=llm_url, model=model, sampling=sampling, mode=mode,
-                on_result=on_result, prompt_template=prompt_template,
+                on_result=on_result, prompt_template=prompt_template, agent_models=dict(agent_models or {}),
             )
         )
 
@@ -192,6 +195,7 @@ class RolloutRunner:
         mode: str,
         on_result: Callable[[RolloutResult], None] | None,
         prompt_template: str | None = None,
+        agent_models: dict[str, str] | None = None,
     ) -> list[RolloutResult]:
         results: list[RolloutResult] = []
         slots = asyncio.Semaphore(self.config.max_concurrency)
@@ -215,6 +219,7 @@ class RolloutRunner:
                             model=model,
                             sampling=dict(sampling),
                             prompt_template=prompt_template,
+                            agent_models=dict(agent_models or {}),
                         )
                         node = None
                         try:  # a Ray agent also answers the node it ran on

@@ -15,6 +15,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p = subparsers.add_parser("serve", help="OpenAI-compatible policy server that records exact token ids")
     p.add_argument("--model", required=True, help="HF model folder, a .gguf file, or 'smollm2'")
     p.add_argument("--served-model-name", default=None, help="model id clients send (default: folder name)")
+    p.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
+                   help="LoRA adapters (PEFT folders) served beside the base; a request's model picks one by NAME")
     p.add_argument("--host", default=env.DEFAULT_HOST)
     p.add_argument("--port", type=int, default=env.DEFAULT_POLICY_PORT)
     p.add_argument("--backend", default="transformers", choices=("transformers", "vllm"))
@@ -57,8 +59,13 @@ def _serve(args: argparse.Namespace) -> int:
     except SpanRLError as exc:
         print(f"spanrl serve: {exc}", file=sys.stderr)
         return 2
+    modules = dict(m.partition("=")[::2] for m in args.lora_modules)
+    if any("=" not in m for m in args.lora_modules):
+        print("spanrl serve: --lora-modules takes NAME=PATH pairs", file=sys.stderr)
+        return 2
     config = ServerConfig(
         model=args.model,
+        lora_modules=modules,
         served_model_name=args.served_model_name,
         host=args.host,
         port=args.port,

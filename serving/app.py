@@ -4,7 +4,7 @@ Routes (each ``/v1/...`` route also lives under the rollout prefixes below)::
 
     POST /v1/chat/completions   POST /v1/completions   GET /v1/models
     POST /v1/responses (OpenAI Responses, `openai_responses`)   POST /v1/messages (Anthropic, `anthropic_messages`)
-    GET  /health                POST /v1/weights/reload {"path": ...}
+    GET  /health                POST /v1/weights/reload {"path": ..., "model": adapter (optional)}
 
     /rollouts/{rollout_id}/v1/...                         attribute the request to a rollout
     /rollouts/{rollout_id}/attempts/{attempt}/v1/...      ... and an attempt
@@ -134,15 +134,20 @@ class _Routes:
 
     async def _body(self, request: Request) -> dict[str, Any]:
         body = await read_json_body(request, self.state.config.max_body_bytes)
-        model = body.get("model")
-        if model is not None and model not in (self.model_name, str(self.state.config.model)):
-            raise RequestError(
-                f"The model {model!r} does not exist; this server serves {self.model_name!r}",
-                param="model",
-                status=404,
-                code="model_not_found",
-            )
+        self._adapter(body)
         return body
+
+    def _adapter(self, body: dict[str, Any], *, new_ok: bool = False) -> str | None:
+        """The LoRA adapter the body's ``model`` names (vLLM's convention), None for the base (or no ``model``);
+        404 for a name this server does not serve (``new_ok``: a reload may add an adapter)."""
+        model = body.get("model")
+        if model is None or model in (self.model_name, str(self.state.config.model)):
+            return None
+        if model in self.state.batcher.adapters or (new_ok and isinstance(model, str) and model and "/" not in model):
+            return model
+        served = ", ".join(repr(n) for n in [self.model_name, *self.state.batcher.adapters])
+        raise RequestError(f"The model {model!r} does not exist; this server serves {served}", param="model",
+                           status=404, code="model_not_found")
 
     def _params(self, body: dict[str, Any], prompt_tokens: int, *, chat: bool) -> ParsedParams:
         return parse_params(
@@ -168,7 +173,7 @@ class _Routes:
             parent=state.recorder.parent_from_headers(request.headers),
             rollout=rollout,
             params=params,
-            requests=[GenerationRequest(prompt_ids, params.sampling, n=params.n)],
+            requests=[GenerationRequest(prompt_ids, params.sampling, n=params.n, adapter=self._adapter(body))],
             input_messages=[messages],
             tools=tools if body.get("tool_choice") != "none" else None,
         )
@@ -189,7 +194,8 @@ class _Routes:
             parent=state.recorder.parent_from_headers(request.headers),
             rollout=rollout,
             params=params[0],
-            requests=[GenerationRequest(ids, p.sampling, n=p.n) for (ids, _), p in zip(prompts, params)],
+            requests=[GenerationRequest(ids, p.sampling, n=p.n, adapter=self._adapter(body))
+                      for (ids, _), p in zip(prompts, params)],
             input_messages=[[{"role": "user", "content": text}] for _, text in prompts],
         )
         if call.params.stream:
@@ -205,10 +211,15 @@ class _Routes:
     async def models(self) -> dict[str, Any]:
         model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": PROVIDER,
                  "max_model_len": self.state.max_context_tokens, "policy_version": self.state.batcher.version}
-        return {"object": "list", "data": [model]}
+        # adapters as vLLM lists its LoRA modules: their own id, the base as parent
+        adapters = [dict(model, id=name, parent=self.model_name, root=name, policy_version=version)
+                    for name, version in self.state.batcher.adapters.items()]
+        return {"object": "list", "data": [model, *adapters]}
 
     async def health(self) -> dict[str, Any]:
-        return {"status": "ok", "model": self.model_name, "policy_version": self.state.batcher.version}
+        adapters = self.state.batcher.adapters
+        return {"status": "ok", "model": self.model_name, "policy_version": self.state.batcher.version,
+                **({"adapters": adapters} if adapters else {})}
 
     async def reload(self, request: Request) -> dict[str, Any]:
         config = self.state.config
@@ -218,13 +229,14 @@ class _Routes:
         if not Tokens.of(admin=config.admin_token).allows(request.headers.get("authorization"), "admin"):
             raise RequestError("missing or wrong admin token (header 'Authorization: Bearer <token>')", status=401,
                                type="authentication_error")
-        body = await self._body(request)
+        body = await read_json_body(request, config.max_body_bytes)
+        adapter = self._adapter(body, new_ok=True)  # {"model": name}: that adapter's folder (added when new)
         path = _reload_folder(body.get("path"), config.checkpoint_root)
         try:
-            version = await asyncio.wrap_future(self.state.batcher.reload_async(path))
+            version = await asyncio.wrap_future(self.state.batcher.reload_async(path, adapter))
         except ServingError as exc:
             raise RequestError(str(exc), param="path") from None
-        return {"status": "ok", "policy_version": version}
+        return {"status": "ok", "policy_version": version, "model": adapter or self.model_name}
 
 
 def _prompts(tokenizer: Any, prompt: Any) -> list[tuple[list[int], str]]:

@@ -59,6 +59,8 @@ class GenerationRequest:
     params: SamplingParams
     n: int = 1
     on_token: TokenCallback | None = None
+    adapter: str | None = None
+    """The LoRA adapter to generate with (its served name); None: the base model."""
 
 
 @dataclasses.dataclass
@@ -86,6 +88,9 @@ class GenerationResult:
     batch_size: int
     """Sequences generated together in the batch that produced this result."""
     policy_version: int
+    """The version of the weights that made it: the adapter's own version for an adapter's request."""
+    adapter: str | None = None
+    """The adapter that made it (None: the base model)."""
 
 
 class Backend(Protocol):
@@ -100,8 +105,9 @@ class Backend(Protocol):
         """Completions for each request, in order (``n`` each). Raises if the batch failed."""
         ...
 
-    def load_weights(self, source: Any) -> None:
-        """Swap in new weights: a folder path, a ``state_dict`` or a ``torch.nn.Module``."""
+    def load_weights(self, source: Any, adapter: str | None = None) -> None:
+        """Swap in new weights: a folder path, a ``state_dict`` or a ``torch.nn.Module``; with ``adapter``,
+        that LoRA adapter's (added when new). A backend without adapters refuses ``adapter``."""
         ...
 
     def close(self) -> None:

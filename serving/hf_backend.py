@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from spanrl.errors import ServingError
+from spanrl.serving.adapters import AdapterSet, base_key
 from spanrl.serving.backend import AdmitCallback, Completion, DoneCallback, GenerationRequest, check_finite_weights
 
 __all__ = ["TransformersBackend"]
@@ -62,7 +63,9 @@ class TransformersBackend:
         dtype: str = "float32",
         max_context_tokens: int | None = None,
         seed: int = 0,
+        adapters: dict[str, str | pathlib.Path] | None = None,
     ) -> None:
+        """``adapters``: LoRA adapter name -> PEFT adapter folder, served beside the base (``AdapterSet``)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         try:
@@ -80,10 +83,22 @@ class TransformersBackend:
         self.pad_id = self._pad_id()
         self.stop_ids = self._stop_ids()
         self._generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.adapters = AdapterSet(self.model)
+        for name, folder in (adapters or {}).items():
+            self.adapters.load(name, folder)
+
+    @property
+    def adapter_names(self) -> list[str]:
+        """The LoRA adapters served beside the base model."""
+        return self.adapters.names
 
     # --- weights ----------------------------------------------------------------------------------
-    def load_weights(self, source: Any) -> None:
-        """Copy new weights in place: a folder path, a ``state_dict`` or a module (copied, not kept)."""
+    def load_weights(self, source: Any, adapter: str | None = None) -> None:
+        """Copy new weights in place: a folder path, a ``state_dict`` or a module (copied, not kept); with
+        ``adapter``, that adapter's weights (``AdapterSet.load``), the base and other adapters untouched."""
+        if adapter is not None:
+            self.adapters.load(adapter, source)
+            return
         if isinstance(source, (str, pathlib.Path)):
             from transformers import AutoModelForCausalLM
 
@@ -105,7 +120,8 @@ class TransformersBackend:
             raise ServingError(
                 f"weights must be a path, a state_dict or a torch.nn.Module, got {type(source).__name__}"
             )
-        own = self.model.state_dict()
+        # with adapters loaded, the base's own weights (PEFT moved adapted ones under base_layer), by plain key
+        own = {base_key(k): v for k, v in self.model.state_dict().items() if ".lora_" not in k}
         missing = [k for k in own if k not in state and not _is_tied_copy(k, own)]
         unexpected = [k for k in state if k not in own]
         if missing or unexpected:
@@ -147,6 +163,8 @@ class TransformersBackend:
         Returns when no row is left and ``admit`` gives nothing. ``batch_size`` is the most rows
         generated together during that request's life."""
         dev = self.device
+        adapter = requests[0].adapter if requests else None
+        self.adapters.use(adapter)
         rows: list[_Row] = []
         cache: Any = None
         mask = next_pos = logits = torch.empty(0)
@@ -154,6 +172,8 @@ class TransformersBackend:
         pending = list(requests)
         while True:
             if pending:
+                if any(req.adapter != adapter for req in pending):  # the batcher groups by adapter; never mix
+                    raise ServingError(f"a batch for adapter {adapter!r} was given requests for another adapter")
                 new_rows = self._rows(pending)
                 for req in pending:
                     unfinished[id(req)] = req.n

@@ -155,7 +155,7 @@ def respond(
         "id": call.response_id,
         "object": "chat.completion" if call.operation == semconv.OP_CHAT else "text_completion",
         "created": call.start_ns // 1_000_000_000,
-        "model": state.config.model_name,
+        "model": served_name(state, call),
         "system_fingerprint": f"spanrl-policy-v{results[0].policy_version}",
         "choices": choices,
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
@@ -173,7 +173,8 @@ def _record(
 ) -> None:
     """One SERVER span per choice (each with the full request attributes and its own token arrays)."""
     rec = state.recorder
-    model = state.config.model_name
+    model = served_name(state, call)
+    adapter = call.requests[0].adapter if call.requests else None
     base: dict[str, Any] = {
         semconv.GEN_AI_OPERATION_NAME: call.operation,
         semconv.GEN_AI_PROVIDER_NAME: PROVIDER,
@@ -184,11 +185,13 @@ def _record(
         semconv.GEN_AI_REQUEST_MAX_TOKENS: call.params.sampling.max_tokens,
         **call.rollout,
     }
+    if adapter is not None:
+        base[semconv.POLICY_ADAPTER] = adapter
     if call.tools and state.config.record_content:
         base[semconv.GEN_AI_TOOL_DEFINITIONS] = json.dumps(call.tools)
     name = f"{call.operation} {model}"
     if done is None:
-        attrs = dict(base, **{semconv.POLICY_VERSION: state.batcher.version})
+        attrs = dict(base, **{semconv.POLICY_VERSION: state.batcher.version_of(adapter)})
         rec.record(name, parent=call.parent, start_ns=call.start_ns, attributes=attrs, error=error)
         return
     results, choices = done
@@ -221,6 +224,12 @@ def _record(
             index += 1
 
 
+def served_name(state: ServerState, call: Call) -> str:
+    """The model id a call was served as: its adapter's name, else the base model's."""
+    adapter = call.requests[0].adapter if call.requests else None
+    return adapter if adapter is not None else state.config.model_name
+
+
 def _sse(payload: Any) -> str:
     return f"data: {json.dumps(payload)}\n\n"
 
@@ -244,7 +253,7 @@ async def stream(state: ServerState, call: Call) -> AsyncIterator[str]:
     chat = call.operation == semconv.OP_CHAT
     kind = "chat.completion.chunk" if chat else "text_completion"
     created = call.start_ns // 1_000_000_000
-    model = state.config.model_name
+    model = served_name(state, call)
 
     def chunk(index: int, delta: dict[str, Any], token_ids: list[int], finish: str | None = None,
               **extra: Any) -> dict[str, Any]:

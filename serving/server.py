@@ -43,8 +43,7 @@ def _load_backend(config: ServerConfig) -> Backend:
 
     return TransformersBackend(
         model_dir, device=config.device, dtype=config.dtype, max_context_tokens=config.max_context_tokens,
-        seed=config.seed,
-
+        seed=config.seed, adapters=dict(config.lora_modules),
     )
 
 
@@ -143,22 +142,31 @@ class PolicyServer:
 
     @property
     def version(self) -> int:
-        """Policy version: 0 at start, +1 per reload."""
+        """Policy version of the base model: 0 at start, +1 per reload."""
         return self._require_state().batcher.version
+
+    @property
+    def adapters(self) -> dict[str, int]:
+        """The LoRA adapters served, name -> policy version (0 at start, +1 per reload of that adapter)."""
+        return self._require_state().batcher.adapters
 
     @property
     def tokenizer(self) -> Any:
         """The served model's tokenizer."""
         return self._require_state().tokenizer
 
-    def reload(self, source: Any, timeout: float | None = None) -> int:
+    def reload(self, source: Any, timeout: float | None = None, *, adapter: str | None = None) -> int:
         """Swap in new weights (folder path, ``state_dict`` or ``torch.nn.Module``, copied) after the
-        batch in flight; requests keep being served. Returns the new version. Thread-safe."""
-        return self._require_state().batcher.reload(source, timeout)
+        batch in flight; requests keep being served. Returns the new version. Thread-safe. With
+        ``adapter``: that LoRA adapter's weights (a PEFT adapter folder, PEFT model or adapter state_dict;
+        added when new), bumping only its version."""
+        return self._require_state().batcher.reload(source, timeout, adapter=adapter)
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams, *, n: int = 1) -> GenerationResult:
+    def generate(self, prompt_ids: list[int], params: SamplingParams, *, n: int = 1,
+                 adapter: str | None = None) -> GenerationResult:
         """Generate in-process through the same batcher the HTTP routes use (no span is recorded)."""
-        return self._require_state().batcher.submit(GenerationRequest(list(prompt_ids), params, n=n)).result()
+        request = GenerationRequest(list(prompt_ids), params, n=n, adapter=adapter)
+        return self._require_state().batcher.submit(request).result()
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """Export every finished span now."""

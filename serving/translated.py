@@ -72,7 +72,7 @@ async def build_call(
         parent=routes.state.recorder.parent_from_headers(request.headers),
         rollout=rollout,
         params=params,
-        requests=[GenerationRequest(prompt_ids, params.sampling, n=1)],
+        requests=[GenerationRequest(prompt_ids, params.sampling, n=1, adapter=routes._adapter(body))],
         input_messages=[messages],
         tools=tools,
     )

@@ -35,6 +35,12 @@ SPANRL_MODE = "SPANRL_MODE"
 SPANRL_MODEL = "SPANRL_MODEL"
 """Model name the agent should pass to the OpenAI API (the policy server serves one policy)."""
 
+SPANRL_MODEL_PREFIX = "SPANRL_MODEL_"
+"""``SPANRL_MODEL_<AGENT>``: with per-agent policies (``Trainer(policies=...)``), the model name the calls of
+agent ``<AGENT>`` pass to the OpenAI API (its LoRA adapter on the policy server); ``<AGENT>`` is the agent's
+name upper-cased, each character other than a letter or digit an ``_`` (``agent_model_var``). An agent with
+no variable of its own uses ``SPANRL_MODEL``. Read it with ``spanrl.env.agent_model(name)``."""
+
 SPANRL_SAMPLING = "SPANRL_SAMPLING"
 """Sampling parameters the trainer asks the agent to use, as JSON, e.g. ``{"temperature": 1.0}``
 (temperature 0 for held-out evaluation)."""
@@ -204,3 +210,15 @@ def get_json(name: str, default: Any = None) -> Any:
     except ValueError:
         _logger.warning("%s is not valid JSON; using the default %r", name, default)
         return default
+
+
+def agent_model_var(agent: str) -> str:
+    """The variable naming agent ``agent``'s model: ``SPANRL_MODEL_`` + the name upper-cased, each character
+    other than an ASCII letter or digit an ``_`` (``sql-writer`` -> ``SPANRL_MODEL_SQL_WRITER``)."""
+    return SPANRL_MODEL_PREFIX + "".join(c if c.isascii() and c.isalnum() else "_" for c in agent.upper())
+
+
+def agent_model(agent: str, default: str | None = None) -> str | None:
+    """The model agent ``agent`` should pass to the OpenAI API: ``SPANRL_MODEL_<AGENT>`` (per-agent policies),
+    else ``SPANRL_MODEL``, else ``default``."""
+    return get_str(agent_model_var(agent)) or get_str(SPANRL_MODEL, default)

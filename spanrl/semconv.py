@@ -41,7 +41,8 @@ LLM_LOGPROBS = "spanrl.llm.logprobs"
 LLM_LOGPROBS_TEMPERATURE = "spanrl.llm.logprobs_temperature"  # double
 LLM_BATCH_SIZE = "spanrl.llm.batch_size"
 LLM_CHOICE_INDEX = "spanrl.llm.choice_index"
-POLICY_VERSION = "spanrl.policy.version"
+POLICY_VERSION = "spanrl.policy.version"  # with an adapter: that adapter's own version
+POLICY_ADAPTER = "spanrl.policy.adapter"  # the LoRA adapter that served the call (absent: the base model)
 
 # --- Rewards ---------------------------------------------------------------------------------------
 REWARD_SPAN_NAME = "spanrl.reward"  # also accepted as an event name

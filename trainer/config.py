@@ -175,6 +175,9 @@ def check_arguments(
                 raise ConfigError(
                     f"algorithm must be an Algorithm (GRPO(...), SFT(...), APO(...), ...); it has no {name}()"
                 )
+    if cfg.agent_name and callable(getattr(algorithm, "rollout_models", None)):
+        raise ConfigError(f"agent_name {cfg.agent_name!r} trains one agent; with policies each agent trains its own "
+                          "adapter: give one or the other")
     algo_temperature = getattr(getattr(algorithm, "config", None), "temperature", None)
     if isinstance(algo_temperature, (int, float)) and cfg.temperature > 0 and algo_temperature != cfg.temperature:
         raise ConfigError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["State"]
+__all__ = ["TRAINER_REFUSALS", "State"]
 
 
 class State(enum.Enum):
@@ -16,3 +16,13 @@ class State(enum.Enum):
     TRAINING = "training"  # inside train() / run()
     FOLLOWING = "following"  # a Trainer rank other than 0: only the algorithm, updating on rank 0's batches
     CLOSED = "closed"  # stopped; start() (or train() / run()) starts again
+
+
+TRAINER_REFUSALS = {
+    State.NEW: "nothing is set up yet; call start() or train() first",
+    State.TRAINING: "train() is already running",
+    State.FOLLOWING: "this process is not rank 0; only rank 0 runs rollouts, evaluates, saves and deploys",
+    State.RUNNING: "",
+    State.CLOSED: "",
+}
+"""Why the ``Trainer`` refuses a call in each state (named in the error)."""

@@ -17,6 +17,7 @@ from typing import Any
 from spanrl.store import rollouts as store_rollouts
 from spanrl.trainer.config import SERVED_MODEL_NAME, TrainerConfig
 from spanrl.rollouts.policy_pool import PolicyPool, ServingConfig
+from spanrl.errors import ConfigError
 from spanrl.rollouts.runner import RolloutRunner
 from spanrl.rollouts.tracing import InProcessTracing
 
@@ -28,9 +29,10 @@ ReadyFn = Callable[[Sequence[str], int], set]
 
 
 def start_policy_server(model: Path, *, otlp_endpoint: str | None, max_batch_size: int = 32, seed: int = 0,
-                        serving: Any = None, host: str = "127.0.0.1") -> Any:
+                        serving: Any = None, host: str = "127.0.0.1", adapters: dict[str, Path] | None = None) -> Any:
     """A started :class:`~spanrl.serving.PolicyServer` for ``model`` on a free local port (backend, device
-    and dtype from ``serving``, a :class:`~spanrl.rollouts.policy_pool.ServingConfig`)."""
+    and dtype from ``serving``, a :class:`~spanrl.rollouts.policy_pool.ServingConfig`), serving the LoRA
+    ``adapters`` (name -> PEFT folder) beside it."""
     from spanrl.serving import PolicyServer, ServerConfig
 
     serving = serving if serving is not None else ServingConfig()
@@ -46,6 +48,7 @@ def start_policy_server(model: Path, *, otlp_endpoint: str | None, max_batch_siz
             backend=serving.backend,
             device=serving.device,
             dtype=serving.dtype,
+            lora_modules={name: str(folder) for name, folder in (adapters or {}).items()},
         )
     )
     server.start()
@@ -73,14 +76,19 @@ class Services:
         self._stack.callback(self._stop, "collector", self.collector.shutdown)
 
     def start_rest(
-        self, *, agent: Any, serve_from: Path, config: TrainerConfig, ready: ReadyFn, output_dir: Path
+        self, *, agent: Any, serve_from: Path, config: TrainerConfig, ready: ReadyFn, output_dir: Path,
+        adapters: dict[str, Path] | None = None,
     ) -> None:
         """The policy server on ``serve_from`` (in a pool with the servers the Trainer did not start), the
         runner, and tracing of a callable agent."""
         embedded = start_policy_server(
             serve_from, otlp_endpoint=self.collector.grpc_endpoint, max_batch_size=config.server_max_batch_size,
-            seed=config.seed, serving=config.serving, host="0.0.0.0" if config.rollouts.advertise_host else "127.0.0.1",
+            seed=config.seed, serving=config.serving, adapters=adapters,
+            host="0.0.0.0" if config.rollouts.advertise_host else "127.0.0.1",
         )
+        if adapters and config.serving.urls:
+            embedded.shutdown()
+            raise ConfigError("serving.urls: per-agent adapters are served by the Trainer's own server only")
         self.server = PolicyPool(config.serving, embedded=embedded, weights_dir=output_dir / "served-weights",
                                  model_dir=Path(serve_from))
         self._stack.callback(self._stop, "server", self.server.shutdown)
@@ -94,8 +102,16 @@ class Services:
         self._stack.callback(self._stop, "runner", self.runner.close)
 
     def serve_only(self, model: Path, serving: ServingConfig) -> None:
-        """Just a policy server (``Trainer.deploy`` after the run closed)."""
-        self.server = start_policy_server(model, otlp_endpoint=None, serving=serving)
+        """Just a policy server (``Trainer.deploy`` after the run closed); a checkpoint of per-agent adapters
+        (``adapters/<name>/``, no model of its own) is served as its base plus each adapter."""
+        adapters = None
+        if not (Path(model) / "config.json").is_file() and (Path(model) / "adapters").is_dir():
+            import json
+
+            adapters = {d.name: d for d in sorted((Path(model) / "adapters").iterdir()) if d.is_dir()}
+            config = json.loads((next(iter(adapters.values())) / "adapter_config.json").read_text())
+            model = Path(config["base_model_name_or_path"])
+        self.server = start_policy_server(model, otlp_endpoint=None, serving=serving, adapters=adapters)
         self._stack.callback(self._stop, "server", self.server.shutdown)
 
     def agent_otel_env(self) -> dict[str, str]:

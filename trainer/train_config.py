@@ -11,6 +11,7 @@ Every key, its default and its meaning: ``docs/train-config.md``. In short::
     algorithm: {name: grpo, learning_rate: 5.0e-4}   # grpo | ppo | sft | dpo | apo, fields by name
     credit: {mode: identical, baseline: grpo}        # LightningRL fields
     prompt_template: "Solve: {question}"             # given to every agent; APO's starting template
+    policies: {writer: {lora: {r: 8}}, checker: {}}  # one LoRA adapter per agent, trained together (optional)
     n_rollouts: 8                     # any TrainerConfig field
     runner: {workers: 4, rollout_timeout_s: 60}      # any RunnerConfig field
     rollouts: {backend: ray, address: auto}          # where rollouts run (RolloutsConfig fields)
@@ -39,7 +40,7 @@ __all__ = ["TOP_LEVEL_KEYS", "TINY_KEYS", "build_trainer", "load_tasks"]
 
 DOCS = "docs/train-config.md"
 TOP_LEVEL_KEYS = ("model", "agent", "tasks", "val_tasks", "task_defaults", "algorithm", "credit", "prompt_template",
-                  "runner", "serving", "rollouts")
+                  "runner", "serving", "rollouts", "policies")
 TINY_KEYS = ("words", "words_file", "words_from_tasks", "hidden_size", "num_layers", "num_heads", "intermediate_size",
              "seed", "max_position_embeddings")
 _TINY_FOLDER = "model"
@@ -128,6 +129,9 @@ def build_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     )
     raw.pop("val_tasks", None)
     model, agent, prompt_template = raw.pop("model"), raw.pop("agent"), raw.pop("prompt_template", None)
+    policies = raw.pop("policies", None)
+    if policies is not None and not isinstance(policies, Mapping):
+        raise ConfigError(f"policies must map agent names to policy settings, got {type(policies).__name__}")
     if isinstance(raw.get("report_to"), list):
         raw["report_to"] = tuple(raw["report_to"])
     config = TrainerConfig(**raw, runner=RunnerConfig(**runner_raw), serving=ServingConfig.of(serving_raw),
@@ -136,6 +140,7 @@ def build_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
         model=_model(model, base, Path(config.output_dir), [*tasks, *(val_tasks or [])]),
         agent=_agent_command(agent, base), tasks=tasks, val_tasks=val_tasks, algorithm=cls(**algo_raw),
         credit=LightningRL(**credit_raw), prompt_template=prompt_template, config=config,
+        policies=dict(policies) if policies else None,
     )
 
 

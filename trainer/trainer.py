@@ -72,6 +72,7 @@ from spanrl.trainer.config import (
     run_description,
 )
 from spanrl.trainer.console import Console
+from spanrl.trainer.lifecycle import TRAINER_REFUSALS as _WHY
 from spanrl.trainer.lifecycle import State
 from spanrl.trainer.overlap import RolloutPrefetch, StepRollouts, policy_lag
 from spanrl.trainer.reporting import Callback, CurvePlot, HistoryFile, NonFiniteGuard, RowLog, Scalars, StageClock
@@ -109,12 +110,19 @@ class Trainer:
         resume: bool | None = None,
         prompt_template: str | None = None,
         config: TrainerConfig | None = None,
+        policies: dict[str, Any] | None = None,
     ) -> None:
         """Keyword arguments override the same fields of ``config`` (a :class:`TrainerConfig`).
 
         ``prompt_template`` is given to every rollout's agent (``llm.prompt_template`` /
         ``SPANRL_PROMPT_TEMPLATE``); with ``algorithm=APO(...)`` it is the template optimisation starts from.
+        ``policies``: agent name -> ``AgentPolicy``, one LoRA adapter per agent on the one base, trained together
+        with ``algorithm``'s settings (``spanrl.algorithms.policies``).
         """
+        if policies:
+            from spanrl.algorithms.policies import per_agent
+
+            algorithm = per_agent(algorithm, policies)
         overrides = {"n_rollouts": n_rollouts, "tasks_per_step": tasks_per_step, "max_steps": max_steps,
                      "output_dir": None if output_dir is None else str(output_dir), "report_to": report_to,
                      "seed": seed, "resume": resume}
@@ -185,7 +193,8 @@ class Trainer:
             self._services.start_collector(self.db_path, cfg.serving, reachable=bool(cfg.rollouts.advertise_host))
             serve_from = self._setup_algorithm()
             self._services.start_rest(agent=self.agent, serve_from=serve_from, config=cfg, ready=self._ready,
-                                      output_dir=self.output_dir)
+                                      output_dir=self.output_dir,
+                                      adapters=getattr(self.algorithm, "serving_adapters", None))
             self._callbacks = self._reporting()
         except BaseException:
             self.close()
@@ -204,7 +213,7 @@ class Trainer:
         self.algorithm.load_state(checkpoint)
         self.step, self.history = checkpoints.read_trainer_state(checkpoint)
         _logger.info("resumed from %s at step %d", checkpoint, self.step)
-        return checkpoint
+        return self.model_path if getattr(self.algorithm, "serving_adapters", None) else checkpoint  # adapters: base
 
     def _reporting(self) -> list[Callback]:
         cfg = self.config  # where each row goes, in order; the guard last: a diverged row is reported, then stops
@@ -315,7 +324,7 @@ class Trainer:
                     metrics = self._update(batch.take(sampler.sample(range(n_transitions), cfg.minibatch_size))
                                            if use_minibatch else batch)
             with clock("reload"):
-                row["policy_version"] = self.server.reload(self._policy_weights())
+                row.update(self._push_weights())
         elif ok_ids:
             _logger.warning("step %d: %d rollouts gave no transitions; no update", step, len(ok_ids))
         else:
@@ -349,6 +358,9 @@ class Trainer:
         return self.algorithm.update(_distributed.shard_transitions(items))
 
     def _batch(self, rollout_ids: Sequence[str]) -> Any:
+        load = getattr(self.algorithm, "load_batch", None)  # per-agent policies: each agent's own credit
+        if load is not None:
+            return load(self.collector.store, self.credit, list(rollout_ids))
         agents = [self.config.agent_name] if self.config.agent_name else None
         return load_training_batch(self.collector.store, self.algorithm, credit=self.credit,
                                    rollout_ids=list(rollout_ids), agents=agents)
@@ -420,9 +432,10 @@ class Trainer:
                 advance()
 
         started, version = time.time(), self._policy_version()
+        default, models = getattr(self.algorithm, "rollout_models", lambda: (SERVED_MODEL_NAME, {}))()
         try:
-            results = runner.run(jobs, id_prefix=f"{self._run_tag}-{tag}-", llm_url=llm_url, model=SERVED_MODEL_NAME,
-                                 sampling=sampling, mode=mode, on_result=on_result,
+            results = runner.run(jobs, id_prefix=f"{self._run_tag}-{tag}-", llm_url=llm_url, model=default,
+                                 agent_models=models, sampling=sampling, mode=mode, on_result=on_result,
                                  prompt_template=template if template is not None else self.prompt_template)
         finally:
             remove()
@@ -468,10 +481,14 @@ class Trainer:
         for callback in self._callbacks:
             callback.on_row(row)
 
-    def _policy_weights(self) -> Any:
-        """What the server reloads: plain-keyed weights (a LoRA adapter merged), else the model itself."""
+    def _push_weights(self) -> dict[str, Any]:
+        """Reload the server: plain-keyed weights (a LoRA adapter merged), else the model itself; per-agent
+        adapters each on their own. Returns the history row's policy version(s)."""
+        push = getattr(self.algorithm, "push_weights", None)
+        if push is not None:
+            return push(self.server)
         weights = getattr(self.algorithm, "policy_weights", None)
-        return weights() if callable(weights) else self.algorithm.model
+        return {"policy_version": self.server.reload(weights() if callable(weights) else self.algorithm.model)}
 
     def _policy_version(self) -> int | None:
         return getattr(self.server, "version", None)
@@ -480,11 +497,4 @@ class Trainer:
         return run_description(self)
 
 
-_WHY = {
-    State.NEW: "nothing is set up yet; call start() or train() first",
-    State.TRAINING: "train() is already running",
-    State.FOLLOWING: "this process is not rank 0; only rank 0 runs rollouts, evaluates, saves and deploys",
-    State.RUNNING: "",
-    State.CLOSED: "",
-}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from spanrl import semconv
 from spanrl.errors import StoreError
 from spanrl.ui.source import Source
 from spanrl.ui.subset import Scratch, fetch_spans
@@ -80,6 +81,7 @@ def _call(row: dict[str, Any], spans: dict[str, dict[str, Any]], tokens: TokenTe
         "client_span_id": row["client_span_id"],
         "server_span_id": row["server_span_id"],
         "model": attrs.get("gen_ai.response.model") or attrs.get("gen_ai.request.model"),
+        "adapter": ((server or {}).get("attributes") or {}).get(semconv.POLICY_ADAPTER),  # per-agent policies
         "latency_ms": (timed["end_ns"] - timed["start_ns"]) / 1e6 if timed else None,
         "server_latency_ms": (server["end_ns"] - server["start_ns"]) / 1e6 if server else None,
         "input_tokens": (

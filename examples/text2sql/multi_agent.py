@@ -4,7 +4,9 @@ with the checker's feedback. The reward is execution match of the writer's final
 
 Each role runs inside ``spanrl.agent(NAME)``, so its LLM calls carry ``gen_ai.agent.name``. Training
 selects the writer's calls only (the checker can be a different, frozen model or the same policy):
-give the trainer ``agents=["writer"]`` (see the example's README).
+give the trainer ``agents=["writer"]`` (see the example's README). With one policy per agent
+(``Trainer(policies={"writer": ..., "checker": ...})``) each role asks for its own adapter: the model named by
+``SPANRL_MODEL_WRITER`` / ``SPANRL_MODEL_CHECKER`` (a callable agent: ``llm.model_for(name)``).
 
     SPANRL_TASK='{"question": "...", "sql": "..."}' opentelemetry-instrument python examples/text2sql/multi_agent.py
 """
@@ -19,6 +21,7 @@ if __package__ in (None, ""):  # run as a script: make `examples.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import spanrl
+from spanrl import env as spanrl_env
 from examples._runtime import llm_settings, sampling_value, serve
 from examples.text2sql.agent import (
     DEFAULT_MAX_TOKENS,
@@ -53,14 +56,20 @@ def check_sql(client: Any, model: str, question: str, sql: str, result: SqlResul
     return text.upper().startswith("OK"), text
 
 
-def episode(task: dict[str, Any], client: Any, model: str, sampling: dict[str, Any]) -> float:
-    """One rollout of writer + checker; emits and returns the reward of the writer's final query."""
+def episode(task: dict[str, Any], client: Any, model: str, sampling: dict[str, Any],
+            models: dict[str, str] | None = None) -> float:
+    """One rollout of writer + checker; emits and returns the reward of the writer's final query. ``models``:
+    each role's model (per-agent policies); else ``SPANRL_MODEL_<ROLE>``, else ``model``."""
     _check_task(task)
     temperature = float(sampling_value(sampling, task, "temperature", DEFAULT_TEMPERATURE))
     max_tokens = int(sampling_value(sampling, task, "max_tokens", DEFAULT_MAX_TOKENS))
     style = task.get("prompt_style", "full")
     tries = int(task.get("max_tries", DEFAULT_MAX_TRIES))
-    checker_model = str(task.get("checker_model") or model)
+    def role_model(role: str) -> str:
+        return (models or {}).get(role) or spanrl_env.agent_model(role, model) or model
+
+    checker_model = str(task.get("checker_model") or role_model(CHECKER))
+    model = role_model(WRITER)
     question = task["question"]
     with spanrl.agent(WRITER):
         sql, result, _ = write_sql(client, model, question, max_tries=tries, prompt_style=style,
@@ -85,7 +94,7 @@ def episode(task: dict[str, Any], client: Any, model: str, sampling: dict[str, A
 def agent(task: dict[str, Any], llm: Any = None) -> None:
     """The trainer's callable form (the reward goes out as a span)."""
     settings = llm_settings(llm)
-    episode(task, settings.client(), settings.model, settings.sampling)
+    episode(task, settings.client(), settings.model, settings.sampling, getattr(llm, "agent_models", None))
 
 
 if __name__ == "__main__":

@@ -60,6 +60,35 @@ def test_multi_agent_writer_rewrites_on_checker_feedback():
     assert reward == 1.0
 
 
+def test_multi_agent_roles_ask_for_their_own_models(monkeypatch):
+    def reply(body):
+        return "It is wrong." if body["messages"][-1]["content"].startswith("You review SQL") else GOLD
+    with FakeOpenAI(reply=reply) as server:  # per-agent policies: each role's adapter, by name
+        multi_agent.episode(TASK, _client(server), "base", {}, {"writer": "w-adapter", "checker": "c-adapter"})
+        by_call = [r.body["model"] for r in server.requests]
+        monkeypatch.setenv("SPANRL_MODEL_CHECKER", "c-env")  # a command agent: SPANRL_MODEL_<AGENT>
+        multi_agent.episode(TASK, _client(server), "base", {})
+        from_env = [r.body["model"] for r in server.requests[len(by_call):]]
+    assert by_call == ["w-adapter", "c-adapter", "w-adapter"]
+    assert from_env == ["base", "c-env", "base"]
+
+
+def test_policy_comparison_scores_first_try_catches_and_final_success():
+    from examples.text2sql.compare_policies import CompareConfig, score
+
+    wrong = {"question": "How many projects are there?", "sql": "SELECT COUNT(*) FROM projects"}
+
+    def reply(body):  # the writer always answers the active count; the checker rejects only for the other question
+        text = body["messages"][-1]["content"]
+        if text.startswith("You review SQL"):
+            return "OK" if "active" in text.split("Query:")[0] else "Count every project."
+        return "SELECT COUNT(*) FROM projects" if "reviewer rejected" in text else GOLD
+    with FakeOpenAI(reply=reply) as server:
+        scores = score(_client(server), {"writer": "w", "checker": "c"}, [TASK, wrong], CompareConfig(tries=1))
+    assert scores == {"writer_first_try": 0.5, "checker_catch_rate": 1.0, "checker_false_alarms": 0.0,
+                      "final_success": 1.0, "n": 2}
+
+
 def test_command_line_agent_runs_one_rollout_from_the_environment():
     with FakeOpenAI(reply=GOLD) as server:
         env = {**os.environ, "SPANRL_TASK": json.dumps(TASK), "OPENAI_BASE_URL": server.base_url,

@@ -60,7 +60,9 @@ def test_example_config_builds_a_trainer_from_another_folder(config: Path, tmp_p
 def test_the_docs_name_every_key() -> None:
     documented = _documented_keys()
     expected = set(TOP_LEVEL_KEYS) | set(TINY_KEYS)
-    for cls in (TrainerConfig, RunnerConfig, RolloutsConfig, CreditConfig, LoRAConfig):
+    from spanrl.algorithms.policies import AgentPolicy
+
+    for cls in (TrainerConfig, RunnerConfig, RolloutsConfig, CreditConfig, LoRAConfig, AgentPolicy):
         expected |= {f.name for f in dataclasses.fields(cls)} - {"runner"}
     for name in ALGORITHMS:
         expected |= {f.name for f in dataclasses.fields(algorithm_class(name).config_class)}

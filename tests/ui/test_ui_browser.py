@@ -222,3 +222,24 @@ def test_through_a_collector_with_its_token_the_list_updates_live(demo_store, ui
     browser.wait("document.querySelector('#rollouts tr[data-rollout=\"live-ui-1\"]')", timeout_s=30)  # no reload
     assert browser.eval("document.querySelector('#rollouts tbody tr').dataset.rollout") == "live-ui-1"
     browser.screenshot(shots / "live.png")
+
+
+def test_run_page_shows_a_curve_per_agent(demo_store, ui_factory, browser, tmp_path):
+    run = tmp_path / "agents"  # a per-agent run's history: agents/<name>/<key> per step
+    run.mkdir()
+    rows = [{"step": s, "reward_mean": 0.1 * s, "agents/writer/reward_mean": 0.2 * s,
+             "agents/checker/reward_mean": 0.05 * s, "agents/writer/advantage_mean": 0.0,
+             "agents/checker/advantage_mean": 0.01, "agents/writer/policy_version": s,
+             "agents/checker/policy_version": s} for s in (1, 2, 3)]
+    (run / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ui = ui_factory("--db", str(demo_store / "spans.duckdb"), "--url", _NOBODY, "--run", str(run))
+    browser.goto(ui.url + "#/runs?a=agents")
+    chart = "document.querySelector('.run[data-run=\"agents\"] .chart[data-title=\"reward per agent\"]')"
+    browser.wait(chart)
+    assert browser.eval(f"{chart}.querySelectorAll('path').length") == 2  # one line per agent
+    assert browser.eval(f"{chart}.querySelectorAll('circle').length") == 6
+    assert "checker" in browser.eval(f"{chart}.textContent") and "writer" in browser.eval(f"{chart}.textContent")
+    advantage = "document.querySelector('.run[data-run=\"agents\"] .chart[data-title=\"advantage per agent\"]')"
+    assert browser.eval(f"{advantage} !== null")
+    assert browser.eval("document.querySelector('.chart[data-title=\"calls per agent\"]') === null")  # no such keys
+    assert not browser.console_errors

@@ -251,7 +251,8 @@ function renderCalls(box, d, credit) {
   fill(box, ...rewardsAt(-1), ...d.calls.flatMap(c => {
     const t = byStep.get(c.step);
     const head = h("div", { class: "kv" }, h("b", {}, `step ${c.step}`), h("span", {}, c.agent ? "agent " + c.agent : "no agent"),
-      h("span", {}, c.model || ""), h("span", {}, "policy v" + (c.policy_version ?? "—")),
+      h("span", {}, c.model || ""), c.adapter ? h("span", { class: "adapter" }, "adapter " + c.adapter) : null,
+      h("span", {}, (c.adapter ? "adapter v" : "policy v") + (c.policy_version ?? "—")),
       h("span", {}, `tokens in ${c.input_tokens ?? "?"} / out ${c.output_tokens ?? "?"}`), h("span", {}, "latency " + ms(c.latency_ms)),
       h("span", {}, c.status_code),
       t ? h("span", { class: "adv" }, h("b", {}, "return "), fixed(t.reward), h("b", {}, "  advantage "), fixed(t.advantage)) : null,
@@ -286,6 +287,20 @@ const RUN_CHARTS = [
   ["reward (training rollouts)", ["reward_mean"], true], ["held-out success", ["val_success"], true],
   ["KL", ["losses/approx_kl", "losses/kl_ref"]], ["entropy", ["losses/entropy"]],
   ["clip fraction", ["losses/clipfrac"]], ["policy version", ["policy_version"]]];
+// per-agent policies: one curve per agent from its agents/<name>/<key> history keys
+const AGENT_CHARTS = [["reward per agent", "reward_mean", true], ["advantage per agent", "advantage_mean"],
+  ["calls per agent", "transitions"], ["adapter version per agent", "policy_version"]];
+
+function agentCharts(run) {
+  const keys = [...new Set(run.rows.flatMap(r => Object.keys(r)))].filter(k => k.startsWith("agents/")).sort();
+  return AGENT_CHARTS.map(([title, suffix, unit]) => {
+    const mine = keys.filter(k => k.endsWith("/" + suffix));
+    if (!mine.length) return null;
+    return lineChart(title, mine.map(k => ({ name: k.split("/")[1],
+      points: run.rows.filter(r => r[k] !== undefined && r[k] !== null).map(r => [r.step, r[k]]) })),
+      { unit, step: suffix === "policy_version" });
+  }).filter(c => c);
+}
 
 async function runsPage(params) {
   const data = await api("/api/runs");
@@ -304,7 +319,7 @@ async function runsPage(params) {
       keys.filter(k => run.rows.some(r => r[k] !== undefined && r[k] !== null))
         .map(k => ({ name: k, points: run.rows.filter(r => r[k] !== undefined && r[k] !== null).map(r => [r.step, r[k]]) })), { unit, step: title === "policy version" }));
     return h("div", { class: "run", "data-run": name }, h("h2", {}, name, h("span", { class: "muted" }, ` ${run.algorithm || ""} · ${run.rows.length} rows · ${run.path}`)),
-      run.error ? h("div", { class: "error" }, run.error) : null, h("div", { class: "charts" }, charts));
+      run.error ? h("div", { class: "error" }, run.error) : null, h("div", { class: "charts" }, charts, agentCharts(run)));
   };
   main.appendChild(b ? h("div", { class: "side" }, column(a), column(b)) : column(a));
   const versions = data.policy_versions;
