@@ -40,6 +40,7 @@ from spanrl.rollouts.runner import RolloutJob, RolloutRunner, RunnerConfig  # no
 from spanrl.collector import Collector, CollectorConfig  # noqa: E402
 
 
+_HEAD_ATTEMPTS = 3
 _NODE_START_TIMEOUT_S = 180  # Ray's default 30 s is too short for a second raylet on busy shared cores
 
 
@@ -88,7 +89,14 @@ def _ray_cluster(nodes: int, cpus: int) -> Iterator[Any]:
     from spanrl.rollouts.rollouts import RolloutsConfig
 
     args = {"num_cpus": cpus, "object_store_memory": 80 * 2**20}
-    cluster = Cluster(initialize_head=True, head_node_args={**args, "include_dashboard": False})
+    for attempt in range(_HEAD_ATTEMPTS):  # Ray gives a raylet a fixed 30 s to register; busy cores miss it
+        try:
+            cluster = Cluster(initialize_head=True, head_node_args={**args, "include_dashboard": False})
+            break
+        except Exception as exc:  # Ray raises a bare Exception ("timed out during startup")
+            if attempt == _HEAD_ATTEMPTS - 1 or "timed out during startup" not in str(exc):
+                raise
+            print(f"Ray's head did not start in time ({exc}); trying again", flush=True)
     try:
         for _ in range(nodes - 1):
             cluster.add_node(**args)
