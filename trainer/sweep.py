@@ -9,7 +9,7 @@
       credit.mode: {choice: [identical, discounted]}
       algorithm.beta: {loguniform: [1.0e-4, 1.0e-1]}
     metric: val_success               # the history key each trial is judged by (its last value; higher is better)
-    output_dir: spanrl-sweep          # trial-<n> folders (each a Trainer's output_dir) and Tune's own
+    output_dir: spanrl-sweep          # a folder per trial (its Trainer output_dir), Tune's own, spanrl.log
     address: null                     # a Ray cluster (ray.init's address); None: a Ray on this machine
     resources_per_trial: {CPU: 1}
     max_concurrent_trials: 1
