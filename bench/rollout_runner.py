@@ -18,6 +18,7 @@ same concurrency.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # Ray's node processes: no gRPC fork notices on screen
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "examples" / "calculator"))
 
@@ -36,6 +38,10 @@ from fake_openai import FakeOpenAI  # noqa: E402
 
 from spanrl.rollouts.runner import RolloutJob, RolloutRunner, RunnerConfig  # noqa: E402
 from spanrl.collector import Collector, CollectorConfig  # noqa: E402
+
+
+_HEAD_ATTEMPTS = 3
+_NODE_START_TIMEOUT_S = 180  # Ray's default 30 s is too short for a second raylet on busy shared cores
 
 
 def _reply(body: dict) -> str:
@@ -83,11 +89,18 @@ def _ray_cluster(nodes: int, cpus: int) -> Iterator[Any]:
     from spanrl.rollouts.rollouts import RolloutsConfig
 
     args = {"num_cpus": cpus, "object_store_memory": 80 * 2**20}
-    cluster = Cluster(initialize_head=True, head_node_args={**args, "include_dashboard": False})
+    for attempt in range(_HEAD_ATTEMPTS):  # Ray gives a raylet a fixed 30 s to register; busy cores miss it
+        try:
+            cluster = Cluster(initialize_head=True, head_node_args={**args, "include_dashboard": False})
+            break
+        except Exception as exc:  # Ray raises a bare Exception ("timed out during startup")
+            if attempt == _HEAD_ATTEMPTS - 1 or "timed out during startup" not in str(exc):
+                raise
+            print(f"Ray's head did not start in time ({exc}); trying again", flush=True)
     try:
         for _ in range(nodes - 1):
             cluster.add_node(**args)
-        cluster.wait_for_nodes()
+        cluster.wait_for_nodes(timeout=_NODE_START_TIMEOUT_S)
         yield RolloutsConfig(backend="ray", address=cluster.address)
     finally:
         import ray
@@ -98,33 +111,31 @@ def _ray_cluster(nodes: int, cpus: int) -> Iterator[Any]:
 
 
 def _ray_main(args: argparse.Namespace) -> None:
+    """Each half printed as soon as it is measured (a crash in the Ray half loses nothing)."""
     modes = {"per-process": 0, "workers": args.workers}
     with tempfile.TemporaryDirectory() as tmp, FakeOpenAI(reply=_reply, record=False) as llm:
         with Collector(CollectorConfig(db_path=str(Path(tmp) / "bench.duckdb"), grpc_port=0, http_port=0)) as collector:
-            rates: dict[str, list[float]] = {}
             for mode in args.modes.split(","):
                 workers = modes[mode]
-                for rep in range(args.repeats):
-                    rates.setdefault(f"{mode} local", []).append(_measure(
-                        collector, llm.url, workers=workers, concurrency=args.workers, rollouts=args.rollouts,
-                        tag=f"{mode}-l{rep}"))
+                local = _report(f"{mode} local", [_measure(
+                    collector, llm.url, workers=workers, concurrency=args.workers, rollouts=args.rollouts,
+                    tag=f"{mode}-l{rep}") for rep in range(args.repeats)])
+                per_node = {}
                 for nodes in (1, 2):
                     with _ray_cluster(nodes, args.workers // nodes) as backend:
-                        for rep in range(args.repeats):
-                            rates.setdefault(f"{mode} ray {nodes} node(s)", []).append(_measure(
-                                collector, llm.url, workers=workers, concurrency=args.workers,
-                                rollouts=args.rollouts, tag=f"{mode}-r{nodes}-{rep}", backend=backend))
-    medians = {name: statistics.median(values) for name, values in rates.items()}
-    for name, value in medians.items():
-        runs = [round(v, 2) for v in rates[name]]
-        print(f"{name:>26}: {value:7.2f} rollouts/s (median of {args.repeats}; runs {runs})")
-    for mode in args.modes.split(","):
-        local = medians[f"{mode} local"]
-        for nodes in (1, 2):
-            ray_rate = medians[f"{mode} ray {nodes} node(s)"]
-            print(f"{mode} ray {nodes} node(s): overhead {1000 * (1 / ray_rate - 1 / local):+.0f} ms per rollout "
-                  f"(at concurrency {args.workers}), {ray_rate / local:.2f}x the local rate")
-        print(f"{mode}: 2 nodes / 1 node {medians[f'{mode} ray 2 node(s)'] / medians[f'{mode} ray 1 node(s)']:.2f}x")
+                        rate = per_node[nodes] = _report(f"{mode} ray {nodes} node(s)", [_measure(
+                            collector, llm.url, workers=workers, concurrency=args.workers, rollouts=args.rollouts,
+                            tag=f"{mode}-r{nodes}-{rep}", backend=backend) for rep in range(args.repeats)])
+                    print(f"{mode} ray {nodes} node(s): overhead {1000 * (1 / rate - 1 / local):+.0f} ms per rollout "
+                          f"(at concurrency {args.workers}), {rate / local:.2f}x the local rate", flush=True)
+                print(f"{mode}: 2 nodes / 1 node {per_node[2] / per_node[1]:.2f}x", flush=True)
+
+
+def _report(name: str, runs: list[float]) -> float:
+    median = statistics.median(runs)
+    print(f"{name:>26}: {median:7.2f} rollouts/s (median of {len(runs)}; runs {[round(v, 2) for v in runs]})",
+          flush=True)
+    return median
 
 
 def main() -> None:

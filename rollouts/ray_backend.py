@@ -202,6 +202,15 @@ def ray_agent(agent: Any, *, cluster_config: RolloutsConfig, argv: list[str] | N
               node_env: dict[str, str], workers: int, otlp_endpoint: str | None) -> Any:
     """The Ray agent for ``agent``: a callable's tasks, or a command's tasks (``workers`` 0) or actors."""
     cluster = connect(cluster_config)
+    try:
+        return _agent_on(cluster, agent, argv, instrument, node_env, workers, otlp_endpoint)
+    except BaseException:  # a bad agent must not leave the Ray this call started running
+        cluster.close()
+        raise
+
+
+def _agent_on(cluster: Cluster, agent: Any, argv: list[str] | None, instrument: bool, node_env: dict[str, str],
+              workers: int, otlp_endpoint: str | None) -> Any:
     endpoint_key = "OTEL_EXPORTER_OTLP_ENDPOINT"
     if otlp_endpoint and node_env.get(endpoint_key) == otlp_endpoint:  # the Trainer's collector, not runner.env's
         node_env = {**node_env, endpoint_key: cluster.url(otlp_endpoint)}

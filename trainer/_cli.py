@@ -46,6 +46,7 @@ def register(subparsers: Any) -> None:
                     "print one line per trial and the best config. Needs spanrl[ray].",
     )
     sweep.add_argument("config", help="the sweep's YAML: train, parameters, search, metric, ...")
+    sweep.add_argument("--verbose", "-v", action="store_true", help="Ray's and Tune's messages on the terminal too")
     sweep.set_defaults(func=_sweep)
     needs_extra(sweep, "train")  # and ray: a missing ray names the ray extra (spanrl.extras)
 
@@ -103,7 +104,7 @@ def _train(args: argparse.Namespace) -> int:
 def _sweep(args: argparse.Namespace) -> int:
     from spanrl.trainer.sweep import run_sweep
 
-    rows = run_sweep(Path(args.config))
+    rows = run_sweep(Path(args.config), verbose=args.verbose)
     return 0 if any(row["error"] is None for row in rows) else 1
 
 

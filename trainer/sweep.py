@@ -9,17 +9,19 @@
       credit.mode: {choice: [identical, discounted]}
       algorithm.beta: {loguniform: [1.0e-4, 1.0e-1]}
     metric: val_success               # the history key each trial is judged by (its last value; higher is better)
-    output_dir: spanrl-sweep          # trial-<n> folders (each a Trainer's output_dir) and Tune's own
+    output_dir: spanrl-sweep          # a folder per trial (its Trainer output_dir), Tune's own, spanrl.log
     address: null                     # a Ray cluster (ray.init's address); None: a Ray on this machine
     resources_per_trial: {CPU: 1}
     max_concurrent_trials: 1
 
 Each trial is one Trainer run (``build_trainer`` on the base config with the trial's values) in its own
-folder; the command prints one line per trial and the best config.
+folder; the command prints one line per trial and the best config. Ray's and Tune's own messages go to
+``spanrl.log`` in ``output_dir`` (errors still reach the terminal).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from spanrl.errors import ConfigError
+from spanrl.logs import log_to_file
 from spanrl.trainer.train_config import check_keys
 
 __all__ = ["SweepConfig", "apply", "run_sweep"]
@@ -126,30 +129,21 @@ def _trial(values: dict[str, Any], *, raw: dict[str, Any], base: str, out: str, 
                  "output_dir": trial_raw["output_dir"]})
 
 
-def run_sweep(path: Path, *, echo: Any = print) -> list[dict[str, Any]]:
+def run_sweep(path: Path, *, echo: Any = print, verbose: bool = False) -> list[dict[str, Any]]:
     """Run the sweep at ``path``; return one row per trial (its values, metric, folder, error)."""
-    import functools
-
     import ray
-    from ray import tune
 
     cfg, raw, base = SweepConfig.load(path)
     out = Path(cfg.output_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    log = log_to_file(out / "spanrl.log", verbose=verbose)
+    _route_ray_logs()
+    echo(f"full logs: {log}")
     owned = not ray.is_initialized()
     if owned:
         ray.init(address=cfg.address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     try:
-        trainable = tune.with_resources(
-            functools.partial(_trial, raw=raw, base=str(base.resolve()), out=str(out), metric=cfg.metric),
-            {k.lower(): v for k, v in cfg.resources_per_trial.items()},
-        )
-        tuner = tune.Tuner(
-            trainable, param_space=cfg.space(),
-            tune_config=tune.TuneConfig(num_samples=cfg.num_samples, max_concurrent_trials=cfg.max_concurrent_trials),
-            run_config=tune.RunConfig(storage_path=str(out / "tune"), name="sweep", verbose=0),
-        )
-        grid = tuner.fit()
+        with log.open("a", encoding="utf-8") as sink, contextlib.redirect_stdout(sink):  # Tune's banners
+            grid = _tuner(cfg, raw, base, out).fit()
     finally:
         if owned:
             ray.shutdown()
@@ -160,6 +154,30 @@ def run_sweep(path: Path, *, echo: Any = print) -> list[dict[str, Any]]:
                      "output_dir": metrics.get("output_dir"), "error": str(result.error) if result.error else None})
     _print_table(rows, cfg.metric, echo)
     return rows
+
+
+def _tuner(cfg: SweepConfig, raw: dict[str, Any], base: Path, out: Path) -> Any:
+    import functools
+
+    from ray import tune
+
+    trainable = tune.with_resources(
+        functools.partial(_trial, raw=raw, base=str(base.resolve()), out=str(out), metric=cfg.metric),
+        {k.lower(): v for k, v in cfg.resources_per_trial.items()},
+    )
+    return tune.Tuner(
+        trainable, param_space=cfg.space(),
+        tune_config=tune.TuneConfig(num_samples=cfg.num_samples, max_concurrent_trials=cfg.max_concurrent_trials),
+        run_config=tune.RunConfig(storage_path=str(out / "tune"), name="sweep", verbose=0),
+    )
+
+
+def _route_ray_logs() -> None:
+    """Ray's logger writes to its own stderr handler; send its records to the log file like everyone's."""
+    ray_logger = logging.getLogger("ray")
+    for handler in list(ray_logger.handlers):
+        ray_logger.removeHandler(handler)
+    ray_logger.propagate = True
 
 
 def _print_table(rows: list[dict[str, Any]], metric: str, echo: Any) -> None:

@@ -21,6 +21,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'spanrl[ray]'")
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from spanrl.errors import ConfigError  # noqa: E402
 from spanrl.rollouts import ray_task  # noqa: E402
 from spanrl.rollouts.rollouts import STATUS_CRASHED, STATUS_OK, STATUS_TIMEOUT, RolloutsConfig  # noqa: E402
 from spanrl.rollouts.runner import RolloutJob, RolloutRunner, RunnerConfig  # noqa: E402
@@ -122,6 +123,15 @@ def test_nodes_get_urls_on_the_advertised_host() -> None:
     assert advertised("http://0.0.0.0:8000/rollouts/r-1-a1/v1", "trainer") == "http://trainer:8000/rollouts/r-1-a1/v1"
     assert advertised("http://policy-2:8000", "10.0.0.5") == "http://policy-2:8000"  # a server the user named
     assert advertised("http://127.0.0.1:4317", None) == "http://127.0.0.1:4317"
+
+
+def test_a_runner_refused_after_connecting_leaves_no_ray_connection(cluster: Cluster) -> None:
+    # a callable agent with no collector to send its spans to is refused after ray.init; the next
+    # runner (or the user's own ray.init) must not find this one's connection still open
+    with pytest.raises(ConfigError, match="needs the collector's OTLP endpoint"):
+        RolloutRunner(lambda task: None, config=RunnerConfig(instrument=False), ready=lambda ids, since: set(ids),
+                      backend=RolloutsConfig(backend="ray", address=cluster.address))
+    assert not ray.is_initialized()
 
 
 @pytest.mark.parametrize("workers", [0, 2], ids=["task-per-rollout", "jsonl-actors"])
