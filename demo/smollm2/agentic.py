@@ -67,8 +67,8 @@ class AgenticConfig:
 
     @classmethod
     def quick(cls, **fields: Any) -> AgenticConfig:
-        """The shortest setting that runs every stage (one GRPO step on two tasks): a smoke test, not a result."""
-        small = dict(steps=1, tasks_per_step=2, group=4, n_train=8, n_val=2, eval_every=1, max_minutes=None)
+        """The shortest setting that runs every stage (one GRPO step, one group of 4): a smoke test, not a result."""
+        small = dict(steps=1, tasks_per_step=1, group=4, n_train=8, n_val=2, eval_every=1, max_minutes=None)
         return cls(**{**small, **fields})
 
     def validate(self) -> AgenticConfig:
