@@ -16,6 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from spanrl.errors import SpanRLError
 from spanrl.demo.smollm2.agentic import CREDIT_MODES, MAX_CALLS, AgenticConfig, agent, build_trainer, run
 
 __all__ = ["AgenticConfig", "MAX_CALLS", "agent", "build_trainer", "main", "run"]
@@ -46,11 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar and step lines")
     args = parser.parse_args(argv)
-    cfg = AgenticConfig(output_dir=args.out, model=args.model, steps=args.steps, tasks_per_step=args.tasks_per_step,
-                        group=args.group, learning_rate=args.lr, credit=args.credit, aggregate=args.aggregate,
-                        temperature=args.temperature, n_val=args.val, val_tasks=args.val_tasks,
-                        eval_every=args.eval_every, max_minutes=args.max_minutes, threads=args.threads,
-                        progress=not args.no_progress, seed=args.seed).validate()
+    try:
+        cfg = _config(args)
+    except SpanRLError as exc:  # a bad setting or --val-tasks file: one line, before anything slow
+        print(f"agentic.py: error: {exc}", file=sys.stderr)
+        return 2
     print(f"full logs: {log_to_file(Path(cfg.output_dir) / 'spanrl.log')}")
     result = run(cfg)
     print(f"held-out success ({result['n_val']} tasks, greedy): before {result['val_before']:.3f} -> after "
@@ -58,6 +59,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['seconds'] / 60:.1f} min)")
     print(f"curve: {Path(cfg.output_dir) / 'reward_curve.png'}; details: {Path(cfg.output_dir) / 'result.json'}")
     return 0
+
+
+def _config(args: argparse.Namespace) -> AgenticConfig:
+    return AgenticConfig(output_dir=args.out, model=args.model, steps=args.steps, tasks_per_step=args.tasks_per_step,
+                         group=args.group, learning_rate=args.lr, credit=args.credit, aggregate=args.aggregate,
+                         temperature=args.temperature, n_val=args.val, val_tasks=args.val_tasks,
+                         eval_every=args.eval_every, max_minutes=args.max_minutes, threads=args.threads,
+                         progress=not args.no_progress, seed=args.seed).validate()
 
 
 if __name__ == "__main__":
