@@ -52,7 +52,7 @@ demo: venv
 demo-quick: venv
 	$(BIN)/spanrl demo --quick
 
-# the real-model demo: SmolLM2-135M-Instruct learns a calculator tool agent (about 40 minutes on two cores)
+# the real-model demo: SmolLM2-135M-Instruct learns a calculator tool agent (about 35 minutes on two cores)
 demo-smollm2: venv
 	$(BIN)/spanrl demo --model smollm2
 
