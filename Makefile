@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.spanrl-installed
 
-.PHONY: venv demo demo-quick lint test test-frameworks test-frameworks-ci bench anchor-venv clean chromium clang fuzz vllm-venv test-vllm mutation
+.PHONY: venv demo demo-quick demo-smollm2 lint test test-frameworks test-frameworks-ci bench anchor-venv clean chromium clang fuzz vllm-venv test-vllm mutation
 
 venv: $(STAMP)
 
@@ -53,6 +53,10 @@ demo: venv
 # every stage of the demo in about a minute (a smoke test, not a result)
 demo-quick: venv
 	$(BIN)/spanrl demo --quick
+
+# the real-model demo: SmolLM2-135M-Instruct learns a calculator tool agent (about 35 minutes on two cores)
+demo-smollm2: venv
+	$(BIN)/spanrl demo --model smollm2
 
 # The viewer's tests drive Debian's headless Chromium over the DevTools protocol (tests/ui).
 chromium:

@@ -2,7 +2,8 @@
 
 The demo's run (:mod:`~spanrl.demo.demo`), the tiny-model builder tests and examples use too
 (:mod:`~spanrl.demo.tiny`) and the calculator agent with its tasks and careless demonstrator
-(:mod:`spanrl.demo.calculator`), all shipped in the wheel so the demo needs no source checkout.
+(:mod:`spanrl.demo.calculator`), all shipped in the wheel so the demo needs no source checkout; and
+``spanrl demo --model smollm2``, a real model learning a calculator tool agent (:mod:`spanrl.demo.smollm2`).
 """
 
 from __future__ import annotations

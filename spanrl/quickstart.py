@@ -214,7 +214,8 @@ class Trainer:
     ``batch_size`` is the number of rollouts per update: ``batch_size // n_rollouts`` tasks, each run
     ``n_rollouts`` times (the GRPO group). ``total_steps`` is the number of updates. ``algorithm`` is a
     name (``grpo``, ``ppo``, ``dpo``, ``sft``) or an algorithm object (``GRPO(...)``). ``tasks`` defaults to
-    ``env_class.default_tasks()`` when the class defines it.
+    ``env_class.default_tasks()`` when the class defines it. ``progress`` shows the loop's progress bar
+    and one line per step (off by default: the API stays quiet inside other programs).
     """
 
     def __init__(
@@ -235,6 +236,7 @@ class Trainer:
         temperature: float = 1.0,
         output_dir: str | Path = "spanrl-run",
         seed: int = 0,
+        progress: bool = False,
     ) -> None:
         _check_classes(env_class, reward_class)
         for name, value in (("total_steps", total_steps), ("batch_size", batch_size), ("n_rollouts", n_rollouts)):
@@ -271,7 +273,7 @@ class Trainer:
             max_steps=total_steps,
             output_dir=output_dir,
             seed=seed,
-            config=TrainerConfig(temperature=temperature, max_tokens=max_tokens, progress=False),
+            config=TrainerConfig(temperature=temperature, max_tokens=max_tokens, progress=progress),
         )
 
     def train(self) -> list[dict[str, Any]]:

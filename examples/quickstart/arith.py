@@ -75,18 +75,21 @@ class ArithReward(RewardFunction):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from spanrl.quickstart import Trainer
-    from spanrl.demo.tiny import build_tiny_model
+    from spanrl.logs import log_to_file
 
     parser = argparse.ArgumentParser(description="quick-start API demo on a tiny model")
     parser.add_argument("--out", default="runs/quickstart")
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args(argv)
+    print(f"full logs: {log_to_file(Path(args.out) / 'spanrl.log')}")  # the terminal: a bar and a line a step
+    from spanrl.demo.tiny import build_tiny_model
+    from spanrl.quickstart import Trainer
+
     model = build_tiny_model(Path(args.out) / "model", words=VOCAB)
     tasks = make_tasks(80)
     trainer = Trainer(model=model, env_class=ArithEnv, reward_class=ArithReward, tasks=tasks[:64], val_tasks=tasks[64:],
                       algorithm="grpo", learning_rate=5e-4, total_steps=args.steps, batch_size=32, n_rollouts=8,
-                      max_tokens=2, output_dir=Path(args.out) / "run")
+                      max_tokens=2, output_dir=Path(args.out) / "run", progress=True)
     with trainer:
         history = trainer.train()
         print("reward by step:", [round(r.get("reward_mean") or 0.0, 3) for r in history if "reward_mean" in r])

@@ -19,6 +19,10 @@ import random
 import re
 from typing import Any
 
+from spanrl.demo.smollm2.tools import reward  # one reward for both SmolLM2 tasks
+
+__all__ = ["FAMILIES", "exact", "lenient", "make_tasks", "messages", "reward", "split"]
+
 FAMILIES = ("add", "word", "mul")
 INSTRUCTION = "Reply with only the number."
 _NAMES = ("Sam", "Ana", "Li", "Omar", "Kim", "Tom", "Eva", "Raj")
@@ -87,14 +91,6 @@ def messages(question: str, family: str, shots: int = 2) -> list[dict[str, str]]
             for m in ({"role": "user", "content": d["question"]}, {"role": "assistant", "content": d["answer"]})]
 
     return chat + [{"role": "user", "content": question}]
-
-
-def reward(reply: str, answer: str) -> float:
-    """1.0 when the reply ends with the answer: its last number is the answer and nothing but a period
-    follows ("18", "6 * 3 = 18", "The answer is 18." score; a reply that runs on, or is cut off by the
-    token limit, after the number does not), else 0.0."""
-    match = re.search(r"(-?\d+)\s*\.?\s*$", reply.replace(",", ""))
-    return 1.0 if match is not None and match.group(1) == answer else 0.0
 
 
 def exact(reply: str, answer: str) -> float:

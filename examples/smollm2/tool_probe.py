@@ -1,4 +1,4 @@
-"""The base model on the tool task (``tools.py``), with plain transformers ``generate`` (no server).
+"""The base model on the tool task (``spanrl.demo.smollm2.tools``), with plain transformers ``generate`` (no server).
 
     python examples/smollm2/tool_probe.py [--n 48] [--shots 3] [--sample]
 
@@ -20,9 +20,8 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `examples.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from examples.smollm2.agentic import MAX_CALLS
-from examples.smollm2.tasks import reward
-from examples.smollm2.tools import SHOTS, TOOLS, make_tasks, run_tool, tool_model
+from spanrl.demo.smollm2.agentic import MAX_CALLS
+from spanrl.demo.smollm2.tools import SHOTS, TOOLS, make_tasks, reward, run_tool, tool_model
 
 
 class Generator:

@@ -11,7 +11,8 @@ group-relative advantages, GRPO (bf16 autocast) updates and the server reloads t
 
 Held-out success is greedy, over ``--val`` tasks that never appear in training, before the first update
 and every ``--eval-every`` steps. Results: ``OUT/result.json``, ``OUT/reward_curve.png``,
-``OUT/history.jsonl``, ``OUT/spans.duckdb``.
+``OUT/history.jsonl``, ``OUT/spans.duckdb``. The terminal shows a progress bar and one line per step;
+library messages go to ``OUT/spanrl.log``.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ class SmolConfig:
     just before runs to its end: 20 keeps the whole run under 30 minutes at twice the projected step)."""
     threads: int | None = None
     """torch threads (None: torch's default, one per core)."""
+    progress: bool = True
+    """The progress bar and one line per step (``spanrl.trainer.console``)."""
     seed: int = 0
 
 
@@ -82,7 +85,7 @@ def build_trainer(cfg: SmolConfig) -> Any:
         credit=LightningRL(mode="identical", baseline="grpo"),
         config=TrainerConfig(
             output_dir=cfg.output_dir, n_rollouts=cfg.group, tasks_per_step=cfg.tasks_per_step, max_steps=cfg.steps,
-            temperature=1.0, max_tokens=cfg.max_tokens, seed=cfg.seed, progress=False, torch_threads=cfg.threads,
+            temperature=1.0, max_tokens=cfg.max_tokens, seed=cfg.seed, progress=cfg.progress, torch_threads=cfg.threads,
             server_max_batch_size=64,
             runner=RunnerConfig(max_concurrency=64, rollout_timeout_s=600.0, span_timeout_s=60.0, max_attempts=2),
         ),
@@ -99,11 +102,6 @@ def train_time_boxed(trainer: Any, cfg: SmolConfig) -> list[dict[str, Any]]:
                 break
             trainer.config.max_steps = min(trainer.step + (cfg.eval_every or cfg.steps), cfg.steps)
             trainer.train()
-            last = trainer.history[-1]
-            print(f"step {last['step']:3d}  held-out {last.get('val_success', float('nan')):.3f}  train reward "
-                  f"{last.get('reward_mean') or 0:.3f}  update {last.get('charts/update_seconds', 0):5.1f} s  "
-                  f"step {last.get('time/step_s', 0):5.1f} s  wall {(time.monotonic() - started) / 60:5.1f} min",
-                  flush=True)
     return trainer.history
 
 
@@ -132,18 +130,9 @@ def run(cfg: SmolConfig) -> dict[str, Any]:
     return result
 
 
-def _quiet() -> None:
-    """Terminal output is for people: no progress bars or deprecation warnings from the libraries."""
-    import warnings
-
-    from transformers.utils import logging as hf_logging
-
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-
-
 def main(argv: list[str] | None = None) -> int:
+    from spanrl.logs import log_to_file
+
     d = SmolConfig()
     parser = argparse.ArgumentParser(description="SmolLM2-135M-Instruct: held-out success before and after GRPO")
     parser.add_argument("--out", default=d.output_dir)
@@ -156,11 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-every", type=int, default=d.eval_every)
     parser.add_argument("--max-minutes", type=float, default=d.max_minutes)
     parser.add_argument("--threads", type=int, default=d.threads)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar and step lines")
     args = parser.parse_args(argv)
     cfg = SmolConfig(output_dir=args.out, family=args.family, steps=args.steps, tasks_per_step=args.tasks_per_step,
                      group=args.group, learning_rate=args.lr, n_val=args.val, eval_every=args.eval_every,
-                     max_minutes=args.max_minutes, threads=args.threads)
-    _quiet()
+                     max_minutes=args.max_minutes, threads=args.threads, progress=not args.no_progress)
+    print(f"full logs: {log_to_file(Path(cfg.output_dir) / 'spanrl.log')}")  # library messages and warnings
     result = run(cfg)
     print(f"held-out success ({result['n_val']} tasks, greedy): before {result['val_before']:.3f} -> after "
           f"{result['val_after']:.3f} ({result['steps']} steps, {result['rollouts']} rollouts, "

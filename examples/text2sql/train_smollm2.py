@@ -102,6 +102,8 @@ def run(cfg: SmolRunConfig) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from spanrl.logs import log_to_file
+
     parser = argparse.ArgumentParser(description="SmolLM2-135M on text-to-SQL: accuracy before and after GRPO")
     d = SmolRunConfig()
     parser.add_argument("--out", default=d.output_dir)
@@ -112,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--val", type=int, default=d.n_val)
     parser.add_argument("--tries", type=int, default=d.tries)
     args = parser.parse_args(argv)
+    print(f"full logs: {log_to_file(Path(args.out) / 'spanrl.log')}")  # library messages and warnings
     cfg = SmolRunConfig(output_dir=args.out, steps=args.steps, tasks_per_step=args.tasks_per_step, group=args.group,
                         learning_rate=args.lr, n_val=args.val, tries=args.tries)
     result = run(cfg)

@@ -141,11 +141,14 @@ def run(config: TinyRunConfig | None = None) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from spanrl.logs import log_to_file
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=TinyRunConfig.output_dir)
     parser.add_argument("--grpo-steps", type=int, default=TinyRunConfig.grpo_steps)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    print(f"full logs: {log_to_file(Path(args.out) / 'spanrl.log')}")  # library messages and warnings
     result = run(TinyRunConfig(output_dir=args.out, grpo_steps=args.grpo_steps, seed=args.seed, progress=True))
     print(f"demonstrations' reward {result['demonstrator_reward']:.2f}")
     print(f"held-out execution accuracy ({result['n_val']} questions, greedy): after SFT {result['val_after_sft']:.2f}"

@@ -1,6 +1,6 @@
-"""The multi-step tool task of examples/smollm2 (tools.py, agentic.py): the task and its reward, the tool
-chat template read back by the policy server's parser, and one greedy episode of the real agent against
-the real policy server serving SmolLM2-135M-Instruct (two calls, the tool's result between them)."""
+"""The multi-step tool task of ``spanrl demo --model smollm2`` (``spanrl.demo.smollm2``): the task and its
+reward, the tool chat template read back by the policy server's parser, and one greedy episode of the real
+agent against the real policy server serving SmolLM2-135M-Instruct (two calls, the tool's result between them)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.smollm2.tools import OPS, SHOTS, TOOLS, load_tasks, run_tool, split, tool_model
+from spanrl.demo.smollm2.tools import OPS, SHOTS, TOOLS, load_tasks, run_tool, split, tool_model
 
 
 def test_the_calculator_answers_and_explains_a_bad_call() -> None:
@@ -77,7 +77,7 @@ def test_tool_template_renders_calls_the_server_reads_back(tools_model: Path) ->
 def test_a_greedy_episode_calls_the_tool_then_answers_with_its_result(tools_model: Path) -> None:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from examples.smollm2.agentic import agent
+    from spanrl.demo.smollm2.agentic import agent
     from spanrl import semconv
     from spanrl.serving import PolicyServer, ServerConfig
     from spanrl.rollouts.rollouts import LLMEndpoint

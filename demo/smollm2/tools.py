@@ -1,13 +1,15 @@
-"""A multi-step tool task for SmolLM2-135M-Instruct: word-problem arithmetic with a calculator.
+"""The task of ``spanrl demo --model smollm2``: word-problem arithmetic with a calculator tool, for
+SmolLM2-135M-Instruct.
 
 "What is the product of 37 and 48?", "Subtract 18 from 82.", "How much is 67 plus 73?": two-digit
 operands, three operations, four phrasings each. The model cannot do these in its head (greedy: 2 of 48
-right, ``tool_probe.py``), so every solved episode takes two LLM calls with the environment between them:
+right, ``examples/smollm2/tool_probe.py``), so every solved episode takes two LLM calls with the
+environment between them:
 
 1. the model calls the right tool with the right arguments (OpenAI ``tools`` in the request,
    ``tool_calls`` in the response, through the policy server's ``<tool_call>`` parsing);
 2. the agent runs the tool (an ``execute_tool`` span) and sends the result back as a ``tool`` message;
-3. the model answers; the reward is 1 when the reply ends with the right number (``tasks.reward``).
+3. the model answers; the reward is 1 when the reply ends with the right number (``reward``).
 
 The lesson RL has to learn is which tool and which argument order each phrasing means ("Subtract 18 from
 82" is ``subtract(82, 18)``); the call format itself comes from three solved examples in the conversation
@@ -24,11 +26,12 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
-from examples.smollm2.tasks import reward
+from spanrl.errors import ConfigError
 
 __all__ = ["CHAT_TEMPLATE", "OPS", "SHOTS", "TOOLS", "load_tasks", "make_tasks", "reward", "run_tool", "split",
            "tool_model"]
@@ -114,6 +117,14 @@ def tool_model(base: str | os.PathLike[str], out: str | os.PathLike[str]) -> Pat
     return out
 
 
+def reward(reply: str, answer: str) -> float:
+    """1.0 when the reply ends with the answer: its last number is the answer and nothing but a period
+    follows ("18", "6 * 3 = 18", "The answer is 18." score; a reply that runs on, or is cut off by the
+    token limit, after the number does not), else 0.0."""
+    match = re.search(r"(-?\d+)\s*\.?\s*$", reply.replace(",", ""))
+    return 1.0 if match is not None and match.group(1) == answer else 0.0
+
+
 def run_tool(name: str, arguments: str | dict[str, Any]) -> str:
     """The calculator: the tool's result as text, or ``error: ...`` for a bad call (shown to the model)."""
     if name not in OPS:
@@ -151,6 +162,8 @@ def split(n_train: int, n_val: int, *, seed: int = 0) -> tuple[list[dict[str, An
 def load_tasks(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Held-out tasks of one's own: one ``{"question": ..., "answer": ...}`` JSON object a line (the answer
     is the exact final string the reward checks); blank lines skipped."""
+    if not Path(path).is_file():
+        raise ConfigError(f"held-out tasks: no such file {str(path)!r}")
     tasks = []
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
@@ -158,12 +171,13 @@ def load_tasks(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         try:
             item = json.loads(line)
         except ValueError as exc:
-            raise ValueError(f"{path}:{n}: not a JSON object ({exc})") from None
+            raise ConfigError(f"{path}:{n}: not a JSON object ({exc})") from None
         if not isinstance(item, dict) or not isinstance(item.get("question"), str) or "answer" not in item:
-            raise ValueError(f"{path}:{n}: each line must be {{\"question\": str, \"answer\": str}}, got {line[:80]!r}")
+            raise ConfigError(f"{path}:{n}: each line must be {{\"question\": str, \"answer\": str}}, "
+                              f"got {line[:80]!r}")
         tasks.append({"id": str(item.get("id", f"val-{n}")), "question": item["question"],
                       "answer": str(item["answer"])})
 
     if not tasks:
-        raise ValueError(f"{path}: no tasks")
+        raise ConfigError(f"{path}: no tasks")
     return tasks
