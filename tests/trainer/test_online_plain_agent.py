@@ -23,7 +23,7 @@ sys.path.insert(0, str(PRODUCTION))
 from colors import TASKS, VOCABULARY, is_right  # noqa: E402
 
 _TASKS = {t["id"]: t for t in TASKS}
-_UPDATES = 10
+_UPDATES = 14  # 10 rose by only 0.11 once in six runs under load (see the assertion below)
 _LATE_REQUESTS = 80  # answers served by the final policy, after training stopped
 _LIMIT_S = 240.0
 
@@ -103,5 +103,5 @@ def test_online_trainer_learns_from_agents_without_spanrl_ids(tmp_path: Path, co
 
     (early, n_early), (late, n_late) = success(0), success(final)
     assert n_early >= 32 and n_late >= _LATE_REQUESTS, (n_early, n_late)
-    # (measured in 5 runs: 0.19-0.23 -> 0.36-0.73, a rise of 0.17-0.50; one standard error of it is about 0.07)
+    # (10 updates, 6 runs: 0.19-0.23 -> 0.33-0.73, a rise of 0.11-0.50; one standard error of it is about 0.07)
     assert late >= early + 0.12, (early, late)
