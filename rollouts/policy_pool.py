@@ -32,6 +32,7 @@ __all__ = ["PolicyPool", "ServingConfig"]
 _BACKENDS = ("transformers", "vllm")
 _DTYPES = ("float32", "bfloat16", "float16", "auto")
 _BALANCE = ("least_loaded", "round_robin")
+_PLACEMENTS = ("local", "ray")
 
 
 @dataclasses.dataclass
@@ -56,6 +57,14 @@ class ServingConfig:
     spans here, so give them ``--otlp-endpoint HOST:collector_port``."""
     collector_host: str = "127.0.0.1"
     """Address the Trainer's collector binds (``0.0.0.0`` for servers on other machines)."""
+    placement: str = "local"
+    """``local``: only the embedded server (and ``urls``); ``ray``: also ``replicas`` transformers-backend
+    policy servers as Ray actors on the rollouts' cluster (``rollouts.address``; needs ``spanrl[ray]``),
+    which take the rollouts as ``urls`` do (``rollouts/ray_serving.py``)."""
+    replicas: int = 1
+    """With ``placement: ray``: how many policy servers the Trainer starts on the cluster."""
+    ray_resources: dict[str, float] = dataclasses.field(default_factory=lambda: {"CPU": 1})
+    """With ``placement: ray``: what one of those servers reserves on its node (``CPU``, ``GPU``, custom)."""
 
     @classmethod
     def of(cls, value: ServingConfig | dict[str, Any] | None) -> ServingConfig:
@@ -86,6 +95,18 @@ class ServingConfig:
         for url in self.urls:
             if not isinstance(url, str) or not url.startswith(("http://", "https://")):
                 raise ConfigError(f"serving.urls entries must be http(s):// roots of policy servers, got {url!r}")
+        if self.placement not in _PLACEMENTS:
+            raise ConfigError(f"serving.placement must be one of {_PLACEMENTS}, got {self.placement!r}")
+        if not isinstance(self.replicas, int) or isinstance(self.replicas, bool) or self.replicas < 1:
+            raise ConfigError(f"serving.replicas must be a positive integer, got {self.replicas!r}")
+        if not isinstance(self.ray_resources, dict) or any(
+            not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 for v in self.ray_resources.values()
+        ):
+            raise ConfigError(f"serving.ray_resources must map resource names to amounts >= 0, "
+                              f"got {self.ray_resources!r}")
+        if self.placement == "ray" and self.backend != "transformers":
+            raise ConfigError("serving.placement ray starts transformers-backend servers; got backend "
+                              f"{self.backend!r} (start vLLM servers yourself and list them in serving.urls)")
         if not isinstance(self.collector_port, int) or not 0 <= self.collector_port <= 65535:
             raise ConfigError(f"serving.collector_port must be an integer in 0..65535, got {self.collector_port!r}")
         return self
@@ -101,8 +122,10 @@ class _Member:
 class PolicyPool:
     """The servers rollouts run on, reloaded together; see the module docstring."""
 
-    def __init__(self, config: ServingConfig, *, embedded: Any, weights_dir: Path, model_dir: Path) -> None:
+    def __init__(self, config: ServingConfig, *, embedded: Any, weights_dir: Path, model_dir: Path,
+                 token: str | None = None) -> None:
         self.config = config
+        self.token = token  # the reload route's token (None: SPANRL_POLICY_ADMIN_TOKEN)
         self.embedded = embedded
         self.weights_dir = Path(weights_dir)
         self.model_dir = Path(model_dir)
@@ -204,13 +227,13 @@ class PolicyPool:
 
     def _remote_version(self, member: _Member) -> int:
         try:
-            return PolicyClient(member.root).version()
+            return PolicyClient(member.root, token=self.token).version()
         except ServingError as exc:
             raise ServingError(f"serving.urls: {exc}") from exc
 
     def _remote_reload(self, member: _Member, folder: Path) -> int:
         try:
-            return PolicyClient(member.root).reload(folder)
+            return PolicyClient(member.root, token=self.token).reload(folder)
         except ServingError as exc:
             raise ServingError(f"reload of the policy server at {member.root} failed: {exc}") from exc
 

@@ -8,6 +8,7 @@ stops what already started, and :meth:`Services.close` stops everything in rever
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Sequence
@@ -86,12 +87,16 @@ class Services:
             seed=config.seed, serving=config.serving, adapters=adapters,
             host="0.0.0.0" if config.rollouts.advertise_host else "127.0.0.1",
         )
-        if adapters and config.serving.urls:
+        if adapters and (config.serving.urls or config.serving.placement == "ray"):
             embedded.shutdown()
-            raise ConfigError("serving.urls: per-agent adapters are served by the Trainer's own server only")
-        self.server = PolicyPool(config.serving, embedded=embedded, weights_dir=output_dir / "served-weights",
-                                 model_dir=Path(serve_from))
-        self._stack.callback(self._stop, "server", self.server.shutdown)
+            raise ConfigError("serving.urls, serving.placement ray: per-agent adapters are served by the Trainer's "
+                              "own server only")
+        self._stack.callback(self._stop, "server", embedded.shutdown)
+        serving, token = config.serving, None
+        if serving.placement == "ray":
+            serving, token = self._start_ray_servers(serve_from, config, output_dir / "served-weights")
+        self.server = PolicyPool(serving, embedded=embedded, weights_dir=output_dir / "served-weights",
+                                 model_dir=Path(serve_from), token=token)
         otel_env = self.agent_otel_env()
         if callable(agent):
             InProcessTracing.point_at(otel_env["OTEL_EXPORTER_OTLP_ENDPOINT"])
@@ -100,6 +105,17 @@ class Services:
                                     flush=self.server.force_flush, backend=config.rollouts,
                                     on_end=functools.partial(store_rollouts.record_end, self.collector.store))
         self._stack.callback(self._stop, "runner", self.runner.close)
+
+    def _start_ray_servers(self, model: Path, config: TrainerConfig, weights_dir: Path) -> tuple[ServingConfig, str]:
+        """``serving.replicas`` policy servers as Ray actors (stopped after the runner); the serving config
+        with their roots added to ``urls``, and their reload token."""
+        from spanrl.rollouts.ray_serving import RayServers
+
+        servers = RayServers(config.serving, config.rollouts, model=Path(model), weights_dir=weights_dir,
+                             otlp_endpoint=self.collector.grpc_endpoint, served_model_name=SERVED_MODEL_NAME,
+                             max_batch_size=config.server_max_batch_size, seed=config.seed)
+        self._stack.callback(self._stop, "Ray policy servers", servers.close)
+        return dataclasses.replace(config.serving, urls=(*config.serving.urls, *servers.roots)), servers.token
 
     def serve_only(self, model: Path, serving: ServingConfig) -> None:
         """Just a policy server (``Trainer.deploy`` after the run closed); a checkpoint of per-agent adapters

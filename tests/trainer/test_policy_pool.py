@@ -110,7 +110,7 @@ def test_servers_at_another_version_are_refused_before_any_rollout(tiny_model: P
         ({"backend": "tgi"}, "serving.backend must be one of"),
         ({"urls": ["localhost:8000"]}, "serving.urls entries must be http"),
         ({"balance": "random"}, "serving.balance must be one of"),
-        ({"replicas": 2}, "serving.replicas is not a serving setting"),
+        ({"gpus": 2}, "serving.gpus is not a serving setting"),
     ],
 )
 def test_bad_serving_settings_name_the_field(serving: dict, message: str, tmp_path: Path) -> None:
