@@ -52,8 +52,8 @@ def _run(code: str) -> subprocess.CompletedProcess[str]:
 
 
 # The one line a process without an SDK prints: feedback sent from it would go nowhere (the rest is silent).
-_NO_SDK_FEEDBACK = ("WARNING:spanrl.instrumentation:spanrl: emit_feedback: no OpenTelemetry SDK in this process, so the "
-                    "feedback is not sent; call spanrl.instrumentation.configure() first and "
+_NO_SDK_FEEDBACK = ("WARNING:spanrl.instrumentation:spanrl: emit_feedback: no OpenTelemetry SDK in this process, "
+                    "so the feedback is not sent; call spanrl.instrumentation.configure() first and "
                     "spanrl.instrumentation.flush() before exiting, or run under opentelemetry-instrument\n")
 
 
