@@ -27,10 +27,9 @@ _NOISE = ("Warning", "warnings.warn", "Loading weights", "Writing model shards",
           "Traceback")
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel, built from the checkout's product folders and installed into a folder of its own."""
-    tmp_path = tmp_path_factory.mktemp("wheel")
+def _build_and_install(tmp_path: Path) -> Path:
+    """The wheel, built from the checkout's product folders and installed into ``tmp_path/site`` (also used by
+    tests/test_docs_commands.py, whose README blocks run from the wheel)."""
     source = tmp_path / "source"
     source.mkdir()
     for name in _SOURCES:
@@ -47,6 +46,12 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     site = tmp_path / "site"
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True, timeout=300)
     return site
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel, built once for this module's tests."""
+    return _build_and_install(tmp_path_factory.mktemp("wheel"))
 
 
 @pytest.mark.slow
