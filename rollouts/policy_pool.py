@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from spanrl.errors import ConfigError, ServingError
+from spanrl.rollouts.rollouts import settings_of
 from spanrl.serving.client import PolicyClient
 
 __all__ = ["PolicyPool", "ServingConfig"]
@@ -69,17 +70,7 @@ class ServingConfig:
     @classmethod
     def of(cls, value: ServingConfig | dict[str, Any] | None) -> ServingConfig:
         """A validated ServingConfig from itself, a mapping of its fields (the YAML) or None."""
-        if value is None:
-            return cls()
-        if isinstance(value, dict):
-            fields = {f.name for f in dataclasses.fields(cls)}
-            for key in value:
-                if key not in fields:
-                    raise ConfigError(f"serving.{key} is not a serving setting; expected one of {sorted(fields)}")
-            value = cls(**value)
-        if not isinstance(value, cls):
-            raise ConfigError(f"serving must be a mapping of serving settings, got {type(value).__name__}")
-        return value.validate()
+        return settings_of(cls, value, "serving")
 
     def validate(self) -> ServingConfig:
         """Raise :class:`ConfigError` naming the first bad field; return self."""

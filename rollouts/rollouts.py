@@ -63,6 +63,22 @@ class RunnerConfig:
             raise ConfigError(f"workers must be a non-negative integer, got {self.workers!r}")
 
 
+def settings_of(cls: Any, value: Any, section: str) -> Any:
+    """A validated ``cls`` (a settings dataclass with ``validate()``) from itself, a mapping of its fields (the
+    YAML's ``section:``) or None; an unknown key or another type is a `ConfigError` naming ``section``."""
+    if value is None:
+        return cls()
+    if isinstance(value, dict):
+        fields = {f.name for f in dataclasses.fields(cls)}
+        for key in value:
+            if key not in fields:
+                raise ConfigError(f"{section}.{key} is not a {section} setting; expected one of {sorted(fields)}")
+        value = cls(**value)
+    if not isinstance(value, cls):
+        raise ConfigError(f"{section} must be a mapping of {section} settings, got {type(value).__name__}")
+    return value.validate()
+
+
 @dataclasses.dataclass
 class RolloutsConfig:
     """Where rollouts run: on this machine, or as Ray tasks and actors anywhere on a Ray cluster."""
@@ -94,17 +110,7 @@ class RolloutsConfig:
     @classmethod
     def of(cls, value: RolloutsConfig | dict[str, Any] | None) -> RolloutsConfig:
         """A validated RolloutsConfig from itself, a mapping of its fields (the YAML's ``rollouts:``) or None."""
-        if value is None:
-            return cls()
-        if isinstance(value, dict):
-            fields = {f.name for f in dataclasses.fields(cls)}
-            for key in value:
-                if key not in fields:
-                    raise ConfigError(f"rollouts.{key} is not a rollouts setting; expected one of {sorted(fields)}")
-            value = cls(**value)
-        if not isinstance(value, cls):
-            raise ConfigError(f"rollouts must be a mapping of rollouts settings, got {type(value).__name__}")
-        return value.validate()
+        return settings_of(cls, value, "rollouts")
 
     def validate(self) -> RolloutsConfig:
         """Raise :class:`ConfigError` naming the first bad field; return self."""
