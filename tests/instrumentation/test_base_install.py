@@ -10,21 +10,17 @@ two loaded cores.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
+from wheel_sources import copy_wheel_sources
 
 pytestmark = pytest.mark.slow  # one venv and an install from the package index per session
 
 REPO = Path(__file__).resolve().parents[2]
-_PACKAGE_DIRS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-# setup.py (the collector's optional C extension) is left out: the agent side never loads it
-_SOURCES = ("pyproject.toml", "README.md", "LICENSE", *sorted({d.split("/")[0] for d in _PACKAGE_DIRS.values()}))
 _NOT_IN_BASE = ("duckdb", "pyarrow", "numpy", "uvicorn", "torch", "transformers", "orjson", "fastapi")
 _INSTALL_TIMEOUT_S = 600
 _RUN_TIMEOUT_S = 120
@@ -46,14 +42,7 @@ def _pip(venv: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def base_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("base-install")
-    source = tmp / "source"
-    source.mkdir()
-    for name in _SOURCES:
-        src = REPO / name
-        if src.is_dir():
-            shutil.copytree(src, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        else:
-            shutil.copy2(src, source / name)
+    source = copy_wheel_sources(tmp / "source")  # setup.py (the C extension) is not among them
     venv = tmp / "venv"
     base_python = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base_python, "-m", "venv", str(venv)], check=True, timeout=_INSTALL_TIMEOUT_S)

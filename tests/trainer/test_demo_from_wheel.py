@@ -10,18 +10,14 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+from wheel_sources import copy_wheel_sources
 
 REPO = Path(__file__).resolve().parents[2]
-# what the wheel is built from: pyproject's package-dir folders, plus the files setuptools reads
-_PACKAGE_DIRS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-_SOURCES = ("pyproject.toml", "README.md", "LICENSE", *sorted({d.split("/")[0] for d in _PACKAGE_DIRS.values()}))
 _DEMO_TIMEOUT_S = 900
 _NOISE = ("Warning", "warnings.warn", "Loading weights", "Writing model shards", "it/s]", "s/it]", "%|", "{'", "INFO",
           "Traceback")
@@ -30,14 +26,7 @@ _NOISE = ("Warning", "warnings.warn", "Loading weights", "Writing model shards",
 def _build_and_install(tmp_path: Path) -> Path:
     """The wheel, built from the checkout's product folders and installed into ``tmp_path/site`` (also used by
     tests/test_docs_commands.py, whose README blocks run from the wheel)."""
-    source = tmp_path / "source"
-    source.mkdir()
-    for name in _SOURCES:
-        src = REPO / name
-        if src.is_dir():
-            shutil.copytree(src, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        else:
-            shutil.copy2(src, source / name)
+    source = copy_wheel_sources(tmp_path / "source")
     wheels = tmp_path / "wheels"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)], check=True,
