@@ -172,6 +172,8 @@ def parse_tool_calls(text: str, tools: list[dict[str, Any]] | None) -> tuple[str
                     args = json.loads(args)
                 except ValueError:
                     return match.group(0)
+            if not isinstance(args, dict):  # `[56, 0]`: not a call the server would take back in a request
+                return match.group(0)
             found.append(_openai_call(item["name"], args))
         calls.extend(found)
         return ""

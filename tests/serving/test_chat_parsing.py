@@ -38,6 +38,8 @@ def test_parse_json_tool_calls_keeps_surrounding_text() -> None:
         "<call> add 3 </call>",  # wrong number of values
         "<call> add x 4 </call>",  # not an integer
         '<tool_call>{"name": "add", "arguments": </tool_call>',  # broken JSON
+        '<tool_call>{"name": "add", "arguments": [56, 0]}</tool_call>',  # arguments not an object
+        '<tool_call>{"name": "add", "arguments": "7"}</tool_call>',  # a JSON string that is not an object
         "plain answer 7",
     ],
 )
@@ -67,3 +69,11 @@ def test_image_parts_are_refused_by_name() -> None:
     with pytest.raises(RequestError, match=r"messages\[0\].content\[0\] must be a text part") as info:
         normalize_messages([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
     assert info.value.param == "messages[0].content[0]" and info.value.status == 400
+
+
+def test_a_parsed_call_goes_back_in_the_next_request() -> None:
+    # what the server hands out as `tool_calls`, the agent sends back as the assistant turn: it must be accepted
+    _, calls = parse_tool_calls('<tool_call>{"name": "add", "arguments": {"a": 56, "b": 0}}</tool_call>', TOOLS)
+    messages = [{"role": "user", "content": "56 + 0?"}, {"role": "assistant", "content": None, "tool_calls": calls},
+                {"role": "tool", "tool_call_id": calls[0]["id"], "content": "56"}]
+    assert normalize_messages(messages)[1]["tool_calls"][0]["function"]["arguments"] == {"a": 56, "b": 0}
