@@ -53,7 +53,8 @@ def rollout_credit(
     ]
     group_rewards = [v for v in batch.rewards_by_rollout.values() if v is not None and not math.isnan(v)]
     return {
-        "credit": {k: getattr(credit, k) for k in ("mode", "gamma", "lam", "baseline", "scale_std", "per_rollout")},
+        "credit": {k: getattr(credit, k)
+                   for k in ("mode", "gamma", "lam", "baseline", "scale_std", "per_rollout", "step_group_weight")},
         "group": {
             "task_id": group["task_id"],
             "mode": group["mode"],

@@ -272,7 +272,8 @@ function renderCredit(box, c) {
     h("td", { class: "num" }, t.completion_mask.reduce((a, b) => a + b, 0)), h("td", { class: "num" }, num(t.policy_version)),
     h("td", {}, t.retokenized ? "yes" : "")));
   fill(box, 
-    h("p", {}, `Credit ${c.credit.mode}, baseline ${c.credit.baseline}${c.credit.scale_std ? " (÷ std)" : ""}, over the group: `,
+    h("p", {}, `Credit ${c.credit.mode}, baseline ${c.credit.baseline}${c.credit.scale_std ? " (÷ std)" : ""}`,
+      c.credit.step_group_weight ? ` + step groups (GiGPO, weight ${c.credit.step_group_weight})` : "", ", over the group: ",
       h("b", {}, `${g.rollouts} rollout(s)`), ` of task ${g.task_id ?? "—"} (${g.mode ?? "train"}, policy v${g.policy_version ?? "—"}); `,
       `episode reward ${num(g.episode_reward)}, group mean ${num(g.reward_mean)}.`),
     c.transitions.length ? h("table", { id: "transitions" }, h("thead", {}, h("tr", {}, ["step", "agent", "return", "advantage", "trained tokens", "policy", "retokenized"]
