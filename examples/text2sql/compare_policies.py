@@ -57,27 +57,36 @@ def _tasks(split: str, n: int, seed: int, cfg: CompareConfig) -> list[dict[str, 
             for q in chosen]
 
 
-def score(client: Any, models: dict[str, str], tasks: list[dict[str, Any]], cfg: CompareConfig) -> dict[str, Any]:
-    """Greedy play of each task: first-try success, catch rate, false alarms, final success."""
-    first_ok = final_ok = caught = wrong = alarms = right = 0
-    for task in tasks:
-        question, gold = task["question"], task["sql"]
-        sql, result, _ = write_sql(client, models["writer"], question, max_tries=1, temperature=0.0,
+def _play(client: Any, models: dict[str, str], task: dict[str, Any], cfg: CompareConfig) -> tuple[bool, bool, bool]:
+    """One greedy episode: (first query right, checker accepted it, final query right)."""
+    question, gold = task["question"], task["sql"]
+    sql, result, _ = write_sql(client, models["writer"], question, max_tries=1, temperature=0.0,
+                               max_tokens=cfg.max_tokens)
+    ok = execution_reward(sql, gold) == 1.0
+    accepted, feedback = multi_agent.check_sql(client, models["checker"], question, sql, result, temperature=0.0,
+                                               max_tokens=cfg.max_tokens)
+    if not accepted:
+        prompt = multi_agent.FEEDBACK_PROMPT.format(question=question, sql=sql, feedback=feedback)
+        sql, result, _ = write_sql(client, models["writer"], prompt, max_tries=cfg.tries, temperature=0.0,
                                    max_tokens=cfg.max_tokens)
-        ok = execution_reward(sql, gold) == 1.0
-        first_ok += ok
-        accepted, feedback = multi_agent.check_sql(client, models["checker"], question, sql, result, temperature=0.0,
-                                                   max_tokens=cfg.max_tokens)
-        wrong, right = wrong + (not ok), right + ok
-        caught, alarms = caught + (not ok and not accepted), alarms + (ok and not accepted)
-        if not accepted:
-            prompt = multi_agent.FEEDBACK_PROMPT.format(question=question, sql=sql, feedback=feedback)
-            sql, result, _ = write_sql(client, models["writer"], prompt, max_tries=cfg.tries, temperature=0.0,
-                                       max_tokens=cfg.max_tokens)
-        final_ok += execution_reward(sql, gold) == 1.0
+    return ok, accepted, execution_reward(sql, gold) == 1.0
+
+
+def score(client: Any, models: dict[str, str], tasks: list[dict[str, Any]], cfg: CompareConfig) -> dict[str, Any]:
+    """Greedy play of each task (8 at a time: the server batches them): first-try success, catch rate, false
+    alarms, final success."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:
+        played = list(pool.map(lambda t: _play(client, models, t, cfg), tasks))
+    wrong = sum(not ok for ok, _, _ in played)
+    right = len(played) - wrong
+    caught = sum(not ok and not accepted for ok, accepted, _ in played)
+    alarms = sum(ok and not accepted for ok, accepted, _ in played)
     n = len(tasks)
-    return {"writer_first_try": first_ok / n, "checker_catch_rate": caught / wrong if wrong else None,
-            "checker_false_alarms": alarms / right if right else None, "final_success": final_ok / n, "n": n}
+    return {"writer_first_try": right / n, "checker_catch_rate": caught / wrong if wrong else None,
+            "checker_false_alarms": alarms / right if right else None,
+            "final_success": sum(final for _, _, final in played) / n, "n": n}
 
 
 def run(cfg: CompareConfig) -> dict[str, Any]:
@@ -96,8 +105,9 @@ def run(cfg: CompareConfig) -> dict[str, Any]:
         credit=LightningRL(mode="identical", baseline="grpo"),
         config=TrainerConfig(output_dir=cfg.output_dir, n_rollouts=cfg.group, tasks_per_step=cfg.tasks_per_step,
                              max_steps=cfg.steps, temperature=1.0, max_tokens=cfg.max_tokens, eval_at_start=False,
-                             seed=cfg.seed, progress=True, torch_threads=1,
-                             runner=RunnerConfig(max_concurrency=4, rollout_timeout_s=900.0, span_timeout_s=60.0)),
+                             seed=cfg.seed, progress=True, torch_threads=2, server_max_batch_size=32,
+                             runner=RunnerConfig(max_concurrency=cfg.group * cfg.tasks_per_step,
+                                                 rollout_timeout_s=900.0, span_timeout_s=60.0)),
     )
     history = trainer.train()
     default, per_role = trainer.algorithm.rollout_models()
@@ -126,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = CompareConfig(arm=args.arm, output_dir=args.out, steps=args.steps, tasks_per_step=args.tasks_per_step,
                         group=args.group, n_val=args.n_val, seed=args.seed, lora_r=args.lora_r,
                         learning_rate=args.lr)
+    from spanrl.logs import log_to_file
+
+    print(f"full logs: {log_to_file(Path(cfg.output_dir) / 'spanrl.log')}")
     r = run(cfg)
     print(json.dumps({k: v for k, v in r.items() if k not in ("config", "train_reward_by_step")}))
     return 0
