@@ -35,6 +35,7 @@ import os
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from spanrl import semconv
@@ -67,6 +68,7 @@ __all__ = [
 
 
 _POLL_INTERVAL_S = 0.1
+_SPARE_THREADS = 4  # beyond max_concurrency: the span waiter's polls, end records
 _WATERMARK_MARGIN_NS = 2_000_000_000  # clock skew allowance for "spans stored since this run began"
 _BSP_SCHEDULE_DELAY_MILLIS = 100  # agents export spans promptly: the trainer waits for them
 
@@ -119,6 +121,12 @@ class RolloutRunner:
         self._flush = flush
         self._on_end = on_end
         self._loop = asyncio.new_event_loop()
+        # A thread for each sync agent that may run at once, and spare ones: the span waiter's store polls and
+        # the end records must never queue behind agents (asyncio's default pool has cpu_count + 4 threads, so
+        # 16 sync agents on 2 cores held every thread and rollouts timed out waiting for rewards already stored).
+        self._loop.set_default_executor(
+            ThreadPoolExecutor(max_workers=config.max_concurrency + _SPARE_THREADS, thread_name_prefix="spanrl-rollout")
+        )
         if not callable(agent) and not isinstance(agent, (str, list, tuple)):
             raise ConfigError(f"agent must be a callable or a command line, got {type(agent).__name__}")
         if backend.backend == "ray":

@@ -3,8 +3,10 @@ crash / hang / reward-less rollouts recorded and retried, never raised."""
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -165,6 +167,34 @@ def test_runner_config_rejects_bad_values() -> None:
         RunnerConfig(workers=-2).validate()
     with pytest.raises(ConfigError, match="agent must be a callable or a command line, got int"):
         RolloutRunner(3, config=RunnerConfig(), ready=lambda ids, since_ns: set())  # type: ignore[arg-type]
+
+
+def test_sync_agents_past_asyncio_s_thread_pool_all_run_and_their_ends_are_seen() -> None:
+    # asyncio's default pool has min(32, cpu_count + 4) threads. With more sync agents than that, the span
+    # waiter's store poll queued behind agents and rollouts whose rewards were already stored ran out of
+    # span_timeout_s (16 text-to-SQL agents on 2 cores: every first attempt "no reward stored within 60 s").
+    pool = min(32, (os.cpu_count() or 1) + 4)
+    n = 2 * pool + 4
+    lock, running, peak = threading.Lock(), [0], [0]
+
+    def agent(task: Any, llm: Any) -> float:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(1.5)
+        with lock:
+            running[0] -= 1
+        return 1.0
+
+    runner = RolloutRunner(agent, config=RunnerConfig(max_concurrency=n, span_timeout_s=0.5, max_attempts=1),
+                           ready=lambda ids, since_ns: set(ids))  # every finished rollout's spans are there
+    try:
+        results = runner.run([RolloutJob(f"t{i}", {}) for i in range(n)], id_prefix="sync-", llm_url="http://x",
+                             model="m", sampling={})
+    finally:
+        runner.close()
+    assert [r.status for r in results] == ["ok"] * n, [r.error for r in results if not r.ok][:3]
+    assert peak[0] == n  # all at once, as max_concurrency allows
 
 
 def test_agent_that_cannot_start_is_recorded_not_raised(collector: Any, tmp_path: Path) -> None:
