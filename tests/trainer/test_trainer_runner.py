@@ -181,12 +181,12 @@ def test_sync_agents_past_asyncio_s_thread_pool_all_run_and_their_ends_are_seen(
         with lock:
             running[0] += 1
             peak[0] = max(peak[0], running[0])
-        time.sleep(1.5)
+        time.sleep(3.0)
         with lock:
             running[0] -= 1
         return 1.0
 
-    runner = RolloutRunner(agent, config=RunnerConfig(max_concurrency=n, span_timeout_s=0.5, max_attempts=1),
+    runner = RolloutRunner(agent, config=RunnerConfig(max_concurrency=n, span_timeout_s=1.5, max_attempts=1),
                            ready=lambda ids, since_ns: set(ids))  # every finished rollout's spans are there
     try:
         results = runner.run([RolloutJob(f"t{i}", {}) for i in range(n)], id_prefix="sync-", llm_url="http://x",
