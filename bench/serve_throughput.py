@@ -40,6 +40,23 @@ def _prompts(count: int) -> list[str]:
     return [f"what is {i % 50} add {(7 * i) % 50} ?" for i in range(count)]
 
 
+def wait_ready(server: subprocess.Popen, base_url: str) -> None:
+    """Until the ``spanrl serve`` subprocess answers ``/health``; exits with its stderr if it died first."""
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    while True:
+        if server.poll() is not None:
+            print(server.stderr.read() if server.stderr else "", file=sys.stderr)
+            raise SystemExit("the server exited before it was ready")
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit("the server did not become ready")
+        time.sleep(0.5)
+
+
 def sequential_generate(model_dir: str, max_tokens: int, requests: int) -> float:
     """Baseline: HF ``generate``, one request at a time, sampling at temperature 1. Tokens/s."""
     import torch
@@ -129,19 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     base_url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while True:
-            if server.poll() is not None:
-                print(server.stderr.read() if server.stderr else "", file=sys.stderr)
-                raise SystemExit("the server exited before it was ready")
-            try:
-                if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("the server did not become ready")
-            time.sleep(0.5)
+        wait_ready(server, base_url)
         asyncio.run(_client_load(base_url, 4, 1, args.max_tokens, "bench"))  # warm-up
         rates: dict[int, float] = {}
         for clients in _CLIENT_COUNTS:

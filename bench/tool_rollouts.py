@@ -31,9 +31,8 @@ import httpx
 # examples.smollm2.tool_probe: bench runs from the checkout
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from serve_throughput import _free_port  # noqa: E402
+from serve_throughput import _free_port, wait_ready  # noqa: E402
 
-_START_TIMEOUT_S = 300.0
 _MAX_TOKENS = 40
 
 
@@ -114,19 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                               env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
     base_url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while True:
-            if server.poll() is not None:
-                print(server.stderr.read() if server.stderr else "", file=sys.stderr)
-                raise SystemExit("the server exited before it was ready")
-            try:
-                if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("the server did not become ready")
-            time.sleep(0.5)
+        wait_ready(server, base_url)
         runs = [asyncio.run(served(base_url, tasks, args.concurrency)) for _ in range(args.repeats)]
     finally:
         server.terminate()
