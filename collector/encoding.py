@@ -120,11 +120,6 @@ class EncodedBatch:
     rejected: int = 0
     error_message: str = ""
 
-    @property
-    def nbytes(self) -> int:
-        """Arrow buffer size, for queue accounting."""
-        return 0 if self.table is None else self.table.nbytes
-
 
 # --- AnyValue -> Python -------------------------------------------------------------------------------
 # Each getter takes the value and how many arrays / kvlists hold it (0 for an attribute's own value).

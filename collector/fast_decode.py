@@ -5,7 +5,8 @@ bytes and returns the spans table's column buffers; Arrow arrays are made over t
 `pa.Array.from_buffers`, with no Python object per span, attribute or token id, and no copy. It accepts
 only the common valid shape (see the C file's header) and returns None for the rest, which
 `encode_request` then handles as before, so every rejection and error message stays the Python path's.
-`SPANRL_COLLECTOR_DECODER=python` turns the fast path off (benchmarks, tests).
+`SPANRL_COLLECTOR_DECODER=python` turns the fast path off (benchmarks, tests): the collector reads it once at
+start (`fast_enabled`, the decoder its start-up log names) and its receivers pass that choice per request.
 
 Both decoders count their output against the request's `DecodeBudget` as they produce it, and
 `decode_otlp_body` / `encode_protobuf_body` raise only `PermanentError` or `RetryableError`: every other
@@ -41,7 +42,8 @@ except ImportError as exc:  # not built (no compiler at install): the Python dec
     _IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
 __all__ = [
-    "active_decoder", "decode_body", "decode_otlp_body", "encode_protobuf_body", "fast_available", "unavailable_reason",
+    "active_decoder", "decode_body", "decode_otlp_body", "encode_protobuf_body", "fast_available", "fast_enabled",
+    "unavailable_reason",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -75,7 +77,8 @@ def _python_forced() -> bool:
     return (env.get_str(env.SPANRL_COLLECTOR_DECODER, "auto") or "auto").lower() == "python"
 
 
-def _use_fast() -> bool:
+def fast_enabled() -> bool:
+    """Whether the fast path is built and not turned off (``SPANRL_COLLECTOR_DECODER``, read now)."""
     return _wire is not None and not _python_forced()
 
 
@@ -109,24 +112,29 @@ def _array(n: int, layout: tuple[pa.DataType, int], column: tuple[Any, Any, Any,
     return pa.Array.from_buffers(pa_type, n, [bitmap, pa.py_buffer(offsets)], nulls, children=[child])
 
 
-def encode_protobuf_body(body: bytes, budget: DecodeBudget | None = None) -> EncodedBatch | None:
+def encode_protobuf_body(
+    body: bytes, budget: DecodeBudget | None = None, *, fast: bool | None = None
+) -> EncodedBatch | None:
     """An OTLP protobuf body -> its batch (fast path, else `encode_request`); None for a request with
-    no resource spans. Raises only `PermanentError` (malformed, nested past MAX_NESTING, decoded form
-    larger than the whole budget) or `RetryableError` (budget full now, out of memory)."""
-    return _mapped(_protobuf, body, budget)
+    no resource spans. ``fast``: try the fast path (None: `fast_enabled` now). Raises only
+    `PermanentError` (malformed, nested past MAX_NESTING, decoded form larger than the whole budget) or
+    `RetryableError` (budget full now, out of memory)."""
+    return _mapped(_protobuf, body, budget, fast_enabled() if fast is None else fast)
 
 
-def decode_otlp_body(body: bytes, *, as_json: bool, budget: DecodeBudget | None = None) -> EncodedBatch:
+def decode_otlp_body(
+    body: bytes, *, as_json: bool, budget: DecodeBudget | None = None, fast: bool | None = None
+) -> EncodedBatch:
     """An OTLP/HTTP body (protobuf, or OTLP/JSON) -> its batch (empty for a request without resource
     spans); raises as `encode_protobuf_body`."""
     if as_json:
         return _mapped(_json, body, budget)
-    batch = encode_protobuf_body(body, budget)
+    batch = encode_protobuf_body(body, budget, fast=fast)
     return EncodedBatch(None, 0) if batch is None else batch
 
 
-def _protobuf(body: bytes, budget: DecodeBudget | None) -> EncodedBatch | None:
-    if _use_fast():
+def _protobuf(body: bytes, budget: DecodeBudget | None, fast: bool) -> EncodedBatch | None:
+    if fast:
         batch = decode_body(body, budget)
         if batch is not None:
             return batch
@@ -141,13 +149,13 @@ def _json(body: bytes, budget: DecodeBudget | None) -> EncodedBatch:
     return encode_request(request, pre_rejected=rejected, pre_errors=errors, budget=budget)
 
 
-def _mapped(decode: Callable[..., Any], body: bytes, budget: DecodeBudget | None) -> Any:
-    """``decode(body, budget)`` with every exception mapped to permanent or retryable, on purpose:
+def _mapped(decode: Callable[..., Any], body: bytes, budget: DecodeBudget | None, *more: Any) -> Any:
+    """``decode(body, budget, *more)`` with every exception mapped to permanent or retryable, on purpose:
     the collector's own errors as they are; RecursionError (a nesting the depth check missed) and any
     other error (a decoder bug: the same bytes fail the same way, so retrying cannot help) permanent;
     MemoryError retryable (the machine's state, not the request's)."""
     try:
-        return decode(body, budget)
+        return decode(body, budget, *more)
     except CollectorError:
         raise
     except RecursionError:

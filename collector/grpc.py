@@ -24,11 +24,10 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from spanrl.collector.admission import DECODE_FACTOR, Admission, DecodeBudget
+from spanrl.collector.admission import DECODE_FACTOR, Admission, DecodeBudget, RolloutClaims, admit
 from spanrl.collector.encoding import EncodedBatch
 from spanrl.collector.errors import PermanentError, RetryableError
-from spanrl.collector.fast_decode import encode_protobuf_body
-from spanrl.collector.identity import RolloutClaims, admit
+from spanrl.collector.fast_decode import encode_protobuf_body, fast_enabled
 from spanrl.errors import CollectorError
 from spanrl.http_server import bracketed
 from spanrl.trust import Tokens
@@ -68,8 +67,10 @@ class GrpcReceiver:
         admission: Admission,
         next_consumer: BatchConsumer,
         claims: RolloutClaims | None = None,
+        fast_decoder: bool | None = None,
     ) -> None:
         self._claims = claims
+        self._fast = fast_enabled() if fast_decoder is None else fast_decoder  # decided once, as the start-up log says
         self._host = host
         self._requested_port = port
         self._tokens = tokens
@@ -153,7 +154,7 @@ class GrpcReceiver:
             self._receiving.release()
         try:
             # the C fast path, else the Python decoder; raises only PermanentError / RetryableError
-            batch = encode_protobuf_body(body, budget)
+            batch = encode_protobuf_body(body, budget, fast=self._fast)
             del body
             if batch is None:  # no resource spans
                 return ExportTraceServiceResponse()

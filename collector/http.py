@@ -36,12 +36,11 @@ import orjson
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from spanrl.collector.admission import DECODE_FACTOR, Admission, DecodeBudget
+from spanrl.collector.admission import DECODE_FACTOR, Admission, DecodeBudget, RolloutClaims, admit
 from spanrl.collector.encoding import EncodedBatch
-from spanrl.collector.fast_decode import decode_otlp_body
+from spanrl.collector.fast_decode import decode_otlp_body, fast_enabled
 from spanrl.collector.errors import PayloadTooLargeError, PermanentError, RetryableError, UnauthenticatedError
 from spanrl.collector.grpc import BatchConsumer
-from spanrl.collector.identity import RolloutClaims, admit
 from spanrl.collector.retention import prune_and_forget
 from spanrl.collector.sql import SqlRunner
 from spanrl.errors import CollectorError, StoreError
@@ -103,8 +102,9 @@ class OtlpHttpApp:
 
     def __init__(self, *, tokens: Tokens, max_request_bytes: int, next_consumer: BatchConsumer, store: SpanStore,
                  admission: Admission, sql: SqlRunner, health: Callable[[], dict[str, Any]], bound_host: str,
-                 claims: RolloutClaims | None = None) -> None:
+                 claims: RolloutClaims | None = None, fast_decoder: bool | None = None) -> None:
         self._tokens = tokens
+        self._fast = fast_enabled() if fast_decoder is None else fast_decoder  # decided once, as the start-up log says
         self._claims = claims
         self._bound_host = bound_host
         self._max = max_request_bytes
@@ -256,7 +256,7 @@ class OtlpHttpApp:
                           authorization: str | None) -> tuple[EncodedBatch, Future[int]]:
         """Decode (the C fast path, else Python; raises only PermanentError / RetryableError), keep what the
         sender may send, and hand the batch on (the reward check, then the batcher, both thread-safe)."""
-        batch = decode_otlp_body(body, as_json=as_json, budget=held)
+        batch = decode_otlp_body(body, as_json=as_json, budget=held, fast=self._fast)
         batch = admit(batch, self._tokens, self._claims, authorization)
         return batch, self._next.consume(batch)
 

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 
-from spanrl.collector.identity import RolloutClaims
+from spanrl.collector.admission import RolloutClaims
 from spanrl.store import SpanStore
 from spanrl.store.maintenance import prune
 

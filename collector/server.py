@@ -20,20 +20,17 @@ import threading
 
 from typing import Any
 
-from spanrl.collector.admission import Admission
+from spanrl.collector.admission import Admission, RewardCheck, RolloutClaims
 from spanrl import semconv
-from spanrl.collector.batcher import Batcher
+from spanrl.collector.batcher import Batcher, SpanWriter
 from spanrl.collector.encoding import encode_request
-from spanrl.collector.fast_decode import active_decoder, decode_body
+from spanrl.collector.fast_decode import active_decoder, decode_body, fast_enabled
 from spanrl.collector.config import CollectorConfig
 from spanrl.collector.grpc import GrpcReceiver
-from spanrl.collector.identity import RolloutClaims
 from spanrl.collector.http import HttpReceiver, OtlpHttpApp
 from spanrl.collector.materializer import Materializer
 from spanrl.collector.retention import Retention
-from spanrl.collector.rewards import RewardCheck
 from spanrl.collector.sql import SqlRunner
-from spanrl.collector.writer import SpanWriter
 from spanrl.errors import CollectorError, StoreError
 from spanrl.http_server import url_host
 from spanrl.store import SpanStore
@@ -94,6 +91,7 @@ class Collector:
                 self._retention = Retention(self._store, retention_s=cfg.retention_s, claims=claims).start()
             # One byte budget for both receivers; a request count for each.
             inflight_bytes = Admission(max_requests=1, max_bytes=cfg.max_inflight_bytes, retry_after_s=retry_s)
+            fast = fast_enabled()  # the decoder the start-up log names, for every request
             if cfg.grpc_port != -1:
                 self._grpc = GrpcReceiver(
                     host=cfg.host,
@@ -104,6 +102,7 @@ class Collector:
                     max_concurrent_rpcs=cfg.grpc_max_concurrent_rpcs,
                     admission=inflight_bytes.with_request_cap(cfg.grpc_max_concurrent_rpcs),
                     next_consumer=checked,
+                    fast_decoder=fast,
                 )
                 self._grpc.start()
             if cfg.http_port != -1:
@@ -113,7 +112,7 @@ class Collector:
                                   max_request_bytes=cfg.max_request_bytes, next_consumer=checked,
                                   store=self._store,
                                   admission=inflight_bytes.with_request_cap(cfg.http_max_concurrency),
-                                  sql=self._sql, health=self.health)
+                                  sql=self._sql, health=self.health, fast_decoder=fast)
                 self._http = HttpReceiver(host=cfg.host, port=cfg.http_port, app=app,
                                           graceful_timeout_s=cfg.shutdown_timeout_s)
                 self._http.start()

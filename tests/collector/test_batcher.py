@@ -61,7 +61,7 @@ def test_queued_requests_share_one_commit():
 def test_full_queue_refuses_with_retryable_error_and_keeps_accepted():
     consumer = GatedConsumer()
     one = _batch(100)
-    batcher = Batcher(BatcherConfig(max_queue_bytes=int(one.nbytes * 2.5)), consumer)
+    batcher = Batcher(BatcherConfig(max_queue_bytes=int(one.table.nbytes * 2.5)), consumer)
     batcher.start()
     accepted = [batcher.consume(_batch(100))]
     assert consumer.entered.wait(10)  # the first is being committed: its bytes still count
@@ -101,7 +101,7 @@ def test_bad_batcher_config_names_field(field, value, message):
 
 def test_receivers_answer_full_queue_with_unavailable_and_503_retry_after(tmp_path):
     consumer = GatedConsumer()
-    batch_bytes = _batch(50).nbytes
+    batch_bytes = _batch(50).table.nbytes
     batcher = Batcher(BatcherConfig(max_queue_bytes=batch_bytes, retry_after_s=7), consumer)
     batcher.start()
     blocker = batcher.consume(_batch(50))  # holds the queue: nothing else fits

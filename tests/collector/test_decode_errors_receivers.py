@@ -54,8 +54,13 @@ def _spans(collector) -> int:
 
 
 @pytest.fixture
-def budgeted(tmp_path):
+def budgeted(tmp_path, monkeypatch, request):
+    """A collector with a 64 MiB budget, started with the test's ``decoder`` parameter (if any) as
+    SPANRL_COLLECTOR_DECODER: the collector picks its decoder once, at start."""
     require_fast_path()
+    params = getattr(getattr(request.node, "callspec", None), "params", {})
+    if "decoder" in params:
+        monkeypatch.setenv("SPANRL_COLLECTOR_DECODER", params["decoder"])
     config = CollectorConfig(db_path=str(tmp_path / "s.duckdb"), grpc_port=0, http_port=0, max_inflight_bytes=64 * _MiB)
     with Collector(config) as c:
         yield c
@@ -99,14 +104,14 @@ def test_otlp_json_nesting_past_the_limit_is_400(budgeted, depth):
     (ValueError("bad"), 400, grpc.StatusCode.INVALID_ARGUMENT, "ValueError: bad"),
     (MemoryError(), 503, grpc.StatusCode.UNAVAILABLE, "ran out of memory"),
 ])
+@pytest.mark.parametrize("decoder", ["python"])
 def test_every_decode_error_is_mapped_on_purpose_by_both_receivers(budgeted, monkeypatch, raised, http_status,
-                                                                   grpc_code, said):
+                                                                   grpc_code, said, decoder):
     """Before: anything but the collector's own errors reached the receivers' catch-all, answered as
     retryable (503 / UNAVAILABLE) whatever it was."""
     def fail(*args, **kwargs):
         raise raised
 
-    monkeypatch.setenv("SPANRL_COLLECTOR_DECODER", "python")
     monkeypatch.setattr(encoding, "_span_row", fail)
     body = _nested(1)
     status, headers, message = _http(budgeted, body)
@@ -123,7 +128,6 @@ def test_every_decode_error_is_mapped_on_purpose_by_both_receivers(budgeted, mon
 def test_the_amplifying_request_is_refused_by_both_receivers_and_nothing_is_stored(budgeted, monkeypatch, decoder):
     """0.19 MB body, ~301 MB decoded (the resource's JSON in 3,000 rows): past the 64 MiB budget it can
     never fit, so it is refused for good (413 / INVALID_ARGUMENT, no retry)."""
-    monkeypatch.setenv("SPANRL_COLLECTOR_DECODER", decoder)
     body = amplifying_body()
     status, headers, message = _http(budgeted, body)
     assert status == 413 and "could never be admitted" in message and "retry-after" not in headers

@@ -309,7 +309,7 @@ def test_the_amplifying_request_is_stored_within_a_budget_that_holds_its_decoded
     budget = _budget(1024 * _MiB, body)
     batch = encode_protobuf_body(body, budget)
     assert batch.accepted == 3000
-    assert batch.nbytes <= budget.held - len(body) <= 1024 * _MiB  # what it holds covers what it made
+    assert batch.table.nbytes <= budget.held - len(body) <= 1024 * _MiB  # what it holds covers what it made
     budget.release()
 
 

@@ -303,7 +303,7 @@ def test_failed_commit_that_had_not_landed_is_inserted_again_after_reopening(tmp
     result must be read to the end first (DuckDB 2 refuses other work on a cursor with an unfinished
     result), or the batch is refused as retryable instead of stored."""
     from spanrl.collector.encoding import encode_request
-    from spanrl.collector.writer import SpanWriter
+    from spanrl.collector.batcher import SpanWriter
     from spanrl.store import SpanStore
 
     req, ids = make_request(20, rollout_id="settle")

@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from spanrl import semconv as sc
 from spanrl.collector import Collector, CollectorConfig
-from spanrl.collector.fast_decode import decode_body, fast_available
+from spanrl.collector.fast_decode import active_decoder, decode_body, fast_available
 from spanrl.errors import ConfigError
 from _otlp import kv, make_request
 
@@ -62,19 +62,21 @@ def _request(value: float, *, as_event: bool = False, key: str = sc.REWARD_VALUE
 
 @pytest.mark.parametrize("decoder", ["c", "python"])
 @pytest.mark.parametrize("bad", list(_BAD))
-def test_unusable_reward_attribute_rejects_that_span_over_grpc(collector, monkeypatch, decoder, bad):
+def test_unusable_reward_attribute_rejects_that_span_over_grpc(tmp_path, monkeypatch, decoder, bad):
     if decoder == "python":
-        monkeypatch.setenv("SPANRL_COLLECTOR_DECODER", "python")
+        monkeypatch.setenv("SPANRL_COLLECTOR_DECODER", "python")  # before the start: the collector reads it once
     elif not fast_available():
         pytest.skip("the C fast path is not built")
     req, ids = _request(_BAD[bad])
     if decoder == "c":
         assert decode_body(req.SerializeToString()) is not None  # the fast path really decodes it
-    reply = _grpc(collector, req.SerializeToString())
-    assert reply.partial_success.rejected_spans == 1
-    message = reply.partial_success.error_message
-    assert ids[1] in message and "must be a finite number in [-1e+06, 1e+06]" in message, message
-    assert _stored(collector, ids) == {ids[0], ids[2]}
+    with Collector(CollectorConfig(db_path=str(tmp_path / "spans.duckdb"), grpc_port=0, http_port=-1)) as collector:
+        assert active_decoder().startswith("python") == (decoder == "python")
+        reply = _grpc(collector, req.SerializeToString())
+        assert reply.partial_success.rejected_spans == 1
+        message = reply.partial_success.error_message
+        assert ids[1] in message and "must be a finite number in [-1e+06, 1e+06]" in message, message
+        assert _stored(collector, ids) == {ids[0], ids[2]}
 
 
 @pytest.mark.parametrize("key", [sc.REWARD_VALUE, sc.GEN_AI_EVALUATION_SCORE_VALUE])
