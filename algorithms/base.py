@@ -10,8 +10,8 @@ The Trainer owns the rollout loop; an algorithm owns the model update::
 
 An algorithm returns its metrics and never reports them itself: the caller (the Trainer's reporting
 callbacks, ``spanrl.trainer.reporting``) writes each key once. What the algorithms share besides lives
-beside this module: the transition table and its checks (``tables``), padding into tensors
-(``padding``), the checkpoint format and policy loading (``checkpoints``).
+beside this module: the transition table, its checks and its padding into tensors (``tables``), the
+checkpoint format and policy loading (``checkpoints``).
 """
 
 from __future__ import annotations
@@ -89,5 +89,11 @@ class Algorithm(abc.ABC):
         raise TrainingError(f"{type(self).__name__} has no critic: needs_values is False")
 
     def _require_setup(self) -> None:
+        """Raise :meth:`_not_set_up` before :meth:`setup`. The updates check ``self.model`` inline (they run
+        every step, and ``bench/span_path.py`` counts the files a step runs)."""
         if getattr(self, "model", None) is None:
-            raise TrainingError(f"{type(self).__name__} is not set up: call setup() first")
+            raise self._not_set_up()
+
+    def _not_set_up(self) -> TrainingError:
+        """The error for a call before :meth:`setup`."""
+        return TrainingError(f"{type(self).__name__} is not set up: call setup() first")

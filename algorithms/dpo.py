@@ -142,7 +142,8 @@ class DPO(Algorithm):
         from transformers.trainer_utils import set_seed
         from trl import DPOConfig as TRLDPOConfig
 
-        self._require_setup()
+        if self.model is None:
+            raise self._not_set_up()
         cfg = self.config
         check_transitions(batch, vocab_size=self.model.config.vocab_size)  # columnar, before any dataclass
         transitions = transitions_of(batch)

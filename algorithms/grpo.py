@@ -40,8 +40,8 @@ from spanrl.algorithms.distributed import all_reduce_sum, average_gradients, ref
 from spanrl.algorithms.sharding import Sharding, fsdp_requested
 from spanrl.algorithms.base import Algorithm
 from spanrl.algorithms.checkpoints import load_checkpoint, load_policy, save_checkpoint, seed_everything
-from spanrl.algorithms.padding import PaddedBatch, fill_missing_logprobs, pad_transitions
-from spanrl.algorithms.tables import check_transitions, transition_table
+from spanrl.algorithms.tables import (PaddedBatch, check_transitions, fill_missing_logprobs, pad_transitions,
+                                      transition_table)
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.errors import ConfigError, TrainingError
 
@@ -204,6 +204,9 @@ class GRPO(Algorithm):
         """Whether updates run under bf16 autocast: ``config.bf16`` resolved for this machine by setup()."""
         self.sharding: Sharding | None = None
         """FSDP2 over every rank (an FSDP launch with several processes), else None."""
+        self.world = 1
+        """Training processes, read once by setup() (the process group exists by then): an update calls the
+        collectives of ``distributed`` only when there are several, and never re-reads the launch."""
 
     # --- setup ------------------------------------------------------------------------------------
     def setup(self, *, model_path: Path, output_dir: Path, seed: int = 0) -> None:
@@ -263,6 +266,7 @@ class GRPO(Algorithm):
             self.sharding.optimizer = self.trainer.optimizer
             self.sharding.gather()  # rank 0 can reload / save before the first update too
         self.trainer.current_gradient_accumulation_steps = 1
+        self.world = world()  # after the trainer: its accelerator initialised the process group
         self.model = self.trainer.model
         self.tokenizer = tokenizer
         self._output_dir = output_dir
@@ -271,7 +275,8 @@ class GRPO(Algorithm):
     # --- update -----------------------------------------------------------------------------------
     def update(self, batch: TransitionBatch) -> dict[str, float]:
         """One policy update: ``num_iterations`` passes of clipped GRPO steps over the batch."""
-        self._require_setup()
+        if self.model is None:
+            raise self._not_set_up()
         cfg, trainer = self.config, self.trainer
         table = transition_table(batch)
         check_transitions(table, vocab_size=self.model.config.vocab_size)
@@ -294,7 +299,7 @@ class GRPO(Algorithm):
                 rows = order[start : start + mini]
                 n_micro = math.ceil(len(rows) / micro)
                 # Many processes: the divisor is the loss-token count of every rank's mini-batch together.
-                (tokens,) = all_reduce_sum([float(data.loss_mask[rows].sum())])
+                (tokens,) = self._sum_over_ranks([float(data.loss_mask[rows].sum())])
                 trainer.current_gradient_accumulation_steps = n_micro
                 step_loss = 0.0
                 parts = length_sorted_micro_batches(rows, prompt_lengths, completion_lengths, micro,
@@ -310,7 +315,7 @@ class GRPO(Algorithm):
                         stats["kl"][1] += kl_tokens
                 # Each rank's loss is world x its share of the global loss (TRL's convention, undone by the
                 # gradient mean): the mean over ranks is the one-process loss.
-                stats["policy_loss"].append(all_reduce_sum([step_loss])[0] / world())
+                stats["policy_loss"].append(self._sum_over_ranks([step_loss])[0] / self.world)
                 stats["grad_norm"].append(self._optimizer_step())
         if self.sharding is not None:
             self.sharding.gather()  # every rank: full weights (reload, checkpoint) onto rank 0
@@ -322,7 +327,7 @@ class GRPO(Algorithm):
         only. Sharded, every rank's forwards are collectives: all rows on every rank when any rank needs some."""
         model = self.trainer.model
         if self.sharding is not None and data.old_logprobs is not None:
-            (missing,) = all_reduce_sum([float(torch.isnan(data.old_logprobs).any(dim=1).sum())])
+            (missing,) = self._sum_over_ranks([float(torch.isnan(data.old_logprobs).any(dim=1).sum())])
             if missing:
                 current = self._logprobs(model, data)
                 return torch.where(torch.isnan(data.old_logprobs), current, data.old_logprobs)
@@ -357,8 +362,12 @@ class GRPO(Algorithm):
         return inputs
 
     def _processes_per_rank(self) -> float:
-        """TRL divides the token count by ``accelerator.num_processes``; our ranks are ``world()``."""
-        return self.trainer.accelerator.num_processes / world()
+        """TRL divides the token count by ``accelerator.num_processes``; our ranks are ``self.world``."""
+        return self.trainer.accelerator.num_processes / self.world
+
+    def _sum_over_ranks(self, values: list[float]) -> list[float]:
+        """``values`` summed element-wise over ranks (every rank calls it); alone, ``values`` as they are."""
+        return all_reduce_sum(values) if self.world > 1 else values
 
     @torch.no_grad()
     def _logprobs(self, model: Any, data: PaddedBatch, *, ref: bool = False) -> torch.Tensor:
@@ -381,7 +390,8 @@ class GRPO(Algorithm):
         if self.sharding is not None:  # FSDP already reduce-scattered the mean gradient onto each shard
             norm = self.sharding.grad_norm_and_clip(params, self.config.max_grad_norm)
         else:
-            average_gradients(params)  # many processes: the mean over ranks' shards (no-op when alone)
+            if self.world > 1:  # the mean over ranks' shards
+                average_gradients(params)
             if self.config.max_grad_norm > 0:
                 norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
             else:
@@ -401,7 +411,7 @@ class GRPO(Algorithm):
         mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
         # Over every rank's rows that carry loss tokens (shards are padded with inert rows that carry none).
         real = data.loss_mask.sum(1) > 0
-        kl_sum, kl_tokens, rows, reward_sum, adv_sum, adv_sq = all_reduce_sum(
+        kl_sum, kl_tokens, rows, reward_sum, adv_sum, adv_sq = self._sum_over_ranks(
             [*stats["kl"], float(real.sum()), float(data.rewards[real].sum()),
              float(data.advantages[real].sum()), float(data.advantages[real].square().sum())]
         )

@@ -37,8 +37,8 @@ from spanrl.algorithms.batching import completion_logprobs
 from spanrl.algorithms.checkpoints import (CONFIG_FILE, STATE_FILE, config_dict, load_policy, load_state_file,
                                            rng_state, seed_everything, set_rng_state)
 from spanrl.algorithms.lora import LoRAConfig
-from spanrl.algorithms.padding import PaddedBatch, fill_missing_logprobs, pad_transitions
-from spanrl.algorithms.tables import check_transitions, transition_table
+from spanrl.algorithms.tables import (PaddedBatch, check_transitions, fill_missing_logprobs, pad_transitions,
+                                      transition_table)
 from spanrl.errors import ConfigError, TrainingError
 
 __all__ = ["AgentPolicy", "MultiLoRA", "MultiLoRAConfig", "per_agent"]
@@ -220,7 +220,8 @@ class MultiLoRA(Algorithm):
     # --- update -----------------------------------------------------------------------------------
     def update(self, batch: Any) -> dict[str, float]:
         """One clipped policy-gradient step per adapter, each on its own agents' calls only."""
-        self._require_setup()
+        if self.model is None:
+            raise self._not_set_up()
         table = transition_table(batch)
         check_transitions(table, vocab_size=self.model.config.vocab_size)
         started = time.perf_counter()

@@ -25,8 +25,8 @@ import torch
 
 from spanrl.algorithms.base import Algorithm
 from spanrl.algorithms.checkpoints import load_checkpoint, load_policy, save_checkpoint, seed_everything
-from spanrl.algorithms.padding import PaddedBatch, fill_missing_logprobs, pad_transitions
-from spanrl.algorithms.tables import check_transitions, transition_table
+from spanrl.algorithms.tables import (PaddedBatch, check_transitions, fill_missing_logprobs, pad_transitions,
+                                      transition_table)
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.errors import ConfigError
 
@@ -209,8 +209,9 @@ class PPO(Algorithm):
 
     @torch.no_grad()
     def values(self, batch: TransitionBatch) -> list[float]:
-        """The critic's V(s) of each transition's prompt, in batch order."""
-        self._require_setup()
+        """The critic's V(s) of each transition's prompt, in batch order (each step, before :meth:`update`)."""
+        if self.model is None:
+            raise self._not_set_up()
         table = transition_table(batch)
         check_transitions(table, vocab_size=self.model.config.vocab_size)
         self.critic.eval()
@@ -225,7 +226,8 @@ class PPO(Algorithm):
 
     def update(self, batch: TransitionBatch) -> dict[str, float]:
         """``num_iterations`` epochs of clipped PPO steps over shuffled mini-batches."""
-        self._require_setup()
+        if self.model is None:
+            raise self._not_set_up()
         cfg = self.config
         table = transition_table(batch)
         check_transitions(table, vocab_size=self.model.config.vocab_size)

@@ -110,7 +110,8 @@ class SFT(Algorithm):
         from trl import SFTConfig as TRLSFTConfig
         from trl import SFTTrainer
 
-        self._require_setup()
+        if self.model is None:
+            raise self._not_set_up()
         cfg = self.config
         check_transitions(batch, vocab_size=self.model.config.vocab_size)  # columnar, before any dataclass
         transitions = transitions_of(batch)

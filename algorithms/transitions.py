@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 
 from spanrl.algorithms.credit import CreditConfig, CreditResult, MissingValueError, assign_credit, state_ids
 from spanrl.algorithms.retokenize import retokenize
-from spanrl.algorithms.tables import TRANSITIONS_SCHEMA
+from spanrl.algorithms.tables import TRANSITIONS_SCHEMA, pad_transitions
 from spanrl.errors import ConfigError
 from spanrl.store.decomposer import Selection, decompose
 
@@ -93,10 +93,8 @@ class TransitionBatch:
         return self._table
 
     def to_padded(self, *, pad_token_id: int) -> Any:
-        """The transitions as a ``spanrl.algorithms.padding.PaddedBatch`` of (B, T) tensors, straight from
+        """The transitions as a ``spanrl.algorithms.tables.PaddedBatch`` of (B, T) tensors, straight from
         the Arrow columns (no dataclass per row; what GRPO and PPO train on)."""
-        from spanrl.algorithms.padding import pad_transitions
-
         return pad_transitions(self, pad_token_id=pad_token_id)
 
     def take(self, indices: Sequence[int]) -> TransitionBatch:

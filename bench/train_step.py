@@ -83,7 +83,7 @@ class SpanrlSide:
         self.seconds: list[float] = []
 
     def update(self, batch: dict) -> None:
-        from spanrl.algorithms.padding import pad_transitions
+        from spanrl.algorithms.tables import pad_transitions
 
         # the policy server's log-probs: spanrl's current policy, computed outside the timer
         data = pad_transitions(to_transitions(batch, None), pad_token_id=self.algo.tokenizer.pad_token_id)

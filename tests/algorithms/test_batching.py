@@ -9,7 +9,7 @@ import pytest
 import torch
 from toy_task import batch_of, build_model, rollouts, one_torch_thread  # noqa: F401 (autouse fixture)
 
-from spanrl.algorithms.padding import pad_transitions
+from spanrl.algorithms.tables import pad_transitions
 from spanrl.algorithms.grpo import GRPO
 from spanrl.algorithms.batching import (
     bf16_supported,

@@ -10,7 +10,7 @@ import pytest
 import torch
 from toy_task import batch_of, build_model, rollouts, success_rate, one_torch_thread  # noqa: F401 (autouse fixture)
 
-from spanrl.algorithms.padding import pad_transitions
+from spanrl.algorithms.tables import pad_transitions
 from spanrl.algorithms.grpo import GRPO, LOSS_TYPES, GRPOConfig
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.errors import ConfigError, TrainingError

@@ -11,7 +11,7 @@ import pytest
 import torch
 from toy_task import batch_of, build_model, prompt_ids, one_torch_thread  # noqa: F401 (autouse fixture)
 
-from spanrl.algorithms.padding import pad_transitions
+from spanrl.algorithms.tables import pad_transitions
 from spanrl.algorithms.grpo import GRPO, _approx_kl
 from spanrl.algorithms.transitions import Transition
 

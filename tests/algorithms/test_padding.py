@@ -1,14 +1,15 @@
 """The columnar training path: Arrow columns -> padded tensors and checks, without dataclasses."""
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
 import pytest
 import torch
 
-from spanrl.algorithms.tables import check_transitions
-from spanrl.algorithms.padding import fill_rows, pad_transitions
+from spanrl.algorithms.tables import check_transitions, fill_rows, pad_transitions
 from spanrl.algorithms.transitions import TRANSITIONS_SCHEMA, Transition, TransitionBatch
 from spanrl.errors import ConfigError
 
@@ -114,3 +115,10 @@ def test_out_of_vocabulary_id_in_a_later_arrow_chunk_is_found() -> None:
     with pytest.raises(ConfigError, match=r"transition 2 \(rollout_id='late'.*token id 70 is outside the vocabulary"):
         check_transitions(TransitionBatch(table, {}, {}), vocab_size=50)
     check_transitions(TransitionBatch(pa.concat_tables([good.slice(1, 2), good.slice(3)]), {}, {}), vocab_size=50)
+
+
+def test_the_table_and_its_checks_load_without_torch() -> None:
+    # the collector extra (spanrl export transitions, the viewer's credit) has no torch: only padding imports it
+    code = "import sys, spanrl.algorithms.transitions, spanrl.algorithms.tables; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -14,7 +14,7 @@ import torch
 from test_transitions import Recorder, Rollout, by_rollout, deliver
 from toy_task import build_model, one_torch_thread, prompt_ids  # noqa: F401 (autouse fixture)
 
-from spanrl.algorithms.padding import fill_missing_logprobs, pad_transitions
+from spanrl.algorithms.tables import fill_missing_logprobs, pad_transitions
 from spanrl.algorithms.credit import CreditConfig, LightningRL
 from spanrl.algorithms.grpo import GRPO
 from spanrl.algorithms.ppo import PPO, completion_logprobs
