@@ -104,7 +104,7 @@ test-frameworks-ci: venv
 # Python side, GRPO's loss plumbing; each mutant runs only its module's tests, and each module must kill >= 85%
 # of its mutants. Not in CI. Last run 2026-12-02 on 2 cores loaded by other jobs (load average up to 10):
 # credit.py 399 mutants, 352 killed (88.2%), ~5 min; grpo.py's loss plumbing (run.py's REGIONS) 113, 103 killed
-# (91.2%), ~27 min; the decomposer's Python side after issue 31's split (decomposer.py + decomposer_sql.py) 148, 126
+# (91.2%), ~27 min; the decomposer's Python side (then decomposer.py + decomposer_sql.py, now decomposer.py) 148, 126
 # killed (85.1%), ~30 min beside a CI run. Survivors and why: tests/mutation/*-equivalent.md.
 # MUTATION_TARGETS='credit' etc.
 MUTATION_TARGETS ?=

@@ -3,8 +3,9 @@
 What a rollout is (:mod:`~spanrl.rollouts.rollouts`), the runner that runs them bounded and concurrent
 (:mod:`~spanrl.rollouts.runner`), command-line agents as processes or long-lived workers
 (:mod:`~spanrl.rollouts.agent_processes`, their environment in :mod:`~spanrl.rollouts.agent_env`),
-tracing of in-process agents (:mod:`~spanrl.rollouts.tracing`) and the policy servers rollouts are sent to
-(:mod:`~spanrl.rollouts.policy_pool`). The Trainer (:mod:`spanrl.trainer`) drives them; public names load
+tracing of in-process agents (:mod:`~spanrl.rollouts.tracing`), the policy servers rollouts are sent to
+(:mod:`~spanrl.rollouts.policy_pool`) and later steps' rollouts run ahead while an update computes
+(:mod:`~spanrl.rollouts.prefetch`). The Trainer (:mod:`spanrl.trainer`) drives them; public names load
 on first use.
 """
 

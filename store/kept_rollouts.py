@@ -5,8 +5,8 @@ runs the decomposer's statement (store/decomposer.py) over the finished rollouts
 its result rows (calls with all columns, rewards, rollouts; ``row_kind`` tells them apart) into the
 ``decomposed`` table, each with
 
-- ``version``: a hash of the decomposer's statement and views.sql, so rows kept by another spanrl are
-  ignored (and dropped by the next `materialize`), never read as if this one had made them;
+- ``version``: the decomposer's ``VERSION`` (a hash of its statement and views.sql), so rows kept by
+  another spanrl are ignored (and dropped by the next `materialize`), never read as if this one had made them;
 - ``watermark_ns``: the newest ``ingested_ns`` of the store the statement saw.
 
 A kept rollout is *clean* while no span stored after its watermark belongs to it (views.sql's rule: its
@@ -17,32 +17,21 @@ with the commit order (`SpanStore.append` holds a lock from stamp to commit, who
 late span (a reward, feedback, a duplicate export) makes the rollout dirty: it is read live, and kept
 again by the next `materialize`.
 
-`read_statement` is what `decompose` runs: ONE SELECT (so it also runs through the collector's SQL
-endpoint) that takes the kept rows of the selected clean rollouts and decomposes the others live, the
-selection applied to kept rows as to live ones. Same rows as a live decomposition (tests/store).
-`prune` (store/maintenance.py) deletes the kept rows of the rollouts whose spans it deletes.
+This module maintains the rows; reading them is the decomposer's (store/decomposer.py: `read_statement`, and
+`with_clean`, the CTEs that tell which kept rollouts are clean, which `materialize` also runs to find the dirty
+ones). `prune` (store/maintenance.py) deletes the kept rows of the rollouts whose spans it deletes.
 """
 
 from __future__ import annotations
 
-import hashlib
 import threading
-from importlib import resources
-from typing import Any, Sequence
+from typing import Any
 
 import duckdb
 
-from spanrl.store.decomposer_sql import (
-    CALL_COLUMNS, LIGHT_CALL_SQL, REWARD_COLUMNS, ROLLOUT_COLUMNS, SQL, Selection, call_filter, rollout_filter,
-    statement,
-)
+from spanrl.store.decomposer import CALL_COLUMNS, VERSION, Selection, statement, with_clean
 
-__all__ = ["TABLE_SQL", "VERSION", "materialize", "prepare", "read_statement"]
-
-VERSION = hashlib.sha256(
-    (SQL + resources.files("spanrl.store").joinpath("views.sql").read_text(encoding="utf-8")).encode()
-).hexdigest()[:16]
-"""The decomposer's version key: rows kept under another are never read."""
+__all__ = ["TABLE_SQL", "materialize", "prepare"]
 
 # The decomposer's output columns and types (tests/store checks them against the statement's DESCRIBE).
 _COLUMNS = (
@@ -64,47 +53,6 @@ TABLE_SQL = f"CREATE TABLE decomposed ({', '.join(f'{n} {t}' for n, t in _COLUMN
 
 _MATERIALIZING = threading.Lock()  # one run at a time in this process (two would delete the same rows)
 
-# Which kept rollouts are clean. __KEPT_FILTER__: the selection's rollout filter, over the kept rollout rows.
-_CLEAN_CTES = f"""kept_sel AS (  -- kept rollouts of this version that the selection takes; every row the last run
-    -- left was clean up to its watermark (its 'open' row without rollout), so "fresh" stays short
-    SELECT rollout_id, greatest(watermark_ns, (SELECT max(watermark_ns) FROM decomposed
-                                               WHERE version = '{VERSION}' AND row_kind = 'open'
-                                                 AND rollout_id IS NULL)) AS watermark_ns
-    FROM decomposed
-    WHERE version = '{VERSION}' AND row_kind = 'rollout' AND __KEPT_FILTER__
-),
-fresh AS MATERIALIZED (  -- spans stored after the oldest watermark (zone maps skip the older row groups)
-    SELECT trace_id, rollout_id, ingested_ns FROM spans
-    WHERE ingested_ns > (SELECT min(watermark_ns) FROM kept_sel)
-),
-touched AS (  -- whose they are (own id, else their trace's: rollout_spans' rule), and whose traces they share
-    SELECT rollout_id, ingested_ns FROM fresh WHERE rollout_id IS NOT NULL
-    UNION ALL
-    SELECT t.rollout_id, f.ingested_ns
-    FROM fresh f JOIN trace_rollouts(0, unattributed_only := TRUE) t ON f.rollout_id IS NULL AND t.trace_id = f.trace_id
-    UNION ALL
-    SELECT s.rollout_id, f.ingested_ns
-    FROM fresh f JOIN spans s ON s.trace_id = f.trace_id WHERE s.rollout_id IS NOT NULL
-),
-kept_clean AS (
-    SELECT k.rollout_id FROM kept_sel k
-    WHERE NOT EXISTS (SELECT 1 FROM touched t WHERE t.rollout_id = k.rollout_id AND t.ingested_ns > k.watermark_ns)
-),
-live_since AS MATERIALIZED (  -- the oldest span of a rollout read live: of those open at the last run (its
-    -- 'open' rows; the one without rollout: spans after it), of the dirty ones; 0 before any run (or after prune)
-    SELECT CASE WHEN EXISTS (SELECT 1 FROM decomposed WHERE version = '{VERSION}' AND row_kind = 'open'
-                                                       AND rollout_id IS NULL)
-           THEN least((SELECT min(first_ingested_ns) FROM decomposed
-                       WHERE version = '{VERSION}' AND row_kind = 'open'),
-                      (SELECT min(first_ingested_ns) FROM decomposed
-                       WHERE version = '{VERSION}' AND row_kind = 'rollout'
-                       AND rollout_id IN (SELECT rollout_id FROM kept_sel)
-                       AND rollout_id NOT IN (SELECT rollout_id FROM kept_clean)))
-           ELSE 0 END AS since
-),
-"""
-_SINCE = "(SELECT since FROM live_since)"
-_NOT_KEPT = "rollout_id NOT IN (SELECT rollout_id FROM kept_clean)"
 # the rollouts `materialize` keeps: finished, not kept (the DELETE before it dropped the dirty ones)
 _TO_KEEP = f"status <> 'open' AND rollout_id NOT IN (SELECT rollout_id FROM decomposed WHERE version = '{VERSION}')"
 # what a rollout read live can hold: its spans after the first (rollout_spans' rule); the one row without rollout:
@@ -120,28 +68,6 @@ UNION ALL
 SELECT '{VERSION}', $watermark, 'open', NULL, coalesce(min(ingested_ns), $watermark + 1)
 FROM spans
 WHERE ingested_ns >= $since AND rollout_id IS NULL AND response_id IS NOT NULL AND kind <> 'SERVER'"""
-
-
-def _with_clean(query: str, kept_filter: str) -> str:
-    """``query`` (the decomposer's statement) with the CTEs that find the clean kept rollouts first."""
-    head = "WITH RECURSIVE\n"
-    assert query.lstrip().startswith(head), "the decomposer's statement opens with WITH RECURSIVE"
-    return query.replace(head, head + _CLEAN_CTES.replace("__KEPT_FILTER__", kept_filter), 1)
-
-
-def read_statement(sel: Selection, columns: Sequence[str], params: dict[str, Any]) -> str:
-    """One SELECT: the kept rows of ``sel``'s clean rollouts, and the rest decomposed live."""
-    live = statement(sel, columns, params, rollouts_also=_NOT_KEPT, since=_SINCE)
-    other_kinds = set(REWARD_COLUMNS) | set(ROLLOUT_COLUMNS)
-    unread = [c for c in CALL_COLUMNS if c in LIGHT_CALL_SQL and c not in columns and c not in other_kinds]
-    kept = f"""
-UNION ALL BY NAME  -- kept rows of the clean rollouts (store/kept_rollouts.py)
-SELECT d.* EXCLUDE (version, watermark_ns, first_ingested_ns{''.join(', ' + c for c in unread)})
-FROM decomposed d
-WHERE d.version = '{VERSION}' AND d.rollout_id IN (SELECT rollout_id FROM kept_clean)
-  AND (d.row_kind <> 'call' OR ({call_filter(sel, params, "d.agent", "d.policy_version")}))
-"""
-    return _with_clean(live, rollout_filter(sel, params)) + kept
 
 
 def materialize(store: Any) -> dict[str, int]:
@@ -165,9 +91,9 @@ def materialize(store: Any) -> dict[str, int]:
 
 def _keep(cur: duckdb.DuckDBPyConnection) -> dict[str, int]:
     # the dirty kept rollouts and where live reads start, in one pass over the spans since the last run
-    dirty, since = cur.execute(_with_clean("WITH RECURSIVE\nnone AS (SELECT 1)\nSELECT (SELECT list(rollout_id) FROM "
-                                           "kept_sel WHERE rollout_id NOT IN (SELECT rollout_id FROM kept_clean)), "
-                                           "(SELECT since FROM live_since)", "TRUE")).fetchone()
+    dirty, since = cur.execute(with_clean("WITH RECURSIVE\nnone AS (SELECT 1)\nSELECT (SELECT list(rollout_id) FROM "
+                                          "kept_sel WHERE rollout_id NOT IN (SELECT rollout_id FROM kept_clean)), "
+                                          "(SELECT since FROM live_since)", "TRUE")).fetchone()
     watermark = cur.execute("SELECT coalesce(max(ingested_ns), 0) FROM spans").fetchone()[0]
     dropped = cur.execute(f"DELETE FROM decomposed WHERE row_kind <> 'open' AND (version <> '{VERSION}' "
                           f"OR rollout_id IN (SELECT unnest($dirty::VARCHAR[])))", {"dirty": dirty or []}).fetchone()[0]

@@ -27,7 +27,7 @@ pushes the weights into the server (in process) and logs. Failed rollouts are re
 Output: ``checkpoint-<step>/`` (HF folder + optimizer/RNG state + ``trainer_state.json``),
 ``config.json`` (resolved), ``history.jsonl``, ``reward_curve.png``, ``runs/`` (TensorBoard).
 ``resume=True`` continues from the newest checkpoint: same step count, history and task sequence.
-``async_steps=True`` runs the next step's rollouts while the current update computes (``overlap.py``).
+``async_steps=True`` runs the next step's rollouts while the current update computes (``rollouts/prefetch.py``).
 
 Many processes (``accelerate launch --num_processes N train.py``, GRPO): rank 0 does everything above;
 the other ranks only set the algorithm up and, each update, receive rank 0's transitions (broadcast),
@@ -74,7 +74,7 @@ from spanrl.trainer.config import (
 from spanrl.trainer.console import Console
 from spanrl.trainer.lifecycle import TRAINER_REFUSALS as _WHY
 from spanrl.trainer.lifecycle import State
-from spanrl.trainer.overlap import RolloutPrefetch, StepRollouts, policy_lag
+from spanrl.rollouts.prefetch import RolloutPrefetch, StepRollouts, policy_lag
 from spanrl.trainer.reporting import Callback, CurvePlot, HistoryFile, NonFiniteGuard, RowLog, Scalars, StageClock
 from spanrl.rollouts.runner import RolloutJob, RolloutResult
 from spanrl.trainer.services import Services

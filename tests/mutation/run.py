@@ -5,7 +5,7 @@ filter over the named functions) and runs the fast ``test_grpo_loss.py``. Mutant
 the committed tree (``mutation-results/tree``, ``git archive HEAD``, imported first through PYTHONPATH), never in
 the checkout: commit new tests before a run.
 
-    .venv/bin/python tests/mutation/run.py [--retest-survivors] [credit|decomposer|decomposer_sql|grpo ...]
+    .venv/bin/python tests/mutation/run.py [--retest-survivors] [credit|decomposer|grpo ...]
 
 ``--retest-survivors`` refreshes the copy and runs again only the mutants that survived last time (after
 adding tests that should kill them).
@@ -40,9 +40,8 @@ _DECOMPOSER_TESTS = (f"{_PYTEST} tests/store/test_decomposer.py tests/store/test
 TARGETS: dict[str, tuple[str, str]] = {
     "credit": ("algorithms/credit.py",
                f"{_PYTEST} --noconftest tests/algorithms/test_credit.py tests/algorithms/test_credit_gigpo.py"),
-    # the decomposer runs its statement (decomposer_sql.py) through the kept-rows path (kept_rollouts.py) by default
+    # the decomposer's Python (its SQL text is decomposer.sql), run through the kept-rows path by default
     "decomposer": ("store/decomposer.py", _DECOMPOSER_TESTS),
-    "decomposer_sql": ("store/decomposer_sql.py", _DECOMPOSER_TESTS),
     "grpo": ("algorithms/grpo.py", f"{_PYTEST} tests/algorithms/test_grpo_loss.py"),
 }
 """Name -> (module to mutate, the test command that must fail on each mutant)."""

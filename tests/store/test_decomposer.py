@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any, Sequence
 
 import numpy as np
@@ -486,7 +488,7 @@ def test_selection_refuses_an_empty_time_window() -> None:
 
 
 def test_call_columns_must_be_names_and_the_first_unknown_is_named() -> None:
-    from spanrl.store.decomposer_sql import call_columns as _call_columns
+    from spanrl.store.decomposer import call_columns as _call_columns
 
     with pytest.raises(ConfigError, match="^call_columns must be a sequence of column names, got 'step'$"):
         _call_columns("step")
@@ -494,3 +496,17 @@ def test_call_columns_must_be_names_and_the_first_unknown_is_named() -> None:
         _call_columns(["step", 3])
     with pytest.raises(ConfigError, match="^call_columns: no column 'aaa'; "):
         _call_columns(["zzz", "aaa"])
+
+
+def test_the_sql_file_spells_the_semconv_names_as_spanrl_semconv_does() -> None:
+    """store/decomposer.sql writes span names and attribute keys out (as views.sql does): each one it spells is
+    spanrl.semconv's value, and each constant it reads is there, so renaming a constant fails here."""
+    text = resources.files("spanrl.store").joinpath("decomposer.sql").read_text(encoding="utf-8")
+    sql = re.sub(r"--[^\n]*", "", text)  # the comments may name anything
+    assert set(re.findall(r"""'\$\."([^"]+)"'""", sql)) == {  # JSON keys of span and event attributes
+        sc.LLM_LOGPROBS_TEMPERATURE, sc.GEN_AI_REQUEST_TEMPERATURE, sc.GEN_AI_INPUT_MESSAGES, sc.GEN_AI_OUTPUT_MESSAGES,
+        sc.REWARD_NAME, sc.REWARD_VALUE, sc.GEN_AI_EVALUATION_NAME, sc.GEN_AI_EVALUATION_SCORE_VALUE,
+    }
+    names = {sc.REWARD_SPAN_NAME, sc.GEN_AI_EVALUATION_RESULT_EVENT}  # of reward spans and events
+    assert set(re.findall(r"'((?:spanrl|gen_ai)\.[\w.]+)'", sql)) == names
+    assert re.findall(r"'(\w+)'\) AS name", sql) == [sc.DEFAULT_REWARD_NAME] * 3  # a reward without a name

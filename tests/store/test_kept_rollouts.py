@@ -17,7 +17,7 @@ import pytest
 import test_decomposer as cases
 from test_decomposer import Recorder, Rollout, deliver, rows
 from spanrl.store import RemoteStore, SpanStore, kept_rollouts, prune
-from spanrl.store.decomposer import Decomposition, Selection, decompose
+from spanrl.store.decomposer import CALL_COLUMNS, VERSION, Decomposition, Selection, decompose, statement
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ def test_kept_rows_read_like_live_ones(name: str, collector: Any, monkeypatch: p
 
 def _kept(store: SpanStore) -> int:
     return store.sql(f"SELECT count(*) AS n FROM decomposed WHERE row_kind = 'rollout' "
-                     f"AND version = '{kept_rollouts.VERSION}'").column("n")[0].as_py()
+                     f"AND version = '{VERSION}'").column("n")[0].as_py()
 
 
 def _two_rollouts(collector: Any) -> tuple[Recorder, Rollout]:
@@ -197,10 +197,8 @@ def test_prune_deletes_the_kept_rows_of_the_rollouts_it_deletes(collector: Any) 
 
 
 def test_table_columns_are_the_statements_output(tmp_path: Any) -> None:
-    from spanrl.store.decomposer_sql import CALL_COLUMNS as _CALL_COLUMNS, statement
-
     with SpanStore.open(tmp_path / "s.duckdb") as store:
-        described = store.sql(f"DESCRIBE {statement(Selection(), _CALL_COLUMNS, {})}")
+        described = store.sql(f"DESCRIBE {statement(Selection(), CALL_COLUMNS, {})}")
         table = store.sql("DESCRIBE decomposed")
     out = list(zip(described.column("column_name").to_pylist(), described.column("column_type").to_pylist()))
     kept = list(zip(table.column("column_name").to_pylist(), table.column("column_type").to_pylist()))
