@@ -59,7 +59,7 @@ WITH sp AS (
     FROM rollout_rewards($horizon_ns - $max_age_ns, usable_only := FALSE) r JOIN sp s ON s.rid = r.rid
     WHERE $reward_name IS NULL OR r.name = $reward_name
 ), by_response AS (  -- the one rollout of the policy server's calls with that response id (none when two claim it):
-    -- only SERVER spans, whose response id only the policy server's token can store (collector/identity.py)
+    -- only SERVER spans, whose response id only the policy server's token can store (collector/admission.py)
     SELECT response_id, min(rollout_id) AS rollout_id FROM sp
     WHERE response_id IN (SELECT fb_response FROM rw) AND kind = 'SERVER'
       AND rollout_id IS NOT NULL AND name <> '{sc.FEEDBACK_SPAN_NAME}'

@@ -137,7 +137,7 @@ SELECT *, CASE WHEN failed THEN 'error' WHEN ended_by IS NOT NULL THEN 'finished
 FROM e;
 
 -- A usable reward: finite, |r| <= reward_abs_max() (semconv.REWARD_ABS_MAX). The collector rejects
--- the rest at ingest (collector/rewards.py); these drop what was stored before it did, so no reader
+-- the rest at ingest (collector/admission.py); these drop what was stored before it did, so no reader
 -- (these views, the decomposer, load_transitions, the online trainer) sees one.
 CREATE OR REPLACE MACRO reward_abs_max() AS 1e6::DOUBLE;
 CREATE OR REPLACE MACRO reward_usable(x) AS coalesce(isfinite(x) AND abs(x) <= reward_abs_max(), FALSE);
