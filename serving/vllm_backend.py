@@ -11,12 +11,13 @@ vLLM reports it after top-p masking (renormalised over the nucleus), which the t
 does not. Weights: ``load_weights`` on the model fails on CPU (linear weights are repacked at load), so
 new weights go through the worker's ``reload_weights`` as tensors (a folder is read here first: with
 ``weights_path`` a tied output head kept its old repacked copy), then the prefix cache is reset (a
-stale cache scores prompts with the old weights).
+stale cache scores prompts with the old weights). LoRA adapters: vLLM's own (``serving/vllm_adapters.py``).
 """
 
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import pathlib
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from typing import Any
 
 from spanrl.errors import ServingError
 from spanrl.serving.backend import Completion, GenerationRequest, check_finite_weights
+from spanrl.serving.vllm_adapters import VLLMAdapters, lora_engine_options
 
 __all__ = ["VLLMBackend"]
 
@@ -42,7 +44,9 @@ class VLLMBackend:
         dtype: str = "auto",
         max_context_tokens: int | None = None,
         seed: int = 0,
+        adapters: dict[str, str | pathlib.Path] | None = None,
     ) -> None:
+        """``adapters``: LoRA adapter name -> PEFT adapter folder, served beside the base (vLLM's LoRA)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # one process: tensors reach the worker
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", _CPU_KVCACHE_GIB)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # no per-request INFO lines on screen
@@ -63,6 +67,8 @@ class VLLMBackend:
         # engine, and then disables torch.set_num_threads; the batcher thread must run with the same count.
         self._threads = torch.get_num_threads()
         self._set_threads = torch.set_num_threads
+        folders = {name: pathlib.Path(folder) for name, folder in (adapters or {}).items()}
+        lora = lora_engine_options(folders)
         try:
             self.llm = vllm.LLM(
                 model=str(model_dir),
@@ -73,25 +79,35 @@ class VLLMBackend:
                 gpu_memory_utilization=_GPU_MEMORY_UTILIZATION,
                 logprobs_mode="processed_logprobs",
                 enable_prefix_caching=True,
+                **lora,
             )
         except (OSError, ValueError) as exc:
             raise ServingError(f"model: vLLM cannot load {str(model_dir)!r}: {exc}") from exc
+        self.adapters = VLLMAdapters(self.llm, folders, lora.get("max_lora_rank"))
         self.tokenizer = self.llm.get_tokenizer()
         self.max_context_tokens = int(self.llm.llm_engine.model_config.max_model_len)
+
+    @property
+    def adapter_names(self) -> list[str]:
+        """The LoRA adapters served beside the base model."""
+        return self.adapters.names
 
     # --- generation -------------------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
         """Generate every choice of every request in one ``LLM.generate`` call.
 
         Each choice is its own vLLM request (``n=1``, seed ``seed + i``), as the transformers backend
-        seeds choices; vLLM refuses ``n > 1`` when greedy, and the prefix cache shares the prompt."""
+        seeds choices; vLLM refuses ``n > 1`` when greedy, and the prefix cache shares the prompt. Each
+        request runs with its own adapter (vLLM mixes adapters in a batch correctly)."""
         import torch
 
         if torch.get_num_threads() != self._threads:  # a new thread starts at OpenMP's default
             self._set_threads(self._threads)
         rows = [(req, i) for req in requests for i in range(req.n)]
         prompts = [{"prompt_token_ids": list(req.prompt_ids)} for req, _ in rows]
-        outputs = self.llm.generate(prompts, [self._sampling_params(req, i) for req, i in rows], use_tqdm=False)
+        loras = [self.adapters.request(req.adapter) for req, _ in rows]
+        outputs = self.llm.generate(prompts, [self._sampling_params(req, i) for req, i in rows],
+                                    lora_request=loras if any(loras) else None, use_tqdm=False)
         done: dict[int, list[Completion]] = {id(req): [] for req in requests}
         for (req, i), out in zip(rows, outputs):
             done[id(req)].append(self._completion(req, i, out.outputs[0]))
@@ -135,11 +151,15 @@ class VLLMBackend:
         return Completion(ids, lps, text, reason, top)
 
     # --- weights ----------------------------------------------------------------------------------
-    def load_weights(self, source: Any) -> None:
-        """Load new weights: a folder of safetensors, a ``state_dict`` or a module (copied, not kept).
+    def load_weights(self, source: Any, adapter: str | None = None) -> None:
+        """Load new weights: a folder of safetensors, a ``state_dict`` or a module (copied, not kept); with
+        ``adapter``, that LoRA adapter's (`VLLMAdapters.load`), the base and other adapters untouched.
 
         Names and shapes are checked against the served checkpoint first, so a bad source leaves the
         old weights whole."""
+        if adapter is not None:
+            self.adapters.load(adapter, source)
+            return
         if isinstance(source, (str, pathlib.Path)):
             try:
                 state = _read_safetensors(pathlib.Path(source))
@@ -176,8 +196,15 @@ class VLLMBackend:
                 raise ServingError(f"weights: {key} has shape {shape}, the model {own[key]}")
 
     def close(self) -> None:
-        """Drop the engine."""
-        self.llm = None  # type: ignore[assignment]
+        """Shut the engine down now (and remove the adapters' scratch folders). vLLM tears its process-wide
+        parallel state down when the engine is collected: left to the garbage collector, that may happen while
+        the next server's engine is being built, which then has no tensor-parallel group (its LoRA layers fail)."""
+        self.adapters.close()
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            gc.collect()
 
 
 def _model_shapes(folder: pathlib.Path) -> tuple[dict[str, tuple[int, ...]], bool]:

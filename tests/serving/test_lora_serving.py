@@ -166,8 +166,6 @@ def test_lora_modules_are_checked(tiny_model_dir, adapters, tmp_path):
     with pytest.raises(ConfigError, match="base model's name"):
         ServerConfig(model=tiny_model_dir, served_model_name="tiny",
                      lora_modules={"tiny": str(adapters["writer"])}).validate()
-    with pytest.raises(ConfigError, match="transformers backend only"):
-        ServerConfig(model=tiny_model_dir, backend="vllm", lora_modules={"w": str(adapters["writer"])}).validate()
 
 
 def test_batcher_groups_queued_requests_by_adapter(tiny_model_dir, adapters, caplog):
