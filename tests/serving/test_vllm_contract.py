@@ -14,21 +14,14 @@ this module only swaps the ``served`` fixture, and any ``ServerConfig`` those te
 from __future__ import annotations
 
 import functools
-import os
 import pathlib
-import sys
 from collections.abc import Iterator
 
 import pytest
 
-_VLLM_VENV = pathlib.Path(__file__).resolve().parents[2] / ".venv-vllm"
-try:
-    import vllm  # noqa: F401
-except Exception as exc:  # ImportError, or a broken build's own error (e.g. a CUDA-only torchvision)
-    if os.environ.get("CI") == "true" and pathlib.Path(sys.prefix).resolve() == _VLLM_VENV.resolve():
-        pytest.fail(f"CI: .venv-vllm cannot import vllm: {type(exc).__name__}: {exc}", pytrace=False)
-    pytest.skip(f"needs vLLM: `make test-vllm` runs this module in .venv-vllm ({type(exc).__name__}: {exc})",
-                allow_module_level=True)
+from conftest import require_vllm  # noqa: E402
+
+require_vllm()
 
 import test_policy_server  # noqa: E402
 from conftest import ServerWithSpans  # noqa: E402

@@ -13,22 +13,15 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import os
 import pathlib
 import shutil
-import sys
 from collections.abc import Iterator
 
 import pytest
 
-_VLLM_VENV = pathlib.Path(__file__).resolve().parents[2] / ".venv-vllm"
-try:
-    import vllm  # noqa: F401
-except Exception as exc:  # ImportError, or a broken build's own error
-    if os.environ.get("CI") == "true" and pathlib.Path(sys.prefix).resolve() == _VLLM_VENV.resolve():
-        pytest.fail(f"CI: .venv-vllm cannot import vllm: {type(exc).__name__}: {exc}", pytrace=False)
-    pytest.skip(f"needs vLLM: `make test-vllm` runs this module in .venv-vllm ({type(exc).__name__}: {exc})",
-                allow_module_level=True)
+from conftest import require_vllm  # noqa: E402
+
+require_vllm()
 
 import test_lora_serving  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
@@ -37,6 +30,7 @@ from test_lora_serving import (  # noqa: E402,F401 - collected again here, on vL
     _PROMPTS,
     _alone,
     _greedy,
+    _server,
     adapters,
     test_models_lists_the_base_and_each_adapter,
     test_reload_of_one_adapter_bumps_only_its_version,
@@ -83,8 +77,7 @@ def test_two_adapters_served_concurrently_match_each_adapter_alone(adapters, tin
 
 
 def _served(model: pathlib.Path, **modules: pathlib.Path) -> PolicyServer:
-    return PolicyServer(VLLMServerConfig(model=model, port=0, otlp_endpoint=None, served_model_name="tiny",
-                                         lora_modules={k: str(v) for k, v in modules.items()}))
+    return _server(model, modules)  # test_lora_serving's, on vLLM (ServerConfig is patched above)
 
 
 def test_a_vllm_adapter_gives_the_tokens_of_its_merged_weights(tiny_model_dir, adapters, tmp_path):
