@@ -27,6 +27,7 @@ _COMMAND_MODULES = (
     "spanrl.store._cli",
     "spanrl.serving._cli",
     "spanrl.trainer._cli",
+    "spanrl.sweep._cli",
     "spanrl.demo._cli",
     "spanrl.algorithms._cli",
     "spanrl.ui._cli",

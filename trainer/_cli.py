@@ -40,15 +40,6 @@ def register(subparsers: Any) -> None:
                             "(its keys: docs/online-config.md)")
     train.set_defaults(func=_train)
     needs_extra(train, "train")
-    sweep = subparsers.add_parser(
-        "sweep", help="grid or random search over train-config keys, as Ray Tune trials",
-        description="Run a grid or random search over train-config keys (trainer/sweep.py documents the YAML); "
-                    "print one line per trial and the best config. Needs spanrl[ray].",
-    )
-    sweep.add_argument("config", help="the sweep's YAML: train, parameters, search, metric, ...")
-    sweep.add_argument("--verbose", "-v", action="store_true", help="Ray's and Tune's messages on the terminal too")
-    sweep.set_defaults(func=_sweep)
-    needs_extra(sweep, "train")  # and ray: a missing ray names the ray extra (spanrl.extras)
 
 
 def output_options(parser: argparse.ArgumentParser) -> None:
@@ -99,13 +90,6 @@ def _train(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary))
     return 0
-
-
-def _sweep(args: argparse.Namespace) -> int:
-    from spanrl.trainer.sweep import run_sweep
-
-    rows = run_sweep(Path(args.config), verbose=args.verbose)
-    return 0 if any(row["error"] is None for row in rows) else 1
 
 
 def _summary_line(summary: dict[str, Any]) -> str:

@@ -37,7 +37,7 @@ import math
 import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -172,12 +172,12 @@ class OnlineTrainer:
 
     ``algorithm``: a weight-training `Algorithm` (default ``GRPO()``); ``store``: anything with
     ``sql(query, params)`` (default: ``RemoteStore(config.store_url)``); ``callbacks``: reporting
-    callbacks (``trainer/reporting.py``) besides ``history.jsonl``; ``on_step``: called with each history
-    row. ``run()`` until ``max_updates`` / ``max_seconds`` / ``stop()``, then ``close()``.
+    callbacks (``trainer/reporting.py``: a console line, metrics) each history row goes to after
+    ``history.jsonl``. ``run()`` until ``max_updates`` / ``max_seconds`` / ``stop()``, then ``close()``.
     """
 
     def __init__(self, config: OnlineConfig, *, algorithm: Any = None, store: Any = None,
-                 callbacks: Sequence[Callback] = (), on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 callbacks: Sequence[Callback] = ()) -> None:
         self.config = config.validate()
         if algorithm is None:
             from spanrl.algorithms import GRPO
@@ -192,7 +192,6 @@ class OnlineTrainer:
         self.store = store
         self.server = PolicyClient(config.server_url)
         self.output_dir = Path(config.output_dir)
-        self.on_step = on_step
         self._extra_callbacks = list(callbacks)
         self._callbacks: list[Callback] = []
         self._stop = threading.Event()
@@ -405,8 +404,6 @@ class OnlineTrainer:
     def _report(self, row: dict[str, Any]) -> dict[str, Any]:
         for callback in self._callbacks:
             callback.on_row(row)
-        if self.on_step is not None:
-            self.on_step(row)
         return row
 
     def _advantages(self, used: list[ReadyRollout], state: OnlineState) -> list[float]:

@@ -23,11 +23,12 @@ import json
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from spanrl.errors import ConfigError, SpanRLError
+from spanrl.trainer.reporting import Callback
 
-__all__ = ["build_online_trainer", "run_online"]
+__all__ = ["OnlineConsole", "build_online_trainer", "run_online"]
 
 
 def build_online_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
@@ -49,22 +50,25 @@ def build_online_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     # as in `spanrl train`: the model is found beside the config, the output goes where the user runs it
     if isinstance(raw.get("model"), str) and not Path(raw["model"]).is_absolute():
         raw["model"] = str(base / raw["model"])
-    return OnlineTrainer(OnlineConfig(**raw), algorithm=GRPO(**algo), on_step=_print_step)
+    return OnlineTrainer(OnlineConfig(**raw), algorithm=GRPO(**algo), callbacks=[OnlineConsole()])
 
 
-def _print_step(row: dict[str, Any]) -> None:
-    """One line per update (and per guard verdict), for people watching the terminal."""
-    if row.get("event") is not None:
-        print(_verdict_line(row), flush=True)
-        return
+class OnlineConsole(Callback):
+    """What a person watching the terminal sees: one line per update and per guard verdict."""
+
+    def on_row(self, row: Mapping[str, Any]) -> None:
+        print(_verdict_line(row) if row.get("event") is not None else _update_line(row), flush=True)
+
+
+def _update_line(row: Mapping[str, Any]) -> str:
     reward = "-" if row.get("reward_mean") is None else f"{row['reward_mean']:.2f}"
     lag = "-" if row.get("policy_lag_mean") is None else f"{row['policy_lag_mean']:.1f}"
-    print(f"update {row['step']}: {row['rollouts']} rollouts, reward {reward}, lag {lag} versions, "
-          f"now serving v{row.get('policy_version')} (stale {row.get('stale', 0)}, aged out {row.get('aged_out', 0)}, "
-          f"trained {row.get('trained', 0)})", flush=True)
+    return (f"update {row['step']}: {row['rollouts']} rollouts, reward {reward}, lag {lag} versions, "
+            f"now serving v{row.get('policy_version')} (stale {row.get('stale', 0)}, "
+            f"aged out {row.get('aged_out', 0)}, trained {row.get('trained', 0)})")
 
 
-def _verdict_line(row: dict[str, Any]) -> str:
+def _verdict_line(row: Mapping[str, Any]) -> str:
     p_value = "-" if row.get("p_value") is None else f"{row['p_value']:.2g}"
     line = (f"guard: update {row['trial_step']} (v{','.join(map(str, row['trial_versions']))}) {row['event']}: "
             f"live reward {row['reward_new']:.2f} over {row['judged_new']} vs {row['reward_previous']:.2f} over "

@@ -1,10 +1,11 @@
 """A production agent for the guard test: requests at a steady rate, each one rollout, judged at once.
 
-The user's verdict is how varied the answer is (distinct words / max_tokens, a continuous reward): the
-tiny random model samples nearly uniformly and scores about 0.5; a model one huge step has ruined
-answers the same few words over and over (or stops at once) and scores 0.25 or less. It sends the
-verdict by rollout id with ``spanrl.emit_feedback`` and logs one JSON line per request (rollout id,
-policy version, reward).
+The user's verdict is how varied the answer is (distinct words / max_tokens, a continuous reward), and 0
+for an answer that repeats the previous one word for word: the tiny random model samples nearly uniformly
+and scores about 0.5; a model one huge step has ruined is all but greedy (its logits are huge), answers the
+same words every time and scores about 0, whatever words its one answer holds. It sends the verdict by
+rollout id with ``spanrl.emit_feedback`` and logs one JSON line per request (rollout id, policy version,
+reward).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure(service_name=f"guard-{args.name}")
     client = openai.OpenAI(base_url=f"{args.server}/v1", api_key="unused", max_retries=5)
-    started, n = time.monotonic(), 0
+    started, n, previous = time.monotonic(), 0, None
     with open(args.log, "a") as log:
         while True:
             rollout_id = f"{args.name}-{n}"
@@ -42,8 +43,9 @@ def main(argv: list[str] | None = None) -> int:
             except openai.OpenAIError as exc:
                 print(f"{args.name}: request {n} failed: {exc}", file=sys.stderr)
             else:
-                words = (response.choices[0].message.content or "").split()
-                reward = len(set(words)) / args.max_tokens
+                answer = response.choices[0].message.content or ""
+                reward = 0.0 if answer == previous else len(set(answer.split())) / args.max_tokens
+                previous = answer
                 spanrl.emit_feedback(reward, rollout_id=rollout_id)
                 version = (response.model_extra or {}).get("policy_version")
                 log.write(json.dumps({"rollout_id": rollout_id, "policy_version": version, "reward": reward}) + "\n")

@@ -14,7 +14,7 @@ import yaml
 pytest.importorskip("ray", reason="Ray is not installed: pip install 'spanrl[ray]'")
 
 from spanrl.errors import ConfigError  # noqa: E402
-from spanrl.trainer.sweep import SweepConfig, apply  # noqa: E402
+from spanrl.sweep.search import SweepConfig, apply  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
