@@ -137,7 +137,8 @@ def fuzz(kind: str, binary: Path, *, runs: int, seconds: int, jobs: int, corpus:
                 f"-seed={job + 1 + int(time.time()) % 100000}",
                 f"-artifact_prefix={BUILD}/", f"-dict={HERE / 'otlp.dict'}", "-timeout=20", "-rss_limit_mb=4096",
                 *limit, str(corpus), str(seeds)]
-        procs.append((subprocess.Popen(fresh_rss(args), stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=_env(kind)), log))
+        proc = subprocess.Popen(fresh_rss(args), stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=_env(kind))
+        procs.append((proc, log))
     codes = [p.wait() for p, _ in procs]
     elapsed = time.monotonic() - started
     logs = [log.read_text(errors="replace") for _, log in procs]

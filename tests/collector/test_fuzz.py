@@ -33,8 +33,8 @@ def test_the_sanitized_decoder_runs_the_corpus_clean(binaries):
     inputs = sorted(map(str, CORPUS.glob("*.bin")))
     assert len(inputs) == 4
     for kind in ("native", "diff"):
-        done = subprocess.run(run.fresh_rss([str(binaries[kind]), *inputs]), env=run._env(kind), capture_output=True, text=True,
-                              timeout=300)
+        done = subprocess.run(run.fresh_rss([str(binaries[kind]), *inputs]), env=run._env(kind),
+                              capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         assert done.stderr.count("Executed ") == 4, done.stderr[-2000:]
 
