@@ -7,6 +7,7 @@ so ``spanrl sql`` never loads torch.
     spanrl export transitions         training rows for offline work
     spanrl serve --model PATH         OpenAI-compatible policy server
     spanrl train CONFIG.yaml          the training loop
+    spanrl sweep SWEEP.yaml           a grid or random search over train-config keys, on Ray Tune
     spanrl demo                       everything, locally, on a tiny model
     spanrl ui                         the viewer in the browser (rollouts, credit, runs, SQL)
 """

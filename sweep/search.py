@@ -10,7 +10,8 @@
       algorithm.beta: {loguniform: [1.0e-4, 1.0e-1]}
     metric: val_success               # the history key each trial is judged by (its last value; higher is better)
     output_dir: spanrl-sweep          # a folder per trial (its Trainer output_dir), Tune's own, spanrl.log
-    address: null                     # a Ray cluster (ray.init's address); None: a Ray on this machine
+    address: null                     # a Ray cluster (ray.init's address); None: RAY_ADDRESS, else the Ray
+                                      # running on this machine, else one started for the sweep ("local": always)
     resources_per_trial: {CPU: 1}
     max_concurrent_trials: 1
 

@@ -23,7 +23,23 @@ import pytest
 # hands it to the agents and servers it starts), so two workers on two cores do not run four threads each.
 if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
     _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _workers))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // _workers))
+
+
+@pytest.fixture(scope="module")
+def one_ray_at_a_time() -> Iterator[None]:
+    """Held by each test module that starts Ray (``pytestmark = pytest.mark.usefixtures(...)``), across
+    pytest-xdist workers: two local clusters at once overload two cores (a raylet misses Ray's registration
+    deadline), and ``ray.init()`` without an address joins whichever cluster started last on the machine."""
+    import fcntl
+    import tempfile
+
+    with open(Path(tempfile.gettempdir()) / "spanrl-tests-ray.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 _READY_PREFIX = "spanrl collector ready"
 _START_TIMEOUT_S = 60.0

@@ -37,7 +37,7 @@ def test_agent_side_import_does_not_load_torch():
 
 def test_cli_lists_every_command():
     out = subprocess.run([sys.executable, "-m", "spanrl", "--help"], capture_output=True, text=True, check=True)
-    for command in ("collector", "sql", "store", "serve", "train", "demo", "export"):
+    for command in ("collector", "sql", "store", "serve", "train", "sweep", "demo", "export", "ui"):
         assert command in out.stdout
 
 

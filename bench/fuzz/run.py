@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -104,9 +105,24 @@ def _run_all(commands: list[list[str]]) -> None:
 
 def fresh_rss(args: list[str]) -> list[str]:
     """``args`` started by a small ``sh`` that forks them. libFuzzer's ``-rss_limit_mb`` reads getrusage's
-    ``ru_maxrss``, which a child inherits from its parent across fork and exec: started straight from a big
-    process (a pytest worker that trained a model, 5.7 GB), the fuzzer was out of memory in its first second."""
+    ``ru_maxrss``, and exec adds in the peak RSS of the image it replaces: started straight from a big process
+    (a pytest worker that trained a model, 5.7 GB), the fuzzer was out of memory in its first second; forked
+    by a fresh ``sh``, it starts from that small image. Start it in a session of its own
+    (``start_new_session=True``) and kill the process group, or a killed ``sh`` leaves the fuzzer running."""
     return ["sh", "-c", '"$@" & wait $!', "sh", *args]
+
+
+def run_fresh(args: list[str], *, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(fresh_rss(args))`` with its output; on a timeout the whole process group is killed."""
+    proc = subprocess.Popen(fresh_rss(args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def _env(kind: str) -> dict[str, str]:
@@ -137,9 +153,16 @@ def fuzz(kind: str, binary: Path, *, runs: int, seconds: int, jobs: int, corpus:
                 f"-seed={job + 1 + int(time.time()) % 100000}",
                 f"-artifact_prefix={BUILD}/", f"-dict={HERE / 'otlp.dict'}", "-timeout=20", "-rss_limit_mb=4096",
                 *limit, str(corpus), str(seeds)]
-        proc = subprocess.Popen(fresh_rss(args), stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=_env(kind))
+        proc = subprocess.Popen(fresh_rss(args), stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=_env(kind),
+                                start_new_session=True)
         procs.append((proc, log))
-    codes = [p.wait() for p, _ in procs]
+    try:
+        codes = [p.wait() for p, _ in procs]
+    except BaseException:  # Ctrl-C or a test's timeout: no fuzzer outlives the run (each is in its own session)
+        for proc, _ in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        raise
     elapsed = time.monotonic() - started
     logs = [log.read_text(errors="replace") for _, log in procs]
     execs = sum(_stat(text, "number_of_executed_units") for text in logs)

@@ -17,6 +17,7 @@ from spanrl.errors import ConfigError  # noqa: E402
 from spanrl.sweep.search import SweepConfig, apply  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.usefixtures("one_ray_at_a_time")  # tests/conftest.py
 
 
 def test_dotted_keys_set_nested_train_config_values() -> None:

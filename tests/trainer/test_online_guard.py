@@ -212,9 +212,9 @@ def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collec
 def test_a_guard_verdict_is_one_line_on_the_terminal(capsys: pytest.CaptureFixture[str]) -> None:
     from spanrl.trainer.online_cli import OnlineConsole
 
-    OnlineConsole().on_row({"step": 2, "event": "rejected", "trial_step": 2, "trial_versions": [2], "reward_new": 0.167,
-                 "judged_new": 35, "reward_previous": 0.671, "judged_previous": 79, "p_value": 5.5e-28,
-                 "restored": "checkpoint-1", "policy_version": 3})
+    OnlineConsole().on_row({"step": 2, "event": "rejected", "trial_step": 2, "trial_versions": [2],
+                            "reward_new": 0.167, "judged_new": 35, "reward_previous": 0.671, "judged_previous": 79,
+                            "p_value": 5.5e-28, "restored": "checkpoint-1", "policy_version": 3})
     assert capsys.readouterr().out == ("guard: update 2 (v2) rejected: live reward 0.17 over 35 vs 0.67 over 79 "
                                        "before (p 5.5e-28); rolled back to checkpoint-1, now serving v3\n")
 

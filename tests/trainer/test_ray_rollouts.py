@@ -66,6 +66,9 @@ _AGENT = textwrap.dedent(
 )
 
 
+pytestmark = pytest.mark.usefixtures("one_ray_at_a_time")  # tests/conftest.py
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     """A head and one worker node, one CPU each, no dashboard; torn down whatever happens."""

@@ -41,6 +41,9 @@ def agent(task: dict, llm: LLMEndpoint) -> float:
     return 1.0 - 0.1 * len((reply.choices[0].message.content or "").split())
 
 
+pytestmark = pytest.mark.usefixtures("one_ray_at_a_time")  # tests/conftest.py
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     """Two nodes of one CPU each: one replica a node."""
