@@ -79,9 +79,9 @@ lint: venv
 # in one process (2026-12-03, AMD EPYC; the one-process run partly beside other jobs). PYTEST_WORKERS=0: one
 # process, as plain `pytest` runs it.
 PYTEST_WORKERS ?= 2
-XDIST = $(if $(filter-out 0,$(strip $(PYTEST_WORKERS))),-n $(strip $(PYTEST_WORKERS)) --dist loadfile)
-# the framework matrix is one file: its tests spread one by one
+# XDIST_TESTS spreads tests one by one (the framework matrix is one file), XDIST a file at a time
 XDIST_TESTS = $(if $(filter-out 0,$(strip $(PYTEST_WORKERS))),-n $(strip $(PYTEST_WORKERS)))
+XDIST = $(if $(XDIST_TESTS),$(XDIST_TESTS) --dist loadfile)
 
 test: venv lint chromium clang
 	cd examples/node-agent && npm install --no-audit --no-fund --loglevel=error

@@ -34,12 +34,9 @@ def one_ray_at_a_time() -> Iterator[None]:
     import fcntl
     import tempfile
 
-    with open(Path(tempfile.gettempdir()) / "spanrl-tests-ray.lock", "w") as lock:
+    with open(Path(tempfile.gettempdir()) / "spanrl-tests-ray.lock", "w") as lock:  # closing it unlocks
         fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        yield
 
 _READY_PREFIX = "spanrl collector ready"
 _START_TIMEOUT_S = 60.0

@@ -35,6 +35,7 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -103,24 +104,29 @@ def _run_all(commands: list[list[str]]) -> None:
             raise subprocess.CalledProcessError(proc.returncode, cmd)
 
 
-def fresh_rss(args: list[str]) -> list[str]:
-    """``args`` started by a small ``sh`` that forks them. libFuzzer's ``-rss_limit_mb`` reads getrusage's
-    ``ru_maxrss``, and exec adds in the peak RSS of the image it replaces: started straight from a big process
-    (a pytest worker that trained a model, 5.7 GB), the fuzzer was out of memory in its first second; forked
-    by a fresh ``sh``, it starts from that small image. Start it in a session of its own
-    (``start_new_session=True``) and kill the process group, or a killed ``sh`` leaves the fuzzer running."""
-    return ["sh", "-c", '"$@" & wait $!', "sh", *args]
+def start_fresh(args: list[str], **popen: Any) -> subprocess.Popen[Any]:
+    """``args`` started by a small ``sh`` that forks them, in a session of their own. libFuzzer's
+    ``-rss_limit_mb`` reads getrusage's ``ru_maxrss``, and exec adds in the peak RSS of the image it replaces:
+    started straight from a big process (a pytest worker that trained a model, 5.7 GB), the fuzzer was out of
+    memory in its first second; forked by a fresh ``sh``, it starts from that small image. Stop it with
+    :func:`kill_group`: killing the ``sh`` alone leaves the fuzzer running."""
+    return subprocess.Popen(["sh", "-c", '"$@" & wait $!', "sh", *args], start_new_session=True, **popen)
+
+
+def kill_group(proc: subprocess.Popen[Any]) -> None:
+    """Kill what :func:`start_fresh` started, the ``sh`` and the fuzzer, unless it has finished."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def run_fresh(args: list[str], *, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
-    """``subprocess.run(fresh_rss(args))`` with its output; on a timeout the whole process group is killed."""
-    proc = subprocess.Popen(fresh_rss(args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    """``subprocess.run`` through :func:`start_fresh`, with its output; on a timeout or Ctrl-C the whole
+    process group is killed."""
+    proc = start_fresh(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+    except BaseException:
+        kill_group(proc)
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
@@ -153,15 +159,12 @@ def fuzz(kind: str, binary: Path, *, runs: int, seconds: int, jobs: int, corpus:
                 f"-seed={job + 1 + int(time.time()) % 100000}",
                 f"-artifact_prefix={BUILD}/", f"-dict={HERE / 'otlp.dict'}", "-timeout=20", "-rss_limit_mb=4096",
                 *limit, str(corpus), str(seeds)]
-        proc = subprocess.Popen(fresh_rss(args), stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=_env(kind),
-                                start_new_session=True)
-        procs.append((proc, log))
+        procs.append((start_fresh(args, stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=_env(kind)), log))
     try:
         codes = [p.wait() for p, _ in procs]
-    except BaseException:  # Ctrl-C or a test's timeout: no fuzzer outlives the run (each is in its own session)
+    except BaseException:  # Ctrl-C or a test's timeout: no fuzzer outlives the run
         for proc, _ in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+            kill_group(proc)
         raise
     elapsed = time.monotonic() - started
     logs = [log.read_text(errors="replace") for _, log in procs]

@@ -124,17 +124,14 @@ def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collec
 
     class Watch(Callback):  # what a person would check when each row lands
         def on_row(self, row: dict[str, Any]) -> None:
-            on_row(row)
-
-    def on_row(row: dict[str, Any]) -> None:
-        seen[row.get("event") or f"update-{row['step']}"] = row
-        seen[f"greedy-{row.get('event') or row['step']}"] = _greedy(server)
-        if row.get("event") == "accepted" and row["trial_step"] == 3:  # judged after the rollback: enough
-            trainer.stop()
-        if row.get("event") == "rejected":
-            weights = load_file(str(out / "checkpoint-1" / "model.safetensors"))
-            live = trainer.algorithm.model.state_dict()
-            seen["restored_weights"] = all(torch.equal(live[k], v) for k, v in weights.items())
+            seen[row.get("event") or f"update-{row['step']}"] = row
+            seen[f"greedy-{row.get('event') or row['step']}"] = _greedy(server)
+            if row.get("event") == "accepted" and row["trial_step"] == 3:  # judged after the rollback: enough
+                trainer.stop()
+            if row.get("event") == "rejected":
+                weights = load_file(str(out / "checkpoint-1" / "model.safetensors"))
+                live = trainer.algorithm.model.state_dict()
+                seen["restored_weights"] = all(torch.equal(live[k], v) for k, v in weights.items())
 
     try:
         for name, log in zip(("a", "b"), logs):
