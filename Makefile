@@ -82,10 +82,12 @@ PYTEST_WORKERS ?= 2
 # XDIST_TESTS spreads tests one by one (the framework matrix is one file), XDIST a file at a time
 XDIST_TESTS = $(if $(filter-out 0,$(strip $(PYTEST_WORKERS))),-n $(strip $(PYTEST_WORKERS)))
 XDIST = $(if $(XDIST_TESTS),$(XDIST_TESTS) --dist loadfile)
+# more pytest options; by default the 15 slowest tests are listed at the end
+PYTEST_ARGS ?= --durations=15
 
 test: venv lint chromium clang
 	cd examples/node-agent && npm install --no-audit --no-fund --loglevel=error
-	$(BIN)/python -m pytest -q -ra $(XDIST)
+	$(BIN)/python -m pytest -q -ra $(XDIST) $(PYTEST_ARGS)
 
 # Coverage-guided fuzzing of the collector's C decoder under ASan + UBSan (bench/fuzz/run.py): 2 processes x
 # 5,000,000 native executions, then 2 x 1,000,000 with the differential check against the Python decoder

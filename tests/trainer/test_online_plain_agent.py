@@ -32,7 +32,7 @@ def _config(tmp_path: Path, model: Path, server_url: str, store_url: str) -> Pat
     path = tmp_path / "online.yaml"
     path.write_text(
         f"model: {model}\nserver_url: {server_url}\nstore_url: {store_url}\noutput_dir: {tmp_path / 'online'}\n"
-        "algorithm: {name: grpo, learning_rate: 1.0e-1}\n"
+        "algorithm: {name: grpo, learning_rate: 5.0e-2}\n"  # 1e-1 collapsed to one colour for all, 2 runs in 8
         "poll_interval_s: 0.5\nsettle_s: 1.0\nmax_age_s: 8\nquiet_s: 1.0\n"  # conversations end by quiet time
         f"min_rollouts: 32\nmax_rollouts: 64\nmax_policy_lag: 3\nmax_updates: {_UPDATES}\n"
     )
@@ -103,5 +103,7 @@ def test_online_trainer_learns_from_agents_without_spanrl_ids(tmp_path: Path, co
 
     (early, n_early), (late, n_late) = success(0), success(final)
     assert n_early >= 32 and n_late >= _LATE_REQUESTS, (n_early, n_late)
-    # (10 updates, 6 runs: 0.19-0.23 -> 0.33-0.73, a rise of 0.11-0.50; one standard error of it is about 0.07)
-    assert late >= early + 0.12, (early, late)
+    # Past 1/3, what one colour said to every question scores: at learning rate 1e-1 one run in about eight
+    # collapsed to it (0.25 -> 0.37, "blue blue blue" for all). At 5e-2, 10 runs in pairs (2026-12-03): 0.05-0.20
+    # -> 0.53-0.97, a rise of 0.34-0.80 (median 0.52); one standard error of it is about 0.05.
+    assert late >= 0.45 and late >= early + 0.2, (early, late)
