@@ -36,7 +36,7 @@ def build_online_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     from spanrl.algorithms import GRPO
     from spanrl.algorithms.grpo import GRPOConfig
     from spanrl.trainer.online import OnlineConfig, OnlineTrainer
-    from spanrl.trainer.train_config import check_keys
+    from spanrl.train_config import check_keys
 
     if not isinstance(raw, dict):
         raise ConfigError("the online config must be a mapping of settings")
