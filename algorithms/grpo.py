@@ -21,6 +21,7 @@ What TRL sees per micro-batch (B rows, P prompt and C completion positions)::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -105,6 +106,9 @@ class GRPOConfig:
     is not bf16 rounding noise (not with ``lora``: TRL 1.16 cannot cast a PEFT model's head)."""
     length_bucketing: bool = True
     """Sort each mini-batch's rows by length before cutting micro-batches: less compute on padding."""
+    skip_zero_advantage: bool = True
+    """No forward or backward for rows of advantage 0 (a group whose rewards agree): with dapo, cispo or vespo
+    and ``beta`` 0 their losses are 0 and the divisor counts them anyway: the same gradient. One process only."""
 
     def validate(self) -> GRPOConfig:
         """Raise :class:`ConfigError` naming the first bad field; return self."""
@@ -125,7 +129,7 @@ class GRPOConfig:
         for name in ("num_iterations", "max_completion_length"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        for name in ("bf16", "fp32_lm_head", "length_bucketing"):
+        for name in ("bf16", "fp32_lm_head", "length_bucketing", "skip_zero_advantage"):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (name == "bf16" and value is None):
                 allowed = "True, False or None" if name == "bf16" else "True or False"
@@ -292,14 +296,19 @@ class GRPO(Algorithm):
         micro = min(cfg.micro_batch_size or mini, mini)
         prompt_lengths, completion_lengths = data.prompt_mask.sum(1), data.completion_mask.sum(1)
         device = trainer.accelerator.device
-        stats: dict[str, list[float]] = {"policy_loss": [], "grad_norm": [], "kl": [0.0, 0.0]}
+        stats: dict[str, list[float]] = {"policy_loss": [], "grad_norm": [], "kl": [0.0, 0.0], "skipped": [0.0]}
+        inert = self._zero_advantage_inert()
         for _ in range(cfg.num_iterations):
             order = torch.randperm(n)
             for start in range(0, n, mini):
                 rows = order[start : start + mini]
-                n_micro = math.ceil(len(rows) / micro)
                 # Many processes: the divisor is the loss-token count of every rank's mini-batch together.
                 (tokens,) = self._sum_over_ranks([float(data.loss_mask[rows].sum())])
+                if inert:  # the divisor above still counts them: the gradient is unchanged
+                    kept = rows[data.advantages[rows] != 0]
+                    stats["skipped"][0] += len(rows) - len(kept)
+                    rows = kept
+                n_micro = max(1, math.ceil(len(rows) / micro))
                 trainer.current_gradient_accumulation_steps = n_micro
                 step_loss = 0.0
                 parts = length_sorted_micro_batches(rows, prompt_lengths, completion_lengths, micro,
@@ -316,7 +325,7 @@ class GRPO(Algorithm):
                 # Each rank's loss is world x its share of the global loss (TRL's convention, undone by the
                 # gradient mean): the mean over ranks is the one-process loss.
                 stats["policy_loss"].append(self._sum_over_ranks([step_loss])[0] / self.world)
-                stats["grad_norm"].append(self._optimizer_step())
+                stats["grad_norm"].append(self._optimizer_step(zero_grads=not len(rows)))
         if self.sharding is not None:
             self.sharding.gather()  # every rank: full weights (reload, checkpoint) onto rank 0
         self.step += 1
@@ -376,17 +385,29 @@ class GRPO(Algorithm):
         device = trainer.accelerator.device
         input_ids = torch.cat([data.prompt_ids, data.completion_ids], dim=1).to(device)
         attention = torch.cat([data.prompt_mask, data.completion_mask], dim=1).to(device=device, dtype=torch.long)
-        context = _adapters_off(trainer.model) if ref and trainer.ref_model is None else _nullcontext()
+        context = _adapters_off(trainer.model) if ref and trainer.ref_model is None else contextlib.nullcontext()
         with context, update_autocast(self.bf16, device):
             logps, _, _ = trainer._get_per_token_logps_and_entropies(
                 model, input_ids, attention, data.completion_ids.size(1), batch_size=self.config.micro_batch_size
             )
         return logps.float().cpu()
 
-    def _optimizer_step(self) -> float:
-        """Clip, step the optimizer and scheduler, zero the gradients; returns the pre-clip grad norm."""
+    def _zero_advantage_inert(self) -> bool:
+        """Whether rows with advantage 0 add nothing to the gradient (``GRPOConfig.skip_zero_advantage``)."""
+        cfg = self.config
+        return (cfg.skip_zero_advantage and cfg.beta == 0 and cfg.loss_type in ("dapo", "cispo", "vespo")
+                and self.world == 1 and self.sharding is None and not self.trainer._entropy_bonus_enabled
+                and self.trainer.top_entropy_quantile == 1.0)
+
+    def _optimizer_step(self, *, zero_grads: bool = False) -> float:
+        """Clip, step the optimizer and scheduler, zero the gradients; returns the pre-clip grad norm.
+        ``zero_grads``: no row ran (every advantage 0), the step is taken on zero gradients, as it would
+        have been (AdamW still moves the weights by its momentum)."""
         trainer = self.trainer
         params = [p for p in trainer.model.parameters() if p.requires_grad]
+        if zero_grads:
+            for p in params:
+                p.grad = torch.zeros_like(p)
         if self.sharding is not None:  # FSDP already reduce-scattered the mean gradient onto each shard
             norm = self.sharding.grad_norm_and_clip(params, self.config.max_grad_norm)
         else:
@@ -426,6 +447,7 @@ class GRPO(Algorithm):
             "charts/reward_mean": reward_sum / max(rows, 1.0),
             "charts/advantage_std": math.sqrt(max(adv_var, 0.0)),
             "charts/transitions": rows,
+            "charts/skipped_rows": stats.get("skipped", [0.0])[0] / self.config.num_iterations,  # per pass
             "charts/update_seconds": seconds,
             "charts/step": float(self.step),
         }
@@ -453,7 +475,6 @@ class GRPO(Algorithm):
         self.trainer.lr_scheduler.load_state_dict(state["scheduler"])
         self.trainer.state.global_step = state["global_step"]
 
-
     def policy_weights(self) -> dict[str, torch.Tensor]:
         """The plain weights the policy server reloads; sharded, rank 0's full copy from the last update."""
         if self.sharding is not None:
@@ -474,14 +495,6 @@ def _approx_kl(new_logps: torch.Tensor, inputs: dict[str, Any]) -> tuple[float, 
     return float((kl * mask).sum()), float(mask.sum())
 
 
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
 def _adapters_off(model: Any) -> Any:
     """Context in which a PEFT model acts as its base model (the reference policy)."""
-    return model.disable_adapter() if hasattr(model, "disable_adapter") else _nullcontext()
+    return model.disable_adapter() if hasattr(model, "disable_adapter") else contextlib.nullcontext()

@@ -94,9 +94,11 @@ def test_server_logprobs_make_the_ratio(model_path: Path, tmp_path: Path) -> Non
         t.old_logprobs = [lp - 0.5 for lp in t.old_logprobs]
     metrics = algo.update(batch)
     assert metrics["losses/approx_kl"] > 0.05
-    # ratio ~ e^0.5 > 1 + epsilon: exactly the tokens with a positive advantage are clipped
+    # ratio ~ e^0.5 > 1 + epsilon: exactly the tokens with a positive advantage are clipped, of the tokens the
+    # update ran (rows of advantage 0 are skipped: skip_zero_advantage)
     positive = sum(len(t.completion_ids) for t in batch.transitions if t.advantage > 0)
-    total = sum(len(t.completion_ids) for t in batch.transitions)
+    total = sum(len(t.completion_ids) for t in batch.transitions if t.advantage != 0)
+    assert 0 < positive < total
     assert metrics["losses/clipfrac"] == pytest.approx(positive / total, abs=0.02)
 
 
@@ -125,6 +127,37 @@ def test_masked_tokens_do_not_move_the_policy(model_path: Path, tmp_path: Path) 
         algo.update(b)
         weights.append(torch.cat([p.detach().flatten() for p in algo.model.parameters()]))
     assert torch.equal(weights[0], weights[1])
+
+
+def test_rows_without_advantage_are_skipped_and_the_weights_are_the_same(model_path: Path, tmp_path: Path) -> None:
+    # A row of advantage 0 (its group's rewards agree) adds nothing to dapo's gradient, and the divisor counts it
+    # either way: skipping its forward and backward leaves the same weights. A step whose rows are all skipped
+    # still moves the weights by AdamW's momentum, as running them would.
+    batch = _batch(_setup(model_path, tmp_path / "probe"), seed=5)
+    for t in batch.transitions[::2]:
+        t.advantage = 0.0
+    zero = copy.deepcopy(batch)
+    for t in zero.transitions:
+        t.advantage = 0.0
+    n_zero = sum(t.advantage == 0.0 for t in batch.transitions)
+    assert 0 < n_zero < len(batch.transitions)
+    weights, skipped = {}, {}
+    for skip in (True, False):
+        algo = _setup(model_path, tmp_path / f"skip-{skip}", skip_zero_advantage=skip, bf16=False, micro_batch_size=4)
+        first = algo.update(batch)
+        after_first = torch.cat([p.detach().flatten() for p in algo.model.parameters()])
+        second = algo.update(zero)
+        weights[skip] = (after_first, torch.cat([p.detach().flatten() for p in algo.model.parameters()]))
+        skipped[skip] = (first["charts/skipped_rows"], second["charts/skipped_rows"])
+    assert skipped == {True: (n_zero, len(batch.transitions)), False: (0, 0)}
+    # Equal up to float summation order (other micro-batches, other padding): 6e-7 at most here, where one
+    # AdamW step moves a weight by up to the learning rate, 5e-4.
+    for with_skip, without in zip(weights[True], weights[False]):
+        assert float((with_skip - without).abs().max()) < 2e-6
+    assert not torch.equal(weights[True][0], weights[True][1])  # the all-zero step moved them (momentum)
+    # Where zero rows do count (the grpo loss averages over rows), nothing is skipped.
+    algo = _setup(model_path, tmp_path / "grpo-loss", loss_type="grpo")
+    assert algo.update(batch)["charts/skipped_rows"] == 0
 
 
 def test_minibatches_and_beta_use_trl_loss(model_path: Path, tmp_path: Path) -> None:
