@@ -26,6 +26,37 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ
     os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // _workers))
 
 
+# The longest test files (2026-12-03, two workers on 2 cores: the SmolLM2 tool agent's learning test alone 25
+# minutes, the multiplication one 10, the demo 8, text-to-SQL 3, the wheel 3.7, the sweep 2.5), longest first.
+LONGEST_FILES = ("tests/examples/test_smollm2_agentic.py", "tests/examples/test_smollm2_multiplication.py",
+                 "tests/trainer/test_demo.py", "tests/trainer/test_demo_from_wheel.py",
+                 "tests/examples/test_text2sql_train.py", "tests/sweep/test_sweep.py")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``, longest files first: xdist hands out files by their number of tests, so the
+    25-minute file started late and ended the run alone. A worker busy with one of them is given small files
+    meanwhile (a worker is always sent its next file before its last test runs)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LongestFirst(LoadFileScheduling):
+        def _assign_work_unit(self, node: Any) -> None:
+            busy = any(scope in LONGEST_FILES and not all(tests.values())  # a long file not done yet
+                       for scope, tests in self.assigned_work.get(node, {}).items())
+            known = [scope for scope in LONGEST_FILES if scope in self.workqueue]
+            if busy or not known:  # the smallest file next: it waits behind the long one, or ends the run
+                scope = min(self.workqueue, key=lambda s: len(self.workqueue[s])) if busy else None
+            else:
+                scope = known[0]
+            if scope is not None:
+                self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
+    return LongestFirst(config, log)
+
+
 @pytest.fixture(scope="module")
 def one_ray_at_a_time() -> Iterator[None]:
     """Held by each test module that starts Ray (``pytestmark = pytest.mark.usefixtures(...)``), across
