@@ -75,9 +75,9 @@ lint: venv
 	$(BIN)/ruff check .
 
 # The suite runs in PYTEST_WORKERS pytest-xdist workers, a test file each at a time (module fixtures stay whole),
-# each worker with its share of the cores for torch (tests/conftest.py): on 2 cores 24.7 minutes against 46.4
-# in one process (2026-12-03, AMD EPYC; the one-process run partly beside other jobs). PYTEST_WORKERS=0: one
-# process, as plain `pytest` runs it.
+# the longest files first, each worker with its share of the cores for torch (tests/conftest.py): on 2 cores
+# 24.7-39.4 minutes by host against 46.4 in one process (2026-12-03, AMD EPYC; docs/measurements.md).
+# PYTEST_WORKERS=0: one process, as plain `pytest` runs it.
 PYTEST_WORKERS ?= 2
 # XDIST_TESTS spreads tests one by one (the framework matrix is one file), XDIST a file at a time
 XDIST_TESTS = $(if $(filter-out 0,$(strip $(PYTEST_WORKERS))),-n $(strip $(PYTEST_WORKERS)))
