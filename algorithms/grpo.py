@@ -447,7 +447,7 @@ class GRPO(Algorithm):
             "charts/reward_mean": reward_sum / max(rows, 1.0),
             "charts/advantage_std": math.sqrt(max(adv_var, 0.0)),
             "charts/transitions": rows,
-            "charts/skipped_rows": stats.get("skipped", [0.0])[0] / self.config.num_iterations,  # per pass
+            "charts/skipped_rows": stats["skipped"][0] / self.config.num_iterations,  # per pass
             "charts/update_seconds": seconds,
             "charts/step": float(self.step),
         }

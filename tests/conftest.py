@@ -46,12 +46,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             busy = any(scope in LONGEST_FILES and not all(tests.values())  # a long file not done yet
                        for scope, tests in self.assigned_work.get(node, {}).items())
             known = [scope for scope in LONGEST_FILES if scope in self.workqueue]
-            if busy or not known:  # the smallest file next: it waits behind the long one, or ends the run
-                scope = min(self.workqueue, key=lambda s: len(self.workqueue[s])) if busy else None
-            else:
-                scope = known[0]
-            if scope is not None:
-                self.workqueue.move_to_end(scope, last=False)
+            if busy:  # the smallest file next: it waits behind the long one
+                self.workqueue.move_to_end(min(self.workqueue, key=lambda s: len(self.workqueue[s])), last=False)
+            elif known:
+                self.workqueue.move_to_end(known[0], last=False)
             super()._assign_work_unit(node)
 
     return LongestFirst(config, log)

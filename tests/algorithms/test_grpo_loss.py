@@ -116,13 +116,18 @@ def test_trl_inputs_trim_the_padding_and_scale_the_tokens(model_path: Path, tmp_
     assert one["completion_ids"].shape == (1, 1) and "ref_per_token_logps" not in one
 
 
+def _stats(policy_loss: list[float], grad_norm: list[float], kl: list[float]) -> dict[str, list[float]]:
+    """What ``GRPO.update`` collects for ``_metrics`` (no row skipped)."""
+    return {"policy_loss": policy_loss, "grad_norm": grad_norm, "kl": kl, "skipped": [0.0]}
+
+
 def test_metrics_average_the_steps_over_the_real_rows(model_path: Path, tmp_path: Path) -> None:
     algo = _setup(model_path, tmp_path, beta=0.1)
     data = pad_transitions([_t([3], [1], 1.0, reward=1.0), _t([3], [1, 1], 3.0, reward=0.0),
                             _t([3], [0, 0], 100.0, reward=5.0)], pad_token_id=0)  # the last row is inert
     algo.trainer._metrics["train"].clear()
     algo.trainer._metrics["train"].update({"clip_ratio/region_mean": [0.1, 0.3], "entropy": [2.0], "kl": [0.5, 1.5]})
-    stats = {"policy_loss": [1.0, 3.0], "grad_norm": [2.0, 4.0], "kl": [0.6, 3.0]}
+    stats = _stats([1.0, 3.0], [2.0, 4.0], [0.6, 3.0])
     metrics = algo._metrics(stats, data, 1.5)
     assert metrics["losses/policy_loss"] == 2.0 and metrics["charts/grad_norm"] == 3.0
     assert metrics["losses/approx_kl"] == pytest.approx(0.2)
@@ -133,15 +138,15 @@ def test_metrics_average_the_steps_over_the_real_rows(model_path: Path, tmp_path
     assert metrics["charts/update_seconds"] == 1.5 and metrics["charts/step"] == 0.0
     assert not algo.trainer._metrics["train"]
     # one real row: no spread; no KL tokens: 0
-    single = algo._metrics({"policy_loss": [1.0], "grad_norm": [1.0], "kl": [0.0, 0.0]}, data.select(slice(0, 1)), 0.0)
+    single = algo._metrics(_stats([1.0], [1.0], [0.0, 0.0]), data.select(slice(0, 1)), 0.0)
     assert single["charts/advantage_std"] == 0.0 and single["losses/approx_kl"] == 0.0
     assert single["charts/reward_mean"] == 1.0 and single["losses/entropy"] == 0.0
-    inert = algo._metrics({"policy_loss": [0.0], "grad_norm": [0.0], "kl": [0.0, 0.0]}, data.select(slice(2, 3)), 0.0)
+    inert = algo._metrics(_stats([0.0], [0.0], [0.0, 0.0]), data.select(slice(2, 3)), 0.0)
     assert inert["charts/transitions"] == 0 and inert["charts/reward_mean"] == 0.0  # no row with a loss token
     assert single["losses/clipfrac"] == 0.0 and single["losses/kl_ref"] == 0.0
     # equal advantages: float32 rounding makes the variance -7e-9, which must read as 0
     same = pad_transitions([_t([3], [1], 0.3), _t([3], [1], 0.3)], pad_token_id=0)
-    both = algo._metrics({"policy_loss": [1.0], "grad_norm": [1.0], "kl": [0.3, 1.0]}, same, 0.0)
+    both = algo._metrics(_stats([1.0], [1.0], [0.3, 1.0]), same, 0.0)
     assert both["charts/advantage_std"] == 0.0 and both["losses/approx_kl"] == 0.3  # one KL token
 
 
