@@ -1,10 +1,13 @@
-"""What SFT and DPO share around the Hugging Face Trainer they build for each update."""
+"""What the TRL-backed algorithms share around the Hugging Face Trainer under them (SFT and DPO build one
+per update; GRPO keeps one)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["without_train_start_gc"]
+__all__ = ["one_off_learning_rate", "without_train_start_gc"]
 
 
 def without_train_start_gc(trainer: Any) -> None:
@@ -22,3 +25,24 @@ def without_train_start_gc(trainer: Any) -> None:
         return objects[0] if len(objects) == 1 else objects
 
     accelerator.free_memory = free_memory
+
+
+@contextlib.contextmanager
+def one_off_learning_rate(algorithm: Any, learning_rate: float | None) -> Iterator[None]:
+    """Every optimizer step inside uses ``learning_rate`` (times the schedule's factor), then the algorithm's
+    own rate is back (``OnlineConfig.learning_rate_overrides``). None: no change."""
+    if learning_rate is None:
+        yield
+        return
+    trainer = algorithm.trainer  # the HF Trainer under a TRL algorithm: its optimizer and LambdaLR schedule
+    scheduler, groups = trainer.lr_scheduler, trainer.optimizer.param_groups
+    saved = list(scheduler.base_lrs)
+    scheduler.base_lrs = [float(learning_rate)] * len(saved)
+    for group, base in zip(groups, saved):
+        group["lr"] = group["lr"] * float(learning_rate) / base
+    try:
+        yield
+    finally:
+        scheduler.base_lrs = saved
+        for group, base in zip(groups, saved):
+            group["lr"] = group["lr"] * base / float(learning_rate)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from spanrl import env, semconv
@@ -15,7 +15,7 @@ from spanrl.errors import ConfigError
 
 __all__ = [
     "BACKENDS", "STATUS_CRASHED", "STATUS_NO_REWARD", "STATUS_OK", "STATUS_TIMEOUT", "AgentFn", "LLMEndpoint",
-    "RolloutJob", "RolloutResult", "RolloutSpec", "RolloutsConfig", "RunnerConfig",
+    "RolloutJob", "RolloutResult", "RolloutSpec", "RolloutsConfig", "RunnerConfig", "jobs_of",
 ]
 
 STATUS_OK = "ok"
@@ -170,6 +170,23 @@ class RolloutJob:
 
     task_id: str
     task: Any
+
+
+def _task_id(task: Any, index: int) -> str:
+    if isinstance(task, Mapping) and task.get("id") is not None:
+        return str(task["id"])
+    return f"task-{index}"
+
+
+def jobs_of(tasks: Sequence[Any]) -> list[RolloutJob]:
+    """One job per task, ids from ``task["id"]`` or the position; an id seen twice is an error."""
+    jobs = [RolloutJob(_task_id(task, i), task) for i, task in enumerate(tasks)]
+    seen: set[str] = set()
+    for job in jobs:
+        if job.task_id in seen:
+            raise ConfigError(f"tasks: task id {job.task_id!r} appears twice; ids must be unique")
+        seen.add(job.task_id)
+    return jobs
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The Trainer's knobs (:class:`TrainerConfig`), the names of the files it writes, and task jobs.
+"""The Trainer's knobs (:class:`TrainerConfig`), the names of the files it writes, and the checks of its arguments.
 
 The algorithm and credit assignment have their own configs; ``docs/train-config.md`` documents every
 key a ``spanrl train`` YAML may hold.
@@ -7,7 +7,7 @@ key a ``spanrl train`` YAML may hold.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from pathlib import Path
@@ -16,11 +16,11 @@ from spanrl.trainer.reporting import check_report_to
 from spanrl.errors import ConfigError
 from spanrl.rollouts.policy_pool import ServingConfig
 from spanrl.rollouts.rollouts import RolloutsConfig
-from spanrl.rollouts.runner import RolloutJob, RunnerConfig
+from spanrl.rollouts.runner import RunnerConfig
 
 __all__ = [
     "APO_RESULT_FILE", "CHECKPOINT_PREFIX", "CONFIG_FILE", "CURVE_FILE", "DB_FILE", "HISTORY_FILE", "LOG_FILE",
-    "ROLLOUTS_FILE", "SERVED_MODEL_NAME", "TRAINER_STATE_FILE", "TrainerConfig", "check_arguments", "jobs_of",
+    "ROLLOUTS_FILE", "SERVED_MODEL_NAME", "TRAINER_STATE_FILE", "TrainerConfig", "check_arguments",
     "run_description",
 ]
 
@@ -131,23 +131,6 @@ class TrainerConfig:
         self.serving = ServingConfig.of(self.serving)
         self.rollouts = RolloutsConfig.of(self.rollouts)
         return self
-
-
-def _task_id(task: Any, index: int) -> str:
-    if isinstance(task, Mapping) and task.get("id") is not None:
-        return str(task["id"])
-    return f"task-{index}"
-
-
-def jobs_of(tasks: Sequence[Any]) -> list[RolloutJob]:
-    """One job per task, ids from ``task["id"]`` or the position; an id seen twice is an error."""
-    jobs = [RolloutJob(_task_id(task, i), task) for i, task in enumerate(tasks)]
-    seen: set[str] = set()
-    for job in jobs:
-        if job.task_id in seen:
-            raise ConfigError(f"tasks: task id {job.task_id!r} appears twice; ids must be unique")
-        seen.add(job.task_id)
-    return jobs
 
 
 def check_arguments(

@@ -44,14 +44,15 @@ from typing import Any
 
 from spanrl import env
 from spanrl import semconv as sc
+from spanrl.algorithms.checks import checked_transitions, nonfinite
+from spanrl.algorithms.hf_trainer import one_off_learning_rate
 from spanrl.errors import ConfigError, ServingError, StoreUnavailableError, TrainingError
 from spanrl.serving.client import PolicyClient
 from spanrl.store.online import ReadyRollout, Watermark, count_aged_out, now_ns, ready_rollouts
 from spanrl.trainer import checkpoints
 from spanrl.trainer.config import CONFIG_FILE, HISTORY_FILE
 from spanrl.trainer.lifecycle import State
-from spanrl.trainer.online_checks import checked_transitions, nonfinite
-from spanrl.trainer.online_guard import Guard, one_off_learning_rate, validate_guard
+from spanrl.trainer.online_guard import Guard, validate_guard
 from spanrl.trainer.online_state import Ledger, OnlineState
 from spanrl.trainer.reporting import Callback, HistoryFile
 

@@ -7,11 +7,11 @@ serves them again under a new version number, and those versions count too). Rew
 continuous or 0/1.
 
 **The rule** (`verdict`): once both sides have at least ``min_judged`` judged rollouts, one look:
-reject the new version when ``previous_mean - new_mean > margin`` and Welch's one-sided t-test of
-H0 ``new_mean >= previous_mean - margin`` against H1 ``new_mean < previous_mean - margin`` gives
-``p < alpha``; otherwise accept it. When only the previous side lacks ``min_judged`` (it served too
-few), the new version is accepted untested (counted ``guard_untested``). One look per trial keeps the
-false-rejection rate of a harmless update at most ``alpha``.
+reject the new version when ``previous_mean - new_mean > margin`` and Welch's one-sided t-test
+(``algorithms/welch.py``) of H0 ``new_mean >= previous_mean - margin`` against H1
+``new_mean < previous_mean - margin`` gives ``p < alpha``; otherwise accept it. When only the previous
+side lacks ``min_judged`` (it served too few), the new version is accepted untested (counted
+``guard_untested``). One look per trial keeps the false-rejection rate of a harmless update at most ``alpha``.
 
 **A rejection** reloads the previous checkpoint into the server (a new version number, the old weights),
 restores the trainer's weights, optimizer, scheduler and RNG from that same checkpoint (GRPO's
@@ -23,71 +23,19 @@ trained (ledger status ``rejected_version``): they were sampled from weights the
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterator
 from typing import Any
 
+from spanrl.algorithms.welch import worse_p_value
 from spanrl.errors import ConfigError
 from spanrl.store.online import ReadyRollout, RewardStats, now_ns, version_rewards
 
-__all__ = ["Guard", "one_off_learning_rate", "t_sf", "validate_guard", "verdict", "worse_p_value"]
+__all__ = ["Guard", "validate_guard", "verdict"]
 
 _logger = logging.getLogger("spanrl.trainer.online")
 _NS_PER_S = 1_000_000_000
-
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """The continued fraction of the incomplete beta function (modified Lentz)."""
-    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        for numerator in (m * (b - m) * x / ((qam + 2 * m) * (a + 2 * m)),
-                          -(a + m) * (qab + m) * x / ((a + 2 * m) * (qap + 2 * m))):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-14:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """The regularized incomplete beta function I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def t_sf(t: float, df: float) -> float:
-    """P(T > t) for Student's t with ``df`` degrees of freedom."""
-    if math.isinf(t):
-        return 0.0 if t > 0 else 1.0
-    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
-    return tail if t >= 0 else 1.0 - tail
-
-
-def worse_p_value(previous: RewardStats, new: RewardStats, margin: float) -> float:
-    """Welch's one-sided p-value of H0 ``new.mean >= previous.mean - margin`` (each side needs n >= 2):
-    ``t = (previous.mean - new.mean - margin) / sqrt(previous.var / previous.n + new.var / new.n)`` on the
-    Welch-Satterthwaite degrees of freedom. No spread on either side: 0 when the gap exceeds the margin, else 1."""
-    a, b = previous.var / previous.n, new.var / new.n
-    gap = previous.mean - new.mean - margin
-    if a + b <= 0.0:
-        return 0.0 if gap > 0 else 1.0
-    df = (a + b) ** 2 / (a * a / (previous.n - 1) + b * b / (new.n - 1))
-    return t_sf(gap / math.sqrt(a + b), df)
 
 
 def verdict(previous: RewardStats, new: RewardStats, *, margin: float, alpha: float, min_judged: int) -> str | None:
@@ -118,27 +66,6 @@ def validate_guard(config: Any) -> None:
             from None
     if not all(lr > 0 and math.isfinite(lr) for lr in config.learning_rate_overrides.values()):
         raise ConfigError(f"learning_rate_overrides must be finite and > 0, got {overrides!r}")
-
-
-@contextlib.contextmanager
-def one_off_learning_rate(algorithm: Any, learning_rate: float | None) -> Iterator[None]:
-    """Every optimizer step inside uses ``learning_rate`` (times the schedule's factor), then the algorithm's
-    own rate is back (``OnlineConfig.learning_rate_overrides``). None: no change."""
-    if learning_rate is None:
-        yield
-        return
-    trainer = algorithm.trainer  # the HF Trainer under a TRL algorithm: its optimizer and LambdaLR schedule
-    scheduler, groups = trainer.lr_scheduler, trainer.optimizer.param_groups
-    saved = list(scheduler.base_lrs)
-    scheduler.base_lrs = [float(learning_rate)] * len(saved)
-    for group, base in zip(groups, saved):
-        group["lr"] = group["lr"] * float(learning_rate) / base
-    try:
-        yield
-    finally:
-        scheduler.base_lrs = saved
-        for group, base in zip(groups, saved):
-            group["lr"] = group["lr"] * base / float(learning_rate)
 
 
 class Guard:

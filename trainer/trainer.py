@@ -68,7 +68,6 @@ from spanrl.trainer.config import (
     TRAINER_STATE_FILE,
     TrainerConfig,
     check_arguments,
-    jobs_of,
     run_description,
 )
 from spanrl.trainer.console import Console
@@ -76,6 +75,7 @@ from spanrl.trainer.lifecycle import TRAINER_REFUSALS as _WHY
 from spanrl.trainer.lifecycle import State
 from spanrl.rollouts.prefetch import RolloutPrefetch, StepRollouts, policy_lag
 from spanrl.trainer.reporting import Callback, CurvePlot, HistoryFile, NonFiniteGuard, RowLog, Scalars, StageClock
+from spanrl.rollouts.rollouts import jobs_of
 from spanrl.rollouts.runner import RolloutJob, RolloutResult
 from spanrl.trainer.services import Services
 

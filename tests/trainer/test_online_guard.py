@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from spanrl.store.online import RewardStats
-from spanrl.trainer.online_guard import t_sf, verdict, worse_p_value
+from spanrl.algorithms.welch import t_sf, worse_p_value
+from spanrl.trainer.online_guard import verdict
 from spanrl.trainer.reporting import Callback
 
 AGENT = Path(__file__).resolve().parent / "_guard_agent.py"

@@ -1,5 +1,6 @@
-"""What the online trainer cannot train on: rollouts whose transitions fail the algorithm's checks, and
-updates whose loss, gradients or weights are not finite (``trainer/online.py`` quarantines and undoes them)."""
+"""What an algorithm cannot train on, and what an update must not leave behind: rollouts whose transitions
+fail the algorithm's checks, and a loss, gradient norm or weight that is not finite (the online trainer,
+``trainer/online.py``, quarantines the first and undoes the second)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 import math
 from typing import Any
 
+from spanrl.algorithms.tables import check_transitions
 from spanrl.errors import ConfigError
 
 __all__ = ["checked_transitions", "nonfinite"]
@@ -18,8 +20,6 @@ _logger = logging.getLogger("spanrl.trainer.online")
 def checked_transitions(algorithm: Any, transitions: list[Any]) -> tuple[list[Any], dict[str, str]]:
     """The transitions of rollouts that pass the algorithm's checks (``check_transitions``, one rollout at
     a time, e.g. a forged token id outside the vocabulary), and ``bad_transitions`` marks for the rest."""
-    from spanrl.algorithms.tables import check_transitions
-
     model = getattr(algorithm, "model", None)
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     by_rollout: dict[str, list[Any]] = {}
