@@ -30,12 +30,14 @@ endpoint (``RemoteStore``) alike. Time windows are nanoseconds on the collector'
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from spanrl import semconv as sc
 
-__all__ = ["ReadyRollout", "RewardStats", "Watermark", "count_aged_out", "now_ns", "ready_rollouts", "version_rewards"]
+__all__ = ["ReadyRollout", "RewardStats", "Watermark", "count_aged_out", "now_ns", "ready_rollouts", "ready_window",
+           "version_rewards"]
 
 _NS_PER_S = 1_000_000_000
 
@@ -192,6 +194,22 @@ def ready_rollouts(
         max_policy_version=r["max_policy_version"],
         token_calls=int(r["token_calls"]), ready_ns=int(r["ready_ns"]),
     ) for r in rows]
+
+
+def ready_window(store: Any, watermark: Watermark, *, usable: Callable[[ReadyRollout], bool], most: int,
+                 **query: Any) -> tuple[list[ReadyRollout], list[ReadyRollout]]:
+    """``ready_rollouts`` (``query``: its arguments) through the ``most``-th one ``usable`` accepts, or all of
+    them; and the usable ones. Rollouts that will never train take no place: a window of ``most`` ready
+    rollouts with few usable ones, the first of them leading, would hold back the usable ones behind it."""
+    limit = most
+    while True:
+        ready = ready_rollouts(store, watermark, limit=limit, **query)
+        picked = [i for i, r in enumerate(ready) if usable(r)]
+        if len(picked) >= most:
+            return ready[: picked[most - 1] + 1], [ready[i] for i in picked[:most]]
+        if len(ready) < limit:
+            return ready, [ready[i] for i in picked]
+        limit *= 2
 
 
 def count_aged_out(

@@ -48,7 +48,7 @@ from spanrl.algorithms.checks import checked_transitions, nonfinite
 from spanrl.algorithms.hf_trainer import one_off_learning_rate
 from spanrl.errors import ConfigError, ServingError, StoreUnavailableError, TrainingError
 from spanrl.serving.client import PolicyClient
-from spanrl.store.online import ReadyRollout, Watermark, count_aged_out, now_ns, ready_rollouts
+from spanrl.store.online import ReadyRollout, Watermark, count_aged_out, now_ns, ready_window
 from spanrl.trainer import checkpoints
 from spanrl.trainer.config import CONFIG_FILE, HISTORY_FILE
 from spanrl.trainer.lifecycle import State
@@ -310,7 +310,6 @@ class OnlineTrainer:
         state.count("aged_out", aged)
         state.count("failed", failed)
         state.aged_until_ns = now
-        ready = ready_rollouts(self.store, state.watermark, settle_s=cfg.settle_s, limit=cfg.max_rollouts, **window)
         version = self.server.version()
         if state.trial is not None and not cfg.guard:  # the guard was turned off: no trial to decide
             state.trial = None
@@ -318,7 +317,10 @@ class OnlineTrainer:
             row = self.guard.judge()
             if row is not None:
                 return self._report(row)
-        fresh = {r.rollout_id for r in ready if r.rollout_id not in ledger.seen and self._usable(r, version)}
+        ready, usable = ready_window(self.store, state.watermark, settle_s=cfg.settle_s, most=cfg.max_rollouts,
+                                     usable=lambda r: r.rollout_id not in ledger.seen and self._usable(r, version),
+                                     **window)
+        fresh = {r.rollout_id for r in usable}
         if len(fresh) >= cfg.min_rollouts and state.trial is None:
             return self._update(ready, fresh, version)
         # Not enough to train: still move past a leading run of rollouts that will never train.

@@ -141,6 +141,30 @@ def test_unusable_rewards_and_forged_tokens_are_quarantined_and_training_goes_on
     assert all(torch.isfinite(torch.tensor(result.completions[0].logprobs)))
 
 
+def test_rollouts_that_never_train_do_not_hold_back_the_fresh_ones_behind_them(tiny, server, collector, tmp_path):
+    """One fresh rollout, then more unusable ones than max_rollouts (16), then the second fresh one
+    min_rollouts (2) waits for. The window once was the first 16 ready rollouts: 1 fresh, none to move past
+    (the fresh one leads), the same 16 at every poll, training stalled for good (the guard test saw it on
+    CI: rollouts of a rejected version filled the window). Now they take no place in it."""
+    out = tmp_path / "online"
+    _rollout(collector.store, "fresh-1", 1.0)
+    for i in range(20):
+        _rollout(collector.store, f"nan-{i}", float("nan"))
+    _rollout(collector.store, "fresh-2", 0.0)
+    trainer = _trainer(tiny, server, collector, out)
+    row = trainer.poll_once()
+    assert row is not None and row["rollouts"] == 2 and row["skipped"] == 20
+    ledger = _ledger(out)
+    assert ledger["fresh-1"] == ledger["fresh-2"] == "trained" and list(ledger.values()).count("bad_reward") == 20
+    # max_rollouts still bounds an update: of 20 fresh ones behind 20 unusable ones, 16 train now, 4 next
+    for i in range(20):
+        _rollout(collector.store, f"nan-again-{i}", float("nan"))
+    for i in range(20):
+        _rollout(collector.store, f"more-{i}", float(i % 2))
+    first, second = trainer.poll_once(), trainer.poll_once()
+    assert (first["rollouts"], first["skipped"], second["rollouts"], second["skipped"]) == (16, 20, 4, 0)
+
+
 def test_diverging_updates_are_undone_and_stop_training_with_the_last_good_weights_served(tiny, server, collector,
                                                                                           tmp_path):
     """An absurd learning rate: Adam's first step overflows float32 and the weights become inf. Each such
