@@ -1,5 +1,5 @@
-"""How an update cuts its batch into micro-batches, what the CPU can do (bf16), and where the LM head
-runs, for the policy-gradient algorithms.
+"""How an update cuts its batch into micro-batches, what the CPU can do (bf16), where the LM head runs,
+and the rows' shared prompt prefix run once, for the policy-gradient algorithms.
 
 Padding is compute thrown away: a micro-batch is padded to its longest row, so rows of similar length
 belong together. ``length_sorted_micro_batches`` sorts a mini-batch's rows by (prompt, completion)
@@ -7,12 +7,35 @@ length before cutting it into micro-batches of a fixed row count. The gradient i
 so the order changes nothing but the padding (the row counts, and so TRL's per-micro-batch normalisation,
 stay as before).
 
-
 ``completion_logprobs`` projects the LM head (49k columns on SmolLM2) only at real completion positions.
 TRL 1.16's fused head does that on CUDA but projects every position elsewhere (prompt and padding
 included, twice: its backward recomputes the logits); on CPU that was most of a short-answer update.
 ``head_logprobs`` then keeps a micro-batch's (token x vocabulary) fp32 log-probs on CPU instead of TRL's
 chunked recompute (its CPU fallback spends more on elementwise passes than on the projection).
+
+**The shared prefix.** An agent's calls repeat most of their prompt: every call of a task starts with the
+same system prompt and examples, a GRPO group's rollouts ask the same question, and a later call of an
+episode starts with the earlier call's whole conversation. Padded as TRL lays a batch out (prompts
+left-padded, completions right-padded), each row recomputes that prefix, forward and backward: on
+SmolLM2's tool-agent batches most of the update.
+
+``backbone_hidden`` finds ``p``, the number of leading real tokens every row of the micro-batch has in
+common (at most the shortest prompt less one, so each row's last prompt position, which predicts its first
+completion token, stays in its own part), runs them once as one row with a KV cache, repeats that cache
+over the rows, and runs each row's rest against it::
+
+    row i = pad ... pad | x_1 ... x_p | y_i,1 ... y_i,n_i           (x: shared, y: the row's own tokens)
+    K, V  = layers(x_1..x_p)                                        one row, kept for the backward
+    h_i   = layers(y_i | K, V), positions p, p + 1, ...             the rest left-padded after the prefix
+
+Attention of ``y_i`` over ``[x; y_i]`` is the same set of keys at the same relative (rotary) positions
+as in the padded row, so the hidden states, the log-probs and the gradients are the padded pass's, up to
+float summation order (tested in fp32 to 2e-5 in log-probs; in bf16 both differ from fp32 alike). The
+prefix's gradient is the sum of what every row sends back through the shared K and V, which is what the
+padded rows' copies of it got separately.
+
+Used where it is exact with transformers' dense attention (``sdpa`` or ``eager``), no activation
+checkpointing (its recompute would write the cache twice) and no sliding window shorter than the row.
 """
 
 from __future__ import annotations
@@ -24,8 +47,8 @@ from typing import Any
 import torch
 
 __all__ = [
-    "bf16_supported", "completion_logprobs", "head_logprobs", "length_sorted_micro_batches", "padded_tokens",
-    "plain_lm_head", "update_autocast",
+    "MIN_SHARED_PREFIX", "backbone_hidden", "bf16_supported", "completion_logprobs", "head_logprobs",
+    "length_sorted_micro_batches", "padded_tokens", "plain_lm_head", "shared_prefix_length", "update_autocast",
 ]
 
 _VOCAB_CHUNK = 32768
@@ -87,16 +110,17 @@ def plain_lm_head(model: Any) -> bool:
 
 def completion_logprobs(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, *,
-    temperature: float, fp32_head: bool, entropy: bool,
+    temperature: float, fp32_head: bool, entropy: bool, share_prefix: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (and entropies) of the last ``logits_to_keep`` tokens, zero where masked.
 
     The backbone runs over every position; the LM head only over completion positions whose token is
     attended (TRL's chunked log-prob kernel: no (N, vocab) logits kept). ``model`` is a causal LM or a
     PEFT model around one. ``fp32_head``: project in fp32 outside autocast (the ratio to the server's
-    fp32 log-probs is then not bf16 rounding)."""
+    fp32 log-probs is then not bf16 rounding). ``share_prefix``: the rows' common leading tokens run once
+    (the module docstring; the same log-probs)."""
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model
-    hidden = lm.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    hidden = backbone_hidden(lm, input_ids, attention_mask, logits_to_keep, share_prefix=share_prefix)
     hidden = hidden[:, -logits_to_keep - 1 : -1]  # position t predicts token t + 1
     targets = input_ids[:, -logits_to_keep:]
     mask = attention_mask[:, -logits_to_keep:].bool()
@@ -181,3 +205,56 @@ def _dense_head_fits(rows: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``_DenseHeadLogProbs`` serves: fp32 on CPU outside autocast, its kept log-probs within budget."""
     return (rows.device.type == "cpu" and rows.dtype == weight.dtype == torch.float32
             and not torch.is_autocast_enabled("cpu") and rows.size(0) * weight.size(0) <= _SAVED_LOGPROBS_MAX)
+
+
+# --- the shared prefix (module docstring) ---------------------------------------------------------
+MIN_SHARED_PREFIX = 32
+"""Fewest shared tokens worth a separate prefix pass (one more forward call, a cache copy per row)."""
+
+
+def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_width: int) -> int:
+    """``p``: the leading real tokens all rows have in common (0 with one row), capped at the shortest
+    prompt less one. Rows are ``[left-padded prompt | right-padded completion]``, the completion the last
+    ``completion_width`` columns."""
+    rows, width = input_ids.shape
+    if rows < 2:
+        return 0
+    starts = attention_mask.bool().int().argmax(1)  # each row's first real column
+    cap = int((width - completion_width - starts).min()) - 1
+    if cap <= 0:
+        return 0
+    aligned = input_ids.gather(1, starts[:, None] + torch.arange(cap, device=input_ids.device)[None])
+    same = (aligned == aligned[:1]).all(0)
+    return cap if bool(same.all()) else int(same.int().argmin())
+
+
+def _shareable(lm: Any, width: int) -> bool:
+    config = lm.config.get_text_config()
+    window = getattr(config, "sliding_window", None)
+    return (getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
+            and not getattr(lm, "is_activation_checkpointing", False)
+            and (window is None or not getattr(config, "use_sliding_window", True) or width <= window))
+
+
+def backbone_hidden(lm: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_width: int,
+                    *, share_prefix: bool = True) -> torch.Tensor:
+    """The final hidden states of ``lm``'s backbone (a transformers causal LM's ``base_model``) whose last
+    ``completion_width + 1`` positions are each row's last prompt position and its completion, as in the
+    padded pass; with ``share_prefix`` the shared prefix runs once (the module docstring)."""
+    body = lm.base_model
+    p = shared_prefix_length(input_ids, attention_mask, completion_width) if share_prefix else 0
+    if p < MIN_SHARED_PREFIX or not _shareable(lm, input_ids.size(1)):
+        return body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    rows, width = input_ids.shape
+    mask = attention_mask.bool()
+    starts = mask.int().argmax(1)
+    first = int(starts[0])
+    cache = body(input_ids=input_ids[:1, first : first + p], use_cache=True).cache
+    cache.batch_repeat_interleave(rows)
+    rest = width - int(starts.min()) - p  # the longest row's own tokens; shorter rows are left-padded
+    columns = torch.arange(width - rest, width, device=input_ids.device)
+    own = mask[:, width - rest :] & (columns[None] >= (starts + p)[:, None])
+    positions = p + own.long().cumsum(1) - 1  # a padding position repeats its neighbour's: never attended
+    attention = torch.cat([own.new_ones(rows, p), own], dim=1).long()
+    return body(input_ids=input_ids[:, width - rest :], attention_mask=attention, position_ids=positions,
+                cache=cache, use_cache=True).last_hidden_state

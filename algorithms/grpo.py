@@ -109,6 +109,9 @@ class GRPOConfig:
     skip_zero_advantage: bool = True
     """No forward or backward for rows of advantage 0 (a group whose rewards agree): with dapo, cispo or vespo
     and ``beta`` 0 their losses are 0 and the divisor counts them anyway: the same gradient. One process only."""
+    share_prefix: bool = True
+    """Run the tokens a micro-batch's rows open with alike (system prompt, question, earlier turns) once, not
+    once per row: the same log-probs and gradients, less compute (``algorithms/batching.py``)."""
 
     def validate(self) -> GRPOConfig:
         """Raise :class:`ConfigError` naming the first bad field; return self."""
@@ -176,7 +179,7 @@ def _make_trainer_class() -> type:
                 parts = [
                     completion_logprobs(model, input_ids[i : i + size], attention_mask[i : i + size], logits_to_keep,
                                         temperature=self.temperature, fp32_head=self.args.cast_lm_head_to_fp32,
-                                        entropy=entropy)
+                                        entropy=entropy, share_prefix=self.spanrl_share_prefix)
                     for i in range(0, input_ids.size(0), size)
                 ]
                 logps = torch.cat([p[0] for p in parts])
@@ -234,14 +237,10 @@ class GRPO(Algorithm):
             cast_lm_head_to_fp32=self.bf16 and cfg.fp32_lm_head and cfg.lora is None,
             seed=seed,
             report_to="none",  # metrics are returned; the caller reports them (each key once)
-            learning_rate=cfg.learning_rate,
-            weight_decay=cfg.weight_decay,
-            lr_scheduler_type=cfg.lr_scheduler_type,
-            warmup_steps=cfg.warmup_steps,
+            learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay,
+            lr_scheduler_type=cfg.lr_scheduler_type, warmup_steps=cfg.warmup_steps,
             max_grad_norm=cfg.max_grad_norm,
-            beta=cfg.beta,
-            epsilon=cfg.epsilon,
-            epsilon_high=cfg.epsilon_high,
+            beta=cfg.beta, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
             loss_type=cfg.loss_type,
             importance_sampling_level=cfg.importance_sampling_level,
             num_iterations=cfg.num_iterations,
@@ -249,9 +248,7 @@ class GRPO(Algorithm):
             max_completion_length=cfg.max_completion_length,
             per_device_train_batch_size=_PLACEHOLDER_ROWS,
             num_generations=_PLACEHOLDER_ROWS,
-            log_completions=False,
-            save_strategy="no",
-            disable_tqdm=True,
+            log_completions=False, save_strategy="no", disable_tqdm=True,
         )
         placeholder = Dataset.from_dict({"prompt": ["<placeholder>"] * _PLACEHOLDER_ROWS})
         trainer_cls = _make_trainer_class()
@@ -270,6 +267,7 @@ class GRPO(Algorithm):
             self.sharding.optimizer = self.trainer.optimizer
             self.sharding.gather()  # rank 0 can reload / save before the first update too
         self.trainer.current_gradient_accumulation_steps = 1
+        self.trainer.spanrl_share_prefix = cfg.share_prefix
         self.world = world()  # after the trainer: its accelerator initialised the process group
         self.model = self.trainer.model
         self.tokenizer = tokenizer

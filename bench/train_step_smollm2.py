@@ -38,6 +38,7 @@ Measured (this 2-core shared machine, ``--rollouts 16 --steps 3 --threads 2``, d
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
@@ -54,8 +55,9 @@ GROUP = 4
 """Rollouts per prompt (a GRPO group)."""
 MATMUL_SIZE = 2048
 CASES = {
-    "fp32": {"bf16": False, "length_bucketing": False},
-    "bf16": {"bf16": True, "length_bucketing": True},
+    "fp32": {"bf16": False, "length_bucketing": False, "share_prefix": False},
+    "bf16": {"bf16": True, "length_bucketing": True, "share_prefix": False},
+    "bf16_shared": {"bf16": True, "length_bucketing": True, "share_prefix": True},
 }
 
 
@@ -89,6 +91,40 @@ def synthetic_transitions(model: Any, vocab: int, n: int, prompt: tuple[int, int
             rollout_id=f"r{i}", task_id=f"t{i // 8}", attempt=1, agent=None, step=0, prompt_ids=p, completion_ids=c,
             completion_mask=[1] * len(c), old_logprobs=logps.tolist(), reward=float(i % 2),
             advantage=1.0 if i % 2 else -1.0, policy_version=0, retokenized=False,
+        ))
+    return out
+
+
+def agent_transitions(model: Any, tokenizer: Any, n: int, completion: tuple[int, int], seed: int) -> list:
+    """``n`` calls laid out as the SmolLM2 tool agent's (``spanrl.demo.smollm2.agentic``, one transition per
+    call): the real prompt (its solved examples, the question, the ``tools``) through the tool chat template;
+    groups of 8 rollouts per task; every other rollout's second call carries the first call's tool call and
+    the tool's result. Completions are random tokens, old log-probs the model's own."""
+    from spanrl.algorithms.transitions import Transition
+    from spanrl.demo.smollm2.tools import SHOTS, TOOLS, make_tasks
+
+    rng = random.Random(seed)
+    tasks = make_tasks(n, seed=seed)
+    out: list = []
+    for i in range(n):
+        task = tasks[(i // 16) % len(tasks)]  # 16 calls: 8 rollouts of a task, half of them with a second call
+        messages = [*SHOTS, {"role": "user", "content": task["question"]}]
+        if i % 2:
+            a, b = rng.randint(10, 99), rng.randint(10, 99)
+            call = {"id": f"call_{i}", "type": "function",
+                    "function": {"name": "multiply", "arguments": json.dumps({"a": a, "b": b})}}
+            messages += [{"role": "assistant", "content": "", "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": call["id"], "content": str(a * b)}]
+        p = tokenizer.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=True,
+                                          return_dict=False)
+        c = [rng.randrange(100, model.config.vocab_size) for _ in range(rng.randint(*completion))]
+        with torch.no_grad():
+            logits = model(torch.tensor([p + c])).logits[0, len(p) - 1 : -1].float()
+        logps = torch.log_softmax(logits, -1).gather(1, torch.tensor(c)[:, None]).squeeze(1)
+        out.append(Transition(
+            rollout_id=f"r{i // 2}", task_id=f"t{i // 16}", attempt=1, agent=None, step=i % 2, prompt_ids=list(p),
+            completion_ids=c, completion_mask=[1] * len(c), old_logprobs=logps.tolist(), reward=float(i % 3 == 0),
+            advantage=1.0 if i % 3 == 0 else -0.5, policy_version=0, retokenized=False,
         ))
     return out
 
@@ -130,6 +166,30 @@ def padding_share(transitions: list, micro: int, sort: bool) -> float:
     return 1 - int((p + c).sum()) / padded_tokens(p, c, batches)
 
 
+def computed_positions(transitions: list, micro: int) -> tuple[int, int]:
+    """Positions one length-sorted pass computes: padded, and with each micro-batch's shared prefix once."""
+    from spanrl.algorithms.batching import length_sorted_micro_batches
+    from spanrl.algorithms.batching import MIN_SHARED_PREFIX, shared_prefix_length
+
+    p = torch.tensor([len(t.prompt_ids) for t in transitions])
+    c = torch.tensor([len(t.completion_ids) for t in transitions])
+    rows = torch.randperm(len(transitions), generator=torch.Generator().manual_seed(0))
+    padded = shared = 0
+    for batch in length_sorted_micro_batches(rows, p, c, micro):
+        pw, cw = int(p[batch].max()), int(c[batch].max())
+        ids = torch.zeros(len(batch), pw + cw, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, i in enumerate(batch.tolist()):
+            t = transitions[i]
+            span = slice(pw - len(t.prompt_ids), pw + len(t.completion_ids))
+            ids[row, span], mask[row, span] = torch.tensor(t.prompt_ids + t.completion_ids), 1
+        n = shared_prefix_length(ids, mask, cw)
+        padded += ids.numel()
+        rest = pw + cw - n  # the longest prompt starts at column 0
+        shared += ids.numel() if n < MIN_SHARED_PREFIX or len(batch) < 2 else n + len(batch) * rest
+    return padded, shared
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rollouts", type=int, default=16)
@@ -138,7 +198,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--micro", type=int, default=4, help="micro-batch rows")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
-    parser.add_argument("--cases", default="fp32,bf16")
+    parser.add_argument("--cases", default="fp32,bf16", help=f"of {', '.join(CASES)}")
+    parser.add_argument("--agent-prompts", action="store_true",
+                        help="the tool agent's real prompts (agent_transitions), not random ones")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
@@ -150,9 +212,19 @@ def main(argv: list[str] | None = None) -> None:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     model_path = resolve_model(SMOLLM2)
+    if args.agent_prompts:
+        from transformers import AutoTokenizer
+
+        from spanrl.demo.smollm2.tools import tool_model
+
+        model_path = tool_model(model_path, model_path.with_name(model_path.name + "-tools"))
     model = AutoModelForCausalLM.from_pretrained(model_path).eval()
-    transitions = synthetic_transitions(model, model.config.vocab_size, args.rollouts, tuple(args.prompt),
+    if args.agent_prompts:
+        transitions = agent_transitions(model, AutoTokenizer.from_pretrained(model_path), args.rollouts,
                                         tuple(args.completion), seed=0)
+    else:
+        transitions = synthetic_transitions(model, model.config.vocab_size, args.rollouts, tuple(args.prompt),
+                                            tuple(args.completion), seed=0)
     body, head = flop_counts(model)
     del model
     tokens = sum(len(t.prompt_ids) + len(t.completion_ids) for t in transitions)
@@ -163,6 +235,9 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.threads} of {os.cpu_count()} cpus; load {os.getloadavg()[0]:.1f}")
     print(f"padding share of computed positions: random order {padding_share(transitions, args.micro, False):.0%}, "
           f"length-sorted {padding_share(transitions, args.micro, True):.0%}")
+    padded, shared = computed_positions(transitions, args.micro)
+    print(f"positions a length-sorted pass computes: {padded} padded, {shared} with shared prefixes once "
+          f"({shared / padded:.0%}); useful FLOPs below count every row's tokens (6 x parameters x {tokens})")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.cases.split(","):
@@ -172,5 +247,8 @@ def main(argv: list[str] | None = None) -> None:
                   f"= {tokens / r['seconds']:6.0f} tokens/s = {gflops:5.0f} GFLOP/s; matmul bound fp32 "
                   f"{r['fp32']:4.0f}, bf16 {r['bf16']:4.0f} GFLOP/s -> {gflops / r['bound']:.0%} of its dtype's bound; "
                   f"load {os.getloadavg()[0]:.1f}", flush=True)
+    if {"bf16", "bf16_shared"} <= set(results):
+        ratio = results["bf16"]["seconds"] / results["bf16_shared"]["seconds"]
+        print(f"speed-up of the shared prefix in bf16: {ratio:.2f}x")
     if {"fp32", "bf16"} <= set(results):
         print(f"speed-up bf16 over fp32: {results['fp32']['seconds'] / results['bf16']['seconds']:.2f}x")
