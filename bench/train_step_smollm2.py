@@ -98,8 +98,8 @@ def synthetic_transitions(model: Any, vocab: int, n: int, prompt: tuple[int, int
 def agent_transitions(model: Any, tokenizer: Any, n: int, completion: tuple[int, int], seed: int) -> list:
     """``n`` calls laid out as the SmolLM2 tool agent's (``spanrl.demo.smollm2.agentic``, one transition per
     call): the real prompt (its solved examples, the question, the ``tools``) through the tool chat template;
-    groups of 8 rollouts per task; every other rollout's second call carries the first call's tool call and
-    the tool's result. Completions are random tokens, old log-probs the model's own."""
+    8 rollouts of two calls per task, the second call carrying a multiply tool call (random operands) and the
+    tool's result. Completions are random tokens, old log-probs the model's own."""
     from spanrl.algorithms.transitions import Transition
     from spanrl.demo.smollm2.tools import SHOTS, TOOLS, make_tasks
 
@@ -168,25 +168,21 @@ def padding_share(transitions: list, micro: int, sort: bool) -> float:
 
 def computed_positions(transitions: list, micro: int) -> tuple[int, int]:
     """Positions one length-sorted pass computes: padded, and with each micro-batch's shared prefix once."""
-    from spanrl.algorithms.batching import length_sorted_micro_batches
-    from spanrl.algorithms.batching import MIN_SHARED_PREFIX, shared_prefix_length
+    from spanrl.algorithms.batching import MIN_SHARED_PREFIX, length_sorted_micro_batches, shared_prefix_length
+    from spanrl.algorithms.tables import pad_transitions
 
     p = torch.tensor([len(t.prompt_ids) for t in transitions])
     c = torch.tensor([len(t.completion_ids) for t in transitions])
     rows = torch.randperm(len(transitions), generator=torch.Generator().manual_seed(0))
     padded = shared = 0
     for batch in length_sorted_micro_batches(rows, p, c, micro):
-        pw, cw = int(p[batch].max()), int(c[batch].max())
-        ids = torch.zeros(len(batch), pw + cw, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, i in enumerate(batch.tolist()):
-            t = transitions[i]
-            span = slice(pw - len(t.prompt_ids), pw + len(t.completion_ids))
-            ids[row, span], mask[row, span] = torch.tensor(t.prompt_ids + t.completion_ids), 1
-        n = shared_prefix_length(ids, mask, cw)
+        part = pad_transitions([transitions[i] for i in batch.tolist()], pad_token_id=0)  # as the update pads
+        ids = torch.cat([part.prompt_ids, part.completion_ids], 1)
+        mask = torch.cat([part.prompt_mask, part.completion_mask], 1)
+        n = shared_prefix_length(ids, mask, part.completion_ids.size(1))
         padded += ids.numel()
-        rest = pw + cw - n  # the longest prompt starts at column 0
-        shared += ids.numel() if n < MIN_SHARED_PREFIX or len(batch) < 2 else n + len(batch) * rest
+        # as backbone_hidden splits it: the prefix once, then every row as wide as the longest row's rest
+        shared += ids.numel() if n < MIN_SHARED_PREFIX else n + len(batch) * (ids.size(1) - n)
     return padded, shared
 
 
