@@ -30,6 +30,7 @@ if __package__ in (None, ""):  # run as a script: make `examples.*` importable
 
 from examples.text2sql import multi_agent
 from examples.text2sql.agent import write_sql
+from examples.text2sql.demonstrator import CHECKER_CATCH_RATE
 from examples.text2sql.sqltools import execution_reward, load_questions
 
 WRITER, CHECKER = multi_agent.WRITER, multi_agent.CHECKER
@@ -57,6 +58,8 @@ class CompareConfig:
     sft_dir: str = "runs/t2s-sft"
     """The SFT warm start's folder: built once (seed 0), reused by every arm and seed when it holds a checkpoint."""
     sft_epochs: int = 3
+    checker_catch_rate: float = CHECKER_CATCH_RATE
+    """How often the demonstrated checker objects to a wrong query (the warm start's; a new ``sft_dir`` for another)."""
     sft_learning_rate: float = 1e-4
 
 
@@ -111,7 +114,7 @@ def warm_start(cfg: CompareConfig) -> Path:
 
     out = Path(cfg.sft_dir)
     tasks = _tasks("train", cfg.n_train, 0, cfg)
-    with TeacherServer(WriterCheckerDemonstrator(tasks), seed=0) as teacher:
+    with TeacherServer(WriterCheckerDemonstrator(tasks, catch_rate=cfg.checker_catch_rate), seed=0) as teacher:
         sft = Trainer(
             model=resolve_model(SMOLLM2), agent=multi_agent.agent, tasks=tasks,
             algorithm=SFT(learning_rate=cfg.sft_learning_rate, epochs=cfg.sft_epochs, batch_size=8,
@@ -184,11 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("n_train", "sft_epochs"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
     parser.add_argument("--lr", type=float, default=d.learning_rate)
+    parser.add_argument("--checker-catch-rate", type=float, default=d.checker_catch_rate)
     parser.add_argument("--sft-dir", default=d.sft_dir, help="the warm start's folder, built once and shared")
     args = parser.parse_args(argv)
     cfg = CompareConfig(arm=args.arm, output_dir=args.out, steps=args.steps, tasks_per_step=args.tasks_per_step,
                         group=args.group, n_val=args.n_val, seed=args.seed, lora_r=args.lora_r,
-                        learning_rate=args.lr, n_train=args.n_train, sft_epochs=args.sft_epochs, sft_dir=args.sft_dir)
+                        learning_rate=args.lr, n_train=args.n_train, sft_epochs=args.sft_epochs, sft_dir=args.sft_dir,
+                        checker_catch_rate=args.checker_catch_rate)
     from spanrl.logs import log_to_file
 
     print(f"full logs: {log_to_file(Path(cfg.output_dir) / 'spanrl.log')}")

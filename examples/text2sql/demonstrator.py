@@ -74,8 +74,9 @@ def forgetful(sql: str) -> str:
 class WriterCheckerDemonstrator:
     """``TeacherServer`` callback answering both roles' prompts for questions it knows (gold SQL by question)."""
 
-    def __init__(self, questions: list[dict[str, Any]]) -> None:
+    def __init__(self, questions: list[dict[str, Any]], *, catch_rate: float = CHECKER_CATCH_RATE) -> None:
         self.known = {q["question"]: q for q in questions}
+        self.catch_rate = catch_rate
 
     def __call__(self, messages: list[dict[str, Any]], rng: random.Random) -> str:
         text = next((str(m.get("content") or "") for m in reversed(messages) if m.get("role") == "user"), "")
@@ -85,7 +86,7 @@ class WriterCheckerDemonstrator:
             if q is None:
                 return "OK"
             right = execution_reward(checked["sql"].strip(), q["sql"]) == 1.0
-            return OBJECTION if not right and rng.random() < CHECKER_CATCH_RATE else "OK"
+            return OBJECTION if not right and rng.random() < self.catch_rate else "OK"
         question, rejected, _ = text.partition(_REJECTED)
         q = self.known.get(question)
         if q is None:
