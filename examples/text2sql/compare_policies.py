@@ -58,9 +58,9 @@ class CompareConfig:
     sft_dir: str = "runs/t2s-sft"
     """The SFT warm start's folder: built once (seed 0), reused by every arm and seed when it holds a checkpoint."""
     sft_epochs: int = 3
+    sft_learning_rate: float = 1e-4
     checker_catch_rate: float = CHECKER_CATCH_RATE
     """How often the demonstrated checker objects to a wrong query (the warm start's; a new ``sft_dir`` for another)."""
-    sft_learning_rate: float = 1e-4
 
 
 def _tasks(split: str, n: int, seed: int, cfg: CompareConfig) -> list[dict[str, Any]]:
@@ -182,9 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     d = CompareConfig()
     parser.add_argument("--arm", choices=("per-agent", "shared"), default=d.arm)
     parser.add_argument("--out", default=d.output_dir)
-    for name in ("steps", "tasks_per_step", "group", "n_val", "seed", "lora_r"):
-        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
-    for name in ("n_train", "sft_epochs"):
+    for name in ("steps", "tasks_per_step", "group", "n_val", "seed", "lora_r", "n_train", "sft_epochs"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
     parser.add_argument("--lr", type=float, default=d.learning_rate)
     parser.add_argument("--checker-catch-rate", type=float, default=d.checker_catch_rate)

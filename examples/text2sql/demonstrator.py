@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from examples.text2sql.make_data import TINY_TEMPLATES
+from examples.text2sql.multi_agent import CHECKER_PROMPT, FEEDBACK_PROMPT
 from examples.text2sql.sqltools import execution_reward
 
 ERROR_RATE = 0.7
@@ -46,10 +47,13 @@ def demonstrate(question: str, rng: random.Random, *, error_rate: float = ERROR_
     return next(sql for n, _, sql in TINY_TEMPLATES if n == name).format(d=d)
 
 
+def _last_user_text(messages: list[dict[str, Any]]) -> str:
+    return next((str(m.get("content") or "") for m in reversed(messages) if m.get("role") == "user"), "")
+
+
 def answer(messages: list[dict[str, Any]], rng: random.Random) -> str:
     """``TeacherServer`` callback: answer the last user message."""
-    question = next((str(m.get("content") or "") for m in reversed(messages) if m.get("role") == "user"), "")
-    return demonstrate(question, rng)
+    return demonstrate(_last_user_text(messages), rng)
 
 
 # The writer + checker pair on the full questions (``compare_policies.py``'s SFT warm start). The writer forgets
@@ -62,8 +66,16 @@ CHECKER_CATCH_RATE = 0.3
 CARELESS_TEMPLATES = frozenset({"count_dept", "names_dept", "avg_salary_dept", "hired_in", "count_status",
                                 "hours_project", "max_salary_title", "count_city"})
 OBJECTION = "The query ignores a condition of the question."
-_CHECK = re.compile(r"Question: (?P<question>.*)\nQuery: (?P<sql>.*)\nResult", re.DOTALL)
-_REJECTED = "\nA reviewer rejected the query "
+
+
+def _prompt_pattern(template: str) -> re.Pattern[str]:
+    """A regex matching ``template.format(...)``, each ``{field}`` a named group (the prompts are read back)."""
+    pattern = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>.*?)", re.escape(template))
+    return re.compile(pattern, re.DOTALL)
+
+
+_CHECK = _prompt_pattern(CHECKER_PROMPT)
+_FEEDBACK = _prompt_pattern(FEEDBACK_PROMPT)
 
 
 def forgetful(sql: str) -> str:
@@ -79,16 +91,16 @@ class WriterCheckerDemonstrator:
         self.catch_rate = catch_rate
 
     def __call__(self, messages: list[dict[str, Any]], rng: random.Random) -> str:
-        text = next((str(m.get("content") or "") for m in reversed(messages) if m.get("role") == "user"), "")
-        checked = _CHECK.search(text)
+        text = _last_user_text(messages)
+        checked = _CHECK.fullmatch(text)
         if checked:  # the checker's prompt
             q = self.known.get(checked["question"])
             if q is None:
                 return "OK"
             right = execution_reward(checked["sql"].strip(), q["sql"]) == 1.0
             return OBJECTION if not right and rng.random() < self.catch_rate else "OK"
-        question, rejected, _ = text.partition(_REJECTED)
-        q = self.known.get(question)
+        rejected = _FEEDBACK.fullmatch(text)
+        q = self.known.get(rejected["question"] if rejected else text)
         if q is None:
             return ""
         sql = q["sql"]
