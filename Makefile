@@ -11,7 +11,7 @@ venv: $(STAMP)
 # torch first, pinned, so the rest does not pull another build. It is the CPU wheel where pip's configuration
 # serves one; elsewhere PyPI's default is a multi-GB CUDA build: TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cpu'.
 TORCH_PIP_ARGS ?=
-$(STAMP): pyproject.toml setup.py $(wildcard collector/*.c collector/*.h)
+$(STAMP): pyproject.toml setup.py $(wildcard collector/*.c collector/*.h instrumentation/*.c)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 	$(BIN)/pip install -q torch==2.13.0 $(TORCH_PIP_ARGS)

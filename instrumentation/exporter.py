@@ -13,6 +13,11 @@ instrumentation itself, on the agent's CPU. This module writes the protobuf wire
   (key, value); longer strings (messages) are copied once into their field;
 * ``assemble(items)`` groups encoded spans into a request; ``encode_request(spans)`` does both steps.
 
+Where the C extension ``_encode`` (instrumentation/_encode.c) is built, ``encode_snapshot`` hands it the
+snapshots of the common shape (no events or links, plain attribute values): ~0.4 us a chat span against
+~4.5 us here. The Python code below is the reference, for everything else (and everything, without the
+extension); the C encoder's bytes equal it byte for byte.
+
 ``FastOTLPSpanExporter`` is the SDK's ``OTLPSpanExporter`` (same retries, headers, compression, TLS,
 endpoint variables) with that encoder and a stub that sends the bytes as they are; ``export_encoded``
 sends a request already assembled (``batch.BatchEncodingSpanProcessor``).
@@ -32,6 +37,11 @@ from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.trace.export import SpanExportResult
+
+try:  # the C encoder (instrumentation/_encode.c): optional, declines what it does not take
+    from spanrl.instrumentation import _encode
+except ImportError:  # not built here: the Python encoder below encodes every span
+    _encode = None
 
 __all__ = ["EncodedRequest", "FastOTLPSpanExporter", "assemble", "encode_request", "encode_snapshot", "snapshot"]
 
@@ -207,7 +217,9 @@ def _pairs(tag: bytes, keys: Iterable[str], values: Iterable[Any]) -> list[bytes
             field = floats.get((key, value))
             if field is None:
                 field = _cached_field(floats, tag, key, value)
-        else:  # bool, sequences, zero and NaN floats, anything else
+        elif kind is float:  # zero and NaN: 0.0 == -0.0 (and NaN matches itself) as a key, not as bits
+            field = _attribute_field(tag, key, value)
+        else:  # bool, sequences, anything else
             cache = caches.get(kind)
             field = None if cache is None else cache.get((key, value))
             if field is None:
@@ -305,6 +317,15 @@ _FIXED = 18  # fields of a snapshot before the attribute keys and values
 
 def encode_snapshot(snap: tuple[Any, ...]) -> tuple[bytes, bytes, bytes]:
     """(resource part, scope part, the span as a ``ScopeSpans.spans`` field) of a ``snapshot``."""
+    if _encode is not None:
+        field = _encode.encode_snapshot(snap)
+        if field is not None:
+            return snap[0], snap[1], field
+    return _encode_snapshot(snap)
+
+
+def _encode_snapshot(snap: tuple[Any, ...]) -> tuple[bytes, bytes, bytes]:
+    """``encode_snapshot`` in Python: the reference."""
     (resource_part, scope_part, trace_id, span_id, trace_state, parent_id, parent_remote, name, kind, start, end,
      events, links, status_code, status_description, dropped_attributes, dropped_events, dropped_links) = snap[:_FIXED]
     parts = [b"\x0a\x10" + trace_id.to_bytes(16, "big") + b"\x12\x08" + span_id.to_bytes(8, "big")]

@@ -1,34 +1,20 @@
-"""What the decoder tests need built: the C extension and, for the fuzzer, clang. In CI (`CI=true`) a
-missing one is a FAILURE (a broken build must not pass as dozens of skips); elsewhere the test skips and
-says why."""
+"""What the decoder tests need built: the C extension and, for the fuzzer, clang (missing: a failure in CI,
+a skip elsewhere; tests/required.py)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
-import pytest
+from required import in_ci, missing
 
 from spanrl.collector import fast_decode
 
 REPO = Path(__file__).resolve().parents[2]
 
 __all__ = ["REPO", "in_ci", "missing", "require_clang", "require_fast_path"]
-
-
-def in_ci() -> bool:
-    """Whether this run is CI's (`CI` set to true / 1 / yes, as CI services and `.ci/run` set it)."""
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
-
-
-def missing(reason: str) -> None:
-    """Fail in CI, skip elsewhere."""
-    if in_ci():
-        pytest.fail(f"{reason} (CI=true: a missing build is a failure, not a skip)", pytrace=False)
-    pytest.skip(reason)
 
 
 def require_fast_path() -> None:

@@ -54,3 +54,19 @@ def spans() -> Iterator[Spans]:
     _exporter.clear()
     yield Spans()
     _exporter.clear()
+
+
+@pytest.fixture(params=["c", "python"])
+def encoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The span encoder of the export queue: the C one (instrumentation/_encode.c; not built: a failure in CI,
+    a skip elsewhere) or, with it turned off, the Python reference."""
+    from required import missing
+
+    from spanrl.instrumentation import exporter
+
+    if request.param == "python":
+        monkeypatch.setattr(exporter, "_encode", None)
+    elif exporter._encode is None:
+        missing("the C extension spanrl.instrumentation._encode is not built; "
+                "build it with `python setup.py build_ext --inplace`")
+    return request.param

@@ -1,7 +1,8 @@
 """The reward span written straight into the export queue (``_direct.py``) is the span the SDK path makes:
 same trace, parent, trace state, name, kind, attributes (rollout ids included), resource and scope; only
 its span id and time differ. Anything else on the provider (here the tests' in-memory exporter) takes the
-SDK path, so every other test of the emit API still sees SDK spans."""
+SDK path, so every other test of the emit API still sees SDK spans. The queued spans are compared as the
+collector gets them: encoded (with the C encoder and with the Python one), then decoded."""
 
 from __future__ import annotations
 
@@ -15,9 +16,16 @@ import spanrl
 from spanrl import semconv
 from spanrl.instrumentation._processor import RolloutSpanProcessor
 from spanrl.instrumentation.batch import BatchEncodingSpanProcessor
+from opentelemetry.proto.trace.v1.trace_pb2 import ScopeSpans, Span
+
 from spanrl.instrumentation.exporter import FastOTLPSpanExporter, encode_snapshot
 
-_SPAN_ID, _END_TIMES = 3, (9, 10)  # snapshot fields that differ between two spans
+Queued = tuple[bytes, bytes, Span]  # a queued span: its resource and scope parts, and the span decoded
+
+
+@pytest.fixture(autouse=True)
+def _each_encoder(encoder: str) -> None:
+    """Every test here with the C encoder and with the Python one (tests/instrumentation/conftest.py)."""
 
 
 @pytest.fixture
@@ -37,24 +45,34 @@ def queue(spans: Any) -> Iterator[tuple[BatchEncodingSpanProcessor, tuple[Any, .
         batch._shutdown = True
 
 
-def _emit(processors: tuple[Any, ...], fn: Any) -> tuple[Any, ...]:
+def _emit(processors: tuple[Any, ...], fn: Any) -> Queued:
     provider = trace.get_tracer_provider()
     provider._active_span_processor._span_processors = processors  # type: ignore[attr-defined]
     batch = next(p for p in processors if isinstance(p, BatchEncodingSpanProcessor))
     batch._queue.clear()
     fn()
-    (snap,) = [s for s in batch._queue if s[7] == semconv.REWARD_SPAN_NAME]
-    return snap
+    queued = [encode_snapshot(snap) for snap in batch._queue]
+    (reward,) = [(resource, scope, ScopeSpans.FromString(field).spans[0]) for resource, scope, field in queued
+                 if ScopeSpans.FromString(field).spans[0].name == semconv.REWARD_SPAN_NAME]
+    return reward
 
 
-def _same_but_id_and_time(direct: tuple[Any, ...], sdk: tuple[Any, ...]) -> None:
-    assert len(direct) == len(sdk)
-    differ = [i for i, (a, b) in enumerate(zip(direct, sdk)) if a != b]
-    assert set(differ) <= {_SPAN_ID, *_END_TIMES}, [(i, direct[i], sdk[i]) for i in differ]
-    assert direct[_SPAN_ID] != sdk[_SPAN_ID]
-    assert direct[_END_TIMES[0]] == direct[_END_TIMES[1]] > 0
-    resource, scope, span = encode_snapshot(direct)
-    assert semconv.REWARD_SPAN_NAME.encode() in span and resource == encode_snapshot(sdk)[0] and scope
+def _attributes(span: Span) -> dict[str, Any]:
+    return {kv.key: getattr(kv.value, kv.value.WhichOneof("value")) for kv in span.attributes}
+
+
+def _same_but_id_and_time(direct: Queued, sdk: Queued) -> None:
+    assert direct[:2] == sdk[:2]  # resource and scope
+    fast, slow = Span(), Span()
+    fast.CopyFrom(direct[2])
+    slow.CopyFrom(sdk[2])
+    assert fast.span_id != slow.span_id
+    assert fast.start_time_unix_nano == fast.end_time_unix_nano > 0
+    for span in (fast, slow):
+        for name in ("span_id", "start_time_unix_nano", "end_time_unix_nano"):
+            span.ClearField(name)
+    assert fast == slow
+    assert list(_attributes(fast)) == list(_attributes(slow))  # in the same order too
 
 
 def test_direct_reward_inside_a_rollout_equals_the_sdk_span(queue: Any) -> None:
@@ -66,9 +84,11 @@ def test_direct_reward_inside_a_rollout_equals_the_sdk_span(queue: Any) -> None:
     with spanrl.rollout(rollout_id="r-9", task_id="t-3", attempt=2):
         with trace.get_tracer("agent").start_as_current_span("step") as step:
             fast, slow = _emit(direct, reward), _emit(sdk, reward)
-    assert fast[2] == step.get_span_context().trace_id and fast[5] == step.get_span_context().span_id
+    span = fast[2]
+    assert span.trace_id == step.get_span_context().trace_id.to_bytes(16, "big")
+    assert span.parent_span_id == step.get_span_context().span_id.to_bytes(8, "big")
     _same_but_id_and_time(fast, slow)
-    attributes = dict(zip(fast[18:18 + (len(fast) - 18) // 2], fast[18 + (len(fast) - 18) // 2:]))
+    attributes = _attributes(span)
     assert attributes[semconv.REWARD_VALUE] == 0.5 and attributes[semconv.ROLLOUT_ID] == "r-9"
     assert attributes[semconv.ATTEMPT] == 2 and attributes[semconv.GEN_AI_EVALUATION_EXPLANATION] == "close"
 
@@ -76,9 +96,10 @@ def test_direct_reward_inside_a_rollout_equals_the_sdk_span(queue: Any) -> None:
 def test_direct_root_reward_and_remote_parent_with_trace_state(queue: Any) -> None:
     batch, direct, sdk = queue
     fast, slow = _emit(direct, lambda: spanrl.emit_reward(1.0)), _emit(sdk, lambda: spanrl.emit_reward(1.0))
-    assert fast[5] is None and slow[5] is None  # roots, each its own trace
-    assert fast[2] != slow[2]
-    assert fast[18:] == slow[18:]  # the environment's task id stamped as the processor would
+    assert fast[2].parent_span_id == slow[2].parent_span_id == b""  # roots, each its own trace
+    assert fast[2].trace_id != slow[2].trace_id
+    assert _attributes(fast[2]) == _attributes(slow[2])  # the environment's task id stamped as the processor would
+    assert _attributes(fast[2])[semconv.TASK_ID] == "t-env"
 
     parent = trace.SpanContext(0x1234, 0x99, is_remote=True, trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
                                trace_state=trace.TraceState([("vendor", "x")]))
@@ -93,7 +114,9 @@ def test_direct_root_reward_and_remote_parent_with_trace_state(queue: Any) -> No
 
     fast, slow = _emit(direct, under_remote_parent), _emit(sdk, under_remote_parent)
     _same_but_id_and_time(fast, slow)
-    assert fast[2] == 0x1234 and fast[4] == "vendor=x" and fast[5] == 0x99 and fast[6] is True
+    span = fast[2]
+    assert span.trace_id == (0x1234).to_bytes(16, "big") and span.trace_state == "vendor=x"
+    assert span.parent_span_id == (0x99).to_bytes(8, "big") and span.flags == 0x300  # a remote parent
 
 
 def test_unsampled_parent_exports_nothing_either_way(queue: Any) -> None:

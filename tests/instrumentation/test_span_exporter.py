@@ -1,6 +1,11 @@
-"""The fast OTLP encoder: decoded, its request equals the SDK encoder's, field for field."""
+"""The fast OTLP encoder: decoded, its request equals the SDK encoder's, field for field, with the C encoder
+(instrumentation/_encode.c) and without it; where the C encoder takes a span, its bytes equal the Python
+encoder's, byte for byte."""
 
 from __future__ import annotations
+
+import math
+import random
 
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -13,7 +18,12 @@ from opentelemetry.trace import (Link, NonRecordingSpan, SpanContext, SpanKind, 
                                  TraceState, set_span_in_context)
 
 from spanrl.instrumentation import exporter as fast
-from spanrl.instrumentation.exporter import FastOTLPSpanExporter, encode_request
+from spanrl.instrumentation.exporter import FastOTLPSpanExporter, encode_request, snapshot
+
+
+@pytest.fixture(autouse=True)
+def _each_encoder(encoder: str) -> None:
+    """Every test here with the C encoder and with the Python one (tests/instrumentation/conftest.py)."""
 
 
 def _varied_spans():
@@ -155,3 +165,100 @@ def test_exporter_reconnects_after_the_collector_restarts(collector_proc):
     exporter.shutdown()
     names = sorted(r["name"] for r in collector_proc.sql("SELECT name FROM spans"))
     assert names == sorted(s.name for s in spans[:2] + spans[4:])
+
+
+# --- the C encoder against the Python reference ---------------------------------------------------------
+
+
+def _c_or_skip(encoder: str):
+    if encoder != "c":
+        pytest.skip("compares the C encoder with the Python one")
+    return fast._encode
+
+
+_TEXT = ["", "a", "héllo ✓", "😀 emoji", "x" * 127, "y" * 128, "z" * 20000, "ü" * 70, "tab\tnew\nline", "\x00nul"]
+
+
+def _random_value(rng: random.Random):
+    kind = rng.randrange(9)
+    if kind == 0:
+        return rng.choice(_TEXT)
+    if kind == 1:
+        return rng.random() < 0.5
+    if kind == 2:
+        return rng.choice([0, 1, 127, 128, 16383, 16384, -1, -(2**63), 2**63 - 1, rng.randrange(-(2**40), 2**40)])
+    if kind == 3:
+        return rng.choice([0.0, -0.0, 1.5, -2.25e300, math.inf, -math.inf, math.nan, rng.random()])
+    if kind == 4:
+        return tuple(rng.choice(_TEXT) for _ in range(rng.randrange(4)))
+    if kind == 5:
+        return [rng.randrange(-300, 300) for _ in range(rng.randrange(5))]
+    if kind == 6:
+        return tuple(rng.random() for _ in range(rng.randrange(3)))
+    if kind == 7:
+        return [rng.random() < 0.5 for _ in range(rng.randrange(3))]
+    return "".join(chr(rng.randrange(32, 0x2FFF)) for _ in range(rng.randrange(200)))
+
+
+def _random_spans(seed: int, count: int) -> list[ReadableSpan]:
+    rng = random.Random(seed)
+    memory = InMemorySpanExporter()
+    limits = SpanLimits(max_span_attributes=rng.choice([8, 128]))
+    provider = TracerProvider(resource=Resource.create({"service.name": f"r{seed}", "n": seed}), span_limits=limits)
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracers = [provider.get_tracer("a", "1.0"), provider.get_tracer("b", schema_url="https://s/1")]
+    for i in range(count):
+        tracer = rng.choice(tracers)
+        parent = None
+        if rng.random() < 0.3:
+            remote = SpanContext(rng.getrandbits(128) or 1, rng.getrandbits(64) or 1, is_remote=rng.random() < 0.5,
+                                 trace_flags=TraceFlags(1), trace_state=TraceState(rng.choice([[], [("k", "v")]])))
+            parent = set_span_in_context(NonRecordingSpan(remote))
+        name = rng.choice(["chat tiny", "", "execute_tool add", "ünï " * rng.randrange(3)])
+        with tracer.start_as_current_span(name, context=parent, kind=SpanKind(rng.randrange(5))) as span:
+            for j in range(rng.randrange(20)):
+                span.set_attribute(rng.choice(["k", f"key.{j}", "gen_ai.input.messages", "ключ", ""]) + str(j % 3),
+                                   _random_value(rng))
+            code = rng.choice([StatusCode.UNSET, StatusCode.OK, StatusCode.ERROR])
+            span.set_status(Status(code, rng.choice([None, "", "bad ✗"]) if code is StatusCode.ERROR else None))
+            if rng.random() < 0.2:
+                with tracer.start_as_current_span(f"child {i}"):
+                    pass
+    return list(memory.get_finished_spans())
+
+
+def _reference(span: ReadableSpan) -> bytes:
+    """The Python encoder's span field."""
+    return fast._encode_snapshot(snapshot(span))[2]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_c_encoder_equals_the_python_encoder_byte_for_byte(encoder, seed):
+    c = _c_or_skip(encoder)
+    spans = _random_spans(seed, 300)
+    for span in spans:
+        assert c.encode_snapshot(snapshot(span)) == _reference(span), (span.name, dict(span.attributes))
+    assert len(spans) > 300
+    assert ExportTraceServiceRequest.FromString(encode_request(spans)) == encode_spans(spans)
+
+
+def test_c_encoder_declines_what_it_does_not_take(encoder):
+    c = _c_or_skip(encoder)
+    spans = {s.name: s for s in _varied_spans()}
+    assert c.encode_snapshot(snapshot(spans["root"])) is None  # events
+    assert c.encode_snapshot(snapshot(spans["remote child"])) is None  # links
+    for name in ("child", ""):  # the common shape: taken, and equal to the Python encoder's bytes
+        assert c.encode_snapshot(snapshot(spans[name])) == _reference(spans[name])
+    child = spans["child"]
+    odd = [{"huge": 2**64}, {"surrogate": "\ud800"}, {"none": (None,)}, {"nested": ((1,),)}, {"odd": object()},
+           {"sub": type("Text", (str,), {})("x")}, {1: "key not a str"}]
+    for attributes in odd:
+        child._attributes = attributes  # noqa: SLF001 - a hand-made odd span
+        assert c.encode_snapshot(snapshot(child)) is None, attributes
+        if "surrogate" in attributes or 1 in attributes:  # the Python encoder raises: the processor logs, drops
+            with pytest.raises((UnicodeEncodeError, AttributeError)):
+                encode_request([child])
+        else:  # and takes the rest, skipping what the SDK encoder skips
+            assert ExportTraceServiceRequest.FromString(encode_request([child])) == encode_spans([child])
+    for bad in (("not", "a", "snapshot"), snapshot(child)[:-1], [*snapshot(child)]):
+        assert c.encode_snapshot(bad) is None
