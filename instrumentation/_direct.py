@@ -15,12 +15,17 @@ the caller makes a normal SDK span.
 from __future__ import annotations
 
 import logging
+import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import context, trace
+from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 from opentelemetry.sdk.trace import Tracer, TracerProvider, sampling
 from opentelemetry.sdk.trace import SynchronousMultiSpanProcessor
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.trace.propagation import _SPAN_KEY  # private; the API is pinned to one minor version
 
 from spanrl.instrumentation._processor import RolloutSpanProcessor
 from spanrl.instrumentation._rollout import tracer
@@ -34,22 +39,38 @@ _KIND_INTERNAL = 0  # SpanKind.INTERNAL's value
 _MIN_ATTRIBUTES = 16  # a reward's own attributes and the rollout ids fit under any such limit
 
 
+def _context_reader() -> Callable[[], context.Context]:
+    """``context.get_current``, or where the runtime context is the API's default (a ContextVar) that
+    variable's own ``get``: the same Context without two Python calls (~1 us between two LLM calls)."""
+    runtime = getattr(context, "_RUNTIME_CONTEXT", None)
+    if type(runtime) is ContextVarsRuntimeContext:
+        return runtime._current_context.get
+    return context.get_current
+
+
+_current_context = _context_reader()
+
+
 class _Route:
     """Where instant spans go for one provider and processor tuple (None fields: no direct route)."""
 
-    __slots__ = ("provider", "processors", "tracer", "batch", "rollout", "group", "ids", "max_length")
+    __slots__ = ("provider", "active", "processors", "tracer", "batch", "rollout", "group", "ids", "random_bits",
+                 "max_length")
 
-    def __init__(self, provider: Any, processors: Any) -> None:
-        self.provider, self.processors = provider, processors
+    def __init__(self, provider: Any, active: Any, processors: Any) -> None:
+        self.provider, self.active, self.processors = provider, active, processors
         self.tracer: Tracer | None = None
         self.batch: BatchEncodingSpanProcessor | None = None
         self.rollout: RolloutSpanProcessor | None = None
         self.group: tuple[bytes, bytes] = (b"", b"")
         self.ids: Any = None
+        self.random_bits: Callable[[int], int] | None = None  # what the SDK's RandomIdGenerator calls
         self.max_length: int | None = None
 
 
-_route: _Route | None = None
+_route: _Route | None = None  # the last one used
+_routes: dict[tuple[int, int], _Route] = {}
+_MAX_ROUTES = 8
 
 
 def _default_sampler(sampler: Any) -> bool:
@@ -61,8 +82,8 @@ def _default_sampler(sampler: Any) -> bool:
             and sampler._local_parent_not_sampled is off)
 
 
-def _build(provider: Any, processors: Any) -> _Route:
-    route = _Route(provider, processors)
+def _build(provider: Any, active: Any, processors: Any) -> _Route:
+    route = _Route(provider, active, processors)
     if (type(provider) is not TracerProvider or getattr(provider, "_disabled", True)
             or getattr(provider, "_meter_provider", None) is not None
             or provider._span_limits.max_span_attributes < _MIN_ATTRIBUTES):
@@ -79,23 +100,41 @@ def _build(provider: Any, processors: Any) -> _Route:
     route.tracer, route.batch, route.rollout = real, batches[0], rollouts[0] if rollouts else None
     route.group = span_group(real.resource, real._instrumentation_scope or None)
     route.ids = provider.id_generator
+    route.random_bits = random.getrandbits if type(route.ids) is RandomIdGenerator else None
     route.max_length = provider._span_limits.max_span_attribute_length
     return route
 
 
 def _current_route() -> _Route:
-    global _route
     provider = trace.get_tracer_provider()
-    active = getattr(provider, "_active_span_processor", None)
-    processors = getattr(active, "_span_processors", None) if type(active) is SynchronousMultiSpanProcessor else None
     route = _route
+    if (route is not None and route.provider is provider
+            and (route.active is None or route.active._span_processors is route.processors)):
+        return route
+    return _switch_route(provider)
+
+
+def _switch_route(provider: Any) -> _Route:
+    """The route for the provider's processors now, built once per (provider, processor tuple): a provider
+    whose processors change and change back (tests; the tracer bench's stages, call by call) finds its
+    route again instead of rebuilding it (~20 us)."""
+    global _route
+    active = getattr(provider, "_active_span_processor", None)
+    if type(active) is not SynchronousMultiSpanProcessor:
+        active = None
+    processors = getattr(active, "_span_processors", None)
+    key = (id(provider), id(processors))
+    route = _routes.get(key)
     if route is None or route.provider is not provider or route.processors is not processors:
         try:
-            route = _build(provider, processors or ())
+            route = _build(provider, active, processors or ())
         except Exception:  # an SDK whose internals differ: SDK spans, as without this module
             _logger.debug("spanrl: no direct route for instant spans", exc_info=True)
-            route = _Route(provider, processors)
-        _route = route
+            route = _Route(provider, None, processors)
+        if len(_routes) >= _MAX_ROUTES:
+            _routes.clear()
+        _routes[key] = route  # it holds the provider and the tuple: their ids are not reused while kept
+    _route = route
     return route
 
 
@@ -109,16 +148,21 @@ def emit_instant(name: str, attributes: dict[str, Any]) -> bool:
     limit = route.max_length
     if limit is not None and any(type(v) is str and len(v) > limit for v in attributes.values()):
         return False
-    ctx = context.get_current()
-    parent = trace.get_current_span(ctx).get_span_context()
-    if parent.is_valid:
-        if not parent.trace_flags.sampled:
+    ctx = _current_context()
+    current = ctx.get(_SPAN_KEY)  # as trace.get_current_span(ctx), without its calls
+    parent = trace.INVALID_SPAN_CONTEXT if current is None else current.get_span_context()
+    # SpanContext is a tuple: its fields unpacked at once, not through six properties
+    trace_id, parent_id, remote, flags, state, valid = parent
+    if valid:
+        if not flags & trace.TraceFlags.SAMPLED:
             return True  # the SDK would make a non-recording span: nothing to export
-        trace_id, parent_id, remote, state = parent.trace_id, parent.span_id, parent.is_remote, parent.trace_state
         trace_state = ",".join(f"{k}={v}" for k, v in state.items()) if state else None
     else:
         trace_id, parent_id, remote, trace_state = route.ids.generate_trace_id(), None, False, None
-    span_id = route.ids.generate_span_id()
+    bits = route.random_bits
+    span_id = bits(64) if bits is not None else 0
+    if not span_id:  # another id generator, or the one draw in 2**64 that is the invalid id
+        span_id = route.ids.generate_span_id()
     rollout = route.rollout
     if rollout is not None and rollout.enabled:
         for key, value in rollout.ids(ctx):

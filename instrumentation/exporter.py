@@ -37,6 +37,7 @@ from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.trace.export import SpanExportResult
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 try:  # the C encoder (instrumentation/_encode.c): optional, declines what it does not take
     from spanrl.instrumentation import _encode
@@ -277,39 +278,40 @@ def snapshot(span: ReadableSpan) -> tuple[Any, ...]:
     is promoted to the old generation before it is exported, and each object promoted per LLM call
     adds about 2 us of full collections to it (measured on an agent's heap: ~20 us for a queued span).
     Events and links (rare on these spans) are kept as the SDK's immutable objects.
+
+    It runs once per span between two LLM calls, with the CPU's caches cold, where each Python call
+    or tuple built costs about a microsecond: the SDK's own spans are read in one expression from
+    their slots (no properties, one tuple built), the last (resource, scope) pair is kept at hand.
     """
     if type(span) is ReadableSpan:  # the SDK's class: its slots, not the properties that copy them
-        ctx, parent, attrs, events, links = span._context, span._parent, span._attributes, span._events, span._links
-        status, kind = span._status, span._kind
+        attrs, events, links = span._attributes, span._events, span._links
         if type(attrs) is BoundedAttributes and type(events) is BoundedList and type(links) is BoundedList:
-            dropped = (attrs.dropped, events.dropped, links.dropped)
-            attrs, events, links = attrs._dict, events._dq, links._dq
-        else:
-            dropped = (getattr(attrs, "dropped", 0), getattr(events, "dropped", 0), getattr(links, "dropped", 0))
-            attrs, events, links = (
-                getattr(attrs, "_dict", attrs), getattr(events, "_dq", events), getattr(links, "_dq", links)
-            )
-        resource, scope, name, start, end = (
-            span._resource, span._instrumentation_scope, span._name, span._start_time, span._end_time
-        )
-    else:
-        ctx, parent, attrs, events, links = (
-            span.get_span_context(), span.parent, span.attributes, span.events, span.links
-        )
-        resource, scope, status = span.resource, span.instrumentation_scope, span.status
-        name, kind, start, end = span.name, span.kind, span.start_time, span.end_time
-        dropped = (span.dropped_attributes, span.dropped_events, span.dropped_links)
-    group = _group_cache.get((id(resource), id(scope)))
-    if group is None or group[0] is not resource or group[1] is not scope:
-        group = (None, None, span_group(resource, scope or None))
-    trace_state = ctx.trace_state
+            resource, scope, status = span._resource, span._instrumentation_scope, span._status
+            last = _last_group
+            group = last[2] if last[0] is resource and last[1] is scope else _group_of(resource, scope)
+            ctx, parent, attrs_dict = span._context, span._parent, attrs._dict
+            event_list, link_list = events._dq, links._dq
+            state = ctx[4]  # SpanContext is a tuple: (trace id, span id, remote, flags, trace state, valid)
+            return (*group, ctx[0], ctx[1], None if state is DEFAULT_TRACE_STATE else _trace_state(state),
+                    None if parent is None else parent[1], parent is not None and parent[2], span._name,
+                    span._kind._value_, span._start_time, span._end_time,
+                    tuple(event_list) if event_list else None, tuple(link_list) if link_list else None,
+                    status._status_code._value_, status._description, attrs.dropped, events.dropped, links.dropped,
+                    *attrs_dict, *attrs_dict.values())
+    ctx, parent, attrs, events, links = span.get_span_context(), span.parent, span.attributes, span.events, span.links
+    status = span.status
+    attrs = getattr(attrs, "_dict", attrs)
     # Enum members' ``_value_``: ``.value`` is a property, a Python call per read.
-    fixed = (*group[2], ctx.trace_id, ctx.span_id,
-             ",".join(f"{k}={v}" for k, v in trace_state.items()) if trace_state else None,
-             None if parent is None else parent.span_id, parent is not None and parent.is_remote,
-             name, kind._value_, start, end, tuple(events) if events else None, tuple(links) if links else None,
-             status._status_code._value_, status._description, *dropped)
+    fixed = (*_group_of(span.resource, span.instrumentation_scope), ctx.trace_id, ctx.span_id,
+             _trace_state(ctx.trace_state), None if parent is None else parent.span_id,
+             parent is not None and parent.is_remote, span.name, span.kind._value_, span.start_time, span.end_time,
+             tuple(events) if events else None, tuple(links) if links else None, status._status_code._value_,
+             status._description, span.dropped_attributes, span.dropped_events, span.dropped_links)
     return fixed + tuple(attrs) + tuple(attrs.values()) if attrs else fixed
+
+
+def _trace_state(state: Any) -> str | None:
+    return ",".join(f"{k}={v}" for k, v in state.items()) if state else None
 
 
 _FIXED = 18  # fields of a snapshot before the attribute keys and values
@@ -397,6 +399,17 @@ def span_group(resource: Any, scope: Any) -> tuple[bytes, bytes]:
     if len(_group_cache) >= _CACHE_MAX_ENTRIES:
         _group_cache.clear()
     _group_cache[key] = (resource, scope, group)
+    return group
+
+
+# The last (resource, scope, group) a span was snapshotted with: one agent's spans mostly share one pair.
+_last_group: tuple[Any, Any, tuple[bytes, bytes]] = (None, None, (b"", b""))
+
+
+def _group_of(resource: Any, scope: Any) -> tuple[bytes, bytes]:
+    global _last_group
+    group = span_group(resource, scope or None)
+    _last_group = (resource, scope, group)  # one tuple swapped whole: safe for the threads that read it
     return group
 
 
