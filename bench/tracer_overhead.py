@@ -29,11 +29,18 @@ one stage), also inside a running event loop (a thread per call); and the offici
 (`opentelemetry-instrumentation-openai-v2`, messages on the span), only where it is importable:
     .venv/bin/python -m pip install opentelemetry-instrumentation-openai-v2==2.4b0 opentelemetry-util-genai==1.1b0
 (2.4b0 does not import with util-genai 1.2b0/1.3b0). `--json PATH` writes every figure as one JSON object.
+
+`--baseline-pythonpath DIR` (with --breakdown-only) runs the breakdown of another spanrl beside this one,
+round by round in turns, so both meet the same machine: DIR is where a wheel of it is unpacked (the parts
+between HTTP calls move by 2-3x with the host's load and its neighbours' use of the shared caches, so only
+figures of one run compare). For the version before a change:
+    git worktree add /tmp/base/src REV && pip wheel --no-deps --no-build-isolation -w /tmp/base/wheel /tmp/base/src
+    python -m zipfile -e /tmp/base/wheel/spanrl-*.whl /tmp/base/site   # then --baseline-pythonpath /tmp/base/site
 Usage:
 
     .venv/bin/python bench/tracer_overhead.py [--calls 300] [--rounds 5] [--call-ms 2.0] [--breakdown-only]
         [--breakdown-calls 2000] [--breakdown-http-calls 500] [--anchor-python /tmp/anchor-venv/bin/python]
-        [--json PATH]
+        [--baseline-pythonpath DIR] [--json PATH]
 """
 
 from __future__ import annotations
@@ -51,7 +58,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from _tracer_breakdown import breakdown_json, parts_total, print_breakdown, run_breakdown
+from typing import Any
+
+from _tracer_breakdown import (breakdown_json, breakdown_parts, lean_total, parts_total, print_breakdown,
+                               run_breakdown, spanrl_own)
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -247,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--breakdown-http-calls", type=int, default=500,
                         help="calls per stage of the breakdown between HTTP calls")
     parser.add_argument("--breakdown-only", action="store_true", help="only the breakdown (one agent process)")
+    parser.add_argument("--baseline-pythonpath", metavar="DIR",
+                        help="with --breakdown-only: also the breakdown of the spanrl unpacked in DIR, in turns")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as one JSON object to PATH "
                         "(and print it as the last line, prefixed BENCH_JSON)")
     args = parser.parse_args(argv)
@@ -280,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
                 return run_breakdown(grpc, url, args.breakdown_http_calls, args.breakdown_calls, args.rounds,
                                      _clean_env(SPANRL_ROLLOUT_ID="bench"))
 
+            if args.breakdown_only and args.baseline_pythonpath:
+                compare_breakdowns(args, grpc, url)
+                return 0
             if args.breakdown_only:
                 breakdown = breakdown_now()
                 print_breakdown(breakdown, args.call_ms)
@@ -305,6 +320,46 @@ def main(argv: list[str] | None = None) -> int:
 
     report(args, modes, results, breakdown, {"chat": stored, "reward": rewards, "expected": expected})
     return 0
+
+
+def compare_breakdowns(args: argparse.Namespace, grpc: str, url: str) -> None:
+    """The breakdown of the spanrl in ``--baseline-pythonpath`` and of this one, a round each in turns (the
+    first alternating). Each part is taken per round, then its median over rounds (a part of medians would
+    mix rounds: the host moves every figure between rounds by more than the parts differ); the verdict's
+    total is also compared round by round (the median of the paired ratios)."""
+    env = _clean_env(SPANRL_ROLLOUT_ID="bench")
+    versions = {"baseline": {**env, "PYTHONPATH": args.baseline_pythonpath}, "this": env}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in versions}
+    for r in range(args.rounds):
+        for name in (list(versions) if r % 2 == 0 else list(versions)[::-1]):
+            runs[name].append(run_breakdown(grpc, url, args.breakdown_http_calls, args.breakdown_calls, 1,
+                                            versions[name]))
+        print(f"  round {r + 1}/{args.rounds}: spanrl's own parts between HTTP calls " + ", ".join(
+            f"{name} {spanrl_own(runs[name][-1]) * 1e6:.1f} us" for name in versions), flush=True)
+
+    def per_round(name: str) -> list[tuple[str, list[float]]]:
+        results = runs[name]
+        rows = [(part, [dict(breakdown_parts(b))[part] for b in results]) for part, _ in breakdown_parts(results[0])]
+        return rows + [("spanrl's own parts", [spanrl_own(b) for b in results]),
+                       ("spanrl's own parts, tight loop", [spanrl_own(b, "loop") for b in results]),
+                       ("lean capture", [lean_total(b) for b in results])]
+
+    base, this = per_round("baseline"), per_round("this")
+    print(f"\nCPU per call between HTTP calls, each part's median of its {args.rounds} per-round values "
+          f"(load {os.getloadavg()[0]:.1f}):")
+    print(f"  {'part':66s} {'baseline':>11s} {'this':>11s} {'ratio':>6s}")
+    for (part, xs), (_, ys) in zip(base, this):
+        x, y = statistics.median(xs), statistics.median(ys)
+        ratio = f"{y / x:6.2f}" if x > 0 else f"{'-':>6s}"
+        print(f"  {part:66s} {x * 1e6:8.1f} us {y * 1e6:8.1f} us {ratio}")
+    own = dict(this)["spanrl's own parts"], dict(base)["spanrl's own parts"]
+    paired = statistics.median(y / x for y, x in zip(*own) if x > 0)
+    print(f"  spanrl's own parts, this / baseline round by round: median {paired:.2f} "
+          f"({sum(y < x for y, x in zip(*own))} of {args.rounds} rounds lower)")
+    write_json(args.json, {"call_ms": args.call_ms, "load_average": round(os.getloadavg()[0], 2),
+                           "paired_ratio": round(paired, 3),
+                           **{name: {part: [round(v * 1e6, 2) for v in values] for part, values in rows}
+                              for name, rows in (("baseline_us", base), ("this_us", this))}})
 
 
 def report(args: argparse.Namespace, modes: list[str], results: dict[str, list[dict[str, float]]],

@@ -116,36 +116,27 @@ static void put_scalar(Buf *b, const Scalar *s) {
     }
 }
 
-/* One span attribute: field 9 (KeyValue: key = 1, value = 2). */
+/* One span attribute: field 9 (KeyValue: key = 1, value = 2): a scalar, or an ArrayValue (AnyValue field 5)
+ * of scalar AnyValues (field 1), whose sizes are taken first. */
 static int put_attribute(Buf *b, PyObject *key, PyObject *value) {
     const char *k;
-    Py_ssize_t kn;
+    Py_ssize_t kn, count = 0;
     if (!PyUnicode_CheckExact(key) || !utf8(key, &k, &kn)) return 0;
     size_t key_size = kn ? 1 + varint_size((uint64_t)kn) + (size_t)kn : 0;  /* an empty key is not written */
     Scalar s;
-    size_t value_size = scalar(value, &s);
-    if (value_size) {
-        size_t kv = key_size + 1 + varint_size(value_size) + value_size;
-        if (reserve(b, 1 + 10 + kv) < 0) return -1;
-        put_byte(b, 0x4a);
-        put_varint(b, kv);
-        if (kn) { put_byte(b, 0x0a); put_varint(b, (uint64_t)kn); put_raw(b, k, (size_t)kn); }
-        put_byte(b, 0x12);
-        put_varint(b, value_size);
-        put_scalar(b, &s);
-        return 1;
+    PyObject **items = NULL;
+    size_t value_size = scalar(value, &s), array = 0;
+    if (!value_size) {
+        if (!PyTuple_CheckExact(value) && !PyList_CheckExact(value)) return 0;
+        count = PySequence_Fast_GET_SIZE(value);
+        items = PySequence_Fast_ITEMS(value);
+        for (Py_ssize_t i = 0; i < count; i++) {
+            size_t n = scalar(items[i], &s);
+            if (!n) return 0;
+            array += 1 + varint_size(n) + n;
+        }
+        value_size = 1 + varint_size(array) + array;
     }
-    if (!PyTuple_CheckExact(value) && !PyList_CheckExact(value)) return 0;
-    /* ArrayValue (AnyValue field 5) of AnyValues (field 1): sizes first, then the bytes */
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(value);
-    PyObject **items = PySequence_Fast_ITEMS(value);
-    size_t array = 0;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        size_t n = scalar(items[i], &s);
-        if (!n) return 0;
-        array += 1 + varint_size(n) + n;
-    }
-    value_size = 1 + varint_size(array) + array;
     size_t kv = key_size + 1 + varint_size(value_size) + value_size;
     if (reserve(b, 1 + 10 + kv) < 0) return -1;
     put_byte(b, 0x4a);
@@ -153,6 +144,10 @@ static int put_attribute(Buf *b, PyObject *key, PyObject *value) {
     if (kn) { put_byte(b, 0x0a); put_varint(b, (uint64_t)kn); put_raw(b, k, (size_t)kn); }
     put_byte(b, 0x12);
     put_varint(b, value_size);
+    if (!items) {
+        put_scalar(b, &s);
+        return 1;
+    }
     put_byte(b, 0x2a);
     put_varint(b, array);
     for (Py_ssize_t i = 0; i < count; i++) {

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import math
 import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -16,6 +20,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import (Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags,
                                  TraceState, set_span_in_context)
+
+from required import missing
 
 from spanrl.instrumentation import exporter as fast
 from spanrl.instrumentation.exporter import FastOTLPSpanExporter, encode_request, snapshot
@@ -262,3 +268,14 @@ def test_c_encoder_declines_what_it_does_not_take(encoder):
             assert ExportTraceServiceRequest.FromString(encode_request([child])) == encode_spans([child])
     for bad in (("not", "a", "snapshot"), snapshot(child)[:-1], [*snapshot(child)]):
         assert c.encode_snapshot(bad) is None
+
+
+def test_c_encoder_is_clean_under_the_sanitizers(encoder):
+    """bench/encode_sanitized.py: the C encoder built with ASan + UBSan, byte for byte against Python."""
+    _c_or_skip(encoder)
+    if shutil.which("gcc") is None:
+        missing("gcc is not installed (it builds the C extensions)")
+    bench = Path(__file__).resolve().parents[2] / "bench" / "encode_sanitized.py"
+    out = subprocess.run([sys.executable, str(bench), "--seeds", "5"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    assert "byte for byte equal to the Python encoder under ASan + UBSan" in out.stdout
