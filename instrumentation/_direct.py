@@ -41,7 +41,7 @@ _MIN_ATTRIBUTES = 16  # a reward's own attributes and the rollout ids fit under 
 
 def _context_reader() -> Callable[[], context.Context]:
     """``context.get_current``, or where the runtime context is the API's default (a ContextVar) that
-    variable's own ``get``: the same Context without two Python calls (~1 us between two LLM calls)."""
+    variable's own ``get``: the same Context without two Python calls."""
     runtime = getattr(context, "_RUNTIME_CONTEXT", None)
     if type(runtime) is ContextVarsRuntimeContext:
         return runtime._current_context.get
@@ -70,7 +70,7 @@ class _Route:
 
 _route: _Route | None = None  # the last one used
 _routes: dict[tuple[int, int], _Route] = {}
-_MAX_ROUTES = 8
+_MAX_ROUTES = 4
 
 
 def _default_sampler(sampler: Any) -> bool:
@@ -117,7 +117,7 @@ def _current_route() -> _Route:
 def _switch_route(provider: Any) -> _Route:
     """The route for the provider's processors now, built once per (provider, processor tuple): a provider
     whose processors change and change back (tests; the tracer bench's stages, call by call) finds its
-    route again instead of rebuilding it (~20 us)."""
+    route again instead of rebuilding it."""
     global _route
     active = getattr(provider, "_active_span_processor", None)
     if type(active) is not SynchronousMultiSpanProcessor:
@@ -130,7 +130,7 @@ def _switch_route(provider: Any) -> _Route:
             route = _build(provider, active, processors or ())
         except Exception:  # an SDK whose internals differ: SDK spans, as without this module
             _logger.debug("spanrl: no direct route for instant spans", exc_info=True)
-            route = _Route(provider, None, processors)
+            route = _Route(provider, active, processors)  # rebuilt when the processors change
         if len(_routes) >= _MAX_ROUTES:
             _routes.clear()
         _routes[key] = route  # it holds the provider and the tuple: their ids are not reused while kept
@@ -150,7 +150,7 @@ def emit_instant(name: str, attributes: dict[str, Any]) -> bool:
         return False
     ctx = _current_context()
     current = ctx.get(_SPAN_KEY)  # as trace.get_current_span(ctx), without its calls
-    parent = trace.INVALID_SPAN_CONTEXT if current is None else current.get_span_context()
+    parent = current.get_span_context() if isinstance(current, trace.Span) else trace.INVALID_SPAN_CONTEXT
     # SpanContext is a tuple: its fields unpacked at once, not through six properties
     trace_id, parent_id, remote, flags, state, valid = parent
     if valid:

@@ -58,13 +58,26 @@ static void put_be(Buf *b, uint64_t v, int n) { for (int i = n - 1; i >= 0; i--)
 
 /* ---- values: 1 = taken, 0 = declined (no exception), -1 = error (exception set) ------------------------ */
 
-/* UTF-8 of an exact str; 0 (exception cleared) when it has none (lone surrogates). */
-static int utf8(PyObject *s, const char **p, Py_ssize_t *n) {
-    *p = PyUnicode_AsUTF8AndSize(s, n);
-    if (*p) return 1;
+/* The UTF-8 of an exact str. An ASCII str is its own UTF-8; any other is converted into a bytes object held
+ * in `owned` (PyUnicode_AsUTF8AndSize would keep a UTF-8 copy inside the agent's string for its lifetime). */
+typedef struct { const char *p; Py_ssize_t n; PyObject *owned; } Text;
+
+/* 1, or 0 (exception cleared) when it has no UTF-8 (lone surrogates); release() it after use. */
+static int text_of(PyObject *s, Text *t) {
+    t->owned = NULL;
+    if (PyUnicode_IS_ASCII(s)) {
+        t->p = PyUnicode_AsUTF8AndSize(s, &t->n);  /* the str's own data: no copy */
+    } else if ((t->owned = PyUnicode_AsUTF8String(s))) {
+        t->p = PyBytes_AS_STRING(t->owned);
+        t->n = PyBytes_GET_SIZE(t->owned);
+    } else {
+        t->p = NULL;
+    }
+    if (t->p) return 1;
     PyErr_Clear();
     return 0;
 }
+static void release(Text *t) { Py_CLEAR(t->owned); }
 
 /* An exact int in 0 .. 2**64 - 1 (an id, a time) as a uint64; 0 (declined) otherwise. */
 static int as_u64(PyObject *v, uint64_t *out) {
@@ -84,15 +97,17 @@ static int as_u64(PyObject *v, uint64_t *out) {
     return 1;
 }
 
-/* The size of a scalar's AnyValue message (oneof members are written even at their default); 0 = declined. */
-typedef struct { int kind; const char *s; Py_ssize_t n; int64_t i; double d; } Scalar;
+/* The size of a scalar's AnyValue message (oneof members are written even at their default); 0 = declined.
+ * A str's text is held until release_scalar(). */
+typedef struct { int kind; Text t; int64_t i; double d; } Scalar;
 enum { S_STR = 1, S_BOOL, S_INT, S_DOUBLE };
 
 static size_t scalar(PyObject *v, Scalar *out) {
+    out->kind = 0;
     if (PyUnicode_CheckExact(v)) {
-        if (!utf8(v, &out->s, &out->n)) return 0;
+        if (!text_of(v, &out->t)) return 0;
         out->kind = S_STR;
-        return 1 + varint_size((uint64_t)out->n) + (size_t)out->n;
+        return 1 + varint_size((uint64_t)out->t.n) + (size_t)out->t.n;
     }
     if (PyBool_Check(v)) { out->kind = S_BOOL; out->i = v == Py_True; return 2; }
     if (PyLong_CheckExact(v)) {
@@ -106,57 +121,65 @@ static size_t scalar(PyObject *v, Scalar *out) {
     if (PyFloat_CheckExact(v)) { out->kind = S_DOUBLE; out->d = PyFloat_AS_DOUBLE(v); return 9; }
     return 0;
 }
+static void release_scalar(Scalar *s) { if (s->kind == S_STR) release(&s->t); }
 
 static void put_scalar(Buf *b, const Scalar *s) {
     switch (s->kind) {
-    case S_STR: put_byte(b, 0x0a); put_varint(b, (uint64_t)s->n); put_raw(b, s->s, (size_t)s->n); break;
+    case S_STR: put_byte(b, 0x0a); put_varint(b, (uint64_t)s->t.n); put_raw(b, s->t.p, (size_t)s->t.n); break;
     case S_BOOL: put_byte(b, 0x10); put_byte(b, (unsigned char)s->i); break;
     case S_INT: put_byte(b, 0x18); put_varint(b, (uint64_t)s->i); break;
     default: { uint64_t bits; memcpy(&bits, &s->d, 8); put_byte(b, 0x21); put_le(b, bits, 8); }
     }
 }
 
-/* One span attribute: field 9 (KeyValue: key = 1, value = 2): a scalar, or an ArrayValue (AnyValue field 5)
- * of scalar AnyValues (field 1), whose sizes are taken first. */
+/* One span attribute: field 9 (KeyValue: key = 1, value = 2): a scalar, or a tuple/list as an ArrayValue
+ * (AnyValue field 5) of scalar AnyValues (field 1), whose sizes are taken in a first pass. */
 static int put_attribute(Buf *b, PyObject *key, PyObject *value) {
-    const char *k;
-    Py_ssize_t kn, count = 0;
-    if (!PyUnicode_CheckExact(key) || !utf8(key, &k, &kn)) return 0;
-    size_t key_size = kn ? 1 + varint_size((uint64_t)kn) + (size_t)kn : 0;  /* an empty key is not written */
+    Text k;
+    if (!PyUnicode_CheckExact(key) || !text_of(key, &k)) return 0;
+    size_t key_size = k.n ? 1 + varint_size((uint64_t)k.n) + (size_t)k.n : 0;  /* an empty key is not written */
     Scalar s;
+    int array = 0, r = 1;
+    Py_ssize_t count = 0;
     PyObject **items = NULL;
-    size_t value_size = scalar(value, &s), array = 0;
+    size_t value_size = scalar(value, &s), elements = 0;
     if (!value_size) {
-        if (!PyTuple_CheckExact(value) && !PyList_CheckExact(value)) return 0;
+        if (!PyTuple_CheckExact(value) && !PyList_CheckExact(value)) { r = 0; goto done; }
+        array = 1;
         count = PySequence_Fast_GET_SIZE(value);
-        items = PySequence_Fast_ITEMS(value);
+        items = PySequence_Fast_ITEMS(value);  /* NULL for an empty list: never read then */
         for (Py_ssize_t i = 0; i < count; i++) {
             size_t n = scalar(items[i], &s);
-            if (!n) return 0;
-            array += 1 + varint_size(n) + n;
+            release_scalar(&s);
+            if (!n) { r = 0; goto done; }
+            elements += 1 + varint_size(n) + n;
         }
-        value_size = 1 + varint_size(array) + array;
+        value_size = 1 + varint_size(elements) + elements;
     }
     size_t kv = key_size + 1 + varint_size(value_size) + value_size;
-    if (reserve(b, 1 + 10 + kv) < 0) return -1;
+    if (reserve(b, 1 + 10 + kv) < 0) { r = -1; goto done; }
     put_byte(b, 0x4a);
     put_varint(b, kv);
-    if (kn) { put_byte(b, 0x0a); put_varint(b, (uint64_t)kn); put_raw(b, k, (size_t)kn); }
+    if (k.n) { put_byte(b, 0x0a); put_varint(b, (uint64_t)k.n); put_raw(b, k.p, (size_t)k.n); }
     put_byte(b, 0x12);
     put_varint(b, value_size);
-    if (!items) {
+    if (!array) {
         put_scalar(b, &s);
-        return 1;
+        goto done;
     }
     put_byte(b, 0x2a);
-    put_varint(b, array);
+    put_varint(b, elements);
     for (Py_ssize_t i = 0; i < count; i++) {
         size_t n = scalar(items[i], &s);  /* the same items, each taken above */
         put_byte(b, 0x0a);
         put_varint(b, n);
         put_scalar(b, &s);
+        release_scalar(&s);
     }
-    return 1;
+done:
+    if (!array) release_scalar(&s);
+    release(&k);
+    return r;
 }
 
 /* ---- the span ------------------------------------------------------------------------------------------ */
@@ -194,15 +217,20 @@ static int put_id(Buf *b, unsigned char tag, PyObject *id, int size) {
 }
 
 static int put_string_field(Buf *b, unsigned char tag, PyObject *s) {
-    const char *p;
-    Py_ssize_t n;
-    if (!PyUnicode_CheckExact(s) || !utf8(s, &p, &n)) return 0;
-    if (!n) return 1;  /* proto3: an empty string is not written */
-    if (reserve(b, 11 + (size_t)n) < 0) return -1;
-    put_byte(b, tag);
-    put_varint(b, (uint64_t)n);
-    put_raw(b, p, (size_t)n);
-    return 1;
+    Text t;
+    if (!PyUnicode_CheckExact(s) || !text_of(s, &t)) return 0;
+    int r = 1;
+    if (t.n) {  /* proto3: an empty string is not written */
+        if (reserve(b, 11 + (size_t)t.n) < 0) {
+            r = -1;
+        } else {
+            put_byte(b, tag);
+            put_varint(b, (uint64_t)t.n);
+            put_raw(b, t.p, (size_t)t.n);
+        }
+    }
+    release(&t);
+    return r;
 }
 
 #define STEP(call) do { int r_ = (call); if (r_ <= 0) return r_; } while (0)
@@ -230,16 +258,16 @@ static int put_span(Buf *b, const Span *s) {
     if (s->dropped_attributes) { put_byte(b, 0x50); put_varint(b, (uint64_t)s->dropped_attributes); }
     /* status (field 15): message = 2, code = 3 */
     if (s->status_code < 0 || s->status_code > 2) return 0;
-    const char *desc = NULL;
-    Py_ssize_t desc_n = 0;
-    if (s->status_description != Py_None) {
-        if (!PyUnicode_CheckExact(s->status_description) || !utf8(s->status_description, &desc, &desc_n)) return 0;
-    }
-    size_t status = (desc_n ? 1 + varint_size((uint64_t)desc_n) + (size_t)desc_n : 0) + (s->status_code ? 2 : 0);
-    if (reserve(b, 32 + status) < 0) return -1;
+    Text d = {"", 0, NULL};
+    if (s->status_description != Py_None
+        && (!PyUnicode_CheckExact(s->status_description) || !text_of(s->status_description, &d)))
+        return 0;
+    size_t status = (d.n ? 1 + varint_size((uint64_t)d.n) + (size_t)d.n : 0) + (s->status_code ? 2 : 0);
+    if (reserve(b, 32 + status) < 0) { release(&d); return -1; }
     put_byte(b, 0x7a);
     put_varint(b, status);
-    if (desc_n) { put_byte(b, 0x12); put_varint(b, (uint64_t)desc_n); put_raw(b, desc, (size_t)desc_n); }
+    if (d.n) { put_byte(b, 0x12); put_varint(b, (uint64_t)d.n); put_raw(b, d.p, (size_t)d.n); }
+    release(&d);
     if (s->status_code) { put_byte(b, 0x18); put_byte(b, (unsigned char)s->status_code); }
     /* flags (field 16, fixed32): HAS_IS_REMOTE, and IS_REMOTE for a remote parent */
     put_byte(b, 0x85);
@@ -286,11 +314,12 @@ static PyObject *encode_snapshot(PyObject *Py_UNUSED(module), PyObject *snap) {
         PyErr_Clear();
         Py_RETURN_NONE;
     }
+    long kind = PyLong_AsLong(f[8]), code = PyLong_AsLong(f[13]);  /* range-checked before the casts */
     Span s = {.trace_id = f[2], .span_id = f[3], .trace_state = f[4], .parent_id = f[5], .name = f[7],
-              .start = f[9], .end = f[10], .status_description = f[14], .parent_remote = PyObject_IsTrue(f[6]),
-              .kind = (int)PyLong_AsLong(f[8]), .status_code = (int)PyLong_AsLong(f[13]),
+              .start = f[9], .end = f[10], .status_description = f[14], .parent_remote = f[6] == Py_True,
+              .kind = kind >= 0 && kind <= 4 ? (int)kind : -1, .status_code = code >= 0 && code <= 2 ? (int)code : -1,
               .dropped_attributes = PyLong_AsLongLong(f[15]), .count = (PyTuple_GET_SIZE(snap) - FIXED) / 2};
-    if (PyErr_Occurred() || s.parent_remote < 0) { PyErr_Clear(); Py_RETURN_NONE; }
+    if (PyErr_Occurred() || (f[6] != Py_True && f[6] != Py_False)) { PyErr_Clear(); Py_RETURN_NONE; }
     s.keys = f + FIXED;
     s.values = f + FIXED + s.count;
     return field(&s);

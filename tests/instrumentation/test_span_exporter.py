@@ -238,13 +238,26 @@ def _reference(span: ReadableSpan) -> bytes:
     return fast._encode_snapshot(snapshot(span))[2]
 
 
+def _with_plain_attributes(span: ReadableSpan, rng: random.Random) -> ReadableSpan:
+    """The span again with a plain dict of attributes, as hand-made spans have: sequences stay lists (the
+    SDK's own attributes make them tuples), empty ones included."""
+    attributes = {k: list(v) if isinstance(v, tuple) else v for k, v in span.attributes.items()}
+    attributes.update({"empty": [], "texts": ["ü", "", "a" * 300], "mixed": [1, "b", 2.5, True]}
+                      if rng.random() < 0.5 else {"also empty": ()})
+    return ReadableSpan(name=span.name, context=span.context, parent=span.parent, resource=span.resource,
+                        attributes=attributes, kind=span.kind, status=span.status, start_time=span.start_time,
+                        end_time=span.end_time, instrumentation_scope=span.instrumentation_scope)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_c_encoder_equals_the_python_encoder_byte_for_byte(encoder, seed):
     c = _c_or_skip(encoder)
+    rng = random.Random(seed)
     spans = _random_spans(seed, 300)
+    spans += [_with_plain_attributes(span, rng) for span in spans[:100]]
     for span in spans:
         assert c.encode_snapshot(snapshot(span)) == _reference(span), (span.name, dict(span.attributes))
-    assert len(spans) > 300
+    assert len(spans) > 400
     assert ExportTraceServiceRequest.FromString(encode_request(spans)) == encode_spans(spans)
 
 
@@ -268,6 +281,11 @@ def test_c_encoder_declines_what_it_does_not_take(encoder):
             assert ExportTraceServiceRequest.FromString(encode_request([child])) == encode_spans([child])
     for bad in (("not", "a", "snapshot"), snapshot(child)[:-1], [*snapshot(child)]):
         assert c.encode_snapshot(bad) is None
+    child._attributes = {"a": 1}
+    snap = snapshot(child)
+    for at, value in ((8, 2**32 + 1), (8, 5), (13, 2**32), (13, -1), (6, 1)):  # kind, status code, remote
+        odd_snap = snap[:at] + (value,) + snap[at + 1:]
+        assert c.encode_snapshot(odd_snap) is None, (at, value)
 
 
 def test_c_encoder_is_clean_under_the_sanitizers(encoder):
@@ -275,7 +293,23 @@ def test_c_encoder_is_clean_under_the_sanitizers(encoder):
     _c_or_skip(encoder)
     if shutil.which("gcc") is None:
         missing("gcc is not installed (it builds the C extensions)")
+    for runtime in ("libasan.so", "libubsan.so"):  # a bare name back: not installed with this gcc
+        found = subprocess.run(["gcc", f"-print-file-name={runtime}"], capture_output=True, text=True).stdout.strip()
+        if not Path(found).is_absolute():
+            missing(f"gcc's {runtime} is not installed (Debian: libgcc-12-dev)")
     bench = Path(__file__).resolve().parents[2] / "bench" / "encode_sanitized.py"
     out = subprocess.run([sys.executable, str(bench), "--seeds", "5"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert "byte for byte equal to the Python encoder under ASan + UBSan" in out.stdout
+
+
+def test_c_encoder_leaves_no_utf8_copy_in_the_agents_strings(encoder):
+    """A non-ASCII str is converted for the write, not given a UTF-8 copy that lives as long as it does
+    (``sys.getsizeof`` counts such a copy)."""
+    c = _c_or_skip(encoder)
+    child = {s.name: s for s in _varied_spans()}["child"]
+    text = "".join(["ünï ✓ ", str(random.random())]) * 50  # made here: no UTF-8 cached yet
+    child._attributes = {"message ✓": text, "texts": (text, "ok")}
+    size = sys.getsizeof(text)
+    assert c.encode_snapshot(snapshot(child)) == _reference(child)
+    assert sys.getsizeof(text) == size
