@@ -176,9 +176,11 @@ def test_exporter_reconnects_after_the_collector_restarts(collector_proc):
 # --- the C encoder against the Python reference ---------------------------------------------------------
 
 
-def _c_or_skip(encoder: str):
-    if encoder != "c":
-        pytest.skip("compares the C encoder with the Python one")
+only_c = pytest.mark.parametrize("encoder", ["c"], indirect=True)  # these compare the C encoder with Python
+
+
+def _c(encoder: str):
+    assert encoder == "c"
     return fast._encode
 
 
@@ -249,9 +251,10 @@ def _with_plain_attributes(span: ReadableSpan, rng: random.Random) -> ReadableSp
                         end_time=span.end_time, instrumentation_scope=span.instrumentation_scope)
 
 
+@only_c
 @pytest.mark.parametrize("seed", range(4))
 def test_c_encoder_equals_the_python_encoder_byte_for_byte(encoder, seed):
-    c = _c_or_skip(encoder)
+    c = _c(encoder)
     rng = random.Random(seed)
     spans = _random_spans(seed, 300)
     spans += [_with_plain_attributes(span, rng) for span in spans[:100]]
@@ -261,8 +264,9 @@ def test_c_encoder_equals_the_python_encoder_byte_for_byte(encoder, seed):
     assert ExportTraceServiceRequest.FromString(encode_request(spans)) == encode_spans(spans)
 
 
+@only_c
 def test_c_encoder_declines_what_it_does_not_take(encoder):
-    c = _c_or_skip(encoder)
+    c = _c(encoder)
     spans = {s.name: s for s in _varied_spans()}
     assert c.encode_snapshot(snapshot(spans["root"])) is None  # events
     assert c.encode_snapshot(snapshot(spans["remote child"])) is None  # links
@@ -288,9 +292,10 @@ def test_c_encoder_declines_what_it_does_not_take(encoder):
         assert c.encode_snapshot(odd_snap) is None, (at, value)
 
 
+@only_c
 def test_c_encoder_is_clean_under_the_sanitizers(encoder):
     """bench/encode_sanitized.py: the C encoder built with ASan + UBSan, byte for byte against Python."""
-    _c_or_skip(encoder)
+    _c(encoder)
     if shutil.which("gcc") is None:
         missing("gcc is not installed (it builds the C extensions)")
     for runtime in ("libasan.so", "libubsan.so"):  # a bare name back: not installed with this gcc
@@ -303,10 +308,11 @@ def test_c_encoder_is_clean_under_the_sanitizers(encoder):
     assert "byte for byte equal to the Python encoder under ASan + UBSan" in out.stdout
 
 
+@only_c
 def test_c_encoder_leaves_no_utf8_copy_in_the_agents_strings(encoder):
     """A non-ASCII str is converted for the write, not given a UTF-8 copy that lives as long as it does
     (``sys.getsizeof`` counts such a copy)."""
-    c = _c_or_skip(encoder)
+    c = _c(encoder)
     child = {s.name: s for s in _varied_spans()}["child"]
     text = "".join(["ünï ✓ ", str(random.random())]) * 50  # made here: no UTF-8 cached yet
     child._attributes = {"message ✓": text, "texts": (text, "ok")}
