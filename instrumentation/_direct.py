@@ -30,7 +30,7 @@ from opentelemetry.trace.propagation import _SPAN_KEY  # private; the API is pin
 from spanrl.instrumentation._processor import RolloutSpanProcessor
 from spanrl.instrumentation._rollout import tracer
 from spanrl.instrumentation.batch import BatchEncodingSpanProcessor
-from spanrl.instrumentation.exporter import span_group
+from spanrl.instrumentation.exporter import span_group, trace_state_text
 
 __all__ = ["emit_instant"]
 
@@ -156,7 +156,7 @@ def emit_instant(name: str, attributes: dict[str, Any]) -> bool:
     if valid:
         if not flags & trace.TraceFlags.SAMPLED:
             return True  # the SDK would make a non-recording span: nothing to export
-        trace_state = ",".join(f"{k}={v}" for k, v in state.items()) if state else None
+        trace_state = trace_state_text(state)
     else:
         trace_id, parent_id, remote, trace_state = route.ids.generate_trace_id(), None, False, None
     bits = route.random_bits

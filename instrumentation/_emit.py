@@ -151,7 +151,7 @@ def emit_reward(
 
 
 def _emit_one_reward(value: Any, name: str, explanation: str | None, attributes: AttributeMap | None) -> None:
-    number = value if type(value) is float and math.isfinite(value) else _as_number(value)
+    number = _as_number(value)
     attrs: dict[str, Any] = {semconv.REWARD_NAME: name}
     if number is not None:  # one attribute dict, set at start: cheaper than one set_attribute each
         attrs[semconv.REWARD_VALUE] = number

@@ -52,7 +52,6 @@ static void put_varint(Buf *b, uint64_t v) {
     while (v >= 0x80) { put_byte(b, (unsigned char)((v & 0x7F) | 0x80)); v >>= 7; }
     put_byte(b, (unsigned char)v);
 }
-static void put_raw(Buf *b, const char *s, size_t n) { memcpy(b->p + b->len, s, n); b->len += n; }
 static void put_le(Buf *b, uint64_t v, int n) { for (int i = 0; i < n; i++) put_byte(b, (unsigned char)(v >> (8 * i))); }
 static void put_be(Buf *b, uint64_t v, int n) { for (int i = n - 1; i >= 0; i--) put_byte(b, (unsigned char)(v >> (8 * i))); }
 
@@ -78,6 +77,16 @@ static int text_of(PyObject *s, Text *t) {
     return 0;
 }
 static void release(Text *t) { Py_CLEAR(t->owned); }
+
+/* A length-delimited text field (room reserved): tag, length, UTF-8. */
+static void put_text(Buf *b, unsigned char tag, const Text *t) {
+    put_byte(b, tag);
+    put_varint(b, (uint64_t)t->n);
+    memcpy(b->p + b->len, t->p, (size_t)t->n);
+    b->len += (size_t)t->n;
+}
+/* Its size, or 0 for an empty one (proto3 writes no empty string field). */
+static size_t text_field_size(const Text *t) { return t->n ? 1 + varint_size((uint64_t)t->n) + (size_t)t->n : 0; }
 
 /* An exact int in 0 .. 2**64 - 1 (an id, a time) as a uint64; 0 (declined) otherwise. */
 static int as_u64(PyObject *v, uint64_t *out) {
@@ -107,7 +116,7 @@ static size_t scalar(PyObject *v, Scalar *out) {
     if (PyUnicode_CheckExact(v)) {
         if (!text_of(v, &out->t)) return 0;
         out->kind = S_STR;
-        return 1 + varint_size((uint64_t)out->t.n) + (size_t)out->t.n;
+        return 1 + varint_size((uint64_t)out->t.n) + (size_t)out->t.n;  /* even empty: a oneof member */
     }
     if (PyBool_Check(v)) { out->kind = S_BOOL; out->i = v == Py_True; return 2; }
     if (PyLong_CheckExact(v)) {
@@ -125,7 +134,7 @@ static void release_scalar(Scalar *s) { if (s->kind == S_STR) release(&s->t); }
 
 static void put_scalar(Buf *b, const Scalar *s) {
     switch (s->kind) {
-    case S_STR: put_byte(b, 0x0a); put_varint(b, (uint64_t)s->t.n); put_raw(b, s->t.p, (size_t)s->t.n); break;
+    case S_STR: put_text(b, 0x0a, &s->t); break;  /* written even when empty: a oneof member */
     case S_BOOL: put_byte(b, 0x10); put_byte(b, (unsigned char)s->i); break;
     case S_INT: put_byte(b, 0x18); put_varint(b, (uint64_t)s->i); break;
     default: { uint64_t bits; memcpy(&bits, &s->d, 8); put_byte(b, 0x21); put_le(b, bits, 8); }
@@ -137,7 +146,7 @@ static void put_scalar(Buf *b, const Scalar *s) {
 static int put_attribute(Buf *b, PyObject *key, PyObject *value) {
     Text k;
     if (!PyUnicode_CheckExact(key) || !text_of(key, &k)) return 0;
-    size_t key_size = k.n ? 1 + varint_size((uint64_t)k.n) + (size_t)k.n : 0;  /* an empty key is not written */
+    size_t key_size = text_field_size(&k);
     Scalar s;
     int array = 0, r = 1;
     Py_ssize_t count = 0;
@@ -160,7 +169,7 @@ static int put_attribute(Buf *b, PyObject *key, PyObject *value) {
     if (reserve(b, 1 + 10 + kv) < 0) { r = -1; goto done; }
     put_byte(b, 0x4a);
     put_varint(b, kv);
-    if (k.n) { put_byte(b, 0x0a); put_varint(b, (uint64_t)k.n); put_raw(b, k.p, (size_t)k.n); }
+    if (k.n) put_text(b, 0x0a, &k);
     put_byte(b, 0x12);
     put_varint(b, value_size);
     if (!array) {
@@ -219,16 +228,8 @@ static int put_id(Buf *b, unsigned char tag, PyObject *id, int size) {
 static int put_string_field(Buf *b, unsigned char tag, PyObject *s) {
     Text t;
     if (!PyUnicode_CheckExact(s) || !text_of(s, &t)) return 0;
-    int r = 1;
-    if (t.n) {  /* proto3: an empty string is not written */
-        if (reserve(b, 11 + (size_t)t.n) < 0) {
-            r = -1;
-        } else {
-            put_byte(b, tag);
-            put_varint(b, (uint64_t)t.n);
-            put_raw(b, t.p, (size_t)t.n);
-        }
-    }
+    int r = reserve(b, text_field_size(&t)) < 0 ? -1 : 1;
+    if (r > 0 && t.n) put_text(b, tag, &t);
     release(&t);
     return r;
 }
@@ -262,11 +263,11 @@ static int put_span(Buf *b, const Span *s) {
     if (s->status_description != Py_None
         && (!PyUnicode_CheckExact(s->status_description) || !text_of(s->status_description, &d)))
         return 0;
-    size_t status = (d.n ? 1 + varint_size((uint64_t)d.n) + (size_t)d.n : 0) + (s->status_code ? 2 : 0);
+    size_t status = text_field_size(&d) + (s->status_code ? 2 : 0);
     if (reserve(b, 32 + status) < 0) { release(&d); return -1; }
     put_byte(b, 0x7a);
     put_varint(b, status);
-    if (d.n) { put_byte(b, 0x12); put_varint(b, (uint64_t)d.n); put_raw(b, d.p, (size_t)d.n); }
+    if (d.n) put_text(b, 0x12, &d);
     release(&d);
     if (s->status_code) { put_byte(b, 0x18); put_byte(b, (unsigned char)s->status_code); }
     /* flags (field 16, fixed32): HAS_IS_REMOTE, and IS_REMOTE for a remote parent */

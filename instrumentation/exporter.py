@@ -279,39 +279,42 @@ def snapshot(span: ReadableSpan) -> tuple[Any, ...]:
     adds about 2 us of full collections to it (measured on an agent's heap: ~20 us for a queued span).
     Events and links (rare on these spans) are kept as the SDK's immutable objects.
 
-    It runs once per span between two LLM calls, with the CPU's caches cold, where each Python call
-    or tuple built costs about a microsecond: the SDK's own spans are read in one expression from
-    their slots (no properties, one tuple built), the last (resource, scope) pair is kept at hand.
+    It runs once per span between two LLM calls, with the CPU's caches cold: the SDK's own spans are
+    read from their slots (no properties), and the last (resource, scope) pair is kept at hand.
     """
-    if type(span) is ReadableSpan:  # the SDK's class: its slots, not the properties that copy them
-        attrs, events, links = span._attributes, span._events, span._links
-        if type(attrs) is BoundedAttributes and type(events) is BoundedList and type(links) is BoundedList:
-            resource, scope, status = span._resource, span._instrumentation_scope, span._status
-            last = _last_group
-            group = last[2] if last[0] is resource and last[1] is scope else _group_of(resource, scope)
-            ctx, parent, attrs_dict = span._context, span._parent, attrs._dict
-            event_list, link_list = events._dq, links._dq
-            state = ctx[4]  # SpanContext is a tuple: (trace id, span id, remote, flags, trace state, valid)
-            return (*group, ctx[0], ctx[1], None if state is DEFAULT_TRACE_STATE else _trace_state(state),
-                    None if parent is None else parent[1], parent is not None and parent[2], span._name,
-                    span._kind._value_, span._start_time, span._end_time,
-                    tuple(event_list) if event_list else None, tuple(link_list) if link_list else None,
-                    status._status_code._value_, status._description, attrs.dropped, events.dropped, links.dropped,
-                    *attrs_dict, *attrs_dict.values())
-    ctx, parent, attrs, events, links = span.get_span_context(), span.parent, span.attributes, span.events, span.links
-    status = span.status
-    attrs = getattr(attrs, "_dict", attrs)
+    if (type(span) is ReadableSpan and type(span._attributes) is BoundedAttributes
+            and type(span._events) is BoundedList and type(span._links) is BoundedList):  # the SDK's classes
+        ctx, parent, bounded, events, links = span._context, span._parent, span._attributes, span._events, span._links
+        resource, scope, status = span._resource, span._instrumentation_scope, span._status
+        name, kind, start, end = span._name, span._kind, span._start_time, span._end_time
+        attrs, event_list, link_list = bounded._dict, events._dq, links._dq
+        dropped = (bounded.dropped, events.dropped, links.dropped)
+        # SpanContext is a tuple: (trace id, span id, remote, flags, trace state, valid)
+        trace_id, span_id, state, parent_id = ctx[0], ctx[1], ctx[4], None if parent is None else parent[1]
+        remote = parent is not None and parent[2]
+    else:
+        ctx, parent, attrs, event_list, link_list = (
+            span.get_span_context(), span.parent, span.attributes, span.events, span.links
+        )
+        resource, scope, status = span.resource, span.instrumentation_scope, span.status
+        name, kind, start, end = span.name, span.kind, span.start_time, span.end_time
+        attrs = getattr(attrs, "_dict", attrs) or {}
+        dropped = (span.dropped_attributes, span.dropped_events, span.dropped_links)
+        trace_id, span_id, state = ctx.trace_id, ctx.span_id, ctx.trace_state
+        parent_id, remote = (None, False) if parent is None else (parent.span_id, parent.is_remote)
+    last = _last_group
+    group = last[2] if last[0] is resource and last[1] is scope else _group_of(resource, scope)
     # Enum members' ``_value_``: ``.value`` is a property, a Python call per read.
-    fixed = (*_group_of(span.resource, span.instrumentation_scope), ctx.trace_id, ctx.span_id,
-             _trace_state(ctx.trace_state), None if parent is None else parent.span_id,
-             parent is not None and parent.is_remote, span.name, span.kind._value_, span.start_time, span.end_time,
-             tuple(events) if events else None, tuple(links) if links else None, status._status_code._value_,
-             status._description, span.dropped_attributes, span.dropped_events, span.dropped_links)
-    return fixed + tuple(attrs) + tuple(attrs.values()) if attrs else fixed
+    return (*group, trace_id, span_id, trace_state_text(state), parent_id, remote, name, kind._value_, start, end,
+            tuple(event_list) if event_list else None, tuple(link_list) if link_list else None,
+            status._status_code._value_, status._description, *dropped, *attrs, *attrs.values())
 
 
-def _trace_state(state: Any) -> str | None:
-    return ",".join(f"{k}={v}" for k, v in state.items()) if state else None
+def trace_state_text(state: Any) -> str | None:
+    """A ``TraceState`` as its header text (``k=v,...``); None when empty."""
+    if state is DEFAULT_TRACE_STATE or not state:  # the shared empty one first: ``not`` calls __len__
+        return None
+    return ",".join(f"{k}={v}" for k, v in state.items())
 
 
 _FIXED = 18  # fields of a snapshot before the attribute keys and values
