@@ -14,10 +14,13 @@ export); a part is the difference of CPU per call between two stages. Every stag
 
 Between HTTP calls the stages take turns call by call (the order rotated each round), so a shared
 machine's load falls on all alike: CPU of the agent's thread per call, and of each export stage's own
-export thread (the processor as the configurator builds it; its thread's CPU clock, plus the flush at
-the end of the round). In the tight loop each stage runs as a block of calls: CPU of every thread,
-flushed inside the timed window, and of the agent's thread. An export's agent-thread CPU is its
-snapshot and queue; the rest is encoding and gRPC. Figures are medians of rounds.
+export thread (spanrl's batch processor and exporter; its thread's CPU clock, plus the flush at the end
+of the round). An export stage gets one call in six, so its processor waits six times the configured
+delay: a request carries the spans of as many calls as an agent making these calls back to back puts in
+one (before 2026-12-06 a sixth of them, each call paying six times its share of the request's ~0.5
+ms). In the tight loop each stage runs as a block of calls: CPU of every thread, flushed inside the
+timed window, and of the agent's thread. An export's agent-thread CPU is its snapshot and queue; the
+rest is encoding and gRPC. Figures are medians of rounds.
 
 Probes beside the parts, not in them (between HTTP calls in a round robin of their own, with the
 baselines they are compared with, so their code does not make the parts' caches colder): a bare SDK
@@ -41,7 +44,7 @@ _TIMEOUT_S = 600.0
 
 _SCRIPT = textwrap.dedent(
     """
-    import gc, json, random, statistics, sys, time, types
+    import gc, json, os, random, statistics, sys, time, types
     import openai
     from openai.resources.chat.completions import Completions
     from wrapt import FunctionWrapper
@@ -52,7 +55,7 @@ _SCRIPT = textwrap.dedent(
     from opentelemetry.instrumentation.openai import OpenAIInstrumentor
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from spanrl.instrumentation.batch import export_span_processor
+    from spanrl.instrumentation.batch import BatchEncodingSpanProcessor
     from spanrl.instrumentation.config import apply_env_defaults
     from spanrl.instrumentation.exporter import FastOTLPSpanExporter
     from spanrl.instrumentation.instrumentor import SpanRLInstrumentor
@@ -151,11 +154,20 @@ _SCRIPT = textwrap.dedent(
 
     # Exports of the two export stages go through processors of their own, so each export thread's CPU
     # is known (the rest of a round's spans are flushed on this thread, timed, and added to it).
-    exporting = {"call_export": export_span_processor(FastOTLPSpanExporter(endpoint=grpc, insecure=True)),
-                 "call_export_reward": export_span_processor(FastOTLPSpanExporter(endpoint=grpc, insecure=True)),
-                 "lean_export_reward": export_span_processor(FastOTLPSpanExporter(endpoint=grpc, insecure=True))}
+    # Between HTTP calls an export stage gets one call in ROUND_ROBIN, so its processor waits ROUND_ROBIN
+    # times the configured delay: each request then carries the spans an agent making these calls back to
+    # back would send in one. (A request costs ~0.5 ms of CPU with cold caches: ~2 us a call at the agent's
+    # rate; at the configured delay it was ROUND_ROBIN times that, a bench artifact, before 2026-12-06.)
+    ROUND_ROBIN = 6  # the stages of stage_list(), asserted below
+    delay_ms = ROUND_ROBIN * int(os.environ.get("OTEL_BSP_SCHEDULE_DELAY", "5000"))
+
+    def export_processor():  # what export_span_processor() makes, with that delay
+        return BatchEncodingSpanProcessor(FastOTLPSpanExporter(endpoint=grpc, insecure=True),
+                                          schedule_delay_millis=delay_ms)
+    exporting = {"call_export": export_processor(), "call_export_reward": export_processor(),
+                 "lean_export_reward": export_processor()}
     if contrib:
-        exporting["v2_export_reward"] = export_span_processor(FastOTLPSpanExporter(endpoint=grpc, insecure=True))
+        exporting["v2_export_reward"] = export_processor()
 
     # The SDK's share of the first part: a bare SDK span with the very attributes OpenLLMetry set on one call
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -285,6 +297,7 @@ _SCRIPT = textwrap.dedent(
         flush_all()
         return asyncio.run(agent())
 
+    assert len(stage_list("http")) == ROUND_ROBIN
     rng = random.Random(0)
     out, agent = {}, {}  # CPU per call of all threads, and of the agent's own thread, per round
     http, probes, loop = stage_list("http"), probe_list("http"), {**stage_list("loop"), **probe_list("loop")}
@@ -304,6 +317,7 @@ _SCRIPT = textwrap.dedent(
     result.update({k + "_agent_thread": statistics.median(v) for k, v in agent.items()})
     result["v2_status"] = v2_status
     result["chat_attributes"] = len(chat_attributes)
+    result["spanrl_file"] = spanrl.__file__  # which spanrl ran
     print("BENCH " + json.dumps(result), flush=True)
     """
 )
@@ -314,7 +328,9 @@ WHERE = {"http": "between HTTP calls", "loop": "tight loop"}
 def run_breakdown(grpc: str, url: str, http_calls: int, loop_calls: int, rounds: int,
                   env: dict[str, str]) -> dict[str, Any]:
     """Median CPU seconds per call of each stage (``http:<stage>`` and ``loop:<stage>``)."""
-    args = [sys.executable, "-c", _SCRIPT, str(http_calls), str(loop_calls), str(rounds), grpc, url]
+    # -P: no current directory on sys.path, so a checkout's spanrl/ folder there does not shadow the spanrl
+    # that PYTHONPATH names (--baseline-pythonpath)
+    args = [sys.executable, "-P", "-c", _SCRIPT, str(http_calls), str(loop_calls), str(rounds), grpc, url]
     out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=_TIMEOUT_S)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("BENCH ")]
     if out.returncode != 0 or not lines:

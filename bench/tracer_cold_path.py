@@ -12,9 +12,11 @@ call by call; trimmed means), which resolves a microsecond:
 
 Each version runs in its own process, rounds in turns: this checkout, and with `--baseline-pythonpath DIR`
 a wheel of another spanrl unpacked in DIR (see tracer_overhead.py's docstring for making one). The host
-moves every figure between rounds (here 6 -> 13 us for the same piece within minutes), so the ratio is taken
-round by round. Loading both versions into one process instead gave much larger ratios (0.56-0.7) that
-this bench does not reproduce; likely where each copy lands in memory, not what it does.
+moves every figure between rounds (6 -> 13 us for the same piece within minutes), so the ratio is taken
+round by round. The processes run with `python -P`: without it the current directory comes first on
+sys.path, and run from a checkout its `spanrl/` folder was imported for both versions (before 2026-12-06
+this bench compared the checkout with itself: ratios of 0.87-0.90, the method's own spread). The baseline
+process reports which spanrl it imported, and the run stops if it is not DIR's.
 Usage:
 
     .venv/bin/python bench/tracer_cold_path.py [--calls 1000] [--rounds 4] [--baseline-pythonpath DIR]
@@ -92,6 +94,7 @@ _SCRIPT = textwrap.dedent(
         cut = len(values) // 20
         return sum(values[cut:len(values) - cut]) / (len(values) - 2 * cut)
     base = trimmed_mean(times["nothing"])
+    print("SPANRL " + spanrl.__file__)
     print("BENCH " + json.dumps({{k: trimmed_mean(v) - base for k, v in times.items() if k != "nothing"}}))
     """
 )
@@ -100,11 +103,15 @@ _SCRIPT = textwrap.dedent(
 def run(calls: int, pythonpath: str | None) -> dict[str, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SPANRL_", "OPENAI_", "PYTHONPATH"))}
     env.update(SPANRL_ROLLOUT_ID="bench", **({"PYTHONPATH": pythonpath} if pythonpath else {}))
-    out = subprocess.run([sys.executable, "-c", _SCRIPT.format(tests=str(ROOT / "tests")), str(calls)], env=env,
+    # -P: no current directory on sys.path (a checkout's spanrl/ folder would shadow PYTHONPATH's spanrl)
+    out = subprocess.run([sys.executable, "-P", "-c", _SCRIPT.format(tests=str(ROOT / "tests")), str(calls)], env=env,
                          capture_output=True, text=True, timeout=_TIMEOUT_S)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("BENCH ")]
     if out.returncode or not lines:
         raise RuntimeError(f"cold-path run failed (rc {out.returncode}):\n{out.stderr[-3000:]}")
+    ran = next(ln[len("SPANRL "):] for ln in out.stdout.splitlines() if ln.startswith("SPANRL "))
+    if pythonpath is not None and not Path(ran).is_relative_to(pythonpath):
+        raise RuntimeError(f"the baseline run imported {ran}, not the spanrl in {pythonpath}")
     return json.loads(lines[-1][len("BENCH "):])
 
 

@@ -33,7 +33,9 @@ one stage), also inside a running event loop (a thread per call); and the offici
 `--baseline-pythonpath DIR` (with --breakdown-only) runs the breakdown of another spanrl beside this one,
 round by round in turns, so both meet the same machine: DIR is where a wheel of it is unpacked (the parts
 between HTTP calls move by 2-3x with the host's load and its neighbours' use of the shared caches, so only
-figures of one run compare). For the version before a change:
+figures of one run compare). The breakdown runs under `python -P` (no current directory on sys.path: from a
+checkout its `spanrl/` folder would shadow DIR's, as it did before 2026-12-06) and stops if the baseline's
+process imported any spanrl but DIR's. For the version before a change:
     git worktree add /tmp/base/src REV && pip wheel --no-deps --no-build-isolation -w /tmp/base/wheel /tmp/base/src
     python -m zipfile -e /tmp/base/wheel/spanrl-*.whl /tmp/base/site   # then --baseline-pythonpath /tmp/base/site
 Usage:
@@ -344,6 +346,9 @@ def compare_breakdowns(args: argparse.Namespace, grpc: str, url: str) -> None:
                        ("spanrl's own parts, tight loop", [spanrl_own(b, "loop") for b in results]),
                        ("lean capture", [lean_total(b) for b in results])]
 
+    ran = runs["baseline"][0]["spanrl_file"]
+    if not Path(ran).is_relative_to(args.baseline_pythonpath):
+        raise RuntimeError(f"the baseline breakdown imported {ran}, not the spanrl in {args.baseline_pythonpath}")
     base, this = per_round("baseline"), per_round("this")
     print(f"\nCPU per call between HTTP calls, each part's median of its {args.rounds} per-round values "
           f"(load {os.getloadavg()[0]:.1f}):")

@@ -16,18 +16,19 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from collections.abc import Callable
+from time import time_ns
 from typing import Any
 
-from opentelemetry import context, trace
-from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
-from opentelemetry.sdk.trace import Tracer, TracerProvider, sampling
-from opentelemetry.sdk.trace import SynchronousMultiSpanProcessor
+from opentelemetry import trace
+from opentelemetry.baggage import _BAGGAGE_KEY  # private, as _SPAN_KEY and the SDK's _Span:
+from opentelemetry.sdk.trace import _Span as _SdkSpan  # the API and SDK are pinned to one minor version
+from opentelemetry.sdk.trace import SynchronousMultiSpanProcessor, Tracer, TracerProvider, sampling
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-from opentelemetry.trace.propagation import _SPAN_KEY  # private; the API is pinned to one minor version
+from opentelemetry.trace.propagation import _SPAN_KEY
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
-from spanrl.instrumentation._processor import RolloutSpanProcessor
+from spanrl.instrumentation._processor import RolloutSpanProcessor, current_context
 from spanrl.instrumentation._rollout import tracer
 from spanrl.instrumentation.batch import BatchEncodingSpanProcessor
 from spanrl.instrumentation.exporter import span_group, trace_state_text
@@ -37,18 +38,6 @@ __all__ = ["emit_instant"]
 _logger = logging.getLogger(__name__)
 _KIND_INTERNAL = 0  # SpanKind.INTERNAL's value
 _MIN_ATTRIBUTES = 16  # a reward's own attributes and the rollout ids fit under any such limit
-
-
-def _context_reader() -> Callable[[], context.Context]:
-    """``context.get_current``, or where the runtime context is the API's default (a ContextVar) that
-    variable's own ``get``: the same Context without two Python calls."""
-    runtime = getattr(context, "_RUNTIME_CONTEXT", None)
-    if type(runtime) is ContextVarsRuntimeContext:
-        return runtime._current_context.get
-    return context.get_current
-
-
-_current_context = _context_reader()
 
 
 class _Route:
@@ -105,15 +94,6 @@ def _build(provider: Any, active: Any, processors: Any) -> _Route:
     return route
 
 
-def _current_route() -> _Route:
-    provider = trace.get_tracer_provider()
-    route = _route
-    if (route is not None and route.provider is provider
-            and (route.active is None or route.active._span_processors is route.processors)):
-        return route
-    return _switch_route(provider)
-
-
 def _switch_route(provider: Any) -> _Route:
     """The route for the provider's processors now, built once per (provider, processor tuple): a provider
     whose processors change and change back (tests; the tracer bench's stages, call by call) finds its
@@ -138,36 +118,50 @@ def _switch_route(provider: Any) -> _Route:
     return route
 
 
-def emit_instant(name: str, attributes: dict[str, Any]) -> bool:
-    """Queue an instant INTERNAL span ``name`` (child of the current span) with ``attributes`` (str and
-    finite float values) for export; False when the setup needs a normal SDK span instead."""
-    route = _current_route()
+def emit_instant(name: str, keys: tuple[str, ...], values: tuple[Any, ...]) -> bool:
+    """Queue an instant INTERNAL span ``name`` (child of the current span) with the attributes ``keys`` =
+    ``values`` (str and finite float values) for export; False when the setup needs a normal SDK span.
+
+    It runs once per reward between two LLM calls, with the CPU's caches cold, where each Python call and
+    ABC check it makes costs about a microsecond: one function; the SDK's own span's context read directly.
+    """
+    route, provider = _route, trace.get_tracer_provider()
+    if (route is None or route.provider is not provider
+            or (route.active is not None and route.active._span_processors is not route.processors)):
+        route = _switch_route(provider)
     batch, real = route.batch, route.tracer
-    if batch is None or real is None or not real._is_enabled():
+    if batch is None or real is None or not real._tracer_config.is_enabled:  # as Tracer._is_enabled()
         return False
     limit = route.max_length
-    if limit is not None and any(type(v) is str and len(v) > limit for v in attributes.values()):
-        return False
-    ctx = _current_context()
+    if limit is not None:  # a loop, not any(generator): no generator object to make
+        for value in values:
+            if type(value) is str and len(value) > limit:
+                return False
+    ctx = current_context()
     current = ctx.get(_SPAN_KEY)  # as trace.get_current_span(ctx), without its calls
-    parent = current.get_span_context() if isinstance(current, trace.Span) else trace.INVALID_SPAN_CONTEXT
+    if type(current) is _SdkSpan:
+        parent = current._context
+    elif current is not None and isinstance(current, trace.Span):
+        parent = current.get_span_context()
+    else:
+        parent = trace.INVALID_SPAN_CONTEXT
     # SpanContext is a tuple: its fields unpacked at once, not through six properties
     trace_id, parent_id, remote, flags, state, valid = parent
     if valid:
         if not flags & trace.TraceFlags.SAMPLED:
             return True  # the SDK would make a non-recording span: nothing to export
-        trace_state = trace_state_text(state)
+        state = None if state is DEFAULT_TRACE_STATE else trace_state_text(state)
     else:
-        trace_id, parent_id, remote, trace_state = route.ids.generate_trace_id(), None, False, None
+        trace_id, parent_id, remote, state = route.ids.generate_trace_id(), None, False, None
     bits = route.random_bits
     span_id = bits(64) if bits is not None else 0
     if not span_id:  # another id generator, or the one draw in 2**64 that is the invalid id
         span_id = route.ids.generate_span_id()
-    rollout = route.rollout
-    if rollout is not None and rollout.enabled:
-        for key, value in rollout.ids(ctx):
-            attributes[key] = value
-    now = time.time_ns()
-    batch.enqueue((*route.group, trace_id, span_id, trace_state, parent_id, remote, name, _KIND_INTERNAL, now, now,
-                   None, None, 0, None, 0, 0, 0, *attributes, *attributes.values()))
+    rollout = route.rollout  # its ids after the span's own attributes, as on_start stamps them
+    if rollout is not None and rollout.enabled and (rollout.fallback or ctx.get(_BAGGAGE_KEY)):
+        pairs = rollout.ids(ctx)
+        keys, values = keys + tuple(k for k, _ in pairs), values + tuple(v for _, v in pairs)
+    now = time_ns()
+    batch.enqueue((*route.group, trace_id, span_id, state, parent_id, remote, name, _KIND_INTERNAL, now, now,
+                   None, None, 0, None, 0, 0, 0, *keys, *values))
     return True

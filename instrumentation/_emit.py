@@ -94,26 +94,44 @@ def _as_number(value: Any) -> float | None:
     return None
 
 
-def _no_direct_route(name: str, attributes: dict[str, Any]) -> bool:
+def _no_direct_route(name: str, keys: tuple[str, ...], values: tuple[Any, ...]) -> bool:
     return False
 
 
-_emit_instant: Callable[[str, dict[str, Any]], bool] | None = None
-
-
-def _direct(attrs: dict[str, Any]) -> bool:
-    """A reward span straight into spanrl's export queue (``_direct.py``); False: make an SDK span."""
+def _bind_direct_route(name: str, keys: tuple[str, ...], values: tuple[Any, ...]) -> bool:
+    """The first reward: bind ``_emit_instant`` to ``_direct.emit_instant``, which needs the OTel SDK (the
+    emit API does not), or to ``_no_direct_route``; then write this one."""
     global _emit_instant
     try:
-        if _emit_instant is None:
-            try:  # needs the OTel SDK, which the emit API does not
-                from spanrl.instrumentation._direct import emit_instant as _emit_instant
-            except ImportError:
-                _emit_instant = _no_direct_route
-        return _emit_instant(semconv.REWARD_SPAN_NAME, attrs)
+        from spanrl.instrumentation._direct import emit_instant
+    except ImportError:
+        emit_instant = _no_direct_route
+    _emit_instant = emit_instant
+    return emit_instant(name, keys, values)
+
+
+# A reward span straight into spanrl's export queue (``_direct.py``); False: make an SDK span.
+_emit_instant: Callable[[str, tuple[str, ...], tuple[Any, ...]], bool] = _bind_direct_route
+
+# A reward span's own attributes, in order: name, value, and the GenAI evaluation's score and name
+_REWARD_KEYS = (semconv.REWARD_NAME, semconv.REWARD_VALUE, semconv.GEN_AI_EVALUATION_SCORE_VALUE,
+                semconv.GEN_AI_EVALUATION_NAME)
+_REWARD_SPAN_NAME, _DEFAULT_NAME = semconv.REWARD_SPAN_NAME, semconv.DEFAULT_REWARD_NAME
+
+
+def _direct(keys: tuple[str, ...], values: tuple[Any, ...]) -> bool:
+    try:
+        return _emit_instant(_REWARD_SPAN_NAME, keys, values)
     except Exception:
-        _logger.exception("spanrl: the direct reward span failed; recording it as an SDK span")
+        _direct_failed()
         return False
+
+
+def _direct_failed() -> None:
+    """An SDK whose internals differ: rewards are SDK spans from now on, as without ``_direct.py``."""
+    global _emit_instant
+    _logger.exception("spanrl: the direct reward span failed; recording rewards as SDK spans")
+    _emit_instant = _no_direct_route
 
 
 def _instant_span(name: str, *, kind: SpanKind = SpanKind.INTERNAL, attributes: dict[str, Any] | None = None) -> Span:
@@ -138,6 +156,15 @@ def emit_reward(
     ``gen_ai.evaluation.explanation`` if given). The last reward of a rollout is its episode reward.
     A value that is not a finite number is dropped with a warning; its span says why.
     """
+    # The common call, one finite float (x - x is 0.0 for no other): its span goes straight to the export
+    # queue with no attribute dict (between two LLM calls, caches cold, each call and lookup saved here is
+    # about a microsecond); where the setup needs an SDK span, the general path below makes it.
+    if type(value) is float and value - value == 0.0 and name is None and explanation is None and attributes is None:
+        try:
+            if _emit_instant(_REWARD_SPAN_NAME, _REWARD_KEYS, (_DEFAULT_NAME, value, value, _DEFAULT_NAME)):
+                return
+        except Exception:
+            _direct_failed()
     try:
         if type(value) is not float and isinstance(value, Mapping):  # a float skips the ABC check
             if name is not None:
@@ -154,12 +181,10 @@ def _emit_one_reward(value: Any, name: str, explanation: str | None, attributes:
     number = _as_number(value)
     attrs: dict[str, Any] = {semconv.REWARD_NAME: name}
     if number is not None:  # one attribute dict, set at start: cheaper than one set_attribute each
-        attrs[semconv.REWARD_VALUE] = number
-        attrs[semconv.GEN_AI_EVALUATION_SCORE_VALUE] = number
-        attrs[semconv.GEN_AI_EVALUATION_NAME] = name
+        attrs = dict(zip(_REWARD_KEYS, (name, number, number, name)))
         if explanation is not None:
             attrs[semconv.GEN_AI_EVALUATION_EXPLANATION] = str(explanation)
-        if attributes is None and _direct(attrs):
+        if attributes is None and _direct(tuple(attrs), tuple(attrs.values())):
             return
     span = _instant_span(semconv.REWARD_SPAN_NAME, attributes=attrs)
     try:

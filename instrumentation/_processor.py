@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry import context
 from opentelemetry.baggage import _BAGGAGE_KEY  # private; the API is pinned to one minor version
+from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 from opentelemetry.sdk.trace import SpanProcessor
 
 from spanrl import semconv
@@ -15,6 +16,18 @@ from spanrl.instrumentation._rollout import ROLLOUT_KEYS, parse_attempt, rollout
 
 _logger = logging.getLogger(__name__)
 _MARK = "_spanrl_rollout_processor"
+
+
+def _context_reader() -> Callable[[], context.Context]:
+    """``context.get_current``, or where the runtime context is the API's default (a ContextVar) that
+    variable's own ``get``: the same Context without two Python calls."""
+    runtime = getattr(context, "_RUNTIME_CONTEXT", None)
+    if type(runtime) is ContextVarsRuntimeContext:
+        return runtime._current_context.get
+    return context.get_current
+
+
+current_context = _context_reader()
 
 
 class RolloutSpanProcessor(SpanProcessor):
@@ -33,15 +46,17 @@ class RolloutSpanProcessor(SpanProcessor):
         if not self.enabled:
             return
         try:
-            for key, value in self.ids(parent_context):
-                span.set_attribute(key, value)
+            ctx = current_context() if parent_context is None else parent_context
+            if self.fallback or ctx.get(_BAGGAGE_KEY):  # most spans: neither, nothing to stamp (no ids() call)
+                for key, value in self.ids(ctx):
+                    span.set_attribute(key, value)
         except Exception:  # telemetry never breaks the agent
             _logger.exception("spanrl could not stamp rollout ids on a span")
 
     def ids(self, parent_context: context.Context | None = None) -> list[tuple[str, Any]]:
         """The (key, value) pairs ``on_start`` stamps on a span started in ``parent_context``, in order."""
         # as baggage.get_all(parent_context) reads it, without its two calls (most spans: no baggage)
-        entries = (context.get_current() if parent_context is None else parent_context).get(_BAGGAGE_KEY)
+        entries = (current_context() if parent_context is None else parent_context).get(_BAGGAGE_KEY)
         if not isinstance(entries, dict):
             entries = {}
         if not entries and not self.fallback:

@@ -75,11 +75,13 @@ def _same_but_id_and_time(direct: Queued, sdk: Queued) -> None:
     assert list(_attributes(fast)) == list(_attributes(slow))  # in the same order too
 
 
-def test_direct_reward_inside_a_rollout_equals_the_sdk_span(queue: Any) -> None:
+@pytest.mark.parametrize("kwargs", [{}, {"name": "judge", "explanation": "close"}], ids=["float", "named"])
+def test_direct_reward_inside_a_rollout_equals_the_sdk_span(queue: Any, kwargs: dict[str, str]) -> None:
+    """A bare float takes emit_reward's shortcut (no attribute dict); a named reward the general path."""
     batch, direct, sdk = queue
 
     def reward() -> None:
-        spanrl.emit_reward(0.5, name="judge", explanation="close")
+        spanrl.emit_reward(0.5, **kwargs)
 
     with spanrl.rollout(rollout_id="r-9", task_id="t-3", attempt=2):
         with trace.get_tracer("agent").start_as_current_span("step") as step:
@@ -90,7 +92,8 @@ def test_direct_reward_inside_a_rollout_equals_the_sdk_span(queue: Any) -> None:
     _same_but_id_and_time(fast, slow)
     attributes = _attributes(span)
     assert attributes[semconv.REWARD_VALUE] == 0.5 and attributes[semconv.ROLLOUT_ID] == "r-9"
-    assert attributes[semconv.ATTEMPT] == 2 and attributes[semconv.GEN_AI_EVALUATION_EXPLANATION] == "close"
+    assert attributes[semconv.REWARD_NAME] == kwargs.get("name", "reward") and attributes[semconv.ATTEMPT] == 2
+    assert attributes.get(semconv.GEN_AI_EVALUATION_EXPLANATION) == kwargs.get("explanation")
 
 
 def test_direct_root_reward_and_remote_parent_with_trace_state(queue: Any) -> None:
@@ -139,3 +142,23 @@ def test_an_extra_processor_takes_the_sdk_path(queue: Any, spans: Any) -> None:
     _emit(sdk, lambda: spanrl.emit_reward(0.75))
     assert spans.one(semconv.REWARD_SPAN_NAME).attributes[semconv.REWARD_VALUE] == 0.75  # the SDK span, seen
 
+
+
+def test_a_failing_direct_route_falls_back_to_sdk_spans_for_good(queue: Any, monkeypatch: Any, caplog: Any) -> None:
+    """An SDK whose internals differ makes the direct route raise: the reward is still recorded (an SDK
+    span), the failure is logged once, and later rewards go straight to SDK spans."""
+    from spanrl.instrumentation import _direct
+    from spanrl.instrumentation import _emit as emit_api
+
+    batch, direct, sdk = queue
+    monkeypatch.setattr(emit_api, "_emit_instant", _direct.emit_instant)  # restored after the test
+
+    def broken_clock() -> int:
+        raise AttributeError("no such SDK field")
+
+    monkeypatch.setattr(_direct, "time_ns", broken_clock)
+    first = _emit(direct, lambda: spanrl.emit_reward(1.0))
+    second = _emit(direct, lambda: spanrl.emit_reward(0.5))
+    assert _attributes(first[2])[semconv.REWARD_VALUE] == 1.0 and _attributes(second[2])[semconv.REWARD_VALUE] == 0.5
+    assert caplog.text.count("the direct reward span failed") == 1
+    assert emit_api._emit_instant is emit_api._no_direct_route

@@ -131,3 +131,23 @@ def test_processor_fallback_stamps_env_ids_where_baggage_has_none(spans):
     assert plain.attributes[semconv.ROLLOUT_ID] == "r-env"
     assert inside.attributes[semconv.ROLLOUT_ID] == "r-bag"
     assert inside.attributes[semconv.ATTEMPT] == 1  # baggage had no attempt: the env's
+
+
+def test_processor_reads_the_baggage_of_the_context_a_span_starts_in(spans):
+    """The parent context the SDK hands on_start decides, even an empty one, not the current context."""
+    from opentelemetry import context
+    from opentelemetry.sdk.trace import TracerProvider
+
+    provider = TracerProvider()
+    provider.add_span_processor(RolloutSpanProcessor())
+    tracer = provider.get_tracer("t")
+    with spanrl.rollout("r-current"):
+        elsewhere = tracer.start_span("elsewhere", context=context.Context())  # an empty context: no baggage
+        elsewhere.end()
+        here = tracer.start_span("here")
+        here.end()
+    given = tracer.start_span("given", context=baggage.set_baggage(semconv.ROLLOUT_ID, "r-given"))
+    given.end()
+    assert semconv.ROLLOUT_ID not in elsewhere.attributes
+    assert here.attributes[semconv.ROLLOUT_ID] == "r-current"
+    assert given.attributes[semconv.ROLLOUT_ID] == "r-given"
