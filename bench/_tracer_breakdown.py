@@ -35,10 +35,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from typing import Any
+
+from _isolated import run_script
 
 _TIMEOUT_S = 600.0
 
@@ -158,7 +158,8 @@ _SCRIPT = textwrap.dedent(
     # times the configured delay: each request then carries the spans an agent making these calls back to
     # back would send in one. (A request costs ~0.5 ms of CPU with cold caches: ~2 us a call at the agent's
     # rate; at the configured delay it was ROUND_ROBIN times that, a bench artifact, before 2026-12-06.)
-    ROUND_ROBIN = 6  # the stages of stage_list(), asserted below
+    ROUND_ROBIN = 6  # the stages of stage_list(), asserted below (the probes' round robin has 6-8: its export
+    # stages, beside the parts, send 6/8 of an agent's batch where the contrib instrumentor is installed)
     delay_ms = ROUND_ROBIN * int(os.environ.get("OTEL_BSP_SCHEDULE_DELAY", "5000"))
 
     def export_processor():  # what export_span_processor() makes, with that delay
@@ -317,7 +318,7 @@ _SCRIPT = textwrap.dedent(
     result.update({k + "_agent_thread": statistics.median(v) for k, v in agent.items()})
     result["v2_status"] = v2_status
     result["chat_attributes"] = len(chat_attributes)
-    result["spanrl_file"] = spanrl.__file__  # which spanrl ran
+    result["imported"] = spanrl.instrumentation._emit.__file__  # where the agent-side code came from
     print("BENCH " + json.dumps(result), flush=True)
     """
 )
@@ -328,10 +329,7 @@ WHERE = {"http": "between HTTP calls", "loop": "tight loop"}
 def run_breakdown(grpc: str, url: str, http_calls: int, loop_calls: int, rounds: int,
                   env: dict[str, str]) -> dict[str, Any]:
     """Median CPU seconds per call of each stage (``http:<stage>`` and ``loop:<stage>``)."""
-    # -P: no current directory on sys.path, so a checkout's spanrl/ folder there does not shadow the spanrl
-    # that PYTHONPATH names (--baseline-pythonpath)
-    args = [sys.executable, "-P", "-c", _SCRIPT, str(http_calls), str(loop_calls), str(rounds), grpc, url]
-    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=_TIMEOUT_S)
+    out = run_script(_SCRIPT, [str(http_calls), str(loop_calls), str(rounds), grpc, url], env, _TIMEOUT_S)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("BENCH ")]
     if out.returncode != 0 or not lines:
         raise RuntimeError(f"breakdown failed (rc {out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")

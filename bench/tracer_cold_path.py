@@ -8,15 +8,15 @@ call by call; trimmed means), which resolves a microsecond:
 
   on_end       BatchEncodingSpanProcessor.on_end of a chat span OpenLLMetry made (its snapshot + queue)
   emit_reward  spanrl.emit_reward(1.0) on a provider with spanrl's two processors (the direct route)
-  rollout_ids  RolloutSpanProcessor.ids() without baggage (what on_start does for every span)
+  rollout_ids  RolloutSpanProcessor.ids() without baggage (what on_start did for every span before 2026-12-06)
 
 Each version runs in its own process, rounds in turns: this checkout, and with `--baseline-pythonpath DIR`
 a wheel of another spanrl unpacked in DIR (see tracer_overhead.py's docstring for making one). The host
 moves every figure between rounds (6 -> 13 us for the same piece within minutes), so the ratio is taken
-round by round. The processes run with `python -P`: without it the current directory comes first on
-sys.path, and run from a checkout its `spanrl/` folder was imported for both versions (before 2026-12-06
-this bench compared the checkout with itself: ratios of 0.87-0.90, the method's own spread). The baseline
-process reports which spanrl it imported, and the run stops if it is not DIR's.
+round by round. Each process runs in an empty directory and reports where its spanrl came from; the run
+stops if that is not DIR (or this checkout). Run from the checkout, `python -c` used to import its
+`spanrl/` folder for both versions: before 2026-12-06 this bench compared the checkout with itself
+(ratios of 0.87-0.95: the spread between two processes of one version).
 Usage:
 
     .venv/bin/python bench/tracer_cold_path.py [--calls 1000] [--rounds 4] [--baseline-pythonpath DIR]
@@ -28,10 +28,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from _isolated import check_imported, run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 _TIMEOUT_S = 600.0
@@ -94,7 +95,7 @@ _SCRIPT = textwrap.dedent(
         cut = len(values) // 20
         return sum(values[cut:len(values) - cut]) / (len(values) - 2 * cut)
     base = trimmed_mean(times["nothing"])
-    print("SPANRL " + spanrl.__file__)
+    print("IMPORTED " + spanrl.instrumentation._emit.__file__)
     print("BENCH " + json.dumps({{k: trimmed_mean(v) - base for k, v in times.items() if k != "nothing"}}))
     """
 )
@@ -103,15 +104,12 @@ _SCRIPT = textwrap.dedent(
 def run(calls: int, pythonpath: str | None) -> dict[str, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "SPANRL_", "OPENAI_", "PYTHONPATH"))}
     env.update(SPANRL_ROLLOUT_ID="bench", **({"PYTHONPATH": pythonpath} if pythonpath else {}))
-    # -P: no current directory on sys.path (a checkout's spanrl/ folder would shadow PYTHONPATH's spanrl)
-    out = subprocess.run([sys.executable, "-P", "-c", _SCRIPT.format(tests=str(ROOT / "tests")), str(calls)], env=env,
-                         capture_output=True, text=True, timeout=_TIMEOUT_S)
+    out = run_script(_SCRIPT.format(tests=str(ROOT / "tests")), [str(calls)], env, _TIMEOUT_S)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("BENCH ")]
     if out.returncode or not lines:
         raise RuntimeError(f"cold-path run failed (rc {out.returncode}):\n{out.stderr[-3000:]}")
-    ran = next(ln[len("SPANRL "):] for ln in out.stdout.splitlines() if ln.startswith("SPANRL "))
-    if pythonpath is not None and not Path(ran).is_relative_to(pythonpath):
-        raise RuntimeError(f"the baseline run imported {ran}, not the spanrl in {pythonpath}")
+    imported = next(ln[len("IMPORTED "):] for ln in out.stdout.splitlines() if ln.startswith("IMPORTED "))
+    check_imported(imported, pythonpath or ROOT, "baseline" if pythonpath else "this checkout's")
     return json.loads(lines[-1][len("BENCH "):])
 
 

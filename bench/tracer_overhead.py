@@ -33,9 +33,9 @@ one stage), also inside a running event loop (a thread per call); and the offici
 `--baseline-pythonpath DIR` (with --breakdown-only) runs the breakdown of another spanrl beside this one,
 round by round in turns, so both meet the same machine: DIR is where a wheel of it is unpacked (the parts
 between HTTP calls move by 2-3x with the host's load and its neighbours' use of the shared caches, so only
-figures of one run compare). The breakdown runs under `python -P` (no current directory on sys.path: from a
-checkout its `spanrl/` folder would shadow DIR's, as it did before 2026-12-06) and stops if the baseline's
-process imported any spanrl but DIR's. For the version before a change:
+figures of one run compare). Each breakdown runs in an empty directory and the comparison stops if a
+process imported spanrl from anywhere but DIR or this checkout (run from the checkout, `python -c` used to
+import its `spanrl/` folder for both versions, before 2026-12-06). For the version before a change:
     git worktree add /tmp/base/src REV && pip wheel --no-deps --no-build-isolation -w /tmp/base/wheel /tmp/base/src
     python -m zipfile -e /tmp/base/wheel/spanrl-*.whl /tmp/base/site   # then --baseline-pythonpath /tmp/base/site
 Usage:
@@ -59,9 +59,9 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-
 from typing import Any
 
+from _isolated import check_imported
 from _tracer_breakdown import (breakdown_json, breakdown_parts, lean_total, parts_total, print_breakdown,
                                run_breakdown, spanrl_own)
 
@@ -336,6 +336,7 @@ def compare_breakdowns(args: argparse.Namespace, grpc: str, url: str) -> None:
         for name in (list(versions) if r % 2 == 0 else list(versions)[::-1]):
             runs[name].append(run_breakdown(grpc, url, args.breakdown_http_calls, args.breakdown_calls, 1,
                                             versions[name]))
+            check_imported(runs[name][-1]["imported"], args.baseline_pythonpath if name == "baseline" else ROOT, name)
         print(f"  round {r + 1}/{args.rounds}: spanrl's own parts between HTTP calls " + ", ".join(
             f"{name} {spanrl_own(runs[name][-1]) * 1e6:.1f} us" for name in versions), flush=True)
 
@@ -346,9 +347,6 @@ def compare_breakdowns(args: argparse.Namespace, grpc: str, url: str) -> None:
                        ("spanrl's own parts, tight loop", [spanrl_own(b, "loop") for b in results]),
                        ("lean capture", [lean_total(b) for b in results])]
 
-    ran = runs["baseline"][0]["spanrl_file"]
-    if not Path(ran).is_relative_to(args.baseline_pythonpath):
-        raise RuntimeError(f"the baseline breakdown imported {ran}, not the spanrl in {args.baseline_pythonpath}")
     base, this = per_round("baseline"), per_round("this")
     print(f"\nCPU per call between HTTP calls, each part's median of its {args.rounds} per-round values "
           f"(load {os.getloadavg()[0]:.1f}):")

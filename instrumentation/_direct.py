@@ -132,11 +132,6 @@ def emit_instant(name: str, keys: tuple[str, ...], values: tuple[Any, ...]) -> b
     batch, real = route.batch, route.tracer
     if batch is None or real is None or not real._tracer_config.is_enabled:  # as Tracer._is_enabled()
         return False
-    limit = route.max_length
-    if limit is not None:  # a loop, not any(generator): no generator object to make
-        for value in values:
-            if type(value) is str and len(value) > limit:
-                return False
     ctx = current_context()
     current = ctx.get(_SPAN_KEY)  # as trace.get_current_span(ctx), without its calls
     if type(current) is _SdkSpan:
@@ -161,6 +156,11 @@ def emit_instant(name: str, keys: tuple[str, ...], values: tuple[Any, ...]) -> b
     if rollout is not None and rollout.enabled and (rollout.fallback or ctx.get(_BAGGAGE_KEY)):
         pairs = rollout.ids(ctx)
         keys, values = keys + tuple(k for k, _ in pairs), values + tuple(v for _, v in pairs)
+    limit = route.max_length  # a value the SDK would truncate: its span, not this one
+    if limit is not None:  # a loop, not any(generator): no generator object to make
+        for value in values:
+            if type(value) is str and len(value) > limit:
+                return False
     now = time_ns()
     batch.enqueue((*route.group, trace_id, span_id, state, parent_id, remote, name, _KIND_INTERNAL, now, now,
                    None, None, 0, None, 0, 0, 0, *keys, *values))

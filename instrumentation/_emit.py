@@ -159,32 +159,35 @@ def emit_reward(
     # The common call, one finite float (x - x is 0.0 for no other): its span goes straight to the export
     # queue with no attribute dict (between two LLM calls, caches cold, each call and lookup saved here is
     # about a microsecond); where the setup needs an SDK span, the general path below makes it.
+    direct = True  # the direct route may take the span
     if type(value) is float and value - value == 0.0 and name is None and explanation is None and attributes is None:
         try:
             if _emit_instant(_REWARD_SPAN_NAME, _REWARD_KEYS, (_DEFAULT_NAME, value, value, _DEFAULT_NAME)):
                 return
         except Exception:
             _direct_failed()
+        direct = False  # it declined: an SDK span, without asking it again
     try:
         if type(value) is not float and isinstance(value, Mapping):  # a float skips the ABC check
             if name is not None:
                 _logger.warning("spanrl: emit_reward got a dict and name=%r; the dict's keys name the rewards", name)
             for key, item in value.items():
-                _emit_one_reward(item, str(key), explanation, attributes)
+                _emit_one_reward(item, str(key), explanation, attributes, direct)
         else:
-            _emit_one_reward(value, semconv.DEFAULT_REWARD_NAME if name is None else str(name), explanation, attributes)
+            _emit_one_reward(value, _DEFAULT_NAME if name is None else str(name), explanation, attributes, direct)
     except Exception:
         _logger.exception("spanrl: emit_reward failed")
 
 
-def _emit_one_reward(value: Any, name: str, explanation: str | None, attributes: AttributeMap | None) -> None:
+def _emit_one_reward(value: Any, name: str, explanation: str | None, attributes: AttributeMap | None,
+                     direct: bool) -> None:
     number = _as_number(value)
     attrs: dict[str, Any] = {semconv.REWARD_NAME: name}
     if number is not None:  # one attribute dict, set at start: cheaper than one set_attribute each
         attrs = dict(zip(_REWARD_KEYS, (name, number, number, name)))
         if explanation is not None:
             attrs[semconv.GEN_AI_EVALUATION_EXPLANATION] = str(explanation)
-        if attributes is None and _direct(tuple(attrs), tuple(attrs.values())):
+        if direct and attributes is None and _direct(tuple(attrs), tuple(attrs.values())):
             return
     span = _instant_span(semconv.REWARD_SPAN_NAME, attributes=attrs)
     try:

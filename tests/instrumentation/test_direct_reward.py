@@ -57,6 +57,21 @@ def _emit(processors: tuple[Any, ...], fn: Any) -> Queued:
     return reward
 
 
+def _general_path_not_called(*args: Any) -> None:
+    raise AssertionError("emit_reward's general path ran: the shortcut did not take this reward")
+
+
+def _shortcut(fn: Any) -> Any:
+    """``fn`` with emit_reward's general path switched off: a reward it writes came by the shortcut."""
+    from spanrl.instrumentation import _emit as emit_api
+
+    def run() -> None:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(emit_api, "_emit_one_reward", _general_path_not_called)
+            fn()
+    return run
+
+
 def _attributes(span: Span) -> dict[str, Any]:
     return {kv.key: getattr(kv.value, kv.value.WhichOneof("value")) for kv in span.attributes}
 
@@ -85,7 +100,7 @@ def test_direct_reward_inside_a_rollout_equals_the_sdk_span(queue: Any, kwargs: 
 
     with spanrl.rollout(rollout_id="r-9", task_id="t-3", attempt=2):
         with trace.get_tracer("agent").start_as_current_span("step") as step:
-            fast, slow = _emit(direct, reward), _emit(sdk, reward)
+            fast, slow = _emit(direct, reward if kwargs else _shortcut(reward)), _emit(sdk, reward)
     span = fast[2]
     assert span.trace_id == step.get_span_context().trace_id.to_bytes(16, "big")
     assert span.parent_span_id == step.get_span_context().span_id.to_bytes(8, "big")
@@ -98,7 +113,7 @@ def test_direct_reward_inside_a_rollout_equals_the_sdk_span(queue: Any, kwargs: 
 
 def test_direct_root_reward_and_remote_parent_with_trace_state(queue: Any) -> None:
     batch, direct, sdk = queue
-    fast, slow = _emit(direct, lambda: spanrl.emit_reward(1.0)), _emit(sdk, lambda: spanrl.emit_reward(1.0))
+    fast, slow = _emit(direct, _shortcut(lambda: spanrl.emit_reward(1.0))), _emit(sdk, lambda: spanrl.emit_reward(1.0))
     assert fast[2].parent_span_id == slow[2].parent_span_id == b""  # roots, each its own trace
     assert fast[2].trace_id != slow[2].trace_id
     assert _attributes(fast[2]) == _attributes(slow[2])  # the environment's task id stamped as the processor would
@@ -115,7 +130,7 @@ def test_direct_root_reward_and_remote_parent_with_trace_state(queue: Any) -> No
         finally:
             context.detach(token)
 
-    fast, slow = _emit(direct, under_remote_parent), _emit(sdk, under_remote_parent)
+    fast, slow = _emit(direct, _shortcut(under_remote_parent)), _emit(sdk, under_remote_parent)
     _same_but_id_and_time(fast, slow)
     span = fast[2]
     assert span.trace_id == (0x1234).to_bytes(16, "big") and span.trace_state == "vendor=x"
@@ -162,3 +177,20 @@ def test_a_failing_direct_route_falls_back_to_sdk_spans_for_good(queue: Any, mon
     assert _attributes(first[2])[semconv.REWARD_VALUE] == 1.0 and _attributes(second[2])[semconv.REWARD_VALUE] == 0.5
     assert caplog.text.count("the direct reward span failed") == 1
     assert emit_api._emit_instant is emit_api._no_direct_route
+
+
+def test_a_value_the_sdk_would_truncate_takes_the_sdk_path(queue: Any, monkeypatch: Any) -> None:
+    """A rollout id (from baggage) longer than the attribute length limit: the SDK span, which truncates it."""
+    from spanrl.instrumentation import _direct
+
+    batch, direct, sdk = queue
+    _emit(direct, lambda: spanrl.emit_reward(1.0))  # builds the route
+    monkeypatch.setattr(_direct._route, "max_length", 8)
+    direct_writes = []
+    monkeypatch.setattr(_direct, "time_ns", lambda: direct_writes.append(1) or 1)
+    with spanrl.rollout(rollout_id="r-short"):
+        _emit(direct, lambda: spanrl.emit_reward(1.0))
+    assert len(direct_writes) == 1
+    with spanrl.rollout(rollout_id="r-longer-than-8"):
+        reward = _emit(direct, lambda: spanrl.emit_reward(1.0))
+    assert len(direct_writes) == 1 and _attributes(reward[2])[semconv.ROLLOUT_ID] == "r-longer-than-8"
