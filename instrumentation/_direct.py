@@ -26,7 +26,6 @@ from opentelemetry.sdk.trace import _Span as _SdkSpan  # the API and SDK are pin
 from opentelemetry.sdk.trace import SynchronousMultiSpanProcessor, Tracer, TracerProvider, sampling
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace.propagation import _SPAN_KEY
-from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from spanrl.instrumentation._processor import RolloutSpanProcessor, current_context
 from spanrl.instrumentation._rollout import tracer
@@ -145,7 +144,7 @@ def emit_instant(name: str, keys: tuple[str, ...], values: tuple[Any, ...]) -> b
     if valid:
         if not flags & trace.TraceFlags.SAMPLED:
             return True  # the SDK would make a non-recording span: nothing to export
-        state = None if state is DEFAULT_TRACE_STATE else trace_state_text(state)
+        state = trace_state_text(state)
     else:
         trace_id, parent_id, remote, state = route.ids.generate_trace_id(), None, False, None
     bits = route.random_bits

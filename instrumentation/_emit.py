@@ -182,8 +182,9 @@ def emit_reward(
 def _emit_one_reward(value: Any, name: str, explanation: str | None, attributes: AttributeMap | None,
                      direct: bool) -> None:
     number = _as_number(value)
-    attrs: dict[str, Any] = {semconv.REWARD_NAME: name}
-    if number is not None:  # one attribute dict, set at start: cheaper than one set_attribute each
+    if number is None:
+        attrs: dict[str, Any] = {semconv.REWARD_NAME: name}
+    else:  # one attribute dict, set at start: cheaper than one set_attribute each
         attrs = dict(zip(_REWARD_KEYS, (name, number, number, name)))
         if explanation is not None:
             attrs[semconv.GEN_AI_EVALUATION_EXPLANATION] = str(explanation)

@@ -305,8 +305,7 @@ def snapshot(span: ReadableSpan) -> tuple[Any, ...]:
     last = _last_group
     group = last[2] if last[0] is resource and last[1] is scope else _group_of(resource, scope)
     # Enum members' ``_value_``: ``.value`` is a property, a Python call per read.
-    state = None if state is DEFAULT_TRACE_STATE else trace_state_text(state)  # most spans: the shared empty one
-    return (*group, trace_id, span_id, state, parent_id, remote, name, kind._value_, start, end,
+    return (*group, trace_id, span_id, trace_state_text(state), parent_id, remote, name, kind._value_, start, end,
             tuple(event_list) if event_list else None, tuple(link_list) if link_list else None,
             status._status_code._value_, status._description, *dropped, *attrs, *attrs.values())
 
