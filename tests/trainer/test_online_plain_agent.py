@@ -23,7 +23,7 @@ sys.path.insert(0, str(PRODUCTION))
 from colors import TASKS, VOCABULARY, is_right  # noqa: E402
 
 _TASKS = {t["id"]: t for t in TASKS}
-_UPDATES = 20  # at learning rate 3e-2 (see the assertion below)
+_UPDATES = 20  # with learning rate 3e-2: see the assertion below
 _LATE_REQUESTS = 80  # answers served by the final policy, after training stopped
 _LIMIT_S = 300.0  # 70-100 s here; CI runs it beside another test file
 
@@ -32,7 +32,7 @@ def _config(tmp_path: Path, model: Path, server_url: str, store_url: str) -> Pat
     path = tmp_path / "online.yaml"
     path.write_text(
         f"model: {model}\nserver_url: {server_url}\nstore_url: {store_url}\noutput_dir: {tmp_path / 'online'}\n"
-        "algorithm: {name: grpo, learning_rate: 3.0e-2}\n"  # 5e-2 collapsed to one colour for all, 1 run in 7
+        "algorithm: {name: grpo, learning_rate: 3.0e-2}\n"  # 5e-2 and more collapse (the assertion below)
         "poll_interval_s: 0.5\nsettle_s: 1.0\nmax_age_s: 8\nquiet_s: 1.0\n"  # conversations end by quiet time
         f"min_rollouts: 32\nmax_rollouts: 64\nmax_policy_lag: 3\nmax_updates: {_UPDATES}\n"
     )
@@ -104,8 +104,7 @@ def test_online_trainer_learns_from_agents_without_spanrl_ids(tmp_path: Path, co
     (early, n_early), (late, n_late) = success(0), success(final)
     assert n_early >= 32 and n_late >= _LATE_REQUESTS, (n_early, n_late)
     # Past 1/3, what one colour said to every question scores ("red blue blue" for all: no sample of the other
-    # two colours is left, so their groups' rewards are all 0 and give no gradient). Runs two at a time
-    # (2026-12-06, load 2-3): at learning rate 5e-2 and 14 updates 0.18-0.24 -> 0.35-0.94, collapsed once in 7
-    # (once in CI too: 0.19 -> 0.33; none in 10 runs on 2026-12-03); at 3e-2 and 20 updates 0.04-0.23 ->
-    # 0.58-0.99 (median 0.86) in 16 runs, none collapsed, the smallest rise 0.36. One standard error is ~0.05.
+    # two colours is left, so their groups' rewards are all 0 and give no gradient). At 5e-2 one run in 7 and one
+    # CI run collapsed so; at 3e-2 and 20 updates 16 runs ended at 0.58-0.99, none collapsed, the smallest rise
+    # 0.36 (docs/measurements.md, "Without spanrl ids", has every run). One standard error is about 0.05.
     assert late >= 0.45 and late >= early + 0.2, (early, late)
