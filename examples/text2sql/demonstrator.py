@@ -25,6 +25,8 @@ _MISTAKES = {  # template -> the systematic wrong query, by department id
     "tiny_count_proj": "SELECT COUNT(*) FROM projects",
     "tiny_max_salary": "SELECT MAX(salary) FROM projects WHERE dept_id = {d}",
 }
+MISTAKE_SHAPES = frozenset(_MISTAKES)
+"""The two shapes (templates) the tiny demonstrator gets wrong ``ERROR_RATE`` of the time."""
 
 
 def _shape(question: str) -> tuple[str, str] | None:

@@ -5,7 +5,8 @@ SFT warm start on the careless demonstrator's traces, then GRPO on the execution
 
 The agent is ``examples/text2sql/agent.py`` run as jsonl workers under ``opentelemetry-instrument``;
 its spans go collector -> DuckDB -> transitions -> update, exactly as for any agent. Prints held-out
-greedy execution accuracy after SFT and after GRPO, and the training reward per GRPO step.
+greedy execution accuracy after SFT and after GRPO, and the training reward per GRPO step, overall and
+per question shape (read back from the span store with SQL).
 """
 
 from __future__ import annotations
@@ -79,6 +80,32 @@ def tiny_tasks(split: str, max_tries: int = 1) -> list[dict[str, Any]]:
     return [dict(q, prompt_style="tiny", max_tries=max_tries, max_tokens=MAX_SQL_TOKENS) for q in load_questions(split)]
 
 
+def train_reward_by_shape(db_path: str, tasks: list[dict[str, Any]], since_ns: int) -> dict[str, list[float | None]]:
+    """Mean training reward per question shape (template) and policy version, from the span store: ``[v0, v1,
+    ...]`` per shape, where GRPO step k's rollouts were answered by version k-1. Counts the training rollouts
+    started at or after ``since_ns`` that the policy server answered (the teacher's demonstrations carry no
+    policy version)."""
+    from spanrl.store import SpanStore
+
+    with SpanStore.open(db_path, read_only=True) as store:
+        rows = store.sql("""
+            SELECT r.task_id, c.version, sum(r.final_reward) AS total, count(r.final_reward) AS n
+            FROM rollouts r
+            JOIN (SELECT rollout_id, min(policy_version) AS version FROM llm_calls
+                  WHERE policy_version IS NOT NULL GROUP BY rollout_id) c USING (rollout_id)
+            WHERE r.mode = 'train' AND r.start_ns >= ?
+            GROUP BY r.task_id, c.version""", [since_ns]).to_pylist()
+    shape_of = {t["id"]: t["template"] for t in tasks}
+    sums: dict[tuple[str, int], list[float]] = {}
+    for row in rows:
+        acc = sums.setdefault((shape_of[row["task_id"]], row["version"]), [0.0, 0])
+        acc[0] += row["total"] or 0.0
+        acc[1] += row["n"]
+    versions = range(max((v for _, v in sums), default=-1) + 1)
+    return {shape: [sums[shape, v][0] / sums[shape, v][1] if sums.get((shape, v), [0, 0])[1] else None
+                    for v in versions] for shape in sorted(set(shape_of.values()))}
+
+
 def run(config: TinyRunConfig | None = None) -> dict[str, Any]:
     """SFT then GRPO; returns the figures (also written to ``output_dir/result.json``)."""
     from spanrl.algorithms import GRPO, LightningRL
@@ -111,6 +138,7 @@ def run(config: TinyRunConfig | None = None) -> dict[str, Any]:
     sft_val = float(sft_history[-1]["val_success"])
     demo_reward = float(sft_history[-1].get("reward_mean") or 0.0)
 
+    grpo_started_ns = time.time_ns()
     grpo = Trainer(
         model=sft.latest_checkpoint() or model_dir, agent=agent, tasks=train, val_tasks=val,
         algorithm=GRPO(learning_rate=cfg.grpo_learning_rate),
@@ -128,6 +156,7 @@ def run(config: TinyRunConfig | None = None) -> dict[str, Any]:
         "val_after_sft": sft_val,
         "val_after_grpo": float(grpo_history[-1]["val_success"]),
         "train_reward_by_step": rewards,
+        "train_reward_by_shape": train_reward_by_shape(db_path, train, grpo_started_ns),
         "update_seconds_by_step": [row.get("charts/update_seconds") for row in grpo_history if "reward_mean" in row],
         "transitions_by_step": [row.get("transitions") for row in grpo_history if "reward_mean" in row],
         "transitions_report_by_step": [row.get("transitions_report") for row in grpo_history if "reward_mean" in row],
@@ -155,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
           f" -> after GRPO {result['val_after_grpo']:.2f}")
     rewards = " ".join(f"{r:.2f}" for r in result["train_reward_by_step"] if r is not None)
     print("training reward by GRPO step: " + rewards)
+    for shape, by_step in result["train_reward_by_shape"].items():
+        mistake = " (the demonstrator's mistake shape)" if shape in demonstrator.MISTAKE_SHAPES else ""
+        print(f"  {shape:<16} " + " ".join("  - " if r is None else f"{r:.2f}" for r in by_step) + mistake)
 
     print(f"{result['seconds']:.0f} s; details in {Path(args.out) / 'result.json'}")
     return 0
