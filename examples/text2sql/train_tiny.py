@@ -80,11 +80,12 @@ def tiny_tasks(split: str, max_tries: int = 1) -> list[dict[str, Any]]:
     return [dict(q, prompt_style="tiny", max_tries=max_tries, max_tokens=MAX_SQL_TOKENS) for q in load_questions(split)]
 
 
-def train_reward_by_shape(db_path: str, tasks: list[dict[str, Any]], since_ns: int) -> dict[str, list[float | None]]:
-    """Mean training reward per question shape (template) and policy version, from the span store: ``[v0, v1,
-    ...]`` per shape, where GRPO step k's rollouts were answered by version k-1. Counts the training rollouts
-    started at or after ``since_ns`` that the policy server answered (the teacher's demonstrations carry no
-    policy version)."""
+def train_reward_by_shape(db_path: str, tasks: list[dict[str, Any]], since_ns: int) -> dict[str, dict[str, list]]:
+    """Training reward per question shape (template) and policy version, read back from the span store with SQL:
+    ``{shape: {"reward": [...], "rollouts": [...]}}``, one entry per policy version that answered training
+    rollouts, in order (with synchronous steps, GRPO step k's rollouts are version k-1's); ``reward`` is the mean
+    over ``rollouts`` rewarded rollouts (None where there were none). Counts the rollouts of ``tasks`` started at
+    or after ``since_ns`` that the policy server answered (the teacher's demonstrations carry no policy version)."""
     from spanrl.store import SpanStore
 
     with SpanStore.open(db_path, read_only=True) as store:
@@ -96,14 +97,17 @@ def train_reward_by_shape(db_path: str, tasks: list[dict[str, Any]], since_ns: i
             WHERE r.mode = 'train' AND r.start_ns >= ?
             GROUP BY r.task_id, c.version""", [since_ns]).to_pylist()
     shape_of = {t["id"]: t["template"] for t in tasks}
-    sums: dict[tuple[str, int], list[float]] = {}
+    rows = [row for row in rows if row["task_id"] in shape_of]
+    versions = sorted({row["version"] for row in rows})
+    totals = {(shape, v): [0.0, 0] for shape in shape_of.values() for v in versions}
     for row in rows:
-        acc = sums.setdefault((shape_of[row["task_id"]], row["version"]), [0.0, 0])
-        acc[0] += row["total"] or 0.0
-        acc[1] += row["n"]
-    versions = range(max((v for _, v in sums), default=-1) + 1)
-    return {shape: [sums[shape, v][0] / sums[shape, v][1] if sums.get((shape, v), [0, 0])[1] else None
-                    for v in versions] for shape in sorted(set(shape_of.values()))}
+        total = totals[shape_of[row["task_id"]], row["version"]]
+        total[0] += row["total"] or 0.0
+        total[1] += row["n"]
+    return {shape: {"reward": [totals[shape, v][0] / totals[shape, v][1] if totals[shape, v][1] else None
+                               for v in versions],
+                    "rollouts": [totals[shape, v][1] for v in versions]}
+            for shape in sorted(set(shape_of.values()))}
 
 
 def run(config: TinyRunConfig | None = None) -> dict[str, Any]:
@@ -184,9 +188,10 @@ def main(argv: list[str] | None = None) -> int:
           f" -> after GRPO {result['val_after_grpo']:.2f}")
     rewards = " ".join(f"{r:.2f}" for r in result["train_reward_by_step"] if r is not None)
     print("training reward by GRPO step: " + rewards)
-    for shape, by_step in result["train_reward_by_shape"].items():
+    print("per question shape:")
+    for shape, by_version in result["train_reward_by_shape"].items():
         mistake = " (the demonstrator's mistake shape)" if shape in demonstrator.MISTAKE_SHAPES else ""
-        print(f"  {shape:<16} " + " ".join("  - " if r is None else f"{r:.2f}" for r in by_step) + mistake)
+        print(f"  {shape:<16} " + " ".join("  - " if r is None else f"{r:.2f}" for r in by_version["reward"]) + mistake)
 
     print(f"{result['seconds']:.0f} s; details in {Path(args.out) / 'result.json'}")
     return 0
