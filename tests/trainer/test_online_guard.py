@@ -166,9 +166,12 @@ def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collec
     assert rejected["reward_previous"] - rejected["reward_new"] > 0.1 and rejected["p_value"] < 0.05
 
     # The server serves checkpoint-1 again (greedy tokens and log-probs as under v1, not v2's), and the
-    # trainer's own weights are checkpoint-1's; training went on from there.
-    assert seen["greedy-rejected"][0] == seen["greedy-1"][0] != seen["greedy-2"][0]
+    # trainer's own weights are checkpoint-1's; training went on from there. v2 is told from v1 by its log-probs:
+    # near 0 (collapsed) against v1's near-uniform -2.65, 2.68-2.70 apart in 13 runs. Its tokens differ too, but
+    # not always: v2 repeated one token in 2 of the 13 runs, and in one CI run it repeated v1's ([7] * 6 from both).
+    assert seen["greedy-rejected"][0] == seen["greedy-1"][0]
     assert seen["greedy-rejected"][1] == pytest.approx(seen["greedy-1"][1], abs=1e-5)
+    assert max(abs(a - b) for a, b in zip(seen["greedy-2"][1], seen["greedy-1"][1])) > 1.0, seen
     assert seen["restored_weights"] and seen["update-3"]["policy_version"] == 4
     # The override was for update 2 alone (the schedule restored with checkpoint-1's optimizer state).
     rates = [seen[f"update-{step}"]["charts/learning_rate"] for step in (1, 2, 3)]
