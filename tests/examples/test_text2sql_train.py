@@ -3,6 +3,8 @@ demonstrator's traces, then GRPO on the execution reward fixes the imitated mist
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pytest
 
 from examples.text2sql.demonstrator import MISTAKE_SHAPES
@@ -22,15 +24,15 @@ def test_grpo_raises_the_execution_reward_after_a_careless_warm_start(tmp_path):
     # span store, one entry per policy version: step k's rollouts are version k-1's) add up to the trainer's.
     reward_by_shape = result["train_reward_by_shape"]
     assert set(reward_by_shape) == {q["template"] for q in load_questions("tiny_train")}, reward_by_shape
-    for step, reward in enumerate(rewards):
-        counts = {s: by_version["rollouts"][step] for s, by_version in reward_by_shape.items()}
-        in_store = sum(n * reward_by_shape[s]["reward"][step] for s, n in counts.items() if n) / sum(counts.values())
-        assert abs(in_store - reward) < 1e-9, (step, in_store, rewards, reward_by_shape)
 
-    def mistake_shape_reward(step: int) -> float:
-        shapes = [reward_by_shape[s] for s in MISTAKE_SHAPES]
-        return (sum(s["reward"][step] * s["rollouts"][step] for s in shapes)
-                / sum(s["rollouts"][step] for s in shapes))
+    def reward_over(shapes: Iterable[str], step: int) -> float:
+        """The mean reward of ``shapes``' rollouts at ``step`` (each shape's mean weighted by its rollouts)."""
+        pairs = [(reward_by_shape[s]["reward"][step], reward_by_shape[s]["rollouts"][step]) for s in shapes]
+        return sum(r * n for r, n in pairs if n) / sum(n for _, n in pairs)
+
+    for step, reward in enumerate(rewards):
+        in_store = reward_over(reward_by_shape, step)
+        assert abs(in_store - reward) < 1e-9, (step, in_store, rewards, reward_by_shape)
 
     # GRPO fixes what the warm start imitated: on the demonstrator's two mistake shapes it at least halves the
     # failure rate, and the overall reward rises. Overall the ceiling is ~0.85 (the clean shapes sample noise at
@@ -38,7 +40,8 @@ def test_grpo_raises_the_execution_reward_after_a_careless_warm_start(tmp_path):
     # landed and its bar is low; on the mistake shapes the failure rate is a ratio, whatever the start. Measured
     # over 36 runs (docs/measurements.md, "Text-to-SQL tiny run: the test's spread"): ratio 0.16-0.37, overall
     # rise 0.076-0.23; with GRPO at lr 1e-9, ratio 0.91-0.95 and rise -0.01.
-    before, after = mistake_shape_reward(0), (mistake_shape_reward(-1) + mistake_shape_reward(-2)) / 2
+    before = reward_over(MISTAKE_SHAPES, 0)
+    after = (reward_over(MISTAKE_SHAPES, -1) + reward_over(MISTAKE_SHAPES, -2)) / 2
     assert 1 - after <= 0.5 * (1 - before), (before, after, reward_by_shape)
     assert (rewards[-1] + rewards[-2]) / 2 >= rewards[0] + 0.03, rewards
     # Held-out, greedy (6 questions): the warm start answers the clean shapes' questions (3 of 6), and GRPO on
