@@ -46,6 +46,9 @@ class ServingConfig:
     """torch device of the embedded transformers backend."""
     dtype: str = "float32"
     """Weights dtype of the embedded server: float32, bfloat16, float16 or auto."""
+    gpu_memory_utilization: float = 0.85
+    """With ``backend: vllm`` on a GPU: the share of its memory vLLM takes; the update needs the rest
+    (``spanrl train CONFIG --plan`` prints both)."""
     urls: tuple[str, ...] = ()
     """Roots (``http://host:port``) of spanrl policy servers the Trainer did not start; rollouts use
     them, and the embedded server only evaluates unless ``embedded_rollouts`` is set."""
@@ -78,6 +81,8 @@ class ServingConfig:
             raise ConfigError(f"serving.backend must be one of {_BACKENDS}, got {self.backend!r}")
         if self.dtype not in _DTYPES:
             raise ConfigError(f"serving.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"serving.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
         if self.balance not in _BALANCE:
             raise ConfigError(f"serving.balance must be one of {_BALANCE}, got {self.balance!r}")
         if isinstance(self.urls, str):

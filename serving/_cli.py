@@ -34,6 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--max-body-bytes", type=int, default=None,
                    help="largest request body; larger gets 413 unread "
                         "(env SPANRL_POLICY_MAX_BODY_BYTES, default 4 MiB)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85,
+                   help="vLLM backend: share of the GPU's memory vLLM takes (default 0.85; lower beside a trainer)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     add_token_option(p, "--admin-token", "token POST /v1/weights/reload needs; the route is off without it "
                      "(env SPANRL_POLICY_ADMIN_TOKEN)")
@@ -73,6 +75,7 @@ def _serve(args: argparse.Namespace) -> int:
         device=args.device,
         dtype=args.dtype,
         max_batch_size=args.max_batch_size,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         max_batch_delay_ms=args.max_batch_delay_ms,
         default_max_tokens=args.default_max_tokens,
         max_context_tokens=args.max_context_tokens,

@@ -65,6 +65,9 @@ class ServerConfig:
     )
 
     """Largest request body read; a larger one gets 413 before it is read (env SPANRL_POLICY_MAX_BODY_BYTES)."""
+    gpu_memory_utilization: float = 0.85
+    """vLLM backend: the share of the GPU's memory vLLM may take (weights, activations, KV cache), vLLM's
+    ``--gpu-memory-utilization``; lower it when a trainer shares the GPU (``spanrl train --plan``)."""
     torch_threads: int | None = None
     """torch intra-op threads for the whole process (None: leave torch's setting). Small models on a
     busy CPU run much faster with 1."""
@@ -92,6 +95,8 @@ class ServerConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.max_batch_delay_ms < 0:
             raise ConfigError(f"max_batch_delay_ms must be >= 0, got {self.max_batch_delay_ms!r}")
+        if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
         if self.torch_threads is not None and (not isinstance(self.torch_threads, int) or self.torch_threads < 1):
             raise ConfigError(f"torch_threads must be a positive integer or None, got {self.torch_threads!r}")
         check_token(self.admin_token, field="admin_token")

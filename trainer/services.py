@@ -49,6 +49,7 @@ def start_policy_server(model: Path, *, otlp_endpoint: str | None, max_batch_siz
             backend=serving.backend,
             device=serving.device,
             dtype=serving.dtype,
+            gpu_memory_utilization=serving.gpu_memory_utilization,
             lora_modules={name: str(folder) for name, folder in (adapters or {}).items()},
         )
     )

@@ -114,3 +114,19 @@ def test_an_update_returns_its_metrics_and_writes_no_report(model_path: Path, tm
     metrics = algo.update(_with_gae(algo, rollouts(algo.model, algo.tokenizer, tasks=TASKS, group=2, generator=gen)))
     assert "losses/value_loss" in metrics
     assert not list((tmp_path / "run").iterdir())  # no runs/ folder: nothing written until save()
+
+
+def test_gradient_checkpointing_gives_the_same_update(model_path: Path, tmp_path: Path) -> None:
+    """Recomputing activations in the backward changes memory, not the numbers (policy and critic)."""
+    plain = _setup(model_path, tmp_path / "plain", mini_batch_size=8)
+    ckpt = _setup(model_path, tmp_path / "ckpt", mini_batch_size=8, gradient_checkpointing=True)
+    assert ckpt.model.is_activation_checkpointing and ckpt.critic.is_activation_checkpointing
+    assert not plain.model.is_activation_checkpointing
+    gen = torch.Generator().manual_seed(5)
+    batch = rollouts(plain.model, plain.tokenizer, tasks=TASKS, group=4, generator=gen)
+    a = plain.update(_with_gae(plain, copy.deepcopy(batch)))
+    b = ckpt.update(_with_gae(ckpt, copy.deepcopy(batch)))
+    for key in ("losses/policy_loss", "losses/value_loss", "charts/grad_norm"):
+        assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    for p, q in zip(plain.model.parameters(), ckpt.model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)

@@ -110,6 +110,7 @@ def test_servers_at_another_version_are_refused_before_any_rollout(tiny_model: P
         ({"backend": "tgi"}, "serving.backend must be one of"),
         ({"urls": ["localhost:8000"]}, "serving.urls entries must be http"),
         ({"balance": "random"}, "serving.balance must be one of"),
+        ({"gpu_memory_utilization": 0}, r"serving.gpu_memory_utilization must be in \(0, 1\], got 0"),
         ({"gpus": 2}, "serving.gpus is not a serving setting"),
     ],
 )
