@@ -6,8 +6,8 @@
     gradients    trainable x 4 B       all params, or LoRA's adapters alone
     optimizer    trainable x 8 B       AdamW's two moments
     reference    params x 4 B          beta > 0 without LoRA (with LoRA, the base with adapters off)
-    critic       params x 16 B         PPO: a full trainable copy of the backbone with its AdamW state (LoRA
-                                       or not: ``algorithms/ppo.py`` loads it so)
+    critic       params x 16 B         PPO: a trainable copy of the backbone with its AdamW state; with LoRA
+                                       a frozen copy (params x 4 B) and its adapters' trainable x 16 B
     activations  tokens x layers x a   what autograd keeps for the backward, per micro-batch; with
                                        gradient checkpointing only each layer's input (h x 4 B) plus one layer
     log-probs    completion tokens x vocab x 4 B x 2   the LM head's fp32 logits and log-softmax (only
@@ -48,7 +48,7 @@ _KNOBS = {
     "gradients": "algorithm.lora",
     "weights": "a smaller model",
     "reference": "algorithm.beta: 0 or algorithm.lora (the reference is then the base, free)",
-    "critic": "GRPO (no critic) or a smaller model",
+    "critic": "algorithm.lora (the critic then trains adapters too) or GRPO (no critic)",
     "serving": "serving.gpu_memory_utilization (vLLM) or serving.dtype: bfloat16",
     "runtime": "nothing: this is the process itself",
 }
@@ -179,7 +179,7 @@ def plan_memory(model_dir: str | Path, algorithm_config: Any, *, device: str = "
     if getattr(cfg, "beta", 0.0) > 0 and lora is None:
         parts["reference"] = n["params"] * 4
     if hasattr(cfg, "critic_learning_rate"):  # PPO: a trainable backbone copy with its own AdamW state
-        parts["critic"] = n["params"] * 16
+        parts["critic"] = n["params"] * 16 if lora is None else n["params"] * 4 + n["trainable"] * 16
     capacity = capacity if capacity is not None else device_capacity_bytes(device)
     if embedded_server:
         if serving_backend == "vllm" and device.startswith("cuda"):

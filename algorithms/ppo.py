@@ -2,11 +2,13 @@
 "The 37 implementation details of PPO"; Ouyang et al. 2022 for the LLM setting).
 
 TRL 1.16 no longer ships ``PPOTrainer``. This file is the same clipped objective with a critic, on one
-screen, from TRL's pieces (``selective_log_softmax``, ``entropy_from_logits``) and transformers models:
+screen, from transformers models and the log-prob head GRPO uses (``batching.completion_logprobs``: the LM
+head projects completion positions only, so no (rows x positions x vocabulary) logits are materialised):
 
 - the policy is the causal LM; the critic is ``AutoModelForTokenClassification(num_labels=1)`` loaded
   from the same folder (its backbone, a fresh scalar head), read at the last prompt token: ``V(s)``
-  of the state each transition acts from;
+  of the state each transition acts from; with ``lora`` it trains a LoRA adapter of its own and its head, so
+  its frozen backbone costs one copy of the weights and no AdamW state;
 - the Trainer calls :meth:`PPO.values` and the credit module's ``"gae"`` (with this config's ``gamma``
   and ``lam``) turns rewards and values into ``advantages``; then :meth:`PPO.update` uses
   ``returns = advantages + V_old(s)`` as the value target;
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from spanrl.algorithms import batching
 from spanrl.algorithms.base import Algorithm
 from spanrl.algorithms.checkpoints import (checkpoint_activations, load_checkpoint, load_policy, save_checkpoint,
                                            seed_everything)
@@ -111,15 +114,13 @@ class PPOConfig:
 
 # --- the objective, as plain tensor functions -----------------------------------------------------
 def completion_logprobs(model: Any, data: PaddedBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs and entropies (B, C) of each completion token under ``model``."""
-    from trl.trainer.utils import entropy_from_logits, selective_log_softmax
-
+    """Log-probs and entropies (B, C) of each completion token under ``model``, 0 on padding: the LM head
+    runs only at completion positions (``batching.completion_logprobs``: no (B, P+C, vocab) logits)."""
     input_ids = torch.cat([data.prompt_ids, data.completion_ids], dim=1)  # (B, P+C)
     attention = torch.cat([data.prompt_mask, data.completion_mask], dim=1).long()  # (B, P+C), HF wants numbers
-    c = data.completion_ids.size(1)
-    logits = model(input_ids=input_ids, attention_mask=attention).logits  # (B, P+C, V)
-    logits = logits[:, -c - 1 : -1, :].float() / temperature  # (B, C, V): position t predicts token t+1
-    return selective_log_softmax(logits, data.completion_ids), entropy_from_logits(logits)
+    logps, entropy = batching.completion_logprobs(model, input_ids, attention, data.completion_ids.size(1),
+                                                  temperature=temperature, fp32_head=True, entropy=True)
+    return logps, entropy
 
 
 def state_values(critic: Any, data: PaddedBatch) -> torch.Tensor:
@@ -201,6 +202,10 @@ class PPO(Algorithm):
         finally:
             hf_logging.set_verbosity(verbosity)
         torch.nn.init.zeros_(self.critic.score.weight)  # V(s) starts at 0 for every state
+        if cfg.lora is not None:  # the critic trains adapters too (and its fresh head): no second full AdamW state
+            from peft import get_peft_model
+
+            self.critic = get_peft_model(self.critic, _critic_lora(cfg.lora))
         if cfg.gradient_checkpointing:
             for model in (policy, self.critic):
                 checkpoint_activations(model)
@@ -302,7 +307,8 @@ class PPO(Algorithm):
         return metrics
 
     def save(self, checkpoint_dir: Path) -> None:
-        """Policy as the HF folder, the critic in ``critic/``, optimizer/RNG/step and the config."""
+        """Policy as the HF folder, the critic in ``critic/`` (its adapter and head with ``lora``),
+        optimizer/RNG/step and the config."""
         checkpoint_dir = save_checkpoint(self, checkpoint_dir, model=self.model, optimizer=self.optimizer, name="ppo")
         self.critic.save_pretrained(checkpoint_dir / _CRITIC_DIR)
 
@@ -311,6 +317,19 @@ class PPO(Algorithm):
         from transformers import AutoModelForTokenClassification
 
         load_checkpoint(self, checkpoint_dir, model=self.model, optimizer=self.optimizer)
-        critic = AutoModelForTokenClassification.from_pretrained(Path(checkpoint_dir) / _CRITIC_DIR,
-                                                                 dtype=torch.float32)
+        folder = Path(checkpoint_dir) / _CRITIC_DIR
+        if self.config.lora is not None:
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
+
+            set_peft_model_state_dict(self.critic, load_file(str(folder / "adapter_model.safetensors")))
+            return
+        critic = AutoModelForTokenClassification.from_pretrained(folder, dtype=torch.float32)
         self.critic.load_state_dict(critic.state_dict())
+
+
+def _critic_lora(lora: LoRAConfig) -> Any:
+    """The policy's LoRA settings for the critic, its fresh value head (``score``) trained whole."""
+    peft = lora.to_peft()
+    peft.task_type, peft.modules_to_save = "TOKEN_CLS", ["score"]
+    return peft

@@ -60,6 +60,9 @@ def test_each_part_by_hand(tiny: Path) -> None:
                                rows=6, prompt_tokens=24, completion_tokens=8, embedded_server=False, capacity=1 << 40)
     assert checkpointed.parts["activations"] == tokens * (LAYERS * HIDDEN * 4 + per_token_layer)
     assert checkpointed.parts["critic"] == 16 * n and "reference" not in checkpointed.parts
+    lora = plan_memory(tiny, PPOConfig(lora=LoRAConfig(r=4)), rows=6, prompt_tokens=24, completion_tokens=8,
+                       embedded_server=False, capacity=1 << 40)
+    assert lora.parts["critic"] == 4 * n + 16 * lora.trainable  # a frozen copy and the adapters' AdamW state
     assert plan.total == sum(plan.parts.values()) and plan.fits
 
 

@@ -130,3 +130,49 @@ def test_gradient_checkpointing_gives_the_same_update(model_path: Path, tmp_path
         assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
     for p, q in zip(plain.model.parameters(), ckpt.model.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
+
+
+def test_completion_logprobs_equal_the_full_vocabulary_softmax(model_path: Path, tmp_path: Path) -> None:
+    """The completion-only head gives what a softmax over every position's full logits gives."""
+    from spanrl.algorithms.ppo import completion_logprobs
+    from spanrl.algorithms.tables import pad_transitions, transition_table
+
+    algo = _setup(model_path, tmp_path)
+    gen = torch.Generator().manual_seed(6)
+    batch = rollouts(algo.model, algo.tokenizer, tasks=TASKS, group=2, generator=gen)
+    data = pad_transitions(transition_table(batch_of(batch)), pad_token_id=algo.tokenizer.pad_token_id)
+    with torch.no_grad():
+        logps, entropy = completion_logprobs(algo.model, data, temperature=0.7)
+        ids = torch.cat([data.prompt_ids, data.completion_ids], 1)
+        mask = torch.cat([data.prompt_mask, data.completion_mask], 1).long()
+        c = data.completion_ids.size(1)
+        logits = algo.model(input_ids=ids, attention_mask=mask).logits[:, -c - 1 : -1].float()  # (B, C, V)
+        full = torch.log_softmax(logits / 0.7, -1)
+    keep = data.completion_mask.bool()
+    expected = full.gather(2, data.completion_ids[..., None]).squeeze(2)
+    torch.testing.assert_close(logps[keep], expected[keep], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy[keep], -(full.exp() * full).sum(-1)[keep], rtol=1e-4, atol=1e-5)
+
+
+def test_a_lora_critic_trains_adapters_and_its_head_and_resumes_exactly(model_path: Path, tmp_path: Path) -> None:
+    from spanrl.algorithms.lora import LoRAConfig
+
+    algo = _setup(model_path, tmp_path, lora=LoRAConfig(r=4))
+    trainable = sum(p.numel() for p in algo.critic.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in algo.critic.parameters())
+    assert 0 < trainable < 0.2 * total, (trainable, total)  # adapters and the 1-output head, not the backbone
+    gen = torch.Generator().manual_seed(7)
+    first = rollouts(algo.model, algo.tokenizer, tasks=TASKS, group=4, generator=gen)
+    for t in first:
+        t.reward = 1.0  # every state is worth 1: the value head must move
+    algo.update(_with_gae(algo, first))
+    algo.save(tmp_path / "ckpt")
+    batch = _with_gae(algo, rollouts(algo.model, algo.tokenizer, tasks=TASKS, group=4, generator=gen))
+    assert all(v > 0 for v in algo.values(batch))  # the head moved towards 1 in the first update
+    continued = algo.update(copy.deepcopy(batch))
+    resumed = _setup(model_path, tmp_path / "again", lora=LoRAConfig(r=4))
+    resumed.load_state(tmp_path / "ckpt")
+    again = resumed.update(copy.deepcopy(batch))
+    assert again["losses/value_loss"] == pytest.approx(continued["losses/value_loss"], abs=1e-6)
+    for p, q in zip(algo.critic.parameters(), resumed.critic.parameters()):
+        torch.testing.assert_close(p, q)
