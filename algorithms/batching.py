@@ -46,6 +46,8 @@ from typing import Any
 
 import torch
 
+from spanrl.hf_compat import checkpointing_on, kv_cache_argument
+
 __all__ = [
     "MIN_SHARED_PREFIX", "backbone_hidden", "bf16_supported", "completion_logprobs", "head_logprobs",
     "length_sorted_micro_batches", "padded_tokens", "plain_lm_head", "shared_prefix_length", "update_autocast",
@@ -232,7 +234,7 @@ def _shareable(lm: Any, width: int) -> bool:
     config = lm.config.get_text_config()
     window = getattr(config, "sliding_window", None)
     return (getattr(config, "_attn_implementation", None) in ("sdpa", "eager")
-            and not getattr(lm, "is_activation_checkpointing", False)
+            and not checkpointing_on(lm)
             and (window is None or not getattr(config, "use_sliding_window", True) or width <= window))
 
 
@@ -249,7 +251,8 @@ def backbone_hidden(lm: Any, input_ids: torch.Tensor, attention_mask: torch.Tens
     mask = attention_mask.bool()
     starts = mask.int().argmax(1)
     first = int(starts[0])
-    cache = body(input_ids=input_ids[:1, first : first + p], use_cache=True).cache
+    key = kv_cache_argument(body)
+    cache = getattr(body(input_ids=input_ids[:1, first : first + p], use_cache=True), key)
     cache.batch_repeat_interleave(rows)
     rest = width - int(starts.min()) - p  # the longest row's own tokens; shorter rows are left-padded
     columns = torch.arange(width - rest, width, device=input_ids.device)
@@ -257,4 +260,4 @@ def backbone_hidden(lm: Any, input_ids: torch.Tensor, attention_mask: torch.Tens
     positions = p + own.long().cumsum(1) - 1  # a padding position repeats its neighbour's: never attended
     attention = torch.cat([own.new_ones(rows, p), own], dim=1).long()
     return body(input_ids=input_ids[:, width - rest :], attention_mask=attention, position_ids=positions,
-                cache=cache, use_cache=True).last_hidden_state
+                use_cache=True, **{key: cache}).last_hidden_state

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from spanrl.errors import ServingError
+from spanrl.hf_compat import kv_cache_argument
 from spanrl.serving.adapters import AdapterSet, base_key
 from spanrl.serving.backend import AdmitCallback, Completion, DoneCallback, GenerationRequest, check_finite_weights
 
@@ -76,6 +77,7 @@ class TransformersBackend:
         except (OSError, ValueError) as exc:
             raise ServingError(f"model: cannot load a causal LM from {str(model_dir)!r}: {exc}") from exc
         self.model.to(device).eval()
+        self._cache_argument = kv_cache_argument(self.model)  # before adapters wrap the model
         self.device = torch.device(device)
         config = self.model.config
         model_context = getattr(config, "max_position_embeddings", None) or _FALLBACK_CONTEXT_TOKENS
@@ -253,7 +255,8 @@ class TransformersBackend:
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
         out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
+            **{self._cache_argument: cache}
         )
         return out.logits[:, -1, :].float()
 

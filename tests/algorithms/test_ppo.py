@@ -120,8 +120,9 @@ def test_gradient_checkpointing_gives_the_same_update(model_path: Path, tmp_path
     """Recomputing activations in the backward changes memory, not the numbers (policy and critic)."""
     plain = _setup(model_path, tmp_path / "plain", mini_batch_size=8)
     ckpt = _setup(model_path, tmp_path / "ckpt", mini_batch_size=8, gradient_checkpointing=True)
-    assert ckpt.model.is_activation_checkpointing and ckpt.critic.is_activation_checkpointing
-    assert not plain.model.is_activation_checkpointing
+    from spanrl.hf_compat import checkpointing_on
+
+    assert checkpointing_on(ckpt.model) and checkpointing_on(ckpt.critic) and not checkpointing_on(plain.model)
     gen = torch.Generator().manual_seed(5)
     batch = rollouts(plain.model, plain.tokenizer, tasks=TASKS, group=4, generator=gen)
     a = plain.update(_with_gae(plain, copy.deepcopy(batch)))

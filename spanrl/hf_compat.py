@@ -1,0 +1,22 @@
+"""Where transformers' API moved between the versions spanrl supports (5.17, on the lent GPU machines'
+image, to 5.24): one answer for the trainer's forward (``algorithms/batching.py``) and the server's
+(``serving/hf_backend.py``). Imports nothing heavy: each function takes the model it asks about."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+__all__ = ["checkpointing_on", "kv_cache_argument"]
+
+
+def kv_cache_argument(module: Any) -> str:
+    """The name of ``module.forward``'s KV-cache argument, which is also its output's field: ``cache`` in
+    transformers 5.2x, ``past_key_values`` before (5.17 ignores an unknown ``cache=`` silently)."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
+def checkpointing_on(model: Any) -> bool:
+    """Whether activation checkpointing is on (the newer property first: the older name warns there)."""
+    newer = hasattr(type(model), "is_activation_checkpointing")
+    return bool(getattr(model, "is_activation_checkpointing" if newer else "is_gradient_checkpointing", False))
