@@ -121,8 +121,8 @@ class GrpcReceiver:
     def _export(self, messages: Iterator[bytes], context: grpc.ServicerContext) -> ExportTraceServiceResponse:
         authorization = dict(context.invocation_metadata()).get("authorization")
         if not self._tokens.allows(authorization, "ingest"):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          "missing or wrong bearer token of scope 'ingest' (metadata 'authorization: Bearer <token>')")
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, self._tokens.refusal(
+                "ingest", "OTLP/gRPC Export", "--ingest-token-file (or --token-file for every scope)"))
         try:
             self._admission.enter("OTLP/gRPC")
         except RetryableError as exc:

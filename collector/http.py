@@ -15,9 +15,10 @@ Routes:
                       "error": ...} while the store is reopened after a DuckDB failure or could not be
                       (no token needed).
 Scopes (spanrl.trust): /v1/traces needs an ``ingest`` token, /v1/sql ``read``, /v1/prune and /v1/materialize
-``admin`` (401 otherwise; a scope no configured token grants is open). Every request first passes
-`spanrl.trust.browser_refusal`: 403 for a foreign ``Origin`` or, bound to loopback, a non-loopback ``Host``;
-415 for a POST that is not protobuf / JSON (/v1/traces) or JSON (the others).
+``admin`` (401 otherwise). Fail closed: once any token is configured, a scope no token grants is closed
+to everyone; with no token at all every scope is open, and only a loopback bind allows that (config.py).
+Every request first passes `spanrl.trust.browser_refusal`: 403 for a foreign ``Origin`` or, bound to
+loopback, a non-loopback ``Host``; 415 for a POST that is not protobuf / JSON (/v1/traces) or JSON (the others).
 Over http_max_concurrency requests, or past the memory budget, a request gets 503 + Retry-After with a
 google.rpc.Status body before its body is read. Parsing and walking run in worker threads, SQL in its
 own pool, never on the event loop.
@@ -69,6 +70,9 @@ _ROUTES = {
     "/v1/prune": ("admin", (_JSON_TYPE,)),
     "/v1/materialize": ("admin", (_JSON_TYPE,)),
 }
+
+# How an operator opens a closed scope (no token grants it): the collector's options.
+_FIX = {scope: f"--{scope}-token-file (or --token-file for every scope)" for scope in ("ingest", "read", "admin")}
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -156,8 +160,7 @@ class OtlpHttpApp:
                 raise _HttpError(405, f"{path} takes POST, got {method}", grpc_code=12)
             scope = _ROUTES[path][0]
             if not self._tokens.allows(headers.get("authorization"), scope):
-                raise UnauthenticatedError(f"missing or wrong bearer token for {path}, which needs a token of scope "
-                                           f"{scope!r} (header 'Authorization: Bearer <token>')")
+                raise UnauthenticatedError(self._tokens.refusal(scope, path, _FIX[scope]))
             self._admission.enter("OTLP/HTTP")
             try:
                 await self._route(path, send, tracked, headers)

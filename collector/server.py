@@ -124,6 +124,15 @@ class Collector:
             raise
         _logger.info("collector on grpc=%s http=%s db=%s; protobuf decoder: %s", self.grpc_endpoint, self.http_endpoint,
                      cfg.db_path, active_decoder())
+        open_line = cfg.open_scopes()
+        if open_line is not None:
+            _logger.warning("%s", open_line)
+        tokens = cfg.tokens()
+        closed = [s for s in ("ingest", "policy", "read", "admin") if tokens.guarded(s) and not tokens.granted(s)]
+        if closed:
+            _logger.info("collector: no token grants the scopes %s, so they are closed to everyone (fail closed)%s",
+                         ", ".join(closed), "; without a policy token no sender's token ids are kept"
+                         if "policy" in closed else "")
         return self
 
     def shutdown(self, timeout: float | None = None) -> None:

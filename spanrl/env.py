@@ -95,6 +95,10 @@ SPANRL_COLLECTOR_READ_TOKEN = "SPANRL_COLLECTOR_READ_TOKEN"
 SPANRL_COLLECTOR_ADMIN_TOKEN = "SPANRL_COLLECTOR_ADMIN_TOKEN"
 """Collector token granting ``POST /v1/prune`` and ``POST /v1/materialize``."""
 
+TOKEN_FILE_SUFFIX = "_FILE"
+"""Each ``SPANRL_*_TOKEN`` variable may be given instead as ``SPANRL_*_TOKEN_FILE``, the path of a file holding
+the token (Docker's convention for secrets; a file every user can read is refused, as ssh refuses such a key)."""
+
 SPANRL_TASK_FROM = "SPANRL_TASK_FROM"
 """How the store names the task of a rollout that names none (a production conversation), read when the
 store is opened (the collector's): ``first_user_message`` (default; a hash of the first user message the
