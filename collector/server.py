@@ -107,7 +107,8 @@ class Collector:
                 self._grpc.start()
             if cfg.http_port != -1:
                 self._sql = SqlRunner(self._store, workers=cfg.sql_workers, max_waiting=cfg.sql_max_waiting,
-                                      timeout_s=cfg.sql_timeout_s, retry_after_s=retry_s)
+                                      timeout_s=cfg.sql_timeout_s, retry_after_s=retry_s, max_rows=cfg.sql_max_rows,
+                                      max_bytes=cfg.sql_max_bytes)
                 app = OtlpHttpApp(tokens=cfg.tokens(), bound_host=cfg.host, claims=claims,
                                   max_request_bytes=cfg.max_request_bytes, next_consumer=checked,
                                   store=self._store,

@@ -129,6 +129,12 @@ holds at once; beyond it requests get a retryable 503 / UNAVAILABLE. Default 268
 SPANRL_COLLECTOR_SQL_TIMEOUT_S = "SPANRL_COLLECTOR_SQL_TIMEOUT_S"
 """Seconds one ``POST /v1/sql`` query may run before it is interrupted (answered 400). Default 30."""
 
+SPANRL_COLLECTOR_SQL_MAX_ROWS = "SPANRL_COLLECTOR_SQL_MAX_ROWS"
+"""Rows one ``POST /v1/sql`` result may have; past it the query stops, answered 400. Default 1000000."""
+
+SPANRL_COLLECTOR_SQL_MAX_BYTES = "SPANRL_COLLECTOR_SQL_MAX_BYTES"
+"""Bytes one ``POST /v1/sql`` result may take; past it the query stops, answered 400. Default 268435456 (256 MiB)."""
+
 SPANRL_COLLECTOR_MATERIALIZE_INTERVAL_S = "SPANRL_COLLECTOR_MATERIALIZE_INTERVAL_S"
 """Shortest wait between the collector's background runs keeping finished rollouts decomposed
 (store/kept_rollouts.py); ``0``: off. Default 2."""
