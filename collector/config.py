@@ -23,6 +23,7 @@ _SQL_MAX_BYTES = 256 * 1024 * 1024
 _SQL_WORKERS = 2
 _SQL_MAX_WAITING = 16
 _HTTP_MAX_CONCURRENCY = 64
+_GRPC_RECEIVE_TIMEOUT_S = 10.0
 _SHUTDOWN_TIMEOUT_S = 30.0
 _MAX_PORT = 65535
 _DUCKDB_MEMORY_LIMIT = "1GB"
@@ -62,6 +63,10 @@ class CollectorConfig:
     """Largest accepted request body, bytes (after gzip decompression for HTTP)."""
     grpc_max_concurrent_rpcs: int = _GRPC_MAX_CONCURRENT_RPCS
     """Export RPCs handled at once; more get UNAVAILABLE with RetryInfo before their body is read."""
+    grpc_receive_timeout_s: float = _GRPC_RECEIVE_TIMEOUT_S
+    """Seconds an OTLP/gRPC Export may hold one of the 4 slots that receive request bodies before its whole
+    request has arrived; past it the call is cancelled (idle client-streaming calls held every slot with no
+    limit, and every other export waited 30 s for UNAVAILABLE). The OTel SDKs' export timeout is 10 s."""
     http_max_concurrency: int = _HTTP_MAX_CONCURRENCY
     """HTTP requests handled at once (``/health`` aside); more get 503 + Retry-After before their body is read."""
     max_inflight_bytes: int = _MAX_INFLIGHT_BYTES
@@ -124,7 +129,7 @@ class CollectorConfig:
                      "sql_workers", "sql_max_waiting", "sql_max_rows", "sql_max_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("shutdown_timeout_s", "sql_timeout_s"):
+        for name in ("shutdown_timeout_s", "sql_timeout_s", "grpc_receive_timeout_s"):
             if not getattr(self, name) > 0:  # also refuses NaN
                 raise ConfigError(f"{name} must be positive (seconds), got {getattr(self, name)}")
         for name in ("duckdb_memory_limit", "duckdb_checkpoint_threshold"):

@@ -103,6 +103,7 @@ class Collector:
                     admission=inflight_bytes.with_request_cap(cfg.grpc_max_concurrent_rpcs),
                     next_consumer=checked,
                     fast_decoder=fast,
+                    receive_timeout_s=cfg.grpc_receive_timeout_s,
                 )
                 self._grpc.start()
             if cfg.http_port != -1:

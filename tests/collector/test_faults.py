@@ -396,3 +396,36 @@ def test_restart_whose_wal_replay_needs_more_than_the_memory_limit_succeeds(tmp_
         # this reads DuckDB's default, 80% of RAM (e.g. "18.8 GiB")
         assert c.store.sql("SELECT current_setting('memory_limit') AS m").column("m")[0].as_py() == "976.5 KiB"
     assert "replaying its WAL without the cap once" in caplog.text  # the capped open did fail first
+
+
+# --- issue 53, finding 6: idle gRPC calls cannot hold every receive slot -----------------------------------
+def test_idle_streaming_exports_cannot_starve_grpc_ingest(tmp_path):
+    """The probe: 4 client-streaming Export calls that never send their request held all 4 receive slots with
+    no time limit; every other export waited 30 s and got UNAVAILABLE. Each slot now has a deadline
+    (grpc_receive_timeout_s, 1 s here): the export goes through once they are cancelled (1.5 s measured)."""
+    cfg = CollectorConfig(db_path=str(tmp_path / "s.duckdb"), grpc_port=0, http_port=-1, grpc_receive_timeout_s=1.0,
+                          materialize_interval_s=None)
+    stop = threading.Event()
+
+    def never_sends():
+        stop.wait(60)
+        yield from ()
+
+    with Collector(cfg) as c:
+        channels = [grpc.insecure_channel(c.grpc_endpoint) for _ in range(4)]
+        try:
+            idle = [ch.stream_unary(_EXPORT, request_serializer=None, response_deserializer=None).future(never_sends())
+                    for ch in channels]
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            req, ids = make_request(3)
+            assert _grpc_export(c.grpc_endpoint, req.SerializeToString()).partial_success.rejected_spans == 0
+            assert time.monotonic() - t0 < 15 and _count(c, ids) == 3
+            for call in idle:
+                with pytest.raises(grpc.RpcError) as info:
+                    call.result(timeout=30)
+                assert info.value.code() == grpc.StatusCode.CANCELLED
+        finally:
+            stop.set()
+            for ch in channels:
+                ch.close()
