@@ -11,9 +11,9 @@ Routes:
                       no file access, interrupted after sql_timeout_s; 400 otherwise (see sql.py).
     POST /v1/prune    {"older_than_s": N} -> {"deleted_spans": n} (see spanrl.store.maintenance.prune).
     POST /v1/materialize  {} -> {"rollouts_kept": n, "rows_dropped": m} (spanrl.store.kept_rollouts.materialize).
-    GET  /health      200 {"status": "ok", "db": ABSOLUTE_PATH}; 503 {"status": "recovering" | "failed",
-                      "error": ...} while the store is reopened after a DuckDB failure or could not be
-                      (no token needed).
+    GET  /health      200 {"status": "ok", "db": ABSOLUTE_PATH}; 503 {"status": "failing" | "recovering" |
+                      "failed", "error": ...} while commits fail (a full disk), while the store is reopened
+                      after a DuckDB failure, or when it could not be (no token needed).
 Scopes (spanrl.trust): /v1/traces needs an ``ingest`` token, /v1/sql ``read``, /v1/prune and /v1/materialize
 ``admin`` (401 otherwise). Fail closed: once any token is configured, a scope no token grants is closed
 to everyone; with no token at all every scope is open, and only a loopback bind allows that (config.py).
@@ -44,7 +44,7 @@ from spanrl.collector.errors import PayloadTooLargeError, PermanentError, Retrya
 from spanrl.collector.grpc import BatchConsumer
 from spanrl.collector.retention import prune_and_forget
 from spanrl.collector.sql import SqlRunner
-from spanrl.errors import CollectorError, StoreError
+from spanrl.errors import CollectorError, ConfigError, StoreError
 from spanrl.http_server import ThreadedServer, bind
 from spanrl.store import SpanStore
 from spanrl.store.kept_rollouts import materialize
@@ -286,7 +286,10 @@ class OtlpHttpApp:
         older = doc.get("older_than_s") if isinstance(doc, dict) else None
         if isinstance(older, bool) or not isinstance(older, (int, float)) or older < 0:
             raise PermanentError(f'prune request needs "older_than_s" as a number >= 0, got {older!r}')
-        deleted = await asyncio.to_thread(prune_and_forget, self._store, float(older), self._claims)
+        try:
+            deleted = await asyncio.to_thread(prune_and_forget, self._store, float(older), self._claims)
+        except ConfigError as exc:  # out of range (1e308 was a retryable 503): the request is wrong
+            raise PermanentError(f'prune request "older_than_s": {exc}') from None
         await _respond(send, 200, orjson.dumps({"deleted_spans": deleted}), _JSON_TYPE)
 
 

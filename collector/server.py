@@ -197,7 +197,8 @@ class Collector:
         return f"http://{url_host(self._config.host)}:{self._http.port}"
 
     def health(self) -> dict[str, Any]:
-        """``{"status": "ok"}``, or ``recovering`` / ``failed`` with the DuckDB ``error`` after a store failure."""
+        """``{"status": "ok"}``, or ``failing`` (the last commit failed: a full disk) / ``recovering`` / ``failed``
+        with the writer's last ``error``."""
         if self._start_error is not None:
             return {"status": "failed", "error": self._start_error}
         writer = self._writer

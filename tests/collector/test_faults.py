@@ -429,3 +429,44 @@ def test_idle_streaming_exports_cannot_starve_grpc_ingest(tmp_path):
             stop.set()
             for ch in channels:
                 ch.close()
+
+
+# --- issue 53, finding 7: out-of-range prune, a full disk -------------------------------------------------
+@pytest.mark.parametrize("older", [1e308, 9.3e9, 10**19])
+def test_prune_past_the_ns_range_is_a_400_not_a_retryable_503(collector, older):
+    """``{"older_than_s": 1e308}`` overflowed the cutoff's nanoseconds and was answered 503 + Retry-After."""
+    status, headers, body = _http(f"{collector.http_endpoint}/v1/prune", json.dumps({"older_than_s": older}).encode(),
+                                  "application/json")
+    assert status == 400 and "retry-after" not in {k.lower() for k in headers}
+    assert "older_than must be from 0 to 9223372036 seconds (292 years)" in json.loads(body)["message"]
+
+
+def test_health_is_not_ok_while_commits_fail_on_a_full_disk(tmp_path):
+    """/health said ``ok`` while every commit failed with the disk full. A full disk is RLIMIT_FSIZE (EFBIG on
+    any write past 4 MB) on a real ``spanrl collector``: /health is 503 ``failing`` with the writer's error."""
+    def preexec() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4_000_000, resource.RLIM_INFINITY))
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPANRL_COLLECTOR_")}
+    proc = subprocess.Popen([sys.executable, "-m", "spanrl", "collector", "--db", str(tmp_path / "full.duckdb"),
+                             "--grpc-port", "-1", "--http-port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, preexec_fn=preexec, env=env)
+    try:
+        http = dict(p.split("=", 1) for p in proc.stdout.readline().split()[3:])["http"]
+        with urllib.request.urlopen(f"{http}/health", timeout=10) as resp:
+            assert json.loads(resp.read())["status"] == "ok"
+        for i in range(200):
+            req, _ = make_request(200, rollout_id=f"r{i}", attributes={"payload": os.urandom(500).hex()})
+            status = _http(f"{http}/v1/traces", req.SerializeToString())[0]
+            if status != 200:
+                break
+        assert status == 503, "the 4 MB file size limit was never reached"
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(f"{http}/health", timeout=10)
+        doc = json.loads(info.value.read())
+        assert info.value.code == 503 and doc["status"] == "failing" and "File too large" in doc["error"], doc
+        assert RemoteStore(http).health()["status"] == "failing"  # readers still see this collector's file
+    finally:
+        proc.terminate()
+        proc.wait(30)
