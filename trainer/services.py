@@ -114,6 +114,10 @@ class Services:
             raise ConfigError("serving.urls, serving.placement ray: per-agent adapters are served by the Trainer's "
                               "own server only")
         self._stack.callback(self._stop, "server", embedded.shutdown)
+        if config.serving.urls and env_token(env.SPANRL_COLLECTOR_POLICY_TOKEN) is None:
+            _logger.warning("serving.urls: this run's collector takes spans only with a token, and its policy token "
+                            "was made for this run; servers it did not start need %s set before the run and given "
+                            "to them (spanrl serve --collector-token-file)", env.SPANRL_COLLECTOR_POLICY_TOKEN)
         serving, token = config.serving, None
         if serving.placement == "ray":
             serving, token = self._start_ray_servers(serve_from, config, output_dir / "served-weights")
