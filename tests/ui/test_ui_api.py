@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -68,7 +69,14 @@ def test_bad_input_is_a_400_naming_the_field(collector, ui):
     _add(collector, 2, "z")
     assert (_get(ui.url, "/api/rollouts?status=done")
             == (400, {"error": "status must be one of finished, error, open; got 'done'"}))
-    assert _get(ui.url, "/api/rollouts?limit=many") == (400, {"error": "limit must be an integer, got 'many'"})
+    assert _get(ui.url, "/api/rollouts?limit=many") == (
+        400, {"error": "the query parameter 'limit' must be an integer of at most 9223372036854775807, got 'many'"})
+    # issue 53, finding 7: ?offset=1e20 (as digits, past DuckDB's BIGINT) was a 500
+    for bad in ("1e20", "100000000000000000000", "9223372036854775808", "1_000", "\u0661", " 7"):
+        status, doc = _get(ui.url, f"/api/rollouts?offset={urllib.parse.quote(bad)}")
+        assert status == 400 and doc["error"].startswith("the query parameter 'offset' must be an integer"), (bad, doc)
+    assert _get(ui.url, "/api/rollouts?offset=-1") == (400, {"error": "offset must be >= 0; got -1"})
+    assert _get(ui.url, "/api/rollouts?offset=9223372036854775807")[0] == 200
     assert _get(ui.url, "/api/rollouts?sort=1;DROP") == (400, {"error": (
         "sort must be one of start_ns, rollout_id, task_id, mode, status, final_reward, policy_version, span_count, "
         "duration_ms, error_count; got '1;DROP'")})
