@@ -30,7 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spanrl.algorithms.credit import CreditConfig, CreditResult, MissingValueError, assign_credit, state_ids
+from spanrl.algorithms.credit import (CreditConfig, CreditResult, MissingValueError, aggregation_conflict,
+                                     assign_credit, state_ids)
 from spanrl.algorithms.retokenize import retokenize
 from spanrl.algorithms.tables import TRANSITIONS_SCHEMA, pad_transitions
 from spanrl.errors import ConfigError
@@ -55,7 +56,9 @@ class Transition:
     a merged sample with such a call): the trainer recomputes them with the current policy. ``reward``
     is the call's return before the baseline (``identical``: the episode reward); ``advantage`` is what
     the policy gradient uses. A merged sample takes the
-    step, reward, advantage and policy version of its first call. ``temperature`` is the one the policy
+    step, reward, advantage and policy version of its first call: every call of a rollout has the same
+    advantage there (aggregation with a per-call mode is refused, ``credit.aggregation_conflict``).
+    ``temperature`` is the one the policy
     server's log-probs were computed at (``spanrl.llm.logprobs_temperature``; None: not recorded).
     """
 
@@ -195,10 +198,13 @@ def load_transitions(
     ``(rollout_id, step)`` to the critic's value, for ``CreditConfig(mode="gae")`` (calls of rollouts
     the credit skips need none). ``temperature``: the one the algorithm divides its logits by; calls whose
     log-probs the server computed at another are skipped and counted (``skipped_temperature_mismatch``).
-    ``credit.trajectory_aggregation`` also turns on ``aggregate``.
+    ``credit.trajectory_aggregation`` also turns on ``aggregate``; with a credit whose advantage varies by call
+    it is refused (`ConfigError`, ``credit.aggregation_conflict``).
     """
     credit = credit or CreditConfig()
     credit.validate()
+    if aggregate and (conflict := aggregation_conflict(credit)):  # one advantage for a merged sample's calls
+        raise ConfigError(conflict)
     dec = decompose(
         store,
         Selection(
