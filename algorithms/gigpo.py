@@ -3,8 +3,9 @@
 The paper's anchor state is the environment state the agent observed. A call's state, first found wins:
 
 1. ``spanrl.state.id`` on the LLM call's span (the agent's client span or the policy server's);
-2. ``spanrl.state.id`` on the last tool span (``execute_tool``) of the rollout that ended before the call
-   started: the state the tool's result left the agent in;
+2. ``spanrl.state.id`` on the last tool span (``execute_tool``) of the rollout that ended after the
+   previous call started and before this call started: the state the tool's result left the agent in
+   (``algorithms/call_facts.py`` reads both);
 3. a canonical key of the messages the call was sent since the last assistant turn (what the environment
    said since the agent last spoke: the tool results, a user turn), so an earlier free-text turn does not
    make every later state unique;

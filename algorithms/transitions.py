@@ -30,8 +30,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spanrl.algorithms.call_facts import ID_COLUMNS, call_facts
 from spanrl.algorithms.credit import (CreditConfig, CreditResult, MissingValueError, aggregation_conflict,
-                                     assign_credit, state_ids)
+                                     assign_credit)
+from spanrl.algorithms.gigpo import anchor_states
 from spanrl.algorithms.retokenize import retokenize
 from spanrl.algorithms.tables import TRANSITIONS_SCHEMA, pad_transitions
 from spanrl.errors import ConfigError
@@ -215,7 +217,7 @@ def load_transitions(
             until_ns=until_ns,
             min_policy_version=min_policy_version,
         ),
-        call_columns=_CALL_COLUMNS_READ,
+        call_columns=_CALL_COLUMNS_READ + (ID_COLUMNS if credit.step_group_weight else ()),
     )
     report: dict[str, int] = dict(dec.report)
     for key in ("retokenized", "skipped_no_ids", "skipped_failed_calls", "skipped_retokenize_error",
@@ -223,7 +225,7 @@ def load_transitions(
                 "skipped_temperature_mismatch"):
         report.setdefault(key, 0)
     fast_calls, slow_rows = _usable_calls(_same_temperature(dec.calls, temperature, report), tokenizer, report)
-    result, call_rollout, rollout_ids_all = _credit(dec, fast_calls, slow_rows, credit, values, report)
+    result, call_rollout, rollout_ids_all = _credit(store, dec, fast_calls, slow_rows, credit, values, report)
     for key, value in result.report.items():
         report[key] = report.get(key, 0) + value
     keep_call = result.keep[call_rollout]
@@ -254,7 +256,7 @@ def load_transitions(
     return TransitionBatch(table, report, rewards_by_rollout)
 
 
-def _credit(dec: Any, fast_calls: pa.Table, slow_rows: list[dict[str, Any]], credit: CreditConfig,
+def _credit(store: Any, dec: Any, fast_calls: pa.Table, slow_rows: list[dict[str, Any]], credit: CreditConfig,
             values: Mapping[tuple[str, int], float] | None,
             report: dict[str, int]) -> tuple[CreditResult, np.ndarray, list[str]]:
     """Credit over every selected rollout for the usable calls (fast ones first, then ``slow_rows``):
@@ -272,7 +274,7 @@ def _credit(dec: Any, fast_calls: pa.Table, slow_rows: list[dict[str, Any]], cre
     group_index: dict[str, int] = {}
     rollout_group = np.array([group_index.setdefault(k, len(group_index)) for k in group_keys], dtype=np.int64)
 
-    cols = ["rollout_id", "step", "rollout_calls"] + (["prompt_ids"] if credit.step_group_weight else [])
+    cols = ["rollout_id", "step", "rollout_calls"] + (["prompt_ids", *ID_COLUMNS] if credit.step_group_weight else [])
     usable = [fast_calls.select(cols)]
     if slow_rows:
         usable.append(pa.Table.from_pylist(
@@ -308,12 +310,19 @@ def _credit(dec: Any, fast_calls: pa.Table, slow_rows: list[dict[str, Any]], cre
             reward_time_ns=_reward_order(rewards),
             reward_name=np.array(rewards.column("name").to_pylist(), dtype=object),
             values=value_arr,
-            call_state=state_ids(keys.column("prompt_ids").to_pylist()) if credit.step_group_weight else None,
+            call_state=_anchor_states(store, keys) if credit.step_group_weight else None,
         )
     except MissingValueError as exc:  # a call of a kept rollout that the critic did not value
         key = (keys.column("rollout_id")[exc.call].as_py(), int(call_step[exc.call]))
         raise ConfigError(f"values has no critic value for call (rollout_id, step) = {key!r}") from None
     return result, call_rollout, rollout_ids_all
+
+
+def _anchor_states(store: Any, keys: pa.Table) -> np.ndarray:
+    """GiGPO's anchor state of each call (``algorithms/gigpo.py``): its ``spanrl.state.id``, else the messages
+    since the last assistant turn, else the prompt's token ids."""
+    facts = call_facts(store, keys)
+    return anchor_states(facts.state, facts.messages, keys.column("prompt_ids").to_pylist())
 
 
 def _reward_order(rewards: pa.Table) -> np.ndarray:
