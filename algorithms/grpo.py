@@ -44,6 +44,7 @@ from spanrl.algorithms.checkpoints import load_checkpoint, load_policy, save_che
 from spanrl.algorithms.tables import (PaddedBatch, check_transitions, fill_missing_logprobs, pad_transitions,
                                       transition_table)
 from spanrl.algorithms.lora import LoRAConfig
+from spanrl.algorithms.presets import apply_preset, check_loss_fields
 from spanrl.errors import ConfigError, TrainingError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -73,6 +74,8 @@ class GRPOConfig:
     """TRL's loss aggregation: grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo."""
     importance_sampling_level: str = "token"
     """``token`` (GRPO) or ``sequence`` (GSPO) importance ratios."""
+    preset: str | None = None
+    """``gspo`` or ``dr_grpo``: sets every coupled field (``algorithms/presets.py``); None: the fields as given."""
     num_iterations: int = 1
     """Passes over each batch (the ratio moves away from 1 after the first)."""
     mini_batch_size: int | None = None
@@ -113,6 +116,9 @@ class GRPOConfig:
     """Run the tokens a micro-batch's rows open with alike (system prompt, question, earlier turns) once, not
     once per row: the same log-probs and gradients, less compute (``algorithms/batching.py``)."""
 
+    def __post_init__(self) -> None:
+        apply_preset(self)
+
     def validate(self) -> GRPOConfig:
         """Raise :class:`ConfigError` naming the first bad field; return self."""
         if not self.learning_rate > 0:
@@ -123,12 +129,7 @@ class GRPOConfig:
             raise ConfigError(f"epsilon must be in (0, 1), got {self.epsilon!r}")
         if self.epsilon_high is not None and not self.epsilon_high > 0:
             raise ConfigError(f"epsilon_high must be > 0 or None, got {self.epsilon_high!r}")
-        if self.loss_type not in LOSS_TYPES:
-            raise ConfigError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
-        if self.importance_sampling_level not in ("token", "sequence"):
-            raise ConfigError(
-                f"importance_sampling_level must be 'token' or 'sequence', got {self.importance_sampling_level!r}"
-            )
+        check_loss_fields(self, LOSS_TYPES)  # loss_type, importance_sampling_level, preset and their coupling
         for name in ("num_iterations", "max_completion_length"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")

@@ -34,6 +34,7 @@ from spanrl.algorithms.call_facts import ID_COLUMNS, call_facts
 from spanrl.algorithms.credit import (CreditConfig, CreditResult, MissingValueError, aggregation_conflict,
                                      assign_credit)
 from spanrl.algorithms.gigpo import anchor_states
+from spanrl.algorithms.presets import check_credit
 from spanrl.algorithms.retokenize import retokenize
 from spanrl.algorithms.tables import TRANSITIONS_SCHEMA, pad_transitions
 from spanrl.errors import ConfigError
@@ -440,6 +441,7 @@ def load_training_batch(store: Any, algorithm: Any, *, credit: CreditConfig | No
 
     credit = credit or CreditConfig()
     algo_cfg = getattr(algorithm, "config", None)
+    check_credit(algo_cfg, credit)
     temperature = getattr(algo_cfg, "temperature", None)
     common: dict[str, Any] = dict(selection, tokenizer=getattr(algorithm, "tokenizer", None),
                                   temperature=temperature if isinstance(temperature, (int, float)) else None)
