@@ -3,7 +3,9 @@
 audit's) and the messages it was sent. Read from the store by span id, apart from the decomposer:
 only GiGPO's step groups and the audit need them.
 
-A call's span is its agent's client span and the policy server's span (either may be missing). The state
+A call's span is its agent's client span and the policy server's span (either may be missing). A label
+may also sit on any other span of the rollout that names the call by ``gen_ai.response.id`` (the agent
+knows whether a reply was good only after the call's span has ended). The state
 a tool span carries is the state its result left the agent in: it is the state of the first call that
 started after the tool span ended, when that call started after the previous call of the rollout.
 """
@@ -21,7 +23,7 @@ from spanrl.errors import StoreError
 
 __all__ = ["ID_COLUMNS", "CallFacts", "call_facts"]
 
-ID_COLUMNS = ("client_trace_id", "client_span_id", "server_trace_id", "server_span_id")
+ID_COLUMNS = ("client_trace_id", "client_span_id", "server_trace_id", "server_span_id", "response_id")
 """The decomposer's call columns `call_facts` needs, besides ``rollout_id`` and ``step``."""
 
 _SPANS_SQL = f"""
@@ -32,6 +34,13 @@ SELECT w.row, min(s.start_ns) AS start_ns,
        max(s.attributes ->> '$."{sc.GEN_AI_INPUT_MESSAGES}"') AS input_messages
 FROM wanted w JOIN spans s ON s.trace_id = w.trace_id AND s.span_id = w.span_id
 GROUP BY w.row
+"""
+_LABELS_SQL = f"""
+SELECT rollout_id, response_id, max(attributes ->> '$."{sc.LABEL_GOOD}"') AS label
+FROM rollout_spans(0)
+WHERE list_contains($rollouts, rollout_id) AND list_contains($responses, response_id)
+  AND attributes ->> '$."{sc.LABEL_GOOD}"' IS NOT NULL
+GROUP BY rollout_id, response_id
 """
 _TOOL_STATES_SQL = f"""
 SELECT rollout_id, end_ns, attributes ->> '$."{sc.STATE_ID}"' AS state_id
@@ -69,8 +78,9 @@ def _label(text: str | None) -> bool | None:
     return {"true": True, "false": False}.get(str(text).lower()) if text is not None else None
 
 
-def call_facts(store: Any, calls: pa.Table) -> CallFacts:
-    """The facts of ``calls`` (columns ``rollout_id``, ``step`` and `ID_COLUMNS`, as ``decompose`` gives them)."""
+def call_facts(store: Any, calls: pa.Table, *, tool_states: bool = True) -> CallFacts:
+    """The facts of ``calls`` (columns ``rollout_id``, ``step`` and `ID_COLUMNS`, as ``decompose`` gives them);
+    ``tool_states`` False: states from the calls' own spans only (labels alone need no tool spans)."""
     n = calls.num_rows
     cols = {c: calls.column(c).to_pylist() for c in ("rollout_id", "step", *ID_COLUMNS)}
     traces, spans, rows = [], [], []
@@ -92,8 +102,22 @@ def call_facts(store: Any, calls: pa.Table) -> CallFacts:
         first = client.get("start_ns") if client.get("start_ns") is not None else server.get("start_ns")
         if first is not None:
             start[i] = first
-    _tool_states(store, cols["rollout_id"], cols["step"], start, state)
+    _labels_by_response(store, cols["rollout_id"], cols["response_id"], label)
+    if tool_states:
+        _tool_states(store, cols["rollout_id"], cols["step"], start, state)
     return CallFacts(state, label, messages)
+
+
+def _labels_by_response(store: Any, rollout: list[str], response: list[str | None],
+                        label: list[bool | None]) -> None:
+    """Fill ``label`` of the calls without one from a span of the same rollout naming the call's response id."""
+    todo = [i for i, lab in enumerate(label) if lab is None and response[i] is not None]
+    if not todo:
+        return
+    params = {"rollouts": sorted({rollout[i] for i in todo}), "responses": sorted({response[i] for i in todo})}
+    found = {(r["rollout_id"], r["response_id"]): r["label"] for r in _sql(store, _LABELS_SQL, params).to_pylist()}
+    for i in todo:
+        label[i] = _label(found.get((rollout[i], response[i])))
 
 
 def _tool_states(store: Any, rollout: list[str], step: list[int], start: np.ndarray, state: list[str | None]) -> None:

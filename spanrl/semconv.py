@@ -101,7 +101,8 @@ GEN_AI_EVALUATION_EXPLANATION = "gen_ai.evaluation.explanation"
 # span whose result the next call observes. Any string; equal strings are the same state.
 STATE_ID = "spanrl.state.id"
 # Ground truth for a credit audit (`spanrl credit audit`): was this call a good decision? A boolean on the
-# LLM call's span. Diagnostics only: never read as a reward.
+# LLM call's span, or on any span of the rollout with the call's gen_ai.response.id. Diagnostics only:
+# never read as a reward.
 LABEL_GOOD = "spanrl.label.good"
 
 # --- Observations ---------------------------------------------------------------------------------
