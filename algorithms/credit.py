@@ -48,8 +48,8 @@ one adds 0). The episode term is the mode's. Identical rollouts still get zero a
 
 ``trajectory_aggregation`` (read by ``load_transitions``): merge the calls of a multi-turn
 conversation into one sample (the seed design's ``LightningRL(trajectory_aggregation=True)``). A merged
-sample has one advantage, so it is refused with a mode whose advantage varies by call (``step``, ``gae``,
-``discounted`` with ``gamma < 1``, ``step_group_weight > 0``): `aggregation_conflict` names the fields.
+sample keeps each call's advantage on that call's tokens (``Transition.token_advantages``); with ``gae``
+(PPO's per-call value targets) it is refused (`aggregation_conflict`).
 
 Bad data is handled by the config and counted, never dropped silently: a rollout without a reward is
 skipped or scored 0 (``missing_reward``); a NaN reward skips its rollout or counts as 0 (``nan_reward``).

@@ -92,20 +92,15 @@ class CreditConfig:
 def aggregation_conflict(config: CreditConfig) -> str | None:
     """Why merging a conversation's calls into one sample would lose ``config``'s per-call credit, or None.
 
-    A merged sample has one advantage for all its calls' tokens: right only when every call of a rollout
-    gets the same one (``identical``, ``discounted`` with ``gamma`` 1, no step-group term)."""
-    varying = []
-    if config.mode in ("step", "gae"):
-        varying.append(f"mode={config.mode!r}")
-    elif config.mode == "discounted" and config.gamma < 1:
-        varying.append(f"mode='discounted' with gamma={config.gamma!r}")
-    if config.step_group_weight:
-        varying.append(f"step_group_weight={config.step_group_weight!r}")
-    if not varying:
+    A merged sample carries each call's advantage on that call's tokens (``Transition.token_advantages``),
+    which GRPO's loss reads. PPO's ``gae`` also needs each call's value target, and a merged sample has
+    one: that combination is refused."""
+    if config.mode != "gae":
         return None
-    return (f"trajectory_aggregation (or aggregate=True) merges a conversation's calls into one sample with one "
-            f"advantage, but {' and '.join(varying)} gives each call its own: turn aggregation off (--no-aggregate) "
-            f"or use mode 'identical' (or 'discounted' with gamma 1) and step_group_weight 0")
+    return ("trajectory_aggregation (or aggregate=True) merges a conversation's calls into one sample with one "
+            "value target, but mode='gae' (PPO's critic) gives each call its own: turn aggregation off "
+            "(--no-aggregate)")
+
 
 def default_config() -> CreditConfig:
     """A new `CreditConfig` with the defaults: identical rewards, GRPO over rollouts, std scaling."""

@@ -13,7 +13,7 @@ What TRL sees per micro-batch (B rows, P prompt and C completion positions)::
     prompt_ids, prompt_mask           (B, P) left-padded
     completion_ids, completion_mask   (B, C) right-padded (attention)
     tool_mask                         (B, C) 0 on tool output / template glue (masks: long, from bool)
-    advantages                        (B,)   from spanrl's credit assignment
+    advantages                        (B,)   from spanrl's credit assignment; (B, C) for merged calls of their own
     old_per_token_logps               (B, C) the policy server's sampling log-probs: a real ratio
     ref_per_token_logps               (B, C) only when beta > 0
     num_items_in_batch                 token count that the dapo/cispo losses normalise by
@@ -304,7 +304,7 @@ class GRPO(Algorithm):
                 # Many processes: the divisor is the loss-token count of every rank's mini-batch together.
                 (tokens,) = self._sum_over_ranks([float(data.loss_mask[rows].sum())])
                 if inert:  # the divisor above still counts them: the gradient is unchanged
-                    kept = rows[data.advantages[rows] != 0]
+                    kept = rows[data.rows_with_advantage()[rows]]
                     stats["skipped"][0] += len(rows) - len(kept)
                     rows = kept
                 n_micro = max(1, math.ceil(len(rows) / micro))
@@ -358,7 +358,7 @@ class GRPO(Algorithm):
             # glue inside an aggregated sample must stay attended, so they go in tool_mask (TRL multiplies).
             "completion_mask": long(part.completion_mask[:, :c_keep]),
             "tool_mask": long(part.loss_mask[:, :c_keep]),
-            "advantages": part.advantages.to(device),
+            "advantages": part.loss_advantages(c_keep).to(device),
             "old_per_token_logps": part.old_logprobs[:, :c_keep].to(device),
             # dapo/cispo/vespo divide by num_items_in_batch / num_processes * accumulation_steps /
             # steps_per_generation(=1): this makes each rank's divisor (global mini-batch tokens) / world, and

@@ -22,7 +22,7 @@ and the decomposer's ``rewards``, ``duplicate_spans`` (extra copies of call and 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
@@ -59,8 +59,9 @@ class Transition:
     a merged sample with such a call): the trainer recomputes them with the current policy. ``reward``
     is the call's return before the baseline (``identical``: the episode reward); ``advantage`` is what
     the policy gradient uses. A merged sample takes the
-    step, reward, advantage and policy version of its first call: every call of a rollout has the same
-    advantage there (aggregation with a per-call mode is refused, ``credit.aggregation_conflict``).
+    step, reward, advantage and policy version of its first call; when its calls' advantages differ
+    (``discounted``, ``step``, GiGPO's term), ``token_advantages`` gives each completion token its own
+    call's advantage (0 on glue), which GRPO feeds to TRL's loss as (B, C); empty otherwise.
     ``temperature`` is the one the policy
     server's log-probs were computed at (``spanrl.llm.logprobs_temperature``; None: not recorded).
     """
@@ -79,6 +80,7 @@ class Transition:
     policy_version: int | None
     retokenized: bool
     temperature: float | None = None
+    token_advantages: list[float] = field(default_factory=list)
 
 
 class TransitionBatch:
@@ -159,6 +161,10 @@ def _aggregate(rows: list[dict[str, Any]], report: dict[str, int]) -> list[dict[
             if reason is None:
                 history = len(prev["prompt_ids"]) + len(prev["completion_ids"])
                 glue = row["prompt_ids"][history:]
+                if prev["token_advantages"] or row["advantage"] != prev["advantage"]:  # each call's own
+                    before = prev["token_advantages"] or [prev["advantage"]] * len(prev["completion_ids"])
+                    prev["token_advantages"] = (before + [0.0] * len(glue)
+                                                + [row["advantage"]] * len(row["completion_ids"]))
                 prev["completion_ids"] = prev["completion_ids"] + glue + row["completion_ids"]
                 prev["completion_mask"] = prev["completion_mask"] + [0] * len(glue) + row["completion_mask"]
                 known = bool(prev["old_logprobs"]) and bool(row["old_logprobs"])
@@ -413,6 +419,8 @@ def _fast_table(calls: pa.Table, returns: np.ndarray, advantages: np.ndarray) ->
             "policy_version": calls.column("policy_version"),
             "retokenized": pa.array(np.zeros(calls.num_rows, dtype=bool)),
             "temperature": calls.column("temperature"),
+            "token_advantages": pa.ListArray.from_arrays(pa.array(np.zeros(calls.num_rows + 1, np.int32)),
+                                                         pa.array([], pa.float32())),
         },
         schema=TRANSITIONS_SCHEMA,
     )
@@ -421,6 +429,7 @@ def _fast_table(calls: pa.Table, returns: np.ndarray, advantages: np.ndarray) ->
 def _row_out(row: dict[str, Any], ret: float, adv: float) -> dict[str, Any]:
     out = {f.name: row.get(f.name) for f in fields(Transition)}
     out["completion_mask"] = [1] * len(row["completion_ids"])
+    out["token_advantages"] = []
     out["reward"], out["advantage"] = ret, adv
     return out
 

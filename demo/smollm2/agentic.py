@@ -48,10 +48,9 @@ class AgenticConfig:
     ``step_group_weight`` 1, its step return discounted by ``gamma``)."""
     gamma: float = 0.9
     """Discount per call of ``discounted``, ``step`` and ``gigpo`` (at 1, ``discounted`` is ``identical``)."""
-    aggregate: bool | None = None
+    aggregate: bool = True
     """Merge each episode's calls into one sample (``trajectory_aggregation``; the tool result masked): half
-    the update's tokens. A merged sample has one advantage, so only ``identical`` may merge (the credit
-    refuses the rest); None: merge with ``identical``, one sample per call otherwise."""
+    the update's tokens. Each call keeps its own advantage on its tokens (``Transition.token_advantages``)."""
     temperature: float = 1.0
     """Sampling temperature of the training rollouts (held-out evaluations are greedy)."""
     n_train: int = 200
@@ -86,7 +85,7 @@ class AgenticConfig:
                 raise ConfigError(f"{name} must be an integer >= 0, got {getattr(self, name)!r}")
         if not self.learning_rate > 0:
             raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate!r}")
-        _credit(self.credit, self.aggregate, self.gamma).validate()  # e.g. --aggregate with step: refused now
+        _credit(self.credit, self.aggregate, self.gamma).validate()  # a bad gamma fails now, not after setup
         if self.val_tasks:
             load_tasks(self.val_tasks)  # a bad file fails now, not after setup
         return self
@@ -113,10 +112,9 @@ async def agent(task: dict[str, Any], llm: Any) -> float:
     return 0.0  # still calling tools after MAX_CALLS: no answer
 
 
-def _credit(mode: str, aggregate: bool | None, gamma: float) -> Any:
+def _credit(mode: str, merge: bool, gamma: float) -> Any:
     from spanrl.algorithms.credit import CreditConfig
 
-    merge = mode == "identical" if aggregate is None else aggregate
     if mode == "gigpo":  # the paper's: the undiscounted episode term plus the discounted step term
         return CreditConfig(mode="identical", step_group_weight=1.0, step_gamma=gamma, trajectory_aggregation=merge)
     return CreditConfig(mode=mode, gamma=gamma if mode != "identical" else 1.0, trajectory_aggregation=merge)

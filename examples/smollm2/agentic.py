@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--credit", choices=CREDIT_MODES, default=d.credit)
     parser.add_argument("--gamma", type=float, default=d.gamma, help="discount per call (discounted, step, gigpo)")
     parser.add_argument("--aggregate", action=argparse.BooleanOptionalAction, default=d.aggregate,
-                        help="one sample per episode (trajectory_aggregation; identical only); --no-aggregate: one "
-                             "per call; default: merge with identical credit only")
+                        help="one sample per episode (trajectory_aggregation; each call keeps its own advantage on "
+                             "its tokens); --no-aggregate: one sample per call")
     parser.add_argument("--temperature", type=float, default=d.temperature)
     parser.add_argument("--val", type=int, default=d.n_val, help="generated held-out tasks")
     parser.add_argument("--val-tasks", default=None,

@@ -1,6 +1,6 @@
 """Issue 52's rules for every mode, on arrays worked out by hand: identical rewards give zero advantage at
-unequal lengths, one episode-reward rule (``episode_reward``), and aggregation refused where it would
-lose per-call credit."""
+unequal lengths, one episode-reward rule (``episode_reward``), and aggregation refused only where it would
+lose per-call credit (gae)."""
 
 from __future__ import annotations
 
@@ -90,22 +90,16 @@ def test_default_episode_reward_keeps_the_last_reward() -> None:
         CreditConfig(episode_reward="mean").validate()
 
 
-@pytest.mark.parametrize(("fields", "named"), [
-    ({"mode": "step"}, "mode='step'"),
-    ({"mode": "discounted", "gamma": 0.9}, "mode='discounted' with gamma=0.9"),
-    ({"step_group_weight": 1.0}, "step_group_weight=1.0"),
-])
-def test_aggregation_with_per_call_credit_is_refused(fields: dict, named: str) -> None:
-    message = rf"^trajectory_aggregation \(or aggregate=True\) merges .* but {named} gives"
+@pytest.mark.parametrize("fields", [{"mode": "step"}, {"mode": "discounted", "gamma": 0.9}, {"step_group_weight": 1.0},
+                                    {}])
+def test_aggregation_keeps_per_call_credit_so_every_mode_but_gae_may_merge(fields: dict) -> None:
+    CreditConfig(trajectory_aggregation=True, **fields).validate()  # token_advantages: test_token_advantages.py
+
+
+def test_aggregation_with_gae_is_refused(collector: Any) -> None:
+    message = (r"^trajectory_aggregation \(or aggregate=True\) merges a conversation's calls into one sample with one "
+               r"value target, but mode='gae' \(PPO's critic\) gives each call its own: turn aggregation off")
     with pytest.raises(ConfigError, match=message):
-        CreditConfig(trajectory_aggregation=True, **fields).validate()
-
-
-def test_aggregation_with_one_advantage_per_rollout_is_allowed() -> None:
-    CreditConfig(trajectory_aggregation=True).validate()
-    CreditConfig(trajectory_aggregation=True, mode="discounted", gamma=1.0).validate()
-
-
-def test_load_transitions_refuses_aggregate_with_step_credit(collector: Any) -> None:
-    with pytest.raises(ConfigError, match=r"merges a conversation's calls .* but mode='step' gives each call its own"):
-        load_transitions(collector.store, credit=CreditConfig(mode="step"), aggregate=True)
+        CreditConfig(mode="gae", baseline="none", trajectory_aggregation=True).validate()
+    with pytest.raises(ConfigError, match=message):
+        load_transitions(collector.store, credit=CreditConfig(mode="gae", baseline="none"), aggregate=True)

@@ -153,9 +153,9 @@ def test_trajectory_aggregation_with_ppo_is_refused(collector: Any, model_path: 
     r.reward(root, 90, 1.0)
     deliver(collector, rec.spans())
 
-    # GAE gives each call its own advantage; a merged sample has one, so the combination is refused (it took
-    # the first call's advantage for both calls' tokens before)
-    with pytest.raises(ConfigError, match=r"^trajectory_aggregation .* but mode='gae' gives each call its own"):
+    # GAE gives each call its own advantage and value target; a merged sample has one value target, so the
+    # combination is refused (it took the first call's advantage for both calls' tokens before)
+    with pytest.raises(ConfigError, match=r"^trajectory_aggregation .* but mode='gae' \(PPO's critic\) gives each"):
         load_training_batch(collector.store, ppo, credit=LightningRL(trajectory_aggregation=True, baseline="none"))
     apart = load_training_batch(collector.store, ppo, credit=LightningRL(baseline="none"))
     assert len(apart) == 2 and len({t.advantage for t in apart.transitions}) == 2
