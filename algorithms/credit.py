@@ -386,8 +386,10 @@ def _step_baseline(
         s = std[g, call_step]
         scalable = np.isfinite(s) & (s >= config.eps)
         adv = np.where(scalable, adv / (np.where(scalable, s, 1.0) + config.eps), adv)
-        unscaled = ~(np.isfinite(std) & (std >= config.eps)) & (count > 0)  # (G, T_max), steps reached
-        report["unscaled_groups"] = int(unscaled.any(axis=1).sum())
+        # a group alone, or with a step two of its rollouts reached at a std below eps (a step one rollout
+        # reached alone compares it with no one: nothing to scale)
+        unscaled = (~(np.isfinite(std) & (std >= config.eps)) & (count > 1)).any(axis=1) | (rollouts == 1)
+        report["unscaled_groups"] = int(unscaled.sum())
     return adv
 
 

@@ -103,3 +103,10 @@ def test_aggregation_with_gae_is_refused(collector: Any) -> None:
         CreditConfig(mode="gae", baseline="none", trajectory_aggregation=True).validate()
     with pytest.raises(ConfigError, match=message):
         load_transitions(collector.store, credit=CreditConfig(mode="gae", baseline="none"), aggregate=True)
+
+
+def test_a_step_one_rollout_reached_alone_is_not_an_unscaled_group() -> None:
+    # STEPS: step 2 is C's alone (compared with no one); steps 0 and 1 have stds 0.5 and sqrt(0.5)
+    assert credit(CreditConfig(mode="step", gamma=0.5), **STEPS).report["unscaled_groups"] == 0
+    # all rewarded 1 (gamma 1): every step two rollouts reached has std 0
+    assert credit(CreditConfig(mode="step"), **UNEQUAL).report["unscaled_groups"] == 1
