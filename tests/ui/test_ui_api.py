@@ -174,3 +174,27 @@ def test_a_store_that_cannot_be_reached_is_a_503_and_a_wrong_query_a_400(tmp_pat
     finally:
         server.stop()
         collector.shutdown()  # safe twice
+
+
+def test_the_credit_table_shows_each_calls_label_beside_its_advantage(collector, ui):
+    import importlib.util
+
+    name = "spanrl_tests_decomposer_helpers"  # the span-tree helpers of the decomposer tests, loaded by path
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).resolve().parents[1] / "store" / "test_decomposer.py")
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    h = sys.modules[name]
+    rec = h.Recorder()
+    for rid, first, reward in (("good", True, 1.0), ("bad", False, 0.0)):
+        r = h.Rollout(rec, rid, task_id="t1")
+        root = r.root(0, 100)
+        r.call(root, 10, [1, 2], [5], attributes={sc.LABEL_GOOD: first})
+        r.call(root, 30, [1, 2, 5, 9], [7])  # unlabelled
+        r.reward(root, 90, reward)
+    h.deliver(collector, rec.spans())
+    status, credit = _get(ui.url, "/api/credit?id=bad")
+    assert status == 200
+    assert [(t["step"], t["label"], round(t["advantage"], 3)) for t in credit["transitions"]] == [
+        (0, False, -0.707), (1, None, -0.707)]  # R - 0.5 over the std of [1, 0] (sqrt 0.5)
