@@ -49,6 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.set_defaults(func=_export_transitions)
     needs_extra(t, "collector")
     _register_model(sub)
+    from spanrl.algorithms._credit_cli import register as register_credit
+
+    register_credit(subparsers)  # spanrl credit audit
 
 
 def _register_model(sub: argparse._SubParsersAction) -> None:

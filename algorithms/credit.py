@@ -2,7 +2,11 @@
 
 Returns ``G`` per call (``mode``), then a baseline over the rollouts of the same task (``baseline``):
 
-- ``identical``: ``G_t = R``, the episode reward (last reward of the rollout by time) on every call, as
+The rewards a rollout's credit reads follow one rule in every mode (``episode_reward``): ``last``, the
+last reward of the rollout by time (the default), or ``sum``, every reward of the rollout. Under ``last``
+the other rewards are dropped before any mode reads them, so the arms of an ablation optimise one objective.
+
+- ``identical``: ``G_t = R``, the episode reward (the last reward, or the sum) on every call, as
   in the LightningRL paper (Agent Lightning, arXiv 2508.03680, section 3.2).
 - ``discounted``: ``G_t = gamma ** (T - 1 - t) * R``: the episode reward discounted by the number of
   calls that still followed (``T`` calls in the rollout, ``t`` the call's step).
@@ -14,7 +18,8 @@ Returns ``G`` per call (``mode``), then a baseline over the rollouts of the same
   ``A_j = delta_j + gamma * lam * A_{j+1}``, ``G_j = A_j + V_j``. The critic is the baseline.
 
 Baselines (groups: rollouts of the same ``task_id``), chosen so that rollouts with identical rewards
-in one group get zero advantage at every step, in every mode (formulas: docs/credit.md):
+in one group get zero advantage at every step, in every mode, whatever their lengths (``step`` with
+``gamma < 1``: see below; formulas: docs/credit.md):
 
 - ``grpo``: subtract the group mean (Shao et al. 2024, arXiv 2402.03300), divide by the group's standard
   deviation (ddof 1, as TRL) when ``scale_std``. A group whose std is below ``eps`` is not scaled.
@@ -26,19 +31,25 @@ in one group get zero advantage at every step, in every mode (formulas: docs/cre
 
 What the baseline compares, per mode: ``identical`` and ``discounted`` compare episode rewards ``R``
 (``discounted`` then scales each call's advantage by ``gamma ** (T - 1 - t)``); ``step`` compares the
-returns-to-go of the group's rollouts at the same step ``t`` (0 after a rollout's last call).
+returns-to-go of the group's rollouts that reached step ``t`` (made more than ``t`` calls): a call at a
+step no other kept rollout of its group reached is compared with no one and gets 0, never a comparison
+with the zero padding of rollouts that had ended. With ``gamma < 1`` rollouts that earn the same reward in different
+numbers of calls are not alike: the shorter one's calls have the higher returns-to-go (what discounting is for).
 ``per_rollout`` (default): group statistics take one value per rollout, so a rollout with more calls
 does not weigh more. ``per_rollout=False`` takes one value per call, as Agent Lightning 0.3 does (longer
 rollouts weigh more; RLOO then leaves out all calls of the same rollout); in ``step`` mode each step's
 statistics already take one value per rollout, so it changes nothing there.
 
 ``step_group_weight`` (``omega``, GiGPO's state-grouped advantage, Feng et al. 2025, arXiv 2505.10978):
-within a task group, the kept calls whose prompts are the same token ids (an "anchor state") form a step
-group; each call adds ``omega * (G_t - mean_sg G) / std_sg G``, its return against the step group's, to
-its advantage (a step group of one adds 0). Identical rollouts still get zero at every step.
+``algorithms/gigpo.py``. Within a task group, the kept calls that observed the same environment state (an
+"anchor state") form a step group; each call adds ``omega * (G^s_t - mean_sg G^s) / std_sg G^s`` to its
+advantage, ``G^s_t = sum_{k >= t} step_gamma ** (k - t) * r_k`` its discounted step return (a step group of
+one adds 0). The episode term is the mode's. Identical rollouts still get zero at every step.
 
 ``trajectory_aggregation`` (read by ``load_transitions``): merge the calls of a multi-turn
-conversation into one sample (the seed design's ``LightningRL(trajectory_aggregation=True)``).
+conversation into one sample (the seed design's ``LightningRL(trajectory_aggregation=True)``). A merged
+sample keeps each call's advantage on that call's tokens (``Transition.token_advantages``); with ``gae``
+(PPO's per-call value targets) it is refused (`aggregation_conflict`).
 
 Bad data is handled by the config and counted, never dropped silently: a rollout without a reward is
 skipped or scored 0 (``missing_reward``); a NaN reward skips its rollout or counts as 0 (``nan_reward``).
@@ -47,82 +58,18 @@ skipped or scored 0 (``missing_reward``); a NaN reward skips its rollout or coun
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+
 
 import numpy as np
 
 from spanrl.algorithms.baseline import RunningBaseline, running_advantages
+from spanrl.algorithms.credit_config import CreditConfig, LightningRL, aggregation_conflict, default_config
+from spanrl.algorithms.gigpo import group_stats as _group_stats
+from spanrl.algorithms.gigpo import state_ids, step_group_advantage
 from spanrl.errors import ConfigError
 
-__all__ = ["CreditConfig", "CreditResult", "MissingValueError", "assign_credit", "default_config", "state_ids"]
-
-CreditMode = Literal["identical", "discounted", "step", "gae"]
-Baseline = Literal["grpo", "rloo", "none", "running"]
-_MODES = ("identical", "discounted", "step", "gae")
-_BASELINES = ("grpo", "rloo", "none", "running")
-_MISSING_POLICIES = ("skip", "zero")
-
-
-@dataclass
-class CreditConfig:
-    """How rewards become advantages. ``default_config()`` gives the LightningRL defaults."""
-
-    mode: CreditMode = "identical"
-    """identical | discounted | step | gae (see the module docstring)."""
-    gamma: float = 1.0
-    """Discount per call, in [0, 1] (discounted, step, gae)."""
-    lam: float = 0.95
-    """GAE lambda, in [0, 1] (gae only)."""
-    baseline: Baseline = "grpo"
-    """grpo | rloo | none: what is subtracted from the return, per task group."""
-    scale_std: bool = True
-    """Divide by the group std (grpo, rloo), or whiten the batch (none)."""
-    per_rollout: bool = True
-    """Group statistics over one value per rollout (True) or one per call (False, Agent Lightning)."""
-    reward_name: str | None = None
-    """Only rewards of this name (``spanrl.reward.name`` / ``gen_ai.evaluation.name``); None: every reward."""
-    missing_reward: Literal["skip", "zero"] = "skip"
-    """A rollout without a reward: skip its calls, or score it 0."""
-    nan_reward: Literal["skip", "zero"] = "skip"
-    """A NaN reward: skip its whole rollout, or count the reward as 0."""
-    eps: float = 1e-6
-    """Added to the std before dividing; a std below it is not divided by."""
-    step_group_weight: float = 0.0
-    """GiGPO's omega: weight of the step-group (same-prompt) advantage added to each call's; 0: off."""
-    trajectory_aggregation: bool = False
-    """Merge consecutive calls of one conversation into one sample (``load_transitions(aggregate=True)``)."""
-
-    def validate(self) -> None:
-        """Raise `ConfigError` naming the first bad field, its value and what is allowed."""
-        if self.mode not in _MODES:
-            raise ConfigError(f"mode must be one of {', '.join(_MODES)}; got {self.mode!r}")
-        if self.baseline not in _BASELINES:
-            raise ConfigError(f"baseline must be one of {', '.join(_BASELINES)}; got {self.baseline!r}")
-        for name in ("gamma", "lam"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                raise ConfigError(f"{name} must be a number in [0, 1], got {value!r}")
-        if self.mode == "gae" and self.baseline != "none":
-            raise ConfigError(
-                f"baseline must be 'none' when mode is 'gae' (the critic is the baseline), got {self.baseline!r}"
-            )
-        for name in ("missing_reward", "nan_reward"):
-            value = getattr(self, name)
-            if value not in _MISSING_POLICIES:
-                raise ConfigError(f"{name} must be 'skip' or 'zero', got {value!r}")
-        for name in ("scale_std", "per_rollout", "trajectory_aggregation"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be a boolean, got {getattr(self, name)!r}")
-        if self.reward_name is not None and not isinstance(self.reward_name, str):
-            raise ConfigError(f"reward_name must be a string or None, got {self.reward_name!r}")
-        w = self.step_group_weight
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= w < float("inf"):
-            raise ConfigError(f"step_group_weight must be a finite number >= 0, got {w!r}")
-        if w and self.mode == "gae":
-            raise ConfigError("step_group_weight must be 0 when mode is 'gae' (the critic is the baseline)")
-        if not isinstance(self.eps, (int, float)) or not self.eps > 0:
-            raise ConfigError(f"eps must be a positive number, got {self.eps!r}")
-
+__all__ = ["CreditConfig", "CreditResult", "LightningRL", "MissingValueError", "aggregation_conflict",
+           "assign_credit", "default_config", "state_ids"]
 
 class MissingValueError(ConfigError):
     """``gae`` got no finite critic value for a call of a rollout it keeps (``call``: the call's index)."""
@@ -130,11 +77,6 @@ class MissingValueError(ConfigError):
     def __init__(self, call: int, value: float) -> None:
         super().__init__(f"values must be finite for every call of a kept rollout; call {call} has {value!r}")
         self.call = call
-
-
-def default_config() -> CreditConfig:
-    """A new `CreditConfig` with the defaults: identical rewards, GRPO over rollouts, std scaling."""
-    return CreditConfig()
 
 
 @dataclass
@@ -168,8 +110,10 @@ def assign_credit(
     """Returns and advantages for the calls of a batch of rollouts. Rollouts are ``0..R-1``: ``rollout_calls[i]``
     calls (all agents, before any selection), task group ``rollout_group[i]``. Calls: rollout and ``step`` (0-based).
     Rewards: rollout, step of the last call before them (-1: none), value, time, name; the episode reward is the
-    last by ``reward_time_ns`` (any sort key: load_transitions passes the ingest order). ``values`` (gae): one per
-    call. ``call_state`` (``step_group_weight``): per call, its prompt's id (``state_ids``). ``running``
+    last by ``reward_time_ns`` (any sort key: load_transitions passes the ingest order) or the sum
+    (``episode_reward``). ``values`` (gae): one per
+    call. ``call_state`` (``step_group_weight``): per call, the id of the state it observed
+    (``gigpo.anchor_states``). ``running``
     (baseline ``running``): the running baseline and each group's task id."""
     config.validate()
     call_rollout = np.asarray(call_rollout, dtype=np.int64)
@@ -195,10 +139,7 @@ def assign_credit(
     elif config.mode == "discounted":
         returns = episode[call_rollout] * _discount(config, rollout_calls, call_rollout, call_step)
     elif config.mode == "step":
-        dense = np.zeros(offsets[-1])
-        ok = r_step >= 0
-        np.add.at(dense, offsets[r_roll[ok]] + r_step[ok], r_val[ok])
-        to_go = _discounted_cumsum(dense, offsets, config.gamma)
+        to_go = _returns_to_go(r_roll, r_step, r_val, offsets, config.gamma)
         returns = to_go[call_pos]
     else:
         returns, advantages = _gae(config, call_rollout, call_step, call_keep, r_roll, r_step, r_val, values)
@@ -223,7 +164,9 @@ def assign_credit(
     if config.step_group_weight:
         if call_state is None or len(call_state) != len(call_rollout):
             raise ConfigError("call_state must give one state per call when step_group_weight > 0")
-        step_adv = _step_group_advantage(config, returns, call_keep, rollout_group[call_rollout], call_state, report)
+        step_returns = _returns_to_go(r_roll, r_step, r_val, offsets, config.step_gamma)[call_pos]
+        step_adv = step_group_advantage(config, step_returns, call_keep, rollout_group[call_rollout], call_state,
+                                        report)
         advantages = advantages + config.step_group_weight * step_adv
     advantages = np.where(call_keep, advantages, np.nan)
     return CreditResult(returns=returns, advantages=advantages, keep=keep, episode_reward=episode, report=report)
@@ -240,7 +183,8 @@ def _rewards(
     report: dict[str, int],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Rewards of the chosen name under the NaN and missing-reward policies: which rollouts are kept,
-    each one's episode reward (the last by time), and the kept rewards' rollout, step and value."""
+    each one's episode reward, and the kept rewards' rollout, step and value (``episode_reward`` ``last``:
+    only each rollout's last reward by time; ``sum``: all of them)."""
     r_roll = np.asarray(reward_rollout, dtype=np.int64)
     r_step = np.asarray(reward_step, dtype=np.int64)
     r_val = np.asarray(reward_value, dtype=np.float64).copy()
@@ -263,7 +207,12 @@ def _rewards(
     if len(r_roll):
         order = np.lexsort((r_time, r_roll))
         last = order[np.r_[r_roll[order][1:] != r_roll[order][:-1], True]]
-        episode[r_roll[last]] = r_val[last]
+        if config.episode_reward == "last":
+            r_roll, r_step, r_val = r_roll[last], r_step[last], r_val[last]
+            episode[r_roll] = r_val
+        else:
+            episode[r_roll[last]] = 0.0
+            np.add.at(episode, r_roll, r_val)
     no_reward = ~has_reward & keep
     if config.missing_reward == "zero":
         episode[no_reward] = 0.0
@@ -280,6 +229,16 @@ def _discount(config: CreditConfig, rollout_calls: np.ndarray, call_rollout: np.
               call_step: np.ndarray) -> np.ndarray:
     """``gamma ** (T - 1 - t)`` per call: the number of calls of its rollout that still followed."""
     return config.gamma ** (rollout_calls[call_rollout] - 1 - call_step).astype(np.float64)
+
+
+def _returns_to_go(r_roll: np.ndarray, r_step: np.ndarray, r_val: np.ndarray, offsets: np.ndarray,
+                    gamma: float) -> np.ndarray:
+    """Per call position: ``sum_{k >= t} gamma ** (k - t) * r_k`` within its rollout (rewards before the first
+    call credit none)."""
+    dense = np.zeros(offsets[-1])
+    ok = r_step >= 0
+    np.add.at(dense, offsets[r_roll[ok]] + r_step[ok], r_val[ok])
+    return _discounted_cumsum(dense, offsets, gamma)
 
 
 def _discounted_cumsum(dense: np.ndarray, offsets: np.ndarray, gamma: float) -> np.ndarray:
@@ -332,16 +291,6 @@ def _gae(
         adv[idx] = delta + (0.0 if last else config.gamma * config.lam * next_adv)
         next_adv, next_value, next_step, prev_roll = adv[idx], values[idx], step, roll
     return adv + values, adv
-
-
-def _group_stats(values: np.ndarray, groups: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Count, mean and std (ddof 1; NaN for a group of one) of ``values`` per group."""
-    count = np.bincount(groups, minlength=n_groups).astype(np.float64)
-    total = np.bincount(groups, weights=values, minlength=n_groups)
-    mean = np.divide(total, count, out=np.zeros(n_groups), where=count > 0)
-    sq = np.bincount(groups, weights=(values - mean[groups]) ** 2, minlength=n_groups)
-    std = np.sqrt(np.divide(sq, count - 1, out=np.full(n_groups, np.nan), where=count > 1))
-    return count, total, std
 
 
 def _baseline(
@@ -404,7 +353,7 @@ def _step_baseline(
     report: dict[str, int],
 ) -> np.ndarray:
     """``step`` mode: at each step ``t``, ``G_t`` against the returns-to-go of the group's kept rollouts
-    at the same step (0 after a rollout's last call), scaled by that step's group std."""
+    that reached step ``t``, scaled by their std; a call no other kept rollout of its group reached gets 0."""
     n_rollouts = len(rollout_calls)
     n_groups = int(rollout_group.max()) + 1 if n_rollouts else 0
     width = int(rollout_calls.max()) if n_rollouts else 0
@@ -413,58 +362,35 @@ def _step_baseline(
     cols = np.arange(offsets[-1]) - np.repeat(offsets[:-1], rollout_calls)
     grid[rows, cols] = to_go
     kept = np.flatnonzero(keep)
-    count = np.bincount(rollout_group[kept], minlength=n_groups).astype(np.float64)  # (G,)
+    reached = np.arange(width)[None, :] < rollout_calls[:, None]  # (R, T_max): the rollout made call t
+    kept_group = rollout_group[kept]
+    count = np.zeros((n_groups, width))  # (G, T_max) kept rollouts of the group that reached step t
+    np.add.at(count, kept_group, reached[kept].astype(np.float64))
     total = np.zeros((n_groups, width))
-    np.add.at(total, rollout_group[kept], grid[kept])
-    mean = total / np.maximum(count, 1)[:, None]  # (G, T_max)
+    np.add.at(total, kept_group, grid[kept])
+    mean = total / np.maximum(count, 1)  # (G, T_max)
     sq = np.zeros((n_groups, width))
-    np.add.at(sq, rollout_group[kept], (grid[kept] - mean[rollout_group[kept]]) ** 2)
-    std = np.sqrt(np.divide(sq, (count - 1)[:, None], out=np.full_like(sq, np.nan), where=count[:, None] > 1))
+    np.add.at(sq, kept_group, np.where(reached[kept], grid[kept] - mean[kept_group], 0.0) ** 2)
+    std = np.sqrt(np.divide(sq, count - 1, out=np.full_like(sq, np.nan), where=count > 1))
     g = rollout_group[call_rollout]
     own = grid[call_rollout, call_step]
     if config.baseline == "grpo":
         base = mean[g, call_step]
-    else:  # rloo
-        others = count[g] - 1
+    else:  # rloo: the others that reached the step; none: compared with no one (0)
+        others = count[g, call_step] - 1
         base = np.divide(total[g, call_step] - own, others, out=own.copy(), where=others > 0)
-    report["singleton_groups"] = int((count == 1).sum())
+    rollouts = np.bincount(kept_group, minlength=n_groups)
+    report["singleton_groups"] = int((rollouts == 1).sum())
     adv = own - base
     if config.scale_std:
         s = std[g, call_step]
         scalable = np.isfinite(s) & (s >= config.eps)
         adv = np.where(scalable, adv / (np.where(scalable, s, 1.0) + config.eps), adv)
-        longest = np.zeros(n_groups, dtype=np.int64)
-        np.maximum.at(longest, rollout_group[kept], rollout_calls[kept])
-        within = np.arange(width)[None, :] < longest[:, None]  # steps some rollout of the group reached
-        unscaled = ~(np.isfinite(std) & (std >= config.eps)) & within  # (G, T_max)
-        report["unscaled_groups"] = int((unscaled.any(axis=1) & (count > 0)).sum())
+        # a group alone, or with a step two of its rollouts reached at a std below eps (a step one rollout
+        # reached alone compares it with no one: nothing to scale)
+        unscaled = (~(np.isfinite(std) & (std >= config.eps)) & (count > 1)).any(axis=1) | (rollouts == 1)
+        report["unscaled_groups"] = int(unscaled.sum())
     return adv
-
-
-def state_ids(prompts: list[Any]) -> np.ndarray:
-    """One integer per prompt, equal exactly when the prompts' token ids are equal."""
-    index: dict[tuple[int, ...], int] = {}
-    return np.array([index.setdefault(tuple(p or ()), len(index)) for p in prompts], dtype=np.int64)
-
-
-def _step_group_advantage(config: CreditConfig, returns: np.ndarray, call_keep: np.ndarray, call_group: np.ndarray,
-                          call_state: np.ndarray, report: dict[str, int]) -> np.ndarray:
-    """GiGPO's step-level advantage: each kept call's return against the kept calls of its step group
-    (same task group, same state), ``(G - mean_sg) / std_sg`` (scaled as ``_baseline``); 0 alone."""
-    keyed = np.stack([np.asarray(call_group, np.int64), np.asarray(call_state, np.int64)], axis=1)
-    _, sg = np.unique(keyed, axis=0, return_inverse=True)
-    sg = sg.reshape(-1)
-    n = int(sg.max()) + 1 if len(sg) else 0
-    g = np.nan_to_num(returns)
-    count, total, std = _group_stats(g[call_keep], sg[call_keep], n)
-    mean = np.divide(total, count, out=np.zeros(n), where=count > 0)
-    adv = np.where(count[sg] > 1, g - mean[sg], 0.0)
-    if config.scale_std:
-        s = std[sg]
-        scalable = np.isfinite(s) & (s >= config.eps)
-        adv = np.where(scalable, adv / (np.where(scalable, s, 1.0) + config.eps), adv)
-    report["step_groups"] = int((count > 1).sum())
-    return np.where(call_keep, adv, 0.0)
 
 
 def _whiten(adv: np.ndarray, keep: np.ndarray, eps: float) -> np.ndarray:
@@ -473,25 +399,3 @@ def _whiten(adv: np.ndarray, keep: np.ndarray, eps: float) -> np.ndarray:
         return adv
     std = kept.std(ddof=1)
     return (adv - kept.mean()) / (std + eps) if std >= eps else adv - kept.mean()
-
-
-def LightningRL(  # noqa: N802 - a config constructor, named like Agent Lightning's algorithm
-    *,
-    mode: str = "identical",
-    baseline: str = "grpo",
-    **fields: Any,
-) -> Any:
-    """Credit assignment as Agent Lightning users know it: a :class:`~spanrl.algorithms.credit.CreditConfig`.
-
-    ``mode``: how an episode's reward reaches each LLM call (``identical``: every call gets the final
-    reward; ``discounted``, ``step``, ``gae``); ``baseline``: ``grpo`` (group mean/std by task),
-    ``rloo``, or ``none``. Other ``CreditConfig`` fields pass through by name (e.g. ``gamma``).
-    """
-    try:
-        config = CreditConfig(mode=mode, baseline=baseline, **fields)
-    except TypeError as exc:
-        raise ConfigError(f"LightningRL got an unknown field: {exc}") from None
-    validate = getattr(config, "validate", None)
-    if validate is not None:
-        validate()
-    return config

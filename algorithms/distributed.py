@@ -104,7 +104,8 @@ def inert_copy(transition: _T) -> _T:
     It pads a shard so the ranks run the same passes; it adds no gradient and no token to the loss's
     normaliser, so a padded split trains exactly like the unsplit batch (duplicates would count twice)."""
     return dataclasses.replace(  # type: ignore[type-var]
-        transition, completion_mask=[0] * len(transition.completion_mask), advantage=0.0  # type: ignore[attr-defined]
+        transition, completion_mask=[0] * len(transition.completion_mask), advantage=0.0,  # type: ignore[attr-defined]
+        token_advantages=[],
     )
 
 

@@ -13,7 +13,7 @@ What TRL sees per micro-batch (B rows, P prompt and C completion positions)::
     prompt_ids, prompt_mask           (B, P) left-padded
     completion_ids, completion_mask   (B, C) right-padded (attention)
     tool_mask                         (B, C) 0 on tool output / template glue (masks: long, from bool)
-    advantages                        (B,)   from spanrl's credit assignment
+    advantages                        (B,)   from spanrl's credit assignment; (B, C) for merged calls of their own
     old_per_token_logps               (B, C) the policy server's sampling log-probs: a real ratio
     ref_per_token_logps               (B, C) only when beta > 0
     num_items_in_batch                 token count that the dapo/cispo losses normalise by
@@ -44,6 +44,7 @@ from spanrl.algorithms.checkpoints import load_checkpoint, load_policy, save_che
 from spanrl.algorithms.tables import (PaddedBatch, check_transitions, fill_missing_logprobs, pad_transitions,
                                       transition_table)
 from spanrl.algorithms.lora import LoRAConfig
+from spanrl.algorithms.presets import apply_preset, check_loss_fields
 from spanrl.errors import ConfigError, TrainingError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -73,6 +74,8 @@ class GRPOConfig:
     """TRL's loss aggregation: grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo."""
     importance_sampling_level: str = "token"
     """``token`` (GRPO) or ``sequence`` (GSPO) importance ratios."""
+    preset: str | None = None
+    """``gspo`` or ``dr_grpo``: sets every coupled field (``algorithms/presets.py``); None: the fields as given."""
     num_iterations: int = 1
     """Passes over each batch (the ratio moves away from 1 after the first)."""
     mini_batch_size: int | None = None
@@ -113,6 +116,9 @@ class GRPOConfig:
     """Run the tokens a micro-batch's rows open with alike (system prompt, question, earlier turns) once, not
     once per row: the same log-probs and gradients, less compute (``algorithms/batching.py``)."""
 
+    def __post_init__(self) -> None:
+        apply_preset(self)
+
     def validate(self) -> GRPOConfig:
         """Raise :class:`ConfigError` naming the first bad field; return self."""
         if not self.learning_rate > 0:
@@ -123,12 +129,7 @@ class GRPOConfig:
             raise ConfigError(f"epsilon must be in (0, 1), got {self.epsilon!r}")
         if self.epsilon_high is not None and not self.epsilon_high > 0:
             raise ConfigError(f"epsilon_high must be > 0 or None, got {self.epsilon_high!r}")
-        if self.loss_type not in LOSS_TYPES:
-            raise ConfigError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
-        if self.importance_sampling_level not in ("token", "sequence"):
-            raise ConfigError(
-                f"importance_sampling_level must be 'token' or 'sequence', got {self.importance_sampling_level!r}"
-            )
+        check_loss_fields(self, LOSS_TYPES)  # loss_type, importance_sampling_level, preset and their coupling
         for name in ("num_iterations", "max_completion_length"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
@@ -303,7 +304,7 @@ class GRPO(Algorithm):
                 # Many processes: the divisor is the loss-token count of every rank's mini-batch together.
                 (tokens,) = self._sum_over_ranks([float(data.loss_mask[rows].sum())])
                 if inert:  # the divisor above still counts them: the gradient is unchanged
-                    kept = rows[data.advantages[rows] != 0]
+                    kept = rows[data.rows_with_advantage()[rows]]
                     stats["skipped"][0] += len(rows) - len(kept)
                     rows = kept
                 n_micro = max(1, math.ceil(len(rows) / micro))
@@ -357,7 +358,7 @@ class GRPO(Algorithm):
             # glue inside an aggregated sample must stay attended, so they go in tool_mask (TRL multiplies).
             "completion_mask": long(part.completion_mask[:, :c_keep]),
             "tool_mask": long(part.loss_mask[:, :c_keep]),
-            "advantages": part.advantages.to(device),
+            "advantages": part.loss_advantages(c_keep).to(device),
             "old_per_token_logps": part.old_logprobs[:, :c_keep].to(device),
             # dapo/cispo/vespo divide by num_items_in_batch / num_processes * accumulation_steps /
             # steps_per_generation(=1): this makes each rank's divisor (global mini-batch tokens) / world, and

@@ -257,7 +257,8 @@ class MultiLoRA(Algorithm):
             part = data.select(slice(start, start + micro))
             logps, mask = self._logprobs(part)
             ratio = torch.exp(logps - old[start : start + micro])
-            adv = part.advantages[:, None]
+            adv = part.loss_advantages(part.completion_ids.shape[1])
+            adv = adv[:, None] if adv.dim() == 1 else adv  # (B, 1) or (B, C)
             surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - cfg.epsilon, 1 + cfg.epsilon) * adv)
             loss = -(surrogate * mask).sum() / tokens  # the token mean over all of the adapter's rows
             loss.backward()

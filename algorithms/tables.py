@@ -66,6 +66,7 @@ TRANSITIONS_SCHEMA = pa.schema(
         ("policy_version", pa.int32()),
         ("retokenized", pa.bool_()),
         ("temperature", pa.float64()),
+        ("token_advantages", pa.list_(pa.float32())),
     ]
 )
 """Columns of `TransitionBatch.to_arrow` (and of ``spanrl export transitions``)."""
@@ -128,6 +129,11 @@ def _row_problem(row: dict[str, Any], vocab_size: int | None) -> str | None:
         return f"completion_mask has {len(mask)} entries, completion_ids {n}"
     if logprobs and len(logprobs) != n:
         return f"old_logprobs has {len(logprobs)} entries, completion_ids {n}"
+    per_token = row.get("token_advantages") or []
+    if per_token and len(per_token) != n:
+        return f"token_advantages has {len(per_token)} entries, completion_ids {n}"
+    if per_token and not np.isfinite(per_token).all():
+        return "token_advantages must be finite"
     advantage = row["advantage"]
     if advantage is None or not np.isfinite(advantage):
         return f"advantage must be finite, got {advantage!r}"
@@ -161,6 +167,12 @@ def check_transitions(transitions: TransitionBatch | pa.Table | Sequence[Transit
     n_m, n_lp = list_lengths(table.column("completion_mask")), list_lengths(table.column("old_logprobs"))
     advantage = np.asarray(table.column("advantage").to_numpy(zero_copy_only=False), dtype=np.float64)
     bad = (n_p == 0) | (n_c == 0) | (n_m != n_c) | ((n_lp != 0) & (n_lp != n_c)) | ~np.isfinite(advantage)
+    if "token_advantages" in table.column_names:
+        n_ta = list_lengths(table.column("token_advantages"))
+        bad |= (n_ta != 0) & (n_ta != n_c)
+        nonfinite = np.flatnonzero(~np.isfinite(flat_values(table.column("token_advantages")))) if n_ta.any() else []
+        if len(nonfinite):
+            bad[np.searchsorted(np.cumsum(n_ta), nonfinite, side="right")] = True
     if vocab_size is not None:
         bad |= _out_of_vocab_rows(table.column("prompt_ids"), n_p, vocab_size)
         bad |= _out_of_vocab_rows(table.column("completion_ids"), n_c, vocab_size)
@@ -185,6 +197,15 @@ class PaddedBatch:
     old_logprobs: torch.Tensor | None  # (B, C) float32, sampling log-probs, NaN = unknown; None = none given
     advantages: torch.Tensor  # (B,) float32
     rewards: torch.Tensor  # (B,) float32
+    token_advantages: torch.Tensor | None = None  # (B, C) float32 when a row's calls differ (merged); else None
+
+    def loss_advantages(self, width: int) -> torch.Tensor:
+        """What the loss multiplies: ``advantages`` (B,), or (B, width) per token when a row has its calls' own."""
+        return self.advantages if self.token_advantages is None else self.token_advantages[:, :width]
+
+    def rows_with_advantage(self) -> torch.Tensor:
+        """(B,) bool: rows with a nonzero advantage on some token (the others add nothing to the gradient)."""
+        return self.advantages != 0 if self.token_advantages is None else (self.token_advantages != 0).any(1)
 
     def select(self, index: torch.Tensor | slice) -> PaddedBatch:
         """The rows ``index`` of every tensor."""
@@ -235,6 +256,7 @@ def pad_transitions(transitions: TransitionBatch | pa.Table | Sequence[Transitio
         old[real & known[:, None]] = flat_values(table.column("old_logprobs").filter(pa.array(known)))
         old[real & ~known[:, None]] = np.nan
     column = lambda name: np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=np.float32)  # noqa: E731
+    token_advantages = _token_advantages(table, c_real, column("advantage"), (bsz, max_c))
     return PaddedBatch(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
@@ -244,7 +266,27 @@ def pad_transitions(transitions: TransitionBatch | pa.Table | Sequence[Transitio
         old_logprobs=old_logprobs,
         advantages=torch.from_numpy(column("advantage")),
         rewards=torch.from_numpy(column("reward")),
+        token_advantages=token_advantages,
     )
+
+
+def _token_advantages(table: pa.Table, c_real: np.ndarray | None, advantage: np.ndarray,
+                      shape: tuple[int, int]) -> torch.Tensor | None:
+    """(B, C): each completion token's advantage where a row has them (a merged sample of calls with their
+    own), the row's advantage elsewhere; None when no row has them (the common case: (B,) suffices)."""
+    if "token_advantages" not in table.column_names:
+        return None
+    n_ta = list_lengths(table.column("token_advantages"))
+    known = n_ta > 0
+    if not known.any():
+        return None
+    import torch
+
+    out, arr = new_tensor(shape, torch.float32)
+    arr[...] = advantage[:, None]
+    real = c_real if c_real is not None else np.ones(shape, dtype=bool)
+    arr[real & known[:, None]] = flat_values(table.column("token_advantages").filter(pa.array(known)))
+    return out
 
 
 def fill_missing_logprobs(data: PaddedBatch, logprobs_of: Callable[[PaddedBatch], torch.Tensor]) -> torch.Tensor:

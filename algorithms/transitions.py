@@ -22,7 +22,7 @@ and the decomposer's ``rewards``, ``duplicate_spans`` (extra copies of call and 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
@@ -30,7 +30,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spanrl.algorithms.credit import CreditConfig, CreditResult, MissingValueError, assign_credit, state_ids
+from spanrl.algorithms.call_facts import ID_COLUMNS, call_facts
+from spanrl.algorithms.credit import (CreditConfig, CreditResult, MissingValueError, aggregation_conflict,
+                                     assign_credit)
+from spanrl.algorithms.gigpo import anchor_states
+from spanrl.algorithms.presets import check_credit
 from spanrl.algorithms.retokenize import retokenize
 from spanrl.algorithms.tables import TRANSITIONS_SCHEMA, pad_transitions
 from spanrl.errors import ConfigError
@@ -55,7 +59,10 @@ class Transition:
     a merged sample with such a call): the trainer recomputes them with the current policy. ``reward``
     is the call's return before the baseline (``identical``: the episode reward); ``advantage`` is what
     the policy gradient uses. A merged sample takes the
-    step, reward, advantage and policy version of its first call. ``temperature`` is the one the policy
+    step, reward, advantage and policy version of its first call; when its calls' advantages differ
+    (``discounted``, ``step``, GiGPO's term), ``token_advantages`` gives each completion token its own
+    call's advantage (0 on glue), which GRPO feeds to TRL's loss as (B, C); empty otherwise.
+    ``temperature`` is the one the policy
     server's log-probs were computed at (``spanrl.llm.logprobs_temperature``; None: not recorded).
     """
 
@@ -73,6 +80,7 @@ class Transition:
     policy_version: int | None
     retokenized: bool
     temperature: float | None = None
+    token_advantages: list[float] = field(default_factory=list)
 
 
 class TransitionBatch:
@@ -153,6 +161,10 @@ def _aggregate(rows: list[dict[str, Any]], report: dict[str, int]) -> list[dict[
             if reason is None:
                 history = len(prev["prompt_ids"]) + len(prev["completion_ids"])
                 glue = row["prompt_ids"][history:]
+                if prev["token_advantages"] or row["advantage"] != prev["advantage"]:  # each call's own
+                    before = prev["token_advantages"] or [prev["advantage"]] * len(prev["completion_ids"])
+                    prev["token_advantages"] = (before + [0.0] * len(glue)
+                                                + [row["advantage"]] * len(row["completion_ids"]))
                 prev["completion_ids"] = prev["completion_ids"] + glue + row["completion_ids"]
                 prev["completion_mask"] = prev["completion_mask"] + [0] * len(glue) + row["completion_mask"]
                 known = bool(prev["old_logprobs"]) and bool(row["old_logprobs"])
@@ -195,10 +207,13 @@ def load_transitions(
     ``(rollout_id, step)`` to the critic's value, for ``CreditConfig(mode="gae")`` (calls of rollouts
     the credit skips need none). ``temperature``: the one the algorithm divides its logits by; calls whose
     log-probs the server computed at another are skipped and counted (``skipped_temperature_mismatch``).
-    ``credit.trajectory_aggregation`` also turns on ``aggregate``.
+    ``credit.trajectory_aggregation`` also turns on ``aggregate``; with a credit whose advantage varies by call
+    it is refused (`ConfigError`, ``credit.aggregation_conflict``).
     """
     credit = credit or CreditConfig()
     credit.validate()
+    if aggregate and (conflict := aggregation_conflict(credit)):  # one advantage for a merged sample's calls
+        raise ConfigError(conflict)
     dec = decompose(
         store,
         Selection(
@@ -209,7 +224,7 @@ def load_transitions(
             until_ns=until_ns,
             min_policy_version=min_policy_version,
         ),
-        call_columns=_CALL_COLUMNS_READ,
+        call_columns=_CALL_COLUMNS_READ + (ID_COLUMNS if credit.step_group_weight else ()),
     )
     report: dict[str, int] = dict(dec.report)
     for key in ("retokenized", "skipped_no_ids", "skipped_failed_calls", "skipped_retokenize_error",
@@ -217,7 +232,7 @@ def load_transitions(
                 "skipped_temperature_mismatch"):
         report.setdefault(key, 0)
     fast_calls, slow_rows = _usable_calls(_same_temperature(dec.calls, temperature, report), tokenizer, report)
-    result, call_rollout, rollout_ids_all = _credit(dec, fast_calls, slow_rows, credit, values, report)
+    result, call_rollout, rollout_ids_all = _credit(store, dec, fast_calls, slow_rows, credit, values, report)
     for key, value in result.report.items():
         report[key] = report.get(key, 0) + value
     keep_call = result.keep[call_rollout]
@@ -248,7 +263,7 @@ def load_transitions(
     return TransitionBatch(table, report, rewards_by_rollout)
 
 
-def _credit(dec: Any, fast_calls: pa.Table, slow_rows: list[dict[str, Any]], credit: CreditConfig,
+def _credit(store: Any, dec: Any, fast_calls: pa.Table, slow_rows: list[dict[str, Any]], credit: CreditConfig,
             values: Mapping[tuple[str, int], float] | None,
             report: dict[str, int]) -> tuple[CreditResult, np.ndarray, list[str]]:
     """Credit over every selected rollout for the usable calls (fast ones first, then ``slow_rows``):
@@ -266,7 +281,7 @@ def _credit(dec: Any, fast_calls: pa.Table, slow_rows: list[dict[str, Any]], cre
     group_index: dict[str, int] = {}
     rollout_group = np.array([group_index.setdefault(k, len(group_index)) for k in group_keys], dtype=np.int64)
 
-    cols = ["rollout_id", "step", "rollout_calls"] + (["prompt_ids"] if credit.step_group_weight else [])
+    cols = ["rollout_id", "step", "rollout_calls"] + (["prompt_ids", *ID_COLUMNS] if credit.step_group_weight else [])
     usable = [fast_calls.select(cols)]
     if slow_rows:
         usable.append(pa.Table.from_pylist(
@@ -302,12 +317,19 @@ def _credit(dec: Any, fast_calls: pa.Table, slow_rows: list[dict[str, Any]], cre
             reward_time_ns=_reward_order(rewards),
             reward_name=np.array(rewards.column("name").to_pylist(), dtype=object),
             values=value_arr,
-            call_state=state_ids(keys.column("prompt_ids").to_pylist()) if credit.step_group_weight else None,
+            call_state=_anchor_states(store, keys) if credit.step_group_weight else None,
         )
     except MissingValueError as exc:  # a call of a kept rollout that the critic did not value
         key = (keys.column("rollout_id")[exc.call].as_py(), int(call_step[exc.call]))
         raise ConfigError(f"values has no critic value for call (rollout_id, step) = {key!r}") from None
     return result, call_rollout, rollout_ids_all
+
+
+def _anchor_states(store: Any, keys: pa.Table) -> np.ndarray:
+    """GiGPO's anchor state of each call (``algorithms/gigpo.py``): its ``spanrl.state.id``, else the messages
+    since the last assistant turn, else the prompt's token ids."""
+    facts = call_facts(store, keys)
+    return anchor_states(facts.state, facts.messages, keys.column("prompt_ids").to_pylist())
 
 
 def _reward_order(rewards: pa.Table) -> np.ndarray:
@@ -397,6 +419,8 @@ def _fast_table(calls: pa.Table, returns: np.ndarray, advantages: np.ndarray) ->
             "policy_version": calls.column("policy_version"),
             "retokenized": pa.array(np.zeros(calls.num_rows, dtype=bool)),
             "temperature": calls.column("temperature"),
+            "token_advantages": pa.ListArray.from_arrays(pa.array(np.zeros(calls.num_rows + 1, np.int32)),
+                                                         pa.array([], pa.float32())),
         },
         schema=TRANSITIONS_SCHEMA,
     )
@@ -405,6 +429,7 @@ def _fast_table(calls: pa.Table, returns: np.ndarray, advantages: np.ndarray) ->
 def _row_out(row: dict[str, Any], ret: float, adv: float) -> dict[str, Any]:
     out = {f.name: row.get(f.name) for f in fields(Transition)}
     out["completion_mask"] = [1] * len(row["completion_ids"])
+    out["token_advantages"] = []
     out["reward"], out["advantage"] = ret, adv
     return out
 
@@ -425,6 +450,7 @@ def load_training_batch(store: Any, algorithm: Any, *, credit: CreditConfig | No
 
     credit = credit or CreditConfig()
     algo_cfg = getattr(algorithm, "config", None)
+    check_credit(algo_cfg, credit)
     temperature = getattr(algo_cfg, "temperature", None)
     common: dict[str, Any] = dict(selection, tokenizer=getattr(algorithm, "tokenizer", None),
                                   temperature=temperature if isinstance(temperature, (int, float)) else None)

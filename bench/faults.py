@@ -1,6 +1,6 @@
 """Fault suite: the collector and the policy server under malformed input, SIGKILL, overload and abuse.
 
-    .venv/bin/python bench/faults.py [--only malformed,sigkill,overload,sql,policy,rewards,abuse] [--quick]
+    .venv/bin/python bench/faults.py [--only malformed,sigkill,overload,sql,policy,rewards,abuse,bounds] [--quick]
 
 Every server runs as its own subprocess on 127.0.0.1 (`spanrl collector`, `spanrl serve`); figures go to
 docs/measurements.md, "Reliability (faults and abuse)". Sections:
@@ -24,6 +24,8 @@ docs/measurements.md, "Reliability (faults and abuse)". Sections:
   abuse      who may do what (bench/_abuse.py): cross-site and DNS-rebinding requests, tokens outside their
              scope, forged token ids and rollout joins, weight reloads without the admin token or outside the
              checkpoint root.
+  bounds     fail closed and bounded (bench/_bounds.py): scopes no token grants, SQL row caps and a writing CTE,
+             idle gRPC calls beside an export, prune past the ns range, /health on a full disk.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from typing import Any
 
 import grpc
 from _abuse import bench_abuse
+from _bounds import bench_bounds
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
                                                                     ExportTraceServiceResponse)
 from opentelemetry.proto.common.v1 import common_pb2
@@ -535,12 +538,12 @@ def bench_rewards(tmp: Path, quick: bool) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="malformed,sigkill,overload,sql,policy,rewards,abuse")
+    parser.add_argument("--only", default="malformed,sigkill,overload,sql,policy,rewards,abuse,bounds")
     parser.add_argument("--quick", action="store_true", help="smaller counts (a smoke run)")
     parser.add_argument("--out", default=None, help="also write the figures as JSON here")
     args = parser.parse_args()
     benches = {"malformed": bench_malformed, "sigkill": bench_sigkill, "overload": bench_overload, "sql": bench_sql,
-               "policy": bench_policy, "rewards": bench_rewards, "abuse": bench_abuse}
+               "policy": bench_policy, "rewards": bench_rewards, "abuse": bench_abuse, "bounds": bench_bounds}
     figures: dict[str, Any] = {"load_before": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="spanrl-faults-") as tmp:
         for name in args.only.split(","):

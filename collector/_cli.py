@@ -49,6 +49,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-request-bytes", type=int, default=None, help="largest request body (default 64 MiB)")
     p.add_argument("--sql-timeout-s", type=float, default=None,
                    help="interrupt a /v1/sql query after this (env SPANRL_COLLECTOR_SQL_TIMEOUT_S, default 30)")
+    p.add_argument("--sql-max-rows", type=int, default=None,
+                   help="rows a /v1/sql result may have, else 400 (env SPANRL_COLLECTOR_SQL_MAX_ROWS, default 1000000)")
+    p.add_argument("--sql-max-bytes", type=int, default=None,
+                   help="bytes a /v1/sql result may take, else 400 "
+                        "(env SPANRL_COLLECTOR_SQL_MAX_BYTES, default 256 MiB)")
     p.add_argument("--materialize-interval-s", type=float, default=None,
                    help="shortest wait between background runs keeping finished rollouts' decomposition "
                         "(default 2; 0 = off)")
@@ -75,7 +80,7 @@ def _run(args: argparse.Namespace) -> int:
             duckdb_memory_limit=args.duckdb_memory_limit, duckdb_checkpoint_threshold=args.checkpoint_threshold,
             duckdb_threads=args.duckdb_threads,
             max_inflight_bytes=args.max_inflight_bytes, max_request_bytes=args.max_request_bytes,
-            sql_timeout_s=args.sql_timeout_s,
+            sql_timeout_s=args.sql_timeout_s, sql_max_rows=args.sql_max_rows, sql_max_bytes=args.sql_max_bytes,
         )
         if args.materialize_interval_s is not None:
             config.materialize_interval_s = args.materialize_interval_s or None  # 0: off

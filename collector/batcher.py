@@ -239,9 +239,10 @@ class SpanWriter:
         self._backoff_s = reopen_backoff_s
         self._lock = threading.Lock()
         self.state = "ok"
-        """``ok``; ``recovering`` while the store is reopened; ``failed`` when it could not be."""
+        """``ok``; ``failing`` while commits fail (a full disk: until one succeeds); ``recovering`` while the
+        store is reopened; ``failed`` when it could not be."""
         self.last_error: str | None = None
-        """The DuckDB error that caused the last recovery (or the failure)."""
+        """The DuckDB error of the last failed commit, recovery or failure."""
         self.recoveries = 0
         """Times the store was reopened after a fatal error."""
 
@@ -263,8 +264,14 @@ class SpanWriter:
         except Exception as exc:  # noqa: BLE001
             self._reset()
             if not _is_fatal(exc):
+                # /health says so until a commit succeeds (it said "ok" with the disk full)
+                self.state, self.last_error = "failing", str(exc).splitlines()[0]
                 raise RetryableError(f"span store write failed: {exc}") from exc
             self._recover(table, exc)
+        else:
+            if self.state == "failing":
+                _logger.warning("span store writes succeed again (after: %s)", self.last_error)
+                self.state = "ok"
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Close the writer's cursor. Safe twice."""

@@ -10,7 +10,7 @@ from spanrl import env
 from spanrl import semconv as sc
 from spanrl.collector.batcher import BatcherConfig
 from spanrl.errors import ConfigError
-from spanrl.trust import Tokens, check_token
+from spanrl.trust import Tokens, check_token, env_token, open_scopes_line
 
 __all__ = ["CollectorConfig", "default_config"]
 
@@ -18,9 +18,12 @@ _MAX_REQUEST_BYTES = 64 * 1024 * 1024  # the OTLP spec's recommended receive lim
 _GRPC_MAX_CONCURRENT_RPCS = 64
 _MAX_INFLIGHT_BYTES = 256 * 1024 * 1024
 _SQL_TIMEOUT_S = 30.0
+_SQL_MAX_ROWS = 1_000_000
+_SQL_MAX_BYTES = 256 * 1024 * 1024
 _SQL_WORKERS = 2
 _SQL_MAX_WAITING = 16
 _HTTP_MAX_CONCURRENCY = 64
+_GRPC_RECEIVE_TIMEOUT_S = 10.0
 _SHUTDOWN_TIMEOUT_S = 30.0
 _MAX_PORT = 65535
 _DUCKDB_MEMORY_LIMIT = "1GB"
@@ -41,17 +44,18 @@ class CollectorConfig:
     """OTLP/gRPC port; 0 picks a free one (see `Collector.grpc_endpoint`). -1 disables gRPC."""
     http_port: int = env.DEFAULT_HTTP_PORT
     """OTLP/HTTP + SQL port; 0 picks a free one. -1 disables HTTP."""
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)  # a repr (logs, tracebacks) never shows it
     """Bearer token granting every scope (``authorization: Bearer TOKEN``): OTLP, SQL, prune, materialize."""
-    ingest_token: str | None = None
+    ingest_token: str | None = field(default=None, repr=False)
     """Token granting OTLP export only: the one agents are given."""
-    policy_token: str | None = None
+    policy_token: str | None = field(default=None, repr=False)
     """Token of the policy server: OTLP export whose token ids, log-probs and server response ids are kept
     (spanrl.collector.admission); other senders' are stored NULL once any token grants this scope."""
-    read_token: str | None = None
+    read_token: str | None = field(default=None, repr=False)
     """Token granting ``POST /v1/sql`` (the viewer, ``spanrl sql``, trainers reading the store)."""
-    admin_token: str | None = None
-    """Token granting ``POST /v1/prune`` and ``/v1/materialize``. A scope no token grants is open."""
+    admin_token: str | None = field(default=None, repr=False)
+    """Token granting ``POST /v1/prune`` and ``/v1/materialize``. Once any token is set, a scope no token grants
+    is closed; with none at all every scope is open, which only a loopback ``host`` allows (`open_scopes`)."""
     claim_rollouts: bool = True
     """The first service whose spans name a rollout id owns it; other services' spans naming it are rejected
     (spanrl.collector.admission). False: any span may join any rollout, as before."""
@@ -59,6 +63,10 @@ class CollectorConfig:
     """Largest accepted request body, bytes (after gzip decompression for HTTP)."""
     grpc_max_concurrent_rpcs: int = _GRPC_MAX_CONCURRENT_RPCS
     """Export RPCs handled at once; more get UNAVAILABLE with RetryInfo before their body is read."""
+    grpc_receive_timeout_s: float = _GRPC_RECEIVE_TIMEOUT_S
+    """Seconds an OTLP/gRPC Export may hold one of the 4 slots that receive request bodies before its whole
+    request has arrived; past it the call is cancelled (idle client-streaming calls held every slot with no
+    limit, and every other export waited 30 s for UNAVAILABLE). The OTel SDKs' export timeout is 10 s."""
     http_max_concurrency: int = _HTTP_MAX_CONCURRENCY
     """HTTP requests handled at once (``/health`` aside); more get 503 + Retry-After before their body is read."""
     max_inflight_bytes: int = _MAX_INFLIGHT_BYTES
@@ -67,6 +75,11 @@ class CollectorConfig:
     + ~500 MiB of runtime."""
     sql_timeout_s: float = _SQL_TIMEOUT_S
     """Seconds a ``POST /v1/sql`` query may run before it is interrupted and answered 400."""
+    sql_max_rows: int = _SQL_MAX_ROWS
+    """Rows a ``POST /v1/sql`` result may have; past it the query stops and is answered 400 naming the cap
+    (unbounded, ``SELECT * FROM range(5000000)`` took the collector from 0.27 to 2.04 GB)."""
+    sql_max_bytes: int = _SQL_MAX_BYTES
+    """Bytes a ``POST /v1/sql`` result may take (Arrow while read, then the response body); past it: 400."""
     sql_workers: int = _SQL_WORKERS
     """Threads running SQL-endpoint queries (their own pool: slow SQL never delays OTLP)."""
     sql_max_waiting: int = _SQL_MAX_WAITING
@@ -111,11 +124,12 @@ class CollectorConfig:
             raise ConfigError("grpc_port and http_port are both -1: at least one receiver must be on")
         for name in ("token", "ingest_token", "policy_token", "read_token", "admin_token"):
             check_token(getattr(self, name), field=name)
+        self.open_scopes()  # beyond loopback with no token: ConfigError naming the open scopes
         for name in ("max_request_bytes", "grpc_max_concurrent_rpcs", "http_max_concurrency", "max_inflight_bytes",
-                     "sql_workers", "sql_max_waiting"):
+                     "sql_workers", "sql_max_waiting", "sql_max_rows", "sql_max_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("shutdown_timeout_s", "sql_timeout_s"):
+        for name in ("shutdown_timeout_s", "sql_timeout_s", "grpc_receive_timeout_s"):
             if not getattr(self, name) > 0:  # also refuses NaN
                 raise ConfigError(f"{name} must be positive (seconds), got {getattr(self, name)}")
         for name in ("duckdb_memory_limit", "duckdb_checkpoint_threshold"):
@@ -138,19 +152,26 @@ class CollectorConfig:
         return Tokens.of(all_scopes=self.token, ingest=self.ingest_token, policy=self.policy_token,
                          read=self.read_token, admin=self.admin_token)
 
+    def open_scopes(self) -> str | None:
+        """The one start-up line naming the scopes open to anyone (no token at all, bound to loopback), or None;
+        `ConfigError` when ``host`` is beyond loopback and a scope it serves is open (spanrl.trust)."""
+        served = ("ingest", "policy") + (("read", "admin") if self.http_port != -1 else ())
+        return open_scopes_line(self.tokens(), served, server="collector", host=self.host)
+
     @classmethod
     def from_env(cls, **overrides: object) -> "CollectorConfig":
-        """Defaults, then ``SPANRL_*`` variables, then ``overrides`` whose value is not None."""
+        """Defaults, then ``SPANRL_*`` variables (a token also from ``SPANRL_*_TOKEN_FILE``), then ``overrides`` whose
+    value is not None."""
         config = cls(
             db_path=env.get_str(env.SPANRL_DB, env.DEFAULT_DB_PATH) or env.DEFAULT_DB_PATH,
             host=env.get_str(env.SPANRL_COLLECTOR_HOST, env.DEFAULT_HOST) or env.DEFAULT_HOST,
             grpc_port=env.get_int(env.SPANRL_COLLECTOR_GRPC_PORT, env.DEFAULT_GRPC_PORT),
             http_port=env.get_int(env.SPANRL_COLLECTOR_HTTP_PORT, env.DEFAULT_HTTP_PORT),
-            token=env.get_str(env.SPANRL_COLLECTOR_TOKEN),
-            ingest_token=env.get_str(env.SPANRL_COLLECTOR_INGEST_TOKEN),
-            policy_token=env.get_str(env.SPANRL_COLLECTOR_POLICY_TOKEN),
-            read_token=env.get_str(env.SPANRL_COLLECTOR_READ_TOKEN),
-            admin_token=env.get_str(env.SPANRL_COLLECTOR_ADMIN_TOKEN),
+            token=env_token(env.SPANRL_COLLECTOR_TOKEN),
+            ingest_token=env_token(env.SPANRL_COLLECTOR_INGEST_TOKEN),
+            policy_token=env_token(env.SPANRL_COLLECTOR_POLICY_TOKEN),
+            read_token=env_token(env.SPANRL_COLLECTOR_READ_TOKEN),
+            admin_token=env_token(env.SPANRL_COLLECTOR_ADMIN_TOKEN),
             duckdb_memory_limit=(
                 env.get_str(env.SPANRL_DUCKDB_MEMORY_LIMIT, _DUCKDB_MEMORY_LIMIT) or _DUCKDB_MEMORY_LIMIT
             ),
@@ -160,6 +181,8 @@ class CollectorConfig:
             ),
             max_inflight_bytes=env.get_int(env.SPANRL_COLLECTOR_MAX_INFLIGHT_BYTES, _MAX_INFLIGHT_BYTES),
             sql_timeout_s=env.get_float(env.SPANRL_COLLECTOR_SQL_TIMEOUT_S, _SQL_TIMEOUT_S),
+            sql_max_rows=env.get_int(env.SPANRL_COLLECTOR_SQL_MAX_ROWS, _SQL_MAX_ROWS),
+            sql_max_bytes=env.get_int(env.SPANRL_COLLECTOR_SQL_MAX_BYTES, _SQL_MAX_BYTES),
             materialize_interval_s=env.get_float(env.SPANRL_COLLECTOR_MATERIALIZE_INTERVAL_S, _MATERIALIZE_INTERVAL_S)
             or None,  # 0: off
         )

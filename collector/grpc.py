@@ -41,7 +41,8 @@ _METHOD = "Export"
 # Threads beyond the concurrency cap: so a call over the cap finds a thread that refuses it at once.
 _SPARE_WORKERS = 16
 # Bodies received at once. A gRPC body has no announced size, so its bytes can be reserved only once it
-# is in memory: this caps what is held before that at _RECEIVING x max_request_bytes.
+# is in memory: this caps what is held before that at _RECEIVING x max_request_bytes. Each holds its slot
+# for at most the receive deadline (`GrpcReceiver`), so idle calls cannot keep the others out.
 _RECEIVING = 4
 _RECEIVE_WAIT_S = 30.0
 
@@ -68,7 +69,11 @@ class GrpcReceiver:
         next_consumer: BatchConsumer,
         claims: RolloutClaims | None = None,
         fast_decoder: bool | None = None,
+        receive_timeout_s: float = 10.0,
     ) -> None:
+        """``receive_timeout_s``: how long a call may hold a receive slot before its whole request arrives; past
+        it the call is cancelled (4 idle client-streaming calls held every slot with no limit)."""
+        self._receive_timeout_s = receive_timeout_s
         self._claims = claims
         self._fast = fast_enabled() if fast_decoder is None else fast_decoder  # decided once, as the start-up log says
         self._host = host
@@ -121,8 +126,8 @@ class GrpcReceiver:
     def _export(self, messages: Iterator[bytes], context: grpc.ServicerContext) -> ExportTraceServiceResponse:
         authorization = dict(context.invocation_metadata()).get("authorization")
         if not self._tokens.allows(authorization, "ingest"):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          "missing or wrong bearer token of scope 'ingest' (metadata 'authorization: Bearer <token>')")
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, self._tokens.refusal(
+                "ingest", "OTLP/gRPC Export", "--ingest-token-file (or --token-file for every scope)"))
         try:
             self._admission.enter("OTLP/gRPC")
         except RetryableError as exc:
@@ -140,6 +145,9 @@ class GrpcReceiver:
                                   retry_after_s=self._admission.retry_after_s)
             _abort_retryable(context, busy)
         budget = DecodeBudget(self._admission)  # the body's share now, more as its decoded form grows
+        deadline = threading.Timer(self._receive_timeout_s, _cancel_slow, (context, self._receive_timeout_s))
+        deadline.daemon = True
+        deadline.start()
         try:
             body = next(messages, None)
             if body is None or next(messages, None) is not None:
@@ -150,7 +158,10 @@ class GrpcReceiver:
             budget.body_bytes = len(body)
         except RetryableError as exc:
             _abort_retryable(context, exc)
+        except grpc.RpcError:  # cancelled: by the client, or by the deadline (already logged)
+            context.abort(grpc.StatusCode.CANCELLED, "the request did not arrive in time")
         finally:
+            deadline.cancel()
             self._receiving.release()
         try:
             # the C fast path, else the Python decoder; raises only PermanentError / RetryableError
@@ -176,6 +187,13 @@ class GrpcReceiver:
             response.partial_success.rejected_spans = batch.rejected
             response.partial_success.error_message = batch.error_message
         return response
+
+
+def _cancel_slow(context: grpc.ServicerContext, timeout_s: float) -> None:
+    """Cancel a call whose request did not arrive within the receive deadline (it frees its slot)."""
+    _logger.warning("OTLP/gRPC Export from %s sent no whole request within %g s of taking a receive slot: "
+                    "cancelled, freeing the slot", context.peer(), timeout_s)
+    context.cancel()
 
 
 def _abort_retryable(context: grpc.ServicerContext, exc: RetryableError) -> None:

@@ -11,13 +11,14 @@ Routes:
                       no file access, interrupted after sql_timeout_s; 400 otherwise (see sql.py).
     POST /v1/prune    {"older_than_s": N} -> {"deleted_spans": n} (see spanrl.store.maintenance.prune).
     POST /v1/materialize  {} -> {"rollouts_kept": n, "rows_dropped": m} (spanrl.store.kept_rollouts.materialize).
-    GET  /health      200 {"status": "ok", "db": ABSOLUTE_PATH}; 503 {"status": "recovering" | "failed",
-                      "error": ...} while the store is reopened after a DuckDB failure or could not be
-                      (no token needed).
+    GET  /health      200 {"status": "ok", "db": ABSOLUTE_PATH}; 503 {"status": "failing" | "recovering" |
+                      "failed", "error": ...} while commits fail (a full disk), while the store is reopened
+                      after a DuckDB failure, or when it could not be (no token needed).
 Scopes (spanrl.trust): /v1/traces needs an ``ingest`` token, /v1/sql ``read``, /v1/prune and /v1/materialize
-``admin`` (401 otherwise; a scope no configured token grants is open). Every request first passes
-`spanrl.trust.browser_refusal`: 403 for a foreign ``Origin`` or, bound to loopback, a non-loopback ``Host``;
-415 for a POST that is not protobuf / JSON (/v1/traces) or JSON (the others).
+``admin`` (401 otherwise). Fail closed: once any token is configured, a scope no token grants is closed
+to everyone; with no token at all every scope is open, and only a loopback bind allows that (config.py).
+Every request first passes `spanrl.trust.browser_refusal`: 403 for a foreign ``Origin`` or, bound to
+loopback, a non-loopback ``Host``; 415 for a POST that is not protobuf / JSON (/v1/traces) or JSON (the others).
 Over http_max_concurrency requests, or past the memory budget, a request gets 503 + Retry-After with a
 google.rpc.Status body before its body is read. Parsing and walking run in worker threads, SQL in its
 own pool, never on the event loop.
@@ -43,7 +44,7 @@ from spanrl.collector.errors import PayloadTooLargeError, PermanentError, Retrya
 from spanrl.collector.grpc import BatchConsumer
 from spanrl.collector.retention import prune_and_forget
 from spanrl.collector.sql import SqlRunner
-from spanrl.errors import CollectorError, StoreError
+from spanrl.errors import CollectorError, ConfigError, StoreError
 from spanrl.http_server import ThreadedServer, bind
 from spanrl.store import SpanStore
 from spanrl.store.kept_rollouts import materialize
@@ -69,6 +70,9 @@ _ROUTES = {
     "/v1/prune": ("admin", (_JSON_TYPE,)),
     "/v1/materialize": ("admin", (_JSON_TYPE,)),
 }
+
+# How an operator opens a closed scope (no token grants it): the collector's options.
+_FIX = {scope: f"--{scope}-token-file (or --token-file for every scope)" for scope in ("ingest", "read", "admin")}
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -156,8 +160,7 @@ class OtlpHttpApp:
                 raise _HttpError(405, f"{path} takes POST, got {method}", grpc_code=12)
             scope = _ROUTES[path][0]
             if not self._tokens.allows(headers.get("authorization"), scope):
-                raise UnauthenticatedError(f"missing or wrong bearer token for {path}, which needs a token of scope "
-                                           f"{scope!r} (header 'Authorization: Bearer <token>')")
+                raise UnauthenticatedError(self._tokens.refusal(scope, path, _FIX[scope]))
             self._admission.enter("OTLP/HTTP")
             try:
                 await self._route(path, send, tracked, headers)
@@ -283,7 +286,10 @@ class OtlpHttpApp:
         older = doc.get("older_than_s") if isinstance(doc, dict) else None
         if isinstance(older, bool) or not isinstance(older, (int, float)) or older < 0:
             raise PermanentError(f'prune request needs "older_than_s" as a number >= 0, got {older!r}')
-        deleted = await asyncio.to_thread(prune_and_forget, self._store, float(older), self._claims)
+        try:
+            deleted = await asyncio.to_thread(prune_and_forget, self._store, float(older), self._claims)
+        except ConfigError as exc:  # out of range (1e308 was a retryable 503): the request is wrong
+            raise PermanentError(f'prune request "older_than_s": {exc}') from None
         await _respond(send, 200, orjson.dumps({"deleted_spans": deleted}), _JSON_TYPE)
 
 

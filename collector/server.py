@@ -103,11 +103,13 @@ class Collector:
                     admission=inflight_bytes.with_request_cap(cfg.grpc_max_concurrent_rpcs),
                     next_consumer=checked,
                     fast_decoder=fast,
+                    receive_timeout_s=cfg.grpc_receive_timeout_s,
                 )
                 self._grpc.start()
             if cfg.http_port != -1:
                 self._sql = SqlRunner(self._store, workers=cfg.sql_workers, max_waiting=cfg.sql_max_waiting,
-                                      timeout_s=cfg.sql_timeout_s, retry_after_s=retry_s)
+                                      timeout_s=cfg.sql_timeout_s, retry_after_s=retry_s, max_rows=cfg.sql_max_rows,
+                                      max_bytes=cfg.sql_max_bytes)
                 app = OtlpHttpApp(tokens=cfg.tokens(), bound_host=cfg.host, claims=claims,
                                   max_request_bytes=cfg.max_request_bytes, next_consumer=checked,
                                   store=self._store,
@@ -124,6 +126,15 @@ class Collector:
             raise
         _logger.info("collector on grpc=%s http=%s db=%s; protobuf decoder: %s", self.grpc_endpoint, self.http_endpoint,
                      cfg.db_path, active_decoder())
+        open_line = cfg.open_scopes()
+        if open_line is not None:
+            _logger.warning("%s", open_line)
+        tokens = cfg.tokens()
+        closed = [s for s in ("ingest", "policy", "read", "admin") if tokens.guarded(s) and not tokens.granted(s)]
+        if closed:
+            _logger.info("collector: no token grants the scopes %s, so they are closed to everyone (fail closed)%s",
+                         ", ".join(closed), "; without a policy token no sender's token ids are kept"
+                         if "policy" in closed else "")
         return self
 
     def shutdown(self, timeout: float | None = None) -> None:
@@ -186,7 +197,8 @@ class Collector:
         return f"http://{url_host(self._config.host)}:{self._http.port}"
 
     def health(self) -> dict[str, Any]:
-        """``{"status": "ok"}``, or ``recovering`` / ``failed`` with the DuckDB ``error`` after a store failure."""
+        """``{"status": "ok"}``, or ``failing`` (the last commit failed: a full disk) / ``recovering`` / ``failed``
+        with the writer's last ``error``."""
         if self._start_error is not None:
             return {"status": "failed", "error": self._start_error}
         writer = self._writer

@@ -13,13 +13,14 @@ from collections.abc import Mapping
 
 from spanrl import env
 
-__all__ = ["agent_credentials", "otel_rollout_env"]
+__all__ = ["agent_credentials", "ingest_token_env", "otel_rollout_env", "otlp_headers"]
 
 # Tokens an agent never needs: reading other tenants' spans, pruning, reloading the served weights.
 _NOT_FOR_AGENTS = (env.SPANRL_COLLECTOR_TOKEN, env.SPANRL_COLLECTOR_READ_TOKEN, env.SPANRL_COLLECTOR_ADMIN_TOKEN,
                    env.SPANRL_COLLECTOR_POLICY_TOKEN, env.SPANRL_POLICY_ADMIN_TOKEN)
 
 _TRACES_ONLY = ("OTEL_METRICS_EXPORTER", "OTEL_LOGS_EXPORTER")
+_OTEL_HEADERS = "OTEL_EXPORTER_OTLP_HEADERS"
 
 
 def _parse(raw: str) -> list[tuple[str, str]]:
@@ -53,3 +54,18 @@ def agent_credentials(base: Mapping[str, str]) -> dict[str, str]:
     if ingest:
         out[env.SPANRL_COLLECTOR_INGEST_TOKEN] = ingest
     return out
+
+
+def otlp_headers(environ: Mapping[str, str]) -> dict[str, str]:
+    """``OTEL_EXPORTER_OTLP_HEADERS`` as the OTel SDK reads it (``k=v,...``, values percent-decoded), keys lower
+    case as gRPC metadata needs them."""
+    return {k.lower(): urllib.parse.unquote(v) for k, v in _parse(environ.get(_OTEL_HEADERS, ""))}
+
+
+def ingest_token_env(token: str, base: Mapping[str, str]) -> dict[str, str]:
+    """What hands an agent the collector's ingest ``token``: ``OTEL_EXPORTER_OTLP_HEADERS`` (any OTel SDK sends
+    it; ``base``'s other headers kept) and ``SPANRL_COLLECTOR_INGEST_TOKEN`` (spanrl's instrumentation)."""
+    headers = {k: v for k, v in otlp_headers(base).items() if k != "authorization"}
+    headers["authorization"] = f"Bearer {token}"
+    encoded = ",".join(f"{k}={urllib.parse.quote(v, safe='')}" for k, v in headers.items())
+    return {_OTEL_HEADERS: encoded, env.SPANRL_COLLECTOR_INGEST_TOKEN: token}

@@ -21,7 +21,7 @@ from typing import Any
 from spanrl import env
 from spanrl.errors import ConfigError
 from spanrl.rollouts import ray_task
-from spanrl.rollouts.agent_env import otel_rollout_env
+from spanrl.rollouts.agent_env import otel_rollout_env, otlp_headers
 from spanrl.rollouts.rollouts import STATUS_CRASHED, STATUS_TIMEOUT, RolloutsConfig, RolloutSpec
 
 __all__ = ["RayCallableAgent", "RayCommandAgent", "RayWorkerPool", "advertised", "connect", "node_environment"]
@@ -141,13 +141,14 @@ class RayCallableAgent:
 
     end_reason = None  # its spanrl.rollout span is its end
 
-    def __init__(self, cluster: Cluster, fn: Any, endpoint: str) -> None:
-        self.cluster, self.endpoint = cluster, endpoint
+    def __init__(self, cluster: Cluster, fn: Any, endpoint: str, headers: dict[str, str] | None = None) -> None:
+        self.cluster, self.endpoint, self.headers = cluster, endpoint, headers
         self._fn = _ray().put(fn)
         self._task = cluster.task(ray_task.run_callable)
 
     async def run(self, spec: RolloutSpec, timeout_s: float) -> tuple[str, str | None, str | None]:
-        ref = self._task.remote(self._fn, self.cluster.reachable(spec).message(), self.endpoint, timeout_s)
+        ref = self._task.remote(self._fn, self.cluster.reachable(spec).message(), self.endpoint, timeout_s,
+                                self.headers)
         return await self.cluster.result(ref, timeout_s)
 
     async def close(self) -> None:
@@ -218,7 +219,7 @@ def _agent_on(cluster: Cluster, agent: Any, argv: list[str] | None, instrument: 
         if not otlp_endpoint:
             raise ConfigError("a callable agent on Ray needs the collector's OTLP endpoint "
                               "(OTEL_EXPORTER_OTLP_ENDPOINT in otel_env)")
-        return RayCallableAgent(cluster, agent, cluster.url(otlp_endpoint))
+        return RayCallableAgent(cluster, agent, cluster.url(otlp_endpoint), otlp_headers(node_env))
     assert argv is not None
     if workers:
         return RayWorkerPool(cluster, argv, instrument, node_env, workers)

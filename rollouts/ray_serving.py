@@ -52,7 +52,9 @@ class RayServers:
     """``serving.replicas`` policy servers of ``model`` as Ray actors; ``roots`` are their URLs."""
 
     def __init__(self, serving: Any, rollouts: RolloutsConfig, *, model: Path, weights_dir: Path,
-                 otlp_endpoint: str | None, served_model_name: str, max_batch_size: int, seed: int) -> None:
+                 otlp_endpoint: str | None, served_model_name: str, max_batch_size: int, seed: int,
+                 otlp_headers: dict[str, str] | None = None) -> None:
+        self.otlp_headers = dict(otlp_headers or {})  # the collector's policy token, when it has one
         self.cluster = ray_backend.Cluster(rollouts)
         self.token = secrets.token_urlsafe(24)
         self.actors: list[Any] = []
@@ -82,6 +84,7 @@ class RayServers:
                 "service_name": f"spanrl-policy-ray-{replica}", "max_batch_size": max_batch_size,
                 "seed": seed + 1 + replica, "backend": serving.backend, "device": serving.device,
                 "dtype": serving.dtype, "admin_token": self.token, "checkpoint_root": str(weights_dir),
+                "otlp_headers": self.otlp_headers,
             }
             self.actors.append(actor_class.remote(fields, reachable))
         try:

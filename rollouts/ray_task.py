@@ -176,10 +176,11 @@ class JsonlWorker:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-_TRACING_AT: list[str] = []  # the collector this worker process's in-process spans go to
+_TRACING_AT: list[Any] = []  # the collector (and headers) this worker process's in-process spans go to
 
 
-def run_callable(fn: Any, spec: dict[str, Any], endpoint: str, timeout_s: float) -> tuple[str, Any, str]:
+def run_callable(fn: Any, spec: dict[str, Any], endpoint: str, timeout_s: float,
+                 headers: dict[str, str] | None = None) -> tuple[str, Any, str]:
     """A callable agent's rollout in this Ray worker, its spans sent to the collector at ``endpoint`` and
     flushed before answering (the driver then waits for them in the store, as for a local rollout)."""
     import asyncio
@@ -189,9 +190,9 @@ def run_callable(fn: Any, spec: dict[str, Any], endpoint: str, timeout_s: float)
     from spanrl.rollouts.callable_agent import CallableAgent
     from spanrl.rollouts.tracing import InProcessTracing
 
-    if _TRACING_AT != [endpoint]:
-        InProcessTracing.point_at(endpoint)
-        _TRACING_AT[:] = [endpoint]
+    if _TRACING_AT != [endpoint, headers]:
+        InProcessTracing.point_at(endpoint, headers)
+        _TRACING_AT[:] = [endpoint, headers]
     workdir, home = tempfile.mkdtemp(prefix="spanrl-rollout-"), os.getcwd()
     os.chdir(workdir)  # a Ray worker runs one task at a time
     try:

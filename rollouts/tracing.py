@@ -33,9 +33,9 @@ class InProcessTracing:
     _we_instrumented_spanrl = False
 
     @classmethod
-    def point_at(cls, endpoint: str | None) -> None:
-        """Send in-process spans to the collector at ``endpoint`` (OTLP/gRPC URL); None: drop them and
-        turn off the instrumentation this class turned on."""
+    def point_at(cls, endpoint: str | None, headers: dict[str, str] | None = None) -> None:
+        """Send in-process spans to the collector at ``endpoint`` (OTLP/gRPC URL), with ``headers`` (its
+        ingest token); None: drop them and turn off the instrumentation this class turned on."""
         from opentelemetry import trace
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
@@ -67,7 +67,7 @@ class InProcessTracing:
             else:
                 cls._processor.force_flush()  # what the previous run's agents produced goes to its collector
             cls._instrument_openai(endpoint is not None)
-            new = FastOTLPSpanExporter(endpoint=endpoint, insecure=True) if endpoint else None
+            new = FastOTLPSpanExporter(endpoint=endpoint, insecure=True, headers=headers) if endpoint else None
             old, cls._exporter = cls._exporter, new
 
             if old is not None:

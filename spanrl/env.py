@@ -95,6 +95,10 @@ SPANRL_COLLECTOR_READ_TOKEN = "SPANRL_COLLECTOR_READ_TOKEN"
 SPANRL_COLLECTOR_ADMIN_TOKEN = "SPANRL_COLLECTOR_ADMIN_TOKEN"
 """Collector token granting ``POST /v1/prune`` and ``POST /v1/materialize``."""
 
+TOKEN_FILE_SUFFIX = "_FILE"
+"""Each ``SPANRL_*_TOKEN`` variable may be given instead as ``SPANRL_*_TOKEN_FILE``, the path of a file holding
+the token (Docker's convention for secrets; a file every user can read is refused, as ssh refuses such a key)."""
+
 SPANRL_TASK_FROM = "SPANRL_TASK_FROM"
 """How the store names the task of a rollout that names none (a production conversation), read when the
 store is opened (the collector's): ``first_user_message`` (default; a hash of the first user message the
@@ -124,6 +128,12 @@ holds at once; beyond it requests get a retryable 503 / UNAVAILABLE. Default 268
 
 SPANRL_COLLECTOR_SQL_TIMEOUT_S = "SPANRL_COLLECTOR_SQL_TIMEOUT_S"
 """Seconds one ``POST /v1/sql`` query may run before it is interrupted (answered 400). Default 30."""
+
+SPANRL_COLLECTOR_SQL_MAX_ROWS = "SPANRL_COLLECTOR_SQL_MAX_ROWS"
+"""Rows one ``POST /v1/sql`` result may have; past it the query stops, answered 400. Default 1000000."""
+
+SPANRL_COLLECTOR_SQL_MAX_BYTES = "SPANRL_COLLECTOR_SQL_MAX_BYTES"
+"""Bytes one ``POST /v1/sql`` result may take; past it the query stops, answered 400. Default 268435456 (256 MiB)."""
 
 SPANRL_COLLECTOR_MATERIALIZE_INTERVAL_S = "SPANRL_COLLECTOR_MATERIALIZE_INTERVAL_S"
 """Shortest wait between the collector's background runs keeping finished rollouts decomposed

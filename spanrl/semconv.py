@@ -96,6 +96,15 @@ GEN_AI_EVALUATION_SCORE_VALUE = "gen_ai.evaluation.score.value"
 GEN_AI_EVALUATION_SCORE_LABEL = "gen_ai.evaluation.score.label"
 GEN_AI_EVALUATION_EXPLANATION = "gen_ai.evaluation.explanation"
 
+# --- Credit diagnostics (docs/credit.md): what the environment knows about a state or a call -------
+# The environment state an LLM call observed (GiGPO's anchor state): on the call's span, or on the tool
+# span whose result the next call observes. Any string; equal strings are the same state.
+STATE_ID = "spanrl.state.id"
+# Ground truth for a credit audit (`spanrl credit audit`): was this call a good decision? A boolean on the
+# LLM call's span, or on any span of the rollout with the call's gen_ai.response.id. Diagnostics only:
+# never read as a reward.
+LABEL_GOOD = "spanrl.label.good"
+
 # --- Observations ---------------------------------------------------------------------------------
 OBSERVATION_EVENT = "spanrl.observation"
 OBSERVATION_CONTENT = "spanrl.observation.content"

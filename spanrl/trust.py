@@ -1,8 +1,10 @@
 """Who may send what to spanrl's three HTTP servers (collector, policy server, viewer): one helper, not three.
 
 * Tokens and scopes: `Tokens` maps bearer tokens to the scopes they grant (``ingest``, ``policy``, ``read``,
-  ``admin``); `Tokens.allows` answers whether a request's ``Authorization`` header may use one scope. A
-  scope no token grants is open (spanrl's default on loopback: no token at all).
+  ``admin``); `Tokens.allows` answers whether a request's ``Authorization`` header may use one scope.
+  Fail closed: once any token is configured, a scope no token grants is closed to everyone; with no token
+  at all every scope is open, which `open_scopes_line` allows on loopback only (development) and says so
+  in one line.
 * Cross-site and DNS-rebinding requests: `browser_refusal` says why a request must be refused, or None.
   A browser sends a "simple" ``text/plain`` POST to any site without asking first, with the page's
   ``Origin``; a DNS-rebinding page reaches a loopback server under its own host name. So, as Jupyter and
@@ -16,14 +18,17 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import os
+import stat
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 from urllib.parse import urlsplit
 
+from spanrl import env
 from spanrl.errors import ConfigError
 
-__all__ = ["SCOPES", "Tokens", "add_token_option", "browser_refusal", "check_token", "is_loopback", "read_token_file",
-           "token_from_args"]
+__all__ = ["SCOPES", "Tokens", "add_token_option", "browser_refusal", "check_token", "env_token", "is_loopback",
+           "open_scopes_line", "read_token_file", "token_from_args"]
 
 SCOPES = ("ingest", "policy", "read", "admin")
 """ingest: OTLP export; policy: OTLP export whose token ids and log-probs count as the policy server's own;
@@ -35,11 +40,38 @@ def read_token_file(path: str | Path, *, field: str) -> str:
     """The token in the file ``path`` (surrounding whitespace dropped); `ConfigError` naming ``field``."""
     try:
         text = Path(path).read_text(encoding="utf-8").strip()
+        exposed = _readable_by_others(Path(path))
     except OSError as exc:
         raise ConfigError(f"{field}: cannot read the token file {str(path)!r}: {exc.strerror or exc}") from None
+    if exposed:
+        raise ConfigError(f"{field}: the token file {str(path)!r} is readable by every user of this machine "
+                          f"(mode {exposed}); refused, as ssh refuses such a key: run chmod 600 {str(path)!r}")
     if not text or any(c.isspace() for c in text):
         raise ConfigError(f"{field}: the token file {str(path)!r} must hold one token without whitespace")
     return text
+
+
+def _readable_by_others(path: Path) -> str | None:
+    """The file's mode (``0o644``) when any user can read it: it grants others read and every folder above
+    it lets them in (a file in a private folder, such as pytest's or ~/.ssh, is not exposed). Else None."""
+    if os.name != "posix":
+        return None
+    mode = path.stat().st_mode
+    if not mode & stat.S_IROTH:
+        return None
+    for folder in path.resolve().parents:
+        if not folder.stat().st_mode & stat.S_IXOTH:
+            return None
+    return oct(stat.S_IMODE(mode))
+
+
+def env_token(name: str) -> str | None:
+    """The token in the variable ``name``, else in the file the variable ``name + "_FILE"`` names (the
+    convention of Docker's secrets), else None. Both set: `ConfigError`."""
+    value, path = env.get_str(name), env.get_str(name + env.TOKEN_FILE_SUFFIX)
+    if value is not None and path is not None:
+        raise ConfigError(f"set {name} or {name}{env.TOKEN_FILE_SUFFIX}, not both")
+    return read_token_file(path, field=name + env.TOKEN_FILE_SUFFIX) if path is not None else value
 
 
 def check_token(token: str | None, *, field: str) -> None:
@@ -64,7 +96,9 @@ class Tokens:
             if unknown:
                 raise ConfigError(f"token scopes must be among {SCOPES}, got {sorted(unknown)}")
             self._grants.append((token.encode(), scopes))
-        self._guarded = frozenset().union(*(s for _, s in self._grants)) if self._grants else frozenset()
+        # Fail closed: once any token is configured, every scope needs one (a scope no token grants is closed).
+        self._granted = frozenset().union(*(s for _, s in self._grants)) if self._grants else frozenset()
+        self._guarded = frozenset(SCOPES) if self._grants else frozenset()
 
     @classmethod
     def of(cls, *, all_scopes: str | None = None, **scoped: str | None) -> "Tokens":
@@ -81,8 +115,21 @@ class Tokens:
         return cls(grants)
 
     def guarded(self, scope: str) -> bool:
-        """Whether some token grants ``scope`` (else the scope is open to every request)."""
+        """Whether ``scope`` needs a token (any token is configured); else it is open to every request."""
         return scope in self._guarded
+
+    def granted(self, scope: str) -> bool:
+        """Whether some token grants ``scope``: guarded but granted by none, the scope is closed to everyone."""
+        return scope in self._granted
+
+    def refusal(self, scope: str, what: str, fix: str) -> str:
+        """Why a request without a token of ``scope`` is refused (for a 401), naming ``fix`` when the scope
+        is closed because no token grants it."""
+        if not self.granted(scope):
+            return (f"{what} needs a token of scope {scope!r}, and this server has none configured, so the scope is "
+                    f"closed (fail closed); start it with {fix}")
+        return f"missing or wrong bearer token for {what}, which needs a token of scope {scope!r} " \
+               "(header 'Authorization: Bearer <token>')"
 
     def allows(self, header: str | None, scope: str) -> bool:
         """Whether a request with this ``Authorization`` header may use ``scope``."""
@@ -101,6 +148,20 @@ class Tokens:
             if hmac.compare_digest(value, token):
                 found = found | scopes
         return found
+
+
+def open_scopes_line(tokens: Tokens, scopes: Iterable[str], *, server: str, host: str) -> str | None:
+    """None when every one of ``scopes`` needs a token; else the one line that says they are open to anyone
+    and why that is allowed (bound to loopback: development). Beyond loopback: `ConfigError` naming them."""
+    open_ = [s for s in scopes if not tokens.guarded(s)]
+    if not open_:
+        return None
+    if not is_loopback(host):
+        raise ConfigError(f"{server}: host {host} is beyond loopback and the scopes {', '.join(open_)} have no token, "
+                          "so anyone who reaches it could use them: refused (fail closed). Give a token of each "
+                          "scope, or bind 127.0.0.1")
+    return (f"{server}: no token configured, so the scopes {', '.join(open_)} are open to anyone on this machine; "
+            f"allowed because it is bound to loopback ({host}): development only")
 
 
 def is_loopback(host: str) -> bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import duckdb
+import orjson
 import pyarrow as pa
 
 from spanrl import env
@@ -55,6 +56,50 @@ def _check_read_only_statement(cur: duckdb.DuckDBPyConnection, query: str) -> No
             inner_kinds = []
         if inner_kinds != [duckdb.StatementType.SELECT]:
             raise StoreError("EXPLAIN is allowed only of a SELECT statement (EXPLAIN ANALYZE runs what it explains)")
+        query = inner
+    _refuse_modifying_ctes(cur, query)
+
+
+_MODIFYING_NODES = {"INSERT_QUERY_NODE": "INSERT", "UPDATE_QUERY_NODE": "UPDATE", "DELETE_QUERY_NODE": "DELETE"}
+
+
+def _refuse_modifying_ctes(cur: duckdb.DuckDBPyConnection, query: str) -> None:
+    """A SELECT whose CTE writes (``WITH d AS (DELETE ... RETURNING *) SELECT ...``) parses as a SELECT: look
+    for a writing node in its parse tree (the read-only transaction would refuse it too, later and vaguer)."""
+    try:
+        tree = orjson.loads(cur.execute("SELECT json_serialize_sql(?)", [query]).fetchone()[0])
+    except (duckdb.Error, orjson.JSONDecodeError, TypeError):
+        return
+    stack: list[Any] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            kind = _MODIFYING_NODES.get(node.get("type"))  # type: ignore[arg-type]
+            if kind is not None:
+                raise StoreError(f"only plain SELECTs are allowed: this one's WITH clause runs {kind} "
+                                 "(a data-modifying CTE)")
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+_BATCH_ROWS = 16_384
+
+
+def _bounded(relation: duckdb.DuckDBPyRelation, max_rows: int | None, max_bytes: int | None) -> pa.Table:
+    """The relation's rows, read a batch at a time; `StoreError` as soon as they pass a cap."""
+    reader = relation.to_arrow_reader(_BATCH_ROWS)
+    batches, rows, size = [], 0, 0
+    for batch in reader:
+        rows, size = rows + batch.num_rows, size + batch.nbytes
+        if max_rows is not None and rows > max_rows:
+            raise StoreError(f"the result has more than {max_rows} rows, the limit (sql_max_rows): "
+                             "add a LIMIT or aggregate, or raise the collector's --sql-max-rows")
+        if max_bytes is not None and size > max_bytes:
+            raise StoreError(f"the result is larger than {max_bytes} bytes, the limit (sql_max_bytes): select fewer "
+                             "columns or rows, or raise the collector's --sql-max-bytes")
+        batches.append(batch)
+    return pa.Table.from_batches(batches, reader.schema)
 
 
 def _sql_resource(name: str) -> str:
@@ -249,13 +294,16 @@ class SpanStore:
             cur.close()
 
     def read_sql(
-        self, query: str, params: Sequence[Any] | dict[str, Any] | None = None, *, timeout_s: float | None = None
+        self, query: str, params: Sequence[Any] | dict[str, Any] | None = None, *, timeout_s: float | None = None,
+        max_rows: int | None = None, max_bytes: int | None = None,
     ) -> pa.Table:
         """Run one read statement (SELECT / EXPLAIN of a SELECT) and return its rows; anything else is refused.
 
-        The statement runs in a transaction that is rolled back, so even a read with side effects
-        leaves the store unchanged. ``timeout_s``: interrupt the query after that many seconds. Raises
-        `StoreError` naming the refused statement type, or saying the time limit was reached.
+        The statement runs in a read-only transaction that is rolled back, so a read cannot write, not even
+        through a CTE. ``timeout_s``: interrupt the query (and the reading of its rows) after that many
+        seconds. ``max_rows`` / ``max_bytes``: rows are read a batch at a time and the query stops as soon as
+        they pass either cap (Arrow bytes). Raises `StoreError` naming the refused statement type, the cap
+        passed, or the time limit reached.
         """
         cur = self.cursor()
         try:
@@ -265,9 +313,11 @@ class SpanStore:
                 timer = threading.Timer(timeout_s, cur.interrupt)
                 timer.daemon = True
                 timer.start()
-            cur.begin()
+            cur.execute("BEGIN TRANSACTION READ ONLY")
             try:
-                return cur.sql(query, params=params).to_arrow_table()
+                if max_rows is None and max_bytes is None:
+                    return cur.sql(query, params=params).to_arrow_table()
+                return _bounded(cur.sql(query, params=params), max_rows, max_bytes)
             except duckdb.InterruptException:
                 raise StoreError(
                     f"SQL interrupted: it ran longer than the time limit of {timeout_s:g} s (sql_timeout_s)"

@@ -20,6 +20,7 @@ EXPORT_TABLES = ("spans", "rollouts", "llm_calls", "rewards")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _NS_PER_S = 1_000_000_000
+_MAX_OLDER_THAN_S = (2**63 - 1) // _NS_PER_S  # ~292 years: the cutoff is an int64 of nanoseconds
 
 
 def parse_duration_s(text: str) -> float:
@@ -70,8 +71,8 @@ def prune(store: SpanStore, older_than_s: float, *, now_ns: int | None = None) -
     spans ingested before then; never part of a rollout (``ingested_ns``: the collector's clock, never the
     sender's ``end_ns``). Returns the number of spans deleted. The kept
     decomposition of every rollout sharing a trace with a deleted span goes in the same transaction."""
-    if older_than_s < 0:
-        raise ConfigError(f"older_than must be 0 or more seconds, got {older_than_s}")
+    if not 0 <= older_than_s <= _MAX_OLDER_THAN_S:  # also refuses NaN
+        raise ConfigError(f"older_than must be from 0 to {_MAX_OLDER_THAN_S} seconds (292 years), got {older_than_s}")
     now = time.time_ns() if now_ns is None else now_ns
     cutoff = now - int(older_than_s * _NS_PER_S)
     cur = store.cursor()

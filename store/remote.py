@@ -33,8 +33,9 @@ class RemoteStore:
     def health(self, timeout_s: float = _PING_TIMEOUT_S) -> dict[str, Any] | None:
         """The collector's ``/health`` document, or None when no collector answers there.
 
-        ``status`` is ``ok``, or ``recovering`` / ``failed`` (with ``error``) while the collector's store
-        is reopened after a DuckDB failure or could not be (answered 503, still this collector's file).
+        ``status`` is ``ok``, or ``failing`` / ``recovering`` / ``failed`` (with ``error``) while its commits
+        fail (a full disk), while its store is reopened after a DuckDB failure, or when it could not be
+        (answered 503, still this collector's file).
         """
         try:
             with urllib.request.urlopen(f"{self.url}/health", timeout=timeout_s) as resp:
@@ -47,7 +48,7 @@ class RemoteStore:
             doc = json.loads(body)
         except ValueError:
             return None
-        return doc if isinstance(doc, dict) and doc.get("status") in ("ok", "recovering", "failed") else None
+        return doc if isinstance(doc, dict) and doc.get("status") in ("ok", "failing", "recovering", "failed") else None
 
     def _post(self, path: str, doc: dict[str, Any], accept: str) -> bytes:
         headers = {"content-type": "application/json", "accept": accept}

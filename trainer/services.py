@@ -11,11 +11,16 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import os
+import secrets
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from spanrl import env
+from spanrl.rollouts.agent_env import ingest_token_env, otlp_headers
 from spanrl.store import rollouts as store_rollouts
+from spanrl.trust import env_token
 from spanrl.trainer.config import SERVED_MODEL_NAME, TrainerConfig
 from spanrl.rollouts.policy_pool import PolicyPool, ServingConfig
 from spanrl.errors import ConfigError
@@ -30,7 +35,8 @@ ReadyFn = Callable[[Sequence[str], int], set]
 
 
 def start_policy_server(model: Path, *, otlp_endpoint: str | None, max_batch_size: int = 32, seed: int = 0,
-                        serving: Any = None, host: str = "127.0.0.1", adapters: dict[str, Path] | None = None) -> Any:
+                        serving: Any = None, host: str = "127.0.0.1", adapters: dict[str, Path] | None = None,
+                        otlp_headers: dict[str, str] | None = None) -> Any:
     """A started :class:`~spanrl.serving.PolicyServer` for ``model`` on a free local port (backend, device
     and dtype from ``serving``, a :class:`~spanrl.rollouts.policy_pool.ServingConfig`), serving the LoRA
     ``adapters`` (name -> PEFT folder) beside it."""
@@ -44,6 +50,7 @@ def start_policy_server(model: Path, *, otlp_endpoint: str | None, max_batch_siz
             host=host,
             port=0,
             otlp_endpoint=otlp_endpoint,
+            otlp_headers=dict(otlp_headers or {}),
             max_batch_size=max_batch_size,
             seed=seed,
             backend=serving.backend,
@@ -57,11 +64,25 @@ def start_policy_server(model: Path, *, otlp_endpoint: str | None, max_batch_siz
     return server
 
 
+_SCOPED = {"ingest_token": env.SPANRL_COLLECTOR_INGEST_TOKEN, "policy_token": env.SPANRL_COLLECTOR_POLICY_TOKEN,
+           "read_token": env.SPANRL_COLLECTOR_READ_TOKEN, "admin_token": env.SPANRL_COLLECTOR_ADMIN_TOKEN}
+
+
+def collector_tokens() -> dict[str, str | None]:
+    """The Trainer's collector's tokens (`CollectorConfig` fields): the operator's ``SPANRL_COLLECTOR_*TOKEN``
+    (or ``*_TOKEN_FILE``) where set, else one made for this run, in memory only. Every scope is guarded, so
+    the collector may bind beyond loopback (``rollouts.advertise_host``); agents get the ingest token, the
+    policy servers the policy one; the Trainer reads the store in process."""
+    made = {name: env_token(var) or secrets.token_urlsafe(24) for name, var in _SCOPED.items()}
+    return {"token": env_token(env.SPANRL_COLLECTOR_TOKEN), **made}
+
+
 class Services:
     """Collector, policy server and rollout runner of one Trainer; ``close()`` is safe twice."""
 
     def __init__(self) -> None:
         self.collector: Any = None
+        self.collector_tokens: dict[str, str | None] = {}
         self.server: Any = None
         self.runner: RolloutRunner | None = None
         self._stack = contextlib.ExitStack()
@@ -72,8 +93,9 @@ class Services:
         from spanrl.collector import Collector, CollectorConfig
 
         host = "0.0.0.0" if reachable else serving.collector_host
-        self.collector = Collector(CollectorConfig(db_path=str(db_path), host=host,
-                                                   grpc_port=serving.collector_port, http_port=0))
+        self.collector_tokens = collector_tokens()
+        self.collector = Collector(CollectorConfig(db_path=str(db_path), host=host, grpc_port=serving.collector_port,
+                                                   http_port=0, **self.collector_tokens))
         self.collector.start()
         self._stack.callback(self._stop, "collector", self.collector.shutdown)
 
@@ -86,13 +108,17 @@ class Services:
         embedded = start_policy_server(
             serve_from, otlp_endpoint=self.collector.grpc_endpoint, max_batch_size=config.server_max_batch_size,
             seed=config.seed, serving=config.serving, adapters=adapters,
-            host="0.0.0.0" if config.rollouts.advertise_host else "127.0.0.1",
+            host="0.0.0.0" if config.rollouts.advertise_host else "127.0.0.1", otlp_headers=self.policy_headers(),
         )
         if adapters and (config.serving.urls or config.serving.placement == "ray"):
             embedded.shutdown()
             raise ConfigError("serving.urls, serving.placement ray: per-agent adapters are served by the Trainer's "
                               "own server only")
         self._stack.callback(self._stop, "server", embedded.shutdown)
+        if config.serving.urls and env_token(env.SPANRL_COLLECTOR_POLICY_TOKEN) is None:
+            _logger.warning("serving.urls: this run's collector takes spans only with a token, and its policy token "
+                            "was made for this run; servers it did not start need %s set before the run and given "
+                            "to them (spanrl serve --collector-token-file)", env.SPANRL_COLLECTOR_POLICY_TOKEN)
         serving, token = config.serving, None
         if serving.placement == "ray":
             serving, token = self._start_ray_servers(serve_from, config, output_dir / "served-weights")
@@ -100,7 +126,7 @@ class Services:
                                  model_dir=Path(serve_from), token=token)
         otel_env = self.agent_otel_env()
         if callable(agent):
-            InProcessTracing.point_at(otel_env["OTEL_EXPORTER_OTLP_ENDPOINT"])
+            InProcessTracing.point_at(otel_env["OTEL_EXPORTER_OTLP_ENDPOINT"], otlp_headers(otel_env))
             self._stack.callback(self._stop, "tracing", lambda: InProcessTracing.point_at(None))
         self.runner = RolloutRunner(agent, config=config.runner, ready=ready, otel_env=otel_env,
                                     flush=self.server.force_flush, backend=config.rollouts,
@@ -114,7 +140,8 @@ class Services:
 
         servers = RayServers(config.serving, config.rollouts, model=Path(model), weights_dir=weights_dir,
                              otlp_endpoint=self.collector.grpc_endpoint, served_model_name=SERVED_MODEL_NAME,
-                             max_batch_size=config.server_max_batch_size, seed=config.seed)
+                             max_batch_size=config.server_max_batch_size, seed=config.seed,
+                             otlp_headers=self.policy_headers())
         self._stack.callback(self._stop, "Ray policy servers", servers.close)
         return dataclasses.replace(config.serving, urls=(*config.serving.urls, *servers.roots)), servers.token
 
@@ -132,13 +159,19 @@ class Services:
         self._stack.callback(self._stop, "server", self.server.shutdown)
 
     def agent_otel_env(self) -> dict[str, str]:
-        """Where agent processes export their spans (the collector's OTLP/gRPC endpoint)."""
+        """Where agent processes export their spans (the collector's OTLP/gRPC endpoint) and the ingest token
+        they send (the only collector token an agent gets)."""
         endpoint = self.collector.grpc_endpoint
         return {
             "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint if "://" in endpoint else f"http://{endpoint}",
             "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
             "OTEL_EXPORTER_OTLP_INSECURE": "true",
+            **ingest_token_env(self.collector_tokens["ingest_token"], os.environ),
         }
+
+    def policy_headers(self) -> dict[str, str]:
+        """The OTLP headers of the policy servers the Trainer starts: the collector's policy token."""
+        return {"authorization": f"Bearer {self.collector_tokens['policy_token']}"}
 
     def close(self) -> None:
         """Stop the runner, tracing, server and collector, in that order (the DuckDB file stays)."""

@@ -152,13 +152,19 @@ def _required(query: dict[str, str], name: str) -> str:
     return value
 
 
+_BIGINT_MAX = 2**63 - 1  # DuckDB's LIMIT and OFFSET are BIGINTs: past it the query failed, answered 500
+
+
 def _rollout_filter(query: dict[str, str]) -> RolloutFilter:
     def integer(name: str, default: int) -> int:
+        """The parameter as an integer (its range is RolloutFilter's to check); ASCII digits only: int()
+        also takes "1_000", " 7" and other scripts' digits."""
         raw = query.get(name)
-        try:
-            return default if raw in (None, "") else int(raw)
-        except ValueError:
-            raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+        if raw in (None, ""):
+            return default
+        if not (raw.isascii() and raw.removeprefix("-").isdigit()) or abs(int(raw)) > _BIGINT_MAX:
+            raise ConfigError(f"the query parameter {name!r} must be an integer of at most {_BIGINT_MAX}, got {raw!r}")
+        return int(raw)
 
     return RolloutFilter(
         status=query.get("status") or None,

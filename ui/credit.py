@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spanrl.algorithms.call_facts import ID_COLUMNS, call_facts
 from spanrl.algorithms.credit import CreditConfig
 from spanrl.algorithms.transitions import TransitionBatch, load_transitions
 from spanrl.ui.source import Source
@@ -32,7 +33,8 @@ def rollout_credit(
     why each remaining call was skipped. ``rollouts`` is the cached rollouts table."""
     group = _group(rollouts, rollout_id)
     spans = fetch_spans(source, group["rollout_ids"])
-    calls = scratch.decompose_rollout(spans, rollout_id).calls.to_pylist()
+    decomposed = scratch.decompose_rollout(spans, rollout_id).calls
+    calls = decomposed.to_pylist()
 
     def transitions() -> TransitionBatch:
         with scratch.holding(spans) as cur:
@@ -46,6 +48,9 @@ def rollout_credit(
         {k: r[k] for k in ("step", "agent", "reward", "advantage", "policy_version", "retokenized", "completion_mask")}
         for r in mine.to_pylist()
     ]
+    labels = _labels(scratch, spans, decomposed)
+    for r in rows:
+        r["label"] = labels.get(r["step"])  # spanrl.label.good: ground truth beside the advantage
     trained = {r["step"] for r in rows}
     kept = rollout_id in batch.rewards_by_rollout
     skipped = [
@@ -67,6 +72,15 @@ def rollout_credit(
         "skipped": skipped,
         "report": {k: v for k, v in batch.report.items() if v},
     }
+
+
+def _labels(scratch: Scratch, spans: pa.Table, calls: pa.Table) -> dict[int, bool]:
+    """Each labelled call's ``spanrl.label.good`` by step (diagnostics: credit never reads it)."""
+    if not calls.num_rows:
+        return {}
+    with scratch.holding(spans) as cur:
+        facts = call_facts(cur, calls.select(["rollout_id", "step", *ID_COLUMNS]), tool_states=False)
+    return {s: lab for s, lab in zip(calls.column("step").to_pylist(), facts.label) if lab is not None}
 
 
 def _group(rollouts: pa.Table, rollout_id: str) -> dict[str, Any]:

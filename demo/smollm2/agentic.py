@@ -44,10 +44,13 @@ class AgenticConfig:
     learning_rate: float = 2e-5
     credit: str = "identical"
     """How the episode's reward reaches each call: ``identical`` (Agent Lightning's), ``discounted``,
-    ``step``, or ``gigpo`` (identical plus the step-group term, ``CreditConfig.step_group_weight``)."""
+    ``step`` (both with ``gamma``), or ``gigpo`` (identical plus GiGPO's step-group term,
+    ``step_group_weight`` 1, its step return discounted by ``gamma``)."""
+    gamma: float = 0.9
+    """Discount per call of ``discounted``, ``step`` and ``gigpo`` (at 1, ``discounted`` is ``identical``)."""
     aggregate: bool = True
     """Merge each episode's calls into one sample (``trajectory_aggregation``; the tool result masked): half
-    the update's tokens. Every call then takes the first call's advantage, so only ``identical`` is unchanged."""
+    the update's tokens. Each call keeps its own advantage on its tokens (``Transition.token_advantages``)."""
     temperature: float = 1.0
     """Sampling temperature of the training rollouts (held-out evaluations are greedy)."""
     n_train: int = 200
@@ -82,6 +85,7 @@ class AgenticConfig:
                 raise ConfigError(f"{name} must be an integer >= 0, got {getattr(self, name)!r}")
         if not self.learning_rate > 0:
             raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate!r}")
+        _credit(self.credit, self.aggregate, self.gamma).validate()  # a bad gamma fails now, not after setup
         if self.val_tasks:
             load_tasks(self.val_tasks)  # a bad file fails now, not after setup
         return self
@@ -108,12 +112,12 @@ async def agent(task: dict[str, Any], llm: Any) -> float:
     return 0.0  # still calling tools after MAX_CALLS: no answer
 
 
-def _credit(mode: str, aggregate: bool) -> Any:
-    from spanrl.algorithms import LightningRL
+def _credit(mode: str, merge: bool, gamma: float) -> Any:
+    from spanrl.algorithms.credit import CreditConfig
 
-    if mode == "gigpo":
-        return LightningRL(mode="identical", baseline="grpo", step_group_weight=1.0, trajectory_aggregation=aggregate)
-    return LightningRL(mode=mode, baseline="grpo", trajectory_aggregation=aggregate)
+    if mode == "gigpo":  # the paper's: the undiscounted episode term plus the discounted step term
+        return CreditConfig(mode="identical", step_group_weight=1.0, step_gamma=gamma, trajectory_aggregation=merge)
+    return CreditConfig(mode=mode, gamma=gamma if mode != "identical" else 1.0, trajectory_aggregation=merge)
 
 
 def build_trainer(cfg: AgenticConfig) -> Any:
@@ -130,7 +134,7 @@ def build_trainer(cfg: AgenticConfig) -> Any:
     return Trainer(
         model=model, agent=agent, tasks=train, val_tasks=val,
         algorithm=GRPO(learning_rate=cfg.learning_rate, max_completion_length=cfg.max_tokens, micro_batch_size=8),
-        credit=_credit(cfg.credit, cfg.aggregate),
+        credit=_credit(cfg.credit, cfg.aggregate, cfg.gamma),
         config=TrainerConfig(
             output_dir=cfg.output_dir, n_rollouts=cfg.group, tasks_per_step=cfg.tasks_per_step, max_steps=cfg.steps,
             temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed, progress=cfg.progress,

@@ -18,11 +18,15 @@ The lesson RL has to learn is which tool and which argument order each phrasing 
 SmolLM2's own chat template drops ``tools`` and ``tool_calls`` (it renders only ``content``), so the
 model folder used here carries ``CHAT_TEMPLATE``, a Hermes-style template (``tool_model``): the tools in
 the system prompt, an assistant's calls as ``<tool_call>{...}</tool_call>``, a tool result as a ``tool``
-turn. Held-out tasks never share an (operation, a, b) triple with training tasks or the shots.
+turn. Held-out tasks never share an (operation, a, b) triple with training tasks or the shots, whatever
+the seeds: a triple is held out or trained on by its content (``held_out``, a hash), never by the seed's
+random stream, so seed 1's training tasks cannot be seed 0's held-out ones. ``add`` and ``multiply``
+are split by their unordered operands (37 + 48 and 48 + 37 fall on one side).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -33,8 +37,8 @@ from typing import Any
 
 from spanrl.errors import ConfigError
 
-__all__ = ["CHAT_TEMPLATE", "OPS", "SHOTS", "TOOLS", "load_tasks", "make_tasks", "reward", "run_tool", "split",
-           "tool_model"]
+__all__ = ["CHAT_TEMPLATE", "HELD_OUT_SHARE", "OPS", "SHOTS", "TOOLS", "held_out", "load_tasks", "make_tasks", "reward",
+           "run_tool", "split", "tool_model"]
 
 OPS = {"add": lambda a, b: a + b, "subtract": lambda a, b: a - b, "multiply": lambda a, b: a * b}
 _DESCRIPTIONS = {"add": "a + b", "subtract": "a - b", "multiply": "a * b"}
@@ -136,27 +140,44 @@ def run_tool(name: str, arguments: str | dict[str, Any]) -> str:
         return f"error: {name} takes integer arguments a and b ({type(exc).__name__}: {exc})"
 
 
-def make_tasks(n: int, *, seed: int, exclude: set[str] | None = None) -> list[dict[str, Any]]:
-    """``n`` tasks with distinct (operation, a, b) keys, none in ``exclude``."""
-    rng, seen, tasks = random.Random(f"tools-{seed}"), set(exclude or ()), []
+HELD_OUT_SHARE = 0.25
+"""The share of (operation, a, b) triples held out (``held_out``)."""
+
+
+def held_out(key: str, share: float = HELD_OUT_SHARE) -> bool:
+    """Whether the task of split key ``key`` is a held-out one: by a hash of its content, the same for every
+    seed and run, so no seed's training stream can hold another seed's held-out task."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") < share * 2**64
+
+
+def _split_key(op: str, a: int, b: int) -> str:
+    """The key the held-out split goes by: a commutative operation's operands unordered."""
+    return f"{op}:{min(a, b)}:{max(a, b)}" if op in ("add", "multiply") else f"{op}:{a}:{b}"
+
+
+def make_tasks(n: int, *, seed: int, exclude: set[str] | None = None, part: str | None = None) -> list[dict[str, Any]]:
+    """``n`` tasks with distinct (operation, a, b) keys, none in ``exclude``; ``part`` ``train`` or ``val``: only
+    triples on that side of ``held_out`` (None: any)."""
+    rng, seen, tasks = random.Random(f"tools-{part or 'any'}-{seed}"), set(exclude or ()), []
     while len(tasks) < n:
         op, a, b = rng.choice(tuple(OPS)), rng.randint(10, 99), rng.randint(10, 99)
         key = f"{op}:{a}:{b}"
-        if key in seen:
+        if key in seen or (part is not None and held_out(_split_key(op, a, b)) != (part == "val")):
             continue
         seen.add(key)
         question = rng.choice(PHRASINGS[op]).format(a=a, b=b)
-        tasks.append({"id": f"tools-{seed}-{len(tasks)}", "key": key, "question": question,
+        tasks.append({"id": f"tools-{part or 'any'}-{seed}-{len(tasks)}", "key": key, "question": question,
                       "answer": str(OPS[op](a, b)), "tool": op})
     return tasks
 
 
 def split(n_train: int, n_val: int, *, seed: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Disjoint train and held-out tasks (no shared triple, none of the shots')."""
+    """Train and held-out tasks of ``seed``: no triple of any seed's held-out tasks (nor its reverse, for add
+    and multiply) is trained on by any seed, and none is a shot's."""
     shots = {f"{op}:{a}:{b}" for op, a, b in _SHOT_TRIPLES}
-    val = make_tasks(n_val, seed=seed + 1, exclude=shots)
-    train = make_tasks(n_train, seed=seed, exclude=shots | {t["key"] for t in val})
-    return train, val
+    shots |= {f"{op}:{b}:{a}" for op, a, b in _SHOT_TRIPLES if op != "subtract"}  # a shot's reverse
+    return (make_tasks(n_train, seed=seed, exclude=shots, part="train"),
+            make_tasks(n_val, seed=seed, exclude=shots, part="val"))
 
 
 def load_tasks(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

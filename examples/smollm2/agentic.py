@@ -35,8 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", type=int, default=d.group)
     parser.add_argument("--lr", type=float, default=d.learning_rate)
     parser.add_argument("--credit", choices=CREDIT_MODES, default=d.credit)
+    parser.add_argument("--gamma", type=float, default=d.gamma, help="discount per call (discounted, step, gigpo)")
     parser.add_argument("--aggregate", action=argparse.BooleanOptionalAction, default=d.aggregate,
-                        help="one sample per episode (trajectory_aggregation); --no-aggregate: one per call")
+                        help="one sample per episode (trajectory_aggregation; each call keeps its own advantage on "
+                             "its tokens); --no-aggregate: one sample per call")
     parser.add_argument("--temperature", type=float, default=d.temperature)
     parser.add_argument("--val", type=int, default=d.n_val, help="generated held-out tasks")
     parser.add_argument("--val-tasks", default=None,
@@ -63,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _config(args: argparse.Namespace) -> AgenticConfig:
     return AgenticConfig(output_dir=args.out, model=args.model, steps=args.steps, tasks_per_step=args.tasks_per_step,
-                         group=args.group, learning_rate=args.lr, credit=args.credit, aggregate=args.aggregate,
+                         group=args.group, learning_rate=args.lr, credit=args.credit, gamma=args.gamma,
+                         aggregate=args.aggregate,
                          temperature=args.temperature, n_val=args.val, val_tasks=args.val_tasks,
                          eval_every=args.eval_every, max_minutes=args.max_minutes, threads=args.threads,
                          progress=not args.no_progress, seed=args.seed).validate()

@@ -5,7 +5,11 @@ Three families (``probe.py`` measures the base model's greedy success on each):
 - ``add``: "What is 47 + 38? Reply with only the number." (two-digit addition)
 - ``word``: one-step word problems ("Sam has 12 apples and buys 7 more. ..."), small numbers
 - ``mul``: "What is 7 * 8?", "What is 7 times 8?", "Multiply 7 by 8." (2 to 12; held-out operand
-  pairs never appear in training)
+  pairs never appear in training, in either order, for any seed)
+
+The held-out split goes by a task's content (``spanrl.demo.smollm2.tools.held_out``, a hash of its
+unordered operands or, for ``word``, its question), the same for every seed: seed 1's training tasks
+cannot be seed 0's held-out ones, and 7 * 8 is held out exactly when 8 * 7 is.
 
 The reward is strict about the end of the reply: 1.0 when it ends with the answer ("85",
 "47 + 38 = 85", "The answer is 85."), 0.0 when it is wrong or runs on after the number (a reply cut
@@ -19,7 +23,7 @@ import random
 import re
 from typing import Any
 
-from spanrl.demo.smollm2.tools import reward  # one reward for both SmolLM2 tasks
+from spanrl.demo.smollm2.tools import held_out, reward  # one reward for both SmolLM2 tasks
 
 __all__ = ["FAMILIES", "exact", "lenient", "make_tasks", "messages", "reward", "split"]
 
@@ -27,6 +31,18 @@ FAMILIES = ("add", "word", "mul")
 INSTRUCTION = "Reply with only the number."
 _NAMES = ("Sam", "Ana", "Li", "Omar", "Kim", "Tom", "Eva", "Raj")
 _THINGS = ("apples", "books", "coins", "stickers", "pens", "cards", "shells", "marbles")
+
+
+_HELD_OUT_SHARE = {"add": 0.25, "word": 0.25, "mul": 0.4}  # mul has 66 unordered pairs: 0.4 leaves ~26 held out
+
+
+def _split_key(family: str, key: str) -> str:
+    """What the held-out split goes by: the unordered operands (add, mul), the question (word)."""
+    if family == "word":
+        return f"word:{key}"
+    sep = "+" if family == "add" else "*"
+    a, b = sorted(int(x) for x in key.split(sep))
+    return f"{family}:{a}{sep}{b}"
 
 
 def _add(rng: random.Random) -> tuple[str, int, str]:
@@ -55,14 +71,19 @@ _MAKERS = {"add": _add, "word": _word, "mul": _mul}
 _MAX_SHOTS = 8
 
 
-def make_tasks(family: str, n: int, *, seed: int, exclude: set[str] | None = None) -> list[dict[str, Any]]:
-    """``n`` distinct tasks of ``family`` (none whose key, the operands, is in ``exclude``) with answers."""
+def make_tasks(family: str, n: int, *, seed: int, exclude: set[str] | None = None,
+               part: str | None = None) -> list[dict[str, Any]]:
+    """``n`` distinct tasks of ``family`` (none whose key, the operands, is in ``exclude``) with answers;
+    ``part`` ``train`` or ``val``: only tasks on that side of the held-out split (None: any)."""
     if family not in _MAKERS:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
-    rng, excluded, seen, tasks = random.Random(f"{family}-{seed}"), set(exclude or ()), set(), []
+    rng = random.Random(f"{family}-{seed}" if part is None else f"{family}-{part}-{seed}")
+    excluded, seen, tasks = set(exclude or ()), set(), []
     for _ in range(1000 * n):
         question, answer, key = _MAKERS[family](rng)
-        if question in seen or key in excluded:
+        if question in seen or _split_key(family, key) in excluded:
+            continue
+        if part is not None and held_out(_split_key(family, key), _HELD_OUT_SHARE[family]) != (part == "val"):
             continue
         seen.add(question)
         tasks.append({"id": f"{family}-{seed}-{len(tasks)}", "family": family, "key": key,
@@ -73,11 +94,11 @@ def make_tasks(family: str, n: int, *, seed: int, exclude: set[str] | None = Non
 
 
 def split(family: str, n_train: int, n_val: int, *, seed: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Disjoint train and held-out tasks: no held-out operands appear in train or among the shots."""
-    shots = {t["key"] for t in make_tasks(family, _MAX_SHOTS, seed=-1)}
-    val = make_tasks(family, n_val, seed=seed + 1, exclude=shots)
-    train = make_tasks(family, n_train, seed=seed, exclude=shots | {t["key"] for t in val})
-    return train, val
+    """Train and held-out tasks of ``seed``: no held-out operands (in either order) of any seed appear in any
+    seed's training tasks, and none are the shots'."""
+    shots = {_split_key(family, t["key"]) for t in make_tasks(family, _MAX_SHOTS, seed=-1)}
+    return (make_tasks(family, n_train, seed=seed, exclude=shots, part="train"),
+            make_tasks(family, n_val, seed=seed, exclude=shots, part="val"))
 
 
 def messages(question: str, family: str, shots: int = 2) -> list[dict[str, str]]:

@@ -142,22 +142,23 @@ def test_discounted_mode_scales_by_gamma_to_the_calls_that_followed() -> None:
     assert two.advantages.tolist() == [-0.5, -1.0, 0.5, 1.0]  # (G - 2) * 0.5 ** (1 - t)
 
 
+SUM = dict(episode_reward="sum")  # every reward counts (the default, "last", keeps only the last by time)
 STEP_KW = dict(calls=[(0, 0), (0, 1), (1, 0)], n_calls=[2, 1], groups=[0, 0],
                rewards=[(0, 0, 1.0), (0, 1, 2.0), (1, 0, 4.0)])
 
 
 def test_step_mode_returns_to_go_reset_at_each_rollout() -> None:
     # dense rewards [1, 2 | 4]; gamma 0.5: rollout 0 -> [1 + 0.5 * 2, 2], rollout 1 -> [4] (nothing carried over)
-    res = credit(CreditConfig(mode="step", gamma=0.5, baseline="none", scale_std=False), **STEP_KW)
+    res = credit(CreditConfig(mode="step", gamma=0.5, baseline="none", scale_std=False, **SUM), **STEP_KW)
     assert res.returns.tolist() == [2.0, 2.0, 4.0]
 
 
 def test_step_mode_baselines_compare_rollouts_at_the_same_step() -> None:
-    # returns-to-go grid (gamma 1): rollout 0 [3, 2], rollout 1 [4, 0 past its end]
-    grpo = credit(CreditConfig(mode="step", scale_std=False), **STEP_KW)
-    assert grpo.advantages.tolist() == [-0.5, 1.0, 0.5]  # step means 3.5, 1.0
-    rloo = credit(CreditConfig(mode="step", baseline="rloo", scale_std=False), **STEP_KW)
-    assert rloo.advantages.tolist() == [-1.0, 2.0, 1.0]  # the other rollout's value at that step
+    # returns-to-go grid (gamma 1): rollout 0 [3, 2], rollout 1 [4] (it never reached step 1)
+    grpo = credit(CreditConfig(mode="step", scale_std=False, **SUM), **STEP_KW)
+    assert grpo.advantages.tolist() == [-0.5, 0.0, 0.5]  # step 0 mean 3.5; step 1: rollout 0 alone: 0
+    rloo = credit(CreditConfig(mode="step", baseline="rloo", scale_std=False, **SUM), **STEP_KW)
+    assert rloo.advantages.tolist() == [-1.0, 0.0, 1.0]  # the other rollout's value at step 0; none at step 1
     assert rloo.report["singleton_groups"] == 0 and rloo.report["rewards_before_first_call"] == 0
 
 
@@ -172,13 +173,14 @@ def test_step_mode_counts_unscaled_groups_only_at_steps_they_reached() -> None:
 
 def test_rewards_before_the_first_call_are_counted_in_step_and_gae_modes_only() -> None:
     kw = dict(calls=[(0, 0)], n_calls=[1], groups=[0], rewards=[(0, -1, 0.5), (0, 0, 1.0)])
-    assert credit(CreditConfig(mode="step"), **kw).report["rewards_before_first_call"] == 1
+    assert credit(CreditConfig(mode="step", **SUM), **kw).report["rewards_before_first_call"] == 1
+    assert credit(CreditConfig(mode="step"), **kw).report["rewards_before_first_call"] == 0  # "last" dropped it
     assert "rewards_before_first_call" not in credit(CreditConfig(), **kw).report
 
 
 def test_gae_by_hand() -> None:
     # rollout 0: rewards 0.5 at step 0 and 1.0 at step 1, values (0.5, 0.2); rollout 1: reward 2 at step 0, value 1
-    res = credit(CreditConfig(mode="gae", baseline="none", scale_std=False, gamma=0.9, lam=0.5),
+    res = credit(CreditConfig(mode="gae", baseline="none", scale_std=False, gamma=0.9, lam=0.5, **SUM),
                  calls=[(0, 0), (0, 1), (1, 0)], n_calls=[2, 1], groups=[0, 1],
                  rewards=[(0, 0, 0.5), (0, 1, 1.0), (1, 0, 2.0)], values=[0.5, 0.2, 1.0])
     # step 1: delta = 1.0 - 0.2 = 0.8; step 0: delta = 0.5 + 0.9 * 0.2 - 0.5 = 0.18, A = 0.18 + 0.9 * 0.5 * 0.8

@@ -106,3 +106,16 @@ def test_bad_step_group_weight_fails_with_its_message(fields: dict, message: str
 def test_step_group_weight_needs_call_states() -> None:
     with pytest.raises(ConfigError, match="call_state must give one state per call"):
         gigpo(CreditConfig(step_group_weight=1.0), [1, 1, 0, 1], states=None)
+
+
+def test_step_term_compares_the_discounted_step_return_with_its_own_gamma() -> None:
+    # a: 2 calls, b: 3 calls, both rewarded 1 after their last call; states: step 0 shared, a's and b's step 1
+    # shared (X), b's step 2 alone (Y). step_gamma 0.5: step returns a [0.5, 1], b [0.25, 0.5, 1]
+    result = assign_credit(
+        CreditConfig(scale_std=False, step_group_weight=1.0, step_gamma=0.5),
+        call_rollout=np.array([0, 0, 1, 1, 1]), call_step=np.array([0, 1, 0, 1, 2]), rollout_calls=np.array([2, 3]),
+        rollout_group=np.array([0, 0]), reward_rollout=np.array([0, 1]), reward_step=np.array([1, 2]),
+        reward_value=np.array([1.0, 1.0]), reward_time_ns=np.arange(2), call_state=np.array([0, 1, 0, 1, 2]))
+    # episode term 0 (equal rewards); state 0: [0.5, 0.25] mean 0.375; X: [1, 0.5] mean 0.75; Y alone: 0
+    assert result.advantages.tolist() == [0.125, 0.25, -0.125, -0.25, 0.0]
+    assert result.returns.tolist() == [1.0] * 5  # the mode's returns are unchanged (identical)

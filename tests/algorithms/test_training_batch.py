@@ -19,6 +19,7 @@ from spanrl.algorithms.credit import CreditConfig, LightningRL
 from spanrl.algorithms.grpo import GRPO
 from spanrl.algorithms.ppo import PPO, completion_logprobs
 from spanrl.algorithms.transitions import load_training_batch, load_transitions
+from spanrl.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +139,7 @@ def test_calls_sampled_at_another_temperature_are_skipped_and_counted(collector:
     assert [t.temperature for t in every.transitions] == [0.7, 0.7, 1.3, 1.3, None, None]
 
 
-def test_trajectory_aggregation_reaches_ppo_through_the_credit(collector: Any, model_path: Path,
+def test_trajectory_aggregation_with_ppo_is_refused(collector: Any, model_path: Path,
                                                                tmp_path: Path) -> None:
     ppo = _ppo(model_path, tmp_path)
     tok = ppo.tokenizer
@@ -152,10 +153,10 @@ def test_trajectory_aggregation_reaches_ppo_through_the_credit(collector: Any, m
     r.reward(root, 90, 1.0)
     deliver(collector, rec.spans())
 
-    merged = load_training_batch(collector.store, ppo, credit=LightningRL(trajectory_aggregation=True, baseline="none"))
+    # GAE gives each call its own advantage and value target; a merged sample has one value target, so the
+    # combination is refused (it took the first call's advantage for both calls' tokens before)
+    with pytest.raises(ConfigError, match=r"^trajectory_aggregation .* but mode='gae' \(PPO's critic\) gives each"):
+        load_training_batch(collector.store, ppo, credit=LightningRL(trajectory_aggregation=True, baseline="none"))
     apart = load_training_batch(collector.store, ppo, credit=LightningRL(baseline="none"))
-
-    assert len(merged) == 1 and merged.report["merged"] == 1 and len(apart) == 2
-    [t] = merged.transitions
-    assert t.completion_mask.count(1) == 2 and t.advantage == pytest.approx(0.95)  # the first call's GAE advantage
-    assert math.isfinite(ppo.update(merged)["losses/policy_loss"])
+    assert len(apart) == 2 and len({t.advantage for t in apart.transitions}) == 2
+    assert math.isfinite(ppo.update(apart)["losses/policy_loss"])

@@ -107,22 +107,21 @@ def test_step_mode_returns_to_go_over_intermediate_rewards(collector: Any) -> No
     one_call_rollout(rec, "b", "t1", 0.4)
     deliver(collector, rec.spans())
 
-    flat = load_transitions(collector.store, credit=CreditConfig(mode="step", gamma=1.0, baseline="none",
-                                                                 scale_std=False))
-    discounted = load_transitions(collector.store, credit=CreditConfig(mode="step", gamma=0.5, baseline="none",
-                                                                       scale_std=False))
-    grpo = load_transitions(collector.store, credit=CreditConfig(mode="step"))
+    step = dict(mode="step", episode_reward="sum")  # every reward counts ("last": only the 1.0)
+    flat = load_transitions(collector.store, credit=CreditConfig(gamma=1.0, baseline="none", scale_std=False, **step))
+    discounted = load_transitions(collector.store, credit=CreditConfig(gamma=0.5, baseline="none", scale_std=False,
+                                                                       **step))
+    grpo = load_transitions(collector.store, credit=CreditConfig(**step))
 
     # r = [0.2, 0, 1.0]: G = [1.2, 1.0, 1.0]; gamma 0.5: G2 = 1, G1 = 0.5, G0 = 0.2 + 0.25 = 0.45
     assert advantages(flat) == {"a": [pytest.approx(1.2), 1.0, 1.0], "b": [0.4]}
     assert advantages(discounted) == {"a": [pytest.approx(0.45), 0.5, 1.0], "b": [0.4]}
     assert flat.report["rewards_before_first_call"] == 1
-    # GRPO per step over the group's returns-to-go (b's is 0 after its one call): step 0 [1.2, 0.4], mean 0.8,
-    # std sqrt(0.32); steps 1 and 2 [1.0, 0.0], mean 0.5, std sqrt(0.5)
-    s0, s1 = math.sqrt(0.32), math.sqrt(0.5)
-    assert advantages(grpo) == {
-        "a": [pytest.approx(0.4 / s0, rel=1e-5), pytest.approx(0.5 / s1, rel=1e-5), pytest.approx(0.5 / s1, rel=1e-5)],
-        "b": [pytest.approx(-0.4 / s0, rel=1e-5)]}
+    # GRPO per step over the returns-to-go of the rollouts that reached the step: step 0 [1.2, 0.4], mean 0.8,
+    # std sqrt(0.32); steps 1 and 2: a alone (b made one call), compared with no one: 0
+    s0 = math.sqrt(0.32)
+    assert advantages(grpo) == {"a": [pytest.approx(0.4 / s0, rel=1e-5), 0.0, 0.0],
+                                "b": [pytest.approx(-0.4 / s0, rel=1e-5)]}
 
 
 def test_rloo_leave_one_out_per_rollout_and_per_call_and_singleton_group(collector: Any) -> None:
@@ -190,11 +189,12 @@ def test_baselines_per_mode_as_docs_credit_md_writes_them(collector: Any) -> Non
 
     # episode rewards R_c = 1, R_d = 0 (the last by time): grpo baseline 0.5, times gamma ** (T - 1 - t)
     assert run(mode="discounted", gamma=0.5) == {"c": [0.125, 0.25, 0.5], "d": [-0.25, -0.5]}
-    # returns-to-go G_c = [1, 1, 1], G_d = [0.5, 0, (0 after its end)]: per-step means [0.75, 0.5, 0.5]
-    assert run(mode="step") == {"c": [0.25, 0.5, 0.5], "d": [-0.25, -0.5]}
-    assert run(mode="step", baseline="rloo") == {"c": [0.5, 1.0, 1.0], "d": [-0.5, -1.0]}
-    # scaled by the std of each step: [0.5, 0] at step 1 -> std sqrt(0.5); step 2 likewise
-    scaled = advantages(load_transitions(collector.store, credit=CreditConfig(mode="step")))
+    # every reward (episode_reward sum): returns-to-go G_c = [1, 1, 1], G_d = [0.5, 0] (d made 2 calls):
+    # step means [0.75, 0.5]; step 2: c alone, compared with no one
+    assert run(mode="step", episode_reward="sum") == {"c": [0.25, 0.5, 0.0], "d": [-0.25, -0.5]}
+    assert run(mode="step", baseline="rloo", episode_reward="sum") == {"c": [0.5, 1.0, 0.0], "d": [-0.5, -1.0]}
+    # scaled by the std of each step: [0.5, 0] at step 1 -> std sqrt(0.5)
+    scaled = advantages(load_transitions(collector.store, credit=CreditConfig(mode="step", episode_reward="sum")))
     s = math.sqrt(0.125)  # step 0: [1, 0.5], ddof 1
     assert scaled["c"][0] == pytest.approx(0.25 / s, rel=1e-5)
     assert scaled["d"][1] == pytest.approx(-0.5 / math.sqrt(0.5), rel=1e-5)
@@ -234,7 +234,8 @@ def test_multi_agent_selection_keeps_global_steps_for_credit(collector: Any) -> 
     deliver(collector, rec.spans())
 
     batch = load_transitions(collector.store, agents=["coder"],
-                             credit=CreditConfig(mode="step", gamma=0.5, baseline="none", scale_std=False))
+                             credit=CreditConfig(mode="step", gamma=0.5, baseline="none", scale_std=False,
+                                                 episode_reward="sum"))
 
     # returns-to-go at step 1: 0.5 + 0.5 * 1.0 (the planner's later step 2 still counts)
     assert by_rollout(batch, "agent", "step", "prompt_ids", "advantage") == {"m": [("coder", 1, [3], 1.0)]}

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from spanrl import semconv as sc
 from spanrl.algorithms.credit import CreditConfig
 from spanrl.algorithms.transitions import load_transitions
 
@@ -50,3 +51,59 @@ def test_calls_after_the_same_tool_result_form_one_step_group(collector: Any) ->
     assert batch.report["step_groups"] == 3
     plain = load_transitions(collector.store, credit=CreditConfig(scale_std=False))
     assert sorted(t.advantage for t in plain.transitions if t.rollout_id == "d") == [pytest.approx(0.25)] * 2
+
+
+def _conversation(first: str, tool_result: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": "2 + 3 * 2?"}, {"role": "assistant", "content": first},
+            {"role": "tool", "content": tool_result}]
+
+
+def _two_states(collector: Any, state_of: Any) -> dict[str, list[float]]:
+    """a, b and c, d reach two states after their first call; rewards 1, 0, 1, 1. ``state_of(rollout, seen, r,
+    root)`` records the second call (its prompt differs in every rollout: a free-text first reply)."""
+    rec = H.Recorder()
+    for n, (rid, seen, reward) in enumerate((("a", "8", 1.0), ("b", "8", 0.0), ("c", "9", 1.0), ("d", "9", 1.0))):
+        r = H.Rollout(rec, rid, task_id="t1")
+        root = r.root(0, 100)
+        r.call(root, 10, [1, 2], [5], messages=([{"role": "user", "content": "2 + 3 * 2?"}], []))
+        state_of(rid, seen, r, root, n)
+        r.reward(root, 90, reward)
+    H.deliver(collector, rec.spans())
+    batch = load_transitions(collector.store, credit=CreditConfig(scale_std=False, step_group_weight=1.0))
+    got: dict[str, list[float]] = {}
+    for t in batch.transitions:
+        got.setdefault(t.rollout_id, []).append(t.advantage)
+    return got
+
+
+# episode term R - 0.75; step 0 (one state for all): the same again; step 1: {a, b} -> +/-0.5, {c, d} -> 0
+TWO_STATES = {"a": [pytest.approx(0.5), pytest.approx(0.75)], "b": [pytest.approx(-1.5), pytest.approx(-1.25)],
+              "c": [pytest.approx(0.5), pytest.approx(0.25)], "d": [pytest.approx(0.5), pytest.approx(0.25)]}
+
+
+def test_anchor_state_is_the_messages_since_the_last_assistant_turn(collector: Any) -> None:
+    # each rollout's first reply is different free text, so no two second prompts are alike; what the
+    # environment said since (the tool result) is the state
+    def second(rid: str, seen: str, r: Any, root: Any, n: int) -> None:
+        r.call(root, 30, [1, 2, 5, 40 + n, int(seen)], [7], messages=(_conversation(f"let me see ({rid})", seen), []))
+
+    assert _two_states(collector, second) == TWO_STATES
+
+
+def test_anchor_state_is_the_state_id_of_the_tool_span_before_the_call(collector: Any) -> None:
+    def second(rid: str, seen: str, r: Any, root: Any, n: int) -> None:
+        tool = {sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL, sc.GEN_AI_TOOL_NAME: "calc", sc.STATE_ID: f"s{seen}"}
+        H.Recorder.span(r.agent, "execute_tool calc", start_ns=H._ns(21), end_ns=H._ns(25), parent=root,
+                        attributes=tool)
+        r.call(root, 30, [1, 2, 5, 40 + n], [7])  # no messages, prompts all different
+
+    assert _two_states(collector, second) == TWO_STATES
+
+
+def test_state_id_on_the_call_span_comes_first(collector: Any) -> None:
+    def second(rid: str, seen: str, r: Any, root: Any, n: int) -> None:
+        # the messages would make all four alike; the environment says otherwise
+        r.call(root, 30, [1, 2, 5, 40 + n], [7], messages=(_conversation("ok", "same"), []),
+               attributes={sc.STATE_ID: f"after {seen}"})
+
+    assert _two_states(collector, second) == TWO_STATES

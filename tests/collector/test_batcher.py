@@ -108,7 +108,7 @@ def test_receivers_answer_full_queue_with_unavailable_and_503_retry_after(tmp_pa
     assert consumer.entered.wait(10)
     store = SpanStore.open(":memory:")
     admission = Admission(max_requests=8, max_bytes=1 << 30, retry_after_s=7)
-    sql = SqlRunner(store, workers=1, max_waiting=2, timeout_s=5, retry_after_s=7)
+    sql = SqlRunner(store, workers=1, max_waiting=2, timeout_s=5, retry_after_s=7, max_rows=1000, max_bytes=1 << 20)
     grpc_rx = GrpcReceiver(host="127.0.0.1", port=0, tokens=Tokens(), max_request_bytes=1 << 20, max_concurrent_rpcs=8,
                            admission=admission, next_consumer=batcher)
     app = OtlpHttpApp(tokens=Tokens(), bound_host="127.0.0.1", max_request_bytes=1 << 20, next_consumer=batcher,

@@ -396,3 +396,77 @@ def test_restart_whose_wal_replay_needs_more_than_the_memory_limit_succeeds(tmp_
         # this reads DuckDB's default, 80% of RAM (e.g. "18.8 GiB")
         assert c.store.sql("SELECT current_setting('memory_limit') AS m").column("m")[0].as_py() == "976.5 KiB"
     assert "replaying its WAL without the cap once" in caplog.text  # the capped open did fail first
+
+
+# --- issue 53, finding 6: idle gRPC calls cannot hold every receive slot -----------------------------------
+def test_idle_streaming_exports_cannot_starve_grpc_ingest(tmp_path):
+    """The probe: 4 client-streaming Export calls that never send their request held all 4 receive slots with
+    no time limit; every other export waited 30 s and got UNAVAILABLE. Each slot now has a deadline
+    (grpc_receive_timeout_s, 1 s here): the export goes through once they are cancelled (1.5 s measured)."""
+    cfg = CollectorConfig(db_path=str(tmp_path / "s.duckdb"), grpc_port=0, http_port=-1, grpc_receive_timeout_s=1.0,
+                          materialize_interval_s=None)
+    stop = threading.Event()
+
+    def never_sends():
+        stop.wait(60)
+        yield from ()
+
+    with Collector(cfg) as c:
+        channels = [grpc.insecure_channel(c.grpc_endpoint) for _ in range(4)]
+        try:
+            idle = [ch.stream_unary(_EXPORT, request_serializer=None, response_deserializer=None).future(never_sends())
+                    for ch in channels]
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            req, ids = make_request(3)
+            assert _grpc_export(c.grpc_endpoint, req.SerializeToString()).partial_success.rejected_spans == 0
+            assert time.monotonic() - t0 < 15 and _count(c, ids) == 3
+            for call in idle:
+                with pytest.raises(grpc.RpcError) as info:
+                    call.result(timeout=30)
+                assert info.value.code() == grpc.StatusCode.CANCELLED
+        finally:
+            stop.set()
+            for ch in channels:
+                ch.close()
+
+
+# --- issue 53, finding 7: out-of-range prune, a full disk -------------------------------------------------
+@pytest.mark.parametrize("older", [1e308, 9.3e9, 10**19])
+def test_prune_past_the_ns_range_is_a_400_not_a_retryable_503(collector, older):
+    """``{"older_than_s": 1e308}`` overflowed the cutoff's nanoseconds and was answered 503 + Retry-After."""
+    status, headers, body = _http(f"{collector.http_endpoint}/v1/prune", json.dumps({"older_than_s": older}).encode(),
+                                  "application/json")
+    assert status == 400 and "retry-after" not in {k.lower() for k in headers}
+    assert "older_than must be from 0 to 9223372036 seconds (292 years)" in json.loads(body)["message"]
+
+
+def test_health_is_not_ok_while_commits_fail_on_a_full_disk(tmp_path):
+    """/health said ``ok`` while every commit failed with the disk full. A full disk is RLIMIT_FSIZE (EFBIG on
+    any write past 4 MB) on a real ``spanrl collector``: /health is 503 ``failing`` with the writer's error."""
+    def preexec() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4_000_000, resource.RLIM_INFINITY))
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPANRL_COLLECTOR_")}
+    proc = subprocess.Popen([sys.executable, "-m", "spanrl", "collector", "--db", str(tmp_path / "full.duckdb"),
+                             "--grpc-port", "-1", "--http-port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, preexec_fn=preexec, env=env)
+    try:
+        http = dict(p.split("=", 1) for p in proc.stdout.readline().split()[3:])["http"]
+        with urllib.request.urlopen(f"{http}/health", timeout=10) as resp:
+            assert json.loads(resp.read())["status"] == "ok"
+        for i in range(200):
+            req, _ = make_request(200, rollout_id=f"r{i}", attributes={"payload": os.urandom(500).hex()})
+            status = _http(f"{http}/v1/traces", req.SerializeToString())[0]
+            if status != 200:
+                break
+        assert status == 503, "the 4 MB file size limit was never reached"
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(f"{http}/health", timeout=10)
+        doc = json.loads(info.value.read())
+        assert info.value.code == 503 and doc["status"] == "failing" and "File too large" in doc["error"], doc
+        assert RemoteStore(http).health()["status"] == "failing"  # readers still see this collector's file
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -133,6 +133,7 @@ class Rollout:
         compact: bool = False,
         error: bool = False,
         temperature: float | None = None,
+        attributes: dict[str, Any] | None = None,
     ) -> trace.Span | None:
         """An LLM call: the agent's client span [start, start + duration] (agent clock) and the policy
         server's span inside it (server clock), nested when ``propagate``, else in a trace of its own."""
@@ -145,6 +146,7 @@ class Rollout:
             if messages is not None:
                 attrs[sc.GEN_AI_INPUT_MESSAGES] = json.dumps(messages[0])
                 attrs[sc.GEN_AI_OUTPUT_MESSAGES] = json.dumps(messages[1])
+            attrs.update(attributes or {})  # e.g. spanrl.state.id, spanrl.label.good
             client_span = self.rec.span(self.agent, "openai.chat", start_ns=_ns(start_ms),
                                         end_ns=_ns(start_ms + duration_ms), parent=parent, kind=SpanKind.CLIENT,
                                         attributes=attrs)

@@ -61,9 +61,12 @@ def test_rollouts_spread_over_two_servers_and_both_are_reloaded_every_step(tiny_
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     port = _free_port()
     monkeypatch.setenv("SPANRL_POLICY_ADMIN_TOKEN", "pool-admin")  # what the Trainer sends to the reload route
+    # the Trainer's collector guards every scope: servers it did not start export with the operator's policy token
+    monkeypatch.setenv("SPANRL_COLLECTOR_POLICY_TOKEN", "pool-policy")
     servers = [
         PolicyServer(
             ServerConfig(model=tiny_model, port=0, served_model_name="policy", otlp_endpoint=f"127.0.0.1:{port}",
+                         otlp_headers={"authorization": "Bearer pool-policy"},
                          service_name=f"policy-{name}", torch_threads=1, checkpoint_root=tmp_path)
         ).start()
         for name in ("a", "b")

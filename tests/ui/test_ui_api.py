@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -68,7 +69,14 @@ def test_bad_input_is_a_400_naming_the_field(collector, ui):
     _add(collector, 2, "z")
     assert (_get(ui.url, "/api/rollouts?status=done")
             == (400, {"error": "status must be one of finished, error, open; got 'done'"}))
-    assert _get(ui.url, "/api/rollouts?limit=many") == (400, {"error": "limit must be an integer, got 'many'"})
+    assert _get(ui.url, "/api/rollouts?limit=many") == (
+        400, {"error": "the query parameter 'limit' must be an integer of at most 9223372036854775807, got 'many'"})
+    # issue 53, finding 7: ?offset=1e20 (as digits, past DuckDB's BIGINT) was a 500
+    for bad in ("1e20", "100000000000000000000", "9223372036854775808", "1_000", "\u0661", " 7"):
+        status, doc = _get(ui.url, f"/api/rollouts?offset={urllib.parse.quote(bad)}")
+        assert status == 400 and doc["error"].startswith("the query parameter 'offset' must be an integer"), (bad, doc)
+    assert _get(ui.url, "/api/rollouts?offset=-1") == (400, {"error": "offset must be >= 0; got -1"})
+    assert _get(ui.url, "/api/rollouts?offset=9223372036854775807")[0] == 200
     assert _get(ui.url, "/api/rollouts?sort=1;DROP") == (400, {"error": (
         "sort must be one of start_ns, rollout_id, task_id, mode, status, final_reward, policy_version, span_count, "
         "duration_ms, error_count; got '1;DROP'")})
@@ -166,3 +174,27 @@ def test_a_store_that_cannot_be_reached_is_a_503_and_a_wrong_query_a_400(tmp_pat
     finally:
         server.stop()
         collector.shutdown()  # safe twice
+
+
+def test_the_credit_table_shows_each_calls_label_beside_its_advantage(collector, ui):
+    import importlib.util
+
+    name = "spanrl_tests_decomposer_helpers"  # the span-tree helpers of the decomposer tests, loaded by path
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).resolve().parents[1] / "store" / "test_decomposer.py")
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    h = sys.modules[name]
+    rec = h.Recorder()
+    for rid, first, reward in (("good", True, 1.0), ("bad", False, 0.0)):
+        r = h.Rollout(rec, rid, task_id="t1")
+        root = r.root(0, 100)
+        r.call(root, 10, [1, 2], [5], attributes={sc.LABEL_GOOD: first})
+        r.call(root, 30, [1, 2, 5, 9], [7])  # unlabelled
+        r.reward(root, 90, reward)
+    h.deliver(collector, rec.spans())
+    status, credit = _get(ui.url, "/api/credit?id=bad")
+    assert status == 200
+    assert [(t["step"], t["label"], round(t["advantage"], 3)) for t in credit["transitions"]] == [
+        (0, False, -0.707), (1, None, -0.707)]  # R - 0.5 over the std of [1, 0] (sqrt 0.5)

@@ -124,6 +124,11 @@ def test_rollout_page_shows_calls_tokens_and_advantages(demo_store, facts, ui_fa
         f"document.querySelector('#transitions tr[data-step=\"{pick.step}\"] .advantage').textContent"
     )
     assert advantage == f"{pick.advantage:.3f}"
+    # the label column beside the advantage: empty, since the demo's agent labels no call (spanrl.label.good)
+    heads = browser.eval("[...document.querySelectorAll('#transitions th')].map(t => t.textContent)")
+    assert heads[3:5] == ["advantage", "label"]
+    label = f"document.querySelector('#transitions tr[data-step=\"{pick.step}\"] .label').textContent"
+    assert browser.eval(label) == ""
     assert browser.eval("document.querySelectorAll('#waterfall .wf-bar.llm').length") >= len(calls)
     assert "reward" in browser.eval("document.querySelector('#calls').innerText")
     browser.eval("document.querySelector('#waterfall .wf-bar.llm').closest('.wf-row').click()")

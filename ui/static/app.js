@@ -269,6 +269,7 @@ function renderCredit(box, c) {
   const g = c.group;
   const rows = c.transitions.map(t => h("tr", { "data-step": t.step }, h("td", { class: "num" }, t.step), h("td", {}, t.agent ?? ""),
     h("td", { class: "num" }, fixed(t.reward)), h("td", { class: "num advantage" }, fixed(t.advantage)),
+    h("td", { class: "label" }, t.label === true ? "good" : t.label === false ? "bad" : ""),
     h("td", { class: "num" }, t.completion_mask.reduce((a, b) => a + b, 0)), h("td", { class: "num" }, num(t.policy_version)),
     h("td", {}, t.retokenized ? "yes" : "")));
   fill(box, 
@@ -276,8 +277,8 @@ function renderCredit(box, c) {
       c.credit.step_group_weight ? ` + step groups (GiGPO, weight ${c.credit.step_group_weight})` : "", ", over the group: ",
       h("b", {}, `${g.rollouts} rollout(s)`), ` of task ${g.task_id ?? "—"} (${g.mode ?? "train"}, policy v${g.policy_version ?? "—"}); `,
       `episode reward ${num(g.episode_reward)}, group mean ${num(g.reward_mean)}.`),
-    c.transitions.length ? h("table", { id: "transitions" }, h("thead", {}, h("tr", {}, ["step", "agent", "return", "advantage", "trained tokens", "policy", "retokenized"]
-      .map((x, i) => h("th", { class: i === 1 || i === 6 ? "" : "num" }, x)))), h("tbody", {}, rows))
+    c.transitions.length ? h("table", { id: "transitions" }, h("thead", {}, h("tr", {}, ["step", "agent", "return", "advantage", "label", "trained tokens", "policy", "retokenized"]
+      .map((x, i) => h("th", { class: [1, 4, 7].includes(i) ? "" : "num" }, x)))), h("tbody", {}, rows))
       : h("p", { class: "skip" }, "no transitions: this rollout's calls would not be trained"),
     c.skipped.length ? h("ul", {}, c.skipped.map(s => h("li", { class: "skip" }, `step ${s.step}: ${s.reason}`))) : null,
     h("details", {}, h("summary", {}, "load_transitions report (group)"), h("pre", {}, JSON.stringify(c.report, null, 1))));

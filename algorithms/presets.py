@@ -1,0 +1,73 @@
+"""Named GRPO variants whose fields come in sets: a preset sets every coupled field, and combinations that
+are no named variant's and contradict one are refused.
+
+- ``gspo`` (Group Sequence Policy Optimization, Zheng et al. 2025, arXiv 2507.18071): one importance
+  ratio per sequence (``importance_sampling_level='sequence'``), the length-normalised sequence loss
+  (``loss_type='grpo'``), no KL term, and the paper's clip range (``epsilon`` 3e-4, ``epsilon_high``
+  4e-4), as TRL's paper index sets it. A sequence ratio with a loss that sums per-token terms
+  (bnpo, dr_grpo, dapo, cispo) weighs each sequence by its length: not GSPO (TRL warns), refused here.
+- ``dr_grpo`` (Dr. GRPO, Liu et al. 2025, arXiv 2503.20783): no length normalisation (``loss_type='dr_grpo'``,
+  token ratios) and no division of advantages by the group std: the credit's ``scale_std`` must be
+  false (`check_credit`, which ``load_training_batch`` calls: the first step refuses the run).
+
+A preset fills the coupled fields left at their defaults; a coupled field set to another value is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from spanrl.errors import ConfigError
+
+__all__ = ["PRESETS", "apply_preset", "check_credit", "check_loss_fields"]
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "gspo": {"importance_sampling_level": "sequence", "loss_type": "grpo", "beta": 0.0, "epsilon": 3e-4,
+             "epsilon_high": 4e-4},
+    "dr_grpo": {"importance_sampling_level": "token", "loss_type": "dr_grpo"},
+}
+"""Each preset's coupled ``GRPOConfig`` fields."""
+_SUMMED_LOSSES = ("bnpo", "dr_grpo", "dapo", "cispo")  # losses that sum per-token terms (TRL's list)
+
+
+def apply_preset(config: Any) -> None:
+    """Set ``config.preset``'s coupled fields that are still at their defaults (others: `check_loss_fields`)."""
+    fields = PRESETS.get(config.preset) if isinstance(config.preset, str) else None
+    if not fields:
+        return
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    for name, value in fields.items():
+        if getattr(config, name) == defaults[name]:
+            setattr(config, name, value)
+
+
+def check_loss_fields(config: Any, loss_types: tuple[str, ...]) -> None:
+    """Raise `ConfigError` for a bad ``preset``, ``loss_type`` or ``importance_sampling_level``, a coupled field
+    that contradicts the preset, or a sequence ratio with a summed loss."""
+    if config.preset is not None and config.preset not in PRESETS:
+        raise ConfigError(f"preset must be one of {', '.join(PRESETS)} or None, got {config.preset!r}")
+    if config.loss_type not in loss_types:
+        raise ConfigError(f"loss_type must be one of {loss_types}, got {config.loss_type!r}")
+    if config.importance_sampling_level not in ("token", "sequence"):
+        raise ConfigError(
+            f"importance_sampling_level must be 'token' or 'sequence', got {config.importance_sampling_level!r}")
+    for name, value in PRESETS.get(config.preset, {}).items():
+        if getattr(config, name) != value:
+            raise ConfigError(f"{name} must be {value!r} with preset {config.preset!r}, got {getattr(config, name)!r}")
+    if config.importance_sampling_level == "sequence" and config.loss_type in _SUMMED_LOSSES:
+        raise ConfigError(
+            f"importance_sampling_level 'sequence' with loss_type {config.loss_type!r} is not GSPO: that loss sums "
+            f"per-token terms, so each sequence weighs by its length; use preset 'gspo' (loss_type 'grpo') or "
+            f"importance_sampling_level 'token'")
+
+
+def check_credit(config: Any, credit: Any) -> None:
+    """Raise `ConfigError` when the algorithm's config (any, or None) contradicts the credit's: Dr. GRPO's
+    loss with advantages divided by the group std. ``load_training_batch`` calls it before each step's update."""
+    if getattr(config, "loss_type", None) != "dr_grpo" or credit is None:
+        return
+    if getattr(credit, "scale_std", False) and getattr(credit, "baseline", None) in ("grpo", "rloo"):
+        preset = f"preset {config.preset!r}" if getattr(config, "preset", None) else "loss_type 'dr_grpo'"
+        raise ConfigError(f"credit scale_std must be false with {preset} (Dr. GRPO does not divide advantages by "
+                          f"the group std), got true")

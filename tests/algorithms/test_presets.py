@@ -1,0 +1,61 @@
+"""GSPO and Dr. GRPO as named presets: every coupled field set, contradictions refused with the field named."""
+
+from __future__ import annotations
+
+import pytest
+
+from spanrl.algorithms.credit import CreditConfig
+from spanrl.algorithms.grpo import GRPOConfig
+from spanrl.algorithms.presets import check_credit
+from spanrl.errors import ConfigError
+
+
+def test_gspo_preset_sets_every_coupled_field() -> None:
+    cfg = GRPOConfig(preset="gspo").validate()
+    assert (cfg.importance_sampling_level, cfg.loss_type, cfg.beta, cfg.epsilon, cfg.epsilon_high) == (
+        "sequence", "grpo", 0.0, 3e-4, 4e-4)
+    assert GRPOConfig(preset="gspo", learning_rate=1e-6).validate().learning_rate == 1e-6  # others untouched
+
+
+def test_dr_grpo_preset_sets_the_loss_and_needs_unscaled_credit() -> None:
+    cfg = GRPOConfig(preset="dr_grpo").validate()
+    assert (cfg.loss_type, cfg.importance_sampling_level) == ("dr_grpo", "token")
+    with pytest.raises(ConfigError, match=r"^credit scale_std must be false with preset 'dr_grpo' \(Dr. GRPO does "
+                                          r"not divide advantages by the group std\), got true$"):
+        check_credit(cfg, CreditConfig())
+    check_credit(cfg, CreditConfig(scale_std=False))
+    check_credit(cfg, CreditConfig(baseline="none"))  # no group std to divide by
+    check_credit(GRPOConfig(), CreditConfig())  # dapo: nothing coupled
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"preset": "gspo", "loss_type": "bnpo"}, "loss_type must be 'grpo' with preset 'gspo', got 'bnpo'"),
+    ({"preset": "gspo", "epsilon": 0.2, "loss_type": "grpo"}, None),  # 0.2 is the default: the preset fills it
+    ({"preset": "gspo", "epsilon": 0.1}, "epsilon must be 0.0003 with preset 'gspo', got 0.1"),
+    ({"preset": "dr_grpo", "importance_sampling_level": "sequence"},
+     "importance_sampling_level must be 'token' with preset 'dr_grpo', got 'sequence'"),
+    ({"preset": "ppo"}, "preset must be one of gspo, dr_grpo or None, got 'ppo'"),
+    ({"importance_sampling_level": "sequence"},
+     "importance_sampling_level 'sequence' with loss_type 'dapo' is not GSPO: that loss sums per-token terms, so "
+     "each sequence weighs by its length; use preset 'gspo' (loss_type 'grpo') or importance_sampling_level 'token'"),
+])
+def test_inconsistent_combinations_are_refused(fields: dict, message: str | None) -> None:
+    if message is None:
+        GRPOConfig(**fields).validate()
+        return
+    with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(").replace(")", r"\)") + "$"):
+        GRPOConfig(**fields).validate()
+
+
+def test_sequence_ratios_with_the_grpo_loss_need_no_preset() -> None:
+    GRPOConfig(importance_sampling_level="sequence", loss_type="grpo").validate()
+
+
+def test_load_training_batch_refuses_dr_grpo_with_scaled_credit(collector: object) -> None:
+    from types import SimpleNamespace
+
+    from spanrl.algorithms.transitions import load_training_batch
+
+    algorithm = SimpleNamespace(config=GRPOConfig(preset="dr_grpo").validate())
+    with pytest.raises(ConfigError, match=r"^credit scale_std must be false with preset 'dr_grpo'"):
+        load_training_batch(collector.store, algorithm, credit=CreditConfig())  # type: ignore[attr-defined]
