@@ -30,17 +30,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from spanrl.algorithms.batching import (
-    bf16_supported,
-    completion_logprobs,
-    length_sorted_micro_batches,
-    plain_lm_head,
-    update_autocast,
-)
+from spanrl.algorithms.batching import bf16_supported, length_sorted_micro_batches, update_autocast
 from spanrl.algorithms.distributed import all_reduce_sum, average_gradients, refuse_sharding, world
 from spanrl.algorithms.sharding import Sharding, fsdp_requested
 from spanrl.algorithms.base import Algorithm
-from spanrl.algorithms.checkpoints import load_checkpoint, load_policy, save_checkpoint, seed_everything
+from spanrl.algorithms.grpo_trl import scored_grpo_trainer_class
+from spanrl.algorithms.checkpoints import (checkpoint_activations, load_checkpoint, load_policy, save_checkpoint,
+                                           seed_everything)
 from spanrl.algorithms.tables import (PaddedBatch, check_transitions, fill_missing_logprobs, pad_transitions,
                                       transition_table)
 from spanrl.algorithms.lora import LoRAConfig
@@ -115,6 +111,9 @@ class GRPOConfig:
     share_prefix: bool = True
     """Run the tokens a micro-batch's rows open with alike (system prompt, question, earlier turns) once, not
     once per row: the same log-probs and gradients, less compute (``algorithms/batching.py``)."""
+    gradient_checkpointing: bool = False
+    """Recompute each layer's activations in the backward instead of keeping them: activation memory from layers
+    x tokens down to about one layer's, for ~30% more update compute (turns ``share_prefix`` off)."""
 
     def __post_init__(self) -> None:
         apply_preset(self)
@@ -133,7 +132,7 @@ class GRPOConfig:
         for name in ("num_iterations", "max_completion_length"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        for name in ("bf16", "fp32_lm_head", "length_bucketing", "skip_zero_advantage"):
+        for name in ("bf16", "fp32_lm_head", "length_bucketing", "skip_zero_advantage", "gradient_checkpointing"):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (name == "bf16" and value is None):
                 allowed = "True, False or None" if name == "bf16" else "True or False"
@@ -153,43 +152,6 @@ class GRPOConfig:
         if self.lora is not None:
             self.lora.validate()
         return self
-
-
-def _make_trainer_class() -> type:
-    """Our ``GRPOTrainer`` subclass (built lazily: importing spanrl must not import TRL)."""
-    from trl import GRPOTrainer
-
-    class _ExternalRolloutGRPOTrainer(GRPOTrainer):
-        """GRPOTrainer whose batches are handed in already scored: no generation, no reward functions."""
-
-        def _prepare_inputs(self, generation_batch: dict[str, Any]) -> dict[str, Any]:
-            # TRL's version generates and buffers; ours receives the output of _generate_and_score_completions.
-            return generation_batch
-
-        def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:  # pragma: no cover
-            raise TrainingError("spanrl's GRPO trainer is fed scored transitions; it never generates")
-
-        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, **kwargs):
-            size, entropy = kwargs.pop("batch_size", None) or input_ids.size(0), kwargs.pop("compute_entropy", False)
-            # multimodal, MoE, scaled logits, FSDP
-            if any(v is not None and v is not False for v in kwargs.values()) or not plain_lm_head(model):
-                logps, entropies, aux = super()._get_per_token_logps_and_entropies(
-                    model, input_ids, attention_mask, logits_to_keep, batch_size=size, compute_entropy=entropy, **kwargs
-                )
-            else:  # TRL's fused head projects every position off CUDA; ours only the completion tokens
-                parts = [
-                    completion_logprobs(model, input_ids[i : i + size], attention_mask[i : i + size], logits_to_keep,
-                                        temperature=self.temperature, fp32_head=self.args.cast_lm_head_to_fp32,
-                                        entropy=entropy, share_prefix=self.spanrl_share_prefix)
-                    for i in range(0, input_ids.size(0), size)
-                ]
-                logps = torch.cat([p[0] for p in parts])
-                entropies, aux = (torch.cat([p[1] for p in parts]) if entropy else None), None
-            if torch.is_grad_enabled():  # the training forward: keep the new log-probs for approx_kl
-                self._spanrl_last_logps = logps.detach()
-            return logps, entropies, aux
-
-    return _ExternalRolloutGRPOTrainer
 
 
 class GRPO(Algorithm):
@@ -252,7 +214,7 @@ class GRPO(Algorithm):
             log_completions=False, save_strategy="no", disable_tqdm=True,
         )
         placeholder = Dataset.from_dict({"prompt": ["<placeholder>"] * _PLACEHOLDER_ROWS})
-        trainer_cls = _make_trainer_class()
+        trainer_cls = scored_grpo_trainer_class()
         self.trainer = trainer_cls(
             model=model,
             reward_funcs=_unused_reward,
@@ -261,6 +223,8 @@ class GRPO(Algorithm):
             processing_class=tokenizer,
             peft_config=cfg.lora.to_peft() if cfg.lora is not None else None,
         )
+        if cfg.gradient_checkpointing:
+            checkpoint_activations(self.trainer.model)
         # FSDP2 replaces the parameters with DTensors: shard before the optimizer is built on them.
         self.sharding = Sharding(self.trainer.model) if fsdp_requested() else None
         self.trainer.create_optimizer_and_scheduler(num_training_steps=cfg.max_steps or 1)

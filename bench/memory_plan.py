@@ -34,12 +34,10 @@ def one_case(model: str, rows: int, micro: int, prompt: int, completion: int, ch
     torch.manual_seed(0)
     path = resolve_model(model)
     algo = GRPO(learning_rate=1e-6, micro_batch_size=micro, max_completion_length=completion, bf16=True,
-                share_prefix=False, skip_zero_advantage=False)
+                share_prefix=False, skip_zero_advantage=False, gradient_checkpointing=checkpointing)
     plan = plan_memory(path, algo.config, rows=rows, prompt_tokens=prompt, embedded_server=False)
     with tempfile.TemporaryDirectory() as out:
         algo.setup(model_path=path, output_dir=Path(out), seed=0)
-        if checkpointing:
-            algo.model.gradient_checkpointing_enable()
         rng, vocab = random.Random(0), algo.model.config.vocab_size
         batch = []
         for i in range(rows):
@@ -79,9 +77,8 @@ def gpu_table(gib: float) -> None:
             Qwen2Config(vocab_size=151936, tie_word_embeddings=True, **shape).save_pretrained(folder)
             for lora in (None, LoRAConfig(r=16)):
                 for ckpt in (False, True):
-                    cfg = GRPOConfig(micro_batch_size=8, max_completion_length=512, lora=lora, bf16=True)
-                    if ckpt:
-                        object.__setattr__(cfg, "gradient_checkpointing", True)
+                    cfg = GRPOConfig(micro_batch_size=8, max_completion_length=512, lora=lora, bf16=True,
+                                     gradient_checkpointing=ckpt)
                     plan = plan_memory(folder, cfg, device="cuda", rows=64, prompt_tokens=1024,
                                        serving_backend="vllm", gpu_memory_utilization=0.3, capacity=int(gib * 1024**3))
                     what = f"{'LoRA r=16' if lora else 'full'}{', checkpointing' if ckpt else ''}"

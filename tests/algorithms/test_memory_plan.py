@@ -99,3 +99,31 @@ def test_train_refuses_a_config_that_cannot_fit(tmp_path: Path, capsys: pytest.C
     assert code == 1, err
     assert "does not fit" in err and "activations" in err and "micro_batch_size" in err
     assert not (tmp_path / "run" / "history.jsonl").exists()
+
+
+def test_grpo_gradient_checkpointing_gives_the_same_update(tiny: Path, tmp_path: Path) -> None:
+    """The GRPO key turns checkpointing on for TRL's model, and the update's numbers stay the same."""
+    import copy
+
+    import torch
+
+    from spanrl.algorithms.grpo import GRPO
+    from spanrl.algorithms.transitions import Transition
+    from spanrl.hf_compat import checkpointing_on
+
+    gen = torch.Generator().manual_seed(0)
+    batch = [Transition(rollout_id=f"r{i}", task_id="t", attempt=1, agent=None, step=0,
+                        prompt_ids=torch.randint(4, 12, (12,), generator=gen).tolist(),
+                        completion_ids=torch.randint(4, 12, (5,), generator=gen).tolist(), completion_mask=[1] * 5,
+                        old_logprobs=[-3.0] * 5, reward=float(i % 2), advantage=1.0 if i % 2 else -1.0,
+                        policy_version=0, retokenized=False) for i in range(4)]
+    metrics, weights = [], []
+    for ckpt in (False, True):
+        algo = GRPO(learning_rate=1e-3, bf16=False, gradient_checkpointing=ckpt)
+        algo.setup(model_path=tiny, output_dir=tmp_path / str(ckpt), seed=0)
+        assert checkpointing_on(algo.model) is ckpt
+        metrics.append(algo.update(copy.deepcopy(batch)))
+        weights.append({k: v.clone() for k, v in algo.model.state_dict().items()})
+    assert metrics[1]["charts/grad_norm"] == pytest.approx(metrics[0]["charts/grad_norm"], rel=1e-4)
+    for name, value in weights[0].items():
+        torch.testing.assert_close(weights[1][name], value, rtol=1e-4, atol=1e-6)
