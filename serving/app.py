@@ -120,14 +120,19 @@ class _BrowserGuard:
 
 
 def _reload_folder(path: Any, root: str | Path) -> str:
-    """The folder ``path`` names, resolved, when it lies under ``root``; else a `RequestError` that says nothing
-    about whether ``path`` exists."""
+    """The folder ``path`` names, resolved, when it and every file in it lie under ``root`` (links followed: a
+    link inside the folder to a file outside is refused too); else a `RequestError` that says nothing about
+    whether ``path`` exists."""
     base = Path(root).resolve()
     if isinstance(path, str) and path and "\x00" not in path:
         try:
             folder = (base / path).resolve()  # an absolute path replaces base; links are followed before the check
             if folder.is_relative_to(base) and folder.is_dir():
-                return str(folder)
+                outside = next((p for p in folder.rglob("*") if not p.resolve().is_relative_to(base)), None)
+                if outside is None:
+                    return str(folder)
+                raise RequestError(f"path: {outside.relative_to(folder)} in the checkpoint folder links out of the "
+                                   "server's checkpoint root: refused", param="path")
         except (OSError, RuntimeError):  # a name too long, a symlink loop
             pass
     raise RequestError("path must name a model folder under the server's checkpoint root", param="path")
