@@ -52,9 +52,11 @@ class RayServers:
     """``serving.replicas`` policy servers of ``model`` as Ray actors; ``roots`` are their URLs."""
 
     def __init__(self, serving: Any, rollouts: RolloutsConfig, *, model: Path, weights_dir: Path,
-                 otlp_endpoint: str | None, served_model_name: str, max_batch_size: int, seed: int) -> None:
+                 otlp_endpoint: str | None, served_model_name: str, max_batch_size: int, seed: int,
+                 api_key: str | None = None) -> None:
         self.cluster = ray_backend.Cluster(rollouts)
         self.token = secrets.token_urlsafe(24)
+        self.api_keys = {api_key: "trainer"} if api_key else {}  # the Trainer's per-run key (serving/tenants.py)
         self.actors: list[Any] = []
         try:
             self._start(serving, model, weights_dir, otlp_endpoint, served_model_name, max_batch_size, seed)
@@ -82,6 +84,7 @@ class RayServers:
                 "service_name": f"spanrl-policy-ray-{replica}", "max_batch_size": max_batch_size,
                 "seed": seed + 1 + replica, "backend": serving.backend, "device": serving.device,
                 "dtype": serving.dtype, "admin_token": self.token, "checkpoint_root": str(weights_dir),
+                "api_keys": self.api_keys,
             }
             self.actors.append(actor_class.remote(fields, reachable))
         try:

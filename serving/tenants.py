@@ -15,6 +15,7 @@ at start (`PolicyServer`); bound beyond loopback the server refuses to start (`S
 from __future__ import annotations
 
 import hmac
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -27,6 +28,8 @@ from spanrl.serving.errors import RequestError
 
 __all__ = ["MAX_BOUND_IDS", "Tenants", "check_api_keys", "read_api_key_file"]
 
+_logger = logging.getLogger(__name__)
+
 MAX_BOUND_IDS = 1_000_000
 """Ids remembered (about 150 bytes each); past it the least recently used is forgotten, and may be bound again."""
 _ID_KINDS = ((semconv.ROLLOUT_ID, "rollout"), (semconv.GEN_AI_CONVERSATION_ID, "conversation"))
@@ -37,6 +40,8 @@ def read_api_key_file(path: str | Path) -> dict[str, str]:
     `ConfigError` naming the file and line."""
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
+        if Path(path).stat().st_mode & 0o077:
+            _logger.warning("api_key_file %s can be read by other users of this machine: chmod 600 it", path)
     except OSError as exc:
         raise ConfigError(f"api_key_file: cannot read {str(path)!r}: {exc.strerror or exc}") from None
     keys: dict[str, str] = {}

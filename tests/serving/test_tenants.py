@@ -101,9 +101,15 @@ def test_bound_ids_are_forgotten_oldest_first_past_the_cap():
         tenants.bind("b", {semconv.ROLLOUT_ID: "r3"}, {})
 
 
-def test_the_key_file_maps_keys_to_tenants(tmp_path):
+def test_the_key_file_maps_keys_to_tenants(tmp_path, caplog):
     (tmp_path / "keys").write_text("# key tenant\nk1 alice\n\nk2 bob\n")
+    (tmp_path / "keys").chmod(0o600)
     assert read_api_key_file(tmp_path / "keys") == {"k1": "alice", "k2": "bob"}
+    assert not caplog.records
+    (tmp_path / "keys").chmod(0o644)
+    read_api_key_file(tmp_path / "keys")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"api_key_file {tmp_path / 'keys'} can be read by other users of this machine: chmod 600 it"]
     (tmp_path / "one").write_text("only-key\n")
     assert read_api_key_file(tmp_path / "one") == {"only-key": "default"}
     (tmp_path / "bad").write_text("k1 alice extra\n")
