@@ -263,7 +263,6 @@ async def stream(state: ServerState, call: Call) -> AsyncIterator[str]:
         return lambda choice, token, logprob: loop.call_soon_threadsafe(events.put_nowait,
                                                                         (offset + choice, token, logprob))
 
-
     chat = call.operation == semconv.OP_CHAT
     kind = "chat.completion.chunk" if chat else "text_completion"
     created = call.start_ns // 1_000_000_000
@@ -322,11 +321,14 @@ async def stream(state: ServerState, call: Call) -> AsyncIterator[str]:
         yield _sse(chunk(i, delta, pending[i], choice["finish_reason"],
                          logprobs=choice["logprobs"], token_logprobs=choice["token_logprobs"]))
     if call.params.include_usage:
-        prompt_tokens = sum(len(r.prompt_ids) for r in results)
-        completion_tokens = sum(len(c) for c in ids)
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                 "total_tokens": prompt_tokens + completion_tokens}
         yield _sse({"id": call.response_id, "object": kind, "created": created, "model": model, "choices": [],
-                    "usage": usage})
-
+                    "usage": _usage(results, ids)})
     yield "data: [DONE]\n\n"
+
+
+def _usage(results: list[GenerationResult], ids: list[list[int]]) -> dict[str, int]:
+    """A stream's ``usage``: the prompts' tokens and the tokens streamed."""
+    prompt_tokens = sum(len(r.prompt_ids) for r in results)
+    completion_tokens = sum(len(c) for c in ids)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
