@@ -60,7 +60,7 @@ from spanrl.trust import Tokens
 
 __all__ = [
     "DECODE_FACTOR", "DEFAULT_REWARD_RANGE", "POLICY_ONLY_COLUMNS", "Admission", "DecodeBudget", "RewardCheck",
-    "RolloutClaims", "admit", "check_rewards", "for_sender", "reward_problem",
+    "DERIVED_ROLLOUT_PREFIXES", "RolloutClaims", "admit", "check_rewards", "for_sender", "reward_problem",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -254,6 +254,10 @@ def for_sender(batch: EncodedBatch, tokens: Tokens, authorization: str | None) -
     return EncodedBatch(table, batch.accepted, batch.rejected, batch.error_message)
 
 
+DERIVED_ROLLOUT_PREFIXES = ("conversation:", "trace:", "response:")
+"""Rollout ids the store derives (store/views.sql, ``trace_rollouts``) for calls the policy server served; the server
+binds their conversation and trace to the tenant whose key opened them (serving/tenants.py). A span naming one
+(``spanrl.rollout.id``) is refused: an ERROR ``spanrl.rollout`` span could otherwise fail the conversation."""
 _IN_FLIGHT_S = 60.0  # a batch admitted this long before a prune has been committed by the time it scans
 _CLAIMED_IDS_SQL = "SELECT DISTINCT rollout_id FROM spans WHERE rollout_id IS NOT NULL"
 
@@ -269,7 +273,8 @@ GROUP BY rollout_id
 
 class RolloutClaims:
     """Which service owns each rollout id: loaded from the store at start, then kept in memory (about 100
-    bytes a rollout) as batches are admitted, and forgotten when a prune deletes the rollout. Thread-safe."""
+    bytes a rollout) as batches are admitted, and forgotten when a prune deletes the rollout. Thread-safe.
+    None owns an id of `DERIVED_ROLLOUT_PREFIXES`: a span naming one is refused."""
 
     def __init__(self, owners: dict[str, str] | None = None) -> None:
         self._owners = dict(owners or {})
@@ -340,6 +345,9 @@ class RolloutClaims:
         now = time.monotonic()
         with self._lock:
             for rid, svc in pairs:
+                if rid.startswith(DERIVED_ROLLOUT_PREFIXES):  # the store's own ids: no span may claim one
+                    refused[(rid, svc)] = ""
+                    continue
                 self._named[rid] = now
                 owner = self._owners.setdefault(rid, svc)
                 if owner != svc:
@@ -352,8 +360,10 @@ class RolloutClaims:
         kept = table.filter(pc.invert(bad))
         dropped = len(table) - len(kept)
         (rid, svc), owner = next(iter(refused.items()))
-        reason = (f"{dropped} spans name a rollout another service claimed: rollout {rid!r} belongs to service "
-                  f"{owner!r}, not {svc!r}" + (f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""))
+        why = (f"a rollout id only the store derives: {rid!r} is the rollout of the policy server's calls that "
+               f"opened it, and no span may name it" if rid.startswith(DERIVED_ROLLOUT_PREFIXES) else
+               f"a rollout another service claimed: rollout {rid!r} belongs to service {owner!r}, not {svc!r}")
+        reason = f"{dropped} spans name {why}" + (f" (and {len(refused) - 1} more)" if len(refused) > 1 else "")
         message = "; ".join(m for m in (batch.error_message, reason) if m)
         return EncodedBatch(kept if len(kept) else None, batch.accepted - dropped, batch.rejected + dropped, message)
 

@@ -53,10 +53,11 @@ class RayServers:
 
     def __init__(self, serving: Any, rollouts: RolloutsConfig, *, model: Path, weights_dir: Path,
                  otlp_endpoint: str | None, served_model_name: str, max_batch_size: int, seed: int,
-                 otlp_headers: dict[str, str] | None = None) -> None:
+                 otlp_headers: dict[str, str] | None = None, api_key: str | None = None) -> None:
         self.otlp_headers = dict(otlp_headers or {})  # the collector's policy token, when it has one
         self.cluster = ray_backend.Cluster(rollouts)
         self.token = secrets.token_urlsafe(24)
+        self.api_keys = {api_key: "trainer"} if api_key else {}  # the Trainer's per-run key (serving/tenants.py)
         self.actors: list[Any] = []
         try:
             self._start(serving, model, weights_dir, otlp_endpoint, served_model_name, max_batch_size, seed)
@@ -85,6 +86,7 @@ class RayServers:
                 "seed": seed + 1 + replica, "backend": serving.backend, "device": serving.device,
                 "dtype": serving.dtype, "admin_token": self.token, "checkpoint_root": str(weights_dir),
                 "otlp_headers": self.otlp_headers,
+                "api_keys": self.api_keys,
             }
             self.actors.append(actor_class.remote(fields, reachable))
         try:

@@ -204,6 +204,8 @@ class RolloutSpec:
     prompt_template: str | None = None
     agent_models: dict[str, str] = dataclasses.field(default_factory=dict)
     """Agent name -> model name (per-agent policies); ``SPANRL_MODEL_<AGENT>`` each."""
+    api_key: str = "spanrl"
+    """The policy server's API key (``OPENAI_API_KEY``; the Trainer's server makes one per run)."""
 
     def ids(self) -> dict[str, str | int]:
         """The rollout's ids under their span attribute names (``semconv.ROLLOUT_ID`` ...)."""
@@ -226,9 +228,9 @@ class RolloutSpec:
             env.SPANRL_MODEL: self.model,
             env.SPANRL_SAMPLING: json.dumps(self.sampling),
             "OPENAI_BASE_URL": self.base_url,
-            "OPENAI_API_KEY": "spanrl",
+            "OPENAI_API_KEY": self.api_key,
             "ANTHROPIC_BASE_URL": self.base_url.removesuffix("/v1"),
-            "ANTHROPIC_API_KEY": "spanrl",
+            "ANTHROPIC_API_KEY": self.api_key,
             **({env.SPANRL_PROMPT_TEMPLATE: self.prompt_template} if self.prompt_template is not None else {}),
             **{env.agent_model_var(agent): model for agent, model in self.agent_models.items()},
         }

@@ -14,7 +14,7 @@ language, started with the rollout's environment:
 
 A command runs once per rollout, or (``workers=N``) as N long-lived workers speaking the *jsonl worker
 protocol*: the runner sets ``SPANRL_AGENT_PROTOCOL=jsonl``, writes one JSON object per rollout on the
-worker's stdin (keys ``rollout_id task_id task attempt mode base_url model sampling prompt_template``,
+worker's stdin (keys ``rollout_id task_id task attempt mode base_url model sampling prompt_template api_key``,
 the last one null without a template) and waits for a
 stdout line ``{"spanrl_done": "<rollout_id>"}`` (an ``"error"`` key marks a failed rollout). Other
 stdout lines are ignored. This saves the interpreter and instrumentation start-up of every rollout.
@@ -107,6 +107,7 @@ class RolloutRunner:
         flush: Callable[[], Any] | None = None,
         on_end: EndFn | None = None,
         backend: RolloutsConfig | None = None,
+        api_key: str = "spanrl",
     ) -> None:
         """``ready(rollout_ids, since_ns)`` returns the ids whose spans are committed (only spans
         ingested at or after ``since_ns`` need to be looked at); ``flush`` (e.g. the policy server's
@@ -120,6 +121,7 @@ class RolloutRunner:
         self._ready = ready
         self._flush = flush
         self._on_end = on_end
+        self._api_key = api_key  # the policy server's, handed to every rollout (OPENAI_API_KEY, llm.api_key)
         self._loop = asyncio.new_event_loop()
         # A thread for each sync agent that may run at once, and spare ones: the span waiter's store polls and
         # the end records must never queue behind agents (asyncio's default pool has cpu_count + 4 threads, so
@@ -228,6 +230,7 @@ class RolloutRunner:
                             sampling=dict(sampling),
                             prompt_template=prompt_template,
                             agent_models=dict(agent_models or {}),
+                            api_key=self._api_key,
                         )
                         node = None
                         try:  # a Ray agent also answers the node it ran on

@@ -43,6 +43,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="the folder reloads may load weights from "
                         "(local files only; env SPANRL_POLICY_CHECKPOINT_ROOT)")
 
+    p.add_argument("--api-key", default=None,
+                   help="the one API key clients must send (Authorization: Bearer, OPENAI_API_KEY), tenant 'default'; "
+                        "prefer --api-key-file (a command line is visible to every user)")
+    p.add_argument("--api-key-file", default=None, metavar="PATH",
+                   help="API keys, one 'KEY TENANT' line each (or one bare key); a tenant cannot name another's "
+                        "rollout. Without keys the server binds loopback only")
     add_token_option(p, "--collector-token", "bearer token sent with the server's spans: the collector's policy token "
                      "(env SPANRL_COLLECTOR_POLICY_TOKEN, else SPANRL_COLLECTOR_TOKEN)")
     p.add_argument("--no-content", action="store_true", help="do not record message contents on spans")
@@ -53,9 +59,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def _serve(args: argparse.Namespace) -> int:
     from spanrl.serving.config import ServerConfig
     from spanrl.serving.server import PolicyServer
+    from spanrl.serving.tenants import read_api_key_file
 
     try:
         admin_token = token_from_args(args, "--admin-token")
+        api_keys = read_api_key_file(args.api_key_file) if args.api_key_file else {}
+        if args.api_key is not None:
+            api_keys[args.api_key] = "default"
         collector_token = (token_from_args(args, "--collector-token") or env.get_str(env.SPANRL_COLLECTOR_POLICY_TOKEN)
                            or env.get_str(env.SPANRL_COLLECTOR_TOKEN))
     except SpanRLError as exc:
@@ -83,6 +93,7 @@ def _serve(args: argparse.Namespace) -> int:
         record_content=not args.no_content,
         torch_threads=args.threads,
         otlp_headers={"authorization": f"Bearer {collector_token}"} if collector_token else {},
+        api_keys=api_keys,
     )
     if admin_token is not None:
         config.admin_token = admin_token

@@ -13,7 +13,9 @@ Routes (each ``/v1/...`` route also lives under the rollout prefixes below)::
 Who may do what (docs/architecture.md, "Trust"): every request passes `spanrl.trust.browser_refusal` (a POST
 must be ``application/json``, a foreign ``Origin`` is refused, and bound to loopback a non-loopback ``Host``);
 ``/v1/weights/reload`` needs ``Authorization: Bearer <admin_token>`` and loads only folders under
-``checkpoint_root``, local files only (403 when either is not configured, 401 without the token).
+``checkpoint_root``, local files only (403 when either is not configured, 401 without the token). With API keys
+(``api_keys``, ``serving/tenants.py``) every other ``/v1`` route needs ``Authorization: Bearer <key>`` (401), and a
+request naming a rollout, conversation or trace id another tenant opened gets 403.
 
 Headers ``x-spanrl-rollout-id``, ``x-spanrl-task-id``, ``x-spanrl-attempt`` do the same (the path wins); a request
 with none of them may name its conversation instead (``serving/attribution.py``).
@@ -47,6 +49,7 @@ from spanrl.serving.intake import TokenizerPool, read_json_body
 from spanrl.serving.openai_responses import create_response
 from spanrl.serving.protocol import ParsedParams, parse_params
 from spanrl.serving.responses import PROVIDER, Call, ServerState, complete, respond, stream
+from spanrl.serving.tenants import Tenants
 from spanrl.trust import Tokens, browser_refusal
 
 __all__ = ["ServerState", "build_app"]
@@ -69,8 +72,33 @@ def build_app(state: ServerState) -> FastAPI:
         app.add_api_route(f"{prefix}/v1/messages", routes.messages, methods=["POST"])
     app.add_api_route("/health", routes.health, methods=["GET"])
     app.add_api_route("/v1/weights/reload", routes.reload, methods=["POST"])
-    app.add_middleware(_BrowserGuard, bound_host=state.config.host)
+    app.add_middleware(_ApiKeyGuard, tenants=routes.tenants)
+    app.add_middleware(_BrowserGuard, bound_host=state.config.host)  # added last: runs first
     return app
+
+
+_KEYLESS_PATHS = ("/health", "/v1/weights/reload")  # the reload route has its own admin token
+
+
+class _ApiKeyGuard:
+    """ASGI middleware: with API keys configured, a request without a known key gets 401 before its body is read;
+    the key's tenant goes to ``request.state.tenant``."""
+
+    def __init__(self, app: Any, *, tenants: Tenants) -> None:
+        self.app = app
+        self.tenants = tenants
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and self.tenants.enabled and scope["path"] not in _KEYLESS_PATHS:
+            header = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"authorization"), None)
+            try:
+                scope.setdefault("state", {})["tenant"] = self.tenants.tenant_of(header)
+            except RequestError as exc:
+                body = error_body(exc.message, type=exc.type, code=exc.code)
+                await JSONResponse(body, status_code=exc.status, headers={"www-authenticate": "Bearer"})(
+                    scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class _BrowserGuard:
@@ -92,14 +120,19 @@ class _BrowserGuard:
 
 
 def _reload_folder(path: Any, root: str | Path) -> str:
-    """The folder ``path`` names, resolved, when it lies under ``root``; else a `RequestError` that says nothing
-    about whether ``path`` exists."""
+    """The folder ``path`` names, resolved, when it and every file in it lie under ``root`` (links followed: a
+    link inside the folder to a file outside is refused too); else a `RequestError` that says nothing about
+    whether ``path`` exists."""
     base = Path(root).resolve()
     if isinstance(path, str) and path and "\x00" not in path:
         try:
             folder = (base / path).resolve()  # an absolute path replaces base; links are followed before the check
             if folder.is_relative_to(base) and folder.is_dir():
-                return str(folder)
+                outside = next((p for p in folder.rglob("*") if not p.resolve().is_relative_to(base)), None)
+                if outside is None:
+                    return str(folder)
+                raise RequestError(f"path: {outside.relative_to(folder)} in the checkpoint folder links out of the "
+                                   "server's checkpoint root: refused", param="path")
         except (OSError, RuntimeError):  # a name too long, a symlink loop
             pass
     raise RequestError("path must name a model folder under the server's checkpoint root", param="path")
@@ -131,6 +164,15 @@ class _Routes:
         self.state = state
         self.model_name = state.config.model_name
         self.tokenize = TokenizerPool(state.tokenizer)  # templating and tokenizing off the event loop
+        self.tenants = Tenants(state.config.api_keys)
+
+    def rollout(self, request: Request, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The request's rollout attributes (`attribution.rollout_of`), its ids bound to the caller's tenant (403
+        when another tenant's), and the tenant recorded on its span."""
+        attrs = _rollout_of(request, body)
+        tenant = getattr(request.state, "tenant", None)
+        self.tenants.bind(tenant, attrs, request.headers)
+        return attrs if tenant is None else {**attrs, semconv.TENANT: tenant}
 
     async def _body(self, request: Request) -> dict[str, Any]:
         body = await read_json_body(request, self.state.config.max_body_bytes)
@@ -141,6 +183,9 @@ class _Routes:
         """The LoRA adapter the body's ``model`` names (vLLM's convention), None for the base (or no ``model``);
         404 for a name this server does not serve (``new_ok``: a reload may add an adapter)."""
         model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise RequestError(f"model must be a string naming a served model, got {type(model).__name__} "
+                               f"{model!r:.80}", param="model")
         if model is None or model in (self.model_name, str(self.state.config.model)):
             return None
         if model in self.state.batcher.adapters or (new_ok and isinstance(model, str) and model and "/" not in model):
@@ -161,7 +206,7 @@ class _Routes:
     async def chat_completions(self, request: Request) -> Any:
         state, start_ns = self.state, time.time_ns()
         body = await self._body(request)
-        rollout = _rollout_of(request, body)
+        rollout = self.rollout(request, body)
         messages = normalize_messages(body.get("messages"))
         tools = normalize_tools(body.get("tools"))
         prompt_ids = await self.tokenize.run(render_prompt, messages, tools)
@@ -184,7 +229,7 @@ class _Routes:
     async def completions(self, request: Request) -> Any:
         state, start_ns = self.state, time.time_ns()
         body = await self._body(request)
-        rollout = _rollout_of(request, body)
+        rollout = self.rollout(request, body)
         prompts = await self.tokenize.run(_prompts, body.get("prompt"))
         params = [self._params(body, len(ids), chat=False) for ids, _ in prompts]
         call = Call(
@@ -203,10 +248,10 @@ class _Routes:
         return respond(state, call, *(await complete(state, call)))
 
     async def responses(self, request: Request) -> Any:
-        return await create_response(self, request, _rollout_of)
+        return await create_response(self, request, self.rollout)
 
     async def messages(self, request: Request) -> Any:
-        return await create_message(self, request, _rollout_of)
+        return await create_message(self, request, self.rollout)
 
     async def models(self) -> dict[str, Any]:
         model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": PROVIDER,

@@ -61,6 +61,9 @@ class GenerationRequest:
     on_token: TokenCallback | None = None
     adapter: str | None = None
     """The LoRA adapter to generate with (its served name); None: the base model."""
+    cancelled: bool = False
+    """Set (from any thread) when the client went away: the backend ends its rows at the next decode step, with
+    finish reason ``abort``."""
 
 
 @dataclasses.dataclass
@@ -74,7 +77,8 @@ class Completion:
     logits divided by the temperature (temperature 0: plain softmax), before top-p truncation."""
     text: str
     finish_reason: str
-    """``stop`` (end token or stop string) or ``length`` (max_tokens or the context was reached)."""
+    """``stop`` (end token or stop string), ``length`` (max_tokens or the context was reached) or ``abort`` (the
+    request was cancelled)."""
     top_logprobs: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
     """Per position, the ``top_logprobs`` most likely (id, logprob) pairs; empty unless asked."""
 

@@ -159,18 +159,18 @@ def parse_tool_calls(text: str, tools: list[dict[str, Any]] | None) -> tuple[str
     def json_call(match: re.Match[str]) -> str:
         try:
             payload = json.loads(match.group(1))
-        except ValueError:
+        except (ValueError, RecursionError):
             return match.group(0)
         items = payload if isinstance(payload, list) else [payload]
         found = []
         for item in items:
-            if not isinstance(item, dict) or item.get("name") not in by_name:
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str) or item["name"] not in by_name:
                 return match.group(0)
             args = item.get("arguments", item.get("parameters", {}))
             if isinstance(args, str):
                 try:
                     args = json.loads(args)
-                except ValueError:
+                except (ValueError, RecursionError):
                     return match.group(0)
             if not isinstance(args, dict):  # `[56, 0]`: not a call the server would take back in a request
                 return match.group(0)
@@ -184,11 +184,12 @@ def parse_tool_calls(text: str, tools: list[dict[str, Any]] | None) -> tuple[str
             return match.group(0)
         props = (by_name[words[0]].get("parameters") or {}).get("properties") or {}
         values = words[1:]
-        if len(values) != len(props):
+        if not isinstance(props, dict) or len(values) != len(props):  # a schema of any shape: no call, never a 500
             return match.group(0)
         try:
-            args = {name: _convert(v, schema or {}) for (name, schema), v in zip(props.items(), values)}
-        except ValueError:
+            args = {name: _convert(v, schema if isinstance(schema, dict) else {})
+                    for (name, schema), v in zip(props.items(), values)}
+        except (ValueError, TypeError):  # TypeError: a "type" that is a list or an object
             return match.group(0)
         calls.append(_openai_call(words[0], args))
         return ""

@@ -7,7 +7,8 @@ import pathlib
 
 from spanrl import env
 from spanrl.errors import ConfigError
-from spanrl.trust import check_token
+from spanrl.serving.tenants import check_api_keys
+from spanrl.trust import check_token, is_loopback
 
 __all__ = ["ServerConfig", "default_config"]
 
@@ -50,7 +51,7 @@ class ServerConfig:
     """Prompt + completion limit; default: the model's ``max_position_embeddings``."""
     otlp_endpoint: str | None = "127.0.0.1:4317"
     """OTLP/gRPC endpoint for the server's spans (host:port or URL); None exports nothing."""
-    otlp_headers: dict[str, str] = dataclasses.field(default_factory=dict)
+    otlp_headers: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
     """Extra gRPC metadata for the exporter, e.g. ``{"authorization": "Bearer ..."}``."""
     service_name: str = "spanrl-policy-server"
     """Resource ``service.name`` of the server's spans."""
@@ -71,13 +72,19 @@ class ServerConfig:
     torch_threads: int | None = None
     """torch intra-op threads for the whole process (None: leave torch's setting). Small models on a
     busy CPU run much faster with 1."""
-    admin_token: str | None = dataclasses.field(default_factory=lambda: env.get_str(env.SPANRL_POLICY_ADMIN_TOKEN))
+    admin_token: str | None = dataclasses.field(default_factory=lambda: env.get_str(env.SPANRL_POLICY_ADMIN_TOKEN),
+                                                repr=False)
     """Bearer token ``POST /v1/weights/reload`` needs (env SPANRL_POLICY_ADMIN_TOKEN); None: the route is off.
     In-process ``PolicyServer.reload`` needs none."""
     checkpoint_root: str | pathlib.Path | None = dataclasses.field(
         default_factory=lambda: env.get_str(env.SPANRL_POLICY_CHECKPOINT_ROOT))
     """The only folder (and its subfolders) the reload route loads weights from, local files only (env
     SPANRL_POLICY_CHECKPOINT_ROOT); None: the route is off."""
+
+    api_keys: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
+    """API key -> tenant (``spanrl serve --api-key-file``, ``key tenant`` lines; vLLM's ``--api-key``): every ``/v1``
+    route but reload then needs ``Authorization: Bearer <key>``, and a tenant cannot name another's rollout,
+    conversation or trace (``serving/tenants.py``). Empty: one anonymous tenant, loopback only."""
 
     def validate(self) -> ServerConfig:
         """Raise ConfigError naming the first bad field; return self."""
@@ -100,6 +107,11 @@ class ServerConfig:
         if self.torch_threads is not None and (not isinstance(self.torch_threads, int) or self.torch_threads < 1):
             raise ConfigError(f"torch_threads must be a positive integer or None, got {self.torch_threads!r}")
         check_token(self.admin_token, field="admin_token")
+        check_api_keys(self.api_keys)
+        if not self.api_keys and not is_loopback(self.host):
+            raise ConfigError(f"api_keys: a server bound to {self.host} (beyond loopback) needs API keys "
+                              "(--api-key-file, 'KEY TENANT' lines): without them any client could name another's "
+                              "rollout; bind 127.0.0.1 for keyless local use")
         if self.checkpoint_root is not None and not pathlib.Path(self.checkpoint_root).is_dir():
             raise ConfigError(f"checkpoint_root must be an existing folder or None, got {str(self.checkpoint_root)!r}")
         self._check_lora_modules()

@@ -304,7 +304,9 @@ class TransformersBackend:
                 row.request.on_token(row.choice, token, logprob)
             except Exception:  # a broken stream must not stop the batch
                 _logger.exception("token callback failed")
-        if token in self.stop_ids:
+        if row.request.cancelled:  # the client went away: stop spending the batch on it
+            row.finish_reason = "abort"
+        elif token in self.stop_ids:
             row.finish_reason = "stop"
         elif len(row.token_ids) >= row.max_new:
             row.finish_reason = "length"

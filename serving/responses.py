@@ -76,7 +76,18 @@ async def _generate(
         _logger.warning("request %s failed: %s", call.response_id, exc)
         _record(state, call, None, error=str(exc))
         raise RequestError(f"generation failed: {exc}", status=500, type="server_error") from None
+    if any(req.cancelled for req in call.requests):  # its client went away: an error span, no partial tokens
+        _record(state, call, None, error=CANCELLED)
+        raise RequestError(CANCELLED, status=499, type="cancelled")
     return results
+
+
+def cancel(call: Call, task: asyncio.Future[Any]) -> None:
+    """The client of ``call`` went away before ``task`` (its `complete`) finished: end its generation."""
+    if not task.done():
+        for req in call.requests:
+            req.cancelled = True
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # its RequestError reaches nobody
 
 
 def _choices(state: ServerState, call: Call, results: list[GenerationResult]) -> list[dict[str, Any]]:
@@ -132,6 +143,9 @@ def _choices(state: ServerState, call: Call, results: list[GenerationResult]) ->
             choice["token_logprobs"] = completion.logprobs
             out.append(choice)
     return out
+
+
+CANCELLED = "the client disconnected: generation cancelled"
 
 
 async def complete(
@@ -249,7 +263,6 @@ async def stream(state: ServerState, call: Call) -> AsyncIterator[str]:
         return lambda choice, token, logprob: loop.call_soon_threadsafe(events.put_nowait,
                                                                         (offset + choice, token, logprob))
 
-
     chat = call.operation == semconv.OP_CHAT
     kind = "chat.completion.chunk" if chat else "text_completion"
     created = call.start_ns // 1_000_000_000
@@ -275,17 +288,20 @@ async def stream(state: ServerState, call: Call) -> AsyncIterator[str]:
     ids: list[list[int]] = [[] for _ in range(total)]
     sent = ["" for _ in range(total)]
     pending: list[list[int]] = [[] for _ in range(total)]
-    while (event := await events.get()) is not None:
-        index, token, _ = event
-        ids[index].append(token)
-        pending[index].append(token)
-        if held:
-            continue
-        text = state.tokenizer.decode(ids[index], skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            continue
-        yield _sse(chunk(index, {"content": text[len(sent[index]) :]}, pending[index]))
-        sent[index], pending[index] = text, []
+    try:
+        while (event := await events.get()) is not None:
+            index, token, _ = event
+            ids[index].append(token)
+            pending[index].append(token)
+            if held:
+                continue
+            text = state.tokenizer.decode(ids[index], skip_special_tokens=True)
+            if text.endswith("\ufffd"):
+                continue
+            yield _sse(chunk(index, {"content": text[len(sent[index]) :]}, pending[index]))
+            sent[index], pending[index] = text, []
+    finally:  # the client hung up (the stream was cancelled or closed): stop generating for it
+        cancel(call, task)
     try:
         results, choices = task.result()
     except RequestError as exc:
@@ -305,11 +321,14 @@ async def stream(state: ServerState, call: Call) -> AsyncIterator[str]:
         yield _sse(chunk(i, delta, pending[i], choice["finish_reason"],
                          logprobs=choice["logprobs"], token_logprobs=choice["token_logprobs"]))
     if call.params.include_usage:
-        prompt_tokens = sum(len(r.prompt_ids) for r in results)
-        completion_tokens = sum(len(c) for c in ids)
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                 "total_tokens": prompt_tokens + completion_tokens}
         yield _sse({"id": call.response_id, "object": kind, "created": created, "model": model, "choices": [],
-                    "usage": usage})
-
+                    "usage": _usage(results, ids)})
     yield "data: [DONE]\n\n"
+
+
+def _usage(results: list[GenerationResult], ids: list[list[int]]) -> dict[str, int]:
+    """A stream's ``usage``: the prompts' tokens and the tokens streamed."""
+    prompt_tokens = sum(len(r.prompt_ids) for r in results)
+    completion_tokens = sum(len(c) for c in ids)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}

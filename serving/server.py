@@ -179,6 +179,9 @@ class PolicyServer:
 
         if self._state is not None:
             return
+        if not self.config.api_keys:  # validate() refused this beyond loopback
+            _logger.warning("policy server: no API keys (--api-key-file): every client on this machine may name any "
+                            "rollout, conversation or trace; keyless serving is allowed on loopback only")
         backend = _load_backend(self.config)
         batcher = Batcher(
             backend,

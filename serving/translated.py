@@ -19,7 +19,7 @@ from spanrl import semconv
 from spanrl.serving.backend import GenerationRequest, GenerationResult
 from spanrl.serving.chat import normalize_messages, render_prompt
 from spanrl.serving.errors import RequestError
-from spanrl.serving.responses import Call, complete
+from spanrl.serving.responses import Call, cancel, complete
 
 __all__ = ["Finished", "build_call", "finish", "follow", "refuse_set", "sent_text"]
 
@@ -99,15 +99,18 @@ async def follow(state: Any, call: Call) -> AsyncIterator[str | Finished]:
     held = bool(call.params.sampling.stop or call.tools)
     ids: list[int] = []
     sent = ""
-    while (token := await events.get()) is not None:
-        ids.append(token)
-        if held:
-            continue
-        text = state.tokenizer.decode(ids, skip_special_tokens=True)
-        if text.endswith("\ufffd") or len(text) <= len(sent):
-            continue
-        yield text[len(sent):]
-        sent = text
+    try:
+        while (token := await events.get()) is not None:
+            ids.append(token)
+            if held:
+                continue
+            text = state.tokenizer.decode(ids, skip_special_tokens=True)
+            if text.endswith("\ufffd") or len(text) <= len(sent):
+                continue
+            yield text[len(sent):]
+            sent = text
+    finally:  # the client hung up: stop generating for it
+        cancel(call, task)
     results, choices = task.result()
     yield results, choices[0]
 

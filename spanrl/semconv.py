@@ -12,6 +12,7 @@ TASK_ID = "spanrl.task.id"
 ATTEMPT = "spanrl.rollout.attempt"
 MODE = "spanrl.rollout.mode"  # "train" | "val"
 ROLLOUT_SPAN_NAME = "spanrl.rollout"
+TENANT = "spanrl.tenant"  # on the policy server's spans: the tenant its API key names (serving/tenants.py)
 
 # --- Rollout URLs: a request's path names its rollout (policy server, any OpenAI-compatible proxy) --
 ROLLOUT_PATH_PREFIXES = (

@@ -229,7 +229,7 @@ def count_aged_out(
 # (a rollout that spans a reload belongs to neither), with their combined reward, as _READY takes them.
 _VERSION_REWARDS = _ROLLOUT_STATE + """
 SELECT CASE WHEN list_contains($new_versions, min_policy_version) THEN 'new' ELSE 'previous' END AS side,
-       count(*) AS n, avg(reward) AS mean, coalesce(var_samp(reward), 0.0) AS var
+       count(*) AS n, avg(reward) AS mean, coalesce(var_samp(reward), 0.0) AS var, list(reward) AS rewards
 FROM st
 WHERE NOT failed AND reward IS NOT NULL AND complete_ns IS NOT NULL AND min_policy_version = max_policy_version
   AND first_reward_ns <= complete_ns + $max_age_ns
@@ -241,11 +241,14 @@ GROUP BY 1
 
 @dataclass(frozen=True)
 class RewardStats:
-    """The judged rollouts of a set of policy versions: how many, their mean reward and its sample variance."""
+    """The judged rollouts of a set of policy versions: how many, their mean reward and its sample variance, and the
+    rewards themselves (for the guard's winsorizing, ``trainer/online_guard.py``; empty when only the summary is
+    known)."""
 
     n: int = 0
     mean: float = 0.0
     var: float = 0.0
+    values: tuple[float, ...] = ()
 
 
 def version_rewards(
@@ -258,6 +261,6 @@ def version_rewards(
     params = _params(now, horizon_ns, quiet_s=quiet_s, max_age_s=max_age_s, reward_name=reward_name)
     params.update({"settle_ns": int(settle_s * _NS_PER_S), "new_versions": [int(v) for v in new_versions],
                    "previous_versions": [int(v) for v in previous_versions]})
-    sides = {r["side"]: RewardStats(int(r["n"]), float(r["mean"]), float(r["var"]))
+    sides = {r["side"]: RewardStats(int(r["n"]), float(r["mean"]), float(r["var"]), tuple(r["rewards"]))
              for r in store.sql(_VERSION_REWARDS, params).to_pylist()}
     return sides.get("new", RewardStats()), sides.get("previous", RewardStats())

@@ -55,6 +55,7 @@ from spanrl.trainer.lifecycle import State
 from spanrl.trainer.online_guard import Guard, validate_guard
 from spanrl.trainer.online_state import Ledger, OnlineState
 from spanrl.trainer.reporting import Callback, HistoryFile
+from spanrl.trust import read_token_file
 
 __all__ = ["OnlineConfig", "OnlineTrainer"]
 
@@ -76,8 +77,12 @@ class OnlineConfig:
     """The collector's HTTP endpoint, whose SQL route reads the span store (default ``SPANRL_SQL_URL``, as
     ``spanrl sql``, else port 4318)."""
     collector_token: str | None = None
-    """Bearer token of the collector, if it has one (None: ``SPANRL_COLLECTOR_TOKEN``). Never written to
-    ``config.json``."""
+    """Bearer token of the collector, if it has one: its read token is enough (None: ``collector_token_file``,
+    else ``SPANRL_COLLECTOR_READ_TOKEN``, else ``SPANRL_COLLECTOR_TOKEN``). Never written to ``config.json``."""
+    collector_token_file: str | None = None
+    """A file holding the collector token (private to its owner, as a config or a command line may not be)."""
+    admin_token_file: str | None = None
+    """A file holding the policy server's admin token, for reloads (None: ``SPANRL_POLICY_ADMIN_TOKEN``)."""
     output_dir: str = "spanrl-online"
     """Checkpoints, ``online_state.json``, ``ledger.jsonl``, ``history.jsonl``."""
     poll_interval_s: float = 2.0
@@ -185,13 +190,15 @@ class OnlineTrainer:
 
             algorithm = GRPO()
         self.algorithm = algorithm
+        read = {f: read_token_file(getattr(config, f), field=f) for f in ("collector_token_file", "admin_token_file")
+                if getattr(config, f) is not None}
         if store is None:
             from spanrl.store import RemoteStore
-
-            token = config.collector_token or env.get_str(env.SPANRL_COLLECTOR_TOKEN)
+            token = config.collector_token or read.get("collector_token_file")  # then the read scope's variable
+            token = token or env.get_str(env.SPANRL_COLLECTOR_READ_TOKEN) or env.get_str(env.SPANRL_COLLECTOR_TOKEN)
             store = RemoteStore(config.store_url, token=token)
         self.store = store
-        self.server = PolicyClient(config.server_url)
+        self.server = PolicyClient(config.server_url, token=read.get("admin_token_file"))
         self.output_dir = Path(config.output_dir)
         self._extra_callbacks = list(callbacks)
         self._callbacks: list[Callback] = []

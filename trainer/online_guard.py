@@ -6,7 +6,11 @@ judged. Its live reward is that of the rollouts whose every token call it served
 serves them again under a new version number, and those versions count too). Rewards may be
 continuous or 0/1.
 
-**The rule** (`verdict`): once both sides have at least ``min_judged`` judged rollouts, one look:
+**The rule** (`verdict`): once both sides have at least ``min_judged`` judged rollouts, one look at their
+rewards winsorized together (`winsorized`: the ``ceil(5%)`` highest of both sides' rewards pooled are pulled
+down to the next one, and the lowest up; at least one each way), so that one extreme but legal reward cannot
+flip a verdict (issue 53: one +1e6 feedback on a collapsed update's rollouts turned its verdict from rejected
+to accepted):
 reject the new version when ``previous_mean - new_mean > margin`` and Welch's one-sided t-test
 (``algorithms/welch.py``) of H0 ``new_mean >= previous_mean - margin`` against H1
 ``new_mean < previous_mean - margin`` gives ``p < alpha``; otherwise accept it. When only the previous
@@ -32,15 +36,38 @@ from spanrl.algorithms.welch import worse_p_value
 from spanrl.errors import ConfigError
 from spanrl.store.online import ReadyRollout, RewardStats, now_ns, version_rewards
 
-__all__ = ["Guard", "validate_guard", "verdict"]
+__all__ = ["Guard", "validate_guard", "verdict", "winsorized"]
 
 _logger = logging.getLogger("spanrl.trainer.online")
 _NS_PER_S = 1_000_000_000
 
 
+_WINSOR_SHARE = 0.05
+
+
+def winsorized(previous: RewardStats, new: RewardStats) -> tuple[RewardStats, RewardStats]:
+    """Both sides with the ``k = ceil(5%)`` lowest and highest of their pooled rewards pulled in to the next one
+    (as given when a side carries no values). 0/1 rewards with more than ``k`` of each value are unchanged; a
+    side that differs from the other only in its ``k`` most extreme rewards is judged equal."""
+    if not previous.values or not new.values:
+        return previous, new
+    pooled = sorted((*previous.values, *new.values))
+    k = min(math.ceil(_WINSOR_SHARE * len(pooled)), (len(pooled) - 1) // 2)
+    low, high = pooled[k], pooled[len(pooled) - 1 - k]
+
+    def side(values: tuple[float, ...]) -> RewardStats:
+        clipped = [min(max(v, low), high) for v in values]
+        mean = sum(clipped) / len(clipped)
+        var = sum((v - mean) ** 2 for v in clipped) / (len(clipped) - 1) if len(clipped) > 1 else 0.0
+        return RewardStats(len(clipped), mean, var, tuple(clipped))
+
+    return side(previous.values), side(new.values)
+
+
 def verdict(previous: RewardStats, new: RewardStats, *, margin: float, alpha: float, min_judged: int) -> str | None:
     """``"rejected"`` | ``"accepted"`` | ``"untested"`` (the previous side has too few judged rollouts), or
-    None while the new version has fewer than ``min_judged`` (the module docstring's rule)."""
+    None while the new version has fewer than ``min_judged`` (the module docstring's rule). Pass the sides
+    through `winsorized` first."""
     if new.n < min_judged:
         return None
     if previous.n < min_judged:
@@ -125,6 +152,7 @@ class Guard:
             trainer.store, new_versions=trial["new_versions"], previous_versions=trial["previous_versions"], now=now,
             horizon_ns=max(0, trial["since_ns"] - 2 * int(cfg.max_age_s * _NS_PER_S)), settle_s=cfg.settle_s,
             max_age_s=cfg.max_age_s, quiet_s=cfg.quiet_s, reward_name=cfg.reward_name)
+        previous, new = winsorized(previous, new)  # the row, the log line and the test: all on the clipped rewards
         decided = verdict(previous, new, margin=cfg.guard_margin, alpha=cfg.guard_alpha,
                           min_judged=cfg.guard_min_judged)
         if decided is None:

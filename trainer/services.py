@@ -36,10 +36,10 @@ ReadyFn = Callable[[Sequence[str], int], set]
 
 def start_policy_server(model: Path, *, otlp_endpoint: str | None, max_batch_size: int = 32, seed: int = 0,
                         serving: Any = None, host: str = "127.0.0.1", adapters: dict[str, Path] | None = None,
-                        otlp_headers: dict[str, str] | None = None) -> Any:
+                        otlp_headers: dict[str, str] | None = None, api_key: str | None = None) -> Any:
     """A started :class:`~spanrl.serving.PolicyServer` for ``model`` on a free local port (backend, device
     and dtype from ``serving``, a :class:`~spanrl.rollouts.policy_pool.ServingConfig`), serving the LoRA
-    ``adapters`` (name -> PEFT folder) beside it."""
+    ``adapters`` (name -> PEFT folder) beside it; with ``api_key``, the only key it takes (tenant ``trainer``)."""
     from spanrl.serving import PolicyServer, ServerConfig
 
     serving = serving if serving is not None else ServingConfig()
@@ -58,6 +58,7 @@ def start_policy_server(model: Path, *, otlp_endpoint: str | None, max_batch_siz
             dtype=serving.dtype,
             gpu_memory_utilization=serving.gpu_memory_utilization,
             lora_modules={name: str(folder) for name, folder in (adapters or {}).items()},
+            api_keys={api_key: "trainer"} if api_key else {},
         )
     )
     server.start()
@@ -85,6 +86,9 @@ class Services:
         self.collector_tokens: dict[str, str | None] = {}
         self.server: Any = None
         self.runner: RolloutRunner | None = None
+        self.api_key = secrets.token_urlsafe(24)
+        """The policy servers' API key for this run, in memory only: handed to the agents (``OPENAI_API_KEY``,
+        ``llm.api_key``), so no other client can name (or join) this run's rollouts."""
         self._stack = contextlib.ExitStack()
 
     def start_collector(self, db_path: Path, serving: ServingConfig, *, reachable: bool = False) -> None:
@@ -109,6 +113,7 @@ class Services:
             serve_from, otlp_endpoint=self.collector.grpc_endpoint, max_batch_size=config.server_max_batch_size,
             seed=config.seed, serving=config.serving, adapters=adapters,
             host="0.0.0.0" if config.rollouts.advertise_host else "127.0.0.1", otlp_headers=self.policy_headers(),
+            api_key=self.api_key,
         )
         if adapters and (config.serving.urls or config.serving.placement == "ray"):
             embedded.shutdown()
@@ -129,7 +134,7 @@ class Services:
             InProcessTracing.point_at(otel_env["OTEL_EXPORTER_OTLP_ENDPOINT"], otlp_headers(otel_env))
             self._stack.callback(self._stop, "tracing", lambda: InProcessTracing.point_at(None))
         self.runner = RolloutRunner(agent, config=config.runner, ready=ready, otel_env=otel_env,
-                                    flush=self.server.force_flush, backend=config.rollouts,
+                                    flush=self.server.force_flush, backend=config.rollouts, api_key=self.api_key,
                                     on_end=functools.partial(store_rollouts.record_end, self.collector.store))
         self._stack.callback(self._stop, "runner", self.runner.close)
 
@@ -141,7 +146,7 @@ class Services:
         servers = RayServers(config.serving, config.rollouts, model=Path(model), weights_dir=weights_dir,
                              otlp_endpoint=self.collector.grpc_endpoint, served_model_name=SERVED_MODEL_NAME,
                              max_batch_size=config.server_max_batch_size, seed=config.seed,
-                             otlp_headers=self.policy_headers())
+                             otlp_headers=self.policy_headers(), api_key=self.api_key)
         self._stack.callback(self._stop, "Ray policy servers", servers.close)
         return dataclasses.replace(config.serving, urls=(*config.serving.urls, *servers.roots)), servers.token
 

@@ -85,7 +85,7 @@ def serve_stdin() -> None:
             continue
         job = json.loads(line)
         base_url = job["base_url"]
-        shared = shared or openai.OpenAI(base_url=base_url, api_key="spanrl", max_retries=0)
+        shared = shared or openai.OpenAI(base_url=base_url, api_key=job.get("api_key", "spanrl"), max_retries=0)
         client = shared.with_options(base_url=base_url)
         answer: dict[str, Any] = {"spanrl_done": job["rollout_id"]}
         try:

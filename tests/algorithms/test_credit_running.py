@@ -77,3 +77,22 @@ def test_running_needs_its_state_and_the_identical_mode():
         CreditConfig(mode="gae", baseline="running").validate()
     with pytest.raises(ConfigError, match="baseline must be one of grpo, rloo, none, running; got 'mean'"):
         CreditConfig(baseline="mean").validate()  # type: ignore[arg-type]
+
+
+def test_one_extreme_reward_per_batch_cannot_drown_the_honest_gap():
+    """Issue 53, finding 4: one legal 1e6 reward in every batch of 8 widened the winsorizing band with sigma, which
+    grew each batch, until the advantage gap between an honest 1 and an honest 0 fell from 0.43 to 0.0001 in 40
+    batches. Around the median and MAD of the recent rewards the band holds, and so does the gap (0.61)."""
+    poisoned, clean = RunningBaseline(), RunningBaseline()
+    gaps = []
+    for _ in range(40):
+        got = poisoned.advantages([("t", 1.0), ("t", 0.0)] * 3 + [("t", 1.0), ("t", 1e6)], scale_std=True)
+        gaps.append(got[0] - got[1])
+        honest = clean.advantages([("t", 1.0), ("t", 0.0)] * 4, scale_std=True)
+    assert gaps[0] == pytest.approx(0.434, abs=1e-3) and min(gaps) > 0.29 and gaps[-1] == pytest.approx(0.610, abs=1e-3)
+    assert honest[0] - honest[1] == pytest.approx(2.0, abs=1e-2)
+    assert math.sqrt(poisoned.var) < 2.5 and poisoned.finite()
+    # a real shift of the reward scale is still followed once it fills half of the window
+    for _ in range(3):
+        poisoned.advantages([("t", 100.0)] * 8, scale_std=True)
+    assert poisoned.winsorize(100.0) == 100.0 and poisoned.mean > 50

@@ -68,6 +68,31 @@ def test_reload_outside_the_root_says_nothing_about_the_path(server, root, tiny_
     assert messages == {"path must name a model folder under the server's checkpoint root"}
 
 
+def test_a_checkpoint_whose_files_link_out_of_the_root_is_refused(server, root, tiny_model_dir_other):
+    """Issue 53, finding 7: the folder was checked, not its files: a checkpoint under the root whose weights file
+    was a symlink to a file elsewhere on the disk loaded (200, a new version)."""
+    linked = root / "linked"
+    linked.mkdir(exist_ok=True)
+    for item in tiny_model_dir_other.iterdir():
+        if item.suffix == ".safetensors":
+            (linked / item.name).unlink(missing_ok=True)
+            (linked / item.name).symlink_to(item)
+        elif item.is_file():
+            shutil.copy(item, linked / item.name)
+    before = server.version
+    reply = _reload(server, "linked")
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["message"] == ("path: model.safetensors in the checkpoint folder links out of the "
+                                                "server's checkpoint root: refused")
+    assert server.version == before
+    inside = root / "inside"
+    inside.mkdir(exist_ok=True)
+    shutil.copytree(tiny_model_dir_other, inside / "real", dirs_exist_ok=True)
+    (linked / "model.safetensors").unlink()
+    (linked / "model.safetensors").symlink_to(inside / "real" / "model.safetensors")  # a link within the root: fine
+    assert _reload(server, "linked").status_code == 200
+
+
 def test_reload_never_tries_the_hub(server, root):
     """Finding 1: a path that is not a local folder was tried as a Hub repo id and stalled generation 45 s."""
     (root / "gpt2").mkdir(exist_ok=True)  # a folder under the root with no weights: loaded local only, fails fast

@@ -12,6 +12,7 @@ import pytest
 
 from spanrl.serving import PolicyServer, ServerConfig
 
+ADMIN_TOKEN = "reload-s3cret"  # the `served` fixture's admin token (conftest.py)
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "what is 1 add 2 ?"}], "max_tokens": 3}
 
 
@@ -113,3 +114,44 @@ def test_big_prompts_do_not_stall_health_or_other_requests(served):
     # fixed 1.0 s bound passed the 0.2-0.55 s on-loop stall of a quiet machine.
     assert worst[0] < alone / 3, (f"/health took {worst[0]:.2f} s while big prompts were tokenized (one alone: "
                                   f"{alone:.2f} s)")
+
+
+_ROUTES = {
+    "/v1/chat/completions": CHAT,
+    "/v1/completions": {"model": "tiny", "prompt": "1 add 2", "max_tokens": 2},
+    "/v1/responses": {"model": "tiny", "input": "1 add 2", "max_output_tokens": 2},
+    "/v1/messages": {"model": "tiny", "messages": [{"role": "user", "content": "1 add 2"}], "max_tokens": 2},
+}
+
+
+@pytest.mark.parametrize("route", [*_ROUTES, "stream", "/v1/weights/reload"])
+def test_a_model_that_is_not_a_string_is_a_400_naming_it(served, route):
+    """Issue 53, finding 7: ``{"model": ["x"]}`` was a 500 (unhashable type: 'list') on every route and on reload."""
+    body = {**_ROUTES.get(route, CHAT), "model": ["x"]}
+    if route == "stream":
+        route, body["stream"] = "/v1/chat/completions", True
+    elif route == "/v1/weights/reload":
+        body = {"path": "x", "model": ["x"]}
+    reply = httpx.post(served.server.base_url + route, json=body, headers={"authorization": f"Bearer {ADMIN_TOKEN}"},
+                       timeout=30)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["message"] == "model must be a string naming a served model, got list ['x']"
+    assert reply.json()["error"].get("param", "model") == "model"  # Anthropic's error body has no param
+
+
+_FIELDS = ("model", "messages", "prompt", "input", "max_tokens", "max_completion_tokens", "max_output_tokens",
+           "temperature", "top_p", "n", "stop", "stop_sequences", "stream", "logprobs", "top_logprobs", "seed", "tools",
+           "tool_choice", "metadata", "conversation", "stream_options", "response_format", "system", "instructions")
+
+
+@pytest.mark.parametrize("route", list(_ROUTES))
+def test_no_malformed_field_is_a_500(served, route):
+    """Every field set to a value of the wrong shape: a 4xx (or a reply, where the API ignores the field), never 500."""
+    failures = []
+    with httpx.Client(timeout=30) as client:
+        for field in _FIELDS:
+            for bad in (["x"], {"a": [1]}, -1, "x", 1e308):
+                reply = client.post(served.server.base_url + route, json={**_ROUTES[route], field: bad})
+                if reply.status_code >= 500:
+                    failures.append((field, bad, reply.status_code, reply.text[:120]))
+    assert failures == []

@@ -79,3 +79,22 @@ def test_tool_call_round_trip_through_chat_template(served, tiny_model_dir) -> N
     parts = json.loads(spans[1].attributes[semconv.GEN_AI_INPUT_MESSAGES])[-1]["parts"]
     assert parts == [{"type": "tool_call_response", "id": message.tool_calls[0].id, "response": "7"}]
     assert {s.attributes[semconv.POLICY_VERSION] for s in spans} == {1}
+
+
+def test_a_call_that_does_not_fit_an_odd_tool_schema_stays_content_and_its_span_is_kept(served, tiny_model_dir):
+    """Issue 53, finding 7: properties given as a list, or a property's schema as a string, made the parse of the
+    generated ``<call> add 3 4 </call>`` raise: a 500, and the call's span was lost."""
+    assert served.server.reload(_teach(tiny_model_dir)) == 1
+    client = openai.OpenAI(base_url=served.server.rollout_base_url("r-odd"), api_key="unused", max_retries=0)
+    odd = [{"type": "object", "properties": ["a", "b"]}, {"type": "object", "properties": {"a": "integer", "b": 7}},
+           {"type": "object", "properties": {"a": {"type": ["integer"]}, "b": {"type": {"x": 1}}}}]
+    got = []
+    for parameters in odd:
+        tools = [{"type": "function", "function": dict(TOOLS[0]["function"], parameters=parameters)}]
+        reply = client.chat.completions.create(model="tiny", messages=ASK, tools=tools, max_tokens=10, temperature=0)
+        message = reply.choices[0].message
+        got.append((message.content, [json.loads(c.function.arguments) for c in message.tool_calls or []]))
+    # properties that are not an object: the text stays content; schemas or types that name no JSON type: strings
+    assert got == [("<call> add 3 4 </call>", []), (None, [{"a": "3", "b": "4"}]), (None, [{"a": "3", "b": "4"}])]
+    spans = served.spans()
+    assert len(spans) == len(odd) and {s.attributes[semconv.ROLLOUT_ID] for s in spans} == {"r-odd"}

@@ -35,7 +35,7 @@ _WORKER = textwrap.dedent(
     provider = configure()
     for line in sys.stdin:
         job = json.loads(line)
-        client = openai.OpenAI(base_url=job["base_url"], api_key="x", max_retries=0)
+        client = openai.OpenAI(base_url=job["base_url"], api_key=job["api_key"], max_retries=0)
         with rollout(job["rollout_id"], task_id=job["task_id"], attempt=job["attempt"], mode=job["mode"]):
             run_rollout(client, job["task"], model=job["model"], sampling=job["sampling"])
         provider.force_flush()

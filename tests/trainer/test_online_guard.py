@@ -19,7 +19,7 @@ import pytest
 
 from spanrl.store.online import RewardStats
 from spanrl.algorithms.welch import t_sf, worse_p_value
-from spanrl.trainer.online_guard import verdict
+from spanrl.trainer.online_guard import verdict, winsorized
 from spanrl.trainer.reporting import Callback
 
 AGENT = Path(__file__).resolve().parent / "_guard_agent.py"
@@ -361,3 +361,25 @@ def test_turning_the_guard_on_later_compares_with_the_versions_of_the_committed_
         assert (trial["previous"], trial["previous_versions"], trial["new_versions"]) == ("checkpoint-1", [1, 2], [3])
     finally:
         server.shutdown()
+
+
+def test_one_extreme_feedback_cannot_flip_the_verdict_on_a_collapsed_update(collector: Any) -> None:
+    """Issue 53, finding 4: under the default reward range (+-1e6), one +1e6 feedback on one of a collapsed
+    update's rollouts raised its raw live mean from 0 to 62500 and the verdict from rejected to accepted."""
+    from spanrl.store.online import now_ns, version_rewards
+
+    for i in range(16):
+        _served(collector.store, f"before-{i}", 1.0 if i < 9 else 0.0, 1)  # v1: 9 of 16 succeed
+        _served(collector.store, f"after-{i}", 1e6 if i == 0 else 0.0, 2)  # v2 collapsed, one feedback of 1e6
+    new, previous = version_rewards(collector.store, new_versions=[2], previous_versions=[1], settle_s=0.0,
+                                    now=now_ns(collector.store), horizon_ns=0, max_age_s=60.0, quiet_s=600.0)
+    rule = dict(margin=0.0, alpha=0.05, min_judged=16)
+    assert (new.n, new.mean, previous.mean) == (16, 62500.0, 0.5625)
+    assert verdict(previous, new, **rule) == "accepted"  # raw means: the probe's flip
+    robust_previous, robust_new = winsorized(previous, new)
+    assert (robust_new.mean, robust_previous.mean) == (0.0625, 0.5625)  # the 1e6 pulled in to the highest honest 1
+    assert verdict(robust_previous, robust_new, **rule) == "rejected"
+    # 0/1 rewards with more than ceil(5%) of each value pass unchanged, so an honest verdict is the same
+    honest = winsorized(RewardStats(4, 0.5, 1 / 3, (0.0, 1.0, 0.0, 1.0)),
+                        RewardStats(4, 0.75, 0.25, (1.0, 1.0, 0.0, 1.0)))
+    assert [(s.mean, s.var) for s in honest] == [(0.5, pytest.approx(1 / 3)), (0.75, 0.25)]

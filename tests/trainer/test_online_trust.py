@@ -19,7 +19,7 @@ from spanrl import semconv as sc
 from spanrl.algorithms import GRPO
 from spanrl.collector import Collector, CollectorConfig
 from spanrl.collector.encoding import encode_request
-from spanrl.errors import TrainingError
+from spanrl.errors import ConfigError, TrainingError
 from spanrl.serving import PolicyServer, SamplingParams, ServerConfig
 from spanrl.store.online import now_ns
 from spanrl.trainer.online import OnlineConfig, OnlineTrainer
@@ -209,6 +209,37 @@ def test_the_collector_token_comes_from_the_environment_and_is_never_saved(tiny,
     assert "s3cret-token" not in saved and "collector_token" not in json.loads(saved)
 
 
+def test_the_online_trainer_reads_with_the_read_token_and_from_token_files(tiny, server, tmp_path, monkeypatch):
+    """Issue 53, finding 7: the online trainer ignored SPANRL_COLLECTOR_READ_TOKEN (only the all-scope token
+    worked) and had no token files."""
+    import shutil
+
+    from spanrl.errors import ServingError
+
+    config = CollectorConfig(db_path=str(tmp_path / "s.duckdb"), grpc_port=-1, http_port=0, read_token="reader-t")
+    (tmp_path / "read.token").write_text("reader-t\n")
+    (tmp_path / "admin.token").write_text("online-admin\n")
+    shutil.copytree(tiny, tmp_path / "ck")
+    monkeypatch.delenv("SPANRL_COLLECTOR_TOKEN", raising=False)
+    monkeypatch.delenv("SPANRL_POLICY_ADMIN_TOKEN")
+    with Collector(config) as guarded:
+        fields = dict(model=str(tiny), server_url=server.base_url, store_url=guarded.http_endpoint,
+                      output_dir=str(tmp_path / "o"))
+        with pytest.raises(Exception, match="401"):
+            now_ns(OnlineTrainer(OnlineConfig(**fields), algorithm=GRPO()).store)
+        monkeypatch.setenv("SPANRL_COLLECTOR_READ_TOKEN", "reader-t")
+        assert now_ns(OnlineTrainer(OnlineConfig(**fields), algorithm=GRPO()).store) > 0
+        monkeypatch.delenv("SPANRL_COLLECTOR_READ_TOKEN")
+        from_files = OnlineTrainer(OnlineConfig(**fields, collector_token_file=str(tmp_path / "read.token"),
+                                                admin_token_file=str(tmp_path / "admin.token")), algorithm=GRPO())
+        assert now_ns(from_files.store) > 0
+        assert from_files.server.reload(tmp_path / "ck") == 1
+        with pytest.raises(ServingError, match="answered 401"):
+            OnlineTrainer(OnlineConfig(**fields), algorithm=GRPO()).server.reload(tmp_path / "ck")
+    with pytest.raises(ConfigError, match="admin_token_file: cannot read the token file"):
+        OnlineTrainer(OnlineConfig(**fields, admin_token_file=str(tmp_path / "absent")), algorithm=GRPO())
+
+
 def test_one_outlier_reward_does_not_poison_the_baseline():
     """Issue 28: one 1e30 reward left every later advantage of its task at about -0.38 for thousands of
     rollouts. Now the outlier is winsorized: its own advantage is bounded, and its weight fades with the
@@ -237,7 +268,6 @@ def test_one_outlier_reward_does_not_poison_the_baseline():
 def test_the_trainer_guard_stops_after_max_bad_updates_in_a_row(tmp_path):
     """The Trainer's NonFiniteGuard callback (TrainerConfig.max_bad_updates): good rows reset the count,
     evaluation rows do not count, the third non-finite update in a row stops training with the reason."""
-    from spanrl.errors import ConfigError
     from spanrl.trainer.config import TrainerConfig
     from spanrl.trainer.reporting import NonFiniteGuard
 

@@ -40,7 +40,7 @@ _CHAOS_WORKER = textwrap.dedent(
             os._exit(7)
         if chaos == "hang" or (chaos == "hang_first" and first):
             time.sleep(600)
-        client = openai.OpenAI(base_url=job["base_url"], api_key="x", max_retries=0)
+        client = openai.OpenAI(base_url=job["base_url"], api_key=job["api_key"], max_retries=0)
         with rollout(job["rollout_id"], task_id=job["task_id"], attempt=job["attempt"], mode=job["mode"]):
             run_rollout(client, job["task"], model=job["model"], sampling=job["sampling"])
         provider.force_flush()
@@ -162,3 +162,25 @@ def test_trainer_rejects_bad_config(tiny_model: Path, tmp_path: Path) -> None:
                 config=TrainerConfig(temperature=0.7, tasks_per_step=1))
     with pytest.raises(ConfigError, match="LightningRL got an unknown field"):
         LightningRL(gama=0.9)
+
+
+def test_the_trainers_policy_server_takes_only_its_per_run_key(tiny_model: Path, tmp_path: Path) -> None:
+    """Issue 53, finding 3: the Trainer's server took calls from anyone who could reach it, so another local
+    process could name (and join) the run's rollouts. It now makes one API key per run, in memory, and hands it
+    to the agents it starts (``llm.api_key``, ``OPENAI_API_KEY``; the jsonl agent above sends ``job["api_key"]``)."""
+    import httpx
+
+    seen: list[tuple[int, int]] = []
+
+    def agent(task: dict[str, Any], llm: Any) -> float:
+        body = {"model": llm.model, "messages": [{"role": "user", "content": "1 add 2"}], "max_tokens": 2}
+        keyless = httpx.post(f"{llm.base_url}/chat/completions", json=body, timeout=60)
+        keyed = httpx.post(f"{llm.base_url}/chat/completions", json=body, timeout=60,
+                           headers={"authorization": f"Bearer {llm.api_key}"})
+        seen.append((keyless.status_code, keyed.status_code))
+        return 1.0
+
+    tasks, _ = calculator.split_tasks(8, 0, seed=3)
+    Trainer(model=tiny_model, agent=agent, tasks=tasks, algorithm=GRPO(learning_rate=5e-4),
+            credit=LightningRL(baseline="grpo"), config=_config(tmp_path / "run", max_steps=1)).train()
+    assert seen and set(seen) == {(401, 200)}
