@@ -242,6 +242,10 @@ touched AS (  -- whose they are (own id, else their trace's: rollout_spans' rule
     UNION ALL
     SELECT s.rollout_id, f.ingested_ns
     FROM fresh f JOIN spans s ON s.trace_id = f.trace_id WHERE s.rollout_id IS NOT NULL
+    UNION ALL  -- verdicts from elsewhere: whose they are by views.sql's rule, their keys read over the store
+    SELECT rollout_id, ingested_ns
+    FROM rollout_rewards((SELECT min(watermark_ns) + 1 FROM kept_sel), usable_only := FALSE, keys_since_ns := 0)
+    WHERE is_feedback AND rollout_id IS NOT NULL
 ),
 kept_clean AS (
     SELECT k.rollout_id FROM kept_sel k

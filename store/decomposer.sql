@@ -130,32 +130,15 @@ agents AS (
     FROM (__WALK_UNION__) GROUP BY w_key
 ),
 -- rewards: span attributes and events, one row each, placed after the last call that ended before them
-rw0 AS MATERIALIZED (  -- no OR across columns: each scan is filtered before it reads the rest (-0.01 s)
-    SELECT trace_id, span_id, rid AS copy_rid, rollout_id, end_ns AS time_ns, ingested_ns,
-           coalesce(reward_name, 'reward') AS name, usable_reward(reward_value) AS value,
-           'span' AS source
-    FROM rollout_spans(__SINCE__)
-    WHERE reward_value IS NOT NULL
+rw0 AS MATERIALIZED (  -- resolved to their rollouts by views.sql's one rule (rollout_rewards)
+    SELECT trace_id, span_id, rid AS copy_rid, rollout_id, time_ns, ingested_ns, name,
+           usable_reward(value) AS value, source  -- unusable: NaN
+    FROM rollout_rewards(__SINCE__, usable_only := FALSE)
     UNION ALL  -- a reward span without a value: NaN
     SELECT trace_id, span_id, rid AS copy_rid, rollout_id, end_ns AS time_ns, ingested_ns,
            coalesce(reward_name, 'reward') AS name, 'NaN'::DOUBLE AS value, 'span' AS source
     FROM rollout_spans(__SINCE__)
     WHERE reward_value IS NULL AND name = 'spanrl.reward'
-    UNION ALL
-    SELECT trace_id, span_id, copy_rid, rollout_id, ev.time_ns, ingested_ns,
-           coalesce(ev.attributes ->> '$."spanrl.reward.name"', ev.attributes ->> '$."gen_ai.evaluation.name"',
-                    'reward') AS name,
-           usable_reward(coalesce(TRY_CAST(ev.attributes ->> '$."spanrl.reward.value"' AS DOUBLE),  -- unusable: NaN
-                    TRY_CAST(ev.attributes ->> '$."gen_ai.evaluation.score.value"' AS DOUBLE))) AS value,
-           'event' AS source
-    FROM (
-        SELECT trace_id, span_id, rid AS copy_rid, rollout_id, ingested_ns,
-               unnest(from_json(events, '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "JSON"}]')) AS ev
-        FROM rollout_spans(__SINCE__)
-        WHERE events IS NOT NULL
-          AND (contains(events, 'spanrl.reward') OR contains(events, 'gen_ai.evaluation.result'))
-    )
-    WHERE ev.name IN ('spanrl.reward', 'gen_ai.evaluation.result')
 ),
 rw_copy AS (  -- a span exported twice is stored twice: its rewards come from the first copy ingested
     SELECT trace_id, span_id, arg_min(copy_rid, ingested_ns) AS first_rid

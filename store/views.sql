@@ -1,9 +1,10 @@
 -- Macros and views over the spans table (store/schema.sql). Created by SpanStore.open on every open, so
 -- they always match this file. JSON keys with dots must be quoted: '$."gen_ai.request.model"'.
 --
--- Two rules are defined here once, and everything else (these views, store/rollouts.py, the decomposer)
--- goes through them:
+-- Three rules are defined here once, and everything else (these views, store/rollouts.py, store/online.py,
+-- the decomposer, the viewer) goes through them:
 --   * attribution (`trace_rollouts`, `rollout_spans`): which rollout a span belongs to;
+--   * verdicts (`rollout_rewards`): which rollout a reward belongs to, wherever it was sent from;
 --   * status (`rollout_state`): when a rollout has finished.
 -- Each macro takes `since_ns`: only spans ingested at or after it are read (0: all), so a poll over
 -- the spans of one training run stays cheap as the store grows.
@@ -82,6 +83,101 @@ LEFT JOIN trace_rollouts(since_ns, unattributed_only := TRUE) t  -- only traces 
     ON s.rollout_id IS NULL AND t.trace_id = s.trace_id
 WHERE s.ingested_ns >= since_ns;
 
+-- A usable reward: finite, |r| <= reward_abs_max() (semconv.REWARD_ABS_MAX). The collector rejects
+-- the rest at ingest (collector/admission.py); these drop what was stored before it did, so no reader
+-- (these views, the decomposer, load_transitions, the online trainer) sees one.
+CREATE OR REPLACE MACRO reward_abs_max() AS 1e6::DOUBLE;
+CREATE OR REPLACE MACRO reward_usable(x) AS coalesce(isfinite(x) AND abs(x) <= reward_abs_max(), FALSE);
+CREATE OR REPLACE MACRO usable_reward(x) AS CASE WHEN reward_usable(x) THEN x ELSE 'NaN'::DOUBLE END;
+
+-- Verdicts: one row per reward among spans ingested at or after since_ns: typed span rewards
+-- (spanrl.reward.value / gen_ai.evaluation.score.value on a span) and reward events (spanrl.reward /
+-- gen_ai.evaluation.result) unnested from the events JSON, each resolved to its rollout by the ONE rule
+-- every reader uses (the rewards and rollouts views, `spanrl sql`, the viewer, the decomposer and so the
+-- offline Trainer, the online trainer), by its key, first found:
+--   * a response id: the event's gen_ai.response.id, else its span's (not a SERVER span's: that is the
+--     call itself) -> the one rollout of the policy server's (SERVER) calls with that id; none when two
+--     rollouts claim it; a response the server never served leaves the verdict its span's rollout;
+--   * spanrl.feedback.trace_id on a spanrl.feedback span -> the rollout of that trace (trace_rollouts);
+--   * the span's own rollout (rollout_spans: its spanrl.rollout.id, else its trace's);
+--   * a conversation: the event's gen_ai.conversation.id, else its span's -> rollout 'conversation:<id>'
+--     when spans of that rollout are stored (trace_rollouts' conversation rule).
+-- Keys resolve over spans ingested at or after keys_since_ns (NULL: since_ns): the viewer finds the
+-- rollouts of new verdicts among older spans. `is_feedback`: a verdict from outside its rollout (a
+-- spanrl.feedback span, or a span that belongs to no rollout). `rid` and `ingested_ns` are the span's;
+-- task_id, attempt and mode too (NULL on a verdict from elsewhere). Several rewards of one rollout combine
+-- by "latest by ingested_ns wins" (the rollouts view, store/online.py).
+-- Only usable values (above) unless `usable_only := FALSE`; `usable` says which.
+CREATE OR REPLACE MACRO rollout_rewards(since_ns, usable_only := TRUE, keys_since_ns := NULL) AS TABLE
+WITH raw AS (
+    SELECT rid, ingested_ns, rollout_id, task_id, attempt, mode, trace_id, span_id, kind, name AS span_name,
+           end_ns AS time_ns,
+           coalesce(reward_name, 'reward') AS name,
+           reward_value AS value,
+           'span' AS source,
+           response_id,
+           attributes ->> '$."gen_ai.conversation.id"' AS conversation_id,
+           attributes ->> '$."spanrl.feedback.trace_id"' AS feedback_trace_id
+    FROM rollout_spans(since_ns)
+    WHERE reward_value IS NOT NULL
+    UNION ALL
+    SELECT rid, ingested_ns, rollout_id, task_id, attempt, mode, trace_id, span_id, kind, span_name,
+           ev.time_ns AS time_ns,
+           coalesce(ev.attributes ->> '$."spanrl.reward.name"',
+                    ev.attributes ->> '$."gen_ai.evaluation.name"',
+                    'reward') AS name,
+           coalesce(TRY_CAST(ev.attributes ->> '$."spanrl.reward.value"' AS DOUBLE),
+                    TRY_CAST(ev.attributes ->> '$."gen_ai.evaluation.score.value"' AS DOUBLE)) AS value,
+           'event' AS source,
+           coalesce(ev.attributes ->> '$."gen_ai.response.id"', response_id) AS response_id,
+           coalesce(ev.attributes ->> '$."gen_ai.conversation.id"', conversation_id) AS conversation_id,
+           feedback_trace_id
+    FROM (
+        SELECT rid, ingested_ns, rollout_id, task_id, attempt, mode, trace_id, span_id, kind, name AS span_name,
+               response_id,
+               attributes ->> '$."gen_ai.conversation.id"' AS conversation_id,
+               attributes ->> '$."spanrl.feedback.trace_id"' AS feedback_trace_id,
+               unnest(from_json(events, '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "JSON"}]')) AS ev
+        FROM rollout_spans(since_ns)
+        WHERE events IS NOT NULL
+          AND (contains(events, 'spanrl.reward') OR contains(events, 'gen_ai.evaluation.result'))
+    )
+    WHERE ev.name IN ('spanrl.reward', 'gen_ai.evaluation.result')
+      AND coalesce(TRY_CAST(ev.attributes ->> '$."spanrl.reward.value"' AS DOUBLE),
+                   TRY_CAST(ev.attributes ->> '$."gen_ai.evaluation.score.value"' AS DOUBLE)) IS NOT NULL
+), keyed AS (
+    SELECT *,
+           CASE WHEN kind <> 'SERVER' THEN response_id END AS key_response,
+           CASE WHEN span_name = 'spanrl.feedback' THEN feedback_trace_id END AS key_trace,
+           CASE WHEN rollout_id IS NULL THEN 'conversation:' || conversation_id END AS key_conversation
+    FROM raw
+    WHERE NOT usable_only OR reward_usable(value)
+), by_response AS (  -- only SERVER spans: a response id on one only the policy server's token stores
+    SELECT response_id, min(rollout_id) AS rollout_id
+    FROM rollout_spans(coalesce(keys_since_ns, since_ns))
+    WHERE kind = 'SERVER' AND rollout_id IS NOT NULL AND name <> 'spanrl.feedback'
+      AND response_id IN (SELECT key_response FROM keyed)
+    GROUP BY response_id
+    HAVING count(DISTINCT rollout_id) = 1
+), by_trace AS (
+    SELECT trace_id, rollout_id FROM trace_rollouts(coalesce(keys_since_ns, since_ns))
+    WHERE trace_id IN (SELECT key_trace FROM keyed)
+), by_conversation AS (
+    SELECT DISTINCT rollout_id FROM trace_rollouts(coalesce(keys_since_ns, since_ns))
+    WHERE rollout_id IN (SELECT key_conversation FROM keyed)
+)
+SELECT k.rid, k.ingested_ns,
+       CASE WHEN k.key_response IS NOT NULL THEN coalesce(br.rollout_id, k.rollout_id)
+            WHEN k.key_trace IS NOT NULL THEN bt.rollout_id
+            ELSE coalesce(k.rollout_id, bc.rollout_id) END AS rollout_id,
+       k.task_id, k.attempt, k.mode, k.trace_id, k.span_id, k.time_ns, k.name, k.value, k.source,
+       k.response_id, reward_usable(k.value) AS usable,
+       k.span_name = 'spanrl.feedback' OR k.rollout_id IS NULL AS is_feedback
+FROM keyed k
+LEFT JOIN by_response br ON br.response_id = k.key_response
+LEFT JOIN by_trace bt ON bt.trace_id = k.key_trace
+LEFT JOIN by_conversation bc ON bc.rollout_id = k.key_conversation;
+
 -- How long a rollout that never stored its end must be silent after a reward to count as finished: the
 -- one quiet time of spanrl (rollout_state, the UI, the materializer, and the online trainer's default,
 -- store/online.py). 60 s: an agent without a spanrl.rollout span may pause between calls for tool calls
@@ -95,9 +191,9 @@ CREATE OR REPLACE MACRO rollout_quiet_ns() AS 60_000_000_000::BIGINT;
 --     exited ('agent_exit'; its SDK flushed at exit, and the collector acknowledges only committed
 --     spans), when a jsonl worker answered done ('agent_done'), when it timed out ('timeout'), or when
 --     the Trainer says so ('trainer').
--- Without a stored end, a rollout with a reward and no span ingested for rollout_quiet_ns() is
--- finished too ('quiet'). status: 'error' when the rollout span or the end span has status ERROR,
--- 'finished' when it ended otherwise, 'open' before.
+-- Without a stored end, a rollout with a reward (its own, or a verdict resolved to it) and no span of its
+-- own ingested for rollout_quiet_ns() is finished too ('quiet'). status: 'error' when the rollout span or
+-- the end span has status ERROR, 'finished' when it ended otherwise, 'open' before.
 CREATE OR REPLACE MACRO rollout_state(since_ns) AS TABLE
 WITH s AS (
     SELECT rollout_id,
@@ -125,65 +221,24 @@ WITH s AS (
     FROM rollout_spans(since_ns)
     WHERE rollout_id IS NOT NULL
     GROUP BY rollout_id
+), judged AS (  -- rewarded from elsewhere too: verdicts resolved to it (rollout_rewards, below)
+    SELECT s.* REPLACE (s.rewarded OR s.rollout_id IN (
+        SELECT rollout_id FROM rollout_rewards(since_ns, usable_only := FALSE) WHERE is_feedback) AS rewarded)
+    FROM s
 ), e AS (
     SELECT *,
            CASE WHEN has_rollout_span THEN 'rollout_span'
                 WHEN end_reason IS NOT NULL THEN end_reason
                 WHEN rewarded AND last_ingested_ns < epoch_ns(now()) - rollout_quiet_ns() THEN 'quiet'
            END AS ended_by
-    FROM s
+    FROM judged
 )
 SELECT *, CASE WHEN failed THEN 'error' WHEN ended_by IS NOT NULL THEN 'finished' ELSE 'open' END AS status
 FROM e;
 
--- A usable reward: finite, |r| <= reward_abs_max() (semconv.REWARD_ABS_MAX). The collector rejects
--- the rest at ingest (collector/admission.py); these drop what was stored before it did, so no reader
--- (these views, the decomposer, load_transitions, the online trainer) sees one.
-CREATE OR REPLACE MACRO reward_abs_max() AS 1e6::DOUBLE;
-CREATE OR REPLACE MACRO reward_usable(x) AS coalesce(isfinite(x) AND abs(x) <= reward_abs_max(), FALSE);
-CREATE OR REPLACE MACRO usable_reward(x) AS CASE WHEN reward_usable(x) THEN x ELSE 'NaN'::DOUBLE END;
-
--- One row per reward among spans ingested at or after since_ns: typed span rewards
--- (spanrl.reward.value / gen_ai.evaluation.score.value on a span) and reward events (spanrl.reward /
--- gen_ai.evaluation.result) unnested from the events JSON. `rid` and `ingested_ns` are the span's.
--- `response_id`: the response it judges (the event's gen_ai.response.id, else its span's), the key late
--- feedback resolves by (store/online.py).
--- Only usable values (above) unless `usable_only := FALSE`; `usable` says which.
-CREATE OR REPLACE MACRO rollout_rewards(since_ns, usable_only := TRUE) AS TABLE
-SELECT *, reward_usable(value) AS usable FROM (
-SELECT rid, ingested_ns, rollout_id, task_id, attempt, mode, trace_id, span_id,
-       end_ns AS time_ns,
-       coalesce(reward_name, 'reward') AS name,
-       reward_value AS value,
-       'span' AS source,
-       response_id
-FROM rollout_spans(since_ns)
-WHERE reward_value IS NOT NULL
-UNION ALL
-SELECT rid, ingested_ns, rollout_id, task_id, attempt, mode, trace_id, span_id,
-       ev.time_ns AS time_ns,
-       coalesce(ev.attributes ->> '$."spanrl.reward.name"',
-                ev.attributes ->> '$."gen_ai.evaluation.name"',
-                'reward') AS name,
-       coalesce(TRY_CAST(ev.attributes ->> '$."spanrl.reward.value"' AS DOUBLE),
-                TRY_CAST(ev.attributes ->> '$."gen_ai.evaluation.score.value"' AS DOUBLE)) AS value,
-       'event' AS source,
-       coalesce(ev.attributes ->> '$."gen_ai.response.id"', response_id) AS response_id
-FROM (
-    SELECT rid, ingested_ns, rollout_id, task_id, attempt, mode, trace_id, span_id, response_id,
-           unnest(from_json(events, '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "JSON"}]')) AS ev
-    FROM rollout_spans(since_ns)
-    WHERE events IS NOT NULL
-      AND (contains(events, 'spanrl.reward') OR contains(events, 'gen_ai.evaluation.result'))
-)
-WHERE ev.name IN ('spanrl.reward', 'gen_ai.evaluation.result')
-  AND coalesce(TRY_CAST(ev.attributes ->> '$."spanrl.reward.value"' AS DOUBLE),
-               TRY_CAST(ev.attributes ->> '$."gen_ai.evaluation.score.value"' AS DOUBLE)) IS NOT NULL
-)
-WHERE NOT usable_only OR reward_usable(value);
-
--- Every usable reward of the store (rollout_rewards over all spans). ingested_ns: when the collector
--- stored it, the order "latest wins" goes by (the sender's time_ns can be anything).
+-- Every usable reward of the store (rollout_rewards over all spans: rollout_id is the resolved one).
+-- ingested_ns: when the collector stored it, the order "latest wins" goes by (the sender's time_ns can
+-- be anything).
 CREATE OR REPLACE VIEW rewards AS
 SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, time_ns, name, value, source, ingested_ns
 FROM rollout_rewards(0);
