@@ -200,16 +200,33 @@ FROM out_calls f
 LEFT JOIN spans sx ON sx.rowid = f.s_rid
 WHERE f.has_ids
 UNION ALL BY NAME  -- calls without ids apart: only they join their client span's messages
+-- Messages: the span's attributes, else its gen_ai.client.inference.operation.details event's; the system
+-- instructions and content kept elsewhere (*_ref URIs) go to store/messages.py in `message_sources`.
 SELECT 'call' AS row_kind, f.* EXCLUDE (s_rid, c_rid, has_ids),
        sx.prompt_token_ids AS prompt_ids, sx.completion_token_ids AS completion_ids, sx.logprobs,
        coalesce(TRY_CAST(sx.attributes ->> '$."spanrl.llm.logprobs_temperature"' AS DOUBLE),
                 nullif(TRY_CAST(sx.attributes ->> '$."gen_ai.request.temperature"' AS DOUBLE), 0.0)) AS temperature,
-       cx.attributes ->> '$."gen_ai.input.messages"' AS input_messages,
-       cx.attributes ->> '$."gen_ai.output.messages"' AS output_messages
+       coalesce(cx.a ->> '$."gen_ai.input.messages"', cx.d ->> '$."gen_ai.input.messages"') AS input_messages,
+       coalesce(cx.a ->> '$."gen_ai.output.messages"', cx.d ->> '$."gen_ai.output.messages"') AS output_messages,
+       nullif(json_object(
+           'system_instructions', coalesce(cx.a -> '$."gen_ai.system_instructions"',
+                                           cx.d -> '$."gen_ai.system_instructions"'),
+           'input_messages_ref', coalesce(cx.a ->> '$."gen_ai.input.messages_ref"',
+                                          cx.d ->> '$."gen_ai.input.messages_ref"'),
+           'output_messages_ref', coalesce(cx.a ->> '$."gen_ai.output.messages_ref"',
+                                           cx.d ->> '$."gen_ai.output.messages_ref"'),
+           'system_instructions_ref', coalesce(cx.a ->> '$."gen_ai.system_instructions_ref"',
+                                               cx.d ->> '$."gen_ai.system_instructions_ref"'))::VARCHAR,
+           '{"system_instructions":null,"input_messages_ref":null,"output_messages_ref":null,'
+           || '"system_instructions_ref":null}') AS message_sources
 FROM out_calls f
 LEFT JOIN spans sx ON sx.rowid = f.s_rid
 LEFT JOIN (
-    SELECT rowid AS rid, attributes FROM spans WHERE rowid IN (SELECT c_rid FROM out_calls WHERE NOT has_ids)
+    SELECT rowid AS rid, attributes AS a,
+           CASE WHEN contains(events, 'gen_ai.client.inference.operation.details') THEN list_filter(
+               from_json(events, '[{"name": "VARCHAR", "attributes": "JSON"}]'),
+               lambda e: e.name = 'gen_ai.client.inference.operation.details')[1].attributes END AS d
+    FROM spans WHERE rowid IN (SELECT c_rid FROM out_calls WHERE NOT has_ids)
 ) cx ON cx.rid = f.c_rid
 WHERE NOT f.has_ids
 UNION ALL BY NAME

@@ -243,8 +243,15 @@ CREATE OR REPLACE VIEW rewards AS
 SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, time_ns, name, value, source, ingested_ns
 FROM rollout_rewards(0);
 
+-- The attributes of a span's first event named `name` (JSON; NULL when it has none).
+CREATE OR REPLACE MACRO event_attributes(events, name) AS
+CASE WHEN contains(events, name) THEN list_filter(from_json(events, '[{"name": "VARCHAR", "attributes": "JSON"}]'),
+                                                  lambda e: e.name = name)[1].attributes END;
+
 -- One row per LLM call span: client spans of instrumentors (gen_ai.operation.name chat/text_completion)
 -- and the policy server's spans carrying exact token ids. The decomposer pairs and de-duplicates them.
+-- Messages: the span's attributes, else its gen_ai.client.inference.operation.details event's; content kept
+-- elsewhere is named by the *_ref columns (the decomposer reads it, store/messages.py).
 CREATE OR REPLACE VIEW llm_calls AS
 SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, parent_span_id, name, kind,
        service_name, start_ns, end_ns, status_code, agent_name, operation_name, response_id,
@@ -253,12 +260,34 @@ SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, parent_span_id, na
        attributes ->> '$."gen_ai.response.model"' AS response_model,
        TRY_CAST(attributes ->> '$."gen_ai.usage.input_tokens"' AS BIGINT) AS input_tokens,
        TRY_CAST(attributes ->> '$."gen_ai.usage.output_tokens"' AS BIGINT) AS output_tokens,
-       attributes ->> '$."gen_ai.input.messages"' AS input_messages,
-       attributes ->> '$."gen_ai.output.messages"' AS output_messages,
+       coalesce(attributes ->> '$."gen_ai.input.messages"', d ->> '$."gen_ai.input.messages"') AS input_messages,
+       coalesce(attributes ->> '$."gen_ai.output.messages"', d ->> '$."gen_ai.output.messages"') AS output_messages,
        prompt_token_ids, completion_token_ids, logprobs,
-       prompt_token_ids IS NOT NULL AS has_token_ids
-FROM rollout_spans(0)
+       prompt_token_ids IS NOT NULL AS has_token_ids,
+       coalesce(attributes ->> '$."gen_ai.input.messages_ref"', d ->> '$."gen_ai.input.messages_ref"')
+           AS input_messages_ref,
+       coalesce(attributes ->> '$."gen_ai.output.messages_ref"', d ->> '$."gen_ai.output.messages_ref"')
+           AS output_messages_ref
+FROM (SELECT *, event_attributes(events, 'gen_ai.client.inference.operation.details') AS d FROM rollout_spans(0))
 WHERE operation_name IN ('chat', 'text_completion') OR prompt_token_ids IS NOT NULL;
+
+-- One row per tool call span (gen_ai.operation.name execute_tool): what the step did and how it went.
+-- decision: gen_ai.tool.call.decision on the span, else the outcome of its gen_ai.tool.call.decision event
+-- (allow | deny | require_approval); exit_code: a command tool's process.exit.code; error_type: error.type.
+CREATE OR REPLACE VIEW tool_calls AS
+SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, parent_span_id, name, service_name, start_ns, end_ns,
+       status_code, status_message,
+       attributes ->> '$."gen_ai.tool.name"' AS tool_name,
+       attributes ->> '$."gen_ai.tool.call.id"' AS tool_call_id,
+       coalesce(attributes ->> '$."gen_ai.tool.call.decision"',
+                event_attributes(events, 'gen_ai.tool.call.decision') ->> '$."gen_ai.tool.call.decision.outcome"')
+           AS decision,
+       TRY_CAST(attributes ->> '$."process.exit.code"' AS BIGINT) AS exit_code,
+       attributes ->> '$."error.type"' AS error_type,
+       attributes ->> '$."gen_ai.tool.call.arguments"' AS arguments,
+       attributes ->> '$."gen_ai.tool.call.result"' AS result
+FROM rollout_spans(0)
+WHERE operation_name = 'execute_tool';
 
 -- One row per rollout: its status (rollout_state above) and rewards. final_reward: the last reward stored
 -- (any name; by ingested_ns, then the sender's time_ns within one commit).
