@@ -152,19 +152,24 @@ WITH raw AS (
            CASE WHEN rollout_id IS NULL THEN 'conversation:' || conversation_id END AS key_conversation
     FROM raw
     WHERE NOT usable_only OR reward_usable(value)
-), by_response AS (  -- only SERVER spans: a response id on one only the policy server's token stores
-    SELECT response_id, min(rollout_id) AS rollout_id
+), keyspans AS MATERIALIZED (  -- the spans the keys name, attributed (one rollout_spans for the three keys)
+    SELECT trace_id, kind, response_id, rollout_id
     FROM rollout_spans(coalesce(keys_since_ns, since_ns))
-    WHERE kind = 'SERVER' AND rollout_id IS NOT NULL AND name <> 'spanrl.feedback'
-      AND response_id IN (SELECT key_response FROM keyed)
+    WHERE rollout_id IS NOT NULL AND name <> 'spanrl.feedback'
+      AND ((kind = 'SERVER' AND response_id IN (SELECT key_response FROM keyed))
+           OR trace_id IN (SELECT key_trace FROM keyed) OR rollout_id IN (SELECT key_conversation FROM keyed))
+), by_response AS (  -- only SERVER spans: a response id on one only the policy server's token stores
+    SELECT response_id, min(rollout_id) AS rollout_id FROM keyspans
+    WHERE kind = 'SERVER' AND response_id IN (SELECT key_response FROM keyed)
     GROUP BY response_id
     HAVING count(DISTINCT rollout_id) = 1
-), by_trace AS (
-    SELECT trace_id, rollout_id FROM trace_rollouts(coalesce(keys_since_ns, since_ns))
+), by_trace AS (  -- the one rollout of that trace's spans
+    SELECT trace_id, min(rollout_id) AS rollout_id FROM keyspans
     WHERE trace_id IN (SELECT key_trace FROM keyed)
+    GROUP BY trace_id
+    HAVING count(DISTINCT rollout_id) = 1
 ), by_conversation AS (
-    SELECT DISTINCT rollout_id FROM trace_rollouts(coalesce(keys_since_ns, since_ns))
-    WHERE rollout_id IN (SELECT key_conversation FROM keyed)
+    SELECT DISTINCT rollout_id FROM keyspans WHERE rollout_id IN (SELECT key_conversation FROM keyed)
 )
 SELECT k.rid, k.ingested_ns,
        CASE WHEN k.key_response IS NOT NULL THEN coalesce(br.rollout_id, k.rollout_id)
@@ -191,8 +196,8 @@ CREATE OR REPLACE MACRO rollout_quiet_ns() AS 60_000_000_000::BIGINT;
 --     exited ('agent_exit'; its SDK flushed at exit, and the collector acknowledges only committed
 --     spans), when a jsonl worker answered done ('agent_done'), when it timed out ('timeout'), or when
 --     the Trainer says so ('trainer').
--- Without a stored end, a rollout with a reward (its own, or a verdict resolved to it) and no span of its
--- own ingested for rollout_quiet_ns() is finished too ('quiet'). status: 'error' when the rollout span or
+-- Without a stored end, a rollout with a reward among its own spans and no span ingested for
+-- rollout_quiet_ns() is finished too ('quiet'). status: 'error' when the rollout span or
 -- the end span has status ERROR, 'finished' when it ended otherwise, 'open' before.
 CREATE OR REPLACE MACRO rollout_state(since_ns) AS TABLE
 WITH s AS (
@@ -221,17 +226,13 @@ WITH s AS (
     FROM rollout_spans(since_ns)
     WHERE rollout_id IS NOT NULL
     GROUP BY rollout_id
-), judged AS (  -- rewarded from elsewhere too: verdicts resolved to it (rollout_rewards, below)
-    SELECT s.* REPLACE (s.rewarded OR s.rollout_id IN (
-        SELECT rollout_id FROM rollout_rewards(since_ns, usable_only := FALSE) WHERE is_feedback) AS rewarded)
-    FROM s
 ), e AS (
     SELECT *,
            CASE WHEN has_rollout_span THEN 'rollout_span'
                 WHEN end_reason IS NOT NULL THEN end_reason
                 WHEN rewarded AND last_ingested_ns < epoch_ns(now()) - rollout_quiet_ns() THEN 'quiet'
            END AS ended_by
-    FROM judged
+    FROM s
 )
 SELECT *, CASE WHEN failed THEN 'error' WHEN ended_by IS NOT NULL THEN 'finished' ELSE 'open' END AS status
 FROM e;
