@@ -1,5 +1,6 @@
 """``spanrl export transitions``: training rows (ids, masks, logprobs, rewards, advantages) for offline work;
-``spanrl export model``: a trained checkpoint as one GGUF file for llama.cpp and Ollama.
+``spanrl export model``: a trained checkpoint as one GGUF file for llama.cpp and Ollama; ``spanrl export
+trajectories``: rollouts as ATIF (store/_cli.py).
 
 Reads through a running collector (``--url``) when it serves the same ``--db``, else opens the file
 read-only, like ``spanrl sql``. Writes Parquet, JSON lines, or a Hugging Face ``datasets`` folder, and
@@ -52,6 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from spanrl.algorithms._credit_cli import register as register_credit
 
     register_credit(subparsers)  # spanrl credit audit
+    from spanrl.store._cli import register_export_trajectories
+
+    register_export_trajectories(sub)
 
 
 def _register_model(sub: argparse._SubParsersAction) -> None:

@@ -34,6 +34,8 @@ def _hf_message(msg: Mapping[str, Any]) -> dict[str, Any]:
                     "function": {"name": part.get("name"), "arguments": part.get("arguments") or {}},
                 }
             )
+        elif kind == "generic":  # a provider block no part type fits (semantic-conventions-genai #584)
+            texts.append(_generic_text(part.get("content")))
         elif kind == "tool_call_response":
             response = part.get("response")
             texts.append(response if isinstance(response, str) else json.dumps(response))
@@ -42,6 +44,18 @@ def _hf_message(msg: Mapping[str, Any]) -> dict[str, Any]:
     if tool_calls:
         out["tool_calls"] = tool_calls
     return out
+
+
+def _generic_text(content: Any) -> str:
+    """The text a generic part carries: its ``content`` string, or the text of the blocks it lists."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Mapping):
+        content = [content]
+    if not isinstance(content, list):
+        return ""
+    texts = [b.get("text", b.get("content")) if isinstance(b, Mapping) else b for b in content]
+    return "".join(t for t in texts if isinstance(t, str))
 
 
 def _ids(encoded: Any) -> list[int]:

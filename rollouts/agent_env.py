@@ -3,17 +3,22 @@ standard ``OTEL_RESOURCE_ATTRIBUTES`` carries the rollout ids, so that any OTel 
 puts them on every span with nothing spanrl-specific installed (docs/conventions.md, "Without spanrl in
 the agent").
 
-``OTEL_SERVICE_NAME`` is passed through when the user sets it, never invented: the Node.js SDK lets the
-variable override a service name the agent sets in code."""
+``OTEL_SERVICE_NAME``: the user's when they set it (the variable, or ``service.name`` in their
+``OTEL_RESOURCE_ATTRIBUTES``), else the agent command's script name (`agent_service_env`), so the viewer
+and the collector's rollout claims show ``agent`` rather than the SDK's ``unknown_service:python3``. A name
+the agent sets in code still wins in Python; the Node.js SDK lets the variable override it."""
 
 from __future__ import annotations
 
+import re
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import PurePath
 
 from spanrl import env
 
-__all__ = ["agent_credentials", "ingest_token_env", "otel_rollout_env", "otlp_headers"]
+__all__ = ["agent_credentials", "agent_service_env", "agent_service_name", "ingest_token_env", "otel_rollout_env",
+           "otlp_headers"]
 
 # Tokens an agent never needs: reading other tenants' spans, pruning, reloading the served weights.
 _NOT_FOR_AGENTS = (env.SPANRL_COLLECTOR_TOKEN, env.SPANRL_COLLECTOR_READ_TOKEN, env.SPANRL_COLLECTOR_ADMIN_TOKEN,
@@ -21,6 +26,9 @@ _NOT_FOR_AGENTS = (env.SPANRL_COLLECTOR_TOKEN, env.SPANRL_COLLECTOR_READ_TOKEN, 
 
 _TRACES_ONLY = ("OTEL_METRICS_EXPORTER", "OTEL_LOGS_EXPORTER")
 _OTEL_HEADERS = "OTEL_EXPORTER_OTLP_HEADERS"
+# Commands whose first plain argument is the agent's script (python agent.py, node agent.js)
+_INTERPRETER = re.compile(r"(python[\d.]*|pypy[\d.]*|node|bun|deno|tsx|ts-node|ruby|perl|bash|sh)(\.exe)?")
+_LAUNCHERS = ("opentelemetry-instrument",)
 
 
 def _parse(raw: str) -> list[tuple[str, str]]:
@@ -69,3 +77,34 @@ def ingest_token_env(token: str, base: Mapping[str, str]) -> dict[str, str]:
     headers["authorization"] = f"Bearer {token}"
     encoded = ",".join(f"{k}={urllib.parse.quote(v, safe='')}" for k, v in headers.items())
     return {_OTEL_HEADERS: encoded, env.SPANRL_COLLECTOR_INGEST_TOKEN: token}
+
+
+def agent_service_name(argv: Sequence[str]) -> str:
+    """The service name of an agent started as ``argv``: its script's stem (``python -u agent.py`` ->
+    ``agent``), its module (``python -m pkg.agent`` -> ``pkg.agent``), else the executable's name."""
+    args = [str(a) for a in argv]
+    while args and PurePath(args[0]).name in _LAUNCHERS:
+        args = args[1:]
+    if not args:
+        return "agent"
+    program = PurePath(args[0]).name
+    if _INTERPRETER.fullmatch(program):
+        rest = iter(args[1:])
+        for arg in rest:
+            if arg == "-m":
+                return next(rest, program)
+            if not arg.startswith("-"):
+                return PurePath(arg).stem or program
+            if arg == "-c":
+                break
+    return program
+
+
+def agent_service_env(base: Mapping[str, str], argv: Sequence[str]) -> dict[str, str]:
+    """``{"OTEL_SERVICE_NAME": agent_service_name(argv)}``, or ``{}`` when ``base`` names the service already
+    (``OTEL_SERVICE_NAME``, or ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``)."""
+    if base.get("OTEL_SERVICE_NAME", "").strip():
+        return {}
+    if any(k == "service.name" for k, _ in _parse(base.get("OTEL_RESOURCE_ATTRIBUTES", ""))):
+        return {}
+    return {"OTEL_SERVICE_NAME": agent_service_name(argv)}

@@ -40,7 +40,7 @@ from typing import Any
 
 from spanrl import semconv
 from spanrl.errors import ConfigError
-from spanrl.rollouts.agent_env import agent_credentials
+from spanrl.rollouts.agent_env import agent_credentials, agent_service_env
 from spanrl.rollouts.agent_processes import CommandAgent, WorkerPool, command_argv
 from spanrl.rollouts.callable_agent import CallableAgent
 from spanrl.rollouts.rollouts import (
@@ -76,11 +76,12 @@ ReadyFn = Callable[[Sequence[str], int], set[str]]
 EndFn = Callable[..., None]  # on_end(rollout_id, reason, *, error, task_id, attempt, mode): record_end's shape
 
 
-def _agent_env(environ: Mapping[str, str], otel_env: Mapping[str, str], config: RunnerConfig) -> dict[str, str]:
-    """A command agent's environment before the rollout's own variables: the ingest token only (issue 28)."""
-    return agent_credentials({
-        **environ, "OTEL_BSP_SCHEDULE_DELAY": str(_BSP_SCHEDULE_DELAY_MILLIS), **otel_env, **config.env,
-    })
+def _agent_env(environ: Mapping[str, str], otel_env: Mapping[str, str], config: RunnerConfig,
+               argv: Sequence[str] | None) -> dict[str, str]:
+    """A command agent's environment before the rollout's own variables: the ingest token only (issue 28),
+    and a service name from its command ``argv`` unless the user named one."""
+    base = {**environ, "OTEL_BSP_SCHEDULE_DELAY": str(_BSP_SCHEDULE_DELAY_MILLIS), **otel_env, **config.env}
+    return agent_credentials({**base, **(agent_service_env(base, argv) if argv is not None else {})})
 
 
 def _ray_agent(agent: Any, config: RunnerConfig, backend: RolloutsConfig, otel_env: Mapping[str, str]) -> Any:
@@ -89,8 +90,9 @@ def _ray_agent(agent: Any, config: RunnerConfig, backend: RolloutsConfig, otel_e
     argv = None if callable(agent) else (shlex.split(agent) if isinstance(agent, str) else [str(a) for a in agent])
     if argv == []:
         raise ConfigError("agent command is empty")
-    return ray_agent(agent, cluster_config=backend, argv=argv, instrument=config.instrument,
-                     node_env=_agent_env(node_environment(os.environ), otel_env, config), workers=config.workers,
+    node_env = _agent_env(node_environment(os.environ), otel_env, config, argv)
+    return ray_agent(agent, cluster_config=backend, argv=argv, instrument=config.instrument, node_env=node_env,
+                     workers=config.workers,
                      otlp_endpoint=otel_env.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
 
 
@@ -136,8 +138,8 @@ class RolloutRunner:
         elif callable(agent):
             self._agent = CallableAgent(agent)
         else:
-            base_env = _agent_env(os.environ, otel_env or {}, config)
             argv = command_argv(agent, config.instrument)
+            base_env = _agent_env(os.environ, otel_env or {}, config, argv)
             self._agent = WorkerPool(argv, base_env, config.workers) if config.workers else CommandAgent(argv, base_env)
 
     def run(

@@ -106,6 +106,11 @@ policy server was sent), ``input_messages`` (a hash of all of them) or ``none``.
 
 TASK_FROM_CHOICES = ("first_user_message", "input_messages", "none")
 
+SPANRL_MESSAGE_REFS = "SPANRL_MESSAGE_REFS"
+"""Comma-separated URI prefixes (``gs://bucket/genai/``, ``file:///data/prompts/``) under which the
+decomposer reads message content a span keeps elsewhere (``gen_ai.input.messages_ref`` ..., through fsspec).
+Unset: none is read (span data names the URI, so reading is opt-in); each unread call is noted per rollout."""
+
 SPANRL_COLLECTOR_HOST = "SPANRL_COLLECTOR_HOST"
 """Address the collector binds. Default ``127.0.0.1``."""
 

@@ -84,10 +84,32 @@ GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
 GEN_AI_TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"
 GEN_AI_TOOL_CALL_RESULT = "gen_ai.tool.call.result"
 
+# Content kept outside the span (an upload hook, e.g. opentelemetry-util-genai's fsspec one): a URI whose
+# object holds the JSON the attribute of the same name without _ref would (store/messages.py reads it).
+GEN_AI_INPUT_MESSAGES_REF = "gen_ai.input.messages_ref"
+GEN_AI_OUTPUT_MESSAGES_REF = "gen_ai.output.messages_ref"
+GEN_AI_SYSTEM_INSTRUCTIONS_REF = "gen_ai.system_instructions_ref"
+# The inference call's messages as an event (recommended since semantic-conventions-genai #579), on the
+# call's span; read when the span's own attributes lack them.
+GEN_AI_INFERENCE_DETAILS_EVENT = "gen_ai.client.inference.operation.details"
+# Invocation spans (#571, as issue 56 describes it; not yet in the spec copy docs/conventions.md names): the
+# span type gen_ai.invocation.internal replaces invoke_agent.internal / invoke_workflow.internal, and a
+# framework runner's turn has the operation handle_conversation_turn. spanrl keys on gen_ai.operation.name,
+# so old and new span types read alike; only invoke_agent names the agent of the calls below it.
+GEN_AI_INVOCATION_IS_NESTED = "gen_ai.invocation.is_nested"  # boolean
+# Tools: the decision taken on a call before it ran (allow | deny | require_approval), as an attribute of
+# the tool span or an event of that name with the outcome; and a command tool's exit code.
+GEN_AI_TOOL_CALL_DECISION = "gen_ai.tool.call.decision"
+GEN_AI_TOOL_CALL_DECISION_OUTCOME = "gen_ai.tool.call.decision.outcome"
+PROCESS_EXIT_CODE = "process.exit.code"  # int
+ERROR_TYPE = "error.type"
+
 OP_CHAT = "chat"
 OP_TEXT_COMPLETION = "text_completion"
 OP_EXECUTE_TOOL = "execute_tool"
 OP_INVOKE_AGENT = "invoke_agent"
+OP_INVOKE_WORKFLOW = "invoke_workflow"
+OP_HANDLE_CONVERSATION_TURN = "handle_conversation_turn"
 LLM_OPERATIONS = (OP_CHAT, OP_TEXT_COMPLETION)
 
 # Evaluation results (GenAI semconv): an event on the evaluated span, or on a span of its own.

@@ -1,4 +1,4 @@
-"""``spanrl sql`` and ``spanrl store export|prune|materialize``.
+"""``spanrl sql`` and ``spanrl store export|prune|materialize|import``.
 
 Each command first asks the collector at ``--url`` (env SPANRL_SQL_URL, default http://127.0.0.1:4318)
 and goes through it when it answers and serves the same ``--db``; otherwise it opens the file itself
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 # the options and the collector-or-file choice are shared with `spanrl export` (store/access.py)
 from spanrl.store.access import add_store_options, db_path, remote_store
@@ -43,6 +44,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_store_options(m)
     m.set_defaults(func=_materialize)
     needs_extra(m, "collector")
+    i = sub.add_parser("import", help="store trajectories from a file (OTLP JSON lines, as the OpenTelemetry "
+                       "Collector's file exporter writes them), through the collector's ingest checks")
+    i.add_argument("file", help="otlp: one OTLP/JSON ExportTraceServiceRequest per line; atif: an ATIF trajectory, "
+                   "a JSON array of them, or one per line")
+    i.add_argument("--format", "-f", default="otlp", choices=("otlp", "atif"), help="the file's format (default otlp)")
+    add_store_options(i)
+    i.set_defaults(func=_import)
+    needs_extra(i, "collector")
 
 
 def _fail(message: object) -> int:
@@ -126,4 +135,84 @@ def _materialize(args: argparse.Namespace) -> int:
     except SpanRLError as exc:
         return _fail(exc)
     print(f"kept {done['rollouts_kept']} decomposed rollouts (dropped {done['rows_dropped']} stale rows)")
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    from spanrl.errors import SpanRLError
+    from spanrl.store.atif import atif_requests, read_atif
+    from spanrl.store.importing import import_otlp_lines, read_otlp_lines
+
+    def requests() -> Any:
+        if args.format == "otlp":
+            return read_otlp_lines(args.file)
+        return ((i, r) for i, traj in enumerate(read_atif(args.file), 1) for r in atif_requests(traj))
+
+    try:
+        remote = remote_store(args)
+        if remote is not None:  # one token for both: ingest and read (and policy, for token ids to count)
+            from spanrl import env
+            from spanrl.store.remote import RemoteStore
+            from spanrl.trust import token_from_args
+
+            token = token_from_args(args, "--token") or env.get_str(env.SPANRL_COLLECTOR_TOKEN)
+            report = import_otlp_lines(requests(), url=remote.url, token=token,
+                                       stored=_stored_ids(RemoteStore(remote.url, token=token)))
+        else:
+            from spanrl.collector import Collector, CollectorConfig
+
+            config = CollectorConfig(db_path=db_path(args), grpc_port=-1, http_port=0, materialize_interval_s=None)
+            with Collector(config) as collector:
+                report = import_otlp_lines(requests(), url=collector.http_endpoint, token=None,
+                                           stored=_stored_ids(collector.store))
+    except SpanRLError as exc:
+        return _fail(exc)
+    unit = "lines" if args.format == "otlp" else "trajectories"
+    print(f"imported {report.spans_sent} spans from {report.lines} {unit} of {args.file} "
+          f"({report.spans_already_stored} already stored, {report.spans_rejected} rejected)")
+    for error in report.errors:
+        print(f"  rejected: {error}", file=sys.stderr)
+    return 0
+
+
+def _stored_ids(store: object) -> object:
+    def stored(trace_ids: list[str]) -> set[tuple[str, str]]:
+        query = "SELECT DISTINCT trace_id, span_id FROM spans WHERE list_contains($t, trace_id)"
+        rows = store.sql(query, {"t": trace_ids}).to_pylist()  # type: ignore[attr-defined]
+        return {(r["trace_id"], r["span_id"]) for r in rows}
+
+    return stored
+
+
+def register_export_trajectories(sub: argparse._SubParsersAction) -> None:
+    """``spanrl export trajectories``: a subcommand of ``spanrl export`` (algorithms/_cli.py)."""
+    t = sub.add_parser("trajectories", help="rollouts as ATIF trajectories (Harbor's Agent Trajectory Interchange "
+                       "Format), with token ids and log-probs where the store has them")
+    t.add_argument("--output", "-o", required=True, help="output file: a JSON array of trajectories")
+    t.add_argument("--format", "-f", default="atif", choices=("atif",), help="output format (default atif)")
+    t.add_argument("--rollout-id", action="append", default=None, help="only this rollout (repeatable)")
+    add_store_options(t)
+    t.set_defaults(func=_export_trajectories)
+    needs_extra(t, "collector")
+
+
+def _export_trajectories(args: argparse.Namespace) -> int:
+    import orjson
+
+    from spanrl.errors import SpanRLError
+    from spanrl.store import SpanStore
+    from spanrl.store.atif import export_atif
+
+    try:
+        remote = remote_store(args)
+        if remote is not None:
+            trajectories = export_atif(remote, rollout_ids=args.rollout_id)
+        else:
+            with SpanStore.open(db_path(args), read_only=True) as store:
+                trajectories = export_atif(store, rollout_ids=args.rollout_id)
+    except SpanRLError as exc:
+        return _fail(exc)
+    with open(args.output, "wb") as out:
+        out.write(orjson.dumps(trajectories, option=orjson.OPT_INDENT_2))
+    print(f"wrote {len(trajectories)} trajectories to {args.output}")
     return 0

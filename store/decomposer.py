@@ -6,9 +6,11 @@ Three tables from the ``spans`` table (store/schema.sql), no per-span Python:
   ``gen_ai.operation.name`` chat/text_completion, exact token ids) paired with the agent's client span:
   the server span's parent when trace context propagated, else the client span of the same rollout and
   ``gen_ai.response.id``. A client span no server span pairs with is an external call (its messages are
-  kept for retokenization). Columns: ``step`` (order in the rollout), ``rollout_calls``, ``agent``
-  (nearest ``invoke_agent`` ancestor's ``gen_ai.agent.name``), ``policy_version``, ``temperature`` (of the
-  server's log-probs), ``rewards_after`` (rewards before the next call, summed by name), arrays, times.
+  kept for retokenization: its attributes, else its ``gen_ai.client.inference.operation.details`` event's,
+  else what their ``*_ref`` URIs hold, store/messages.py). Columns: ``step`` (order in the rollout),
+  ``rollout_calls``, ``agent`` (nearest ``invoke_agent`` ancestor's ``gen_ai.agent.name``), ``policy_version``,
+  ``temperature`` (of the server's log-probs), ``rewards_after`` (rewards before the next call, summed by name),
+  arrays, times.
 - ``rewards``: one row per reward (``spanrl.reward.value`` / ``gen_ai.evaluation.score.value`` on a
   span, each ``spanrl.reward`` / ``gen_ai.evaluation.result`` event: two events with the same name and
   value are two rewards), with ``step``: the last call that ended before it (``-1``: before every call).
@@ -54,6 +56,8 @@ import pyarrow.compute as pc
 
 from spanrl import semconv as sc
 from spanrl.errors import ConfigError, StoreError
+from spanrl.store.messages import SOURCES_COLUMN
+from spanrl.store.messages import resolve as resolve_messages
 from spanrl.store.sources import SqlSource
 
 __all__ = ["CALL_COLUMNS", "LIGHT_CALL_SQL", "REWARD_COLUMNS", "ROLLOUT_COLUMNS", "SQL", "VERSION", "Decomposition",
@@ -242,6 +246,10 @@ touched AS (  -- whose they are (own id, else their trace's: rollout_spans' rule
     UNION ALL
     SELECT s.rollout_id, f.ingested_ns
     FROM fresh f JOIN spans s ON s.trace_id = f.trace_id WHERE s.rollout_id IS NOT NULL
+    UNION ALL  -- verdicts from elsewhere: whose they are by views.sql's rule, their keys read over the store
+    SELECT rollout_id, ingested_ns
+    FROM rollout_rewards((SELECT min(watermark_ns) + 1 FROM kept_sel), usable_only := FALSE, keys_since_ns := 0)
+    WHERE is_feedback AND rollout_id IS NOT NULL
 ),
 kept_clean AS (
     SELECT k.rollout_id FROM kept_sel k
@@ -335,7 +343,11 @@ def decompose(
     kept = kept and getattr(con, "has_kept_rows", True)  # a read-only store of an older spanrl has none
     query = read_statement(sel, columns, params) if kept else statement(sel, columns, params)
     rows = _run(con, query, params)  # rows of three kinds, told apart by row_kind
-    calls = _row_kind_part(rows, "call", columns, ("rollout_id", "step"))
+    with_messages = "input_messages" in columns or "output_messages" in columns
+    calls = _row_kind_part(rows, "call", (*columns, SOURCES_COLUMN) if with_messages else columns,
+                           ("rollout_id", "step"))
+    no_refs = {"message_refs_read": 0, "message_refs_unread": 0}
+    calls, message_counts = resolve_messages(calls) if with_messages else (calls, no_refs)
     rewards = _row_kind_part(rows, "reward", REWARD_COLUMNS, ("rollout_id", "time_ns", "step"))
     rollouts = _row_kind_part(rows, "rollout", ROLLOUT_COLUMNS, ("rollout_id",))
     report = {
@@ -348,6 +360,7 @@ def decompose(
         "late_arrivals": _column_sum(rollouts, "late_arrivals"),
         "failed_rollouts": _count_equal(rollouts, "status", "error"),
         "open_rollouts": _count_equal(rollouts, "status", "open"),
+        **message_counts,
     }
     return Decomposition(calls=calls, rewards=rewards, rollouts=rollouts, report=report)
 

@@ -130,32 +130,15 @@ agents AS (
     FROM (__WALK_UNION__) GROUP BY w_key
 ),
 -- rewards: span attributes and events, one row each, placed after the last call that ended before them
-rw0 AS MATERIALIZED (  -- no OR across columns: each scan is filtered before it reads the rest (-0.01 s)
-    SELECT trace_id, span_id, rid AS copy_rid, rollout_id, end_ns AS time_ns, ingested_ns,
-           coalesce(reward_name, 'reward') AS name, usable_reward(reward_value) AS value,
-           'span' AS source
-    FROM rollout_spans(__SINCE__)
-    WHERE reward_value IS NOT NULL
+rw0 AS MATERIALIZED (  -- resolved to their rollouts by views.sql's one rule (rollout_rewards)
+    SELECT trace_id, span_id, rid AS copy_rid, rollout_id, time_ns, ingested_ns, name,
+           usable_reward(value) AS value, source  -- unusable: NaN
+    FROM rollout_rewards(__SINCE__, usable_only := FALSE)
     UNION ALL  -- a reward span without a value: NaN
     SELECT trace_id, span_id, rid AS copy_rid, rollout_id, end_ns AS time_ns, ingested_ns,
            coalesce(reward_name, 'reward') AS name, 'NaN'::DOUBLE AS value, 'span' AS source
     FROM rollout_spans(__SINCE__)
     WHERE reward_value IS NULL AND name = 'spanrl.reward'
-    UNION ALL
-    SELECT trace_id, span_id, copy_rid, rollout_id, ev.time_ns, ingested_ns,
-           coalesce(ev.attributes ->> '$."spanrl.reward.name"', ev.attributes ->> '$."gen_ai.evaluation.name"',
-                    'reward') AS name,
-           usable_reward(coalesce(TRY_CAST(ev.attributes ->> '$."spanrl.reward.value"' AS DOUBLE),  -- unusable: NaN
-                    TRY_CAST(ev.attributes ->> '$."gen_ai.evaluation.score.value"' AS DOUBLE))) AS value,
-           'event' AS source
-    FROM (
-        SELECT trace_id, span_id, rid AS copy_rid, rollout_id, ingested_ns,
-               unnest(from_json(events, '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "JSON"}]')) AS ev
-        FROM rollout_spans(__SINCE__)
-        WHERE events IS NOT NULL
-          AND (contains(events, 'spanrl.reward') OR contains(events, 'gen_ai.evaluation.result'))
-    )
-    WHERE ev.name IN ('spanrl.reward', 'gen_ai.evaluation.result')
 ),
 rw_copy AS (  -- a span exported twice is stored twice: its rewards come from the first copy ingested
     SELECT trace_id, span_id, arg_min(copy_rid, ingested_ns) AS first_rid
@@ -217,16 +200,33 @@ FROM out_calls f
 LEFT JOIN spans sx ON sx.rowid = f.s_rid
 WHERE f.has_ids
 UNION ALL BY NAME  -- calls without ids apart: only they join their client span's messages
+-- Messages: the span's attributes, else its gen_ai.client.inference.operation.details event's; the system
+-- instructions and content kept elsewhere (*_ref URIs) go to store/messages.py in `message_sources`.
 SELECT 'call' AS row_kind, f.* EXCLUDE (s_rid, c_rid, has_ids),
        sx.prompt_token_ids AS prompt_ids, sx.completion_token_ids AS completion_ids, sx.logprobs,
        coalesce(TRY_CAST(sx.attributes ->> '$."spanrl.llm.logprobs_temperature"' AS DOUBLE),
                 nullif(TRY_CAST(sx.attributes ->> '$."gen_ai.request.temperature"' AS DOUBLE), 0.0)) AS temperature,
-       cx.attributes ->> '$."gen_ai.input.messages"' AS input_messages,
-       cx.attributes ->> '$."gen_ai.output.messages"' AS output_messages
+       coalesce(cx.a ->> '$."gen_ai.input.messages"', cx.d ->> '$."gen_ai.input.messages"') AS input_messages,
+       coalesce(cx.a ->> '$."gen_ai.output.messages"', cx.d ->> '$."gen_ai.output.messages"') AS output_messages,
+       nullif(json_object(
+           'system_instructions', coalesce(cx.a -> '$."gen_ai.system_instructions"',
+                                           cx.d -> '$."gen_ai.system_instructions"'),
+           'input_messages_ref', coalesce(cx.a ->> '$."gen_ai.input.messages_ref"',
+                                          cx.d ->> '$."gen_ai.input.messages_ref"'),
+           'output_messages_ref', coalesce(cx.a ->> '$."gen_ai.output.messages_ref"',
+                                           cx.d ->> '$."gen_ai.output.messages_ref"'),
+           'system_instructions_ref', coalesce(cx.a ->> '$."gen_ai.system_instructions_ref"',
+                                               cx.d ->> '$."gen_ai.system_instructions_ref"'))::VARCHAR,
+           '{"system_instructions":null,"input_messages_ref":null,"output_messages_ref":null,'
+           || '"system_instructions_ref":null}') AS message_sources
 FROM out_calls f
 LEFT JOIN spans sx ON sx.rowid = f.s_rid
 LEFT JOIN (
-    SELECT rowid AS rid, attributes FROM spans WHERE rowid IN (SELECT c_rid FROM out_calls WHERE NOT has_ids)
+    SELECT rowid AS rid, attributes AS a,
+           CASE WHEN contains(events, 'gen_ai.client.inference.operation.details') THEN list_filter(
+               from_json(events, '[{"name": "VARCHAR", "attributes": "JSON"}]'),
+               lambda e: e.name = 'gen_ai.client.inference.operation.details')[1].attributes END AS d
+    FROM spans WHERE rowid IN (SELECT c_rid FROM out_calls WHERE NOT has_ids)
 ) cx ON cx.rid = f.c_rid
 WHERE NOT f.has_ids
 UNION ALL BY NAME

@@ -10,9 +10,10 @@ its result rows (calls with all columns, rewards, rollouts; ``row_kind`` tells t
 - ``watermark_ns``: the newest ``ingested_ns`` of the store the statement saw.
 
 A kept rollout is *clean* while no span stored after its watermark belongs to it (views.sql's rule: its
-own ``spanrl.rollout.id``, else its trace's) or shares a trace with one of its spans (a late span with
-another id makes the trace ambiguous, so spans without ids leave the rollout). ``ingested_ns`` grows
-with the commit order (`SpanStore.append` holds a lock from stamp to commit, whoever appends), so
+own ``spanrl.rollout.id``, else its trace's), shares a trace with one of its spans (a late span with
+another id makes the trace ambiguous, so spans without ids leave the rollout), or is a verdict that
+resolves to it (views.sql's ``rollout_rewards``: by response id, trace or conversation, from any trace).
+``ingested_ns`` grows with the commit order (`SpanStore.append` holds a lock from stamp to commit), so
 "stored after the oldest watermark" is a scan that DuckDB's zone maps cut to the newest row groups. A
 late span (a reward, feedback, a duplicate export) makes the rollout dirty: it is read live, and kept
 again by the next `materialize`.
@@ -43,7 +44,8 @@ _COLUMNS = (
     ("server_trace_id", "VARCHAR"), ("server_span_id", "VARCHAR"), ("client_trace_id", "VARCHAR"),
     ("client_span_id", "VARCHAR"), ("prompt_ids", "INTEGER[]"), ("completion_ids", "INTEGER[]"),
     ("logprobs", "FLOAT[]"), ("temperature", "DOUBLE"), ("input_messages", "VARCHAR"),
-    ("output_messages", "VARCHAR"), ("name", "VARCHAR"), ("value", "DOUBLE"), ("time_ns", "BIGINT"),
+    ("output_messages", "VARCHAR"), ("message_sources", "VARCHAR"), ("name", "VARCHAR"), ("value", "DOUBLE"),
+    ("time_ns", "BIGINT"),
     ("source", "VARCHAR"), ("ingested_ns", "BIGINT"), ("status", "VARCHAR"), ("ended_by", "VARCHAR"),
     ("start_ns", "BIGINT"),
     ("end_ns", "BIGINT"), ("span_count", "BIGINT"), ("duplicate_spans", "HUGEINT"), ("late_arrivals", "BIGINT"),

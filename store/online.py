@@ -9,17 +9,14 @@ the store's one quiet time, ``views.sql``'s ``rollout_quiet_ns()``, which ``roll
 on the collector's clock (``ingested_ns``). ``ready_ns`` never changes once set (later feedback only
 arrives later), so ``(ready_ns, rollout_id)`` is a watermark: everything at or below it was handled.
 
-Rewards are ``rollout_rewards``' rows (the agent's own reward spans and events) plus late feedback
+Rewards are ``rollout_rewards``' rows: the agent's own reward spans and events and late feedback
 (``docs/conventions.md``: a ``gen_ai.evaluation.result`` event, or a span with its attributes, naming a
-``gen_ai.response.id``; or a ``spanrl.feedback`` span), each resolved to its rollout by its key:
-``gen_ai.response.id`` -> the one rollout of the policy server's (SERVER) calls with that id (a reward in a
-rollout that names a response the server never served stays its rollout's),
-``spanrl.feedback.trace_id`` -> the rollout of that trace (``trace_rollouts``), else ``spanrl.rollout.id``;
-a key two rollouts claim resolves to none. Spans belong to rollouts by ``rollout_spans``; every macro reads
-only spans ingested since the horizon less ``max_age_s``, so a poll costs the same however large the store
-grows. Several rewards combine by one rule: **the latest stored wins** (by the collector's ``ingested_ns``,
-then the sender's timestamp within one commit: a later judgment corrects an earlier one, and a verdict
-stamped in the far future does not win forever).
+``gen_ai.response.id``; or a ``spanrl.feedback`` span), each resolved to its rollout by views.sql's one
+rule, the same for every reader (the ``rollouts`` view, the viewer, the decomposer). Spans belong to
+rollouts by ``rollout_spans``; every macro reads only spans ingested since the horizon less ``max_age_s``,
+so a poll costs the same however large the store grows. Several rewards combine by one rule: **the latest
+stored wins** (by the collector's ``ingested_ns``, then the sender's timestamp within one commit: a later
+judgment corrects an earlier one, and a verdict stamped in the far future does not win forever).
 
 Unusable rewards (non-finite, out of range: ``store/views.sql``'s ``reward_usable``) never win; a rollout
 with only such rewards is still ready, with ``reward`` None, so the trainer can quarantine it.
@@ -46,38 +43,17 @@ _NS_PER_S = 1_000_000_000
 # only grows (the caller keeps it 2 x max_age behind its watermark), so a rollout it excludes stays
 # excluded: its ready_ns can never change from a partial view. Spans are read from max_age before the
 # horizon, so only a rollout longer than max_age could still be cut. Attribution, stored end, failure
-# and rewards are store/views.sql's (rollout_spans, rollout_state, rollout_rewards, trace_rollouts),
-# all bounded by that since; the feedback keys are the online trainer's own, and so is $quiet_ns when given
+# and rewards with their resolution are store/views.sql's (rollout_spans, rollout_state, rollout_rewards),
+# all bounded by that since; $quiet_ns is the online trainer's own when given
 # (NULL: views.sql's rollout_quiet_ns()). Feedback spans never count as a rollout's activity, so late
 # feedback cannot move a quiet rollout's completion.
 _ROLLOUT_STATE = f"""
 WITH sp AS (
     SELECT * FROM rollout_spans($horizon_ns - $max_age_ns)
-), rw AS (
-    SELECT r.rollout_id, r.time_ns, r.value, r.usable, r.ingested_ns,
-           s.name = '{sc.FEEDBACK_SPAN_NAME}' OR (r.response_id IS NOT NULL AND r.rollout_id IS NULL) AS is_feedback,
-           CASE WHEN s.kind <> 'SERVER' THEN r.response_id END AS fb_response,
-           s.attributes ->> '$."{sc.FEEDBACK_TRACE_ID}"' AS fb_trace
-    FROM rollout_rewards($horizon_ns - $max_age_ns, usable_only := FALSE) r JOIN sp s ON s.rid = r.rid
-    WHERE $reward_name IS NULL OR r.name = $reward_name
-), by_response AS (  -- the one rollout of the policy server's calls with that response id (none when two claim it):
-    -- only SERVER spans, whose response id only the policy server's token can store (collector/admission.py)
-    SELECT response_id, min(rollout_id) AS rollout_id FROM sp
-    WHERE response_id IN (SELECT fb_response FROM rw) AND kind = 'SERVER'
-      AND rollout_id IS NOT NULL AND name <> '{sc.FEEDBACK_SPAN_NAME}'
-    GROUP BY response_id
-    HAVING count(DISTINCT rollout_id) = 1
-), by_trace AS (
-    SELECT trace_id, rollout_id FROM trace_rollouts($horizon_ns - $max_age_ns)
-    WHERE trace_id IN (SELECT fb_trace FROM rw WHERE is_feedback)
-), resolved AS (
-    SELECT CASE WHEN rw.fb_response IS NOT NULL THEN coalesce(br.rollout_id, rw.rollout_id)
-                WHEN rw.is_feedback AND rw.fb_trace IS NOT NULL THEN bt.rollout_id
-                ELSE rw.rollout_id END AS rollout_id,
-           rw.time_ns, rw.value, rw.usable, rw.ingested_ns, rw.is_feedback
-    FROM rw
-    LEFT JOIN by_response br ON br.response_id = rw.fb_response
-    LEFT JOIN by_trace bt ON rw.is_feedback AND bt.trace_id = rw.fb_trace
+), resolved AS (  -- each reward with its rollout: views.sql's one rule (rollout_rewards)
+    SELECT rollout_id, time_ns, value, usable, ingested_ns, is_feedback
+    FROM rollout_rewards($horizon_ns - $max_age_ns, usable_only := FALSE)
+    WHERE $reward_name IS NULL OR name = $reward_name
 ), rewarded AS (
     SELECT rollout_id, arg_max(value, [ingested_ns, time_ns]) FILTER (WHERE usable) AS reward,
            min(ingested_ns) AS first_reward_ns, count(*) FILTER (WHERE NOT usable) AS bad_rewards,

@@ -1,9 +1,10 @@
 -- Macros and views over the spans table (store/schema.sql). Created by SpanStore.open on every open, so
 -- they always match this file. JSON keys with dots must be quoted: '$."gen_ai.request.model"'.
 --
--- Two rules are defined here once, and everything else (these views, store/rollouts.py, the decomposer)
--- goes through them:
+-- Three rules are defined here once, and everything else (these views, store/rollouts.py, store/online.py,
+-- the decomposer, the viewer) goes through them:
 --   * attribution (`trace_rollouts`, `rollout_spans`): which rollout a span belongs to;
+--   * verdicts (`rollout_rewards`): which rollout a reward belongs to, wherever it was sent from;
 --   * status (`rollout_state`): when a rollout has finished.
 -- Each macro takes `since_ns`: only spans ingested at or after it are read (0: all), so a poll over
 -- the spans of one training run stays cheap as the store grows.
@@ -82,6 +83,106 @@ LEFT JOIN trace_rollouts(since_ns, unattributed_only := TRUE) t  -- only traces 
     ON s.rollout_id IS NULL AND t.trace_id = s.trace_id
 WHERE s.ingested_ns >= since_ns;
 
+-- A usable reward: finite, |r| <= reward_abs_max() (semconv.REWARD_ABS_MAX). The collector rejects
+-- the rest at ingest (collector/admission.py); these drop what was stored before it did, so no reader
+-- (these views, the decomposer, load_transitions, the online trainer) sees one.
+CREATE OR REPLACE MACRO reward_abs_max() AS 1e6::DOUBLE;
+CREATE OR REPLACE MACRO reward_usable(x) AS coalesce(isfinite(x) AND abs(x) <= reward_abs_max(), FALSE);
+CREATE OR REPLACE MACRO usable_reward(x) AS CASE WHEN reward_usable(x) THEN x ELSE 'NaN'::DOUBLE END;
+
+-- Verdicts: one row per reward among spans ingested at or after since_ns: typed span rewards
+-- (spanrl.reward.value / gen_ai.evaluation.score.value on a span) and reward events (spanrl.reward /
+-- gen_ai.evaluation.result) unnested from the events JSON, each resolved to its rollout by the ONE rule
+-- every reader uses (the rewards and rollouts views, `spanrl sql`, the viewer, the decomposer and so the
+-- offline Trainer, the online trainer), by its key, first found:
+--   * a response id: the event's gen_ai.response.id, else its span's (not a SERVER span's: that is the
+--     call itself) -> the one rollout of the policy server's (SERVER) calls with that id; none when two
+--     rollouts claim it; a response the server never served leaves the verdict its span's rollout;
+--   * spanrl.feedback.trace_id on a spanrl.feedback span -> the rollout of that trace (trace_rollouts);
+--   * the span's own rollout (rollout_spans: its spanrl.rollout.id, else its trace's);
+--   * a conversation: the event's gen_ai.conversation.id, else its span's -> rollout 'conversation:<id>'
+--     when spans of that rollout are stored (trace_rollouts' conversation rule).
+-- Keys resolve over spans ingested at or after keys_since_ns (NULL: since_ns): the viewer finds the
+-- rollouts of new verdicts among older spans. `is_feedback`: a verdict from outside its rollout (a
+-- spanrl.feedback span, or a span that belongs to no rollout). `rid` and `ingested_ns` are the span's;
+-- task_id, attempt and mode too (NULL on a verdict from elsewhere). Several rewards of one rollout combine
+-- by "latest by ingested_ns wins" (the rollouts view, store/online.py).
+-- Only usable values (above) unless `usable_only := FALSE`; `usable` says which.
+CREATE OR REPLACE MACRO rollout_rewards(since_ns, usable_only := TRUE, keys_since_ns := NULL) AS TABLE
+WITH raw AS (
+    SELECT rid, ingested_ns, rollout_id, task_id, attempt, mode, trace_id, span_id, kind, name AS span_name,
+           end_ns AS time_ns,
+           coalesce(reward_name, 'reward') AS name,
+           reward_value AS value,
+           'span' AS source,
+           response_id,
+           attributes ->> '$."gen_ai.conversation.id"' AS conversation_id,
+           attributes ->> '$."spanrl.feedback.trace_id"' AS feedback_trace_id
+    FROM rollout_spans(since_ns)
+    WHERE reward_value IS NOT NULL
+    UNION ALL
+    SELECT rid, ingested_ns, rollout_id, task_id, attempt, mode, trace_id, span_id, kind, span_name,
+           ev.time_ns AS time_ns,
+           coalesce(ev.attributes ->> '$."spanrl.reward.name"',
+                    ev.attributes ->> '$."gen_ai.evaluation.name"',
+                    'reward') AS name,
+           coalesce(TRY_CAST(ev.attributes ->> '$."spanrl.reward.value"' AS DOUBLE),
+                    TRY_CAST(ev.attributes ->> '$."gen_ai.evaluation.score.value"' AS DOUBLE)) AS value,
+           'event' AS source,
+           coalesce(ev.attributes ->> '$."gen_ai.response.id"', response_id) AS response_id,
+           coalesce(ev.attributes ->> '$."gen_ai.conversation.id"', conversation_id) AS conversation_id,
+           feedback_trace_id
+    FROM (
+        SELECT rid, ingested_ns, rollout_id, task_id, attempt, mode, trace_id, span_id, kind, name AS span_name,
+               response_id,
+               attributes ->> '$."gen_ai.conversation.id"' AS conversation_id,
+               attributes ->> '$."spanrl.feedback.trace_id"' AS feedback_trace_id,
+               unnest(from_json(events, '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "JSON"}]')) AS ev
+        FROM rollout_spans(since_ns)
+        WHERE events IS NOT NULL
+          AND (contains(events, 'spanrl.reward') OR contains(events, 'gen_ai.evaluation.result'))
+    )
+    WHERE ev.name IN ('spanrl.reward', 'gen_ai.evaluation.result')
+      AND coalesce(TRY_CAST(ev.attributes ->> '$."spanrl.reward.value"' AS DOUBLE),
+                   TRY_CAST(ev.attributes ->> '$."gen_ai.evaluation.score.value"' AS DOUBLE)) IS NOT NULL
+), keyed AS (
+    SELECT *,
+           CASE WHEN kind <> 'SERVER' THEN response_id END AS key_response,
+           CASE WHEN span_name = 'spanrl.feedback' THEN feedback_trace_id END AS key_trace,
+           CASE WHEN rollout_id IS NULL THEN 'conversation:' || conversation_id END AS key_conversation
+    FROM raw
+    WHERE NOT usable_only OR reward_usable(value)
+), keyspans AS MATERIALIZED (  -- the spans the keys name, attributed (one rollout_spans for the three keys)
+    SELECT trace_id, kind, response_id, rollout_id
+    FROM rollout_spans(coalesce(keys_since_ns, since_ns))
+    WHERE rollout_id IS NOT NULL AND name <> 'spanrl.feedback'
+      AND ((kind = 'SERVER' AND response_id IN (SELECT key_response FROM keyed))
+           OR trace_id IN (SELECT key_trace FROM keyed) OR rollout_id IN (SELECT key_conversation FROM keyed))
+), by_response AS (  -- only SERVER spans: a response id on one only the policy server's token stores
+    SELECT response_id, min(rollout_id) AS rollout_id FROM keyspans
+    WHERE kind = 'SERVER' AND response_id IN (SELECT key_response FROM keyed)
+    GROUP BY response_id
+    HAVING count(DISTINCT rollout_id) = 1
+), by_trace AS (  -- the one rollout of that trace's spans
+    SELECT trace_id, min(rollout_id) AS rollout_id FROM keyspans
+    WHERE trace_id IN (SELECT key_trace FROM keyed)
+    GROUP BY trace_id
+    HAVING count(DISTINCT rollout_id) = 1
+), by_conversation AS (
+    SELECT DISTINCT rollout_id FROM keyspans WHERE rollout_id IN (SELECT key_conversation FROM keyed)
+)
+SELECT k.rid, k.ingested_ns,
+       CASE WHEN k.key_response IS NOT NULL THEN coalesce(br.rollout_id, k.rollout_id)
+            WHEN k.key_trace IS NOT NULL THEN bt.rollout_id
+            ELSE coalesce(k.rollout_id, bc.rollout_id) END AS rollout_id,
+       k.task_id, k.attempt, k.mode, k.trace_id, k.span_id, k.time_ns, k.name, k.value, k.source,
+       k.response_id, reward_usable(k.value) AS usable,
+       k.span_name = 'spanrl.feedback' OR k.rollout_id IS NULL AS is_feedback
+FROM keyed k
+LEFT JOIN by_response br ON br.response_id = k.key_response
+LEFT JOIN by_trace bt ON bt.trace_id = k.key_trace
+LEFT JOIN by_conversation bc ON bc.rollout_id = k.key_conversation;
+
 -- How long a rollout that never stored its end must be silent after a reward to count as finished: the
 -- one quiet time of spanrl (rollout_state, the UI, the materializer, and the online trainer's default,
 -- store/online.py). 60 s: an agent without a spanrl.rollout span may pause between calls for tool calls
@@ -95,9 +196,9 @@ CREATE OR REPLACE MACRO rollout_quiet_ns() AS 60_000_000_000::BIGINT;
 --     exited ('agent_exit'; its SDK flushed at exit, and the collector acknowledges only committed
 --     spans), when a jsonl worker answered done ('agent_done'), when it timed out ('timeout'), or when
 --     the Trainer says so ('trainer').
--- Without a stored end, a rollout with a reward and no span ingested for rollout_quiet_ns() is
--- finished too ('quiet'). status: 'error' when the rollout span or the end span has status ERROR,
--- 'finished' when it ended otherwise, 'open' before.
+-- Without a stored end, a rollout with a reward among its own spans and no span ingested for
+-- rollout_quiet_ns() is finished too ('quiet'). status: 'error' when the rollout span or
+-- the end span has status ERROR, 'finished' when it ended otherwise, 'open' before.
 CREATE OR REPLACE MACRO rollout_state(since_ns) AS TABLE
 WITH s AS (
     SELECT rollout_id,
@@ -136,60 +237,22 @@ WITH s AS (
 SELECT *, CASE WHEN failed THEN 'error' WHEN ended_by IS NOT NULL THEN 'finished' ELSE 'open' END AS status
 FROM e;
 
--- A usable reward: finite, |r| <= reward_abs_max() (semconv.REWARD_ABS_MAX). The collector rejects
--- the rest at ingest (collector/admission.py); these drop what was stored before it did, so no reader
--- (these views, the decomposer, load_transitions, the online trainer) sees one.
-CREATE OR REPLACE MACRO reward_abs_max() AS 1e6::DOUBLE;
-CREATE OR REPLACE MACRO reward_usable(x) AS coalesce(isfinite(x) AND abs(x) <= reward_abs_max(), FALSE);
-CREATE OR REPLACE MACRO usable_reward(x) AS CASE WHEN reward_usable(x) THEN x ELSE 'NaN'::DOUBLE END;
-
--- One row per reward among spans ingested at or after since_ns: typed span rewards
--- (spanrl.reward.value / gen_ai.evaluation.score.value on a span) and reward events (spanrl.reward /
--- gen_ai.evaluation.result) unnested from the events JSON. `rid` and `ingested_ns` are the span's.
--- `response_id`: the response it judges (the event's gen_ai.response.id, else its span's), the key late
--- feedback resolves by (store/online.py).
--- Only usable values (above) unless `usable_only := FALSE`; `usable` says which.
-CREATE OR REPLACE MACRO rollout_rewards(since_ns, usable_only := TRUE) AS TABLE
-SELECT *, reward_usable(value) AS usable FROM (
-SELECT rid, ingested_ns, rollout_id, task_id, attempt, mode, trace_id, span_id,
-       end_ns AS time_ns,
-       coalesce(reward_name, 'reward') AS name,
-       reward_value AS value,
-       'span' AS source,
-       response_id
-FROM rollout_spans(since_ns)
-WHERE reward_value IS NOT NULL
-UNION ALL
-SELECT rid, ingested_ns, rollout_id, task_id, attempt, mode, trace_id, span_id,
-       ev.time_ns AS time_ns,
-       coalesce(ev.attributes ->> '$."spanrl.reward.name"',
-                ev.attributes ->> '$."gen_ai.evaluation.name"',
-                'reward') AS name,
-       coalesce(TRY_CAST(ev.attributes ->> '$."spanrl.reward.value"' AS DOUBLE),
-                TRY_CAST(ev.attributes ->> '$."gen_ai.evaluation.score.value"' AS DOUBLE)) AS value,
-       'event' AS source,
-       coalesce(ev.attributes ->> '$."gen_ai.response.id"', response_id) AS response_id
-FROM (
-    SELECT rid, ingested_ns, rollout_id, task_id, attempt, mode, trace_id, span_id, response_id,
-           unnest(from_json(events, '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "JSON"}]')) AS ev
-    FROM rollout_spans(since_ns)
-    WHERE events IS NOT NULL
-      AND (contains(events, 'spanrl.reward') OR contains(events, 'gen_ai.evaluation.result'))
-)
-WHERE ev.name IN ('spanrl.reward', 'gen_ai.evaluation.result')
-  AND coalesce(TRY_CAST(ev.attributes ->> '$."spanrl.reward.value"' AS DOUBLE),
-               TRY_CAST(ev.attributes ->> '$."gen_ai.evaluation.score.value"' AS DOUBLE)) IS NOT NULL
-)
-WHERE NOT usable_only OR reward_usable(value);
-
--- Every usable reward of the store (rollout_rewards over all spans). ingested_ns: when the collector
--- stored it, the order "latest wins" goes by (the sender's time_ns can be anything).
+-- Every usable reward of the store (rollout_rewards over all spans: rollout_id is the resolved one).
+-- ingested_ns: when the collector stored it, the order "latest wins" goes by (the sender's time_ns can
+-- be anything).
 CREATE OR REPLACE VIEW rewards AS
 SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, time_ns, name, value, source, ingested_ns
 FROM rollout_rewards(0);
 
+-- The attributes of a span's first event named `name` (JSON; NULL when it has none).
+CREATE OR REPLACE MACRO event_attributes(events, name) AS
+CASE WHEN contains(events, name) THEN list_filter(from_json(events, '[{"name": "VARCHAR", "attributes": "JSON"}]'),
+                                                  lambda e: e.name = name)[1].attributes END;
+
 -- One row per LLM call span: client spans of instrumentors (gen_ai.operation.name chat/text_completion)
 -- and the policy server's spans carrying exact token ids. The decomposer pairs and de-duplicates them.
+-- Messages: the span's attributes, else its gen_ai.client.inference.operation.details event's; content kept
+-- elsewhere is named by the *_ref columns (the decomposer reads it, store/messages.py).
 CREATE OR REPLACE VIEW llm_calls AS
 SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, parent_span_id, name, kind,
        service_name, start_ns, end_ns, status_code, agent_name, operation_name, response_id,
@@ -198,12 +261,34 @@ SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, parent_span_id, na
        attributes ->> '$."gen_ai.response.model"' AS response_model,
        TRY_CAST(attributes ->> '$."gen_ai.usage.input_tokens"' AS BIGINT) AS input_tokens,
        TRY_CAST(attributes ->> '$."gen_ai.usage.output_tokens"' AS BIGINT) AS output_tokens,
-       attributes ->> '$."gen_ai.input.messages"' AS input_messages,
-       attributes ->> '$."gen_ai.output.messages"' AS output_messages,
+       coalesce(attributes ->> '$."gen_ai.input.messages"', d ->> '$."gen_ai.input.messages"') AS input_messages,
+       coalesce(attributes ->> '$."gen_ai.output.messages"', d ->> '$."gen_ai.output.messages"') AS output_messages,
        prompt_token_ids, completion_token_ids, logprobs,
-       prompt_token_ids IS NOT NULL AS has_token_ids
-FROM rollout_spans(0)
+       prompt_token_ids IS NOT NULL AS has_token_ids,
+       coalesce(attributes ->> '$."gen_ai.input.messages_ref"', d ->> '$."gen_ai.input.messages_ref"')
+           AS input_messages_ref,
+       coalesce(attributes ->> '$."gen_ai.output.messages_ref"', d ->> '$."gen_ai.output.messages_ref"')
+           AS output_messages_ref
+FROM (SELECT *, event_attributes(events, 'gen_ai.client.inference.operation.details') AS d FROM rollout_spans(0))
 WHERE operation_name IN ('chat', 'text_completion') OR prompt_token_ids IS NOT NULL;
+
+-- One row per tool call span (gen_ai.operation.name execute_tool): what the step did and how it went.
+-- decision: gen_ai.tool.call.decision on the span, else the outcome of its gen_ai.tool.call.decision event
+-- (allow | deny | require_approval); exit_code: a command tool's process.exit.code; error_type: error.type.
+CREATE OR REPLACE VIEW tool_calls AS
+SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, parent_span_id, name, service_name, start_ns, end_ns,
+       status_code, status_message,
+       attributes ->> '$."gen_ai.tool.name"' AS tool_name,
+       attributes ->> '$."gen_ai.tool.call.id"' AS tool_call_id,
+       coalesce(attributes ->> '$."gen_ai.tool.call.decision"',
+                event_attributes(events, 'gen_ai.tool.call.decision') ->> '$."gen_ai.tool.call.decision.outcome"')
+           AS decision,
+       TRY_CAST(attributes ->> '$."process.exit.code"' AS BIGINT) AS exit_code,
+       attributes ->> '$."error.type"' AS error_type,
+       attributes ->> '$."gen_ai.tool.call.arguments"' AS arguments,
+       attributes ->> '$."gen_ai.tool.call.result"' AS result
+FROM rollout_spans(0)
+WHERE operation_name = 'execute_tool';
 
 -- One row per rollout: its status (rollout_state above) and rewards. final_reward: the last reward stored
 -- (any name; by ingested_ns, then the sender's time_ns within one commit).

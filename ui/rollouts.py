@@ -59,11 +59,21 @@ _CHANGED = "AND list_contains($ids, rollout_id)"
 _WATERMARK_SQL = ("SELECT count(*) AS n, max(ingested_ns) AS newest, "
                   "epoch_ns(now()) - rollout_quiet_ns() AS quiet_before FROM spans")
 # The rollouts that spans ingested at or after $since may change: the own ids in every trace they
-# touch (a span without an id joins its trace's rollout), and the oldest ingestion in those traces.
+# touch (a span without an id joins its trace's rollout), and the oldest ingestion in those traces;
+# whether a reward without an id came (cheap: only the new spans are read), and then the rollouts that such
+# verdicts resolve to (views.sql's rollout_rewards, keys read over the whole store: a verdict from
+# elsewhere names older spans), which are aggregated from their first span.
 _TOUCHED_SQL = """
 WITH t AS (SELECT DISTINCT trace_id FROM spans WHERE ingested_ns >= $since)
-SELECT list(DISTINCT rollout_id) FILTER (WHERE rollout_id IS NOT NULL) AS ids, min(ingested_ns) AS oldest
+SELECT list(DISTINCT rollout_id) FILTER (WHERE rollout_id IS NOT NULL) AS ids, min(ingested_ns) AS oldest,
+       (SELECT count(*) > 0 FROM spans WHERE ingested_ns >= $since AND rollout_id IS NULL
+            AND (reward_value IS NOT NULL OR contains(events, 'gen_ai.evaluation.result')
+                 OR contains(events, 'spanrl.reward'))) AS verdicts
 FROM spans WHERE trace_id IN (SELECT trace_id FROM t)
+"""
+_JUDGED_SQL = """
+SELECT list(DISTINCT rollout_id) FILTER (WHERE rollout_id IS NOT NULL) AS judged
+FROM rollout_rewards($since, usable_only := FALSE, keys_since_ns := 0) WHERE is_feedback
 """
 
 
@@ -137,13 +147,18 @@ class RolloutIndex:
         trace, so every span of theirs is read and the rest of the store is not."""
         assert self._table is not None and self._newest is not None
         touched = self._source.sql(_TOUCHED_SQL, {"since": self._newest}).to_pylist()[0]
-        ids = sorted(set(touched["ids"] or []) | set(due))
+        judged: set[str] = set()
+        if touched["verdicts"]:
+            judged = set(self._source.sql(_JUDGED_SQL, {"since": self._newest}).to_pylist()[0]["judged"] or [])
+        ids = sorted(set(touched["ids"] or []) | set(due) | judged)
         if not ids:
             return self._table.slice(0, 0)
         since = min(self._newest, touched["oldest"] if touched["oldest"] is not None else self._newest)
         cached = self._table.filter(pc.is_in(self._table.column("rollout_id"), value_set=pa.array(ids, pa.string())))
         if cached.num_rows:
             since = min(since, pc.min(cached.column("first_ns")).as_py())
+        if judged - set(cached.column("rollout_id").to_pylist()):
+            since = 0  # a verdict for a rollout not cached: where its spans start is not known here
         return self._aggregate(since, ids)
 
     def _merge(self, old: pa.Table, changed: pa.Table) -> pa.Table:

@@ -77,5 +77,5 @@ def test_trainer_trains_the_node_agent(node_agent: Path, tmp_path: Path) -> None
         store.close()
     assert len(rows) == 16, json.dumps(rows)
     for row in rows:
-        assert "spanrl-node-agent" in row["services"]  # the JavaScript agent's own spans
+        assert "agent" in row["services"]  # the JavaScript agent's own spans, named by the Trainer after agent.js
         assert row["rewards"] == 1 and row["exact_calls"] == 1

@@ -507,8 +507,9 @@ def test_the_sql_file_spells_the_semconv_names_as_spanrl_semconv_does() -> None:
     sql = re.sub(r"--[^\n]*", "", text)  # the comments may name anything
     assert set(re.findall(r"""'\$\."([^"]+)"'""", sql)) == {  # JSON keys of span and event attributes
         sc.LLM_LOGPROBS_TEMPERATURE, sc.GEN_AI_REQUEST_TEMPERATURE, sc.GEN_AI_INPUT_MESSAGES, sc.GEN_AI_OUTPUT_MESSAGES,
-        sc.REWARD_NAME, sc.REWARD_VALUE, sc.GEN_AI_EVALUATION_NAME, sc.GEN_AI_EVALUATION_SCORE_VALUE,
-    }
-    names = {sc.REWARD_SPAN_NAME, sc.GEN_AI_EVALUATION_RESULT_EVENT}  # of reward spans and events
-    assert set(re.findall(r"'((?:spanrl|gen_ai)\.[\w.]+)'", sql)) == names
-    assert re.findall(r"'(\w+)'\) AS name", sql) == [sc.DEFAULT_REWARD_NAME] * 3  # a reward without a name
+        sc.GEN_AI_SYSTEM_INSTRUCTIONS, sc.GEN_AI_INPUT_MESSAGES_REF, sc.GEN_AI_OUTPUT_MESSAGES_REF,
+        sc.GEN_AI_SYSTEM_INSTRUCTIONS_REF,
+    }  # rewards are views.sql's rollout_rewards (the one verdict rule), but for a reward span without a value:
+    assert set(re.findall(r"'((?:spanrl|gen_ai)\.[\w.]+)'", sql)) == {sc.REWARD_SPAN_NAME,
+                                                                       sc.GEN_AI_INFERENCE_DETAILS_EVENT}
+    assert re.findall(r"'(\w+)'\) AS name", sql) == [sc.DEFAULT_REWARD_NAME]  # a reward without a name

@@ -81,4 +81,5 @@ def test_an_empty_store_decomposes_to_empty_tables_and_a_zero_report(collector: 
     d = decompose(collector.store)
     assert (d.calls.num_rows, d.rewards.num_rows, d.rollouts.num_rows) == (0, 0, 0)
     assert d.report == {"rollouts": 0, "calls": 0, "rewards": 0, "duplicate_spans": 0, "orphan_calls": 0,
-                        "duplicate_calls": 0, "late_arrivals": 0, "failed_rollouts": 0, "open_rollouts": 0}
+                        "duplicate_calls": 0, "late_arrivals": 0, "failed_rollouts": 0, "open_rollouts": 0,
+                        "message_refs_read": 0, "message_refs_unread": 0}

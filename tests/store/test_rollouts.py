@@ -213,3 +213,35 @@ def test_command_agent_without_spanrl_gets_its_ids_and_its_end_stored(collector:
     view = {r["rollout_id"]: (r["status"], r["ended_by"], r["final_reward"]) for r in
             collector.store.sql("FROM rollouts WHERE rollout_id LIKE 'plain-%'").to_pylist()}
     assert view == {"plain-0-a1": ("finished", "agent_exit", 0.5), "plain-1-a1": ("error", "crashed", -1.0)}
+
+
+def test_command_agent_gets_a_service_name_from_its_script_unless_the_user_set_one(collector: Any,
+                                                                                    tmp_path: Path) -> None:
+    script = tmp_path / "plain_agent.py"
+    script.write_text(_PLAIN_OTEL_AGENT)
+    names = {}
+    for prefix, env in (("auto-", {}), ("own-", {"OTEL_RESOURCE_ATTRIBUTES": "service.name=my-agent"})):
+        runner = RolloutRunner(
+            [sys.executable, "-u", str(script)],
+            config=RunnerConfig(instrument=False, require_token_spans=False, max_attempts=1, env=env),
+            ready=lambda ids, since: store_rollouts.ready(collector.store, ids, since, need_token_ids=False),
+            otel_env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{collector.grpc_endpoint}",
+                      "OTEL_EXPORTER_OTLP_INSECURE": "true"},
+        )
+        try:
+            runner.run([RolloutJob("t", {"score": 0.5})], id_prefix=prefix, llm_url="http://x", model="m", sampling={})
+        finally:
+            runner.close()
+        names[prefix] = collector.store.sql(
+            f"SELECT DISTINCT service_name FROM spans WHERE rollout_id LIKE '{prefix}%'").to_pylist()
+    assert names == {"auto-": [{"service_name": "plain_agent"}], "own-": [{"service_name": "my-agent"}]}
+
+
+def test_agent_service_name_is_the_script_module_or_program() -> None:
+    from spanrl.rollouts.agent_env import agent_service_name
+
+    assert agent_service_name(["opentelemetry-instrument", "python3", "-u", "agents/calc.py", "--fast"]) == "calc"
+    assert agent_service_name(["/usr/bin/python3.12", "-m", "examples.calculator.agent"]) == "examples.calculator.agent"
+    assert agent_service_name(["node", "agent.js"]) == "agent"
+    assert agent_service_name(["./my-agent", "tasks.json"]) == "my-agent"
+    assert agent_service_name(["python", "-c", "print(1)"]) == "python"
