@@ -144,7 +144,7 @@ async def create_message(routes: Any, request: Request, rollout_of: Callable[[Re
                                 response_id="msg_" + uuid.uuid4().hex, renames=_RENAMES)
         if call.params.stream:
             return StreamingResponse(_events(routes.state, call), media_type="text/event-stream")
-        return _message(routes.state, call, await finish(routes.state, call))
+        return _message(routes.state, call, await finish(routes.state, call, request))
     except Exception as exc:  # noqa: BLE001 - every error answered in this API's shape
         return error_response(exc)
 

@@ -48,7 +48,7 @@ from spanrl.serving.errors import RequestError, error_body
 from spanrl.serving.intake import TokenizerPool, read_json_body
 from spanrl.serving.openai_responses import create_response
 from spanrl.serving.protocol import ParsedParams, parse_params
-from spanrl.serving.responses import PROVIDER, Call, ServerState, complete, respond, stream
+from spanrl.serving.responses import PROVIDER, Call, ServerState, complete_while_connected, respond, stream
 from spanrl.serving.tenants import Tenants
 from spanrl.trust import Tokens, browser_refusal
 
@@ -224,7 +224,7 @@ class _Routes:
         )
         if params.stream:
             return StreamingResponse(stream(state, call), media_type="text/event-stream")
-        return respond(state, call, *(await complete(state, call)))
+        return respond(state, call, *(await complete_while_connected(state, call, request.receive)))
 
     async def completions(self, request: Request) -> Any:
         state, start_ns = self.state, time.time_ns()
@@ -245,7 +245,7 @@ class _Routes:
         )
         if call.params.stream:
             return StreamingResponse(stream(state, call), media_type="text/event-stream")
-        return respond(state, call, *(await complete(state, call)))
+        return respond(state, call, *(await complete_while_connected(state, call, request.receive)))
 
     async def responses(self, request: Request) -> Any:
         return await create_response(self, request, self.rollout)

@@ -141,7 +141,7 @@ async def create_response(routes: Any, request: Request, rollout_of: Callable[[R
     shape = _Shape(routes.state, call, body)
     if call.params.stream:
         return StreamingResponse(_events(shape), media_type="text/event-stream")
-    return shape.response(await finish(routes.state, call))
+    return shape.response(await finish(routes.state, call, request))
 
 
 class _Shape:

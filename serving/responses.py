@@ -11,7 +11,7 @@ import concurrent.futures
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from spanrl import semconv
@@ -157,6 +157,29 @@ async def complete(
     choices = _choices(state, call, results)
     _record(state, call, (results, choices))
     return results, choices
+
+
+async def complete_while_connected(
+    state: ServerState, call: Call, receive: Callable[[], Awaitable[dict[str, Any]]]
+) -> tuple[list[GenerationResult], list[dict[str, Any]]]:
+    """`complete` for a non-streamed reply, cancelled as a dropped stream is when the client hangs up first:
+    ``receive`` (the request's ASGI receive, its body already read) then yields ``http.disconnect``, as vLLM's
+    server listens for it. The cancelled call leaves its error span; nobody is left to read the 499."""
+    task = asyncio.ensure_future(complete(state, call))
+    gone = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not task.done():
+        cancel(call, task)
+        raise RequestError(CANCELLED, status=499, type="cancelled")
+    return task.result()
+
+
+async def _disconnected(receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def respond(

@@ -19,7 +19,7 @@ from spanrl import semconv
 from spanrl.serving.backend import GenerationRequest, GenerationResult
 from spanrl.serving.chat import normalize_messages, render_prompt
 from spanrl.serving.errors import RequestError
-from spanrl.serving.responses import Call, cancel, complete
+from spanrl.serving.responses import Call, cancel, complete, complete_while_connected
 
 __all__ = ["Finished", "build_call", "finish", "follow", "refuse_set", "sent_text"]
 
@@ -78,9 +78,10 @@ async def build_call(
     )
 
 
-async def finish(state: Any, call: Call) -> Finished:
-    """Generate the one choice of ``call`` (its span is recorded before this returns)."""
-    results, choices = await complete(state, call)
+async def finish(state: Any, call: Call, request: Request) -> Finished:
+    """Generate the one choice of ``call`` (its span is recorded before this returns); cancelled when the
+    client of ``request`` hangs up first."""
+    results, choices = await complete_while_connected(state, call, request.receive)
     return results, choices[0]
 
 

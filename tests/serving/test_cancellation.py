@@ -59,3 +59,23 @@ def test_a_dropped_stream_stops_generating(server, path, first_token):
     after = _timed(server, _SHORT)
     print(f"short request: {before:.2f} s before, {after:.2f} s after 3 dropped streams")
     assert after < max(2.0, 5 * before), (before, after)
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/completions", {**_LONG, "stream": False}),
+    ("/v1/completions", {"model": "tiny", "prompt": "1 add 2", "n": 64, "max_tokens": 400, "temperature": 1.0}),
+])
+def test_a_dropped_non_streamed_request_stops_generating(server, path, body):
+    """A client that gives up on a plain (non-streamed) reply: its generation ends too, as vLLM's server does."""
+    server, exporter = server
+    before = min(_timed(server, _SHORT) for _ in range(3))
+    for _ in range(3):
+        with pytest.raises(httpx.ReadTimeout):  # the client waits 0.5 s for the whole reply, then hangs up
+            httpx.post(server.base_url + path, json=body, timeout=httpx.Timeout(5.0, read=0.5))
+    deadline = time.monotonic() + 60
+    while len(_cancelled_spans(server, exporter)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the server's own record of each cancellation
+    assert len(_cancelled_spans(server, exporter)) == 3
+    after = _timed(server, _SHORT)
+    print(f"short request: {before:.2f} s before, {after:.2f} s after 3 dropped requests")
+    assert after < max(2.0, 5 * before), (before, after)
