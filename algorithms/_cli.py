@@ -70,11 +70,7 @@ def _export_model(args: argparse.Namespace) -> int:
 
     silence_progress_bars()  # before transformers loads: its "Loading weights" bars are not for this terminal
     logging.getLogger("gguf").setLevel(logging.WARNING)  # the writer's INFO lines; the path is printed below
-    try:
-        checkpoint = _model_folder(args.checkpoint)
-    except SpanRLError as exc:  # a wrong path: a usage error, like argparse's
-        print(f"spanrl: error: {exc}", file=sys.stderr)
-        return 2
+    checkpoint = _model_folder(args.checkpoint)  # a wrong path: UsageError, exit status 2
     from spanrl.serving.gguf_export import export_gguf
 
     try:
@@ -92,7 +88,7 @@ def _model_folder(given: str) -> Any:
     import json
     from pathlib import Path
 
-    from spanrl.errors import ConfigError
+    from spanrl.errors import UsageError
     from spanrl.trainer.checkpoints import latest
 
     path = Path(given)
@@ -104,10 +100,10 @@ def _model_folder(given: str) -> Any:
     if is_model or (path / "adapter_config.json").is_file():
         return path
     if config.is_file() or list(path.glob("checkpoint-*")):
-        raise ConfigError(f"checkpoint: the run folder {given!r} has no complete checkpoint-N/ yet (saved every "
-                          "save_every steps and at the end): export one after a step is saved, or name a model folder")
-    raise ConfigError(f"checkpoint: {given!r} is neither a run folder (output_dir with checkpoint-N/) nor a model "
-                      "folder (config.json with model_type, or a PEFT adapter_config.json): give one of those")
+        raise UsageError(f"checkpoint: the run folder {given!r} has no complete checkpoint-N/ yet (saved every "
+                         "save_every steps and at the end): export one after a step is saved, or name a model folder")
+    raise UsageError(f"checkpoint: {given!r} is neither a run folder (output_dir with checkpoint-N/) nor a model "
+                     "folder (config.json with model_type, or a PEFT adapter_config.json): give one of those")
 
 
 def _export_transitions(args: argparse.Namespace) -> int:

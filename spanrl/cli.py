@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
     except SpanRLError as exc:  # bad input or a failed run: one clear line, no traceback
         print(f"spanrl: error: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code
 
 
 def _run(args: argparse.Namespace) -> int:

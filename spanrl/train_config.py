@@ -34,9 +34,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from spanrl.errors import ConfigError
+from spanrl.errors import ConfigError, UsageError
 
-__all__ = ["TOP_LEVEL_KEYS", "TINY_KEYS", "build_trainer", "load_tasks"]
+__all__ = ["TOP_LEVEL_KEYS", "TINY_KEYS", "build_trainer", "load_tasks", "read_config"]
 
 DOCS = "docs/train-config.md"
 TOP_LEVEL_KEYS = ("model", "agent", "tasks", "val_tasks", "task_defaults", "algorithm", "credit", "prompt_template",
@@ -44,6 +44,7 @@ TOP_LEVEL_KEYS = ("model", "agent", "tasks", "val_tasks", "task_defaults", "algo
 TINY_KEYS = ("words", "words_file", "words_from_tasks", "hidden_size", "num_layers", "num_heads", "intermediate_size",
              "seed", "max_position_embeddings")
 _TINY_FOLDER = "model"
+_TASK_FORMATS = (".jsonl", ".json")
 
 
 def check_keys(raw: Mapping[str, Any], valid: Iterable[str], *, section: str = "") -> None:
@@ -62,6 +63,26 @@ def check_keys(raw: Mapping[str, Any], valid: Iterable[str], *, section: str = "
         raise ConfigError(f"{name} is not {kind} setting{hint} (valid: {', '.join(valid)}; see {DOCS})")
 
 
+def read_config(path: Path) -> dict[str, Any]:
+    """The mapping a YAML (or JSON) config file holds; a syntax error is one line naming file:line:column."""
+    import yaml
+
+    if not path.is_file():
+        raise ConfigError(f"config: no such file {str(path)!r}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        context = getattr(exc, "context", None)
+        raise UsageError(f"config: {where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
+                         + "; fix that line (a value holding ': ' or ' #' needs quotes)") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config: {path} must hold a mapping of settings, got {type(raw).__name__}")
+    return raw
+
+
 def load_tasks(value: Any, base: Path, field: str) -> list[Any]:
     """Tasks from an inline list or a ``.jsonl`` / ``.json`` file (relative to ``base``)."""
     if isinstance(value, list):
@@ -71,6 +92,9 @@ def load_tasks(value: Any, base: Path, field: str) -> list[Any]:
     path = (base / value) if not Path(value).is_absolute() else Path(value)
     if not path.is_file():
         raise ConfigError(f"{field}: no such file {str(path)!r}")
+    if path.suffix not in _TASK_FORMATS:
+        raise UsageError(f"{field}: {str(path)!r} is a {path.suffix or 'suffix-less'} file; tasks come as .jsonl (one "
+                         "JSON object a line), .json (a JSON list) or a list in the config itself")
     text = path.read_text()
     if path.suffix == ".jsonl":
         tasks = []
@@ -81,7 +105,10 @@ def load_tasks(value: Any, base: Path, field: str) -> list[Any]:
                 except ValueError as exc:
                     raise ConfigError(f"{field}: {path}:{number} is not JSON ({exc})") from None
         return tasks
-    loaded = json.loads(text)
+    try:
+        loaded = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{field}: {path} is not JSON ({exc})") from None
     if not isinstance(loaded, list):
         raise ConfigError(f"{field}: {path} must hold a JSON list of tasks")
     return loaded
@@ -136,6 +163,11 @@ def build_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
         raw["report_to"] = tuple(raw["report_to"])
     config = TrainerConfig(**raw, runner=RunnerConfig(**runner_raw), serving=ServingConfig.of(serving_raw),
                            rollouts=RolloutsConfig.of(rollouts_raw))
+    from spanrl.trainer.run_folder import claim_output_dir
+
+    # before the tiny model is built there: a new run must not reuse the old run's (its words may differ)
+    claim_output_dir(Path(config.output_dir), resume=config.resume, overwrite=config.overwrite,
+                     also=[_TINY_FOLDER] if isinstance(model, Mapping) else [])
     return Trainer(
         model=_model(model, base, Path(config.output_dir), [*tasks, *(val_tasks or [])]),
         agent=_agent_command(agent, base), tasks=tasks, val_tasks=val_tasks, algorithm=cls(**algo_raw),

@@ -12,8 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from spanrl.errors import ConfigError
-from spanrl.train_config import DOCS, build_trainer, load_tasks
+from spanrl.train_config import DOCS, build_trainer, load_tasks, read_config
 from spanrl.extras import needs_extra
 
 __all__ = ["build_trainer", "load_tasks", "log_file", "output_options", "register"]
@@ -31,6 +30,8 @@ def register(subparsers: Any) -> None:
     )
     train.add_argument("config", help="YAML or JSON file with the Trainer's settings")
     train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in output_dir")
+    train.add_argument("--overwrite", action="store_true",
+                       help="start over in an output_dir holding an earlier run (its files are removed first)")
     train.add_argument("--output-dir", help="override output_dir")
     train.add_argument("--max-steps", type=int, help="override max_steps (--online: max_updates)")
     train.add_argument("--json", action="store_true", help="end with one JSON line summing the run up (for scripts)")
@@ -58,20 +59,16 @@ def log_file(output_dir: Path, args: argparse.Namespace) -> Path:
 
 
 def _train(args: argparse.Namespace) -> int:
-    import yaml
-
     path = Path(args.config)
     if args.online:
         from spanrl.trainer.online_cli import run_online
 
         return run_online(path, output_dir=args.output_dir, max_updates=args.max_steps)
-    if not path.is_file():
-        raise ConfigError(f"config: no such file {str(path)!r}")
-    raw = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"config: {path} must hold a mapping of settings, got {type(raw).__name__}")
+    raw = read_config(path)
     if args.resume:
         raw["resume"] = True
+    if args.overwrite:
+        raw["overwrite"] = True
     if args.output_dir:
         raw["output_dir"] = str(Path(args.output_dir).resolve())
     if args.max_steps is not None:

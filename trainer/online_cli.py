@@ -99,14 +99,11 @@ def run_online(path: Path, *, output_dir: str | None = None, max_updates: int | 
 
 
 def _run_online(path: Path, *, output_dir: str | None, max_updates: int | None) -> int:
-    import yaml
-
     from spanrl.logs import log_to_file
+    from spanrl.train_config import read_config
     from spanrl.trainer.config import LOG_FILE
 
-    if not path.is_file():
-        raise ConfigError(f"config: no such file {str(path)!r}")
-    raw = yaml.safe_load(path.read_text()) or {}
+    raw = read_config(path)
     if output_dir:
         raw["output_dir"] = output_dir
     if max_updates is not None:

@@ -1,5 +1,7 @@
 """What the Trainer checks before its first rollout, and what it says when no rollout succeeds.
 
+The output folder must not hold another run unless asked to resume or overwrite it (``run_folder.py``).
+
 A misspelt agent file, an interpreter not on PATH: refused before any rollout runs (each rollout
 would crash and be retried ``runner.max_attempts`` times). A crash, a hang or a missing reward of
 *some* rollouts is tolerated (recorded in ``rollouts.jsonl``, left out of the update); a step or an
@@ -19,8 +21,9 @@ from typing import Any
 
 from spanrl.errors import ConfigError, TrainingError
 from spanrl.rollouts.rollouts import STATUS_CRASHED, STATUS_NO_REWARD, STATUS_TIMEOUT, RolloutResult
+from spanrl.trainer.run_folder import claim_output_dir
 
-__all__ = ["check_agent_command", "no_rollout_succeeded"]
+__all__ = ["check_agent_command", "check_before_start", "no_rollout_succeeded"]
 
 # Interpreters whose first plain argument is a script file; `-m` / `-c` / `-e` run no file.
 _INTERPRETER = re.compile(r"(python[\d.]*|pypy[\d.]*|node|bash|sh|zsh|ruby|perl|tsx|ts-node)")
@@ -37,6 +40,14 @@ _FIX = {
                       "callable agent may return the number); if it does, its spans did not reach the collector: "
                       "leave OTEL_EXPORTER_OTLP_ENDPOINT to the Trainer (it sets it for the agent).",
 }
+
+
+def check_before_start(output_dir: Path, agent: Any, config: Any) -> None:
+    """What a Trainer checks before it writes anything or runs a rollout: the run folder is its own
+    (:func:`claim_output_dir`) and a local command agent can start."""
+    claim_output_dir(output_dir, resume=config.resume, overwrite=config.overwrite)
+    if config.rollouts.backend == "local":  # a Ray node has its own files and PATH
+        check_agent_command(agent)
 
 
 def check_agent_command(agent: Any) -> None:

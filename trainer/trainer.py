@@ -23,7 +23,7 @@ the :class:`~spanrl.rollouts.runner.RolloutRunner` (bounded, retried, waited for
 committed), decomposes them with ``load_transitions`` (credit assignment included), updates the policy,
 pushes the weights into the server (in process) and logs. Failed rollouts are recorded in
 ``output_dir/rollouts.jsonl`` and excluded; a step or evaluation none of whose rollouts succeeded stops the
-run with the reason (``preflight.py``, which also checks a command agent before the first rollout).
+run with the reason (``preflight.py``, which also checks the agent and the run folder before the first rollout).
 
 Output: ``checkpoint-<step>/`` (HF folder + optimizer/RNG state + ``trainer_state.json``),
 ``config.json`` (resolved), ``history.jsonl``, ``reward_curve.png``, ``runs/`` (TensorBoard).
@@ -72,7 +72,7 @@ from spanrl.trainer.config import (
     run_description,
 )
 from spanrl.trainer.console import Console
-from spanrl.trainer.preflight import check_agent_command, no_rollout_succeeded
+from spanrl.trainer.preflight import check_before_start, no_rollout_succeeded
 from spanrl.trainer.lifecycle import TRAINER_REFUSALS as _WHY
 from spanrl.trainer.lifecycle import State
 from spanrl.rollouts.prefetch import RolloutPrefetch, StepRollouts, policy_lag
@@ -189,8 +189,8 @@ class Trainer:
                 self._setup_algorithm()
                 self.state = State.FOLLOWING
                 return self
-        if self.state is State.NEW and cfg.rollouts.backend == "local":  # a Ray node has its own files
-            check_agent_command(self.agent)
+        if self.state is State.NEW:  # before anything is written or any rollout runs
+            check_before_start(self.output_dir, self.agent, cfg)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         (self.output_dir / CONFIG_FILE).write_text(json.dumps(run_description(self), indent=1, default=str))
         try:
