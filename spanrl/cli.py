@@ -10,6 +10,7 @@ so ``spanrl sql`` never loads torch.
     spanrl sweep SWEEP.yaml           a grid or random search over train-config keys, on Ray Tune
     spanrl demo                       everything, locally, on a tiny model
     spanrl ui                         the viewer in the browser (rollouts, credit, runs, SQL)
+    spanrl doctor [CONFIG]            what a first run needs: Python, torch, extras, ports, the config's agent
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ _COMMAND_MODULES = (
     "spanrl.demo._cli",
     "spanrl.algorithms._cli",
     "spanrl.ui._cli",
+    "spanrl.doctor",
 )
 
 

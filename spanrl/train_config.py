@@ -36,7 +36,7 @@ from typing import Any
 
 from spanrl.errors import ConfigError, UsageError
 
-__all__ = ["TOP_LEVEL_KEYS", "TINY_KEYS", "build_trainer", "load_tasks", "read_config"]
+__all__ = ["TOP_LEVEL_KEYS", "TINY_KEYS", "agent_command", "build_trainer", "load_tasks", "read_config"]
 
 DOCS = "docs/train-config.md"
 TOP_LEVEL_KEYS = ("model", "agent", "tasks", "val_tasks", "task_defaults", "algorithm", "credit", "prompt_template",
@@ -170,7 +170,7 @@ def build_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
                      also=[_TINY_FOLDER] if isinstance(model, Mapping) else [])
     return Trainer(
         model=_model(model, base, Path(config.output_dir), [*tasks, *(val_tasks or [])]),
-        agent=_agent_command(agent, base), tasks=tasks, val_tasks=val_tasks, algorithm=cls(**algo_raw),
+        agent=agent_command(agent, base), tasks=tasks, val_tasks=val_tasks, algorithm=cls(**algo_raw),
         credit=LightningRL(**credit_raw), prompt_template=prompt_template, config=config,
         policies=dict(policies) if policies else None,
     )
@@ -181,7 +181,7 @@ def _with_defaults(tasks: list[Any], defaults: Mapping[str, Any]) -> list[Any]:
     return [{**defaults, **task} if defaults and isinstance(task, Mapping) else task for task in tasks]
 
 
-def _agent_command(value: Any, base: Path) -> Any:
+def agent_command(value: Any, base: Path) -> Any:
     """The agent: a command with files next to the config made absolute and ``python`` this Python;
     or ``{callable: module:name}``; or ``{env_class: module:Env, reward_class: module:Reward}`` (the
     quick-start API's environment played as a callable agent). Modules next to the config import."""
