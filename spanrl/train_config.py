@@ -47,8 +47,10 @@ _TINY_FOLDER = "model"
 _TASK_FORMATS = (".jsonl", ".json")
 
 
-def check_keys(raw: Mapping[str, Any], valid: Iterable[str], *, section: str = "") -> None:
-    """Refuse a key not in ``valid``, naming it, the nearest valid key and the docs."""
+def check_keys(raw: Mapping[str, Any], valid: Iterable[str], *, section: str = "", kind: str = "a trainer",
+               docs: str = DOCS) -> None:
+    """Refuse a key not in ``valid``, naming it, the nearest valid key and ``docs``; ``kind`` names a top-level
+    key's config (``an online trainer``)."""
     valid = sorted(valid)
     for key in raw:
         if key in valid:
@@ -56,11 +58,11 @@ def check_keys(raw: Mapping[str, Any], valid: Iterable[str], *, section: str = "
         near = difflib.get_close_matches(str(key), valid, n=1)
         hint = f"; did you mean {near[0]!r}?" if near else ""
         name = f"{section}.{key}" if section else repr(key)
-        kinds = {"": "a trainer", "runner": "a runner", "credit": "a credit", "model.tiny": "a tiny model",
+        kinds = {"": kind, "runner": "a runner", "credit": "a credit", "model.tiny": "a tiny model",
                  "algorithm": "an algorithm", "algorithm.lora": "a LoRA", "serving": "a serving",
                  "rollouts": "a rollouts"}
-        kind = kinds.get(section, f"a {section}")
-        raise ConfigError(f"{name} is not {kind} setting{hint} (valid: {', '.join(valid)}; see {DOCS})")
+        raise ConfigError(f"{name} is not {kinds.get(section, f'a {section}')} setting{hint} (valid: "
+                          f"{', '.join(valid)}; see {docs})")
 
 
 def read_config(path: Path) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from spanrl.trainer.preflight import check_agent_command
 def _train(tmp_path: Path, agent_source: str | None, agent: str, **settings: object) -> subprocess.CompletedProcess:
     if agent_source is not None:
         (tmp_path / "agent.py").write_text(agent_source)
-    extra = "".join(f"{key}: {value}\n" for key, value in settings.items())
+    extra = "".join(f"{key}: {value}\n" for key, value in {"max_steps": 3, **settings}.items())
     (tmp_path / "train.yaml").write_text(f"""
 model: {{tiny: {{words: [add, sub, one, two], hidden_size: 16, num_layers: 1, num_heads: 2, intermediate_size: 32}}}}
 agent: {agent}
@@ -27,7 +27,6 @@ val_tasks: [{{id: v, question: two add two}}]
 output_dir: {tmp_path / 'run'}
 n_rollouts: 2
 tasks_per_step: 2
-max_steps: 3
 torch_threads: 1
 runner: {{max_attempts: 2, span_timeout_s: 1.0, max_concurrency: 4}}
 {extra}""")
@@ -82,3 +81,22 @@ def test_agent_without_reward_stops_the_held_out_evaluation(tmp_path: Path) -> N
         "spanrl: error: evaluation at step 0: none of 1 rollouts succeeded (2 attempts); 2 ended no_reward: the agent "
         "ended without a reward: none was stored within 1 s. The agent must emit a reward before it ends: "
         "spanrl.emit_reward(value)"), line
+
+
+_ZERO_AGENT = """import json, os, openai, spanrl
+task = json.loads(os.environ["SPANRL_TASK"])
+openai.OpenAI(api_key="none").chat.completions.create(
+    model=os.environ["SPANRL_MODEL"], messages=[{"role": "user", "content": task["question"]}], max_tokens=1)
+spanrl.emit_reward(0.0)
+"""
+
+
+@pytest.mark.slow
+def test_a_tiny_model_that_never_earns_a_reward_is_told_what_to_do(tmp_path: Path) -> None:
+    from spanrl.trainer._cli import _NEVER_REWARDED
+
+    done = _train(tmp_path, _ZERO_AGENT, "[python, agent.py]", max_steps=1, eval_at_start="false")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[-2].startswith("done: 1 steps, reward 0.00, held-out success 0.00; output in")
+    assert lines[-1] == _NEVER_REWARDED
