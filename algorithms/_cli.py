@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from typing import Any
 
@@ -71,16 +72,14 @@ def _register_model(sub: argparse._SubParsersAction) -> None:
 
 
 def _export_model(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from spanrl.errors import SpanRLError
-    from spanrl.serving.gguf_export import export_gguf
-    from spanrl.trainer.checkpoints import latest
+    from spanrl.logs import silence_progress_bars
 
-    checkpoint = Path(args.checkpoint)
-    is_model = (checkpoint / "config.json").is_file() or (checkpoint / "adapter_config.json").is_file()
-    if not is_model and latest(checkpoint) is not None:  # a run folder: its newest complete checkpoint
-        checkpoint = latest(checkpoint)
+    silence_progress_bars()  # before transformers loads: its "Loading weights" bars are not for this terminal
+    logging.getLogger("gguf").setLevel(logging.WARNING)  # the writer's INFO lines; the path is printed below
+    checkpoint = _model_folder(args.checkpoint)  # a wrong path: UsageError, exit status 2
+    from spanrl.serving.gguf_export import export_gguf
+
     try:
         out = export_gguf(checkpoint, args.output, kind=args.outtype, ollama=args.ollama)
     except SpanRLError as exc:
@@ -88,6 +87,30 @@ def _export_model(args: argparse.Namespace) -> int:
         return 1
     print(out)
     return 0
+
+
+def _model_folder(given: str) -> Any:
+    """The folder to export: a run folder's newest complete ``checkpoint-N`` (a run folder holds the
+    Trainer's own ``config.json``, which is no model's), else a model or adapter folder."""
+    import json
+    from pathlib import Path
+
+    from spanrl.errors import UsageError
+    from spanrl.trainer.checkpoints import latest
+
+    path = Path(given)
+    newest = latest(path) if path.is_dir() else None
+    if newest is not None:
+        return newest
+    config = path / "config.json"
+    is_model = config.is_file() and "model_type" in json.loads(config.read_text())
+    if is_model or (path / "adapter_config.json").is_file():
+        return path
+    if config.is_file() or list(path.glob("checkpoint-*")):
+        raise UsageError(f"checkpoint: the run folder {given!r} has no complete checkpoint-N/ yet (saved every "
+                         "save_every steps and at the end): export one after a step is saved, or name a model folder")
+    raise UsageError(f"checkpoint: {given!r} is neither a run folder (output_dir with checkpoint-N/) nor a model "
+                     "folder (config.json with model_type, or a PEFT adapter_config.json): give one of those")
 
 
 def _export_transitions(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ Settings (about 18 minutes in all on 2 quiet cores: 1100 s on 2026-12-01):
   decompose           decompose.py, 1M spans (10k rollouts), median of 3, the per-row path once, anchor on all
   serve_transformers  serve_throughput.py, SmolLM2-135M, 16 new tokens, 2 torch threads, median of 2
   serve_vllm          the same with --backend vllm, server in .venv-vllm (`make vllm-venv`)
+  demo_wall           demo_wall.py: `spanrl demo` once, wall and CPU time, beside the figure of commit 80ed807
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ SPECS: dict[str, Spec] = {
                                                        "--repeats", "2")),
     "serve_vllm": Spec("serve_throughput.py", ("--model", "smollm2", "--max-tokens", "16", "--threads", "2",
                                                "--repeats", "2", "--backend", "vllm"), "vllm"),
+    "demo_wall": Spec("demo_wall.py", ()),
 }
 
 

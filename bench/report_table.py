@@ -21,6 +21,9 @@ ANCHOR = "Agent Lightning 0.3"
 INGEST_GOALS = {"small": 100_000, "agent-array": 50_000}  # spans/s, issue 17
 TRACER_GOAL = 0.05  # of the call
 TENSORS_GOAL_S = 0.5  # store -> padded tensors, 50k transitions
+# `spanrl demo` at commit 80ed807 (2026-12-01), timed by bench/demo_wall.py --pythonpath on this machine beside
+# this checkout's: docs/measurements.md, "The demo's wall time: 80ed807 against main".
+DEMO_80ED807 = {"wall_s": 378.1, "cpu_s": 217.7, "measured": "2026-12-07", "load": 12.0}
 
 
 class TableError(ValueError):
@@ -205,6 +208,21 @@ def serve_row(tf: Bench, vl: Bench) -> tuple[str, str, str]:
     return label, "(vLLM)", cell
 
 
+def demo_row(b: Bench) -> tuple[str, str, str]:
+    label = "`spanrl demo` (the first command), wall time"
+    old = DEMO_80ED807
+    ref = (f"at 80ed807: {old['wall_s']:.0f} s, {old['cpu_s']:.0f} CPU-s ({old['measured']}, load "
+           f"{old['load']:.1f})")
+    if b.missing():
+        return label, "", f"{b.missing()}; {ref}"
+    after_sft, after_grpo = b.get("held_out", "after_sft"), b.get("held_out", "after_grpo")
+    step = b.get("grpo_step_median_s", "step")
+    cell = (f"{b.get('wall_s'):.0f} s, {b.get('cpu_s'):.0f} CPU-s of the whole process tree (held-out "
+            f"{after_sft} -> {after_grpo}" + (f"; a GRPO step {step:.1f} s" if step is not None else "")
+            + f"); {ref}, `bench/demo_wall.py`")
+    return label, "", cell
+
+
 # --- the table ------------------------------------------------------------------------------------------
 FIXED: dict[str, tuple[str, str]] = {
     "Tracing": ("its own tracer (AgentOps), spans written synchronously to its store",
@@ -226,9 +244,10 @@ MEASURED: dict[str, Callable[[dict[str, Bench]], tuple[str, str, str]]] = {
     "ingest": lambda r: ingest_row(r["ingest"]),
     "decompose": lambda r: decompose_row(r["decompose"]),
     "serve": lambda r: serve_row(r["serve_transformers"], r["serve_vllm"]),
+    "demo": lambda r: demo_row(r["demo_wall"]),
 }
 ORDER = ("Tracing", "tracer", "Non-Python agents", "Span store", "ingest", "Token ids", "decompose",
-         "Credit assignment", "Multi-turn aggregation", "Algorithms", "serve")
+         "Credit assignment", "Multi-turn aggregation", "Algorithms", "serve", "demo")
 
 
 def comparison_rows(results: dict[str, Bench]) -> list[tuple[str, str, str]]:

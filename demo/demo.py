@@ -23,6 +23,7 @@ from spanrl.errors import ConfigError
 
 __all__ = ["DemoConfig", "DemoResult", "run_demo"]
 
+_DEMO_FILES = ("sft", "grpo", "demo_result.json")  # an earlier demo's, beside the run files of trainer/run_folder.py
 AGENT_MODULE = "spanrl.demo.calculator.agent"
 """The demo's agent, run as ``python -m AGENT_MODULE`` (it ships in the package: the demo runs from a wheel)."""
 
@@ -73,6 +74,8 @@ class DemoConfig:
     rollouts: Any = None
     """Where the agent's rollouts run (a ``RolloutsConfig`` or its mapping, e.g. ``{"backend": "ray"}``);
     None: on this machine."""
+    overwrite: bool = False
+    """Run again in an output_dir holding an earlier demo, removing it first (without it such a folder is refused)."""
 
     @classmethod
     def quick(cls, **fields: Any) -> DemoConfig:
@@ -121,10 +124,13 @@ def run_demo(config: DemoConfig | None = None, *, echo: Any = print) -> DemoResu
     from spanrl.trainer.config import CURVE_FILE, DB_FILE
     from spanrl.trainer.plotting import plot_reward_curve
     from spanrl.demo.tiny import build_tiny_model
+    from spanrl.trainer.run_folder import claim_output_dir
 
     cfg = (config or DemoConfig()).validate()
     started = time.perf_counter()
     out = Path(cfg.output_dir)
+    claim_output_dir(out, resume=False, overwrite=cfg.overwrite, markers=_DEMO_FILES, also=("model",),
+                     can_resume=False)
     out.mkdir(parents=True, exist_ok=True)
     train_tasks, val_tasks = calculator.split_tasks(cfg.n_train_tasks, cfg.n_val_tasks, seed=cfg.seed,
                                                     ops=tuple(cfg.ops))

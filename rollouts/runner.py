@@ -242,7 +242,8 @@ class RolloutRunner:
                             status, error = STATUS_CRASHED, f"could not run the agent: {type(exc).__name__}: {exc}"
                 await self._store_end(spec, status, error)
                 if status == STATUS_OK and not await waiter.wait(rollout_id, self.config.span_timeout_s):
-                    status, error = STATUS_NO_REWARD, f"no reward stored within {self.config.span_timeout_s:g} s"
+                    status, error = STATUS_NO_REWARD, (f"the agent ended without a reward: none was stored within "
+                                                     f"{self.config.span_timeout_s:g} s")
                 result = RolloutResult(rollout_id, job.task_id, attempt, mode, status, time.monotonic() - start, error,
                                        node)
                 results.append(result)

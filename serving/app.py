@@ -13,7 +13,8 @@ Routes (each ``/v1/...`` route also lives under the rollout prefixes below)::
 Who may do what (docs/architecture.md, "Trust"): every request passes `spanrl.trust.browser_refusal` (a POST
 must be ``application/json``, a foreign ``Origin`` is refused, and bound to loopback a non-loopback ``Host``);
 ``/v1/weights/reload`` needs ``Authorization: Bearer <admin_token>`` and loads only folders under
-``checkpoint_root``, local files only (403 when either is not configured, 401 without the token). With API keys
+``checkpoint_root``, local files only (403 when either is not configured, 401 without the token);
+``"dry_run": true`` makes every check and loads nothing (the online trainer's check at start). With API keys
 (``api_keys``, ``serving/tenants.py``) every other ``/v1`` route needs ``Authorization: Bearer <key>`` (401), and a
 request naming a rollout, conversation or trace id another tenant opened gets 403.
 
@@ -277,6 +278,8 @@ class _Routes:
         body = await read_json_body(request, config.max_body_bytes)
         adapter = self._adapter(body, new_ok=True)  # {"model": name}: that adapter's folder (added when new)
         path = _reload_folder(body.get("path"), config.checkpoint_root)
+        if body.get("dry_run") is True:  # allowed, and the folder is under the root: say so, load nothing
+            return {"status": "ok", "dry_run": True, "policy_version": self.state.batcher.version}
         try:
             version = await asyncio.wrap_future(self.state.batcher.reload_async(path, adapter))
         except ServingError as exc:

@@ -20,6 +20,14 @@ from spanrl.errors import ServingError
 __all__ = ["PolicyClient"]
 
 _HEALTH_TIMEOUT_S = 30.0
+# What to do when the reload route refuses (serving/app.py): the status -> the fix.
+_RELOAD_FIXES = {
+    403: "start `spanrl serve` with --admin-token-file FILE and --checkpoint-root DIR, DIR holding the trainer's "
+         "output_dir",
+    401: "give the trainer the server's admin token: SPANRL_POLICY_ADMIN_TOKEN=$(cat FILE), FILE the server's "
+         "--admin-token-file",
+    400: "the trainer's output_dir must lie under the server's --checkpoint-root, on a file system the server sees",
+}
 _RELOAD_TIMEOUT_S = 600.0  # a reload loads the whole model
 
 
@@ -42,10 +50,17 @@ class PolicyClient:
         """Ask the server to load the HF folder ``path`` (with ``adapter``: that LoRA adapter's PEFT folder);
         the new policy version (of that adapter)."""
         body = {"path": str(Path(path).resolve()), **({"model": adapter} if adapter else {})}
-        doc = self._call("POST", "/v1/weights/reload", body, _RELOAD_TIMEOUT_S)
+        doc = self._call("POST", "/v1/weights/reload", body, _RELOAD_TIMEOUT_S, fixes=_RELOAD_FIXES)
         return int(self._field(doc, "/v1/weights/reload"))
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float) -> dict[str, Any]:
+    def check_reload(self, folder: str | Path) -> None:
+        """Ask the server whether it would reload from under ``folder`` (a dry run: nothing is loaded); a
+        `ServingError` with the server's reason and the fix when it would not."""
+        body = {"path": str(Path(folder).resolve()), "dry_run": True}
+        self._call("POST", "/v1/weights/reload", body, _HEALTH_TIMEOUT_S, fixes=_RELOAD_FIXES)
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float,
+              fixes: dict[int, str] | None = None) -> dict[str, Any]:
         token = self._token or env.get_str(env.SPANRL_POLICY_ADMIN_TOKEN)
         headers = {"authorization": f"Bearer {token}"} if token and body is not None else None
         try:
@@ -53,7 +68,9 @@ class PolicyClient:
         except httpx.HTTPError as exc:
             raise ServingError(f"no spanrl policy server answers at {self.url}: {exc}") from None
         if reply.status_code != 200:
-            raise ServingError(f"policy server {self.url}{path} answered {reply.status_code}: {reply.text[:500]}")
+            fix = (fixes or {}).get(reply.status_code)
+            raise ServingError(f"policy server {self.url}{path} answered {reply.status_code}: {_reason(reply)}"
+                               + (f"; to fix: {fix}" if fix else ""))
         try:
             doc = reply.json()
         except ValueError:
@@ -67,3 +84,12 @@ class PolicyClient:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ServingError(f"policy server {self.url}{path} answered no policy_version: {str(doc)[:200]}")
         return value
+
+
+def _reason(reply: httpx.Response) -> str:
+    """The message of an OpenAI-style error document (``{"error": {"message": ...}}``), else the body's start."""
+    try:
+        message = reply.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return reply.text[:500]
+    return str(message)

@@ -20,6 +20,7 @@ from spanrl.errors import (
     StoreError,
     StoreUnavailableError,
     TrainingError,
+    UsageError,
 )
 
 __version__ = "0.1.0"
@@ -57,6 +58,7 @@ __all__ = sorted(
         "StoreError",
         "StoreUnavailableError",
         "TrainingError",
+        "UsageError",
         "__version__",
         *_LAZY,
     ]

@@ -10,6 +10,8 @@ so ``spanrl sql`` never loads torch.
     spanrl sweep SWEEP.yaml           a grid or random search over train-config keys, on Ray Tune
     spanrl demo                       everything, locally, on a tiny model
     spanrl ui                         the viewer in the browser (rollouts, credit, runs, SQL)
+    spanrl doctor [CONFIG]            what a first run needs: Python, torch, extras, ports, the config's agent
+    spanrl docs [NAME]                the docs, which ship with spanrl: list them, or print one
 """
 
 from __future__ import annotations
@@ -32,13 +34,16 @@ _COMMAND_MODULES = (
     "spanrl.demo._cli",
     "spanrl.algorithms._cli",
     "spanrl.ui._cli",
+    "spanrl.doctor",
+    "spanrl.manual",
 )
 
 
-# Where a newcomer starts; every command's help ends with it (the docs ship in the spanrl source).
+# Where a newcomer starts; every command's help ends with it (the docs ship with spanrl: `spanrl docs NAME`).
 START_HERE = ("Start here: the README's 'Train your own agent' (an agent, a train.yaml, your own collector and "
               "server, online training). Every config key: docs/train-config.md (spanrl train), "
-              "docs/online-config.md (spanrl train --online); span conventions: docs/conventions.md.")
+              "docs/online-config.md (spanrl train --online); span conventions: docs/conventions.md. Each ships "
+              "with spanrl: `spanrl docs train-config` prints it, `spanrl docs` lists them.")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
     except SpanRLError as exc:  # bad input or a failed run: one clear line, no traceback
         print(f"spanrl: error: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code
 
 
 def _run(args: argparse.Namespace) -> int:

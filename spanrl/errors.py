@@ -2,7 +2,8 @@
 
     SpanRLError
     ├── ConfigError          a bad argument, config field or environment value
-    │   └── MissingExtraError  a command needs an extra that is not installed (pip install 'spanrl[EXTRA]')
+    │   ├── MissingExtraError  a command needs an extra that is not installed (pip install 'spanrl[EXTRA]')
+    │   └── UsageError       a file or folder a command cannot read as what it asked for (exit status 2)
     ├── StoreError           the DuckDB span store cannot do what was asked
     │   ├── StoreBusyError   another process holds the database file (and no collector serves SQL)
     │   └── StoreUnavailableError  no collector answers, or it answered 503: try again later
@@ -26,11 +27,15 @@ __all__ = [
     "StoreError",
     "StoreUnavailableError",
     "TrainingError",
+    "UsageError",
 ]
 
 
 class SpanRLError(Exception):
     """Base class of every error spanrl raises on purpose."""
+
+    exit_code = 1
+    """The ``spanrl`` command's exit status when this error ends it (one line, no traceback)."""
 
 
 class ConfigError(SpanRLError, ValueError):
@@ -44,6 +49,14 @@ class MissingExtraError(ConfigError):
     def __init__(self, message: str, *, extra: str) -> None:
         super().__init__(message)
         self.extra = extra
+
+
+class UsageError(ConfigError):
+    """A command was given a file or folder it cannot read as what it asked for: a config that is not valid
+    YAML, a tasks file of another format, a folder that is neither a model nor a run. Exit status 2, as for
+    a bad command line."""
+
+    exit_code = 2
 
 
 class StoreError(SpanRLError):

@@ -34,9 +34,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from spanrl.errors import ConfigError
+from spanrl.errors import ConfigError, UsageError
 
-__all__ = ["TOP_LEVEL_KEYS", "TINY_KEYS", "build_trainer", "load_tasks"]
+__all__ = ["TOP_LEVEL_KEYS", "TINY_KEYS", "agent_command", "build_trainer", "load_tasks", "read_config"]
 
 DOCS = "docs/train-config.md"
 TOP_LEVEL_KEYS = ("model", "agent", "tasks", "val_tasks", "task_defaults", "algorithm", "credit", "prompt_template",
@@ -44,10 +44,13 @@ TOP_LEVEL_KEYS = ("model", "agent", "tasks", "val_tasks", "task_defaults", "algo
 TINY_KEYS = ("words", "words_file", "words_from_tasks", "hidden_size", "num_layers", "num_heads", "intermediate_size",
              "seed", "max_position_embeddings")
 _TINY_FOLDER = "model"
+_TASK_FORMATS = (".jsonl", ".json")
 
 
-def check_keys(raw: Mapping[str, Any], valid: Iterable[str], *, section: str = "") -> None:
-    """Refuse a key not in ``valid``, naming it, the nearest valid key and the docs."""
+def check_keys(raw: Mapping[str, Any], valid: Iterable[str], *, section: str = "", kind: str = "a trainer",
+               docs: str = DOCS) -> None:
+    """Refuse a key not in ``valid``, naming it, the nearest valid key and ``docs``; ``kind`` names a top-level
+    key's config (``an online trainer``)."""
     valid = sorted(valid)
     for key in raw:
         if key in valid:
@@ -55,11 +58,31 @@ def check_keys(raw: Mapping[str, Any], valid: Iterable[str], *, section: str = "
         near = difflib.get_close_matches(str(key), valid, n=1)
         hint = f"; did you mean {near[0]!r}?" if near else ""
         name = f"{section}.{key}" if section else repr(key)
-        kinds = {"": "a trainer", "runner": "a runner", "credit": "a credit", "model.tiny": "a tiny model",
+        kinds = {"": kind, "runner": "a runner", "credit": "a credit", "model.tiny": "a tiny model",
                  "algorithm": "an algorithm", "algorithm.lora": "a LoRA", "serving": "a serving",
                  "rollouts": "a rollouts"}
-        kind = kinds.get(section, f"a {section}")
-        raise ConfigError(f"{name} is not {kind} setting{hint} (valid: {', '.join(valid)}; see {DOCS})")
+        raise ConfigError(f"{name} is not {kinds.get(section, f'a {section}')} setting{hint} (valid: "
+                          f"{', '.join(valid)}; see {docs})")
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """The mapping a YAML (or JSON) config file holds; a syntax error is one line naming file:line:column."""
+    import yaml
+
+    if not path.is_file():
+        raise ConfigError(f"config: no such file {str(path)!r}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        context = getattr(exc, "context", None)
+        raise UsageError(f"config: {where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
+                         + "; fix that line (a value holding ': ' or ' #' needs quotes)") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config: {path} must hold a mapping of settings, got {type(raw).__name__}")
+    return raw
 
 
 def load_tasks(value: Any, base: Path, field: str) -> list[Any]:
@@ -71,6 +94,9 @@ def load_tasks(value: Any, base: Path, field: str) -> list[Any]:
     path = (base / value) if not Path(value).is_absolute() else Path(value)
     if not path.is_file():
         raise ConfigError(f"{field}: no such file {str(path)!r}")
+    if path.suffix not in _TASK_FORMATS:
+        raise UsageError(f"{field}: {str(path)!r} is a {path.suffix or 'suffix-less'} file; tasks come as .jsonl (one "
+                         "JSON object a line), .json (a JSON list) or a list in the config itself")
     text = path.read_text()
     if path.suffix == ".jsonl":
         tasks = []
@@ -81,7 +107,10 @@ def load_tasks(value: Any, base: Path, field: str) -> list[Any]:
                 except ValueError as exc:
                     raise ConfigError(f"{field}: {path}:{number} is not JSON ({exc})") from None
         return tasks
-    loaded = json.loads(text)
+    try:
+        loaded = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{field}: {path} is not JSON ({exc})") from None
     if not isinstance(loaded, list):
         raise ConfigError(f"{field}: {path} must hold a JSON list of tasks")
     return loaded
@@ -136,9 +165,14 @@ def build_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
         raw["report_to"] = tuple(raw["report_to"])
     config = TrainerConfig(**raw, runner=RunnerConfig(**runner_raw), serving=ServingConfig.of(serving_raw),
                            rollouts=RolloutsConfig.of(rollouts_raw))
+    from spanrl.trainer.run_folder import claim_output_dir
+
+    # before the tiny model is built there: a new run must not reuse the old run's (its words may differ)
+    claim_output_dir(Path(config.output_dir), resume=config.resume, overwrite=config.overwrite,
+                     also=[_TINY_FOLDER] if isinstance(model, Mapping) else [])
     return Trainer(
         model=_model(model, base, Path(config.output_dir), [*tasks, *(val_tasks or [])]),
-        agent=_agent_command(agent, base), tasks=tasks, val_tasks=val_tasks, algorithm=cls(**algo_raw),
+        agent=agent_command(agent, base), tasks=tasks, val_tasks=val_tasks, algorithm=cls(**algo_raw),
         credit=LightningRL(**credit_raw), prompt_template=prompt_template, config=config,
         policies=dict(policies) if policies else None,
     )
@@ -149,7 +183,7 @@ def _with_defaults(tasks: list[Any], defaults: Mapping[str, Any]) -> list[Any]:
     return [{**defaults, **task} if defaults and isinstance(task, Mapping) else task for task in tasks]
 
 
-def _agent_command(value: Any, base: Path) -> Any:
+def agent_command(value: Any, base: Path) -> Any:
     """The agent: a command with files next to the config made absolute and ``python`` this Python;
     or ``{callable: module:name}``; or ``{env_class: module:Env, reward_class: module:Reward}`` (the
     quick-start API's environment played as a callable agent). Modules next to the config import."""

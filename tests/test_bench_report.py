@@ -159,3 +159,20 @@ def test_ingest_row_says_whether_the_runs_held_a_checkpoint(tmp_path: Path, monk
     report.main(["--from-results", "--results", str(results), "--readme", str(readme)])
     ingest = next(line for line in readme.read_text().splitlines() if line.startswith("| Ingest"))
     assert "52.0k (10.8x) small" in ingest and said in ingest
+
+
+def test_demo_wall_time_sits_beside_the_80ed807_figure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    results, readme = tmp_path / "results", _readme(tmp_path)
+    _figures(results, monkeypatch)
+    old = report_table.DEMO_80ED807
+    ref = f"at 80ed807: {old['wall_s']:.0f} s, {old['cpu_s']:.0f} CPU-s ({old['measured']}, load {old['load']:.1f})"
+    assert report.main(["--from-results", "--results", str(results), "--readme", str(readme)]) == 0
+    row = next(line for line in readme.read_text().splitlines() if line.startswith("| `spanrl demo`"))
+    assert "**NOT MEASURED**: no figures from demo_wall" in row and ref in row  # the reference stays in view
+    _results.record("demo_wall", {"wall_s": 131.2, "cpu_s": 250.4, "held_out": {"after_sft": "0.54", "after_grpo":
+                                                                                "0.94"},
+                                  "grpo_step_median_s": {"step": 2.93}})
+    assert report.main(["--from-results", "--results", str(results), "--readme", str(readme)]) == 0
+    row = next(line for line in readme.read_text().splitlines() if line.startswith("| `spanrl demo`"))
+    assert row == (f"| `spanrl demo` (the first command), wall time |  | 131 s, 250 CPU-s of the whole process tree "
+                   f"(held-out 0.54 -> 0.94; a GRPO step 2.9 s); {ref}, `bench/demo_wall.py` |")

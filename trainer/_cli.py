@@ -12,28 +12,36 @@ import json
 from pathlib import Path
 from typing import Any
 
-from spanrl.errors import ConfigError
-from spanrl.train_config import DOCS, build_trainer, load_tasks
+from spanrl.train_config import DOCS, build_trainer, load_tasks, read_config
 from spanrl.extras import needs_extra
 
 __all__ = ["build_trainer", "load_tasks", "log_file", "output_options", "register"]
 
 _SUMMARY_KEYS = ("reward_mean", "val_success", "apo/best_score", "prompt_template")
+HELD_OUT = ("held-out success ('held-out' in the step lines): one greedy rollout per val_tasks task, the mean "
+            "final reward, a failed rollout counting 0 (a success rate when rewards are 0 or 1).")
+_NEVER_REWARDED = ("note: the reward was 0 at every step. A tiny random model almost never samples a right answer "
+                   "longer than a word, so it has nothing to learn from: give the agent a warm start (SFT on "
+                   "demonstrations, as `spanrl demo` does) or a real model (model: a Hugging Face folder).")
 
 
 def register(subparsers: Any) -> None:
     train = subparsers.add_parser(
         "train", help="the training loop, from a YAML config",
         description="Train from a YAML (or JSON) config: model, agent, tasks, algorithm and the loop's settings.",
-        epilog=f"Every key, its default and meaning: {DOCS} (in the spanrl source); each example ships a "
+        epilog=f"Every key, its default and meaning: {DOCS} (`spanrl docs train-config`); each example ships a "
                "train.yaml (examples/*/train.yaml) that runs as is. "
-               "An unknown key is an error naming the nearest valid one.",
+               f"An unknown key is an error naming the nearest valid one. {HELD_OUT}",
     )
     train.add_argument("config", help="YAML or JSON file with the Trainer's settings")
     train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in output_dir")
+    train.add_argument("--overwrite", action="store_true",
+                       help="start over in an output_dir holding an earlier run (its files are removed first)")
     train.add_argument("--output-dir", help="override output_dir")
     train.add_argument("--max-steps", type=int, help="override max_steps (--online: max_updates)")
-    train.add_argument("--json", action="store_true", help="end with one JSON line summing the run up (for scripts)")
+    train.add_argument("--json", action="store_true",
+                       help="end with one JSON line summing the run up (for scripts; --online: step, "
+                            "updates_this_run, output_dir and the ledger's counters)")
     train.add_argument("--plan", action="store_true",
                        help="print the estimated peak memory of the update and the server, part by part, and exit "
                             "(an error when it cannot fit: the run itself refuses such a config at start)")
@@ -63,20 +71,16 @@ def log_file(output_dir: Path, args: argparse.Namespace) -> Path:
 
 
 def _train(args: argparse.Namespace) -> int:
-    import yaml
-
     path = Path(args.config)
     if args.online:
         from spanrl.trainer.online_cli import run_online
 
-        return run_online(path, output_dir=args.output_dir, max_updates=args.max_steps)
-    if not path.is_file():
-        raise ConfigError(f"config: no such file {str(path)!r}")
-    raw = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"config: {path} must hold a mapping of settings, got {type(raw).__name__}")
+        return run_online(path, output_dir=args.output_dir, max_updates=args.max_steps, json_summary=args.json)
+    raw = read_config(path)
     if args.resume:
         raw["resume"] = True
+    if args.overwrite:
+        raw["overwrite"] = True
     if args.output_dir:
         raw["output_dir"] = str(Path(args.output_dir).resolve())
     if args.max_steps is not None:
@@ -99,6 +103,9 @@ def _train(args: argparse.Namespace) -> int:
     summary = {"step": trainer.step, "output_dir": str(trainer.output_dir),
                **{k: last[k] for k in _SUMMARY_KEYS if k in last}}
     print(_summary_line(summary))
+    rewards = [row["reward_mean"] for row in history if row.get("reward_mean") is not None]
+    if isinstance(raw.get("model"), dict) and rewards and not any(rewards):  # {tiny: ...}: the usual cause
+        print(_NEVER_REWARDED)
     if args.json:
         print(json.dumps(summary))
     return 0

@@ -68,6 +68,9 @@ class TrainerConfig:
     """``tensorboard`` (``output_dir/runs``), ``wandb``, or ``none``."""
     resume: bool = False
     """Continue from the newest ``checkpoint-<step>`` in output_dir."""
+    overwrite: bool = False
+    """Start over in an output_dir that holds an earlier run, removing that run's files first (without
+    ``resume`` or ``overwrite`` such a folder is refused: ``trainer/run_folder.py``)."""
     progress: bool = True
     """Show rich progress bars for rollouts and steps."""
     llm_url: str | None = None

@@ -223,6 +223,7 @@ class OnlineTrainer:
         if not Path(cfg.model).is_dir():
             raise ConfigError(f"model must be an HF model folder, got {cfg.model!r} (no such folder)")
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.server.check_reload(self.output_dir)  # now, not after an update nobody would be served
         self.state = OnlineState.load(self.output_dir, window=cfg.baseline_window, prior=cfg.baseline_prior,
                                       clip_std=cfg.baseline_clip_std)
         self.ledger = Ledger(self.output_dir, self.state.ledger_lines)
@@ -394,10 +395,10 @@ class OnlineTrainer:
                                          oldest_ns=min(r.ready_ns for r in used))
         self._commit(ready, trained=by_rollout, checkpoint=checkpoint, version=version, marks=marks)
         try:
-            new_version: int | None = self.server.reload(self.output_dir / checkpoint)
-        except ServingError as exc:  # the server is down: it is synced again after the next update or restart
-            _logger.warning("spanrl online: reload failed, serving the previous weights: %s", exc)
-            new_version = None
+            new_version = self.server.reload(self.output_dir / checkpoint)
+        except ServingError as exc:  # committed: a rerun resumes here, and start() loads it into the server
+            raise TrainingError(f"update {state.step} is saved ({checkpoint}) but the server did not load it: {exc}. "
+                                "Run again once it can: the rerun resumes here and loads it") from None
         self.guard.reloaded(new_version)
         self._prune_checkpoints()
         lags = [self._lag(r, version) for r in used]

@@ -45,8 +45,10 @@ def build_online_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     name = str(algo.pop("name", "grpo")).lower()
     if name != "grpo":
         raise ConfigError(f"algorithm.name must be 'grpo' for online training, got {name!r}")
-    check_keys(raw, {f.name for f in dataclasses.fields(OnlineConfig)} | {"algorithm"})
-    check_keys(algo, {f.name for f in dataclasses.fields(GRPOConfig)}, section="algorithm")
+    docs = "docs/online-config.md"
+    check_keys(raw, {f.name for f in dataclasses.fields(OnlineConfig)} | {"algorithm"}, kind="an online trainer",
+               docs=docs)
+    check_keys(algo, {f.name for f in dataclasses.fields(GRPOConfig)}, section="algorithm", docs=docs)
     # as in `spanrl train`: the model is found beside the config, the output goes where the user runs it
     if isinstance(raw.get("model"), str) and not Path(raw["model"]).is_absolute():
         raw["model"] = str(base / raw["model"])
@@ -88,25 +90,24 @@ def _quiet_third_party() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
 
 
-def run_online(path: Path, *, output_dir: str | None = None, max_updates: int | None = None) -> int:
-    """Build from ``path``, run until stopped, print a one-line JSON summary. A bad config or an
-    unreachable server/collector at start: one line on stderr, exit code 2."""
+def run_online(path: Path, *, output_dir: str | None = None, max_updates: int | None = None,
+               json_summary: bool = False) -> int:
+    """Build from ``path``, run until stopped; with ``json_summary`` end with a one-line JSON summary (as
+    ``spanrl train --json``). A bad config or an unreachable server/collector at start: one line on stderr,
+    exit code 2."""
     try:
-        return _run_online(path, output_dir=output_dir, max_updates=max_updates)
+        return _run_online(path, output_dir=output_dir, max_updates=max_updates, json_summary=json_summary)
     except SpanRLError as exc:
         print(f"spanrl train --online: {exc}", file=sys.stderr)
         return 2
 
 
-def _run_online(path: Path, *, output_dir: str | None, max_updates: int | None) -> int:
-    import yaml
-
+def _run_online(path: Path, *, output_dir: str | None, max_updates: int | None, json_summary: bool) -> int:
     from spanrl.logs import log_to_file
+    from spanrl.train_config import read_config
     from spanrl.trainer.config import LOG_FILE
 
-    if not path.is_file():
-        raise ConfigError(f"config: no such file {str(path)!r}")
-    raw = yaml.safe_load(path.read_text()) or {}
+    raw = read_config(path)
     if output_dir:
         raw["output_dir"] = output_dir
     if max_updates is not None:
@@ -120,6 +121,7 @@ def _run_online(path: Path, *, output_dir: str | None, max_updates: int | None) 
     with trainer:  # start(); close() at the end
         print(f"spanrl online ready step={trainer.state.step} output_dir={trainer.output_dir}", flush=True)
         history = trainer.run()
-    print(json.dumps({"step": trainer.state.step, "updates_this_run": len(history),
-                      "output_dir": str(trainer.output_dir), **trainer.state.counters}), flush=True)
+    if json_summary:
+        print(json.dumps({"step": trainer.state.step, "updates_this_run": len(history),
+                          "output_dir": str(trainer.output_dir), **trainer.state.counters}), flush=True)
     return 0

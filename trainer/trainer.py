@@ -22,7 +22,8 @@ server itself. Each step samples ``tasks_per_step`` tasks, runs ``n_rollouts`` r
 the :class:`~spanrl.rollouts.runner.RolloutRunner` (bounded, retried, waited for until their spans are
 committed), decomposes them with ``load_transitions`` (credit assignment included), updates the policy,
 pushes the weights into the server (in process) and logs. Failed rollouts are recorded in
-``output_dir/rollouts.jsonl`` and excluded; they never stop training.
+``output_dir/rollouts.jsonl`` and excluded; a step or evaluation none of whose rollouts succeeded stops the
+run with the reason (``preflight.py``, which also checks the agent and the run folder before the first rollout).
 
 Output: ``checkpoint-<step>/`` (HF folder + optimizer/RNG state + ``trainer_state.json``),
 ``config.json`` (resolved), ``history.jsonl``, ``reward_curve.png``, ``runs/`` (TensorBoard).
@@ -71,6 +72,7 @@ from spanrl.trainer.config import (
     run_description,
 )
 from spanrl.trainer.console import Console
+from spanrl.trainer.preflight import check_before_start, no_rollout_succeeded
 from spanrl.trainer.lifecycle import TRAINER_REFUSALS as _WHY
 from spanrl.trainer.lifecycle import State
 from spanrl.rollouts.prefetch import RolloutPrefetch, StepRollouts, policy_lag
@@ -187,8 +189,10 @@ class Trainer:
                 self._setup_algorithm()
                 self.state = State.FOLLOWING
                 return self
+        if self.state is State.NEW:  # before anything is written or any rollout runs
+            check_before_start(self.output_dir, self.agent, cfg)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        (self.output_dir / CONFIG_FILE).write_text(json.dumps(self._config_dict(), indent=1, default=str))
+        (self.output_dir / CONFIG_FILE).write_text(json.dumps(run_description(self), indent=1, default=str))
         try:
             self._services.start_collector(self.db_path, cfg.serving, reachable=bool(cfg.rollouts.advertise_host))
             serve_from = self._setup_algorithm()
@@ -219,7 +223,7 @@ class Trainer:
         cfg = self.config  # where each row goes, in order; the guard last: a diverged row is reported, then stops
         self._console = Console(max_steps=cfg.max_steps) if cfg.progress else None
         callbacks = [HistoryFile(self.output_dir / HISTORY_FILE), RowLog(),
-                     Scalars(cfg.report_to, self.output_dir, self._config_dict()), self._console,
+                     Scalars(cfg.report_to, self.output_dir, run_description(self)), self._console,
                      CurvePlot(self.output_dir / CURVE_FILE, f"spanrl: {self.output_dir.name}"),
                      NonFiniteGuard(cfg.max_bad_updates)]
         return [c for c in callbacks if c is not None]
@@ -328,7 +332,7 @@ class Trainer:
         elif ok_ids:
             _logger.warning("step %d: %d rollouts gave no transitions; no update", step, len(ok_ids))
         else:
-            _logger.warning("step %d: every rollout failed; no update (see %s)", step, ROLLOUTS_FILE)
+            raise no_rollout_succeeded(f"step {step}", results)
         row.update({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
         row.update({"time/rollouts_s": got.seconds, "time/rollout_wait_s": waited, **clock.row()})
         self.step = step
@@ -380,6 +384,8 @@ class Trainer:
                 raise ConfigError("evaluate needs tasks: pass tasks= or give the Trainer val_tasks")
             results = self._run_rollouts(jobs, tag=f"v{self.step}", mode="val", greedy=True)
             ok_ids = [r.rollout_id for r in results if r.ok]
+            if not ok_ids:
+                raise no_rollout_succeeded(f"evaluation at step {self.step}", results)
             rewards = self._final_rewards(ok_ids)
             return sum(rewards.get(i) or 0.0 for i in ok_ids) / len(jobs)
         finally:
@@ -467,7 +473,7 @@ class Trainer:
         self._refuse("save_checkpoint()", State.NEW, State.FOLLOWING)
         path = checkpoints.path_of(self.output_dir, self.step)
         self.algorithm.save(path)
-        checkpoints.write_trainer_state(path, step=self.step, history=self.history, config=self._config_dict())
+        checkpoints.write_trainer_state(path, step=self.step, history=self.history, config=run_description(self))
         return path
 
     def plot(self) -> Path:
@@ -492,9 +498,3 @@ class Trainer:
 
     def _policy_version(self) -> int | None:
         return getattr(self.server, "version", None)
-
-    def _config_dict(self) -> dict[str, Any]:
-        return run_description(self)
-
-
-

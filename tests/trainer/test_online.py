@@ -240,8 +240,11 @@ def test_online_cli_config_rejects_unknown_setting_and_other_algorithms(tmp_path
     from spanrl.errors import ConfigError
     from spanrl.trainer.online_cli import build_online_trainer
 
-    with pytest.raises(ConfigError, match="'max_age' is not a trainer setting; did you mean 'max_age_s'\\? \\(valid: "):
+    with pytest.raises(ConfigError, match="'max_age' is not an online trainer setting; did you mean 'max_age_s'\\? "
+                                          "\\(valid: .*; see docs/online-config.md\\)$"):
         build_online_trainer({"model": "m", "max_age": 600})
+    with pytest.raises(ConfigError, match="see docs/online-config.md\\)$"):  # the online keys' doc, not train-config.md
+        build_online_trainer({"model": "m", "algorithm": {"name": "grpo", "learning_rat": 1e-3}})
     with pytest.raises(ConfigError,
                        match="algorithm.learning_rat is not an algorithm setting; did you mean 'learning_rate'"):
         build_online_trainer({"model": "m", "algorithm": {"name": "grpo", "learning_rat": 1e-3}})

@@ -136,3 +136,28 @@ def test_task_defaults_fill_fields_a_task_lacks(tmp_path: Path) -> None:
            "task_defaults": {"max_tries": 1}, "output_dir": str(tmp_path / "run")}
     trainer = build_trainer(raw, base=tmp_path)
     assert [t["max_tries"] for t in trainer.tasks] == [1, 3]
+
+
+def test_cli_reports_a_yaml_syntax_error_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "train.yaml"  # line 3: an unquoted ': ' in a value, the commonest slip
+    config.write_text("model: m\nagent: python a.py\ntasks: [{id: a, question: what is: 3}]\n")
+    assert main(["train", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        f"spanrl: error: config: {config}:3:34: not valid YAML: expected ',' or '}}', but got ':' (while parsing a "
+        "flow mapping); fix that line (a value holding ': ' or ' #' needs quotes)"]
+    assert main(["train", "--online", str(config)]) == 2  # the online config is read the same way
+    assert capsys.readouterr().err.startswith(f"spanrl train --online: config: {config}:3:34: not valid YAML")
+
+
+def test_cli_names_the_task_formats_for_a_csv_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "tasks.csv").write_text("id,question\na,1 add 2\n")
+    config = tmp_path / "train.yaml"
+    config.write_text(f"model: m\nagent: python a.py\ntasks: tasks.csv\noutput_dir: {tmp_path / 'run'}\n")
+    assert main(["train", str(config)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"spanrl: error: tasks: {str(tmp_path / 'tasks.csv')!r} is a .csv file; tasks come as .jsonl (one JSON object "
+        "a line), .json (a JSON list) or a list in the config itself"]
+    (tmp_path / "tasks.json").write_text('[{"id": "a"},]')
+    with pytest.raises(ConfigError, match=r"tasks: .*tasks.json is not JSON \(Expecting value: line 1 column 14"):
+        build_trainer({"model": "m", "agent": "python a.py", "tasks": "tasks.json"}, base=tmp_path)
