@@ -3,10 +3,11 @@ so ``spanrl sql`` never loads torch.
 
     spanrl collector --db PATH        OTLP/gRPC + OTLP/HTTP collector writing DuckDB
     spanrl sql "SELECT ..."           SQL over the span store (through a running collector, or the file)
-    spanrl store export|prune         Parquet export, retention
-    spanrl export transitions         training rows for offline work
+    spanrl store export|prune|import  Parquet export, retention, OTLP JSON lines or ATIF trajectories in
+    spanrl export transitions         training rows for offline work (also: trajectories as ATIF, model as GGUF)
+    spanrl credit audit STORE         credit configs scored against the calls' ground-truth labels
     spanrl serve --model PATH         OpenAI-compatible policy server
-    spanrl train CONFIG.yaml          the training loop
+    spanrl train CONFIG.yaml          the training loop (--plan: its memory, part by part)
     spanrl sweep SWEEP.yaml           a grid or random search over train-config keys, on Ray Tune
     spanrl demo                       everything, locally, on a tiny model
     spanrl ui                         the viewer in the browser (rollouts, credit, runs, SQL)
