@@ -254,7 +254,7 @@ def for_sender(batch: EncodedBatch, tokens: Tokens, authorization: str | None) -
     return EncodedBatch(table, batch.accepted, batch.rejected, batch.error_message)
 
 
-DERIVED_ROLLOUT_PREFIXES = ("conversation:", "trace:", "response:")
+DERIVED_ROLLOUT_PREFIXES = sc.DERIVED_ROLLOUT_PREFIXES
 """Rollout ids the store derives (store/views.sql, ``trace_rollouts``) for calls the policy server served; the server
 binds their conversation and trace to the tenant whose key opened them (serving/tenants.py). A span naming one
 (``spanrl.rollout.id``) is refused: an ERROR ``spanrl.rollout`` span could otherwise fail the conversation."""

@@ -21,8 +21,13 @@ __all__ = ["agent_credentials", "agent_service_env", "agent_service_name", "inge
            "otlp_headers"]
 
 # Tokens an agent never needs: reading other tenants' spans, pruning, reloading the served weights.
-_NOT_FOR_AGENTS = (env.SPANRL_COLLECTOR_TOKEN, env.SPANRL_COLLECTOR_READ_TOKEN, env.SPANRL_COLLECTOR_ADMIN_TOKEN,
-                   env.SPANRL_COLLECTOR_POLICY_TOKEN, env.SPANRL_POLICY_ADMIN_TOKEN)
+# Each may come as its *_FILE variant too (a path the agent, running as the same user, could read).
+_NOT_FOR_AGENTS = tuple(
+    name + suffix
+    for name in (env.SPANRL_COLLECTOR_TOKEN, env.SPANRL_COLLECTOR_READ_TOKEN, env.SPANRL_COLLECTOR_ADMIN_TOKEN,
+                 env.SPANRL_COLLECTOR_POLICY_TOKEN, env.SPANRL_POLICY_ADMIN_TOKEN)
+    for suffix in ("", env.TOKEN_FILE_SUFFIX)
+)
 
 _TRACES_ONLY = ("OTEL_METRICS_EXPORTER", "OTEL_LOGS_EXPORTER")
 _OTEL_HEADERS = "OTEL_EXPORTER_OTLP_HEADERS"

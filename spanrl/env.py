@@ -166,6 +166,11 @@ SPANRL_POLICY_ADMIN_TOKEN = "SPANRL_POLICY_ADMIN_TOKEN"
 """Token the policy server requires on ``POST /v1/weights/reload`` (the route is off without one); trainers
 that reload a running server send it."""
 
+SPANRL_POLICY_API_KEY = "SPANRL_POLICY_API_KEY"
+"""The API key the Trainer's agents send its policy servers (``Authorization: Bearer``, as ``OPENAI_API_KEY``)
+and its embedded server takes; default: a new key per run, in memory. Set it (or ``SPANRL_POLICY_API_KEY_FILE``)
+when ``serving.urls`` lists servers started with ``--api-key-file``: they must know the key the agents send."""
+
 SPANRL_POLICY_CHECKPOINT_ROOT = "SPANRL_POLICY_CHECKPOINT_ROOT"
 """Folder under which the policy server's reload route may load weights (local files only); the route is
 off without one."""

@@ -139,3 +139,9 @@ SERVICE_NAME = "service.name"
 # --- Rollout end, stored by the Trainer when it knows a rollout is over (store/rollouts.py) --------
 ROLLOUT_END_SPAN_NAME = "spanrl.rollout.end"
 ROLLOUT_END_REASON = "spanrl.rollout.end.reason"  # agent_exit | agent_done | timeout | crashed | trainer
+
+DERIVED_ROLLOUT_PREFIXES = ("conversation:", "trace:", "response:")
+"""Rollout ids the store derives itself (store/views.sql: a conversation's traces, a trace or a response with no
+rollout id); no span may name one (collector/admission.py), so imported trajectories that carry one get
+``IMPORTED_ROLLOUT_PREFIX`` before it (store/atif.py)."""
+IMPORTED_ROLLOUT_PREFIX = "imported:"

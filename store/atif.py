@@ -312,7 +312,10 @@ def atif_requests(traj: dict[str, Any]) -> list[dict[str, Any]]:
                            {sc.REWARD_VALUE: value, sc.REWARD_NAME: name}))
     spans.append(_span(trace, root, None, sc.ROLLOUT_SPAN_NAME, "INTERNAL", first, last + 1_000_000, {},
                        error=own.get("status") == "error"))
-    resource = {sc.SERVICE_NAME: (traj.get("agent") or {}).get("name") or "atif", sc.ROLLOUT_ID: own.get("rollout_id")
-                or sid, sc.TASK_ID: own.get("task_id"), sc.ATTEMPT: own.get("attempt"), sc.MODE: own.get("mode")}
+    rollout_id = own.get("rollout_id") or sid
+    if rollout_id.startswith(sc.DERIVED_ROLLOUT_PREFIXES):  # an id the store derives: no span may name it
+        rollout_id = sc.IMPORTED_ROLLOUT_PREFIX + rollout_id
+    resource = {sc.SERVICE_NAME: (traj.get("agent") or {}).get("name") or "atif", sc.ROLLOUT_ID: rollout_id,
+                sc.TASK_ID: own.get("task_id"), sc.ATTEMPT: own.get("attempt"), sc.MODE: own.get("mode")}
     return [{"resourceSpans": [{"resource": {"attributes": _attrs(resource)},
                                 "scopeSpans": [{"scope": {"name": "spanrl.atif"}, "spans": spans}]}]}]

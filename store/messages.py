@@ -32,10 +32,18 @@ def _allowed() -> tuple[str, ...]:
     return tuple(p.strip() for p in raw.split(",") if p.strip())
 
 
+def _under(uri: str, allowed: tuple[str, ...]) -> bool:
+    """Whether ``uri`` lies under one of the ``allowed`` prefixes, as a path: at a ``/`` boundary (``refs`` does
+    not allow ``refs-other``), with no ``..`` segment that would climb out and no fsspec chaining (``::``)."""
+    if "::" in uri or any(seg in ("..", ".") for seg in uri.split("://", 1)[-1].split("/")):
+        return False
+    return any(uri == prefix or uri.startswith(prefix if prefix.endswith("/") else prefix + "/") for prefix in allowed)
+
+
 def _read(uri: str, allowed: tuple[str, ...]) -> tuple[Any, str | None]:
     """``(value, None)``: the list the object at ``uri`` holds (a JSON array, one object, or JSON lines);
     ``(None, why)`` when it cannot be read."""
-    if not any(uri.startswith(prefix) for prefix in allowed):
+    if not _under(uri, allowed):
         return None, f"not under a prefix SPANRL_MESSAGE_REFS allows ({', '.join(allowed) or 'none set'})"
     try:
         import fsspec

@@ -100,8 +100,10 @@ CREATE OR REPLACE MACRO usable_reward(x) AS CASE WHEN reward_usable(x) THEN x EL
 --     rollouts claim it; a response the server never served leaves the verdict its span's rollout;
 --   * spanrl.feedback.trace_id on a spanrl.feedback span -> the rollout of that trace (trace_rollouts);
 --   * the span's own rollout (rollout_spans: its spanrl.rollout.id, else its trace's);
---   * a conversation: the event's gen_ai.conversation.id, else its span's -> rollout 'conversation:<id>'
---     when spans of that rollout are stored (trace_rollouts' conversation rule).
+--   A verdict from outside every rollout that names only a conversation (gen_ai.conversation.id) resolves to
+--   none: conversation ids are chosen by clients and guessable, so any holder of an ingest token could score
+--   another tenant's conversation (issue 53). Inside the conversation's own traces a verdict is that
+--   rollout's (the span's own rollout); from outside, name the judged completion's gen_ai.response.id.
 -- Keys resolve over spans ingested at or after keys_since_ns (NULL: since_ns): the viewer finds the
 -- rollouts of new verdicts among older spans. `is_feedback`: a verdict from outside its rollout (a
 -- spanrl.feedback span, or a span that belongs to no rollout). `rid` and `ingested_ns` are the span's;
@@ -148,8 +150,7 @@ WITH raw AS (
 ), keyed AS (
     SELECT *,
            CASE WHEN kind <> 'SERVER' THEN response_id END AS key_response,
-           CASE WHEN span_name = 'spanrl.feedback' THEN feedback_trace_id END AS key_trace,
-           CASE WHEN rollout_id IS NULL THEN 'conversation:' || conversation_id END AS key_conversation
+           CASE WHEN span_name = 'spanrl.feedback' THEN feedback_trace_id END AS key_trace
     FROM raw
     WHERE NOT usable_only OR reward_usable(value)
 ), keyspans AS MATERIALIZED (  -- the spans the keys name, attributed (one rollout_spans for the three keys)
@@ -157,7 +158,7 @@ WITH raw AS (
     FROM rollout_spans(coalesce(keys_since_ns, since_ns))
     WHERE rollout_id IS NOT NULL AND name <> 'spanrl.feedback'
       AND ((kind = 'SERVER' AND response_id IN (SELECT key_response FROM keyed))
-           OR trace_id IN (SELECT key_trace FROM keyed) OR rollout_id IN (SELECT key_conversation FROM keyed))
+           OR trace_id IN (SELECT key_trace FROM keyed))
 ), by_response AS (  -- only SERVER spans: a response id on one only the policy server's token stores
     SELECT response_id, min(rollout_id) AS rollout_id FROM keyspans
     WHERE kind = 'SERVER' AND response_id IN (SELECT key_response FROM keyed)
@@ -168,20 +169,17 @@ WITH raw AS (
     WHERE trace_id IN (SELECT key_trace FROM keyed)
     GROUP BY trace_id
     HAVING count(DISTINCT rollout_id) = 1
-), by_conversation AS (
-    SELECT DISTINCT rollout_id FROM keyspans WHERE rollout_id IN (SELECT key_conversation FROM keyed)
 )
 SELECT k.rid, k.ingested_ns,
        CASE WHEN k.key_response IS NOT NULL THEN coalesce(br.rollout_id, k.rollout_id)
             WHEN k.key_trace IS NOT NULL THEN bt.rollout_id
-            ELSE coalesce(k.rollout_id, bc.rollout_id) END AS rollout_id,
+            ELSE k.rollout_id END AS rollout_id,
        k.task_id, k.attempt, k.mode, k.trace_id, k.span_id, k.time_ns, k.name, k.value, k.source,
        k.response_id, reward_usable(k.value) AS usable,
        k.span_name = 'spanrl.feedback' OR k.rollout_id IS NULL AS is_feedback
 FROM keyed k
 LEFT JOIN by_response br ON br.response_id = k.key_response
-LEFT JOIN by_trace bt ON bt.trace_id = k.key_trace
-LEFT JOIN by_conversation bc ON bc.rollout_id = k.key_conversation;
+LEFT JOIN by_trace bt ON bt.trace_id = k.key_trace;
 
 -- How long a rollout that never stored its end must be silent after a reward to count as finished: the
 -- one quiet time of spanrl (rollout_state, the UI, the materializer, and the online trainer's default,

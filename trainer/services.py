@@ -86,8 +86,9 @@ class Services:
         self.collector_tokens: dict[str, str | None] = {}
         self.server: Any = None
         self.runner: RolloutRunner | None = None
-        self.api_key = secrets.token_urlsafe(24)
-        """The policy servers' API key for this run, in memory only: handed to the agents (``OPENAI_API_KEY``,
+        self.api_key = env_token(env.SPANRL_POLICY_API_KEY) or secrets.token_urlsafe(24)
+        """The policy servers' API key for this run: the operator's ``SPANRL_POLICY_API_KEY`` (servers in
+        ``serving.urls`` take it too), else a new one in memory only. Handed to the agents (``OPENAI_API_KEY``,
         ``llm.api_key``), so no other client can name (or join) this run's rollouts."""
         self._stack = contextlib.ExitStack()
 

@@ -414,7 +414,7 @@ class Trainer:
             if checkpoint is None:
                 raise TrainingError(f"nothing to deploy: no {CHECKPOINT_PREFIX}<step> folder in {self.output_dir}")
             self._services.serve_only(checkpoint, self.config.serving)
-        return openai.OpenAI(base_url=f"{self.server.base_url}/v1", api_key="spanrl")
+        return openai.OpenAI(base_url=f"{self.server.base_url}/v1", api_key=self._services.api_key)
 
     def _run_rollouts(
         self, jobs: Sequence[RolloutJob], *, tag: str, mode: str, greedy: bool = False, template: str | None = None

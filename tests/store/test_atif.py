@@ -92,3 +92,17 @@ def test_atif_round_trip_keeps_the_transitions(collector: Any, tmp_path: Path) -
     assert again.returncode == 0 and "imported 0 spans from 3 trajectories" in again.stdout, again.stderr
     with SpanStore.open(fresh, read_only=True) as store:
         assert load_transitions(store).to_arrow().equals(original)
+
+
+def test_a_store_derived_rollout_id_comes_back_under_the_imported_prefix() -> None:
+    """A production rollout's id (`conversation:<id>`, `trace:...`, `response:...`) is the store's own: no span may
+    name one (the collector refuses it), so an exported one is imported as `imported:<id>`, not refused whole."""
+    from spanrl.store.atif import atif_requests
+
+    traj = {"session_id": "conversation:c-1", "steps": [{"source": "user", "message": "hi"},
+                                                         {"source": "agent", "message": "hello"}],
+            "extra": {"spanrl": {"rollout_id": "conversation:c-1"}}}
+    resource = atif_requests(traj)[0]["resourceSpans"][0]["resource"]["attributes"]
+    ids = [a["value"]["stringValue"] for a in resource if a["key"] == sc.ROLLOUT_ID]
+    assert ids == ["imported:conversation:c-1"]
+    assert not ids[0].startswith(sc.DERIVED_ROLLOUT_PREFIXES)

@@ -118,3 +118,20 @@ def test_current_genai_conventions_are_read_as_written(collector: Any, tmp_path:
         {"tool_name": "search", "tool_call_id": None, "decision": "allow", "exit_code": None, "error_type": None,
          "status_code": "UNSET"},
     ]
+
+
+def test_a_message_reference_cannot_climb_out_of_its_allowed_prefix(tmp_path: Path) -> None:
+    """Span data names the URI: ``..``, a sibling folder sharing the prefix's name, or fsspec chaining is
+    refused, so no agent can pull other files into prompts, the viewer or exports."""
+    from spanrl.store.messages import _read
+
+    refs, other = tmp_path / "refs", tmp_path / "refs-other"
+    refs.mkdir(), other.mkdir()
+    (refs / "ok.json").write_text('[{"role": "user", "parts": [{"type": "text", "content": "hi"}]}]')
+    (other / "secret.json").write_text('[{"role": "user", "parts": [{"type": "text", "content": "secret"}]}]')
+    allowed = (f"file://{refs}",)
+    assert _read(f"file://{refs}/ok.json", allowed)[1] is None
+    for uri in (f"file://{refs}/../refs-other/secret.json", f"file://{other}/secret.json",
+                f"simplecache::file://{refs}/ok.json", f"file://{refs}/./ok.json"):
+        value, why = _read(uri, allowed)
+        assert value is None and "not under a prefix" in why, uri

@@ -1,5 +1,6 @@
 """One rule for verdicts (store/views.sql's rollout_rewards): a reward keyed by response id (on the event or
-on its span), by rollout id or by conversation resolves to its rollout alike in every reader: the rollouts
+on its span) or by rollout id resolves to its rollout alike in every reader (and one naming only a
+conversation from outside it to none: conversation ids are guessable, issue 53): the rollouts
 and rewards views, `spanrl sql`, the viewer's rollouts table, the offline Trainer's load_transitions and the
 online trainer's ready_rollouts. Real spans through an in-process collector: a production agent that knows
 nothing of spanrl, the policy server's spans, and verdicts sent later by other services."""
@@ -77,9 +78,10 @@ def test_a_verdict_resolves_to_its_rollout_alike_in_every_reader(collector: Any,
 
     _verdict(judge, 0.625, event={sc.GEN_AI_RESPONSE_ID: "chatcmpl-1"})  # event-level response id
     _verdict(judge, 0.25, span={sc.GEN_AI_RESPONSE_ID: "chatcmpl-2"})   # span-level response id
-    _verdict(judge, 0.0, event={sc.GEN_AI_CONVERSATION_ID: "c-3"})      # by conversation...
+    _verdict(judge, 0.0, event={sc.GEN_AI_RESPONSE_ID: "chatcmpl-3"})  # judged twice...
     time.sleep(0.01)
-    _verdict(judge, 0.75, span={sc.GEN_AI_CONVERSATION_ID: "c-3"})      # ...the latest stored wins
+    _verdict(judge, 0.75, span={sc.GEN_AI_RESPONSE_ID: "chatcmpl-3"})   # ...the latest stored wins
+    _verdict(judge, 1.0, event={sc.GEN_AI_CONVERSATION_ID: "c-4"})      # a guessable conversation id alone: refused
     _verdict(judge, 0.5, span={sc.ROLLOUT_ID: "r-own"}, name=sc.FEEDBACK_SPAN_NAME)  # by rollout id
     _verdict(judge, 1.0, event={sc.GEN_AI_RESPONSE_ID: "chatcmpl-unknown"})  # judges no rollout
     _verdict(judge, 1.0, event={sc.GEN_AI_CONVERSATION_ID: "c-unknown"})  # neither
@@ -89,7 +91,7 @@ def test_a_verdict_resolves_to_its_rollout_alike_in_every_reader(collector: Any,
     assert views == {**_EXPECTED, "conversation:c-4": None}
     rewards = store.sql("SELECT rollout_id, arg_max(value, [ingested_ns, time_ns]) AS v, count(*) AS n FROM rewards "
                         "GROUP BY rollout_id").to_pylist()
-    assert {r["rollout_id"]: r["v"] for r in rewards} == {**_EXPECTED, None: 1.0}  # the two unresolved: no rollout
+    assert {r["rollout_id"]: r["v"] for r in rewards} == {**_EXPECTED, None: 1.0}  # the three unresolved: no rollout
     assert {r["rollout_id"]: r["n"] for r in rewards}["conversation:c-3"] == 2
 
     out = subprocess.run([sys.executable, "-m", "spanrl", "sql", "--url", collector.http_endpoint, "-f", "json",

@@ -84,3 +84,28 @@ def test_a_plain_otel_agent_exports_with_the_ingest_token_it_is_given(services):
                        timeout=120, capture_output=True)
     # the span sent without the token was refused (UNAUTHENTICATED); the one with it is stored
     assert services.collector.store.sql("SELECT count(*) AS n FROM spans").to_pylist() == [{"n": 1}]
+
+
+def test_an_agent_gets_no_token_file_but_the_ingest_ones(tmp_path):
+    """The *_TOKEN_FILE variants name files an agent (the same user) could read: only the ingest ones pass."""
+    from spanrl.rollouts.runner import RunnerConfig, _agent_env
+
+    environ = {f"{name}{suffix}": str(tmp_path / name) for name in (
+        "SPANRL_COLLECTOR_TOKEN", "SPANRL_COLLECTOR_READ_TOKEN", "SPANRL_COLLECTOR_ADMIN_TOKEN",
+        "SPANRL_COLLECTOR_POLICY_TOKEN", "SPANRL_POLICY_ADMIN_TOKEN", "SPANRL_COLLECTOR_INGEST_TOKEN",
+    ) for suffix in ("", "_FILE")}
+    got = _agent_env(environ, {}, RunnerConfig(), ["python", "agent.py"])
+    tokens = {k for k in got if "TOKEN" in k}
+    assert tokens == {"SPANRL_COLLECTOR_INGEST_TOKEN", "SPANRL_COLLECTOR_INGEST_TOKEN_FILE"}, tokens
+
+
+def test_servers_the_trainer_did_not_start_take_the_operators_api_key(tmp_path, monkeypatch):
+    """serving.urls servers bound beyond loopback need keys; the agents must send one they know: the operator's
+    SPANRL_POLICY_API_KEY(_FILE), else a new key per run that only the Trainer's own server takes."""
+    monkeypatch.delenv("SPANRL_POLICY_API_KEY", raising=False)
+    assert Services().api_key != Services().api_key  # per run, in memory
+    key = tmp_path / "api.key"
+    key.write_text("k-operator\n")
+    key.chmod(0o600)
+    monkeypatch.setenv("SPANRL_POLICY_API_KEY_FILE", str(key))
+    assert Services().api_key == "k-operator"

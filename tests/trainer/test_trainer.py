@@ -181,6 +181,12 @@ def test_the_trainers_policy_server_takes_only_its_per_run_key(tiny_model: Path,
         return 1.0
 
     tasks, _ = calculator.split_tasks(8, 0, seed=3)
-    Trainer(model=tiny_model, agent=agent, tasks=tasks, algorithm=GRPO(learning_rate=5e-4),
-            credit=LightningRL(baseline="grpo"), config=_config(tmp_path / "run", max_steps=1)).train()
+    with Trainer(model=tiny_model, agent=agent, tasks=tasks, algorithm=GRPO(learning_rate=5e-4),
+                 credit=LightningRL(baseline="grpo"), config=_config(tmp_path / "run", max_steps=1)) as trainer:
+        trainer.train()
+        assert trainer.server is not None  # the with block keeps the run's (keyed) server up
+        client = trainer.deploy()  # so deploy() hands out the run's key: it sent "spanrl" and got 401
+        reply = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "1 add 2"}],
+                                               max_tokens=2)
+        assert reply.choices[0].message is not None
     assert seen and set(seen) == {(401, 200)}
