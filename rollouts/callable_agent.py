@@ -35,7 +35,7 @@ class CallableAgent:
     async def run(self, spec: RolloutSpec, timeout_s: float) -> tuple[str, str | None]:
         llm = LLMEndpoint(
             base_url=spec.base_url, model=spec.model, sampling=dict(spec.sampling),
-            prompt_template=spec.prompt_template, agent_models=dict(spec.agent_models),
+            prompt_template=spec.prompt_template, agent_models=dict(spec.agent_models), seed=spec.seed,
         )
         try:
             if inspect.iscoroutinefunction(self.fn):
