@@ -42,11 +42,12 @@ def derive_seed(*parts: object) -> int:
 
 def step_jobs(task_jobs: Sequence[Any], config: Any, step: int) -> tuple[random.Random, list[Any]]:
     """Step ``step``'s rollout jobs (``n_rollouts`` of each of ``tasks_per_step`` tasks sampled, each with its
-    rollout seed) and the step's sampler, which later picks minibatches; ``config``: a ``TrainerConfig``."""
+    rollout seed) and the step's sampler, which later picks minibatches; ``config``: a ``TrainerConfig``.
+    Rollouts to a teacher (``llm_url``) carry no seed: it may not serve the seeded route."""
     seed = config.seed
     sampler = random.Random(seed * _STEP_SEED_STRIDE + step)
-    jobs = [dataclasses.replace(job, seed=derive_seed("rollout", seed, step, job.task_id, group))
-            for job in sampler.sample(list(task_jobs), config.tasks_per_step) for group in range(config.n_rollouts)]
+    jobs = [job if config.llm_url else dataclasses.replace(job, seed=derive_seed("rollout", seed, step, job.task_id, g))
+            for job in sampler.sample(list(task_jobs), config.tasks_per_step) for g in range(config.n_rollouts)]
     return sampler, jobs
 
 
