@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -76,6 +77,14 @@ def _train(model: Path, out: Path, seed: int) -> tuple[list[float], dict[str, to
     return [row["reward_mean"] for row in rows], load_file(out / "checkpoint-2" / "model.safetensors")
 
 
+def _batch_sizes(out: Path) -> set[int]:
+    """The batch sizes the policy server generated the run's calls in (its chat spans in the store)."""
+    with duckdb.connect(str(out / "spans.duckdb"), read_only=True) as con:
+        rows = con.execute("SELECT DISTINCT CAST(attributes->>'$.\"spanrl.llm.batch_size\"' AS INTEGER) FROM spans "
+                           "WHERE kind = 'SERVER' AND operation_name = 'chat'").fetchall()
+    return {size for (size,) in rows}
+
+
 def _same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
 
@@ -90,6 +99,7 @@ def test_a_seed_pins_the_run_whatever_the_load(
     assert not _same_weights(weights, load_file(tiny_model / "model.safetensors"))  # the run learned something
     saved = json.loads((tmp_path / "quiet" / "config.json").read_text())["trainer"]
     assert saved["seed"] == 7 and saved["deterministic"] is True
+    assert _batch_sizes(tmp_path / "quiet") == {1}  # deterministic: the server generated one call at a time
     request.getfixturevalue("two_busy_processes")
     busy_rewards, busy_weights = _train(tiny_model, tmp_path / "busy", seed=7)
     assert busy_rewards == rewards
