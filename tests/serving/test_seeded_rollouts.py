@@ -14,10 +14,11 @@ from spanrl import semconv
 CHAT = [{"role": "user", "content": "what is 3 add 4 ?"}]
 
 
-def _tokens(served, rollout: str, path_seed: int | None, **kwargs) -> list[int]:
+def _tokens(served, rollout: str, path_seed: int | None, max_tokens: int = 12, **kwargs) -> list[int]:
     base = semconv.rollout_base_url(served.server.base_url, rollout, seed=path_seed)
     client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
-    reply = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=12, temperature=1.0, **kwargs)
+    reply = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=max_tokens, temperature=1.0,
+                                           **kwargs)
     return reply.model_dump()["choices"][0]["token_ids"]
 
 
@@ -26,9 +27,10 @@ def test_a_seeded_rollout_samples_the_same_calls_alone_or_in_a_crowd(served) -> 
     assert first != second  # the same prompt asked again in one rollout: the next sample, not the same one
     assert _tokens(served, "r2", 11) == first  # the seed, not the rollout's id, decides
     assert _tokens(served, "r3", 12) != first
-    # the same rollout again while 6 unseeded requests share its batches (the server batches up to 20 ms)
+    # the same rollout again while 6 long unseeded requests share its batches (continuous batching admits new
+    # requests between decode steps; the noise runs 200 steps, the seeded calls 12)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        noise = [pool.submit(_tokens, served, f"noise{i}", None) for i in range(6)]
+        noise = [pool.submit(_tokens, served, f"noise{i}", None, 200, stop=None) for i in range(6)]
         again = [pool.submit(_tokens, served, "r4", 11) for _ in range(2)]
         [f.result() for f in noise]
         assert sorted(f.result() for f in again) == sorted([first, second])  # its two calls, in either order
