@@ -36,6 +36,7 @@ class CallableAgent:
         llm = LLMEndpoint(
             base_url=spec.base_url, model=spec.model, sampling=dict(spec.sampling),
             prompt_template=spec.prompt_template, agent_models=dict(spec.agent_models), api_key=spec.api_key,
+            seed=spec.seed,
         )
         try:
             if inspect.iscoroutinefunction(self.fn):

@@ -146,6 +146,9 @@ class LLMEndpoint:
     for its own; set by the Trainer (``prompt_template=``, and each candidate APO scores)."""
     agent_models: dict[str, str] = dataclasses.field(default_factory=dict)
     """Per-agent policies: agent name -> the model (adapter) its calls ask for; see :meth:`model_for`."""
+    seed: int | None = None
+    """The rollout's sampling seed (the policy server already applies it through ``base_url``; an agent may
+    seed its own randomness with it); None when the run gives none."""
 
     def model_for(self, agent: str | None) -> str:
         """The model the calls of ``agent`` ask for: its own adapter with per-agent policies, else ``model``."""
@@ -170,6 +173,9 @@ class RolloutJob:
 
     task_id: str
     task: Any
+    seed: int | None = None
+    """The rollout's seed (``spanrl.seeding``); each attempt samples with ``derive_seed(seed, attempt)``.
+    None: the policy server's own sampler (unseeded)."""
 
 
 def _task_id(task: Any, index: int) -> str:
@@ -206,6 +212,8 @@ class RolloutSpec:
     """Agent name -> model name (per-agent policies); ``SPANRL_MODEL_<AGENT>`` each."""
     api_key: str = "spanrl"
     """The policy server's API key (``OPENAI_API_KEY``; the Trainer's server makes one per run)."""
+    seed: int | None = None
+    """This attempt's sampling seed, also in ``base_url``; ``SPANRL_SEED`` (None: an unseeded rollout)."""
 
     def ids(self) -> dict[str, str | int]:
         """The rollout's ids under their span attribute names (``semconv.ROLLOUT_ID`` ...)."""
@@ -233,6 +241,7 @@ class RolloutSpec:
             "ANTHROPIC_API_KEY": self.api_key,
             **({env.SPANRL_PROMPT_TEMPLATE: self.prompt_template} if self.prompt_template is not None else {}),
             **{env.agent_model_var(agent): model for agent, model in self.agent_models.items()},
+            **({env.SPANRL_SEED: str(self.seed)} if self.seed is not None else {}),
         }
 
 

@@ -6,16 +6,17 @@ language, started with the rollout's environment:
 
     SPANRL_ROLLOUT_ID, SPANRL_TASK_ID, SPANRL_TASK (JSON), SPANRL_ATTEMPT, SPANRL_MODE, SPANRL_MODEL,
     SPANRL_SAMPLING (JSON), SPANRL_MODEL_<AGENT> (per-agent policies),
-    OPENAI_BASE_URL=<llm>/rollouts/<rollout_id>/v1, OPENAI_API_KEY,
-    ANTHROPIC_BASE_URL=<llm>/rollouts/<rollout_id>, ANTHROPIC_API_KEY, OTEL_*,
+    OPENAI_BASE_URL=<llm>/rollouts/<rollout_id>/v1 (``.../rollouts/<rollout_id>/seeds/<seed>/v1`` and
+    SPANRL_SEED for a seeded job, ``spanrl.seeding``), OPENAI_API_KEY,
+    ANTHROPIC_BASE_URL=<llm>/rollouts/<rollout_id>[/seeds/<seed>], ANTHROPIC_API_KEY, OTEL_*,
     and SPANRL_PROMPT_TEMPLATE when the trainer gives the agent a prompt template (APO); the rollout ids
     also go in the standard OTEL_RESOURCE_ATTRIBUTES (merged with the user's), so any OTel SDK tags every
     span with no spanrl in the agent (agent_env.py)
 
 A command runs once per rollout, or (``workers=N``) as N long-lived workers speaking the *jsonl worker
 protocol*: the runner sets ``SPANRL_AGENT_PROTOCOL=jsonl``, writes one JSON object per rollout on the
-worker's stdin (keys ``rollout_id task_id task attempt mode base_url model sampling prompt_template api_key``,
-the last one null without a template) and waits for a
+worker's stdin (keys ``rollout_id task_id task attempt mode base_url model sampling prompt_template
+agent_models seed api_key``, ``prompt_template`` and ``seed`` null when the run gives none) and waits for a
 stdout line ``{"spanrl_done": "<rollout_id>"}`` (an ``"error"`` key marks a failed rollout). Other
 stdout lines are ignored. This saves the interpreter and instrumentation start-up of every rollout.
 
@@ -40,6 +41,7 @@ from typing import Any
 
 from spanrl import semconv
 from spanrl.errors import ConfigError
+from spanrl.seeding import derive_seed
 from spanrl.rollouts.agent_env import agent_credentials, agent_service_env
 from spanrl.rollouts.agent_processes import CommandAgent, WorkerPool, command_argv
 from spanrl.rollouts.callable_agent import CallableAgent
@@ -218,6 +220,7 @@ class RolloutRunner:
         async def one(index: int, job: RolloutJob) -> None:
             for attempt in range(1, self.config.max_attempts + 1):
                 rollout_id = f"{id_prefix}{index}-a{attempt}"
+                seed = None if job.seed is None else derive_seed(job.seed, attempt)
                 start = time.monotonic()
                 async with slots:
                     with lease() as root:  # one policy server for all of this rollout's calls
@@ -227,12 +230,13 @@ class RolloutRunner:
                             task=job.task,
                             attempt=attempt,
                             mode=mode,
-                            base_url=semconv.rollout_base_url(root, rollout_id),
+                            base_url=semconv.rollout_base_url(root, rollout_id, seed=seed),
                             model=model,
                             sampling=dict(sampling),
                             prompt_template=prompt_template,
                             agent_models=dict(agent_models or {}),
                             api_key=self._api_key,
+                            seed=seed,
                         )
                         node = None
                         try:  # a Ray agent also answers the node it ran on

@@ -9,6 +9,7 @@ Routes (each ``/v1/...`` route also lives under the rollout prefixes below)::
     /rollouts/{rollout_id}/v1/...                         attribute the request to a rollout
     /rollouts/{rollout_id}/attempts/{attempt}/v1/...      ... and an attempt
     /tasks/{task_id}/rollouts/{rollout_id}[/attempts/{attempt}]/v1/...
+    /rollouts/{rollout_id}/seeds/{seed}/v1/...            ... and seed its calls that name no seed (spanrl.seeding)
 
 Who may do what (docs/architecture.md, "Trust"): every request passes `spanrl.trust.browser_refusal` (a POST
 must be ``application/json``, a foreign ``Origin`` is refused, and bound to loopback a non-loopback ``Host``);

@@ -88,6 +88,12 @@ def rollout_of(request: Any, body: Mapping[str, Any] | None = None) -> dict[str,
             attrs[semconv.ATTEMPT] = int(attempt)
         except ValueError:
             raise RequestError(f"attempt must be an integer, got {attempt!r}", param="attempt") from None
+    seed = path.get("seed")  # /rollouts/{rollout_id}/seeds/{seed}: seeds the rollout's calls (spanrl.seeding)
+    if seed is not None:
+        try:
+            attrs[semconv.ROLLOUT_SEED] = int(seed)
+        except ValueError:
+            raise RequestError(f"seed in the path must be an integer, got {seed!r}", param="seed") from None
     conversation = conversation_of(headers, body)
     if conversation:
         attrs[semconv.GEN_AI_CONVERSATION_ID] = conversation

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from spanrl import semconv
+from spanrl.seeding import CallSeeds
 from spanrl.serving.backend import GenerationRequest, GenerationResult
 from spanrl.serving.batcher import Batcher, QueueFullError
 from spanrl.serving.chat import parse_tool_calls, semconv_messages
@@ -40,6 +41,8 @@ class ServerState:
     tokenizer: Any
     max_context_tokens: int
     recorder: SpanRecorder
+    seeds: CallSeeds = dataclasses.field(default_factory=CallSeeds)
+    """The seeds of seeded rollouts' calls that name none (``spanrl.seeding``)."""
 
 
 @dataclasses.dataclass
@@ -61,6 +64,7 @@ async def _generate(
     state: ServerState, call: Call, on_token: list[Callable[[int, int, float], None]] | None = None
 ) -> list[GenerationResult]:
     futures: list[concurrent.futures.Future[GenerationResult]] = []
+    _seed_rollout_calls(state, call)
     try:
         for i, req in enumerate(call.requests):
             if on_token is not None:
@@ -88,6 +92,19 @@ def cancel(call: Call, task: asyncio.Future[Any]) -> None:
         for req in call.requests:
             req.cancelled = True
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # its RequestError reaches nobody
+
+
+def _seed_rollout_calls(state: ServerState, call: Call) -> None:
+    """A seeded rollout's requests that name no ``seed`` sample from one derived from the rollout's seed and
+    their prompt (``spanrl.seeding``); an explicit ``seed`` stays as the client gave it."""
+    rollout_seed = call.rollout.get(semconv.ROLLOUT_SEED)
+    if rollout_seed is None:
+        return
+    rollout_id = str(call.rollout.get(semconv.ROLLOUT_ID))
+    for req in call.requests:
+        if req.params.seed is None:
+            seed = state.seeds.seed(rollout_id, rollout_seed, req.prompt_ids)
+            req.params = dataclasses.replace(req.params, seed=seed)
 
 
 def _choices(state: ServerState, call: Call, results: list[GenerationResult]) -> list[dict[str, Any]]:
@@ -251,6 +268,8 @@ def _record(
                     semconv.LLM_LOGPROBS_TEMPERATURE: call.params.sampling.temperature or 1.0,  # greedy: softmax
                 }
             )
+            if call.requests[r].params.seed is not None:
+                attrs[semconv.GEN_AI_REQUEST_SEED] = call.requests[r].params.seed
             if state.config.record_content:
                 attrs[semconv.GEN_AI_INPUT_MESSAGES] = json.dumps(semconv_messages(call.input_messages[r]))
                 message = choice.get("message") or {"role": "assistant", "content": choice.get("text")}

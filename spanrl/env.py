@@ -41,6 +41,11 @@ agent ``<AGENT>`` pass to the OpenAI API (its LoRA adapter on the policy server)
 name upper-cased, each character other than a letter or digit an ``_`` (``agent_model_var``). An agent with
 no variable of its own uses ``SPANRL_MODEL``. Read it with ``spanrl.env.agent_model(name)``."""
 
+SPANRL_SEED = "SPANRL_SEED"
+"""A seeded run's sampling seed for this rollout attempt (an integer; ``spanrl.seeding``): the policy server
+already seeds the rollout's calls with it (through ``OPENAI_BASE_URL``); the agent may seed its own
+randomness with it. Absent in an unseeded rollout."""
+
 SPANRL_SAMPLING = "SPANRL_SAMPLING"
 """Sampling parameters the trainer asks the agent to use, as JSON, e.g. ``{"temperature": 1.0}``
 (temperature 0 for held-out evaluation)."""

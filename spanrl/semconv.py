@@ -21,13 +21,19 @@ ROLLOUT_PATH_PREFIXES = (
     "/rollouts/{rollout_id}/attempts/{attempt}",
     "/tasks/{task_id}/rollouts/{rollout_id}",
     "/tasks/{task_id}/rollouts/{rollout_id}/attempts/{attempt}",
+    "/rollouts/{rollout_id}/seeds/{seed}",
 )
-"""Path prefixes before ``/v1/...`` that attribute a request to a rollout (and an attempt, a task)."""
+"""Path prefixes before ``/v1/...`` that attribute a request to a rollout (and an attempt, a task); with
+``seeds/{seed}`` the policy server seeds the rollout's calls that name no ``seed`` (``spanrl.seeding``)."""
+ROLLOUT_SEED = "spanrl.rollout.seed"  # int: the seed in a request's path, on the server's spans
 
 
-def rollout_base_url(root: str, rollout_id: str, attempt: int | None = None) -> str:
-    """The ``OPENAI_BASE_URL`` under server ``root`` (``http://HOST:PORT``) attributing requests to a rollout."""
-    suffix = f"/attempts/{attempt}" if attempt is not None else ""
+def rollout_base_url(root: str, rollout_id: str, attempt: int | None = None, *, seed: int | None = None) -> str:
+    """The ``OPENAI_BASE_URL`` under server ``root`` (``http://HOST:PORT``) attributing requests to a rollout
+    (and, with ``seed``, seeding its calls: not combined with ``attempt``)."""
+    if seed is not None and attempt is not None:
+        raise ValueError("a rollout URL names its attempt or its seed, not both")
+    suffix = f"/attempts/{attempt}" if attempt is not None else f"/seeds/{seed}" if seed is not None else ""
     return f"{root.rstrip('/')}/rollouts/{rollout_id}{suffix}/v1"
 
 
@@ -71,6 +77,7 @@ GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"  # a production rollout (store
 GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
 GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
 GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_SEED = "gen_ai.request.seed"  # int: the seed the server sampled with (choice i: seed + i)
 GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # JSON

@@ -63,7 +63,12 @@ class TrainerConfig:
     save_every: int = 0
     """Checkpoint every this many steps (0 = only at the end)."""
     seed: int = 0
-    """Seeds task sampling, the algorithm and the server's sampler."""
+    """The run's one seed: task sampling, minibatches, the algorithm, and each rollout's sampling seed
+    (``spanrl.seeding``); printed when the run starts. See docs/train-config.md, "Reproducible runs"."""
+    deterministic: bool = False
+    """Also pin what costs speed: torch's deterministic algorithms, and an embedded server that generates one
+    request at a time (a batch's neighbours change a row's logits in the last bits). Same seed and config:
+    bit-identical weights on one machine, whatever its load (synchronous runs, the embedded server)."""
     report_to: tuple[str, ...] = ("none",)
     """``tensorboard`` (``output_dir/runs``), ``wandb``, or ``none``."""
     resume: bool = False
@@ -115,8 +120,11 @@ class TrainerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
-        if not isinstance(self.async_steps, bool):
-            raise ConfigError(f"async_steps must be true or false, got {self.async_steps!r}")
+        for name in ("async_steps", "deterministic"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ConfigError(f"seed must be an integer, got {self.seed!r}")
         if not isinstance(self.max_staleness, int) or isinstance(self.max_staleness, bool) or self.max_staleness < 1:
             raise ConfigError(f"max_staleness must be a positive integer, got {self.max_staleness!r}")
         if self.torch_threads is not None and (not isinstance(self.torch_threads, int) or self.torch_threads < 1):

@@ -111,7 +111,8 @@ class Services:
         """The policy server on ``serve_from`` (in a pool with the servers the Trainer did not start), the
         runner, and tracing of a callable agent."""
         embedded = start_policy_server(
-            serve_from, otlp_endpoint=self.collector.grpc_endpoint, max_batch_size=config.server_max_batch_size,
+            serve_from, otlp_endpoint=self.collector.grpc_endpoint,
+            max_batch_size=1 if config.deterministic else config.server_max_batch_size,  # batch-invariant logits
             seed=config.seed, serving=config.serving, adapters=adapters,
             host="0.0.0.0" if config.rollouts.advertise_host else "127.0.0.1", otlp_headers=self.policy_headers(),
             api_key=self.api_key,
@@ -146,8 +147,8 @@ class Services:
 
         servers = RayServers(config.serving, config.rollouts, model=Path(model), weights_dir=weights_dir,
                              otlp_endpoint=self.collector.grpc_endpoint, served_model_name=SERVED_MODEL_NAME,
-                             max_batch_size=config.server_max_batch_size, seed=config.seed,
-                             otlp_headers=self.policy_headers(), api_key=self.api_key)
+                             max_batch_size=1 if config.deterministic else config.server_max_batch_size,
+                             seed=config.seed, otlp_headers=self.policy_headers(), api_key=self.api_key)
         self._stack.callback(self._stop, "Ray policy servers", servers.close)
         return dataclasses.replace(config.serving, urls=(*config.serving.urls, *servers.roots)), servers.token
 

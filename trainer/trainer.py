@@ -79,6 +79,7 @@ from spanrl.rollouts.prefetch import RolloutPrefetch, StepRollouts, policy_lag
 from spanrl.trainer.reporting import Callback, CurvePlot, HistoryFile, NonFiniteGuard, RowLog, Scalars, StageClock
 from spanrl.rollouts.rollouts import jobs_of
 from spanrl.rollouts.runner import RolloutJob, RolloutResult
+from spanrl import seeding
 from spanrl.trainer.services import Services
 
 __all__ = [
@@ -87,8 +88,6 @@ __all__ = [
 ]
 
 _logger = logging.getLogger(__name__)
-
-_STEP_SEED_STRIDE = 1_000_003  # per-step task sampling seed = seed * stride + step (resumable, no RNG state)
 
 
 class Trainer:
@@ -154,6 +153,7 @@ class Trainer:
         self._console: Console | None = None
         self._prefetch: RolloutPrefetch | None = None  # inside train(): runs rollouts (ahead, with async_steps)
         self._run_tag = uuid.uuid4().hex[:8]  # rollout ids stay unique across runs sharing one store
+        self._unpin: Callable[[], None] = lambda: None  # restores torch's settings (seeding.start_run)
 
     @property
     def collector(self) -> Any:
@@ -193,6 +193,7 @@ class Trainer:
             check_before_start(self.output_dir, self.agent, cfg)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         (self.output_dir / CONFIG_FILE).write_text(json.dumps(run_description(self), indent=1, default=str))
+        self._unpin = seeding.start_run(cfg, shown=cfg.progress)  # the seed printed, torch pinned
         try:
             self._services.start_collector(self.db_path, cfg.serving, reachable=bool(cfg.rollouts.advertise_host))
             serve_from = self._setup_algorithm()
@@ -237,6 +238,7 @@ class Trainer:
                 _logger.exception("could not close %s", type(callback).__name__)
         self._callbacks, self._console = [], None
         self._services.close()
+        self._unpin()
         self.state = State.CLOSED
 
     def __enter__(self) -> Trainer:
@@ -339,11 +341,8 @@ class Trainer:
         return row
 
     def _step_jobs(self, step: int) -> tuple[random.Random, list[RolloutJob]]:
-        """Step ``step``'s rollout jobs and the sampler (seeded by the step) that later picks minibatches."""
-        cfg = self.config
-        sampler = random.Random(cfg.seed * _STEP_SEED_STRIDE + step)
-        jobs = [job for job in sampler.sample(self._task_jobs, cfg.tasks_per_step) for _ in range(cfg.n_rollouts)]
-        return sampler, jobs
+        """Step ``step``'s seeded rollout jobs and the sampler that later picks minibatches (``spanrl.seeding``)."""
+        return seeding.step_jobs(self._task_jobs, self.config, step)
 
     def _step_rollouts(self, step: int) -> StepRollouts:
         """Run step ``step``'s rollouts (in the loop's thread, or the prefetch's)."""
