@@ -118,12 +118,13 @@ def assert_trained(row: dict[str, Any], *, initial: Path, checkpoint: Path) -> N
     assert max_weight_change(initial, checkpoint) > 0, "the checkpoint's weights equal the initial model's"
 
 
-def served_logprobs(base_url: str, messages: list[dict[str, Any]], max_tokens: int = 4) -> tuple[list[int], list[int],
-                                                                                                 list[float]]:
-    """(prompt ids, completion ids, their logprobs) of one greedy reply from spanrl's policy server."""
+def served_logprobs(base_url: str, messages: list[dict[str, Any]], max_tokens: int = 4, *,
+                    api_key: str | None = None) -> tuple[list[int], list[int], list[float]]:
+    """(prompt ids, completion ids, their logprobs) of one greedy reply from spanrl's policy server (with
+    ``api_key``: the Trainer's running server takes only its run's key, which ``deploy()``'s client carries)."""
     body = json.dumps({"model": "policy", "messages": messages, "max_tokens": max_tokens, "temperature": 0.0}).encode()
-    request = urllib.request.Request(base_url.rstrip("/") + "/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    request = urllib.request.Request(base_url.rstrip("/") + "/chat/completions", data=body, headers=headers)
     with urllib.request.urlopen(request, timeout=60) as response:
         reply = json.loads(response.read())
     choice = reply["choices"][0]
@@ -140,11 +141,11 @@ def _token_logprobs(model_dir: Path, prompt: list[int], answer: list[int]) -> li
         return torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(answer)[:, None])[:, 0].tolist()
 
 
-def assert_served_policy_changed(base_url: str, messages: list[dict[str, Any]], *, initial: Path,
+def assert_served_policy_changed(client: Any, messages: list[dict[str, Any]], *, initial: Path,
                                  checkpoint: Path) -> None:
-    """The server's log-probs of its own greedy reply are the trained checkpoint's (to 1e-4), not the
-    initial model's: a server still on the initial weights matches ``initial`` instead and fails."""
-    prompt, answer, served = served_logprobs(base_url, messages)
+    """The log-probs of ``client``'s (``Trainer.deploy()``'s) server for its own greedy reply are the trained
+    checkpoint's (to 1e-4), not the initial model's: a server still on the initial weights fails."""
+    prompt, answer, served = served_logprobs(str(client.base_url), messages, api_key=client.api_key)
     trained, untrained = _token_logprobs(checkpoint, prompt, answer), _token_logprobs(initial, prompt, answer)
     assert max(abs(a - b) for a, b in zip(served, trained)) < 1e-4, (served, trained)
     assert max(abs(a - b) for a, b in zip(served, untrained)) > 1e-4, (served, untrained)

@@ -68,7 +68,7 @@ def run_pipeline(tmp_path: Path, *, agent_file: Path, words: Sequence[str], task
         history = trainer.train()
         checkpoint = tmp_path / "run" / f"checkpoint-{steps}"
         if served_probe is not None:
-            assert_served_policy_changed(str(trainer.deploy().base_url), served_probe, initial=model,
+            assert_served_policy_changed(trainer.deploy(), served_probe, initial=model,
                                          checkpoint=checkpoint)
     finally:
         trainer.close()

@@ -56,7 +56,7 @@ def test_trainer_trains_the_node_agent(node_agent: Path, tmp_path: Path) -> None
     trainer.start()  # so train() leaves the server up, to be asked after its reload
     try:
         history = trainer.train()
-        assert_served_policy_changed(str(trainer.deploy().base_url), _messages(tasks[0]), initial=model,
+        assert_served_policy_changed(trainer.deploy(), _messages(tasks[0]), initial=model,
                                      checkpoint=tmp_path / "run" / "checkpoint-1")
     finally:
         trainer.close()

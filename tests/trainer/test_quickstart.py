@@ -120,7 +120,7 @@ def test_trainer_trains_and_deploys_through_the_pipeline(tmp_path):
     with trainer:
         history = trainer.train()
         client = trainer.trainer.deploy()
-        assert_served_policy_changed(str(client.base_url), [{"role": "user", "content": tasks[0]["question"]}],
+        assert_served_policy_changed(client, [{"role": "user", "content": tasks[0]["question"]}],
                                      initial=model, checkpoint=tmp_path / "run" / "checkpoint-1")
         answer = trainer.deploy().run("add 3 4")
         assert history[-1]["val_success"] == trainer.evaluate()  # the figure is the trained policy's greedy score

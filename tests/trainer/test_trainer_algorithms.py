@@ -89,7 +89,7 @@ def test_lora_policy_reloads_into_the_server(tiny_model: Path, tmp_path: Path) -
         from training_checks import assert_served_policy_changed
 
         # its log-probs are the merged checkpoint's, not the base model's
-        assert_served_policy_changed(str(client.base_url), [{"role": "user", "content": "3 add 4"}],
+        assert_served_policy_changed(client, [{"role": "user", "content": "3 add 4"}],
                                      initial=tiny_model, checkpoint=tmp_path / "run" / "checkpoint-1")
         # it serves the trained policy: the adapter merged into the base weights, as the checkpoint holds them
         served = trainer.server._state.batcher.backend.model.state_dict()  # deploy() after close: a plain server

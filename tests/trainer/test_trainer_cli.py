@@ -148,7 +148,7 @@ def test_callable_agent_trains_in_process(tiny_model: Path, tmp_path: Path) -> N
         assert_trained(history[0], initial=model, checkpoint=tmp_path / "run" / "checkpoint-1")
         assert {llm.sampling["temperature"] for llm in seen} == {1.0, 0.0}  # training samples, evaluation greedy
         assert all("/rollouts/" in llm.base_url for llm in seen)
-        assert_served_policy_changed(str(trainer.deploy().base_url), [{"role": "user", "content": "3 add 4"}],
+        assert_served_policy_changed(trainer.deploy(), [{"role": "user", "content": "3 add 4"}],
                                      initial=model, checkpoint=tmp_path / "run" / "checkpoint-1")
     finally:
         trainer.close()
