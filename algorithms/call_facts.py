@@ -14,12 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 
 from spanrl import semconv as sc
-from spanrl.errors import StoreError
+from spanrl.store.decomposer import run_query
 
 __all__ = ["ID_COLUMNS", "CallFacts", "call_facts"]
 
@@ -60,18 +59,7 @@ class CallFacts:
 
 
 def _sql(store: Any, query: str, params: dict[str, Any]) -> pa.Table:
-    try:
-        if isinstance(store, duckdb.DuckDBPyConnection):
-            return store.sql(query, params=params).to_arrow_table()
-        if hasattr(store, "cursor"):
-            cur = store.cursor()
-            try:
-                return cur.sql(query, params=params).to_arrow_table()
-            finally:
-                cur.close()
-        return store.sql(query, params)
-    except duckdb.Error as exc:
-        raise StoreError(f"reading the calls' states and labels failed: {exc}") from exc
+    return run_query(store, query, params, what="reading the calls' states and labels")
 
 
 def _label(text: str | None) -> bool | None:

@@ -61,8 +61,8 @@ from spanrl.store.messages import resolve as resolve_messages
 from spanrl.store.sources import SqlSource
 
 __all__ = ["CALL_COLUMNS", "LIGHT_CALL_SQL", "REWARD_COLUMNS", "ROLLOUT_COLUMNS", "SQL", "VERSION", "Decomposition",
-           "Selection", "call_columns", "call_filter", "decompose", "read_statement", "rollout_filter", "statement",
-           "with_clean"]
+           "Selection", "call_columns", "call_filter", "decompose", "read_statement", "rollout_filter", "run_query",
+           "statement", "with_clean"]
 
 # --- the statement: store/decomposer.sql, with the text Python generates -------------------------------
 _MAX_ANCESTOR_DEPTH = 64  # longest parent chain walked; guards against cycles in bad data
@@ -305,7 +305,10 @@ class Decomposition:
     report: dict[str, int] = field(default_factory=dict)
 
 
-def _run(con: duckdb.DuckDBPyConnection | SqlSource, query: str, params: dict[str, Any]) -> pa.Table:
+def run_query(con: duckdb.DuckDBPyConnection | SqlSource, query: str, params: dict[str, Any], *,
+              what: str = "decomposer query") -> pa.Table:
+    """``query`` with ``params`` as an Arrow table, on a DuckDB connection, a store (a cursor of its own) or a
+    remote SQL source; a DuckDB error is a `StoreError` naming ``what`` failed."""
     try:
         if isinstance(con, duckdb.DuckDBPyConnection):
             return con.sql(query, params=params).to_arrow_table()
@@ -317,7 +320,7 @@ def _run(con: duckdb.DuckDBPyConnection | SqlSource, query: str, params: dict[st
                 cur.close()
         return con.sql(query, params)
     except duckdb.Error as exc:
-        raise StoreError(f"decomposer query failed: {exc}") from exc
+        raise StoreError(f"{what} failed: {exc}") from exc
 
 
 def decompose(
@@ -342,7 +345,7 @@ def decompose(
     params: dict[str, Any] = {}
     kept = kept and getattr(con, "has_kept_rows", True)  # a read-only store of an older spanrl has none
     query = read_statement(sel, columns, params) if kept else statement(sel, columns, params)
-    rows = _run(con, query, params)  # rows of three kinds, told apart by row_kind
+    rows = run_query(con, query, params)  # rows of three kinds, told apart by row_kind
     with_messages = "input_messages" in columns or "output_messages" in columns
     calls = _row_kind_part(rows, "call", (*columns, SOURCES_COLUMN) if with_messages else columns,
                            ("rollout_id", "step"))
