@@ -1,6 +1,7 @@
 """How much memory a run's update and its server need on one device, before anything is loaded.
 
-``spanrl train CONFIG --plan`` prints it (and the Trainer refuses a plan that cannot fit at start)::
+``spanrl train CONFIG --plan`` prints it, and ``spanrl train`` refuses a plan that cannot fit before it starts
+(one process's plan: not under ``accelerate launch``; the Python ``Trainer`` does not check)::
 
     weights      params x 4 B          the policy is trained in fp32 (autocast runs the matmuls in bf16)
     gradients    trainable x 4 B       all params, or LoRA's adapters alone

@@ -17,8 +17,8 @@ from pathlib import PurePath
 
 from spanrl import env
 
-__all__ = ["agent_credentials", "agent_service_env", "agent_service_name", "ingest_token_env", "otel_rollout_env",
-           "otlp_headers"]
+__all__ = ["agent_credentials", "agent_service_env", "agent_service_name", "encode_otlp_headers", "ingest_token_env",
+           "otel_rollout_env", "otlp_headers"]
 
 # Tokens an agent never needs: reading other tenants' spans, pruning, reloading the served weights.
 # Each may come as its *_FILE variant too (a path the agent, running as the same user, could read).
@@ -80,8 +80,12 @@ def ingest_token_env(token: str, base: Mapping[str, str]) -> dict[str, str]:
     it; ``base``'s other headers kept) and ``SPANRL_COLLECTOR_INGEST_TOKEN`` (spanrl's instrumentation)."""
     headers = {k: v for k, v in otlp_headers(base).items() if k != "authorization"}
     headers["authorization"] = f"Bearer {token}"
-    encoded = ",".join(f"{k}={urllib.parse.quote(v, safe='')}" for k, v in headers.items())
-    return {_OTEL_HEADERS: encoded, env.SPANRL_COLLECTOR_INGEST_TOKEN: token}
+    return {_OTEL_HEADERS: encode_otlp_headers(headers), env.SPANRL_COLLECTOR_INGEST_TOKEN: token}
+
+
+def encode_otlp_headers(headers: Mapping[str, str]) -> str:
+    """``headers`` as ``OTEL_EXPORTER_OTLP_HEADERS`` holds them (``k=v,...``, values percent-encoded)."""
+    return ",".join(f"{k}={urllib.parse.quote(v, safe='')}" for k, v in headers.items())
 
 
 def agent_service_name(argv: Sequence[str]) -> str:

@@ -7,7 +7,7 @@ import sys
 
 from spanrl import env
 from spanrl.errors import SpanRLError
-from spanrl.trust import add_token_option, token_from_args
+from spanrl.trust import add_token_option, env_token, token_from_args
 from spanrl.extras import needs_extra
 
 
@@ -66,8 +66,8 @@ def _serve(args: argparse.Namespace) -> int:
         api_keys = read_api_key_file(args.api_key_file) if args.api_key_file else {}
         if args.api_key is not None:
             api_keys[args.api_key] = "default"
-        collector_token = (token_from_args(args, "--collector-token") or env.get_str(env.SPANRL_COLLECTOR_POLICY_TOKEN)
-                           or env.get_str(env.SPANRL_COLLECTOR_TOKEN))
+        collector_token = (token_from_args(args, "--collector-token") or env_token(env.SPANRL_COLLECTOR_POLICY_TOKEN)
+                           or env_token(env.SPANRL_COLLECTOR_TOKEN))
     except SpanRLError as exc:
         print(f"spanrl serve: {exc}", file=sys.stderr)
         return 2

@@ -8,7 +8,7 @@ import pathlib
 from spanrl import env
 from spanrl.errors import ConfigError
 from spanrl.serving.tenants import check_api_keys
-from spanrl.trust import check_token, is_loopback
+from spanrl.trust import check_token, env_token, is_loopback
 
 __all__ = ["ServerConfig", "default_config"]
 
@@ -72,7 +72,7 @@ class ServerConfig:
     torch_threads: int | None = None
     """torch intra-op threads for the whole process (None: leave torch's setting). Small models on a
     busy CPU run much faster with 1."""
-    admin_token: str | None = dataclasses.field(default_factory=lambda: env.get_str(env.SPANRL_POLICY_ADMIN_TOKEN),
+    admin_token: str | None = dataclasses.field(default_factory=lambda: env_token(env.SPANRL_POLICY_ADMIN_TOKEN),
                                                 repr=False)
     """Bearer token ``POST /v1/weights/reload`` needs (env SPANRL_POLICY_ADMIN_TOKEN); None: the route is off.
     In-process ``PolicyServer.reload`` needs none."""

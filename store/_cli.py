@@ -153,17 +153,21 @@ def _import(args: argparse.Namespace) -> int:
         if remote is not None:  # one token for both: ingest and read (and policy, for token ids to count)
             from spanrl import env
             from spanrl.store.remote import RemoteStore
-            from spanrl.trust import token_from_args
+            from spanrl.trust import env_token, token_from_args
 
-            token = token_from_args(args, "--token") or env.get_str(env.SPANRL_COLLECTOR_TOKEN)
+            token = token_from_args(args, "--token") or env_token(env.SPANRL_COLLECTOR_TOKEN)
             report = import_otlp_lines(requests(), url=remote.url, token=token,
                                        stored=_stored_ids(RemoteStore(remote.url, token=token)))
         else:
             from spanrl.collector import Collector, CollectorConfig
 
-            config = CollectorConfig(db_path=db_path(args), grpc_port=-1, http_port=0, materialize_interval_s=None)
+            import secrets
+
+            token = secrets.token_urlsafe(24)  # this import's own collector: no scope open to other local users
+            config = CollectorConfig(db_path=db_path(args), grpc_port=-1, http_port=0, materialize_interval_s=None,
+                                     token=token)
             with Collector(config) as collector:
-                report = import_otlp_lines(requests(), url=collector.http_endpoint, token=None,
+                report = import_otlp_lines(requests(), url=collector.http_endpoint, token=token,
                                            stored=_stored_ids(collector.store))
     except SpanRLError as exc:
         return _fail(exc)

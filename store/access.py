@@ -33,11 +33,11 @@ def remote_store(args: argparse.Namespace, *, scope: str = "read") -> Any:
     ``scope``: ``read`` (SQL, export) or ``admin`` (prune, materialize): which token variable is the default."""
     from spanrl import env
     from spanrl.store.remote import RemoteStore
-    from spanrl.trust import token_from_args
+    from spanrl.trust import env_token, token_from_args
 
     url = args.url or env.get_str(env.SPANRL_SQL_URL, DEFAULT_URL)
     scoped = env.SPANRL_COLLECTOR_ADMIN_TOKEN if scope == "admin" else env.SPANRL_COLLECTOR_READ_TOKEN
-    token = token_from_args(args, "--token") or env.get_str(scoped) or env.get_str(env.SPANRL_COLLECTOR_TOKEN)
+    token = token_from_args(args, "--token") or env_token(scoped) or env_token(env.SPANRL_COLLECTOR_TOKEN)
     remote = RemoteStore(url, token=token)
     health = remote.health()
     if health is None:

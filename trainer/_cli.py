@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +116,8 @@ def memory_plan(trainer: Any, *, prompt_tokens: int) -> Any:
     """The :class:`~spanrl.algorithms.memory_plan.MemoryPlan` of ``trainer``'s update and embedded server, on the
     device the update runs on; a step's rows are ``tasks_per_step`` x ``n_rollouts`` (one call a rollout) of
     ``max_tokens`` completion tokens.
-    None for an algorithm that updates no weights (APO) or a model that is no HF folder."""
+    None for an algorithm that updates no weights (APO), a model that is no HF folder, or an update across several
+    processes (``WORLD_SIZE`` > 1: the plan is one process's)."""
     import torch
 
     from spanrl.algorithms.memory_plan import plan_memory
@@ -124,8 +126,13 @@ def memory_plan(trainer: Any, *, prompt_tokens: int) -> Any:
     algorithm_config = getattr(trainer.algorithm, "config", None)
     if not hasattr(algorithm_config, "learning_rate") or not (Path(trainer.model_path) / "config.json").is_file():
         return None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # sharded or data-parallel updates: one process's plan is wrong
+        return None
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    # the embedded server (always loaded: it evaluates) counts where it shares the update's device; vLLM takes the GPU
+    shared = serving.backend == "vllm" or serving.device.split(":")[0] == device
     return plan_memory(trainer.model_path, algorithm_config, rows=cfg.tasks_per_step * cfg.n_rollouts,
-                       device="cuda" if torch.cuda.is_available() else "cpu", prompt_tokens=prompt_tokens,
+                       device=device, prompt_tokens=prompt_tokens, embedded_server=shared,
                        completion_tokens=cfg.max_tokens,
                        serving_backend=serving.backend, serving_dtype=serving.dtype,
                        gpu_memory_utilization=serving.gpu_memory_utilization)

@@ -55,7 +55,7 @@ from spanrl.trainer.online_config import OnlineConfig
 from spanrl.trainer.online_guard import Guard
 from spanrl.trainer.online_state import Ledger, OnlineState
 from spanrl.trainer.reporting import Callback, HistoryFile
-from spanrl.trust import read_token_file
+from spanrl.trust import env_token, read_token_file
 
 __all__ = ["OnlineConfig", "OnlineTrainer"]
 
@@ -90,7 +90,7 @@ class OnlineTrainer:
         if store is None:
             from spanrl.store import RemoteStore
             token = config.collector_token or read.get("collector_token_file")  # then the read scope's variable
-            token = token or env.get_str(env.SPANRL_COLLECTOR_READ_TOKEN) or env.get_str(env.SPANRL_COLLECTOR_TOKEN)
+            token = token or env_token(env.SPANRL_COLLECTOR_READ_TOKEN) or env_token(env.SPANRL_COLLECTOR_TOKEN)
             store = RemoteStore(config.store_url, token=token)
         self.store = store
         self.server = PolicyClient(config.server_url, token=read.get("admin_token_file"))

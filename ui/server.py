@@ -13,6 +13,7 @@ from spanrl.algorithms import CREDIT_ALGORITHMS
 from spanrl.algorithms.credit import CreditConfig
 from spanrl.errors import ConfigError
 from spanrl.http_server import ThreadedServer, bind, url_host
+from spanrl.trust import env_token
 from spanrl.ui.app import UiApp
 from spanrl.ui.runs import Run, discover_runs
 from spanrl.ui.source import open_source
@@ -72,7 +73,7 @@ class UiServer:
         SPANRL_COLLECTOR_READ_TOKEN (else SPANRL_COLLECTOR_TOKEN)."""
         named_db = db or env.get_str(env.SPANRL_DB)  # None: whatever file the collector serves
         url = url or env.get_str(env.SPANRL_SQL_URL, _DEFAULT_URL)
-        token = token or env.get_str(env.SPANRL_COLLECTOR_READ_TOKEN) or env.get_str(env.SPANRL_COLLECTOR_TOKEN)
+        token = token or env_token(env.SPANRL_COLLECTOR_READ_TOKEN) or env_token(env.SPANRL_COLLECTOR_TOKEN)
         source = open_source(db=named_db, url=url, token=token, default_db=env.DEFAULT_DB_PATH)
         db = source.db_path
         found = discover_runs(runs, db)

@@ -109,3 +109,14 @@ def test_servers_the_trainer_did_not_start_take_the_operators_api_key(tmp_path, 
     key.chmod(0o600)
     monkeypatch.setenv("SPANRL_POLICY_API_KEY_FILE", str(key))
     assert Services().api_key == "k-operator"
+
+
+def test_the_users_otlp_headers_keep_the_ingest_token():
+    """runner.env's own OTEL_EXPORTER_OTLP_HEADERS (a tenant header, say) no longer replaces the ingest token's
+    header: the agent's spans would be refused (401) for want of it."""
+    from spanrl.rollouts.agent_env import ingest_token_env, otlp_headers
+    from spanrl.rollouts.runner import RunnerConfig, _agent_env
+
+    otel_env = ingest_token_env("ingest-secret", {})
+    got = _agent_env({}, otel_env, RunnerConfig(env={"OTEL_EXPORTER_OTLP_HEADERS": "x-tenant=a%20b"}), None)
+    assert otlp_headers(got) == {"x-tenant": "a b", "authorization": "Bearer ingest-secret"}
