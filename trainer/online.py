@@ -61,6 +61,7 @@ __all__ = ["OnlineConfig", "OnlineTrainer"]
 
 _logger = logging.getLogger("spanrl.trainer.online")
 _NS_PER_S = 1_000_000_000
+_SERVER_WAIT_S = 120.0  # how long start() waits for a policy server that does not answer yet (loading its model)
 
 
 def _good_reward(reward: float | None) -> bool:
@@ -118,6 +119,7 @@ class OnlineTrainer:
         if not Path(cfg.model).is_dir():
             raise ConfigError(f"model must be an HF model folder, got {cfg.model!r} (no such folder)")
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        self._wait_for_server()  # a server started beside the trainer may still be loading its model
         self.server.check_reload(self.output_dir)  # now, not after an update nobody would be served
         self.state = OnlineState.load(self.output_dir, window=cfg.baseline_window, prior=cfg.baseline_prior,
                                       clip_std=cfg.baseline_clip_std)
@@ -138,6 +140,20 @@ class OnlineTrainer:
         self._callbacks = [HistoryFile(self.output_dir / HISTORY_FILE), *self._extra_callbacks]
         self.lifecycle = State.RUNNING
         return self
+
+    def _wait_for_server(self) -> None:
+        """Return once the policy server answers; `ServingError` when it has not within ``_SERVER_WAIT_S``
+        (a server that answers and refuses reloads fails at once, in ``check_reload``)."""
+        deadline = time.monotonic() + _SERVER_WAIT_S
+        while True:
+            try:
+                self.server.health()
+                return
+            except ServingError as exc:
+                if time.monotonic() > deadline:
+                    raise ServingError(f"{exc} (waited {_SERVER_WAIT_S:.0f} s; start `spanrl serve` first)") from None
+                _logger.info("spanrl online: %s; waiting for it", exc)
+                time.sleep(self.config.poll_interval_s)
 
     def stop(self) -> None:
         """Ask ``run()`` to return after the current poll or update (safe from a signal handler)."""

@@ -27,11 +27,12 @@ def test_quickstart_example_prints_a_line_per_step_and_logs_to_a_file(tmp_path: 
     assert done.returncode == 0, shown[-4000:]
     lines = shown.splitlines()
     assert lines[0] == "full logs: run/spanrl.log", shown
-    assert re.fullmatch(r"step 0/2  held-out \d\.\d\d", lines[1]), shown
-    assert re.fullmatch(r"step 1/2  reward \d\.\d\d  kl \d\.\d{4}  rollouts 32  \d+\.\d s", lines[2]), shown
+    assert lines[1] == "spanrl: seed 0", shown  # every run says its seed at start (issue 55)
+    assert re.fullmatch(r"step 0/2  held-out \d\.\d\d", lines[2]), shown
+    assert re.fullmatch(r"step 1/2  reward \d\.\d\d  kl \d\.\d{4}  rollouts 32  \d+\.\d s", lines[3]), shown
     assert re.fullmatch(r"step 2/2  reward \d\.\d\d  held-out \d\.\d\d  kl \d\.\d{4}  rollouts 32  \d+\.\d s",
-                        lines[3]), shown
-    assert lines[4].startswith("reward by step: [") and lines[5].startswith("add 3 4 -> ") and len(lines) == 6, shown
+                        lines[4]), shown
+    assert lines[5].startswith("reward by step: [") and lines[6].startswith("add 3 4 -> ") and len(lines) == 7, shown
     for noise in _NOISE:
         assert noise not in shown, f"{noise!r} reached the terminal:\n{shown}"
     log = (tmp_path / "run" / "spanrl.log").read_text()

@@ -97,8 +97,9 @@ def test_sharded_accelerate_configs_are_refused_before_any_rollout(
     monkeypatch.setenv(variable, "true")  # what `accelerate launch --config_file deepspeed_zero2.yaml / fsdp.yaml` sets
     model = build_tiny_model(tmp_path / "tiny", words=["a", "b"], hidden_size=32, num_layers=1, num_heads=2,
                              intermediate_size=64)
+    (tmp_path / "a.py").write_text("")  # an agent that exists: the preflight checks it before the algorithm's refusal
     trainer = Trainer(
-        model=model, agent="python a.py", tasks=[{"id": "a"}], tasks_per_step=1, algorithm=GRPO(),
+        model=model, agent=f"python {tmp_path / 'a.py'}", tasks=[{"id": "a"}], tasks_per_step=1, algorithm=GRPO(),
         output_dir=tmp_path / "run"
     )
     with pytest.raises(ConfigError,

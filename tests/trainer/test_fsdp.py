@@ -68,8 +68,9 @@ def test_fsdp_configs_it_cannot_honour_are_refused_before_any_rollout(
     model = build_tiny_model(tmp_path / "tiny", words=["a", "b"], hidden_size=32, num_layers=1, num_heads=2,
                              intermediate_size=64)
     algorithm = GRPO(lora=LoRAConfig()) if lora else GRPO()
-    trainer = Trainer(model=model, agent="python a.py", tasks=[{"id": "a"}], tasks_per_step=1, algorithm=algorithm,
-                      output_dir=tmp_path / "run")
+    (tmp_path / "a.py").write_text("")  # an agent that exists: the preflight checks it before the algorithm's refusal
+    trainer = Trainer(model=model, agent=f"python {tmp_path / 'a.py'}", tasks=[{"id": "a"}], tasks_per_step=1,
+                      algorithm=algorithm, output_dir=tmp_path / "run")
     with pytest.raises(ConfigError, match=rf"GRPO cannot train under accelerate's FSDP configuration .*{why}"):
         trainer.start()
     assert not (tmp_path / "run" / "rollouts.jsonl").exists() and trainer.server is None

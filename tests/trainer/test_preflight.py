@@ -85,7 +85,7 @@ def test_agent_without_reward_stops_the_held_out_evaluation(tmp_path: Path) -> N
 
 _ZERO_AGENT = """import json, os, openai, spanrl
 task = json.loads(os.environ["SPANRL_TASK"])
-openai.OpenAI(api_key="none").chat.completions.create(
+openai.OpenAI().chat.completions.create(  # OPENAI_API_KEY: the run's key
     model=os.environ["SPANRL_MODEL"], messages=[{"role": "user", "content": task["question"]}], max_tokens=1)
 spanrl.emit_reward(0.0)
 """
