@@ -71,6 +71,9 @@ def _serve_vllm(model: Path, port: int, collector_port: int, log: Path) -> subpr
 @pytest.mark.slow
 def test_two_grpo_steps_with_vllm_rollouts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPANRL_POLICY_ADMIN_TOKEN", "vllm-admin")  # the server's reload token, the Trainer sends it
+    # the Trainer's collector guards every scope: a server it did not start exports with the operator's policy
+    # token (the Trainer's collector takes it; `spanrl serve` reads the same variable), docs/cluster.md
+    monkeypatch.setenv("SPANRL_COLLECTOR_POLICY_TOKEN", "vllm-policy")
     # head_dim 32: vLLM's CPU attention has no kernel for 16
     model = build_tiny_model(
         tmp_path / "tiny", words=calculator.vocabulary(), hidden_size=64, num_layers=1, num_heads=2,
