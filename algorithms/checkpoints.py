@@ -91,16 +91,6 @@ def load_policy(model_path: Path, *, lora: LoRAConfig | None = None) -> tuple[An
     return model, tokenizer
 
 
-def checkpoint_activations(model: Any) -> None:
-    """Turn on activation (gradient) checkpointing, non-reentrant (it works with LoRA's frozen inputs):
-    transformers' ``activation_checkpointing_enable``, or its older name where that is missing."""
-    enable = getattr(model, "activation_checkpointing_enable", None)
-    if enable is not None:
-        enable({"use_reentrant": False})
-    else:  # pragma: no cover - an older transformers
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
 def save_policy(model: Any, tokenizer: Any, checkpoint_dir: Path, *, lora: LoRAConfig | None = None) -> None:
     """Write a loadable HF folder; with LoRA, the merged weights plus the adapter in ``adapters/<name>``."""
     if lora is not None:

@@ -35,12 +35,12 @@ from spanrl.algorithms.distributed import all_reduce_sum, average_gradients, ref
 from spanrl.algorithms.sharding import Sharding, fsdp_requested
 from spanrl.algorithms.base import Algorithm
 from spanrl.algorithms.grpo_trl import scored_grpo_trainer_class
-from spanrl.algorithms.checkpoints import (checkpoint_activations, load_checkpoint, load_policy, save_checkpoint,
-                                           seed_everything)
+from spanrl.algorithms.checkpoints import load_checkpoint, load_policy, save_checkpoint, seed_everything
 from spanrl.algorithms.tables import (PaddedBatch, check_transitions, fill_missing_logprobs, pad_transitions,
                                       transition_table)
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.algorithms.presets import apply_preset, check_loss_fields
+from spanrl.hf_compat import checkpoint_activations
 from spanrl.errors import ConfigError, TrainingError
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -27,11 +27,11 @@ import torch
 
 from spanrl.algorithms import batching
 from spanrl.algorithms.base import Algorithm
-from spanrl.algorithms.checkpoints import (checkpoint_activations, load_checkpoint, load_policy, save_checkpoint,
-                                           seed_everything)
+from spanrl.algorithms.checkpoints import load_checkpoint, load_policy, save_checkpoint, seed_everything
 from spanrl.algorithms.tables import (PaddedBatch, check_transitions, fill_missing_logprobs, pad_transitions,
                                       transition_table)
 from spanrl.algorithms.lora import LoRAConfig
+from spanrl.hf_compat import checkpoint_activations
 from spanrl.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover

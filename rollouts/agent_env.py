@@ -18,7 +18,7 @@ from pathlib import PurePath
 from spanrl import env
 
 __all__ = ["agent_credentials", "agent_service_env", "agent_service_name", "encode_otlp_headers", "ingest_token_env",
-           "otel_rollout_env", "otlp_headers"]
+           "kept_ingest_header", "otel_rollout_env", "otlp_headers"]
 
 # Tokens an agent never needs: reading other tenants' spans, pruning, reloading the served weights.
 # Each may come as its *_FILE variant too (a path the agent, running as the same user, could read).
@@ -81,6 +81,14 @@ def ingest_token_env(token: str, base: Mapping[str, str]) -> dict[str, str]:
     headers = {k: v for k, v in otlp_headers(base).items() if k != "authorization"}
     headers["authorization"] = f"Bearer {token}"
     return {_OTEL_HEADERS: encode_otlp_headers(headers), env.SPANRL_COLLECTOR_INGEST_TOKEN: token}
+
+
+def kept_ingest_header(user: Mapping[str, str], ours: Mapping[str, str]) -> dict[str, str]:
+    """When both the user's environment and ``ours`` (`ingest_token_env`'s) set ``OTEL_EXPORTER_OTLP_HEADERS``:
+    one value with the user's headers and ours (ours win), so the user's cannot drop the ingest token."""
+    if _OTEL_HEADERS not in user or _OTEL_HEADERS not in ours:
+        return {}
+    return {_OTEL_HEADERS: encode_otlp_headers({**otlp_headers(user), **otlp_headers(ours)})}
 
 
 def encode_otlp_headers(headers: Mapping[str, str]) -> str:

@@ -42,7 +42,7 @@ from typing import Any
 from spanrl import semconv
 from spanrl.errors import ConfigError
 from spanrl.seeding import derive_seed
-from spanrl.rollouts.agent_env import agent_credentials, agent_service_env, encode_otlp_headers, otlp_headers
+from spanrl.rollouts.agent_env import agent_credentials, agent_service_env, kept_ingest_header
 from spanrl.rollouts.agent_processes import CommandAgent, WorkerPool, command_argv
 from spanrl.rollouts.callable_agent import CallableAgent
 from spanrl.rollouts.rollouts import (
@@ -75,7 +75,6 @@ _WATERMARK_MARGIN_NS = 2_000_000_000  # clock skew allowance for "spans stored s
 _BSP_SCHEDULE_DELAY_MILLIS = 100  # agents export spans promptly: the trainer waits for them
 
 ReadyFn = Callable[[Sequence[str], int], set[str]]
-_OTEL_HEADERS = "OTEL_EXPORTER_OTLP_HEADERS"
 EndFn = Callable[..., None]  # on_end(rollout_id, reason, *, error, task_id, attempt, mode): record_end's shape
 
 
@@ -83,9 +82,8 @@ def _agent_env(environ: Mapping[str, str], otel_env: Mapping[str, str], config: 
                argv: Sequence[str] | None) -> dict[str, str]:
     """A command agent's environment before the rollout's own variables: the ingest token only (issue 28),
     and a service name from its command ``argv`` unless the user named one."""
-    base = {**environ, "OTEL_BSP_SCHEDULE_DELAY": str(_BSP_SCHEDULE_DELAY_MILLIS), **otel_env, **config.env}
-    if _OTEL_HEADERS in otel_env and _OTEL_HEADERS in config.env:  # the user's headers, and the ingest token still
-        base[_OTEL_HEADERS] = encode_otlp_headers({**otlp_headers(config.env), **otlp_headers(otel_env)})
+    base = {**environ, "OTEL_BSP_SCHEDULE_DELAY": str(_BSP_SCHEDULE_DELAY_MILLIS), **otel_env, **config.env,
+            **kept_ingest_header(config.env, otel_env)}
     return agent_credentials({**base, **(agent_service_env(base, argv) if argv is not None else {})})
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-__all__ = ["checkpointing_on", "kv_cache_argument"]
+__all__ = ["checkpoint_activations", "checkpointing_on", "kv_cache_argument"]
 
 
 def kv_cache_argument(module: Any) -> str:
@@ -20,3 +20,13 @@ def checkpointing_on(model: Any) -> bool:
     """Whether activation checkpointing is on (the newer property first: the older name warns there)."""
     newer = hasattr(type(model), "is_activation_checkpointing")
     return bool(getattr(model, "is_activation_checkpointing" if newer else "is_gradient_checkpointing", False))
+
+
+def checkpoint_activations(model: Any) -> None:
+    """Turn on activation (gradient) checkpointing, non-reentrant (it works with LoRA's frozen inputs), by the
+    newer name where it exists, else the older one."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable({"use_reentrant": False})
+    else:  # pragma: no cover - an older transformers
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

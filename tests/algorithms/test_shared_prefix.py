@@ -97,7 +97,7 @@ def test_gradient_checkpointing_turns_sharing_off(model) -> None:
     gen = torch.Generator().manual_seed(2)
     system = torch.randint(4, model.config.vocab_size, (MIN_SHARED_PREFIX + 2,), generator=gen).tolist()
     ids, mask, width = _rows([system + [9], system + [10, 11]], [[5, 6], [7]])
-    from spanrl.algorithms.checkpoints import checkpoint_activations
+    from spanrl.hf_compat import checkpoint_activations
 
     checkpoint_activations(model)
     try:
