@@ -4,6 +4,7 @@ image, to 5.24): one answer for the trainer's forward (``algorithms/batching.py`
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -13,7 +14,12 @@ __all__ = ["checkpoint_activations", "checkpointing_on", "kv_cache_argument"]
 def kv_cache_argument(module: Any) -> str:
     """The name of ``module.forward``'s KV-cache argument, which is also its output's field: ``cache`` in
     transformers 5.2x, ``past_key_values`` before (5.17 ignores an unknown ``cache=`` silently)."""
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+    return _kv_cache_argument(type(module))
+
+
+@functools.lru_cache(maxsize=None)
+def _kv_cache_argument(cls: type) -> str:  # once per model class: the update asks every micro-batch
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 def checkpointing_on(model: Any) -> bool:
