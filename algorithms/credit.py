@@ -46,6 +46,10 @@ statistics already take one value per rollout, so it changes nothing there.
 advantage, ``G^s_t = sum_{k >= t} step_gamma ** (k - t) * r_k`` its discounted step return (a step group of
 one adds 0). The episode term is the mode's. Identical rollouts still get zero at every step.
 
+``step_signals`` (``algorithms/step_signals.py``): per-step rewards from trace facts (a tool error, a non-zero
+exit code, a denied or repeated tool call) at the call that issued the tool call, added to ``r_t`` in
+``step`` and ``gae`` (``signals``); the episode reward and which rollouts are kept do not change.
+
 ``trajectory_aggregation`` (read by ``load_transitions``): merge the calls of a multi-turn
 conversation into one sample (the seed design's ``LightningRL(trajectory_aggregation=True)``). A merged
 sample keeps each call's advantage on that call's tokens (``Transition.token_advantages``); with ``gae``
@@ -106,6 +110,7 @@ def assign_credit(
     values: np.ndarray | None = None,
     call_state: np.ndarray | None = None,
     running: tuple[RunningBaseline, list[str | None]] | None = None,
+    signals: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> CreditResult:
     """Returns and advantages for the calls of a batch of rollouts. Rollouts are ``0..R-1``: ``rollout_calls[i]``
     calls (all agents, before any selection), task group ``rollout_group[i]``. Calls: rollout and ``step`` (0-based).
@@ -114,7 +119,7 @@ def assign_credit(
     (``episode_reward``). ``values`` (gae): one per
     call. ``call_state`` (``step_group_weight``): per call, the id of the state it observed
     (``gigpo.anchor_states``). ``running``
-    (baseline ``running``): the running baseline and each group's task id."""
+    (baseline ``running``): the running baseline and each group's task id. ``signals``: ``step_signals``' rewards."""
     config.validate()
     call_rollout = np.asarray(call_rollout, dtype=np.int64)
     call_step = np.asarray(call_step, dtype=np.int64)
@@ -124,7 +129,7 @@ def assign_credit(
     report: dict[str, int] = {}
 
     keep, episode, r_roll, r_step, r_val = _rewards(
-        config, n_rollouts, reward_rollout, reward_step, reward_value, reward_time_ns, reward_name, report
+        config, n_rollouts, reward_rollout, reward_step, reward_value, reward_time_ns, reward_name, report, signals
     )
 
     # --- returns ------------------------------------------------------------------------------------
@@ -181,10 +186,12 @@ def _rewards(
     reward_time_ns: np.ndarray,
     reward_name: np.ndarray | None,
     report: dict[str, int],
+    signals: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Rewards of the chosen name under the NaN and missing-reward policies: which rollouts are kept,
     each one's episode reward, and the kept rewards' rollout, step and value (``episode_reward`` ``last``:
-    only each rollout's last reward by time; ``sum``: all of them)."""
+    only each rollout's last reward by time; ``sum``: all of them), then ``signals``: the per-step rewards
+    ``(rollout, step, value)`` of ``step_signals`` (when configured), which move neither ``keep`` nor ``episode``."""
     r_roll = np.asarray(reward_rollout, dtype=np.int64)
     r_step = np.asarray(reward_step, dtype=np.int64)
     r_val = np.asarray(reward_value, dtype=np.float64).copy()
@@ -222,7 +229,20 @@ def _rewards(
         report["skipped_no_reward"] = int(no_reward.sum())
     kept_reward = keep[r_roll] if len(r_roll) else np.zeros(0, bool)
     r_roll, r_step, r_val = r_roll[kept_reward], r_step[kept_reward], r_val[kept_reward]
+    if signals is not None and config.step_signals:  # step, gae: added to r_t, never to the episode reward
+        r_roll, r_step, r_val = _with_signals(keep, (r_roll, r_step, r_val), signals)
     return keep, episode, r_roll, r_step, r_val
+
+
+def _with_signals(keep: np.ndarray, rewards: tuple[np.ndarray, np.ndarray, np.ndarray],
+                  signals: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The kept rewards followed by the signals' per-step rewards of kept rollouts (at a call: step >= 0)."""
+    s_roll, s_step = np.asarray(signals[0], np.int64), np.asarray(signals[1], np.int64)
+    s_val = np.asarray(signals[2], np.float64)
+    ok = (s_step >= 0) & keep[s_roll] if len(s_roll) else np.zeros(0, bool)
+    r_roll, r_step, r_val = rewards
+    return (np.concatenate([r_roll, s_roll[ok]]), np.concatenate([r_step, s_step[ok]]),
+            np.concatenate([r_val, s_val[ok]]))
 
 
 def _discount(config: CreditConfig, rollout_calls: np.ndarray, call_rollout: np.ndarray,

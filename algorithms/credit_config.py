@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from spanrl.algorithms.step_signals import check_step_signals
 from spanrl.errors import ConfigError
 
 __all__ = ["CreditConfig", "LightningRL", "aggregation_conflict", "default_config"]
@@ -50,6 +51,9 @@ class CreditConfig:
     """GiGPO's discount of the step return its step groups compare, in [0, 1] (the paper uses 0.95)."""
     trajectory_aggregation: bool = False
     """Merge consecutive calls of one conversation into one sample (``load_transitions(aggregate=True)``)."""
+    step_signals: dict[str, float] | None = None
+    """Trace facts -> a per-step reward each (``algorithms/step_signals.py``), e.g. ``{"tool_error": -0.2}``;
+    None: off. Modes ``step`` and ``gae`` only."""
 
     def validate(self) -> None:
         """Raise `ConfigError` naming the first bad field, its value and what is allowed."""
@@ -84,6 +88,7 @@ class CreditConfig:
             raise ConfigError("step_group_weight must be 0 when mode is 'gae' (the critic is the baseline)")
         if not isinstance(self.eps, (int, float)) or not self.eps > 0:
             raise ConfigError(f"eps must be a positive number, got {self.eps!r}")
+        check_step_signals(self.step_signals, self.mode)
         conflict = aggregation_conflict(self)
         if self.trajectory_aggregation and conflict:
             raise ConfigError(conflict)

@@ -11,7 +11,8 @@ ERROR, no ids), ``skipped_retokenize_error``, ``skipped_bad_logprobs`` (logprobs
 completion ids), ``missing_logprobs`` (left empty), ``skipped_temperature_mismatch`` (log-probs
 recorded at another temperature than the algorithm's), ``skipped_no_reward`` / ``defaulted_no_reward``,
 ``nan_reward`` / ``skipped_nan_reward``, ``skipped_rollout_calls`` (calls of skipped rollouts),
-``rewards_before_first_call``, ``singleton_groups``, ``unscaled_groups``, ``no_task_id``, ``merged``,
+``rewards_before_first_call``, ``step_signal_<fact>`` / ``step_signals_before_first_call`` (credit's
+``step_signals``), ``singleton_groups``, ``unscaled_groups``, ``no_task_id``, ``merged``,
 ``prefix_mismatch_<reason>`` (``retokenized``, ``same_prompt``, ``template_drift``, ``history_changed``),
 and the decomposer's ``rewards``, ``duplicate_spans`` (extra copies of call and reward spans, ignored),
 ``orphan_calls`` (calls whose ancestor chain breaks at a missing parent before any agent: agent None),
@@ -36,6 +37,8 @@ from spanrl.algorithms.credit import (CreditConfig, CreditResult, MissingValueEr
 from spanrl.algorithms.gigpo import anchor_states
 from spanrl.algorithms.presets import check_credit
 from spanrl.algorithms.retokenize import retokenize
+from spanrl.algorithms.step_signals import CALL_COLUMNS as SIGNAL_COLUMNS
+from spanrl.algorithms.step_signals import signal_rewards
 from spanrl.algorithms.tables import TRANSITIONS_SCHEMA, pad_transitions
 from spanrl.errors import ConfigError
 from spanrl.store.decomposer import Selection, decompose
@@ -216,15 +219,10 @@ def load_transitions(
         raise ConfigError(conflict)
     dec = decompose(
         store,
-        Selection(
-            rollout_ids=rollout_ids,
-            agents=agents,
-            mode=mode,
-            since_ns=since_ns,
-            until_ns=until_ns,
-            min_policy_version=min_policy_version,
-        ),
-        call_columns=_CALL_COLUMNS_READ + (ID_COLUMNS if credit.step_group_weight else ()),
+        Selection(rollout_ids=rollout_ids, agents=agents, mode=mode, since_ns=since_ns, until_ns=until_ns,
+                  min_policy_version=min_policy_version),
+        call_columns=_CALL_COLUMNS_READ + (ID_COLUMNS if credit.step_group_weight else ()) + (
+            SIGNAL_COLUMNS if credit.step_signals else ()),
     )
     report: dict[str, int] = dict(dec.report)
     for key in ("retokenized", "skipped_no_ids", "skipped_failed_calls", "skipped_retokenize_error",
@@ -318,6 +316,7 @@ def _credit(store: Any, dec: Any, fast_calls: pa.Table, slow_rows: list[dict[str
             reward_name=np.array(rewards.column("name").to_pylist(), dtype=object),
             values=value_arr,
             call_state=_anchor_states(store, keys) if credit.step_group_weight else None,
+            signals=signal_rewards(store, calls, index, credit.step_signals, report) if credit.step_signals else None,
         )
     except MissingValueError as exc:  # a call of a kept rollout that the critic did not value
         key = (keys.column("rollout_id")[exc.call].as_py(), int(call_step[exc.call]))
@@ -458,7 +457,7 @@ def load_training_batch(store: Any, algorithm: Any, *, credit: CreditConfig | No
         return load_transitions(store, credit=credit, **common)
     states = load_transitions(  # one state per call, never merged: the critic values each call's prompt
         store, credit=dataclasses.replace(credit, mode="identical", baseline="none", scale_std=False,
-                                          trajectory_aggregation=False), **common)
+                                          trajectory_aggregation=False, step_signals=None), **common)
     values = algorithm.value_map(states) if len(states) else {}
     gae = dataclasses.replace(credit, mode="gae", gamma=algo_cfg.gamma, lam=algo_cfg.lam, baseline="none",
                               scale_std=False)
