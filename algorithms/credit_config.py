@@ -88,7 +88,8 @@ class CreditConfig:
             raise ConfigError("step_group_weight must be 0 when mode is 'gae' (the critic is the baseline)")
         if not isinstance(self.eps, (int, float)) or not self.eps > 0:
             raise ConfigError(f"eps must be a positive number, got {self.eps!r}")
-        check_step_signals(self.step_signals, self.mode)
+        if self.step_signals is not None:  # off by default: its module stays off the span's path
+            check_step_signals(self.step_signals, self.mode)
         conflict = aggregation_conflict(self)
         if self.trajectory_aggregation and conflict:
             raise ConfigError(conflict)

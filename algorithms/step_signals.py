@@ -56,8 +56,8 @@ def call_signal_reward(counts: Mapping[str, int], signals: Mapping[str, float] |
 
 def signal_rewards(store: Any, calls: Any, rollout_index: Callable[[Any], Any], signals: Mapping[str, float],
                    report: dict[str, int]) -> tuple[Any, Any, Any]:
-    """The per-step rewards of ``calls`` (the decomposer's, every call of the selected rollouts, with
-    `CALL_COLUMNS`) as
+    """The per-step rewards of ``calls`` (the decomposer's calls of the selected rollouts, with `CALL_COLUMNS`
+    and ``rollout_calls``) as
     ``(rollout index, step, value)`` arrays for ``assign_credit(signals=...)``; the report counts each
     fact (``step_signal_<fact>``) and the tool spans before every call (``step_signals_before_first_call``)."""
     import numpy as np
@@ -65,6 +65,7 @@ def signal_rewards(store: Any, calls: Any, rollout_index: Callable[[Any], Any], 
 
     from spanrl.store.step_facts import step_facts
 
+    calls = _every_call(store, calls)
     facts = step_facts(store, calls) if calls.num_rows else None
     rows = facts.to_pylist() if facts is not None else []
     report["step_signals_before_first_call"] = sum(r["tools"] for r in rows if r["step"] < 0)
@@ -74,3 +75,14 @@ def signal_rewards(store: Any, calls: Any, rollout_index: Callable[[Any], Any], 
     value = np.array([call_signal_reward(r, signals) for r in rows], dtype=np.float64)
     ids = pa.array([r["rollout_id"] for r in rows], pa.string())
     return rollout_index(ids), np.array([r["step"] for r in rows], dtype=np.int64), value
+
+
+def _every_call(store: Any, calls: Any) -> Any:
+    """``calls``, or every call of their rollouts when a selection (``agents``, ``min_policy_version``) left some
+    out: a tool span another agent's call issued is that call's, never the selected agent's call before it."""
+    rollout_calls = dict(zip(calls.column("rollout_id").to_pylist(), calls.column("rollout_calls").to_pylist()))
+    if calls.num_rows == sum(rollout_calls.values()):
+        return calls
+    from spanrl.store.decomposer import Selection, decompose
+
+    return decompose(store, Selection(rollout_ids=sorted(rollout_calls)), call_columns=CALL_COLUMNS).calls

@@ -128,6 +128,27 @@ def test_step_mode_adds_the_signals_as_per_step_rewards(collector: Any) -> None:
     assert [a[0] for a in _advantages(half).values()] == [-0.0875, 0.0125, -0.0375, 0.1125]
 
 
+def test_a_tool_span_of_another_agent_is_that_agents_call_when_one_agent_is_trained(collector: Any) -> None:
+    rec = H.Recorder()
+    for rid in "xy":  # planner call 0, coder call 1, planner call 2, reward 1; x's coder tool fails after call 1
+        r = H.Rollout(rec, rid, task_id="t1")
+        root = r.root(0, 100)
+        planner, coder = r.invoke_agent("planner", root, 1, 99), r.invoke_agent("coder", root, 25, 45)
+        r.call(planner, 10, [1, 2], [5])
+        r.call(coder, 30, [3], [4])
+        if rid == "x":
+            _tool(r, coder, 41, "run_shell", error=True)
+        r.call(planner, 50, [1, 2, 5, 6], [7])
+        r.reward(root, 90, 1.0)
+    H.deliver(collector, rec.spans())
+    batch = load_transitions(collector.store, agents=["planner"], credit=LightningRL(
+        mode="step", gamma=0.5, scale_std=False, step_signals={"tool_error": -0.5}))
+    # s_1 = -0.5 on x's coder call (not the planner's call 0 before it): G_0 = 0.5 * (-0.5 + 0.5 * 1) = 0 for x,
+    # 0.25 for y (mean 0.125); G_2 = 1 for both. Given to planner's call 0 it would be -0.25: advantages -/+0.25.
+    assert _advantages(batch) == {"x": [-0.125, 0.0], "y": [0.125, 0.0]}
+    assert batch.report["step_signal_tool_error"] == 1
+
+
 def test_signals_of_a_rollout_without_reward_keep_it_skipped(collector: Any) -> None:
     rec = H.Recorder()
     r = H.Rollout(rec, "e", task_id="t9")
