@@ -3,7 +3,9 @@
 A GRPO-style baseline compares a rollout with the other rollouts of its task, so the advantages are
 computed over the rollout's group: the rollouts of the same task and mode served by the same policy
 version (the trainer samples one step's group on one version). Every call of the rollout that did not
-become a transition is listed with the reason, from the same rules ``load_transitions`` applies.
+become a transition is listed with the reason, from the same rules ``load_transitions`` applies. Each
+transition shows its call's ``spanrl.label.good`` and its step facts (``store/step_facts.py``: what its tool
+spans say went wrong), with their reward when the credit has ``step_signals``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import pyarrow.compute as pc
 
 from spanrl.algorithms.call_facts import ID_COLUMNS, call_facts
 from spanrl.algorithms.credit import CreditConfig
+from spanrl.algorithms.step_signals import call_signal_reward
 from spanrl.algorithms.transitions import TransitionBatch, load_transitions
+from spanrl.store.step_facts import FACTS, step_facts
 from spanrl.ui.source import Source
 from spanrl.ui.subset import Scratch, fetch_spans, version_of
 
@@ -49,8 +53,11 @@ def rollout_credit(
         for r in mine.to_pylist()
     ]
     labels = _labels(scratch, spans, decomposed)
+    signals = _signals(scratch, spans, decomposed)
     for r in rows:
         r["label"] = labels.get(r["step"])  # spanrl.label.good: ground truth beside the advantage
+        r["signals"] = signals.get(r["step"], {})  # what its tool spans say went wrong, and its reward when on
+        r["signal_reward"] = call_signal_reward(r["signals"], credit.step_signals) if credit.step_signals else None
     trained = {r["step"] for r in rows}
     kept = rollout_id in batch.rewards_by_rollout
     skipped = [
@@ -59,7 +66,8 @@ def rollout_credit(
     group_rewards = [v for v in batch.rewards_by_rollout.values() if v is not None and not math.isnan(v)]
     return {
         "credit": {k: getattr(credit, k)
-                   for k in ("mode", "gamma", "lam", "baseline", "scale_std", "per_rollout", "step_group_weight")},
+                   for k in ("mode", "gamma", "lam", "baseline", "scale_std", "per_rollout", "step_group_weight",
+                             "step_signals")},
         "group": {
             "task_id": group["task_id"],
             "mode": group["mode"],
@@ -81,6 +89,16 @@ def _labels(scratch: Scratch, spans: pa.Table, calls: pa.Table) -> dict[int, boo
     with scratch.holding(spans) as cur:
         facts = call_facts(cur, calls.select(["rollout_id", "step", *ID_COLUMNS]), tool_states=False)
     return {s: lab for s, lab in zip(calls.column("step").to_pylist(), facts.label) if lab is not None}
+
+
+def _signals(scratch: Scratch, spans: pa.Table, calls: pa.Table) -> dict[int, dict[str, int]]:
+    """Each call's step facts (``store/step_facts.py``) by step, the facts it has only, shown whether or not
+    the credit gives them a reward (``step_signals``)."""
+    if not calls.num_rows:
+        return {}
+    with scratch.holding(spans) as cur:
+        rows = step_facts(cur, calls).to_pylist()
+    return {r["step"]: {f: r[f] for f in FACTS if r[f]} for r in rows if r["step"] >= 0}
 
 
 def _group(rollouts: pa.Table, rollout_id: str) -> dict[str, Any]:

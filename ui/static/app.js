@@ -270,15 +270,20 @@ function renderCredit(box, c) {
   const rows = c.transitions.map(t => h("tr", { "data-step": t.step }, h("td", { class: "num" }, t.step), h("td", {}, t.agent ?? ""),
     h("td", { class: "num" }, fixed(t.reward)), h("td", { class: "num advantage" }, fixed(t.advantage)),
     h("td", { class: "label" }, t.label === true ? "good" : t.label === false ? "bad" : ""),
+    h("td", { class: "signals", title: "what the call's tool spans say went wrong (credit step_signals)" },
+      Object.entries(t.signals || {}).map(([k, n]) => n > 1 ? `${k} ×${n}` : k).join(", ") +
+      (t.signal_reward ? ` (${t.signal_reward > 0 ? "+" : ""}${fixed(t.signal_reward)})` : "")),
     h("td", { class: "num" }, t.completion_mask.reduce((a, b) => a + b, 0)), h("td", { class: "num" }, num(t.policy_version)),
     h("td", {}, t.retokenized ? "yes" : "")));
   fill(box, 
     h("p", {}, `Credit ${c.credit.mode}, baseline ${c.credit.baseline}${c.credit.scale_std ? " (÷ std)" : ""}`,
-      c.credit.step_group_weight ? ` + step groups (GiGPO, weight ${c.credit.step_group_weight})` : "", ", over the group: ",
+      c.credit.step_group_weight ? ` + step groups (GiGPO, weight ${c.credit.step_group_weight})` : "",
+      c.credit.step_signals ? " + step signals (" + Object.entries(c.credit.step_signals).map(([k, w]) => `${k} ${w}`).join(", ") + ")" : "",
+      ", over the group: ",
       h("b", {}, `${g.rollouts} rollout(s)`), ` of task ${g.task_id ?? "—"} (${g.mode ?? "train"}, policy v${g.policy_version ?? "—"}); `,
       `episode reward ${num(g.episode_reward)}, group mean ${num(g.reward_mean)}.`),
-    c.transitions.length ? h("table", { id: "transitions" }, h("thead", {}, h("tr", {}, ["step", "agent", "return", "advantage", "label", "trained tokens", "policy", "retokenized"]
-      .map((x, i) => h("th", { class: [1, 4, 7].includes(i) ? "" : "num" }, x)))), h("tbody", {}, rows))
+    c.transitions.length ? h("table", { id: "transitions" }, h("thead", {}, h("tr", {}, ["step", "agent", "return", "advantage", "label", "signals", "trained tokens", "policy", "retokenized"]
+      .map((x, i) => h("th", { class: [1, 4, 5, 8].includes(i) ? "" : "num" }, x)))), h("tbody", {}, rows))
       : h("p", { class: "skip" }, "no transitions: this rollout's calls would not be trained"),
     c.skipped.length ? h("ul", {}, c.skipped.map(s => h("li", { class: "skip" }, `step ${s.step}: ${s.reason}`))) : null,
     h("details", {}, h("summary", {}, "load_transitions report (group)"), h("pre", {}, JSON.stringify(c.report, null, 1))));
