@@ -49,14 +49,19 @@ class AuditRow:
 
 
 def parse_config(text: str) -> CreditConfig:
-    """``mode=step,gamma=0.9`` -> a validated `CreditConfig` (values: true/false, none, numbers, else text)."""
+    """``mode=step,gamma=0.9`` -> a validated `CreditConfig` (values: true/false, none, numbers, else text);
+    ``step_signals.retry=-0.1`` sets one entry of ``step_signals``."""
     fields: dict[str, Any] = {}
     names = {f.name for f in dataclasses.fields(CreditConfig)}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, raw = part.partition("=")
         key = key.strip()
+        if sep and key.startswith("step_signals."):
+            fields.setdefault("step_signals", {})[key.removeprefix("step_signals.")] = _value(raw.strip())
+            continue
         if not sep or key not in names:
-            raise ConfigError(f"--config takes FIELD=VALUE pairs of {', '.join(sorted(names))}; got {part!r}")
+            raise ConfigError(f"--config takes FIELD=VALUE pairs of {', '.join(sorted(names))} "
+                              f"(step_signals.SIGNAL=VALUE for step_signals); got {part!r}")
         fields[key] = _value(raw.strip())
     config = CreditConfig(**fields)
     config.validate()

@@ -47,35 +47,39 @@ def _deliver(collector: Any) -> None:
     c: call 1 repeats call 0's search with the same arguments (other JSON whitespace), no call id (found by
        time), and it fails (status ERROR, error.type timeout): one retry and one tool_error at call 1;
     d: clean; a tool span before its first call fails (credits no call).
+
+    Calls are labelled (``spanrl.label.good``, for the credit audit): the three with a signal are bad.
     """
     rec = H.Recorder()
     ask = [{"role": "user", "parts": [{"type": "text", "content": "build it"}]}]
+    good, bad = {sc.LABEL_GOOD: True}, {sc.LABEL_GOOD: False}
     for rid in "abcd":
         r = H.Rollout(rec, rid, task_id="t1")
         root = r.root(0, 100)
         agent = r.invoke_agent("coder", root, 1, 99)
         if rid == "a":
-            r.call(agent, 10, [1, 2], [5], messages=(ask, _said(("call_a0", "run_shell", {"cmd": "make"}))))
-            r.call(agent, 30, [1, 2, 5, 6], [7])
+            said = _said(("call_a0", "run_shell", {"cmd": "make"}))
+            r.call(agent, 10, [1, 2], [5], messages=(ask, said), attributes=bad)
+            r.call(agent, 30, [1, 2, 5, 6], [7], attributes=good)
             _tool(r, agent, 60, "run_shell", call_id="call_a0", args='{"cmd": "make"}', error=True,
                   **{sc.PROCESS_EXIT_CODE: 2, sc.ERROR_TYPE: "2"})
         elif rid == "b":
             out = [{"role": "assistant", "tool_calls": [{"id": "call_b0", "type": "function",
                                                          "function": {"name": "delete_file", "arguments": "{}"}}]}]
-            r.call(agent, 10, [1, 2], [5], messages=(ask, out))
+            r.call(agent, 10, [1, 2], [5], messages=(ask, out), attributes=bad)
             decision = (sc.GEN_AI_TOOL_CALL_DECISION, H._ns(21), {sc.GEN_AI_TOOL_CALL_DECISION_OUTCOME: "deny"})
             _tool(r, agent, 21, "delete_file", call_id="call_b0", args="{}", events=(decision,))
-            r.call(agent, 30, [1, 2, 5, 6], [7])
+            r.call(agent, 30, [1, 2, 5, 6], [7], attributes=good)
         elif rid == "c":
-            r.call(agent, 10, [1, 2], [5], messages=(ask, _said(("call_c0", "search", {"q": "x"}))))
+            r.call(agent, 10, [1, 2], [5], messages=(ask, _said(("call_c0", "search", {"q": "x"}))), attributes=good)
             _tool(r, agent, 21, "search", call_id="call_c0", args='{"q": "x"}')
-            r.call(agent, 30, [1, 2, 5, 6], [7])
+            r.call(agent, 30, [1, 2, 5, 6], [7], attributes=bad)
             _tool(r, agent, 41, "search", args='{"q":"x"}', error=True, **{sc.ERROR_TYPE: "timeout"})
         else:
             _tool(r, agent, 2, "setup", error=True, **{sc.ERROR_TYPE: "OSError"})
-            r.call(agent, 10, [1, 2], [5], messages=(ask, _said(("call_d0", "search", {"q": "y"}))))
+            r.call(agent, 10, [1, 2], [5], messages=(ask, _said(("call_d0", "search", {"q": "y"}))), attributes=good)
             _tool(r, agent, 21, "search", call_id="call_d0", args='{"q": "y"}')
-            r.call(agent, 30, [1, 2, 5, 6], [7])
+            r.call(agent, 30, [1, 2, 5, 6], [7], attributes=good)
         r.reward(root, 90, 1.0)
     H.deliver(collector, rec.spans())
 

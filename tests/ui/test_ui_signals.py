@@ -44,8 +44,9 @@ def test_the_credit_table_shows_each_calls_signals_and_their_reward(collector: A
         "c": {0: {"signals": "", "advantage": "-0.150"},
               1: {"signals": "tool_error, retry (-0.300)", "advantage": "-0.225"}},
     }.items():
-        browser.goto(ui.url + "#/rollout/" + rid)
-        browser.wait("document.querySelector('#transitions')")
+        browser.goto(ui.url + "#/rollout/" + rid)  # a hash change: wait for this rollout's table, not the last one's
+        browser.wait(f"document.querySelector('h1 code')?.textContent === '{rid}' && "
+                     "document.querySelector('#transitions')")
         heads = browser.eval("[...document.querySelectorAll('#transitions th')].map(t => t.textContent)")
         assert _table(browser) == expected, rid
     assert heads is not None and heads[3:6] == ["advantage", "label", "signals"]
