@@ -36,8 +36,8 @@ def credit_of_runs(runs: Sequence[Run]) -> CreditConfig:
         credit = config.get("credit")
         if isinstance(credit, dict):
             cfg = CreditConfig(**{k: v for k, v in credit.items() if k in names})
-            if cfg.mode == "gae":
-                cfg = dataclasses.replace(cfg, mode="discounted")
+            if cfg.mode == "gae":  # discounted reads no per-step rewards: its step signals are shown unweighted
+                cfg = dataclasses.replace(cfg, mode="discounted", step_signals=None)
             try:
                 cfg.validate()
             except ConfigError as exc:

@@ -66,3 +66,17 @@ def test_without_step_signals_the_facts_are_shown_with_no_reward(collector: Any,
     browser.wait("document.querySelector('#transitions')")
     assert {s: row["signals"] for s, row in _table(browser).items()} == {0: "", 1: "tool_error, retry"}
     assert not browser.console_errors
+
+
+def test_a_runs_step_signals_reach_the_viewers_credit(tmp_path: Path) -> None:
+    from spanrl.ui.runs import Run
+    from spanrl.ui.server import credit_of_runs
+
+    run = _run_folder(tmp_path / "step")
+    assert credit_of_runs([Run(run, "step")]).step_signals == SIGNALS
+    gae = tmp_path / "ppo"
+    gae.mkdir()  # PPO's gae is shown as discounted (no critic here), which reads no per-step rewards
+    credit = {"mode": "gae", "baseline": "none", "step_signals": SIGNALS}
+    (gae / "config.json").write_text(json.dumps({"algorithm": {"name": "ppo"}, "credit": credit}))
+    shown = credit_of_runs([Run(gae, "ppo")])
+    assert (shown.mode, shown.step_signals) == ("discounted", None)
