@@ -208,3 +208,22 @@ def test_gae_reads_the_signals_as_rewards_and_the_episode_reward_does_not_move()
                       step_signals={"tool_error": -0.5})
     result = assign_credit(on, **common)
     assert result.advantages.tolist() == [-0.25, 0.5, 1.0] and result.episode_reward.tolist() == [1.0]
+
+
+def test_ppo_batches_read_the_signals_in_gae_and_value_every_call(collector: Any) -> None:
+    from types import SimpleNamespace
+
+    from spanrl.algorithms.transitions import load_training_batch
+
+    class Critic:  # PPO's contract as load_training_batch reads it: a critic that values each call at 0
+        needs_values = True
+        tokenizer = None
+        config = SimpleNamespace(gamma=1.0, lam=1.0, temperature=None)
+
+        def value_map(self, states: Any) -> dict[tuple[str, int], float]:
+            return {(t.rollout_id, t.step): 0.0 for t in states.transitions}
+
+    _deliver(collector)
+    batch = load_training_batch(collector.store, Critic(), credit=LightningRL(mode="step", step_signals=SIGNALS))
+    # V = 0, gamma = lam = 1: A_t = sum_{k >= t} (r_k + s_k), the returns of the worked example, unbaselined
+    assert _advantages(batch) == {"a": [0.8, 1.0], "b": [0.9, 1.0], "c": [0.7, 0.7], "d": [1.0, 1.0]}
