@@ -18,7 +18,8 @@ and ``error.type`` say the same thing and are not counted again), ``tool_error``
 ``error.type``). Besides, ``retry``: the tool span repeats an earlier tool span of the same rollout (by start
 time) with the same ``gen_ai.tool.name`` and the same ``gen_ai.tool.call.arguments`` (the same text once JSON
 whitespace is removed; a span without arguments is never a retry): the call that issued the repeat wasted a step.
-A tool span exported twice counts once.
+A tool span exported twice counts once. An LLM call retried after an error is no fact: the failed call generated
+no tokens, so it is no step the policy took (docs/credit.md).
 """
 
 from __future__ import annotations
