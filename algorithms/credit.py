@@ -46,6 +46,10 @@ statistics already take one value per rollout, so it changes nothing there.
 advantage, ``G^s_t = sum_{k >= t} step_gamma ** (k - t) * r_k`` its discounted step return (a step group of
 one adds 0). The episode term is the mode's. Identical rollouts still get zero at every step.
 
+``critic`` (a learned value head on the policy's hidden state, ``algorithms/learned_credit.py``): each call
+adds ``weight * A^V_t``, GAE over the head's values ``V`` (``values``, one per call), to the advantage above;
+``CreditResult.value_targets`` holds the returns-to-go ``G_t`` the head regresses on.
+
 ``trajectory_aggregation`` (read by ``load_transitions``): merge the calls of a multi-turn
 conversation into one sample (the seed design's ``LightningRL(trajectory_aggregation=True)``). A merged
 sample keeps each call's advantage on that call's tokens (``Transition.token_advantages``); with ``gae``
@@ -66,6 +70,7 @@ from spanrl.algorithms.baseline import RunningBaseline, running_advantages
 from spanrl.algorithms.credit_config import CreditConfig, LightningRL, aggregation_conflict, default_config
 from spanrl.algorithms.gigpo import group_stats as _group_stats
 from spanrl.algorithms.gigpo import state_ids, step_group_advantage
+from spanrl.algorithms.learned_credit import critic_terms
 from spanrl.errors import ConfigError
 
 __all__ = ["CreditConfig", "CreditResult", "LightningRL", "MissingValueError", "aggregation_conflict",
@@ -89,6 +94,8 @@ class CreditResult:
     keep: np.ndarray
     episode_reward: np.ndarray
     report: dict[str, int] = field(default_factory=dict)
+    value_targets: np.ndarray | None = None
+    """Per call, with a ``critic``: the return-to-go ``G_t`` its value head regresses on (NaN: skipped)."""
 
 
 def assign_credit(
@@ -111,7 +118,7 @@ def assign_credit(
     calls (all agents, before any selection), task group ``rollout_group[i]``. Calls: rollout and ``step`` (0-based).
     Rewards: rollout, step of the last call before them (-1: none), value, time, name; the episode reward is the
     last by ``reward_time_ns`` (any sort key: load_transitions passes the ingest order) or the sum
-    (``episode_reward``). ``values`` (gae): one per
+    (``episode_reward``). ``values`` (gae, critic): one per
     call. ``call_state`` (``step_group_weight``): per call, the id of the state it observed
     (``gigpo.anchor_states``). ``running``
     (baseline ``running``): the running baseline and each group's task id."""
@@ -168,8 +175,16 @@ def assign_credit(
         step_adv = step_group_advantage(config, step_returns, call_keep, rollout_group[call_rollout], call_state,
                                         report)
         advantages = advantages + config.step_group_weight * step_adv
+    value_targets = None
+    if config.critic is not None:  # the learned head's GAE term (algorithms/learned_credit.py)
+        critic_gae, value_targets = critic_terms(
+            config.critic, _checked_values(values, call_rollout, call_keep, "critic is set"),
+            call_rollout=call_rollout, call_step=call_step, call_keep=call_keep, r_roll=r_roll, r_step=r_step,
+            r_val=r_val)
+        advantages = advantages + config.critic.weight * np.nan_to_num(critic_gae)
     advantages = np.where(call_keep, advantages, np.nan)
-    return CreditResult(returns=returns, advantages=advantages, keep=keep, episode_reward=episode, report=report)
+    return CreditResult(returns=returns, advantages=advantages, keep=keep, episode_reward=episode, report=report,
+                        value_targets=value_targets)
 
 
 def _rewards(
@@ -265,14 +280,7 @@ def _gae(
     values: np.ndarray | None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Returns and advantages by GAE; ``values`` may be NaN only on calls of skipped rollouts."""
-    if values is None:
-        raise ConfigError("values must be given (one critic value per call) when mode is 'gae'")
-    values = np.asarray(values, dtype=np.float64)
-    if values.shape != call_rollout.shape:
-        raise ConfigError(f"values must have one entry per call ({len(call_rollout)}), got shape {values.shape}")
-    missing = call_keep & ~np.isfinite(values)
-    if missing.any():
-        raise MissingValueError(int(np.argmax(missing)), float(values[np.argmax(missing)]))
+    values = _checked_values(values, call_rollout, call_keep, "mode is 'gae'")
     order = np.lexsort((call_step, call_rollout))
     adv = np.zeros(len(order))
     # reward of chain element j: rewards at steps in [step_j, step_{j+1}) of its rollout
@@ -291,6 +299,20 @@ def _gae(
         adv[idx] = delta + (0.0 if last else config.gamma * config.lam * next_adv)
         next_adv, next_value, next_step, prev_roll = adv[idx], values[idx], step, roll
     return adv + values, adv
+
+
+def _checked_values(values: np.ndarray | None, call_rollout: np.ndarray, call_keep: np.ndarray,
+                    when: str) -> np.ndarray:
+    """``values`` as floats, one per call, finite on every kept call (`MissingValueError` names the first not)."""
+    if values is None:
+        raise ConfigError(f"values must be given (one critic value per call) when {when}")
+    values = np.asarray(values, dtype=np.float64)
+    if values.shape != call_rollout.shape:
+        raise ConfigError(f"values must have one entry per call ({len(call_rollout)}), got shape {values.shape}")
+    missing = call_keep & ~np.isfinite(values)
+    if missing.any():
+        raise MissingValueError(int(np.argmax(missing)), float(values[np.argmax(missing)]))
+    return values
 
 
 def _baseline(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from spanrl.algorithms.learned_credit import CriticConfig, critic_config
 from spanrl.errors import ConfigError
 
 __all__ = ["CreditConfig", "LightningRL", "aggregation_conflict", "default_config"]
@@ -50,6 +51,12 @@ class CreditConfig:
     """GiGPO's discount of the step return its step groups compare, in [0, 1] (the paper uses 0.95)."""
     trajectory_aggregation: bool = False
     """Merge consecutive calls of one conversation into one sample (``load_transitions(aggregate=True)``)."""
+    critic: CriticConfig | None = None
+    """A learned value head's GAE term added to each call's advantage (``algorithms/learned_credit.py``); None: off.
+    A mapping of its fields (a YAML ``critic:`` section) is read as one."""
+
+    def __post_init__(self) -> None:
+        self.critic = critic_config(self.critic)
 
     def validate(self) -> None:
         """Raise `ConfigError` naming the first bad field, its value and what is allowed."""
@@ -84,9 +91,19 @@ class CreditConfig:
             raise ConfigError("step_group_weight must be 0 when mode is 'gae' (the critic is the baseline)")
         if not isinstance(self.eps, (int, float)) or not self.eps > 0:
             raise ConfigError(f"eps must be a positive number, got {self.eps!r}")
+        self._validate_critic()
         conflict = aggregation_conflict(self)
         if self.trajectory_aggregation and conflict:
             raise ConfigError(conflict)
+
+    def _validate_critic(self) -> None:
+        if self.critic is None:
+            return
+        self.critic = critic_config(self.critic)  # a field set after construction
+        self.critic.validate()
+        if self.mode == "gae" or self.baseline == "running":
+            raise ConfigError(f"critic must be None with mode 'gae' (PPO's critic is the baseline) or baseline "
+                              f"'running'; got mode {self.mode!r}, baseline {self.baseline!r}")
 
 
 def aggregation_conflict(config: CreditConfig) -> str | None:
