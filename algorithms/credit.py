@@ -175,16 +175,9 @@ def assign_credit(
         step_adv = step_group_advantage(config, step_returns, call_keep, rollout_group[call_rollout], call_state,
                                         report)
         advantages = advantages + config.step_group_weight * step_adv
-    value_targets = None
-    if config.critic is not None:  # the learned head's GAE term (algorithms/learned_credit.py)
-        critic_gae, value_targets = critic_terms(
-            config.critic, _checked_values(values, call_rollout, call_keep, "critic is set"),
-            call_rollout=call_rollout, call_step=call_step, call_keep=call_keep, r_roll=r_roll, r_step=r_step,
-            r_val=r_val)
-        advantages = advantages + config.critic.weight * np.nan_to_num(critic_gae)
-    advantages = np.where(call_keep, advantages, np.nan)
-    return CreditResult(returns=returns, advantages=advantages, keep=keep, episode_reward=episode, report=report,
-                        value_targets=value_targets)
+    critic_term, value_targets = _critic(config, values, call_rollout, call_step, call_keep, r_roll, r_step, r_val)
+    advantages = np.where(call_keep, advantages + critic_term, np.nan)
+    return CreditResult(returns, advantages, keep, episode, report, value_targets)
 
 
 def _rewards(
@@ -299,6 +292,19 @@ def _gae(
         adv[idx] = delta + (0.0 if last else config.gamma * config.lam * next_adv)
         next_adv, next_value, next_step, prev_roll = adv[idx], values[idx], step, roll
     return adv + values, adv
+
+
+def _critic(config: CreditConfig, values: np.ndarray | None, call_rollout: np.ndarray, call_step: np.ndarray,
+            call_keep: np.ndarray, r_roll: np.ndarray, r_step: np.ndarray,
+            r_val: np.ndarray) -> tuple[np.ndarray | float, np.ndarray | None]:
+    """The learned head's ``weight * A^V`` per call and its targets ``G_t`` (``algorithms/learned_credit.py``);
+    ``(0, None)`` without a ``critic``."""
+    if config.critic is None:
+        return 0.0, None
+    gae, to_go = critic_terms(config.critic, _checked_values(values, call_rollout, call_keep, "critic is set"),
+                              call_rollout=call_rollout, call_step=call_step, call_keep=call_keep, r_roll=r_roll,
+                              r_step=r_step, r_val=r_val)
+    return config.critic.weight * np.nan_to_num(gae), to_go
 
 
 def _checked_values(values: np.ndarray | None, call_rollout: np.ndarray, call_keep: np.ndarray,

@@ -50,9 +50,9 @@ class CriticConfig:
     """Discount per call of the returns-to-go and TD errors, in [0, 1]."""
     lam: float = 0.95
     """GAE lambda, in [0, 1]: 1 = ``G_t - V_t``, 0 = the one-step TD error."""
-    learning_rate: float = 3e-3
+    learning_rate: float = 1e-2
     """AdamW learning rate of the head."""
-    epochs: int = 20
+    epochs: int = 50
     """Full-batch AdamW steps of the head's regression per training step."""
     warmup_steps: int = 1
     """Batches the head trains on before its term is added (0: from the first batch, at ``V = 0``)."""
