@@ -73,25 +73,44 @@ class ValueHead:
 
 @torch.no_grad()
 def prompt_hidden(model: Any, prompts: list[list[int]], *, pad_token_id: int, bf16: bool = False) -> torch.Tensor:
-    """The final hidden state (N, d), fp32 on CPU, of ``model``'s backbone at each prompt's last token."""
+    """The final hidden state (N, d), fp32 on CPU, of ``model``'s backbone at each prompt's last token.
+
+    Causal attention makes a prefix's hidden states the same inside a longer sequence, so a prompt that opens
+    another (an earlier call of the conversation, a group's shared first prompt) is read from that one's row:
+    one row per conversation, not per call. Rows sorted by their tokens share their leading tokens per micro-batch
+    (``batching.backbone_hidden``), capped below the earliest position read."""
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     device = next(lm.parameters()).device
-    order = sorted(range(len(prompts)), key=lambda i: prompts[i])  # shared prefixes side by side
+    order = sorted(range(len(prompts)), key=lambda i: prompts[i])  # a prefix sorts right before what extends it
+    host = {}  # prompt index -> the index of the longest prompt it opens (its row)
+    for k in range(len(order) - 1, -1, -1):
+        i, nxt = order[k], order[k + 1] if k + 1 < len(order) else None
+        opens = nxt is not None and prompts[nxt][: len(prompts[i])] == prompts[i]
+        host[i] = host[nxt] if opens else i
+    rows = sorted(set(host.values()), key=lambda i: prompts[i])
+    reads: dict[int, list[int]] = {}
+    for i, h in host.items():
+        reads.setdefault(h, []).append(i)
     out = torch.zeros(len(prompts), lm.config.get_text_config().hidden_size)
     was_training = lm.training
     lm.eval()
     try:
-        for start in range(0, len(order), _ROWS_PER_FORWARD):
-            rows = order[start : start + _ROWS_PER_FORWARD]
-            width = max(len(prompts[i]) for i in rows)
-            ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
-            mask = torch.zeros((len(rows), width), dtype=torch.long)
-            for r, i in enumerate(rows):  # left-padded: the last column is each prompt's last token
-                ids[r, width - len(prompts[i]):] = torch.tensor(prompts[i], dtype=torch.long)
-                mask[r, width - len(prompts[i]):] = 1
-            with update_autocast(bf16, device):
-                hidden = backbone_hidden(lm, ids.to(device), mask.to(device), 0)
-            out[rows] = hidden[:, -1].float().cpu()
+        for start in range(0, len(rows), _ROWS_PER_FORWARD):
+            part = rows[start : start + _ROWS_PER_FORWARD]
+            width = max(len(prompts[h]) for h in part)
+            ids = torch.full((len(part), width), pad_token_id, dtype=torch.long)
+            mask = torch.zeros((len(part), width), dtype=torch.long)
+            for r, h in enumerate(part):  # left-padded
+                ids[r, width - len(prompts[h]):] = torch.tensor(prompts[h], dtype=torch.long)
+                mask[r, width - len(prompts[h]):] = 1
+            first_read = min(len(prompts[i]) - 1 for h in part for i in reads[h])
+            shortest = min(len(prompts[h]) for h in part)
+            with update_autocast(bf16, device):  # the shared prefix stops before the first position read
+                hidden = backbone_hidden(lm, ids.to(device), mask.to(device), max(0, shortest - 1 - first_read))
+            offset = width - hidden.size(1)  # columns before the returned ones (the shared prefix)
+            for r, h in enumerate(part):
+                for i in reads[h]:
+                    out[i] = hidden[r, width - len(prompts[h]) + len(prompts[i]) - 1 - offset].float().cpu()
     finally:
         lm.train(was_training)
     return out

@@ -109,8 +109,9 @@ def test_head_loss_falls_and_its_advantages_separate_the_planted_bad_call(collec
 def test_prompt_hidden_equals_each_prompt_run_alone(model_path: Path, tmp_path: Path) -> None:
     grpo = _grpo(model_path, tmp_path / "run")
     tok = grpo.tokenizer
-    first = prompt_ids(tok, 1)
-    prompts = [first, first + [5, 6, 7], prompt_ids(tok, 2), first + [5, 6]]  # shared prefixes, unequal lengths
+    first = prompt_ids(tok, 1) + [7 + i % 20 for i in range(40)]  # long enough for a micro-batch to share it
+    later = [first + [5, 6, 7], first + [5, 6], first + [9] * 30, first + [5, 6, 7, 8]]  # a conversation's calls
+    prompts = [first, *later, first]  # a group's repeated first prompt
     hidden = prompt_hidden(grpo.model, prompts, pad_token_id=tok.pad_token_id)
     with torch.no_grad():
         alone = [grpo.model(input_ids=torch.tensor([p]), output_hidden_states=True).hidden_states[-1][0, -1]
