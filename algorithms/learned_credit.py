@@ -52,10 +52,14 @@ class CriticConfig:
     """GAE lambda, in [0, 1]: 1 = ``G_t - V_t``, 0 = the one-step TD error."""
     learning_rate: float = 1e-2
     """AdamW learning rate of the head."""
-    epochs: int = 50
+    epochs: int = 20
     """Full-batch AdamW steps of the head's regression per training step."""
     warmup_steps: int = 1
     """Batches the head trains on before its term is added (0: from the first batch, at ``V = 0``)."""
+    depth: float = 0.25
+    """Share of the policy's decoder layers whose output the head reads, in (0, 1]: the hidden state after the
+    first ``ceil(depth * L)`` layers (through the final norm); 1 = the last layer's. The head's forward runs only
+    those layers: its cost scales with ``depth`` (docs/credit.md)."""
 
     def validate(self) -> None:
         """Raise `ConfigError` naming the first bad field (as ``critic.<field>``), its value and what is allowed."""
@@ -69,6 +73,9 @@ class CriticConfig:
         lr = self.learning_rate
         if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0.0 < lr < float("inf"):
             raise ConfigError(f"critic.learning_rate must be a finite number > 0, got {lr!r}")
+        d = self.depth
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0.0 < d <= 1.0:
+            raise ConfigError(f"critic.depth must be a number in (0, 1], got {d!r}")
         for name, low in (("epochs", 1), ("warmup_steps", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -25,8 +25,11 @@ policy's hidden states instead of a second backbone. PPO is not rewired here; it
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -34,8 +37,9 @@ import torch
 
 from spanrl.algorithms.batching import backbone_hidden, update_autocast
 from spanrl.algorithms.learned_credit import CriticConfig
+from spanrl.errors import ConfigError
 
-__all__ = ["HeadCritic", "ValueHead", "head_critic", "prompt_hidden"]
+__all__ = ["HeadCritic", "ValueHead", "first_layers", "head_critic", "prompt_hidden"]
 
 _ROWS_PER_FORWARD = 16
 """Prompts per no-grad forward of `prompt_hidden`."""
@@ -71,9 +75,29 @@ class ValueHead:
         return head
 
 
+@contextlib.contextmanager
+def first_layers(lm: Any, depth: float) -> Iterator[None]:
+    """Within: ``lm``'s backbone runs its first ``ceil(depth * L)`` decoder layers only (then its final norm)."""
+    body = lm.base_model
+    layers = getattr(body, "layers", None)
+    if depth >= 1.0:
+        yield
+        return
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise ConfigError(f"critic.depth must be 1 for {type(lm).__name__}: its backbone has no decoder layer list "
+                          f"(`layers`) to run the first of; got {depth!r}")
+    body.layers = layers[: max(1, math.ceil(depth * len(layers)))]
+    try:
+        yield
+    finally:
+        body.layers = layers
+
+
 @torch.no_grad()
-def prompt_hidden(model: Any, prompts: list[list[int]], *, pad_token_id: int, bf16: bool = False) -> torch.Tensor:
-    """The final hidden state (N, d), fp32 on CPU, of ``model``'s backbone at each prompt's last token.
+def prompt_hidden(model: Any, prompts: list[list[int]], *, pad_token_id: int, bf16: bool = False,
+                  depth: float = 1.0) -> torch.Tensor:
+    """The hidden state (N, d), fp32 on CPU, of ``model``'s backbone at each prompt's last token: after its final
+    norm, of the last layer or of the first ``ceil(depth * L)`` (`first_layers`).
 
     Causal attention makes a prefix's hidden states the same inside a longer sequence, so a prompt that opens
     another (an earlier call of the conversation, a group's shared first prompt) is read from that one's row:
@@ -105,7 +129,7 @@ def prompt_hidden(model: Any, prompts: list[list[int]], *, pad_token_id: int, bf
                 mask[r, width - len(prompts[h]):] = 1
             first_read = min(len(prompts[i]) - 1 for h in part for i in reads[h])
             shortest = min(len(prompts[h]) for h in part)
-            with update_autocast(bf16, device):  # the shared prefix stops before the first position read
+            with update_autocast(bf16, device), first_layers(lm, depth):  # the shared prefix ends before the 1st read
                 hidden = backbone_hidden(lm, ids.to(device), mask.to(device), max(0, shortest - 1 - first_read))
             offset = width - hidden.size(1)  # columns before the returned ones (the shared prefix)
             for r, h in enumerate(part):
@@ -136,7 +160,8 @@ class HeadCritic:
         started = time.perf_counter()
         algo = self.algorithm
         self.hidden = prompt_hidden(algo.model, calls.column("prompt_ids").to_pylist(),
-                                    pad_token_id=algo.tokenizer.pad_token_id, bf16=bool(getattr(algo, "bf16", False)))
+                                    pad_token_id=algo.tokenizer.pad_token_id, bf16=bool(getattr(algo, "bf16", False)),
+                                    depth=self.config.depth)
         with torch.no_grad():
             self.values = self.head(self.hidden)
         self.seconds += time.perf_counter() - started

@@ -1,6 +1,6 @@
 """What the learned critic (``CreditConfig.critic``, ``algorithms/value_head.py``) costs against the GRPO update.
 
-    .venv/bin/python bench/value_head_cost.py --model tiny|smollm2 [--tasks 4] [--group 8] [--repeats 3]
+    .venv/bin/python bench/value_head_cost.py --model tiny|smollm2 [--tasks 4] [--group 8] [--repeats 3] [--depth D]
 
 A batch shaped like ``demo/smollm2/agentic.py``'s (its defaults: 4 tasks x 8 rollouts, 2 calls each): call 0's
 prompt is a shared system prompt and the task's question, its completion a tool call; call 1's prompt extends
@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--aggregate", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--depth", type=float, default=None, help="CriticConfig.depth (default: its default)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu: dict[str, list[float]] = {"update": [], "forward": [], "fit": []}
         wall: dict[str, list[float]] = {"update": [], "forward": [], "fit": []}
         for i in range(args.repeats + 1):  # the first of each: a warm-up, not counted
-            critic = head_critic(algo, CriticConfig())
+            critic = head_critic(algo, CriticConfig(**({} if args.depth is None else {"depth": args.depth})))
             for name, job in (("update", lambda: algo.update(batch)), ("forward", lambda: critic.value_calls(calls)),
                               ("fit", lambda: (critic.observe_returns(returns), critic.fit()))):
                 cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     med = {k: statistics.median(v) for k, v in cpu.items()}
     print(json.dumps({
         "model": args.model, "calls": calls.num_rows, "update_rows": len(batch), "aggregate": args.aggregate,
-        "bf16": algo.bf16, "threads": torch.get_num_threads(),
+        "bf16": algo.bf16, "threads": torch.get_num_threads(), "depth": critic.config.depth,
         "cpu_s": {k: round(v, 3) for k, v in med.items()},
         "critic_over_update_cpu": round((med["forward"] + med["fit"]) / med["update"], 4),
         "cpu_s_each": {k: [round(x, 3) for x in v] for k, v in cpu.items()},

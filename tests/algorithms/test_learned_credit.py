@@ -90,11 +90,11 @@ def test_critic_section_from_a_mapping_defaults_and_validation() -> None:
     config.validate()
     assert config.critic == CriticConfig(weight=0.5, lam=1.0) and CreditConfig().critic is None
     assert dataclasses.replace(config, gamma=0.5).critic == config.critic
-    with pytest.raises(ConfigError, match=r"critic has unknown field\(s\) 'lamda'; allowed: epochs, gamma, lam, "
+    with pytest.raises(ConfigError, match=r"critic has unknown field\(s\) 'lamda'; allowed: depth, epochs, gamma, lam, "
                                           r"learning_rate, warmup_steps, weight"):
         CreditConfig(critic={"lamda": 1.0})
     with pytest.raises(ConfigError, match=r"critic must be None or a mapping of weight, gamma, lam, learning_rate, "
-                                          r"epochs, warmup_steps; got 'yes'"):
+                                          r"epochs, warmup_steps, depth; got 'yes'"):
         CreditConfig(critic="yes")
 
 
@@ -106,6 +106,7 @@ def test_critic_section_from_a_mapping_defaults_and_validation() -> None:
     ({"learning_rate": 0.0}, "critic.learning_rate must be a finite number > 0, got 0.0"),
     ({"epochs": 0}, "critic.epochs must be an integer >= 1, got 0"),
     ({"warmup_steps": 1.5}, "critic.warmup_steps must be an integer >= 0, got 1.5"),
+    ({"depth": 0}, "critic.depth must be a number in (0, 1], got 0"),
 ])
 def test_each_bad_critic_field_is_named(fields: dict, message: str) -> None:
     with pytest.raises(ConfigError) as err:

@@ -117,6 +117,14 @@ def test_prompt_hidden_equals_each_prompt_run_alone(model_path: Path, tmp_path: 
         alone = [grpo.model(input_ids=torch.tensor([p]), output_hidden_states=True).hidden_states[-1][0, -1]
                  for p in prompts]
     assert torch.allclose(hidden, torch.stack(alone), atol=1e-5)
+    # depth 0.5 of 4 layers: the second layer's output, through the final norm
+    half = prompt_hidden(grpo.model, prompts, pad_token_id=tok.pad_token_id, depth=0.5)
+    with torch.no_grad():
+        second = [grpo.model.base_model.norm(grpo.model(input_ids=torch.tensor([p]),
+                                                        output_hidden_states=True).hidden_states[2][0, -1])
+                  for p in prompts]
+    assert torch.allclose(half, torch.stack(second), atol=1e-5) and not torch.allclose(half, hidden, atol=1e-2)
+    assert len(grpo.model.base_model.layers) == 4  # the layers are all back
 
 
 def test_ppo_refuses_the_learned_critic(collector: Any, model_path: Path, tmp_path: Path) -> None:
