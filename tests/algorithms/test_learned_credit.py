@@ -119,3 +119,14 @@ def test_critic_refused_with_ppos_gae_or_the_running_baseline(fields: dict) -> N
     with pytest.raises(ConfigError, match=r"critic must be None with mode 'gae' \(PPO's critic is the baseline\) or "
                                           r"baseline 'running'"):
         CreditConfig(critic={}, **fields).validate()
+
+
+def test_a_yaml_critic_section_builds_the_trainers_credit(tmp_path) -> None:
+    from spanrl.train_config import build_trainer
+
+    raw = {"model": {"tiny": {"words": ["a", "b"]}}, "agent": "python a.py", "tasks": [{"id": "a"}],
+           "tasks_per_step": 1, "output_dir": str(tmp_path / "run"), "credit": {"critic": {"weight": 0.5}}}
+    assert build_trainer(raw, base=tmp_path).credit.critic == CriticConfig(weight=0.5)
+    raw["credit"] = {"critic": {"wieght": 0.5}}
+    with pytest.raises(ConfigError, match=r"critic has unknown field\(s\) 'wieght'"):
+        build_trainer(raw, base=tmp_path)
