@@ -130,3 +130,15 @@ def test_a_yaml_critic_section_builds_the_trainers_credit(tmp_path) -> None:
     raw["credit"] = {"critic": {"wieght": 0.5}}
     with pytest.raises(ConfigError, match=r"critic has unknown field\(s\) 'wieght'"):
         build_trainer(raw, base=tmp_path)
+
+
+def test_the_viewer_shows_a_critic_runs_credit_without_the_heads_term(tmp_path) -> None:
+    import json
+
+    from spanrl.ui.runs import Run
+    from spanrl.ui.server import credit_of_runs
+
+    trained = CreditConfig(baseline="rloo", critic=CriticConfig(weight=0.5))
+    (tmp_path / "config.json").write_text(json.dumps({"algorithm": {"name": "GRPO"},
+                                                      "credit": dataclasses.asdict(trained)}))
+    assert credit_of_runs([Run(tmp_path, "run")]) == dataclasses.replace(trained, critic=None)
