@@ -2,7 +2,8 @@
 
 A checkpoint folder is a plain Hugging Face model folder (``from_pretrained`` and the policy server load
 it) plus ``spanrl_state.pt`` (optimizer, RNG and step, plus what an algorithm adds: a scheduler) and
-``spanrl_config.json`` (the resolved algorithm config). Non-finite weights are never saved or loaded
+``spanrl_config.json`` (the resolved algorithm config), and ``value_head.pt`` when the credit's learned
+critic has a head (``algorithms/value_head.py``). Non-finite weights are never saved or loaded
 (issue 28). The RNG helpers also let SFT and DPO keep the caller's random sequence across an HF Trainer.
 """
 
@@ -25,12 +26,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from spanrl.algorithms.lora import LoRAConfig
 
 __all__ = [
-    "CONFIG_FILE", "STATE_FILE", "config_dict", "load_checkpoint", "load_policy", "load_policy_weights",
-    "load_state_file", "rng_state", "save_checkpoint", "save_policy", "seed_everything", "set_rng_state",
+    "CONFIG_FILE", "STATE_FILE", "VALUE_HEAD_FILE", "config_dict", "load_checkpoint", "load_policy",
+    "load_policy_weights", "load_state_file", "rng_state", "save_checkpoint", "save_policy", "seed_everything",
+    "set_rng_state",
 ]
 
 CONFIG_FILE = "spanrl_config.json"
 STATE_FILE = "spanrl_state.pt"
+VALUE_HEAD_FILE = "value_head.pt"
+"""The learned critic's value head (``algorithms/value_head.py``), when the algorithm has one."""
 
 
 def seed_everything(seed: int) -> None:
@@ -144,6 +148,9 @@ def save_checkpoint(algorithm: Algorithm, checkpoint_dir: Path, *, model: Any, o
     torch.save(state, checkpoint_dir / STATE_FILE)
     config = {"algorithm": name, "seed": algorithm._seed, "config": config_dict(algorithm.config)}
     (checkpoint_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+    head = getattr(algorithm, "value_head", None)
+    if head is not None:
+        torch.save(head.state_dict(), checkpoint_dir / VALUE_HEAD_FILE)
     return checkpoint_dir
 
 
@@ -162,4 +169,8 @@ def load_checkpoint(algorithm: Algorithm, checkpoint_dir: Path, *, model: Any, o
     optimizer.load_state_dict(state["optimizer"])
     set_rng_state(state["rng"])
     algorithm.step = state["step"]
+    if (checkpoint_dir / VALUE_HEAD_FILE).exists():
+        from spanrl.algorithms.value_head import ValueHead
+
+        algorithm.value_head = ValueHead.from_state(load_state_file(checkpoint_dir / VALUE_HEAD_FILE))
     return state

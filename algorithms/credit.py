@@ -50,6 +50,10 @@ one adds 0). The episode term is the mode's. Identical rollouts still get zero a
 exit code, a denied or repeated tool call) at the call that issued the tool call, added to ``r_t`` in
 ``step`` and ``gae`` (``signals``); the episode reward and which rollouts are kept do not change.
 
+``critic`` (a learned value head on the policy's hidden state, ``algorithms/learned_credit.py``): each call
+adds ``weight * A^V_t``, GAE over the head's values ``V`` (``values``, one per call), to the advantage above;
+``CreditResult.value_targets`` holds the returns-to-go ``G_t`` the head regresses on.
+
 ``trajectory_aggregation`` (read by ``load_transitions``): merge the calls of a multi-turn
 conversation into one sample (the seed design's ``LightningRL(trajectory_aggregation=True)``). A merged
 sample keeps each call's advantage on that call's tokens (``Transition.token_advantages``); with ``gae``
@@ -70,6 +74,7 @@ from spanrl.algorithms.baseline import RunningBaseline, running_advantages
 from spanrl.algorithms.credit_config import CreditConfig, LightningRL, aggregation_conflict, default_config
 from spanrl.algorithms.gigpo import group_stats as _group_stats
 from spanrl.algorithms.gigpo import state_ids, step_group_advantage
+from spanrl.algorithms.learned_credit import critic_terms
 from spanrl.errors import ConfigError
 
 __all__ = ["CreditConfig", "CreditResult", "LightningRL", "MissingValueError", "aggregation_conflict",
@@ -93,6 +98,8 @@ class CreditResult:
     keep: np.ndarray
     episode_reward: np.ndarray
     report: dict[str, int] = field(default_factory=dict)
+    value_targets: np.ndarray | None = None
+    """Per call, with a ``critic``: the return-to-go ``G_t`` its value head regresses on (NaN: skipped)."""
 
 
 def assign_credit(
@@ -116,65 +123,92 @@ def assign_credit(
     calls (all agents, before any selection), task group ``rollout_group[i]``. Calls: rollout and ``step`` (0-based).
     Rewards: rollout, step of the last call before them (-1: none), value, time, name; the episode reward is the
     last by ``reward_time_ns`` (any sort key: load_transitions passes the ingest order) or the sum
-    (``episode_reward``). ``values`` (gae): one per
+    (``episode_reward``). ``values`` (gae, critic): one per
     call. ``call_state`` (``step_group_weight``): per call, the id of the state it observed
     (``gigpo.anchor_states``). ``running``
     (baseline ``running``): the running baseline and each group's task id. ``signals``: ``step_signals``' rewards."""
     config.validate()
-    call_rollout = np.asarray(call_rollout, dtype=np.int64)
-    call_step = np.asarray(call_step, dtype=np.int64)
-    rollout_calls = np.asarray(rollout_calls, dtype=np.int64)
-    rollout_group = np.asarray(rollout_group, dtype=np.int64)
-    n_rollouts = len(rollout_calls)
     report: dict[str, int] = {}
-
+    rollout_calls = np.asarray(rollout_calls, dtype=np.int64)
     keep, episode, r_roll, r_step, r_val = _rewards(
-        config, n_rollouts, reward_rollout, reward_step, reward_value, reward_time_ns, reward_name, report, signals
+        config, len(rollout_calls), reward_rollout, reward_step, reward_value, reward_time_ns, reward_name, report,
+        signals,
     )
-
-    # --- returns ------------------------------------------------------------------------------------
-    offsets = np.concatenate([[0], np.cumsum(rollout_calls)])
-    call_pos = offsets[call_rollout] + call_step
-    call_keep = keep[call_rollout]
+    b = _Calls(np.asarray(call_rollout, dtype=np.int64), np.asarray(call_step, dtype=np.int64), rollout_calls,
+               np.asarray(rollout_group, dtype=np.int64), keep, episode, r_roll, r_step, r_val)
     if config.mode in ("step", "gae"):
         report["rewards_before_first_call"] = int((r_step < 0).sum())
-    to_go = None
-    if config.mode == "identical":
-        returns = episode[call_rollout]
-    elif config.mode == "discounted":
-        returns = episode[call_rollout] * _discount(config, rollout_calls, call_rollout, call_step)
-    elif config.mode == "step":
-        to_go = _returns_to_go(r_roll, r_step, r_val, offsets, config.gamma)
-        returns = to_go[call_pos]
-    else:
-        returns, advantages = _gae(config, call_rollout, call_step, call_keep, r_roll, r_step, r_val, values)
-    returns = np.where(call_keep, returns, np.nan)
-
-    # --- baselines ----------------------------------------------------------------------------------
-    if config.mode == "gae" or config.baseline == "none":
-        advantages = np.nan_to_num(returns) if config.mode != "gae" else advantages
-        if config.scale_std:
-            advantages = _whiten(advantages, call_keep, config.eps)
-    elif config.baseline == "running":  # (state, task id per group): algorithms/baseline.py
-        advantages = running_advantages(config, running, episode, keep, rollout_group)[call_rollout]
-    elif config.mode == "step":
-        assert to_go is not None
-        advantages = _step_baseline(config, to_go, offsets, rollout_calls, call_rollout, call_step, keep,
-                                    rollout_group, report)
-    else:  # identical, discounted: episode rewards compared; discounted scales by gamma ** (T - 1 - t)
-        advantages = _baseline(config, episode[call_rollout], call_rollout, call_keep, episode, keep,
-                               rollout_group, report)
-        if config.mode == "discounted":
-            advantages = advantages * _discount(config, rollout_calls, call_rollout, call_step)
+    returns, gae_advantages, to_go = _returns(config, b, values)
+    advantages = _advantages(config, b, returns, gae_advantages, to_go, running, report)
     if config.step_group_weight:
-        if call_state is None or len(call_state) != len(call_rollout):
+        if call_state is None or len(call_state) != len(b.call_rollout):
             raise ConfigError("call_state must give one state per call when step_group_weight > 0")
-        step_returns = _returns_to_go(r_roll, r_step, r_val, offsets, config.step_gamma)[call_pos]
-        step_adv = step_group_advantage(config, step_returns, call_keep, rollout_group[call_rollout], call_state,
-                                        report)
+        step_returns = _returns_to_go(r_roll, r_step, r_val, b.offsets, config.step_gamma)[b.call_pos]
+        step_adv = step_group_advantage(config, step_returns, b.call_keep, rollout_group[b.call_rollout],
+                                        call_state, report)
         advantages = advantages + config.step_group_weight * step_adv
-    advantages = np.where(call_keep, advantages, np.nan)
-    return CreditResult(returns=returns, advantages=advantages, keep=keep, episode_reward=episode, report=report)
+    critic_term, value_targets = _critic(config, values, b.call_rollout, b.call_step, b.call_keep, r_roll, r_step,
+                                         r_val)
+    advantages = np.where(b.call_keep, advantages + critic_term, np.nan)
+    return CreditResult(returns, advantages, keep, episode, report, value_targets)
+
+
+@dataclass
+class _Calls:
+    """One batch's calls and rollouts as `assign_credit` reads them (rewards already chosen by `_rewards`)."""
+
+    call_rollout: np.ndarray
+    call_step: np.ndarray
+    rollout_calls: np.ndarray
+    rollout_group: np.ndarray
+    keep: np.ndarray
+    episode: np.ndarray
+    r_roll: np.ndarray
+    r_step: np.ndarray
+    r_val: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.offsets = np.concatenate([[0], np.cumsum(self.rollout_calls)])
+        self.call_pos = self.offsets[self.call_rollout] + self.call_step  # the call's row in a rollout-major layout
+        self.call_keep = self.keep[self.call_rollout]
+
+
+def _returns(config: CreditConfig, b: _Calls,
+             values: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Each call's return (NaN on skipped rollouts); ``gae`` also gives its advantages, ``step`` its returns-to-go."""
+    to_go = gae_advantages = None
+    if config.mode == "identical":
+        returns = b.episode[b.call_rollout]
+    elif config.mode == "discounted":
+        returns = b.episode[b.call_rollout] * _discount(config, b.rollout_calls, b.call_rollout, b.call_step)
+    elif config.mode == "step":
+        to_go = _returns_to_go(b.r_roll, b.r_step, b.r_val, b.offsets, config.gamma)
+        returns = to_go[b.call_pos]
+    else:
+        returns, gae_advantages = _gae(config, b.call_rollout, b.call_step, b.call_keep, b.r_roll, b.r_step,
+                                       b.r_val, values)
+    return np.where(b.call_keep, returns, np.nan), gae_advantages, to_go
+
+
+def _advantages(config: CreditConfig, b: _Calls, returns: np.ndarray, gae_advantages: np.ndarray | None,
+                to_go: np.ndarray | None, running: tuple[RunningBaseline, list[str | None]] | None,
+                report: dict[str, int]) -> np.ndarray:
+    """Returns minus the configured baseline (the mode's episode term, before GiGPO's step term and the critic)."""
+    if config.mode == "gae" or config.baseline == "none":
+        advantages = gae_advantages if gae_advantages is not None else np.nan_to_num(returns)
+        return _whiten(advantages, b.call_keep, config.eps) if config.scale_std else advantages
+    if config.baseline == "running":  # (state, task id per group): algorithms/baseline.py
+        return running_advantages(config, running, b.episode, b.keep, b.rollout_group)[b.call_rollout]
+    if config.mode == "step":
+        assert to_go is not None
+        return _step_baseline(config, to_go, b.offsets, b.rollout_calls, b.call_rollout, b.call_step, b.keep,
+                              b.rollout_group, report)
+    # identical, discounted: episode rewards compared; discounted scales by gamma ** (T - 1 - t)
+    advantages = _baseline(config, b.episode[b.call_rollout], b.call_rollout, b.call_keep, b.episode, b.keep,
+                           b.rollout_group, report)
+    if config.mode == "discounted":
+        advantages = advantages * _discount(config, b.rollout_calls, b.call_rollout, b.call_step)
+    return advantages
 
 
 def _rewards(
@@ -285,14 +319,7 @@ def _gae(
     values: np.ndarray | None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Returns and advantages by GAE; ``values`` may be NaN only on calls of skipped rollouts."""
-    if values is None:
-        raise ConfigError("values must be given (one critic value per call) when mode is 'gae'")
-    values = np.asarray(values, dtype=np.float64)
-    if values.shape != call_rollout.shape:
-        raise ConfigError(f"values must have one entry per call ({len(call_rollout)}), got shape {values.shape}")
-    missing = call_keep & ~np.isfinite(values)
-    if missing.any():
-        raise MissingValueError(int(np.argmax(missing)), float(values[np.argmax(missing)]))
+    values = _checked_values(values, call_rollout, call_keep, "mode is 'gae'")
     order = np.lexsort((call_step, call_rollout))
     adv = np.zeros(len(order))
     # reward of chain element j: rewards at steps in [step_j, step_{j+1}) of its rollout
@@ -311,6 +338,33 @@ def _gae(
         adv[idx] = delta + (0.0 if last else config.gamma * config.lam * next_adv)
         next_adv, next_value, next_step, prev_roll = adv[idx], values[idx], step, roll
     return adv + values, adv
+
+
+def _critic(config: CreditConfig, values: np.ndarray | None, call_rollout: np.ndarray, call_step: np.ndarray,
+            call_keep: np.ndarray, r_roll: np.ndarray, r_step: np.ndarray,
+            r_val: np.ndarray) -> tuple[np.ndarray | float, np.ndarray | None]:
+    """The learned head's ``weight * A^V`` per call and its targets ``G_t`` (``algorithms/learned_credit.py``);
+    ``(0, None)`` without a ``critic``."""
+    if config.critic is None:
+        return 0.0, None
+    gae, to_go = critic_terms(config.critic, _checked_values(values, call_rollout, call_keep, "critic is set"),
+                              call_rollout=call_rollout, call_step=call_step, call_keep=call_keep, r_roll=r_roll,
+                              r_step=r_step, r_val=r_val)
+    return config.critic.weight * np.nan_to_num(gae), to_go
+
+
+def _checked_values(values: np.ndarray | None, call_rollout: np.ndarray, call_keep: np.ndarray,
+                    when: str) -> np.ndarray:
+    """``values`` as floats, one per call, finite on every kept call (`MissingValueError` names the first not)."""
+    if values is None:
+        raise ConfigError(f"values must be given (one critic value per call) when {when}")
+    values = np.asarray(values, dtype=np.float64)
+    if values.shape != call_rollout.shape:
+        raise ConfigError(f"values must have one entry per call ({len(call_rollout)}), got shape {values.shape}")
+    missing = call_keep & ~np.isfinite(values)
+    if missing.any():
+        raise MissingValueError(int(np.argmax(missing)), float(values[np.argmax(missing)]))
+    return values
 
 
 def _baseline(

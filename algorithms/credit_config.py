@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from spanrl.algorithms.learned_credit import CriticConfig, critic_config
 from spanrl.algorithms.step_signals import check_step_signals
 from spanrl.errors import ConfigError
 
@@ -54,6 +55,12 @@ class CreditConfig:
     step_signals: dict[str, float] | None = None
     """Trace facts -> a per-step reward each (``algorithms/step_signals.py``), e.g. ``{"tool_error": -0.2}``;
     None: off. Modes ``step`` and ``gae`` only."""
+    critic: CriticConfig | None = None
+    """A learned value head's GAE term added to each call's advantage (``algorithms/learned_credit.py``); None: off.
+    A mapping of its fields (a YAML ``critic:`` section) is read as one."""
+
+    def __post_init__(self) -> None:
+        self.critic = critic_config(self.critic)
 
     def validate(self) -> None:
         """Raise `ConfigError` naming the first bad field, its value and what is allowed."""
@@ -90,9 +97,19 @@ class CreditConfig:
             raise ConfigError(f"eps must be a positive number, got {self.eps!r}")
         if self.step_signals is not None:  # off by default: its module stays off the span's path
             check_step_signals(self.step_signals, self.mode)
+        self._validate_critic()
         conflict = aggregation_conflict(self)
         if self.trajectory_aggregation and conflict:
             raise ConfigError(conflict)
+
+    def _validate_critic(self) -> None:
+        if self.critic is None:
+            return
+        self.critic = critic_config(self.critic)  # a field set after construction
+        self.critic.validate()
+        if self.mode == "gae" or self.baseline == "running":
+            raise ConfigError(f"critic must be None with mode 'gae' (PPO's critic is the baseline) or baseline "
+                              f"'running'; got mode {self.mode!r}, baseline {self.baseline!r}")
 
 
 def aggregation_conflict(config: CreditConfig) -> str | None:

@@ -35,6 +35,7 @@ from spanrl.algorithms.call_facts import ID_COLUMNS, call_facts
 from spanrl.algorithms.credit import (CreditConfig, CreditResult, MissingValueError, aggregation_conflict,
                                      assign_credit)
 from spanrl.algorithms.gigpo import anchor_states
+from spanrl.algorithms.learned_credit import CallCritic
 from spanrl.algorithms.presets import check_credit
 from spanrl.algorithms.retokenize import retokenize
 from spanrl.algorithms.step_signals import CALL_COLUMNS as SIGNAL_COLUMNS
@@ -95,6 +96,8 @@ class TransitionBatch:
         """Counts of what was seen, skipped, defaulted and merged (see the module docstring)."""
         self.rewards_by_rollout = rewards_by_rollout
         """Episode reward (last reward by time) of each rollout that made it into the batch."""
+        self.metrics: dict[str, float] = {}
+        """Figures of the loading the Trainer adds to its history row (the learned critic's losses)."""
 
     def __len__(self) -> int:
         return self._table.num_rows
@@ -196,7 +199,7 @@ def load_transitions(
     min_policy_version: int | None = None,
     tokenizer: Any = None,
     aggregate: bool = False,
-    values: Mapping[tuple[str, int], float] | None = None,
+    values: Mapping[tuple[str, int], float] | CallCritic | None = None,
     temperature: float | None = None,
 ) -> TransitionBatch:
     """The transitions of the selected rollouts, with advantages.
@@ -207,12 +210,12 @@ def load_transitions(
     (``train`` / ``val``), ``since_ns`` / ``until_ns`` (rollout start), ``min_policy_version``.
     ``tokenizer`` (the policy's, with a chat template) retokenizes calls that have only messages.
     ``aggregate`` merges multi-turn calls into one sample (see `Transition`). ``values`` maps
-    ``(rollout_id, step)`` to the critic's value, for ``CreditConfig(mode="gae")`` (calls of rollouts
-    the credit skips need none). ``temperature``: the one the algorithm divides its logits by; calls whose
-    log-probs the server computed at another are skipped and counted (``skipped_temperature_mismatch``).
-    ``credit.trajectory_aggregation`` also turns on ``aggregate``; with a credit whose advantage varies by call
-    it is refused (`ConfigError`, ``credit.aggregation_conflict``).
-    """
+    ``(rollout_id, step)`` to the critic's value, for ``CreditConfig(mode="gae")`` (calls of rollouts the credit
+    skips need none); with ``credit.critic``, a `CallCritic` (``learned_credit``) that values the calls and is handed
+    their returns-to-go. ``temperature``: the one the algorithm divides its logits by; calls whose log-probs the
+    server computed at another are skipped and counted (``skipped_temperature_mismatch``).
+    ``credit.trajectory_aggregation`` also turns on ``aggregate``; with ``gae`` it is refused (`ConfigError`,
+    ``credit.aggregation_conflict``)."""
     credit = credit or CreditConfig()
     credit.validate()
     if aggregate and (conflict := aggregation_conflict(credit)):  # one advantage for a merged sample's calls
@@ -262,7 +265,7 @@ def load_transitions(
 
 
 def _credit(store: Any, dec: Any, fast_calls: pa.Table, slow_rows: list[dict[str, Any]], credit: CreditConfig,
-            values: Mapping[tuple[str, int], float] | None,
+            values: Mapping[tuple[str, int], float] | CallCritic | None,
             report: dict[str, int]) -> tuple[CreditResult, np.ndarray, list[str]]:
     """Credit over every selected rollout for the usable calls (fast ones first, then ``slow_rows``):
     the result, each call's rollout index, and the rollout ids in index order."""
@@ -280,6 +283,7 @@ def _credit(store: Any, dec: Any, fast_calls: pa.Table, slow_rows: list[dict[str
     rollout_group = np.array([group_index.setdefault(k, len(group_index)) for k in group_keys], dtype=np.int64)
 
     cols = ["rollout_id", "step", "rollout_calls"] + (["prompt_ids", *ID_COLUMNS] if credit.step_group_weight else [])
+    cols += [c for c in ("agent", "prompt_ids") if credit.critic is not None and c not in cols]
     usable = [fast_calls.select(cols)]
     if slow_rows:
         usable.append(pa.Table.from_pylist(
@@ -297,11 +301,15 @@ def _credit(store: Any, dec: Any, fast_calls: pa.Table, slow_rows: list[dict[str
     if calls.num_rows:
         rollout_calls[index(calls.column("rollout_id"))] = calls.column("rollout_calls").to_numpy()
     value_arr = None
-    if credit.mode == "gae":
+    if credit.mode == "gae" or credit.critic is not None:
         if values is None:
-            raise ConfigError("values must map (rollout_id, step) to the critic's value when mode is 'gae'")
-        rids = keys.column("rollout_id").to_pylist()
-        value_arr = np.array([float(values.get((r, int(s)), np.nan)) for r, s in zip(rids, call_step)])
+            raise ConfigError("values must map (rollout_id, step) to the critic's value when mode is 'gae', or be "
+                              "the learned critic when credit.critic is set (load_training_batch makes it)")
+        if isinstance(values, Mapping):
+            rids = keys.column("rollout_id").to_pylist()
+            value_arr = np.array([float(values.get((r, int(s)), np.nan)) for r, s in zip(rids, call_step)])
+        else:
+            value_arr = np.asarray(values.value_calls(keys), dtype=np.float64)
     try:
         result = assign_credit(
             credit,
@@ -321,6 +329,8 @@ def _credit(store: Any, dec: Any, fast_calls: pa.Table, slow_rows: list[dict[str
     except MissingValueError as exc:  # a call of a kept rollout that the critic did not value
         key = (keys.column("rollout_id")[exc.call].as_py(), int(call_step[exc.call]))
         raise ConfigError(f"values has no critic value for call (rollout_id, step) = {key!r}") from None
+    if result.value_targets is not None and not isinstance(values, Mapping):
+        values.observe_returns(result.value_targets)
     return result, call_rollout, rollout_ids_all
 
 
@@ -443,7 +453,9 @@ def load_training_batch(store: Any, algorithm: Any, *, credit: CreditConfig | No
     states of every call the credit keeps, then GAE with the algorithm's ``gamma``/``lam`` gives raw
     advantages (unwhitened: the value target is advantage + V, and PPO whitens per mini-batch itself).
     Both passes apply the credit's selection rules (``reward_name``, ``missing_reward``, ``nan_reward``),
-    so a skipped rollout is skipped and counted in both, and the step trains on the rest.
+    so a skipped rollout is skipped and counted in both, and the step trains on the rest. With
+    ``credit.critic`` (not with a critic of the algorithm's own) one pass: the learned value head values each
+    call, credit adds its GAE term, then the head fits the returns (its figures: ``batch.metrics``).
     """
     import dataclasses
 
@@ -453,6 +465,8 @@ def load_training_batch(store: Any, algorithm: Any, *, credit: CreditConfig | No
     temperature = getattr(algo_cfg, "temperature", None)
     common: dict[str, Any] = dict(selection, tokenizer=getattr(algorithm, "tokenizer", None),
                                   temperature=temperature if isinstance(temperature, (int, float)) else None)
+    if credit.critic is not None:
+        return _learned_critic_batch(store, algorithm, credit, common)
     if not getattr(algorithm, "needs_values", False):
         return load_transitions(store, credit=credit, **common)
     states = load_transitions(  # one state per call, never merged: the critic values each call's prompt
@@ -462,3 +476,17 @@ def load_training_batch(store: Any, algorithm: Any, *, credit: CreditConfig | No
     gae = dataclasses.replace(credit, mode="gae", gamma=algo_cfg.gamma, lam=algo_cfg.lam, baseline="none",
                               scale_std=False)
     return load_transitions(store, credit=gae, values=values, **common)
+
+
+def _learned_critic_batch(store: Any, algorithm: Any, credit: CreditConfig, common: dict[str, Any]) -> TransitionBatch:
+    """One pass with the learned value head (``algorithms/value_head.py``): it values the calls, credit adds its
+    GAE term, then it fits the calls' returns (its figures in ``batch.metrics``)."""
+    if getattr(algorithm, "needs_values", False):
+        raise ConfigError(f"credit.critic must be None with {type(algorithm).__name__}: its own critic gives "
+                          f"the advantages (mode 'gae'); the learned head is for the group-baseline algorithms")
+    from spanrl.algorithms.value_head import head_critic
+
+    critic = head_critic(algorithm, credit.critic)
+    batch = load_transitions(store, credit=critic.credit(credit), values=critic, **common)
+    batch.metrics.update(critic.fit())
+    return batch

@@ -320,6 +320,7 @@ class Trainer:
             row["reward_mean"] = sum(rewards) / len(rewards) if rewards else None
             row["transitions"] = n_transitions
             row["transitions_report"] = dict(batch.report)
+            row.update(getattr(batch, "metrics", {}))  # the learned critic's figures (algorithms/value_head.py)
         if n_transitions:  # columnar all the way: no dataclass per row on the training path
             row["advantage_mean"] = float(np.mean(batch.to_arrow().column("advantage").to_numpy()))
             row.update(policy_lag(batch, self._policy_version()))

@@ -28,7 +28,7 @@ _START_TIMEOUT_S = 10.0
 
 def credit_of_runs(runs: Sequence[Run]) -> CreditConfig:
     """The credit assignment a run trained with (the first GRPO/PPO run's ``config.json``), else the
-    LightningRL defaults. PPO's GAE needs its critic, so the viewer shows its credit without values."""
+    LightningRL defaults. PPO's GAE and the learned critic need values, so the viewer shows the credit without them."""
     configs = [run.config() for run in runs]
     configs.sort(key=lambda c: str((c.get("algorithm") or {}).get("name")).lower() not in CREDIT_ALGORITHMS)
     names = {f.name for f in dataclasses.fields(CreditConfig)}
@@ -38,6 +38,8 @@ def credit_of_runs(runs: Sequence[Run]) -> CreditConfig:
             cfg = CreditConfig(**{k: v for k, v in credit.items() if k in names})
             if cfg.mode == "gae":  # discounted reads no per-step rewards: its step signals are shown unweighted
                 cfg = dataclasses.replace(cfg, mode="discounted", step_signals=None)
+            if cfg.critic is not None:  # the learned head's values live with the policy: the episode term only
+                cfg = dataclasses.replace(cfg, critic=None)
             try:
                 cfg.validate()
             except ConfigError as exc:
