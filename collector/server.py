@@ -20,7 +20,9 @@ import threading
 
 from typing import Any
 
-from spanrl.collector.admission import Admission, RewardCheck, RolloutClaims
+from spanrl.collector.admission import Admission
+from spanrl.collector.rewards import RewardCheck
+from spanrl.collector.sender import RolloutClaims, SenderCheck
 from spanrl import semconv
 from spanrl.collector.batcher import Batcher, SpanWriter
 from spanrl.collector.encoding import encode_request
@@ -81,12 +83,14 @@ class Collector:
             self._writer = SpanWriter(self._store, on_failed=lambda _: self.failed.set())
             self._batcher = Batcher(cfg.batcher, self._writer)
             self._batcher.start()
-            checked = RewardCheck(cfg.reward_range, self._batcher)  # unusable rewards rejected per span, either decoder
             _warm_up()
             if cfg.materialize_interval_s is not None:
                 self._materializer = Materializer(self._store, interval_s=cfg.materialize_interval_s).start()
             retry_s = cfg.batcher.retry_after_s
             claims = RolloutClaims.load(self._store) if cfg.claim_rollouts else None
+            # Every decoded batch, from either receiver and either decoder, passes each stage once: what its
+            # sender may store, then its rewards (unusable ones rejected per span), then the batcher.
+            checked = SenderCheck(cfg.tokens(), claims, RewardCheck(cfg.reward_range, self._batcher))
             if cfg.retention_s is not None:
                 self._retention = Retention(self._store, retention_s=cfg.retention_s, claims=claims).start()
             # One byte budget for both receivers; a request count for each.
@@ -97,7 +101,6 @@ class Collector:
                     host=cfg.host,
                     port=cfg.grpc_port,
                     tokens=cfg.tokens(),
-                    claims=claims,
                     max_request_bytes=cfg.max_request_bytes,
                     max_concurrent_rpcs=cfg.grpc_max_concurrent_rpcs,
                     admission=inflight_bytes.with_request_cap(cfg.grpc_max_concurrent_rpcs),

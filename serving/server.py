@@ -117,7 +117,7 @@ class PolicyServer:
             return
         self._closed = True
         if self._server is not None:
-            self._server.stop(_STOP_TIMEOUT_S)
+            self._server.shutdown(_STOP_TIMEOUT_S)
         self._stop_parts()
 
     def __enter__(self) -> PolicyServer:
