@@ -35,6 +35,7 @@ from spanrl.collector.retention import Retention
 from spanrl.collector.sql import SqlRunner
 from spanrl.errors import CollectorError, StoreError
 from spanrl.http_server import url_host
+from spanrl.lifecycle import Lifecycle, State
 from spanrl.store import SpanStore
 
 __all__ = ["Collector"]
@@ -60,17 +61,13 @@ class Collector:
         self._retention: Retention | None = None
         self.failed = threading.Event()
         """Set when the store failed and could not be reopened (``spanrl collector`` then exits 3)."""
-        self._lock = threading.Lock()
-        self._state = "new"
+        self._life = Lifecycle("collector", CollectorError)
         self._start_error: str | None = None  # the store could not be opened
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> "Collector":
         """Open the store and start both receivers. Raises `CollectorError` if a port cannot be bound."""
-        with self._lock:
-            if self._state != "new":
-                raise CollectorError(f"Cannot start a collector that is {self._state}; create a new one")
-            self._state = "running"
+        self._life.begin()
         cfg = self._config
         try:
             self._store = self._given_store if self._given_store is not None else SpanStore.open(
@@ -142,10 +139,8 @@ class Collector:
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop receivers, commit everything accepted, close the store. Safe before start or twice."""
-        with self._lock:
-            if self._state == "stopped":
-                return
-            self._state = "stopped"
+        if not self._life.end():
+            return
         timeout = self._config.shutdown_timeout_s if timeout is None else timeout
         if self._grpc is not None:
             self._grpc.shutdown(timeout)
@@ -165,7 +160,7 @@ class Collector:
             self._store.close()
 
     def __enter__(self) -> "Collector":
-        if self._state == "new":
+        if self._life.state is State.NEW:
             self.start()
         return self
 
