@@ -22,6 +22,7 @@ could not do what was asked.
 from __future__ import annotations
 
 import sys
+from typing import Iterable
 
 __all__ = [
     "CollectorError",
@@ -35,6 +36,7 @@ __all__ = [
     "TrainingError",
     "UsageError",
     "cli_error",
+    "one_of",
 ]
 
 USAGE_EXIT_CODE = 2
@@ -91,6 +93,14 @@ class ServingError(SpanRLError):
 
 class TrainingError(SpanRLError):
     """The training loop cannot go on."""
+
+
+def one_of(field: str, value: object, allowed: Iterable[object]) -> None:
+    """The check of a setting against its allowed values, worded one way: `ConfigError` ``FIELD must be one of A,
+    B; got 'x'`` (the field, the allowed values, the bad value) unless ``value`` is among ``allowed``."""
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ConfigError(f"{field} must be one of {', '.join(map(str, allowed))}; got {value!r}")
 
 
 def cli_error(problem: BaseException | str, exit_code: int | None = None) -> int:
