@@ -116,7 +116,7 @@ def _model_folder(given: str) -> Any:
 def _export_transitions(args: argparse.Namespace) -> int:
     from spanrl.algorithms.credit import CreditConfig
     from spanrl.algorithms.transitions import load_transitions
-    from spanrl.errors import SpanRLError
+    from spanrl.errors import SpanRLError, cli_error
     from spanrl.store import SpanStore
     from spanrl.store.access import db_path, remote_store
 
@@ -156,8 +156,7 @@ def _export_transitions(args: argparse.Namespace) -> int:
                 batch = load_transitions(store, **kwargs)
         _write(batch.to_arrow(), args.format, args.output)
     except SpanRLError as exc:
-        print(f"spanrl: error: {exc}", file=sys.stderr)
-        return 1
+        return cli_error(exc)
     print(json.dumps(batch.report, sort_keys=True), file=sys.stderr)
     print(args.output)
     return 0

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from spanrl.extras import needs_extra
@@ -30,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _audit(args: argparse.Namespace) -> int:
     from spanrl.algorithms.credit_audit import audit, format_audit, parse_config
-    from spanrl.errors import ConfigError, SpanRLError
+    from spanrl.errors import ConfigError, SpanRLError, cli_error
     from spanrl.store import SpanStore
 
     path = Path(args.store)
@@ -45,7 +44,6 @@ def _audit(args: argparse.Namespace) -> int:
             rows = audit(store, configs, success_above=args.success_above, rollout_ids=args.rollout_id,
                          agents=args.agent, mode=args.mode)
     except SpanRLError as exc:
-        print(f"spanrl: error: {exc}", file=sys.stderr)
-        return 1
+        return cli_error(exc)
     print(format_audit(rows, success_above=args.success_above))
     return 0

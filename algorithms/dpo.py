@@ -30,7 +30,7 @@ from spanrl.algorithms.checkpoints import (load_checkpoint, load_policy, rng_sta
 from spanrl.algorithms.hf_trainer import without_train_start_gc
 from spanrl.algorithms.tables import check_transitions, transitions_of
 from spanrl.algorithms.lora import LoRAConfig
-from spanrl.errors import ConfigError
+from spanrl.errors import ConfigError, one_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from spanrl.algorithms.transitions import Transition, TransitionBatch
@@ -71,8 +71,7 @@ class DPOConfig:
         for name in ("beta", "learning_rate", "min_reward_gap"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        if self.loss_type not in LOSS_TYPES:
-            raise ConfigError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
+        one_of("loss_type", self.loss_type, LOSS_TYPES)
         for name in ("epochs", "batch_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")

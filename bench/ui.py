@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             _measure(f"file {db} (read-only)", server.url, args.rounds, rids[: args.rounds])
         finally:
-            server.stop()
+            server.shutdown()
 
         collector = Collector(CollectorConfig(db_path=db, grpc_port=0, http_port=0)).start()
         extra = dec.generate(args.rounds, seed=1)
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 _measure(f"collector {collector.http_endpoint}", server.url, args.rounds, rids[args.rounds :], live)
             finally:
-                server.stop()
+                server.shutdown()
         finally:
             collector.shutdown()
         print(f"load after: {os.getloadavg()[0]:.1f}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
 import threading
 
 from spanrl.trust import add_token_option, token_from_args
@@ -69,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from spanrl.collector import Collector, CollectorConfig
-    from spanrl.errors import ConfigError, SpanRLError
+    from spanrl.errors import ConfigError, SpanRLError, cli_error
 
     try:
         config = CollectorConfig.from_env(
@@ -104,8 +103,7 @@ def _run(args: argparse.Namespace) -> int:
             signal.signal(sig, lambda *_: stop.set())
         collector.start()
     except SpanRLError as exc:
-        print(f"spanrl collector: error: {exc}", file=sys.stderr)
-        return 1
+        return cli_error(exc)
     print(f"{READY_PREFIX} grpc={collector.grpc_endpoint} http={collector.http_endpoint} db={config.db_path}",
           flush=True)
 
@@ -117,8 +115,7 @@ def _run(args: argparse.Namespace) -> int:
         collector.shutdown()
     if collector.failed.is_set():
         error = collector.health().get("error")
-        print(f"spanrl collector: error: the span store failed and could not be reopened ({error}); "
-              f"exiting {EXIT_STORE_FAILED} so a supervisor restarts it on the same file", file=sys.stderr, flush=True)
-        return EXIT_STORE_FAILED
+        return cli_error(f"the span store failed and could not be reopened ({error}); exiting {EXIT_STORE_FAILED} "
+                         "so a supervisor restarts it on the same file", EXIT_STORE_FAILED)
     print(f"spanrl collector stopped; {collector.committed_spans} spans committed this run", flush=True)
     return 0

@@ -34,7 +34,7 @@ import pyarrow as pa
 from spanrl.collector.encoding import EncodedBatch
 from spanrl.collector.errors import PermanentError, RetryableError, StoreFailedError
 from spanrl.errors import ConfigError, StoreError
-from spanrl.store import SpanStore
+from spanrl.store import SpanStore, duckdb_errors
 
 __all__ = ["Batcher", "BatcherConfig", "SpanWriter", "TableConsumer"]
 
@@ -189,9 +189,6 @@ class Batcher:
 # --- the writer: Arrow tables -> DuckDB ----------------------------------------------------------------
 # DuckDB errors caused by the data itself: retrying the same request cannot help.
 _PERMANENT_DUCKDB_ERRORS = (duckdb.ConversionException, duckdb.ConstraintException, duckdb.InvalidInputException)
-# Errors after which DuckDB refuses every statement until the database is opened again.
-_FATAL_DUCKDB_ERRORS = (duckdb.FatalException, duckdb.InternalException)
-_INVALIDATED = "database has been invalidated"
 _REOPEN_ATTEMPTS = 3
 _REOPEN_BACKOFF_S = 0.5
 _PROBE_VIEW = "__spanrl_reconcile_batch"
@@ -220,10 +217,6 @@ def _for_insert(tables: list[pa.Table]) -> pa.Table:
             )
             table = table.set_column(i, name, as_json)
     return table
-
-
-def _is_fatal(exc: BaseException) -> bool:
-    return isinstance(exc, _FATAL_DUCKDB_ERRORS) or _INVALIDATED in str(exc)
 
 
 class SpanWriter:
@@ -263,7 +256,7 @@ class SpanWriter:
             raise PermanentError(f"spans cannot be stored: {exc}") from exc
         except Exception as exc:  # noqa: BLE001
             self._reset()
-            if not _is_fatal(exc):
+            if not duckdb_errors.invalidated(exc):
                 # /health says so until a commit succeeds (it said "ok" with the disk full)
                 self.state, self.last_error = "failing", str(exc).splitlines()[0]
                 raise RetryableError(f"span store write failed: {exc}") from exc

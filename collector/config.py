@@ -50,7 +50,7 @@ class CollectorConfig:
     """Token granting OTLP export only: the one agents are given."""
     policy_token: str | None = field(default=None, repr=False)
     """Token of the policy server: OTLP export whose token ids, log-probs and server response ids are kept
-    (spanrl.collector.admission); other senders' are stored NULL once any token grants this scope."""
+    (spanrl.collector.sender); other senders' are stored NULL once any token grants this scope."""
     read_token: str | None = field(default=None, repr=False)
     """Token granting ``POST /v1/sql`` (the viewer, ``spanrl sql``, trainers reading the store)."""
     admin_token: str | None = field(default=None, repr=False)
@@ -58,7 +58,7 @@ class CollectorConfig:
     is closed; with none at all every scope is open, which only a loopback ``host`` allows (`open_scopes`)."""
     claim_rollouts: bool = True
     """The first service whose spans name a rollout id owns it; other services' spans naming it are rejected
-    (spanrl.collector.admission). False: any span may join any rollout, as before."""
+    (spanrl.collector.sender). False: any span may join any rollout, as before."""
     max_request_bytes: int = _MAX_REQUEST_BYTES
     """Largest accepted request body, bytes (after gzip decompression for HTTP)."""
     grpc_max_concurrent_rpcs: int = _GRPC_MAX_CONCURRENT_RPCS
@@ -104,7 +104,7 @@ class CollectorConfig:
     collector's clock: `spanrl.collector.retention`); None: keep everything."""
     reward_range: tuple[float, float] = (-sc.REWARD_ABS_MAX, sc.REWARD_ABS_MAX)
     """A span whose reward (attribute or reward event) is not a finite number in ``[low, high]`` is rejected
-    at ingest (partial success, with the reason; `spanrl.collector.admission`). At most +-1e6
+    at ingest (partial success, with the reason; `spanrl.collector.rewards`). At most +-1e6
     (``semconv.REWARD_ABS_MAX``, the readers' bound): a narrower range may be set, never a wider one."""
 
     def validate(self) -> None:

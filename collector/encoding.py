@@ -119,6 +119,8 @@ class EncodedBatch:
     accepted: int
     rejected: int = 0
     error_message: str = ""
+    sender_scopes: frozenset[str] = frozenset()
+    """The scopes of the token its sender presented (the receiver sets them; `collector.sender` reads them)."""
 
 
 # --- AnyValue -> Python -------------------------------------------------------------------------------

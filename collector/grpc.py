@@ -24,7 +24,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from spanrl.collector.admission import DECODE_FACTOR, Admission, DecodeBudget, RolloutClaims, admit
+from spanrl.collector.admission import DECODE_FACTOR, Admission, DecodeBudget
 from spanrl.collector.encoding import EncodedBatch
 from spanrl.collector.errors import PermanentError, RetryableError
 from spanrl.collector.fast_decode import encode_protobuf_body, fast_enabled
@@ -67,14 +67,12 @@ class GrpcReceiver:
         max_concurrent_rpcs: int,
         admission: Admission,
         next_consumer: BatchConsumer,
-        claims: RolloutClaims | None = None,
         fast_decoder: bool | None = None,
         receive_timeout_s: float = 10.0,
     ) -> None:
         """``receive_timeout_s``: how long a call may hold a receive slot before its whole request arrives; past
         it the call is cancelled (4 idle client-streaming calls held every slot with no limit)."""
         self._receive_timeout_s = receive_timeout_s
-        self._claims = claims
         self._fast = fast_enabled() if fast_decoder is None else fast_decoder  # decided once, as the start-up log says
         self._host = host
         self._requested_port = port
@@ -169,7 +167,7 @@ class GrpcReceiver:
             del body
             if batch is None:  # no resource spans
                 return ExportTraceServiceResponse()
-            batch = admit(batch, self._tokens, self._claims, authorization)
+            batch.sender_scopes = self._tokens.scopes_of(authorization)
             committed = self._next.consume(batch)
             budget.release()
             committed.result()

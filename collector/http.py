@@ -31,13 +31,14 @@ import logging
 import os
 import zlib
 from concurrent.futures import Future
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 import orjson
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from spanrl.collector.admission import DECODE_FACTOR, Admission, DecodeBudget, RolloutClaims, admit
+from spanrl.collector.admission import DECODE_FACTOR, Admission, DecodeBudget
+from spanrl.collector.sender import RolloutClaims
 from spanrl.collector.encoding import EncodedBatch
 from spanrl.collector.fast_decode import decode_otlp_body, fast_enabled
 from spanrl.collector.errors import PayloadTooLargeError, PermanentError, RetryableError, UnauthenticatedError
@@ -45,7 +46,7 @@ from spanrl.collector.grpc import BatchConsumer
 from spanrl.collector.retention import prune_and_forget
 from spanrl.collector.sql import SqlRunner
 from spanrl.errors import CollectorError, ConfigError, StoreError
-from spanrl.http_server import ThreadedServer, bind
+from spanrl.http_server import Receive, Send, ThreadedServer, bind, respond
 from spanrl.store import SpanStore
 from spanrl.store.kept_rollouts import materialize
 from spanrl.trust import Tokens, browser_refusal
@@ -73,10 +74,6 @@ _ROUTES = {
 
 # How an operator opens a closed scope (no token grants it): the collector's options.
 _FIX = {scope: f"--{scope}-token-file (or --token-file for every scope)" for scope in ("ingest", "read", "admin")}
-
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-
 
 class _HttpError(Exception):
     def __init__(
@@ -151,7 +148,7 @@ class OtlpHttpApp:
             if path == "/health":
                 doc = self._health()
                 doc["db"] = self._store.path if self._store.path == ":memory:" else os.path.abspath(self._store.path)
-                await _respond(send, 200 if doc["status"] == "ok" else 503, orjson.dumps(doc), _JSON_TYPE)
+                await respond(send, 200 if doc["status"] == "ok" else 503, orjson.dumps(doc), _JSON_TYPE)
                 return
             if path not in _ROUTES:
                 raise _HttpError(404, f"no route {path}; use POST /v1/traces, /v1/sql, /v1/prune, /v1/materialize "
@@ -191,7 +188,7 @@ class OtlpHttpApp:
                 await self._sql(send, body, headers)
             elif path == "/v1/materialize":
                 done = await asyncio.to_thread(materialize, self._store)
-                await _respond(send, 200, orjson.dumps(done), _JSON_TYPE)
+                await respond(send, 200, orjson.dumps(done), _JSON_TYPE)
             else:
                 await self._prune(send, body)
         finally:
@@ -247,20 +244,21 @@ class OtlpHttpApp:
             doc: dict[str, Any] = {}
             if batch.rejected:
                 doc["partialSuccess"] = {"rejectedSpans": str(batch.rejected), "errorMessage": batch.error_message}
-            await _respond(send, 200, orjson.dumps(doc), _JSON_TYPE)
+            await respond(send, 200, orjson.dumps(doc), _JSON_TYPE)
         else:
             response = ExportTraceServiceResponse()
             if batch.rejected:
                 response.partial_success.rejected_spans = batch.rejected
                 response.partial_success.error_message = batch.error_message
-            await _respond(send, 200, response.SerializeToString(), _PROTOBUF_TYPE)
+            await respond(send, 200, response.SerializeToString(), _PROTOBUF_TYPE)
 
     def _decode_and_queue(self, body: bytes, as_json: bool, held: DecodeBudget,
                           authorization: str | None) -> tuple[EncodedBatch, Future[int]]:
         """Decode (the C fast path, else Python; raises only PermanentError / RetryableError), keep what the
-        sender may send, and hand the batch on (the reward check, then the batcher, both thread-safe)."""
+        sender presented, and hand the batch on (the sender check, the reward check, then the batcher, all
+        thread-safe)."""
         batch = decode_otlp_body(body, as_json=as_json, budget=held, fast=self._fast)
-        batch = admit(batch, self._tokens, self._claims, authorization)
+        batch.sender_scopes = self._tokens.scopes_of(authorization)
         return batch, self._next.consume(batch)
 
     async def _sql(self, send: Send, body: bytes, headers: dict[str, str]) -> None:
@@ -275,7 +273,7 @@ class OtlpHttpApp:
             raise PermanentError(f'"params" must be an array or an object, got {type(params).__name__}')
         arrow = ARROW_STREAM_TYPE in headers.get("accept", "")
         payload = await self._sql_runner.query(doc["sql"], params, arrow=arrow)
-        await _respond(send, 200, payload, ARROW_STREAM_TYPE if arrow else _JSON_TYPE)
+        await respond(send, 200, payload, ARROW_STREAM_TYPE if arrow else _JSON_TYPE)
 
 
     async def _prune(self, send: Send, body: bytes) -> None:
@@ -290,16 +288,7 @@ class OtlpHttpApp:
             deleted = await asyncio.to_thread(prune_and_forget, self._store, float(older), self._claims)
         except ConfigError as exc:  # out of range (1e308 was a retryable 503): the request is wrong
             raise PermanentError(f'prune request "older_than_s": {exc}') from None
-        await _respond(send, 200, orjson.dumps({"deleted_spans": deleted}), _JSON_TYPE)
-
-
-async def _respond(
-    send: Send, status: int, body: bytes, ctype: str, extra: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    headers = [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode())]
-    headers.extend(extra or [])
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+        await respond(send, 200, orjson.dumps({"deleted_spans": deleted}), _JSON_TYPE)
 
 
 async def _error(
@@ -307,10 +296,10 @@ async def _error(
 ) -> None:
 
     if as_json:
-        await _respond(send, status, orjson.dumps({"code": grpc_code, "message": message}), _JSON_TYPE, extra)
+        await respond(send, status, orjson.dumps({"code": grpc_code, "message": message}), _JSON_TYPE, extra)
     else:
         body = status_pb2.Status(code=grpc_code, message=message).SerializeToString()
-        await _respond(send, status, body, _PROTOBUF_TYPE, extra)
+        await respond(send, status, body, _PROTOBUF_TYPE, extra)
 
 
 class HttpReceiver:
@@ -342,5 +331,5 @@ class HttpReceiver:
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop accepting, finish in-flight requests, stop the thread. Safe before start or twice."""
         if self._server is not None:
-            self._server.stop(timeout)
+            self._server.shutdown(timeout)
         self._server = None

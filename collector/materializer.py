@@ -7,17 +7,17 @@ spans came and a rollout may have gone quiet since (views.sql's ``rollout_quiet_
 query). It never holds the writer: acknowledgements still follow their commit, and DuckDB lets both
 transactions run at once (they write different tables). Adaptive: it waits at least ``interval_s`` and
 ``_BUSY_FACTOR`` times its last run, so it takes at most ~5% of the time however large the store.
-Errors are logged, never fatal.
+Errors are logged, never fatal (`collector.periodic`).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 
 from spanrl import semconv as sc
+from spanrl.collector.periodic import PeriodicWorker
 from spanrl.store import SpanStore
 from spanrl.store.kept_rollouts import materialize
 
@@ -33,41 +33,25 @@ _NEW_SPANS = f"""SELECT max(ingested_ns) AS newest,
 FROM spans WHERE ingested_ns > $cursor"""
 
 
-class Materializer:
+class Materializer(PeriodicWorker):
     """Runs `materialize` on ``store`` in a daemon thread; ``interval_s``: the shortest wait between runs."""
 
     def __init__(self, store: SpanStore, *, interval_s: float) -> None:
+        super().__init__(name="spanrl-materializer", interval_s=interval_s, busy_factor=_BUSY_FACTOR,
+                         doing="materializing decomposed rollouts")
         self._store = store
-        self._interval_s = interval_s
-        self._stop = threading.Event()
         self._cursor = -1  # newest ingested_ns seen by the last check
         self._last_run = time.monotonic()
         self._seen_at = -math.inf  # when the cursor last moved
-        self._thread = threading.Thread(target=self._loop, name="spanrl-materializer", daemon=True)
 
-    def start(self) -> "Materializer":
-        self._thread.start()
-        return self
-
-    def shutdown(self, timeout: float | None = None) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def _loop(self) -> None:
-        wait_s = self._interval_s
-        while not self._stop.wait(wait_s):
-            started = time.monotonic()
-            try:
-                if self._due():
-                    done = materialize(self._store)
-                    self._last_run = started
-                    if done["rollouts_kept"]:
-                        _logger.debug("kept %d decomposed rollouts in %.3f s", done["rollouts_kept"],
-                                      time.monotonic() - started)
-            except Exception as exc:  # the store may be reopening or closing: try again next time
-                _logger.warning("materializing decomposed rollouts failed: %s", str(exc).splitlines()[0])
-            wait_s = max(self._interval_s, _BUSY_FACTOR * (time.monotonic() - started))
+    def run_once(self) -> None:
+        started = time.monotonic()
+        if self._due():
+            done = materialize(self._store)
+            self._last_run = started
+            if done["rollouts_kept"]:
+                _logger.debug("kept %d decomposed rollouts in %.3f s", done["rollouts_kept"],
+                              time.monotonic() - started)
 
     def _due(self) -> bool:
         """Whether a rollout may have finished since the last run: an end span came (moves the cursor),

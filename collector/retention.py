@@ -5,16 +5,16 @@ A daemon thread runs `spanrl.store.prune` (one transaction on its own cursor, li
 ``interval_s`` and forgets the rollout claims of what it deleted: whole rollouts whose last span was
 *ingested* more than ``retention_s`` ago, and rollout-less spans ingested before then. Ingest time, not the
 sender's ``end_ns``: a span stamped far in the future is pruned like any other. It never holds the writer.
-Errors are logged, never fatal.
+Errors are logged, never fatal (`collector.periodic`).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
-from spanrl.collector.admission import RolloutClaims
+from spanrl.collector.periodic import PeriodicWorker
+from spanrl.collector.sender import RolloutClaims
 from spanrl.store import SpanStore
 from spanrl.store.maintenance import prune
 
@@ -39,38 +39,22 @@ def retention_interval_s(retention_s: float) -> float:
     return min(max(retention_s / 10.0, _MIN_INTERVAL_S), _MAX_INTERVAL_S)
 
 
-class Retention:
+class Retention(PeriodicWorker):
     """Runs `prune(store, retention_s)` in a daemon thread every ``interval_s``."""
 
     def __init__(self, store: SpanStore, *, retention_s: float, interval_s: float | None = None,
                  claims: RolloutClaims | None = None) -> None:
+        super().__init__(name="spanrl-retention",
+                         interval_s=retention_interval_s(retention_s) if interval_s is None else interval_s,
+                         doing=f"retention: pruning spans older than {retention_s:.0f} s")
         self._store = store
         self._claims = claims
         self._retention_s = retention_s
-        self._interval_s = retention_interval_s(retention_s) if interval_s is None else interval_s
-        self._stop = threading.Event()
         self.deleted_spans = 0
         """Spans deleted since start."""
-        self._thread = threading.Thread(target=self._loop, name="spanrl-retention", daemon=True)
 
-    def start(self) -> "Retention":
-        self._thread.start()
-        return self
-
-    def shutdown(self, timeout: float | None = None) -> None:
-        """Stop the thread (after the prune in progress). Safe before start or twice."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            try:
-                deleted = prune_and_forget(self._store, self._retention_s, self._claims)
-            except Exception as exc:  # the store may be reopening or closing: try again next time
-                _logger.warning("retention: pruning spans older than %.0f s failed: %s", self._retention_s,
-                                str(exc).splitlines()[0])
-                continue
-            self.deleted_spans += deleted
-            if deleted:
-                _logger.info("retention: deleted %d spans ingested over %.0f s ago", deleted, self._retention_s)
+    def run_once(self) -> None:
+        deleted = prune_and_forget(self._store, self._retention_s, self._claims)
+        self.deleted_spans += deleted
+        if deleted:
+            _logger.info("retention: deleted %d spans ingested over %.0f s ago", deleted, self._retention_s)

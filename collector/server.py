@@ -20,7 +20,9 @@ import threading
 
 from typing import Any
 
-from spanrl.collector.admission import Admission, RewardCheck, RolloutClaims
+from spanrl.collector.admission import Admission
+from spanrl.collector.rewards import RewardCheck
+from spanrl.collector.sender import RolloutClaims, SenderCheck
 from spanrl import semconv
 from spanrl.collector.batcher import Batcher, SpanWriter
 from spanrl.collector.encoding import encode_request
@@ -33,6 +35,7 @@ from spanrl.collector.retention import Retention
 from spanrl.collector.sql import SqlRunner
 from spanrl.errors import CollectorError, StoreError
 from spanrl.http_server import url_host
+from spanrl.lifecycle import Lifecycle, State
 from spanrl.store import SpanStore
 
 __all__ = ["Collector"]
@@ -58,17 +61,13 @@ class Collector:
         self._retention: Retention | None = None
         self.failed = threading.Event()
         """Set when the store failed and could not be reopened (``spanrl collector`` then exits 3)."""
-        self._lock = threading.Lock()
-        self._state = "new"
+        self._life = Lifecycle("collector", CollectorError)
         self._start_error: str | None = None  # the store could not be opened
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> "Collector":
         """Open the store and start both receivers. Raises `CollectorError` if a port cannot be bound."""
-        with self._lock:
-            if self._state != "new":
-                raise CollectorError(f"Cannot start a collector that is {self._state}; create a new one")
-            self._state = "running"
+        self._life.begin()
         cfg = self._config
         try:
             self._store = self._given_store if self._given_store is not None else SpanStore.open(
@@ -81,12 +80,14 @@ class Collector:
             self._writer = SpanWriter(self._store, on_failed=lambda _: self.failed.set())
             self._batcher = Batcher(cfg.batcher, self._writer)
             self._batcher.start()
-            checked = RewardCheck(cfg.reward_range, self._batcher)  # unusable rewards rejected per span, either decoder
             _warm_up()
             if cfg.materialize_interval_s is not None:
                 self._materializer = Materializer(self._store, interval_s=cfg.materialize_interval_s).start()
             retry_s = cfg.batcher.retry_after_s
             claims = RolloutClaims.load(self._store) if cfg.claim_rollouts else None
+            # Every decoded batch, from either receiver and either decoder, passes each stage once: what its
+            # sender may store, then its rewards (unusable ones rejected per span), then the batcher.
+            checked = SenderCheck(cfg.tokens(), claims, RewardCheck(cfg.reward_range, self._batcher))
             if cfg.retention_s is not None:
                 self._retention = Retention(self._store, retention_s=cfg.retention_s, claims=claims).start()
             # One byte budget for both receivers; a request count for each.
@@ -97,7 +98,6 @@ class Collector:
                     host=cfg.host,
                     port=cfg.grpc_port,
                     tokens=cfg.tokens(),
-                    claims=claims,
                     max_request_bytes=cfg.max_request_bytes,
                     max_concurrent_rpcs=cfg.grpc_max_concurrent_rpcs,
                     admission=inflight_bytes.with_request_cap(cfg.grpc_max_concurrent_rpcs),
@@ -139,10 +139,8 @@ class Collector:
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop receivers, commit everything accepted, close the store. Safe before start or twice."""
-        with self._lock:
-            if self._state == "stopped":
-                return
-            self._state = "stopped"
+        if not self._life.end():
+            return
         timeout = self._config.shutdown_timeout_s if timeout is None else timeout
         if self._grpc is not None:
             self._grpc.shutdown(timeout)
@@ -162,7 +160,7 @@ class Collector:
             self._store.close()
 
     def __enter__(self) -> "Collector":
-        if self._state == "new":
+        if self._life.state is State.NEW:
             self.start()
         return self
 

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from spanrl.errors import ConfigError, ServingError
+from spanrl.errors import ConfigError, ServingError, one_of
 from spanrl.rollouts.rollouts import settings_of
 from spanrl.serving.client import PolicyClient
 
@@ -77,22 +77,18 @@ class ServingConfig:
 
     def validate(self) -> ServingConfig:
         """Raise :class:`ConfigError` naming the first bad field; return self."""
-        if self.backend not in _BACKENDS:
-            raise ConfigError(f"serving.backend must be one of {_BACKENDS}, got {self.backend!r}")
-        if self.dtype not in _DTYPES:
-            raise ConfigError(f"serving.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        one_of("serving.backend", self.backend, _BACKENDS)
+        one_of("serving.dtype", self.dtype, _DTYPES)
         if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(f"serving.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
-        if self.balance not in _BALANCE:
-            raise ConfigError(f"serving.balance must be one of {_BALANCE}, got {self.balance!r}")
+        one_of("serving.balance", self.balance, _BALANCE)
         if isinstance(self.urls, str):
             self.urls = (self.urls,)
         self.urls = tuple(self.urls)
         for url in self.urls:
             if not isinstance(url, str) or not url.startswith(("http://", "https://")):
                 raise ConfigError(f"serving.urls entries must be http(s):// roots of policy servers, got {url!r}")
-        if self.placement not in _PLACEMENTS:
-            raise ConfigError(f"serving.placement must be one of {_PLACEMENTS}, got {self.placement!r}")
+        one_of("serving.placement", self.placement, _PLACEMENTS)
         if not isinstance(self.replicas, int) or isinstance(self.replicas, bool) or self.replicas < 1:
             raise ConfigError(f"serving.replicas must be a positive integer, got {self.replicas!r}")
         if not isinstance(self.ray_resources, dict) or any(

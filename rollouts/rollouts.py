@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from spanrl import env, semconv
-from spanrl.errors import ConfigError
+from spanrl.errors import ConfigError, one_of
 
 __all__ = [
     "BACKENDS", "STATUS_CRASHED", "STATUS_NO_REWARD", "STATUS_OK", "STATUS_TIMEOUT", "AgentFn", "LLMEndpoint",
@@ -114,8 +114,7 @@ class RolloutsConfig:
 
     def validate(self) -> RolloutsConfig:
         """Raise :class:`ConfigError` naming the first bad field; return self."""
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"rollouts.backend must be one of {BACKENDS}, got {self.backend!r}")
+        one_of("rollouts.backend", self.backend, BACKENDS)
         if self.scheduling_strategy not in _STRATEGIES:
             raise ConfigError(f"rollouts.scheduling_strategy must be one of {_STRATEGIES}, "
                               f"got {self.scheduling_strategy!r}")

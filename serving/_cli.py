@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from spanrl import env
-from spanrl.errors import SpanRLError
+from spanrl.errors import USAGE_EXIT_CODE, SpanRLError, cli_error
 from spanrl.trust import add_token_option, env_token, token_from_args
 from spanrl.extras import needs_extra
 
@@ -69,12 +68,10 @@ def _serve(args: argparse.Namespace) -> int:
         collector_token = (token_from_args(args, "--collector-token") or env_token(env.SPANRL_COLLECTOR_POLICY_TOKEN)
                            or env_token(env.SPANRL_COLLECTOR_TOKEN))
     except SpanRLError as exc:
-        print(f"spanrl serve: {exc}", file=sys.stderr)
-        return 2
+        return cli_error(exc)
     modules = dict(m.partition("=")[::2] for m in args.lora_modules)
     if any("=" not in m for m in args.lora_modules):
-        print("spanrl serve: --lora-modules takes NAME=PATH pairs", file=sys.stderr)
-        return 2
+        return cli_error("--lora-modules takes NAME=PATH pairs")
     config = ServerConfig(
         model=args.model,
         lora_modules=modules,
@@ -103,7 +100,6 @@ def _serve(args: argparse.Namespace) -> int:
         config.max_body_bytes = args.max_body_bytes
     try:
         PolicyServer(config).serve_forever()
-    except SpanRLError as exc:  # a bad flag or model: say which, no traceback
-        print(f"spanrl serve: {exc}", file=sys.stderr)
-        return 2
+    except SpanRLError as exc:  # a bad flag or model (its ServingError too) is bad input: say which, no traceback
+        return cli_error(exc, USAGE_EXIT_CODE)
     return 0

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from spanrl.errors import ServingError
+from spanrl.lifecycle import Lifecycle, State
 from spanrl.serving.backend import Backend, Completion, GenerationRequest, GenerationResult
 
 __all__ = ["Batcher", "QueueFullError"]
@@ -69,7 +70,7 @@ class Batcher:
         # policy version per adapter (None: the base); each reload bumps only its own
         self._versions: dict[str | None, int] = {None: 0, **{n: 0 for n in getattr(backend, "adapter_names", ())}}
         self._lock = threading.Lock()
-        self._closed = False
+        self._life = Lifecycle("batcher", ServingError)
 
     @property
     def version(self) -> int:
@@ -89,16 +90,13 @@ class Batcher:
 
     def start(self) -> None:
         """Start the batcher thread (idempotent)."""
-        if self._closed:
-            raise ServingError("Cannot start a batcher once it has been shut down.")
-        if self._thread is None:
+        if self._life.begin(again=True):
             self._thread = threading.Thread(target=self._loop, name="spanrl-batcher", daemon=True)
             self._thread.start()
 
     def submit(self, request: GenerationRequest) -> concurrent.futures.Future[GenerationResult]:
         """Queue a request; the future resolves to its result or to the error that failed it."""
-        if self._closed:
-            raise ServingError("Cannot submit to a batcher once it has been shut down.")
+        self._life.refuse("submit to", State.STOPPED)
         future: concurrent.futures.Future[GenerationResult] = concurrent.futures.Future()
         try:
             self._queue.put_nowait(_Job(request, future))
@@ -122,9 +120,8 @@ class Batcher:
 
     def shutdown(self, timeout: float | None = 30.0) -> None:
         """Finish queued work, then stop the thread. Safe before start and twice."""
-        if self._closed:
+        if not self._life.end():
             return
-        self._closed = True
         if self._thread is not None:
             self._queue.put(_STOP)
             self._thread.join(timeout)

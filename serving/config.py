@@ -6,7 +6,7 @@ import dataclasses
 import pathlib
 
 from spanrl import env
-from spanrl.errors import ConfigError
+from spanrl.errors import ConfigError, one_of
 from spanrl.serving.tenants import check_api_keys
 from spanrl.trust import check_token, env_token, is_loopback
 
@@ -90,10 +90,8 @@ class ServerConfig:
         """Raise ConfigError naming the first bad field; return self."""
         if not str(self.model):
             raise ConfigError("model must be a model folder, a .gguf file or 'smollm2', got ''")
-        if self.backend not in _BACKENDS:
-            raise ConfigError(f"backend must be one of {_BACKENDS}, got {self.backend!r}")
-        if self.dtype not in _DTYPES:
-            raise ConfigError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        one_of("backend", self.backend, _BACKENDS)
+        one_of("dtype", self.dtype, _DTYPES)
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be an integer in 0..65535, got {self.port!r}")
         for name in ("max_batch_size", "max_queue_size", "default_max_tokens", "max_body_bytes"):

@@ -13,6 +13,7 @@ from typing import Any
 from spanrl import semconv
 from spanrl.errors import ServingError
 from spanrl.http_server import ThreadedServer, bind, url_host
+from spanrl.lifecycle import Lifecycle
 from spanrl.serving.backend import Backend, GenerationRequest, GenerationResult, SamplingParams
 from spanrl.serving.batcher import Batcher
 from spanrl.serving.config import ServerConfig
@@ -63,20 +64,18 @@ class PolicyServer:
         self._server: ThreadedServer | None = None
         self._state: Any = None
         self._app_obj: Any = None
-        self._closed = False
+        self._life = Lifecycle("policy server", ServingError)
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> PolicyServer:
         """Load the model, start the batcher and serve HTTP in a background thread; return self."""
-        if self._closed:
-            raise ServingError("Cannot start a policy server once it has been shut down.")
-        if self._server is not None:
+        if not self._life.begin(again=True):
             return self
         self._prepare()
         try:
             sock = bind(self.config.host, self.config.port)
         except OSError as exc:
-            self._stop_parts()
+            self.shutdown()
             raise ServingError(f"port: cannot bind {self.config.host}:{self.config.port}: {exc}") from exc
         self._server = ThreadedServer(self._app(), sock, name="spanrl-policy-http")
         if not self._server.start(_START_TIMEOUT_S):
@@ -89,6 +88,8 @@ class PolicyServer:
         """Serve in the calling (main) thread until SIGINT / SIGTERM, then shut down cleanly: queued
         generations finish and spans are flushed before this returns (``spanrl serve``)."""
         import uvicorn
+
+        self._life.begin()
 
         class _Server(uvicorn.Server):
             @contextlib.contextmanager
@@ -113,11 +114,10 @@ class PolicyServer:
 
     def shutdown(self) -> None:
         """Stop HTTP, finish queued generations, flush spans. Safe before start and twice."""
-        if self._closed:
+        if not self._life.end():
             return
-        self._closed = True
         if self._server is not None:
-            self._server.stop(_STOP_TIMEOUT_S)
+            self._server.shutdown(_STOP_TIMEOUT_S)
         self._stop_parts()
 
     def __enter__(self) -> PolicyServer:

@@ -22,7 +22,7 @@ import importlib
 import logging
 import sys
 
-from spanrl.errors import MissingExtraError, SpanRLError
+from spanrl.errors import MissingExtraError, SpanRLError, cli_error
 from spanrl.extras import extra_of_module, require_extra
 
 # Modules with a `register(subparsers)` function, in the order their commands are listed.
@@ -73,8 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             require_extra(args.extra, args.extra_for)
         return _run(args)
     except SpanRLError as exc:  # bad input or a failed run: one clear line, no traceback
-        print(f"spanrl: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return cli_error(exc)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -1,9 +1,9 @@
 """The public exceptions of spanrl, one shallow tree::
 
     SpanRLError
-    ├── ConfigError          a bad argument, config field or environment value
+    ├── ConfigError          a bad argument, config field or environment value (exit status 2: bad input)
     │   ├── MissingExtraError  a command needs an extra that is not installed (pip install 'spanrl[EXTRA]')
-    │   └── UsageError       a file or folder a command cannot read as what it asked for (exit status 2)
+    │   └── UsageError       a file or folder a command cannot read as what it asked for
     ├── StoreError           the DuckDB span store cannot do what was asked
     │   ├── StoreBusyError   another process holds the database file (and no collector serves SQL)
     │   └── StoreUnavailableError  no collector answers, or it answered 503: try again later
@@ -13,9 +13,16 @@
 
 Collector-internal errors keep the OTLP split between *retryable* (UNAVAILABLE / 503) and *permanent*
 (INVALID_ARGUMENT / 400) in `spanrl.collector.errors`.
+
+A ``spanrl`` command ends on an error in one way, `cli_error`: one line on stderr, ``spanrl: error: MESSAGE``, no
+traceback, and the exit status of its kind: 2 for bad input (as argparse's own usage errors), 1 for a run that
+could not do what was asked.
 """
 
 from __future__ import annotations
+
+import sys
+from typing import Iterable
 
 __all__ = [
     "CollectorError",
@@ -28,7 +35,12 @@ __all__ = [
     "StoreUnavailableError",
     "TrainingError",
     "UsageError",
+    "cli_error",
+    "one_of",
 ]
+
+USAGE_EXIT_CODE = 2
+"""A ``spanrl`` command's exit status for bad input: a bad flag, config field, file or environment value."""
 
 
 class SpanRLError(Exception):
@@ -40,6 +52,8 @@ class SpanRLError(Exception):
 
 class ConfigError(SpanRLError, ValueError):
     """A bad argument, config field or environment value; the message names the field."""
+
+    exit_code = USAGE_EXIT_CODE
 
 
 class MissingExtraError(ConfigError):
@@ -53,10 +67,7 @@ class MissingExtraError(ConfigError):
 
 class UsageError(ConfigError):
     """A command was given a file or folder it cannot read as what it asked for: a config that is not valid
-    YAML, a tasks file of another format, a folder that is neither a model nor a run. Exit status 2, as for
-    a bad command line."""
-
-    exit_code = 2
+    YAML, a tasks file of another format, a folder that is neither a model nor a run."""
 
 
 class StoreError(SpanRLError):
@@ -82,3 +93,21 @@ class ServingError(SpanRLError):
 
 class TrainingError(SpanRLError):
     """The training loop cannot go on."""
+
+
+def one_of(field: str, value: object, allowed: Iterable[object]) -> None:
+    """The check of a setting against its allowed values, worded one way: `ConfigError` ``FIELD must be one of A,
+    B; got 'x'`` (the field, the allowed values, the bad value) unless ``value`` is among ``allowed``."""
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ConfigError(f"{field} must be one of {', '.join(map(str, allowed))}; got {value!r}")
+
+
+def cli_error(problem: BaseException | str, exit_code: int | None = None) -> int:
+    """End a ``spanrl`` command on ``problem``: print ``spanrl: error: PROBLEM`` (one line, no traceback) to stderr
+    and return the exit status: ``exit_code`` when given, else the error's own (`SpanRLError.exit_code`), else
+    `USAGE_EXIT_CODE` for a message (a command's own check of its input)."""
+    if exit_code is None:
+        exit_code = getattr(problem, "exit_code", 1) if isinstance(problem, BaseException) else USAGE_EXIT_CODE
+    print(f"spanrl: error: {problem}", file=sys.stderr, flush=True)
+    return exit_code

@@ -3,7 +3,8 @@
 The collector's OTLP/HTTP receiver, the policy server and the viewer each bind their socket first (so a
 port in use is their own clear error, and port 0 is known before serving), then hand it to
 `ThreadedServer`. ``url_host`` writes a bound host the way a URL needs it. uvicorn is imported only when
-a server is built: ``import spanrl`` stays light.
+a server is built: ``import spanrl`` stays light. The two raw ASGI apps (the collector's OTLP/HTTP, the
+viewer) answer through `respond`; each keeps its own error body (OTLP's Status, the viewer's ``{"error"}``).
 """
 
 from __future__ import annotations
@@ -11,9 +12,21 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Awaitable, Callable
 
-__all__ = ["ThreadedServer", "bind", "bracketed", "url_host"]
+__all__ = ["Receive", "Send", "ThreadedServer", "bind", "bracketed", "respond", "url_host"]
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+async def respond(send: Send, status: int, body: bytes, content_type: str,
+                  headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """One whole ASGI response: ``body`` with its content type and length, then ``headers``."""
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode()),
+                            *(headers or ())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def bracketed(host: str) -> str:
@@ -72,10 +85,10 @@ class ThreadedServer:
         return True
 
     def run(self) -> None:
-        """Serve in the calling thread until `stop` (uvicorn handles signals only in the main thread)."""
+        """Serve in the calling thread until `shutdown` (uvicorn handles signals only in the main thread)."""
         self._server.run(sockets=[self._sock])
 
-    def stop(self, timeout_s: float | None = None) -> None:
+    def shutdown(self, timeout_s: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish (uvicorn's graceful timeout), join the thread.
         Safe before `start` and twice."""
         self._server.should_exit = True

@@ -149,6 +149,6 @@ ROLLOUT_END_REASON = "spanrl.rollout.end.reason"  # agent_exit | agent_done | ti
 
 DERIVED_ROLLOUT_PREFIXES = ("conversation:", "trace:", "response:")
 """Rollout ids the store derives itself (store/views.sql: a conversation's traces, a trace or a response with no
-rollout id); no span may name one (collector/admission.py), so imported trajectories that carry one get
+rollout id); no span may name one (collector/sender.py), so imported trajectories that carry one get
 ``IMPORTED_ROLLOUT_PREFIX`` before it (store/atif.py)."""
 IMPORTED_ROLLOUT_PREFIX = "imported:"

@@ -54,13 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     needs_extra(i, "collector")
 
 
-def _fail(message: object) -> int:
-    print(f"spanrl: error: {message}", file=sys.stderr)
-    return 1
-
-
 def _sql(args: argparse.Namespace) -> int:
-    from spanrl.errors import SpanRLError
+    from spanrl.errors import SpanRLError, cli_error
     from spanrl.store import SpanStore
     from spanrl.store._format import write_result
 
@@ -78,12 +73,12 @@ def _sql(args: argparse.Namespace) -> int:
             write_result(table, args.format, sys.stdout.buffer)
             sys.stdout.flush()
     except SpanRLError as exc:
-        return _fail(exc)
+        return cli_error(exc)
     return 0
 
 
 def _export(args: argparse.Namespace) -> int:
-    from spanrl.errors import SpanRLError
+    from spanrl.errors import SpanRLError, cli_error
     from spanrl.store import SpanStore
     from spanrl.store.maintenance import export_parquet
 
@@ -95,14 +90,14 @@ def _export(args: argparse.Namespace) -> int:
             with SpanStore.open(db_path(args), read_only=True) as store:
                 paths = export_parquet(store, args.parquet)
     except SpanRLError as exc:
-        return _fail(exc)
+        return cli_error(exc)
     for path in paths:
         print(path)
     return 0
 
 
 def _prune(args: argparse.Namespace) -> int:
-    from spanrl.errors import SpanRLError
+    from spanrl.errors import SpanRLError, cli_error
     from spanrl.store import SpanStore
     from spanrl.store.maintenance import parse_duration_s, prune
 
@@ -115,13 +110,13 @@ def _prune(args: argparse.Namespace) -> int:
             with SpanStore.open(db_path(args)) as store:
                 deleted = prune(store, older_than_s)
     except SpanRLError as exc:
-        return _fail(exc)
+        return cli_error(exc)
     print(f"deleted {deleted} spans ended more than {args.older_than} ago")
     return 0
 
 
 def _materialize(args: argparse.Namespace) -> int:
-    from spanrl.errors import SpanRLError
+    from spanrl.errors import SpanRLError, cli_error
     from spanrl.store import SpanStore
     from spanrl.store.kept_rollouts import materialize
 
@@ -133,13 +128,13 @@ def _materialize(args: argparse.Namespace) -> int:
             with SpanStore.open(db_path(args)) as store:
                 done = materialize(store)
     except SpanRLError as exc:
-        return _fail(exc)
+        return cli_error(exc)
     print(f"kept {done['rollouts_kept']} decomposed rollouts (dropped {done['rows_dropped']} stale rows)")
     return 0
 
 
 def _import(args: argparse.Namespace) -> int:
-    from spanrl.errors import SpanRLError
+    from spanrl.errors import SpanRLError, cli_error
     from spanrl.store.atif import atif_requests, read_atif
     from spanrl.store.importing import import_otlp_lines, read_otlp_lines
 
@@ -170,7 +165,7 @@ def _import(args: argparse.Namespace) -> int:
                 report = import_otlp_lines(requests(), url=collector.http_endpoint, token=token,
                                            stored=_stored_ids(collector.store))
     except SpanRLError as exc:
-        return _fail(exc)
+        return cli_error(exc)
     unit = "lines" if args.format == "otlp" else "trajectories"
     print(f"imported {report.spans_sent} spans from {report.lines} {unit} of {args.file} "
           f"({report.spans_already_stored} already stored, {report.spans_rejected} rejected)")
@@ -203,7 +198,7 @@ def register_export_trajectories(sub: argparse._SubParsersAction) -> None:
 def _export_trajectories(args: argparse.Namespace) -> int:
     import orjson
 
-    from spanrl.errors import SpanRLError
+    from spanrl.errors import SpanRLError, cli_error
     from spanrl.store import SpanStore
     from spanrl.store.atif import export_atif
 
@@ -215,7 +210,7 @@ def _export_trajectories(args: argparse.Namespace) -> int:
             with SpanStore.open(db_path(args), read_only=True) as store:
                 trajectories = export_atif(store, rollout_ids=args.rollout_id)
     except SpanRLError as exc:
-        return _fail(exc)
+        return cli_error(exc)
     with open(args.output, "wb") as out:
         out.write(orjson.dumps(trajectories, option=orjson.OPT_INDENT_2))
     print(f"wrote {len(trajectories)} trajectories to {args.output}")

@@ -10,7 +10,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from spanrl.errors import ConfigError
+from spanrl.errors import one_of
 
 __all__ = ["FORMATS", "write_result"]
 
@@ -40,6 +40,7 @@ def _text_table(table: pa.Table) -> str:
 
 def write_result(table: pa.Table, fmt: str, out: BinaryIO) -> None:
     """Write ``table`` to the binary stream ``out`` in ``fmt`` (one of `FORMATS`)."""
+    one_of("format", fmt, FORMATS)
     if fmt == "table":
         out.write(_text_table(table).encode())
     elif fmt == "csv":
@@ -55,7 +56,5 @@ def write_result(table: pa.Table, fmt: str, out: BinaryIO) -> None:
         out.write(text.getvalue().encode())
     elif fmt == "json":
         out.write(orjson.dumps(table.to_pylist(), default=str) + b"\n")
-    elif fmt == "parquet":
-        pq.write_table(table, out)
     else:
-        raise ConfigError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+        pq.write_table(table, out)

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from spanrl import env
 from spanrl.errors import StoreBusyError, StoreError
+from spanrl.store import duckdb_errors
 
 __all__ = ["READ_STATEMENT_TYPES", "SpanStore"]
 
@@ -28,7 +29,6 @@ _logger = logging.getLogger(__name__)
 
 _SCHEMA_FILE = "schema.sql"
 _VIEWS_FILE = "views.sql"
-_LOCK_MESSAGE = "Could not set lock on file"
 _BATCH_VIEW = "__spanrl_append_batch"
 # EXPLAIN [ANALYZE | (options)] <statement>: the statement after it must itself be a read (EXPLAIN
 # ANALYZE runs it: `EXPLAIN ANALYZE COPY ... TO 'file'` would write).
@@ -383,9 +383,6 @@ class SpanStore:
 
 
 _FILE_HEADERS_BYTES = 3 * 4096  # DuckDB's main header and its two database headers, before the first block
-_DISK_FULL = ("No space left", "File too large", "Disk full", "disk is full")
-
-
 def _check_not_truncated(con: duckdb.DuckDBPyConnection, path: str) -> None:
     """`StoreError` when the file is shorter than the blocks its header names (truncated, or partly
     copied): DuckDB itself opens such a file, answers counts from its metadata, takes writes into the
@@ -405,13 +402,10 @@ def _check_not_truncated(con: duckdb.DuckDBPyConnection, path: str) -> None:
         )
 
 
-_DAMAGED = ("Corrupt database file", "is not a valid DuckDB database file")  # DuckDB's block checksums, its header
-
-
 def _damaged(path: str, exc: BaseException) -> str | None:
     """The message for a file DuckDB found damaged (a block whose checksum fails, a header it cannot read), else None.
     Blocks are checked as they are read: at start for what the collector reads then, later for the rest."""
-    if not any(needle in str(exc) for needle in _DAMAGED):
+    if not duckdb_errors.damaged(exc):
         return None
     first = str(exc).splitlines()[0]
     return (f"the span store {path!r} is damaged: {first}. Restore it from a backup, or move it away to start a "
@@ -424,7 +418,7 @@ def _open_failure(path: str, exc: BaseException) -> str:
     if damaged is not None:
         return damaged
     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    if any(needle in str(exc) for needle in _DISK_FULL):
+    if duckdb_errors.disk_full(exc):
         return (f"cannot open the span store {path!r}: the disk is full (or a file size limit was reached): {first}. "
                 "Nothing stored was lost; free some space and start again")
     return f"cannot open the span store {path!r}: {first}"
@@ -434,14 +428,14 @@ def _connect(path: str, read_only: bool, config: dict[str, str | int | bool]) ->
     try:
         return duckdb.connect(path, read_only=read_only, config=config)
     except duckdb.IOException as exc:
-        if _LOCK_MESSAGE in str(exc):
+        if duckdb_errors.locked(exc):
             raise StoreBusyError(
                 f"the span store {path!r} is held by another process and no collector answered SQL "
                 f"for it; query through that collector (spanrl sql --url URL) or stop it. ({exc})"
             ) from exc
         raise StoreError(_open_failure(path, exc)) from exc
     except duckdb.Error as exc:
-        if "memory_limit" not in config or read_only or any(needle in str(exc) for needle in _DISK_FULL):
+        if "memory_limit" not in config or read_only or duckdb_errors.disk_full(exc):
             raise StoreError(_open_failure(path, exc)) from exc
         # Replaying a large WAL can need more than the configured cap: replay and checkpoint once
         # without it (DuckDB's default, 80% of RAM), then open again with the cap.

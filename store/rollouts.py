@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from spanrl import semconv
-from spanrl.errors import ConfigError
+from spanrl.errors import one_of
 from spanrl.store.sources import SqlSource
 
 __all__ = ["END_REASONS", "final_rewards", "finished_rewards", "ready", "record_end"]
@@ -45,8 +45,7 @@ def record_end(
 ) -> None:
     """Store the end of ``rollout_id``: one ``spanrl.rollout.end`` span (status ERROR for ``timeout`` and
     ``crashed``), appended to ``store`` (a writable ``SpanStore``) in its own transaction."""
-    if reason not in END_REASONS:
-        raise ConfigError(f"reason must be one of {', '.join(END_REASONS)}; got {reason!r}")
+    one_of("reason", reason, END_REASONS)
     now = time.time_ns()
     failed = reason in _FAILED_REASONS
     attributes = {semconv.ROLLOUT_ID: rollout_id, semconv.ROLLOUT_END_REASON: reason}

@@ -29,7 +29,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from spanrl.errors import ConfigError
+from spanrl.errors import ConfigError, one_of
 from spanrl.logs import log_to_file
 from spanrl.train_config import check_keys
 
@@ -73,8 +73,7 @@ class SweepConfig:
         return cfg, yaml.safe_load(base_path.read_text()) or {}, base_path.parent
 
     def validate(self) -> SweepConfig:
-        if self.search not in _SEARCHES:
-            raise ConfigError(f"sweep.search must be one of {_SEARCHES}, got {self.search!r}")
+        one_of("sweep.search", self.search, _SEARCHES)
         if not isinstance(self.parameters, dict) or not self.parameters:
             raise ConfigError("sweep.parameters must map train-config keys to values")
         for key, values in self.parameters.items():

@@ -3,6 +3,8 @@
     collector_proc   `spanrl collector` as a SUBPROCESS on free ports with a tmp db (sql(), kill(), restart())
     collector_proc_factory   start(token=..., name=...) more such subprocesses
     collector        an in-process `Collector` on free ports with a tmp db
+    tiny_model       the session's tiny model on the calculator's vocabulary (a folder; build it once)
+    one_torch_thread one intra-op torch thread for a module (``pytestmark = pytest.mark.usefixtures(...)``)
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ
 # The longest test files (2026-12-03, two workers on 2 cores: the SmolLM2 tool agent's learning test alone 25
 # minutes, the multiplication one 10, the demo 8, text-to-SQL 3, the wheel 3.7, the sweep 2.5), longest first.
 LONGEST_FILES = ("tests/examples/test_smollm2_agentic.py", "tests/examples/test_smollm2_multiplication.py",
-                 "tests/trainer/test_demo.py", "tests/trainer/test_demo_from_wheel.py",
+                 "tests/demo/test_demo.py", "tests/demo/test_demo_from_wheel.py",
                  "tests/examples/test_text2sql_train.py", "tests/sweep/test_sweep.py")
 
 
@@ -66,6 +68,30 @@ def one_ray_at_a_time() -> Iterator[None]:
     with open(Path(tempfile.gettempdir()) / "spanrl-tests-ray.lock", "w") as lock:  # closing it unlocks
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model the Trainer tests train: the calculator's vocabulary, one layer. Nothing writes into it
+    (runs write to their own output folder), so the whole session shares one."""
+    from spanrl.demo.calculator.tasks import vocabulary
+    from spanrl.demo.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny", words=vocabulary(), hidden_size=32,
+                            num_layers=1, num_heads=2, intermediate_size=64)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models run fastest on one intra-op thread; on a busy 2-core machine two threads were 10x slower."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
 
 _READY_PREFIX = "spanrl collector ready"
 _START_TIMEOUT_S = 60.0

@@ -16,7 +16,7 @@ checkout (holding a link to ``examples/`` for the walkthroughs run from a checko
 written there in their place, with the venv's ``bin`` on PATH and the
 default ports (4317, 4318, 8000) replaced by free ones; background jobs (``&``) are killed at the end.
 Documents that say "from an installed spanrl" run against the wheel (the fixture of
-``tests/trainer/test_demo_from_wheel.py``).
+``tests/demo/test_demo_from_wheel.py``).
 """
 
 from __future__ import annotations
@@ -131,11 +131,11 @@ def script(doc: Path, ports: dict[int, int]) -> str:
 
 @pytest.fixture(scope="module")
 def wheel_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    sys.path.insert(0, str(REPO / "tests" / "trainer"))
+    sys.path.insert(0, str(REPO / "tests" / "demo"))
     try:
         from test_demo_from_wheel import _build_and_install
     finally:
-        sys.path.remove(str(REPO / "tests" / "trainer"))
+        sys.path.remove(str(REPO / "tests" / "demo"))
     return _build_and_install(tmp_path_factory.mktemp("wheel"))
 
 

@@ -33,10 +33,10 @@ def test_serves_in_a_thread_on_a_port_it_bound_and_stops(host: str) -> None:
     assert server.start(10.0)
     url = f"http://{url_host(host)}:{server.port}/"
     assert urllib.request.urlopen(url, timeout=5).read() == b"hello"
-    server.stop(5.0)
+    server.shutdown(5.0)
     with pytest.raises(OSError):
         urllib.request.urlopen(url, timeout=2)
-    server.stop(5.0)  # twice is safe
+    server.shutdown(5.0)  # twice is safe
 
 
 def test_a_port_in_use_is_an_oserror_before_any_server() -> None:

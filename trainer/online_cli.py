@@ -21,11 +21,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import signal
-import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from spanrl.errors import ConfigError, SpanRLError
+from spanrl.errors import USAGE_EXIT_CODE, ConfigError, SpanRLError, cli_error
 from spanrl.trainer.reporting import Callback
 
 __all__ = ["OnlineConsole", "build_online_trainer", "run_online"]
@@ -98,8 +97,7 @@ def run_online(path: Path, *, output_dir: str | None = None, max_updates: int | 
     try:
         return _run_online(path, output_dir=output_dir, max_updates=max_updates, json_summary=json_summary)
     except SpanRLError as exc:
-        print(f"spanrl train --online: {exc}", file=sys.stderr)
-        return 2
+        return cli_error(exc, USAGE_EXIT_CODE)
 
 
 def _run_online(path: Path, *, output_dir: str | None, max_updates: int | None, json_summary: bool) -> int:

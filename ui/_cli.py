@@ -34,15 +34,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _ui(args: argparse.Namespace) -> int:
-    from spanrl.errors import SpanRLError
+    from spanrl.errors import SpanRLError, cli_error
     from spanrl.ui.server import UiServer
 
     try:
         server = UiServer.from_args(db=args.db, url=args.url, token=token_from_args(args, "--token"), runs=args.run,
                                     tokenizer=args.tokenizer, host=args.host, port=args.port)
     except SpanRLError as exc:
-        print(f"spanrl: error: {exc}", file=sys.stderr)
-        return 1
+        return cli_error(exc)
     if args.host not in _LOOPBACK and server.token is None:
         print(f"spanrl: warning: serving spans on {args.host} without a token; set SPANRL_COLLECTOR_TOKEN",
               file=sys.stderr)

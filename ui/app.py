@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from importlib import resources
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Sequence
 from urllib.parse import parse_qs
 
 import orjson
@@ -36,14 +36,12 @@ from spanrl.ui.source import Source
 from spanrl.ui.sqlbox import run_sql
 from spanrl.ui.subset import Scratch
 from spanrl.ui.tokens import TokenText
+from spanrl.http_server import Receive, Send, respond
 from spanrl.trust import Tokens, browser_refusal
 
 __all__ = ["UiApp"]
 
 _logger = logging.getLogger(__name__)
-
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 _STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                  ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml", ".png": "image/png"}
@@ -192,10 +190,7 @@ async def _read_body(receive: Receive) -> bytes:
 
 async def _respond(send: Send, status: int, body: bytes, content_type: str,
                    extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode()),
-               *_SECURITY_HEADERS]
-    await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
-    await send({"type": "http.response.body", "body": body})
+    await respond(send, status, body, content_type, [*_SECURITY_HEADERS, *(extra or ())])
 
 
 async def _error(send: Send, status: int, message: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:

@@ -16,7 +16,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spanrl.errors import ConfigError
+from spanrl.errors import ConfigError, one_of
 from spanrl.ui.source import Source
 
 __all__ = ["RolloutFilter", "RolloutIndex", "SORT_COLUMNS"]
@@ -91,10 +91,9 @@ class RolloutFilter:
     offset: int = 0
 
     def validate(self) -> "RolloutFilter":
-        if self.status is not None and self.status not in STATUSES:
-            raise ConfigError(f"status must be one of {', '.join(STATUSES)}; got {self.status!r}")
-        if self.sort not in SORT_COLUMNS:
-            raise ConfigError(f"sort must be one of {', '.join(SORT_COLUMNS)}; got {self.sort!r}")
+        if self.status is not None:
+            one_of("status", self.status, STATUSES)
+        one_of("sort", self.sort, SORT_COLUMNS)
         if not 1 <= self.limit <= 5000:
             raise ConfigError(f"limit must be between 1 and 5000; got {self.limit!r}")
         if self.offset < 0:

@@ -110,6 +110,7 @@ class UiServer:
             raise ConfigError(f"the viewer did not start on {self.url}")
         return self
 
-    def stop(self) -> None:
-        self._server.stop(_START_TIMEOUT_S)
+    def shutdown(self) -> None:
+        """Stop serving and close the store it reads. Safe twice."""
+        self._server.shutdown(_START_TIMEOUT_S)
         self.app.source.close()

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from spanrl.errors import ConfigError
+from spanrl.errors import ConfigError, one_of
 from spanrl.ui.source import Source
 
 __all__ = ["FORMATS", "MAX_SHOWN_ROWS", "run_sql"]
@@ -24,8 +24,7 @@ def run_sql(source: Source, query: Any, fmt: Any) -> tuple[bytes | dict[str, Any
     """(body, content type): a dict for ``json`` (columns, the first rows, the total), bytes otherwise."""
     if not isinstance(query, str) or not query.strip():
         raise ConfigError(f"sql must be a non-empty string with one SELECT statement, got {query!r}")
-    if fmt not in FORMATS:
-        raise ConfigError(f"format must be one of {', '.join(FORMATS)}; got {fmt!r}")
+    one_of("format", fmt, FORMATS)
     table = source.sql(query)
     if fmt == "json":
         shown = table.slice(0, MAX_SHOWN_ROWS)

@@ -18,12 +18,7 @@ from spanrl.errors import ConfigError
 _WORDS = [str(i) for i in range(20)] + ["add", "is"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

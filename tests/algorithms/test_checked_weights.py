@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from toy_task import batch_of, build_model, rollouts, one_torch_thread  # noqa: F401 (autouse fixture)
+from toy_task import batch_of, build_model, rollouts
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 from spanrl.algorithms.checkpoints import STATE_FILE
 from spanrl.algorithms.grpo import GRPO

@@ -63,10 +63,10 @@ def test_audit_reads_a_run_folder_and_names_a_bad_config(collector: Any, tmp_pat
     run = Path(collector.config.db_path).parent  # the fixture's store is tmp_path / spans.duckdb: a run folder
     assert main(["credit", "audit", str(run)]) == 0
     assert capsys.readouterr().out.splitlines()[2].split()[:2] == ["mode=identical", "0.750"]  # std-scaled: same order
-    assert main(["credit", "audit", str(run), "--config", "mode=step,gama=0.9"]) == 1
-    assert "--config takes FIELD=VALUE pairs of " in capsys.readouterr().err
-    assert main(["credit", "audit", str(tmp_path / "nothing")]) == 1
-    assert "store: no span store at" in capsys.readouterr().err
+    assert main(["credit", "audit", str(run), "--config", "mode=step,gama=0.9"]) == 2  # bad input: exit status 2
+    assert capsys.readouterr().err.startswith("spanrl: error: --config takes FIELD=VALUE pairs of ")
+    assert main(["credit", "audit", str(tmp_path / "nothing")]) == 2
+    assert capsys.readouterr().err.startswith("spanrl: error: store: no span store at")
 
 
 def test_auc_counts_ties_as_half_and_needs_both_kinds() -> None:

@@ -96,8 +96,9 @@ def test_train_plan_prints_every_part_and_runs_nothing(tmp_path: Path, capsys: p
 def test_train_refuses_a_config_that_cannot_fit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["train", str(_calculator_config(tmp_path)), "--plan-prompt-tokens", "100000000"])
     err = capsys.readouterr().err
-    assert code == 1, err
-    assert "does not fit" in err and "activations" in err and "micro_batch_size" in err
+    assert code == 2, err  # a config that cannot fit is bad input
+    assert err.startswith("spanrl: error: memory plan:") and "does not fit" in err and "activations" in err
+    assert "micro_batch_size" in err
     assert not (tmp_path / "run" / "history.jsonl").exists()
 
 

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from toy_task import batch_of, build_model, rollouts, success_rate, one_torch_thread  # noqa: F401 (autouse fixture)
+from toy_task import batch_of, build_model, rollouts, success_rate
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 from spanrl.algorithms.ppo import PPO, PPOConfig
 from spanrl.errors import ConfigError, TrainingError

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from toy_task import TARGET, batch_of, build_model, prompt_ids, rollouts, success_rate, one_torch_thread  # noqa: F401 (autouse fixture)
+from toy_task import TARGET, batch_of, build_model, prompt_ids, rollouts, success_rate
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 from spanrl.algorithms.sft import SFT, SFTConfig, select_transitions
 from spanrl.errors import ConfigError

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from toy_task import build_model, one_torch_thread  # noqa: F401 (autouse fixture)
+from toy_task import build_model
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 from spanrl.algorithms.batching import completion_logprobs
 from spanrl.algorithms.batching import MIN_SHARED_PREFIX, shared_prefix_length

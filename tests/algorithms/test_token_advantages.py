@@ -9,7 +9,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from test_transitions import Recorder, Rollout, deliver
-from toy_task import build_model, one_torch_thread, prompt_ids  # noqa: F401 (autouse fixture)
+from toy_task import build_model, prompt_ids
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 from spanrl.algorithms.credit import CreditConfig
 from spanrl.algorithms.grpo import GRPO

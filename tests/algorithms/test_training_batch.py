@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 import torch
 from test_transitions import Recorder, Rollout, by_rollout, deliver
-from toy_task import build_model, one_torch_thread, prompt_ids  # noqa: F401 (autouse fixture)
+from toy_task import build_model, prompt_ids
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 from spanrl.algorithms.tables import fill_missing_logprobs, pad_transitions
 from spanrl.algorithms.credit import CreditConfig, LightningRL

@@ -436,7 +436,7 @@ def test_export_transitions_cli_through_the_collector_and_from_the_file(collecto
     ds = datasets.load_from_disk(str(tmp_path / "hf"))
     assert ds["advantage"] == pytest.approx([math.sqrt(0.5), math.sqrt(0.5), -math.sqrt(0.5)], rel=1e-5)
     assert main(["export", "transitions", "--db", db, "--url", "http://127.0.0.1:9", "-o", str(tmp_path / "x"),
-                 "--credit-mode", "final"]) == 1
+                 "--credit-mode", "final"]) == 2
     assert "mode must be one of identical, discounted, step, gae; got 'final'" in capsys.readouterr().err
 
 

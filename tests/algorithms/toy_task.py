@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import pytest
 import torch
 
 from spanrl.demo.tiny import build_tiny_model
@@ -97,12 +96,3 @@ def success_rate(model, tokenizer, *, tasks: Sequence[int], samples: int, seed: 
     gen = torch.Generator().manual_seed(seed)
     batch = rollouts(model, tokenizer, tasks=tasks, group=samples, generator=gen)
     return sum(t.reward for t in batch) / len(batch)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models gain nothing from intra-op threads; on a shared 2-core machine one thread halves CPU time."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)

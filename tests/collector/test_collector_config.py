@@ -57,7 +57,7 @@ def test_shutdown_before_start_and_twice_is_safe(tmp_path):
     c = Collector(CollectorConfig(db_path=str(tmp_path / "x.duckdb"), grpc_port=0, http_port=0))
     c.shutdown()
     c.shutdown()
-    with pytest.raises(CollectorError, match="Cannot start a collector that is stopped"):
+    with pytest.raises(CollectorError, match="cannot start a collector that is stopped; create a new one"):
         c.start()
 
 
@@ -89,7 +89,7 @@ def test_duckdb_threads_flag_reaches_the_store(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "spanrl", "collector", "--duckdb-threads", "0",
                           "--db", str(tmp_path / "a.duckdb")],
                          capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 1 and "duckdb_threads must be None or at least 1, got 0" in bad.stderr
+    assert bad.returncode == 2 and "spanrl: error: duckdb_threads must be None or at least 1, got 0" in bad.stderr
     config = CollectorConfig(db_path=str(tmp_path / "b.duckdb"), grpc_port=-1, http_port=0, duckdb_threads=1)
     collector = Collector(config)
     collector.start()

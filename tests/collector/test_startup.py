@@ -65,7 +65,7 @@ def test_a_truncated_store_is_refused_at_start_with_the_reason(tmp_path):
 
     ran = _collector_cli(db, tmp_path)
     assert ran.returncode == 1 and "ready" not in ran.stdout
-    assert "spanrl collector: error: " in ran.stderr and "is damaged" in ran.stderr and "Traceback" not in ran.stderr
+    assert "spanrl: error: " in ran.stderr and "is damaged" in ran.stderr and "Traceback" not in ran.stderr
     assert db.stat().st_size == size // 2 and not Path(f"{db}.wal").exists()  # nothing written to it
 
 

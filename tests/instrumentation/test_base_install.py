@@ -90,7 +90,7 @@ def test_command_without_its_extra_says_which_to_install(base_venv: Path, tmp_pa
     extra = {"collector": "collector", "sql": "collector", "train": "train", "serve": "serve"}[command[0]]
     out = subprocess.run([str(base_venv / "bin" / "spanrl"), *command], cwd=tmp_path, env=_clean_env(),
                          capture_output=True, text=True, timeout=_RUN_TIMEOUT_S)
-    assert out.returncode == 1
+    assert out.returncode == 2  # a missing extra is bad input (MissingExtraError is a ConfigError)
     assert out.stdout == ""
     lines = out.stderr.splitlines()
     assert len(lines) == 1, out.stderr

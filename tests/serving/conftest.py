@@ -31,16 +31,8 @@ def require_vllm() -> None:
 
 
 @pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """Tiny models run fastest on one thread; on a busy 2-core machine two threads were 10x slower."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+def _one_torch_thread(one_torch_thread: None) -> None:
+    """Every policy server test runs on one torch thread (tests/conftest.py)."""
 
 
 @pytest.fixture(scope="session")

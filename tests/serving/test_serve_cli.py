@@ -50,4 +50,6 @@ def test_spanrl_serve_bad_flag_says_which(tmp_path) -> None:
     cmd = [sys.executable, "-m", "spanrl", "serve", "--model", str(tmp_path / "nothing"), "--otlp-endpoint", "none"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
-    assert "is not a Hugging Face model folder" in done.stderr and "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]  # after the log lines: the one error line
+    assert last.startswith("spanrl: error: model: ") and "is not a Hugging Face model folder" in last
+    assert "Traceback" not in done.stderr

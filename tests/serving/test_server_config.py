@@ -21,8 +21,8 @@ def test_default_config_validates_with_a_model() -> None:
     ("field", "value", "message"),
     [
         ("model", "", "model must be a model folder, a .gguf file or 'smollm2', got ''"),
-        ("backend", "onnx", "backend must be one of ('transformers', 'vllm'), got 'onnx'"),
-        ("dtype", "int8", "dtype must be one of ('float32', 'bfloat16', 'float16', 'auto'), got 'int8'"),
+        ("backend", "onnx", "backend must be one of transformers, vllm; got 'onnx'"),
+        ("dtype", "int8", "dtype must be one of float32, bfloat16, float16, auto; got 'int8'"),
         ("port", 70000, "port must be an integer in 0..65535, got 70000"),
         ("max_batch_size", 0, "max_batch_size must be a positive integer, got 0"),
         ("max_batch_delay_ms", -1.0, "max_batch_delay_ms must be >= 0, got -1.0"),

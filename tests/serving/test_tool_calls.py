@@ -40,19 +40,14 @@ def _teach(model_dir, steps: int = 50) -> torch.nn.Module:
         batch.append((torch.tensor([prompt + target]), len(prompt)))
     optim = torch.optim.AdamW(model.parameters(), lr=3e-3)
     torch.manual_seed(0)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: one thread is fastest, and 10x faster on a busy machine
-    try:
-        for _ in range(steps):
-            loss = torch.zeros(())
-            for ids, start in batch:
-                logits = model(ids).logits[0, start - 1 : -1]  # (T, V)
-                loss = loss + torch.nn.functional.cross_entropy(logits, ids[0, start:])
-            optim.zero_grad()
-            loss.backward()
-            optim.step()
-    finally:
-        torch.set_num_threads(threads)
+    for _ in range(steps):  # on one torch thread, as every serving test (tests/serving/conftest.py)
+        loss = torch.zeros(())
+        for ids, start in batch:
+            logits = model(ids).logits[0, start - 1 : -1]  # (T, V)
+            loss = loss + torch.nn.functional.cross_entropy(logits, ids[0, start:])
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
     return model
 
 

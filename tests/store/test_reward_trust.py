@@ -109,7 +109,7 @@ def test_latest_verdict_is_the_latest_stored_not_the_latest_stamped(collector):
 
 
 def test_the_readers_bound_is_the_collectors_widest_range(tmp_path):
-    from spanrl.collector.admission import DEFAULT_REWARD_RANGE
+    from spanrl.collector.rewards import DEFAULT_REWARD_RANGE
     from spanrl.store import SpanStore
 
     with SpanStore.open(tmp_path / "s.duckdb") as store:

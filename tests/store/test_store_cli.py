@@ -69,7 +69,7 @@ def test_export_and_prune_through_collector_then_on_file(collector_proc, tmp_pat
     res = _spanrl("store", "prune", "--older-than", "0s", *where)
     assert res.returncode == 0 and "deleted 4 spans" in res.stdout
     res = _spanrl("store", "prune", "--older-than", "soon", *where)
-    assert res.returncode == 1 and "got 'soon'" in res.stderr
+    assert res.returncode == 2 and "spanrl: error: older_than must be" in res.stderr and "got 'soon'" in res.stderr
 
 
 def test_sql_through_collector_with_token(collector_proc_factory):

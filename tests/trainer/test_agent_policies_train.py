@@ -15,7 +15,6 @@ import spanrl
 from spanrl.algorithms import GRPO
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.algorithms import AgentPolicy
-from spanrl.demo.tiny import build_tiny_model
 from spanrl.trainer import LLMEndpoint, RunnerConfig, Trainer, TrainerConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,18 +23,7 @@ sys.path.insert(0, str(REPO / "examples" / "calculator"))
 import calculator  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny", words=calculator.vocabulary(), hidden_size=32,
-                            num_layers=1, num_heads=2, intermediate_size=64)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 SEEN: list[tuple[str, str]] = []

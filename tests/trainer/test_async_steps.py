@@ -17,7 +17,6 @@ import pytest
 from spanrl.algorithms import GRPO, LightningRL
 from spanrl.errors import ConfigError
 from spanrl.trainer import RunnerConfig, Trainer, TrainerConfig
-from spanrl.demo.tiny import build_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 CALCULATOR = REPO / "examples" / "calculator"
@@ -42,14 +41,6 @@ _WORKER = textwrap.dedent(
         print(json.dumps({{"spanrl_done": job["rollout_id"]}}), flush=True)
     """
 )
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(
-        tmp_path_factory.mktemp("model") / "tiny", words=calculator.vocabulary(), hidden_size=32, num_layers=1,
-        num_heads=2, intermediate_size=64,
-    )
 
 
 def _trainer(model: Path, tmp_path: Path, out: Path, **fields: Any) -> Trainer:

@@ -57,7 +57,7 @@ def test_reloads_off_stops_spanrl_train_online_at_start(tiny: Path, collector: A
     finally:
         server.shutdown()
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [f"spanrl train --online: {OFF.format(url=url)}"]
+    assert done.stderr.strip().splitlines() == [f"spanrl: error: {OFF.format(url=url)}"]
     assert "now serving" not in done.stdout and not (tmp_path / "online" / "history.jsonl").exists()
 
 

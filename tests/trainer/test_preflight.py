@@ -43,7 +43,7 @@ def _error_line(done: subprocess.CompletedProcess) -> str:
 
 def test_misspelt_agent_file_refused_before_any_rollout(tmp_path: Path) -> None:
     done = _train(tmp_path, "", "[python, agnet.py]")
-    assert done.returncode == 1
+    assert done.returncode == 2  # bad input: exit status 2
     assert _error_line(done) == (
         f"spanrl: error: agent: no such file 'agnet.py' (agent: {sys.executable} agnet.py; a relative path is "
         f"looked up next to the config, then in the current folder {tmp_path}): fix the file name in agent")

@@ -11,13 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from spanrl.algorithms import GRPO, PPO
 from spanrl.trainer import LLMEndpoint, RunnerConfig, Trainer, TrainerConfig
 from spanrl.trainer.console import Console, step_line
 from spanrl.trainer.reporting import Callback, scalars_of
-from spanrl.demo.tiny import build_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "examples" / "calculator"))
@@ -25,20 +23,7 @@ sys.path.insert(0, str(REPO / "examples" / "calculator"))
 import calculator  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(
-        tmp_path_factory.mktemp("model") / "tiny", words=calculator.vocabulary(), hidden_size=32, num_layers=1,
-        num_heads=2, intermediate_size=64,
-    )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _agent(task: dict[str, Any], llm: LLMEndpoint) -> float:

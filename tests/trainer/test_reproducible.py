@@ -19,7 +19,6 @@ import torch
 from safetensors.torch import load_file
 
 from spanrl.algorithms import GRPO, LightningRL
-from spanrl.demo.tiny import build_tiny_model
 from spanrl.rollouts.rollouts import jobs_of
 from spanrl.rollouts.runner import LLMEndpoint, RolloutRunner
 from spanrl.seeding import derive_seed, step_jobs
@@ -31,14 +30,6 @@ sys.path.insert(0, str(REPO / "examples" / "calculator"))
 import calculator  # noqa: E402
 
 _BURN = "while True: pass"
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(
-        tmp_path_factory.mktemp("model") / "tiny", words=calculator.vocabulary(), hidden_size=32, num_layers=1,
-        num_heads=2, intermediate_size=64,
-    )
 
 
 @pytest.fixture

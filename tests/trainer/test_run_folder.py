@@ -39,7 +39,7 @@ def test_spanrl_train_into_an_earlier_run_names_the_choices(tmp_path: Path) -> N
     (tmp_path / "train.yaml").write_text(json.dumps(_config(tmp_path)))
     done = subprocess.run([sys.executable, "-m", "spanrl", "train", str(tmp_path / "train.yaml")],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.returncode == 2 and "Traceback" not in done.stderr  # bad input: exit status 2
     assert done.stderr.strip().splitlines() == [
         f"spanrl: error: output_dir: {tmp_path / 'run'} holds an earlier run (config.json, history.jsonl, "
         "spans.duckdb, checkpoint-3): continue it with --resume (resume: true), start over with --overwrite "
@@ -80,7 +80,7 @@ def test_demo_into_an_earlier_demo_offers_overwrite(tmp_path: Path) -> None:
     (out / "demo_result.json").write_text("{}")
     done = subprocess.run([sys.executable, "-m", "spanrl", "demo", "--quick", "--output-dir", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         f"spanrl: error: output_dir: {out} holds an earlier run (sft, demo_result.json): start over with "
         "--overwrite (removes that run), or choose another --output-dir"]

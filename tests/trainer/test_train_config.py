@@ -124,7 +124,7 @@ def test_unknown_key_names_the_nearest_valid_one(change: dict[str, Any], message
 def test_cli_reports_a_bad_key_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "train.yaml"
     config.write_text("model: m\nagent: python a.py\ntasks: [{id: a}]\nn_rollout: 4\n")
-    assert main(["train", str(config), "--output-dir", str(tmp_path / "run")]) == 1
+    assert main(["train", str(config), "--output-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("spanrl: error: 'n_rollout' is not a trainer setting; did you mean 'n_rollouts'?")
     assert "Traceback" not in err
@@ -147,7 +147,7 @@ def test_cli_reports_a_yaml_syntax_error_in_one_line(tmp_path: Path, capsys: pyt
         f"spanrl: error: config: {config}:3:34: not valid YAML: expected ',' or '}}', but got ':' (while parsing a "
         "flow mapping); fix that line (a value holding ': ' or ' #' needs quotes)"]
     assert main(["train", "--online", str(config)]) == 2  # the online config is read the same way
-    assert capsys.readouterr().err.startswith(f"spanrl train --online: config: {config}:3:34: not valid YAML")
+    assert capsys.readouterr().err.startswith(f"spanrl: error: config: {config}:3:34: not valid YAML")
 
 
 def test_cli_names_the_task_formats_for_a_csv_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

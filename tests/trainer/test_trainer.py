@@ -13,7 +13,6 @@ import pytest
 
 from spanrl.algorithms import GRPO, LightningRL
 from spanrl.trainer import RunnerConfig, Trainer, TrainerConfig
-from spanrl.demo.tiny import build_tiny_model
 from spanrl.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,14 +46,6 @@ _CHAOS_WORKER = textwrap.dedent(
         print(json.dumps({{"spanrl_done": job["rollout_id"]}}), flush=True)
     """
 )
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(
-        tmp_path_factory.mktemp("model") / "tiny", words=calculator.vocabulary(), hidden_size=32, num_layers=1,
-        num_heads=2, intermediate_size=64,
-    )
 
 
 def _chaos_agent(tmp_path: Path) -> list[str]:

@@ -15,7 +15,6 @@ import torch
 from spanrl.algorithms import APO, GRPO, PPO
 from spanrl.trainer import LLMEndpoint, RunnerConfig, Trainer, TrainerConfig
 from spanrl.algorithms.lora import LoRAConfig
-from spanrl.demo.tiny import build_tiny_model
 from spanrl.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,20 +27,7 @@ from fake_openai import FakeOpenAI  # noqa: E402
 HINTS = ["Think step by step.", "Answer with a number only.", "Check your arithmetic."]
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(
-        tmp_path_factory.mktemp("model") / "tiny", words=calculator.vocabulary(), hidden_size=32, num_layers=1,
-        num_heads=2, intermediate_size=64,
-    )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _calculator_agent(task: dict[str, Any], llm: LLMEndpoint) -> float:

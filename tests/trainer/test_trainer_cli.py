@@ -12,7 +12,6 @@ import pytest
 from spanrl.algorithms import GRPO, LightningRL
 from spanrl.trainer import LLMEndpoint, RunnerConfig, Trainer, TrainerConfig
 from spanrl.trainer._cli import build_trainer
-from spanrl.demo.tiny import build_tiny_model
 from spanrl.cli import main
 from spanrl.errors import ConfigError
 
@@ -21,14 +20,6 @@ CALCULATOR = REPO / "examples" / "calculator"
 sys.path.insert(0, str(CALCULATOR))
 
 import calculator  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(
-        tmp_path_factory.mktemp("model") / "tiny", words=calculator.vocabulary(), hidden_size=32, num_layers=1,
-        num_heads=2, intermediate_size=64,
-    )
 
 
 def test_build_trainer_names_the_bad_setting(tiny_model: Path, tmp_path: Path) -> None:

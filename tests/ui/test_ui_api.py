@@ -38,7 +38,7 @@ def _add(collector, n: int, rollout_id: str, **kw) -> None:
 def ui(collector):
     server = UiServer.from_args(url=collector.http_endpoint, port=0).start()
     yield server
-    server.stop()
+    server.shutdown()
 
 
 def _view(collector) -> dict:
@@ -172,7 +172,7 @@ def test_a_store_that_cannot_be_reached_is_a_503_and_a_wrong_query_a_400(tmp_pat
         assert status == 503 and retry is not None
         assert reply["error"].startswith("the span store cannot be read right now: no collector answered at")
     finally:
-        server.stop()
+        server.shutdown()
         collector.shutdown()  # safe twice
 
 

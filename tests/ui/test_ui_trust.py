@@ -34,7 +34,7 @@ def ui(tmp_path_factory):
     server = UiServer.from_args(db=str(db), url="http://127.0.0.1:9", port=0).start()  # nothing answers on :9
     assert not server.app.source.remote
     yield server
-    server.stop()
+    server.shutdown()
 
 
 def _post(ui, path: str, body: bytes, **headers: str) -> tuple[int, bytes]:

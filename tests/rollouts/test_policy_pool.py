@@ -13,7 +13,6 @@ from spanrl.errors import ConfigError, ServingError
 from spanrl.serving import PolicyServer, ServerConfig
 from spanrl.trainer import LLMEndpoint, RunnerConfig, Trainer, TrainerConfig
 from spanrl.rollouts.policy_pool import ServingConfig
-from spanrl.demo.tiny import build_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "examples" / "calculator"))
@@ -34,14 +33,6 @@ def agent(task: dict, llm: LLMEndpoint) -> float:
         temperature=llm.sampling["temperature"],
     )
     return 1.0 - 0.1 * len((reply.choices[0].message.content or "").split())
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(
-        tmp_path_factory.mktemp("model") / "tiny", words=calculator.vocabulary(), hidden_size=32, num_layers=1,
-        num_heads=2, intermediate_size=64,
-    )
 
 
 def _trainer(model: Path, out: Path, serving: ServingConfig, steps: int = 2) -> Trainer:

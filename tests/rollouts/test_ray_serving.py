@@ -17,7 +17,6 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from spanrl.algorithms import GRPO, LightningRL  # noqa: E402
-from spanrl.demo.tiny import build_tiny_model  # noqa: E402
 from spanrl.errors import ConfigError, ServingError  # noqa: E402
 from spanrl.rollouts.policy_pool import ServingConfig  # noqa: E402
 from spanrl.rollouts.rollouts import RolloutsConfig  # noqa: E402
@@ -59,9 +58,9 @@ def cluster() -> Iterator[Cluster]:
 
 
 @pytest.mark.slow
-def test_two_replicas_on_ray_take_the_rollouts_and_are_reloaded_every_step(cluster: Cluster, tmp_path: Path) -> None:
-    model = build_tiny_model(tmp_path / "tiny", words=calculator.vocabulary(), hidden_size=32, num_layers=1,
-                             num_heads=2, intermediate_size=64)
+def test_two_replicas_on_ray_take_the_rollouts_and_are_reloaded_every_step(cluster: Cluster, tmp_path: Path,
+                                                                          tiny_model: Path) -> None:
+    model = tiny_model
     serving = ServingConfig(placement="ray", replicas=2, balance="round_robin")
     trainer = Trainer(
         model=model, agent=agent, tasks=calculator.make_tasks(8, seed=3), algorithm=GRPO(learning_rate=5e-3),

