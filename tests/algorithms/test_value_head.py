@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 from test_transitions import Recorder, Rollout, deliver
-from toy_task import build_model, one_torch_thread, prompt_ids  # noqa: F401 (autouse fixture)
+from toy_task import build_model, prompt_ids
 
 from spanrl.algorithms.checkpoints import VALUE_HEAD_FILE
 from spanrl.algorithms.credit import CreditConfig
@@ -26,6 +26,8 @@ from spanrl.algorithms.ppo import PPO
 from spanrl.algorithms.transitions import load_training_batch
 from spanrl.algorithms.value_head import prompt_hidden
 from spanrl.errors import ConfigError
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 STEPS = 6
 GROUP = 8  # rollouts per task, half of them good
