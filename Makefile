@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.spanrl-installed
 
-.PHONY: test-lower-bounds venv demo demo-quick demo-smollm2 lint test test-frameworks test-frameworks-ci bench anchor-venv clean chromium clang fuzz vllm-venv test-vllm mutation
+.PHONY: gpu-wheels gpu-check-dry test-lower-bounds venv demo demo-quick demo-smollm2 lint test test-frameworks test-frameworks-ci bench anchor-venv clean chromium clang fuzz vllm-venv test-vllm mutation
 
 venv: $(STAMP)
 
@@ -106,6 +106,17 @@ test-lower-bounds:
 	$(LOWER_VENV)/bin/pip install -q -e '.[train,serve,dev]' $(LOWER_PINS)
 	$(LOWER_VENV)/bin/python -c "import transformers; assert transformers.__version__ == '$(subst transformers==,,$(LOWER_PINS))', transformers.__version__"
 	$(LOWER_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider $(XDIST) $(LOWER_TESTS)
+
+# The device check (bench/gpu_check.sh) on a lent GPU machine, which has no network: `make gpu-wheels` fills .whl/
+# (gitignored) with what its image lacks (bench/gpu_wheels.py: CPython 3.12 manylinux wheels, the spanrl wheel built
+# by a python3.12 here, SmolLM2's tokenizer; ~45 MiB of the 64 a call carries) and installs them into a clean 3.12
+# venv to check them; `make gpu-check-dry` runs the check on CPU at tiny sizes (CI; 2.9 min at load 13 on 2 cores).
+gpu-wheels: venv
+	$(BIN)/python bench/gpu_wheels.py download .whl
+	$(BIN)/python bench/gpu_wheels.py verify .whl
+
+gpu-check-dry: venv
+	bench/gpu_check.sh --device cpu
 
 # Coverage-guided fuzzing of the collector's C decoder under ASan + UBSan (bench/fuzz/run.py): 2 processes x
 # 5,000,000 native executions, then 2 x 1,000,000 with the differential check against the Python decoder

@@ -51,7 +51,8 @@ class ServingConfig:
     (``spanrl train CONFIG --plan`` prints both)."""
     urls: tuple[str, ...] = ()
     """Roots (``http://host:port``) of spanrl policy servers the Trainer did not start; rollouts use
-    them, and the embedded server only evaluates unless ``embedded_rollouts`` is set."""
+    them (greedy evaluation too), and the embedded server only serves ``deploy()`` unless ``embedded_rollouts``
+    is set."""
     embedded_rollouts: bool = False
     """With ``urls``: also send rollouts to the embedded server."""
     balance: str = "least_loaded"
@@ -137,7 +138,7 @@ class PolicyPool:
     # --- the PolicyServer surface the Trainer uses ------------------------------------------------
     @property
     def base_url(self) -> str:
-        """The embedded server's root (evaluation, deploy)."""
+        """The embedded server's root (deploy)."""
         return self.embedded.base_url
 
     @property

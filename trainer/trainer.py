@@ -426,9 +426,9 @@ class Trainer:
         sampling: dict[str, Any] = {"temperature": 0.0 if greedy else cfg.temperature}
         if cfg.max_tokens is not None:
             sampling["max_tokens"] = cfg.max_tokens
-        # training rollouts: a teacher's URL, else the pool (each rollout lease()s one of its servers);
-        # greedy evaluation: the embedded server
-        llm_url = self.server.base_url if greedy else (cfg.llm_url or self.server)
+        # training rollouts: a teacher's URL, else the pool (each rollout lease()s one of its servers); greedy
+        # evaluation: the pool too, so the run's fastest servers (serving.urls' vLLM) evaluate, not the embedded one
+        llm_url = self.server if greedy else (cfg.llm_url or self.server)
         advance, remove = self._console.rollout_bar(mode, len(jobs)) if self._console else (lambda: None, lambda: None)
 
         def on_result(result: RolloutResult) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import sys
 from pathlib import Path
@@ -68,10 +69,13 @@ def test_rollouts_spread_over_two_servers_and_both_are_reloaded_every_step(tiny_
         trainer = _trainer(tiny_model, tmp_path / "run", serving)
         with trainer:
             history = trainer.train()
+            trainer.evaluate(calculator.make_tasks(4, seed=11))  # greedy, through the same servers
             rows = trainer.collector.store.sql(
                 "SELECT service_name, rollout_id, policy_version FROM spans WHERE completion_token_ids IS NOT NULL"
             ).to_pylist()
         versions = [s.version for s in servers]
+        val = [r for r in rows if re.search(r"-v\d+-\d+-a\d+$", r["rollout_id"])]  # <run>-v<step>-<i>-a<attempt>
+        rows = [r for r in rows if r not in val]
     finally:
         for s in servers:
             s.shutdown()
@@ -84,6 +88,9 @@ def test_rollouts_spread_over_two_servers_and_both_are_reloaded_every_step(tiny_
     assert all(r["rollout_id"] for r in rows)  # every span attributed to its rollout
     step_of = {r["rollout_id"]: int(r["rollout_id"].split("-s")[-1].split("-")[0]) for r in rows}
     assert all(r["policy_version"] == step_of[r["rollout_id"]] - 1 for r in rows)  # step n rolled out on version n-1
+    # evaluation ran on the servers the rollouts ran on (with vLLM there: the fast path), not the embedded server
+    assert len(val) == 4 and {r["service_name"] for r in val} <= {"policy-a", "policy-b"}
+    assert {r["policy_version"] for r in val} == {2}
 
 
 def test_servers_at_another_version_are_refused_before_any_rollout(tiny_model: Path, tmp_path: Path) -> None:

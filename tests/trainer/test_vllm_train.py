@@ -7,7 +7,9 @@ Needs ``make vllm-venv`` (``make test-vllm`` builds it and runs this module); sk
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -29,6 +31,8 @@ sys.path.insert(0, str(REPO / "examples" / "calculator"))
 import calculator  # noqa: E402
 
 START_TIMEOUT_S = 300.0
+VLLM_MARK = "spanrl.test.server=vllm"
+"""A resource attribute of the vLLM server's spans only: which server generated a call."""
 pytestmark = pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="needs .venv-vllm: run `make test-vllm`")
 
 
@@ -55,7 +59,8 @@ def _serve_vllm(model: Path, port: int, collector_port: int, log: Path) -> subpr
     ]
     with open(log, "w") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=REPO)
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", "OTEL_RESOURCE_ATTRIBUTES": VLLM_MARK},
+                                cwd=REPO)
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
         assert proc.poll() is None, log.read_text()[-3000:]
@@ -96,14 +101,20 @@ def test_two_grpo_steps_with_vllm_rollouts(tmp_path: Path, monkeypatch: pytest.M
         with trainer:
             assert trainer.server.roots == [root]  # rollouts go to vLLM only; the embedded server idles
             history = trainer.train()
+            trainer.evaluate(calculator.make_tasks(3, seed=11))  # greedy: through vLLM too, not the embedded server
             rows = trainer.collector.store.sql(
-                "SELECT service_name, rollout_id, policy_version, completion_token_ids FROM spans "
+                "SELECT service_name, rollout_id, policy_version, completion_token_ids, resource FROM spans "
                 "WHERE completion_token_ids IS NOT NULL"
             ).to_pylist()
         health = httpx.get(f"{root}/health", timeout=30).json()
     finally:
         proc.terminate()
         proc.wait(60)
+    val = [r for r in rows if re.search(r"-v\d+-\d+-a\d+$", r["rollout_id"])]  # <run>-v<step>-<i>-a<attempt>
+    rows = [r for r in rows if r not in val]
+    assert len(val) == 3 and {r["policy_version"] for r in val} == {2}
+    resources = [json.loads(r["resource"]) if isinstance(r["resource"], str) else r["resource"] for r in val + rows]
+    assert all(res.get("spanrl.test.server") == "vllm" for res in resources), resources[:2]  # vLLM's calls, all
     assert [row["step"] for row in history] == [1, 2]
     assert all(row["transitions"] == 8 and row["rollouts_failed"] == 0 for row in history)
     assert [row["policy_version"] for row in history] == [1, 2] and health["policy_version"] == 2
