@@ -12,6 +12,7 @@ from typing import Any
 
 from pathlib import Path
 
+from spanrl.algorithms.checkpoint_folders import CHECKPOINT_PREFIX, TRAINER_STATE_FILE
 from spanrl.trainer.reporting import check_report_to
 from spanrl.errors import ConfigError
 from spanrl.rollouts.policy_pool import ServingConfig
@@ -24,8 +25,6 @@ __all__ = [
     "run_description",
 ]
 
-CHECKPOINT_PREFIX = "checkpoint-"
-TRAINER_STATE_FILE = "trainer_state.json"
 CONFIG_FILE = "config.json"
 HISTORY_FILE = "history.jsonl"
 ROLLOUTS_FILE = "rollouts.jsonl"

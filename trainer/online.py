@@ -11,7 +11,7 @@ else started; their spans and (late) feedback reach a ``spanrl collector``. The 
    running mean of earlier rewards, ``spanrl.algorithms.baseline``, its state in ``online_state``);
 4. one GRPO update: the ratio is taken against the *recorded* sampling log-probs and clipped, which
    corrects for the policy lag of the rollouts that were kept;
-5. checkpoint (``trainer/checkpoints.py``'s names and pruning), ledger, then ``online_state.json`` (the
+5. checkpoint (``algorithms/checkpoint_folders.py``'s names and pruning), ledger, then ``online_state.json`` (the
    commit point), then reload the server through its ``POST /v1/weights/reload`` route
    (``spanrl.serving.client``): serving never stops, and every later response carries the new policy
    version; the update's history row goes to the reporting callbacks (``history.jsonl``, and any given).
@@ -48,7 +48,7 @@ from spanrl.algorithms.hf_trainer import one_off_learning_rate
 from spanrl.errors import ConfigError, ServingError, StoreUnavailableError, TrainingError
 from spanrl.serving.client import PolicyClient
 from spanrl.store.online import ReadyRollout, Watermark, count_aged_out, now_ns, ready_window
-from spanrl.trainer import checkpoints
+from spanrl.algorithms import checkpoint_folders as checkpoints
 from spanrl.trainer.config import CONFIG_FILE, HISTORY_FILE
 from spanrl.trainer.lifecycle import State
 from spanrl.trainer.online_config import OnlineConfig

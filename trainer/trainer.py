@@ -55,7 +55,7 @@ from spanrl.algorithms import distributed as _distributed
 from spanrl.algorithms.credit import LightningRL
 from spanrl.errors import ConfigError, TrainingError
 from spanrl.store import rollouts as store_rollouts
-from spanrl.trainer import checkpoints
+from spanrl.algorithms import checkpoint_folders as checkpoints
 from spanrl.algorithms.transitions import load_training_batch
 from spanrl.trainer.config import (
     APO_RESULT_FILE,
