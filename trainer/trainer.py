@@ -73,8 +73,7 @@ from spanrl.trainer.config import (
 )
 from spanrl.trainer.console import Console
 from spanrl.trainer.preflight import check_before_start, no_rollout_succeeded
-from spanrl.trainer.lifecycle import TRAINER_REFUSALS as _WHY
-from spanrl.trainer.lifecycle import State
+from spanrl.trainer.lifecycle import Lifecycle, State
 from spanrl.rollouts.prefetch import RolloutPrefetch, StepRollouts, policy_lag
 from spanrl.trainer.reporting import Callback, CurvePlot, HistoryFile, NonFiniteGuard, RowLog, Scalars, StageClock
 from spanrl.rollouts.rollouts import jobs_of
@@ -90,8 +89,11 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 
 
-class Trainer:
+class Trainer(Lifecycle):
     """Trains ``model`` with ``algorithm`` from the traces of ``agent`` running ``tasks``."""
+
+    _WORDS = {"loop": "train()", "ready": "set up", "ready_again": "set it up"}
+    _STATE_FIELD = "state"
 
     def __init__(
         self,
@@ -231,25 +233,11 @@ class Trainer:
 
     def close(self) -> None:
         """Stop the runner, server and collector (the DuckDB file stays); safe twice."""
-        for callback in self._callbacks:
-            try:
-                callback.close()
-            except Exception:  # closing must go on
-                _logger.exception("could not close %s", type(callback).__name__)
-        self._callbacks, self._console = [], None
+        self._close_callbacks()
+        self._console = None
         self._services.close()
         self._unpin()
         self.state = State.CLOSED
-
-    def __enter__(self) -> Trainer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _refuse(self, action: str, *states: State) -> None:
-        if self.state in states:
-            raise TrainingError(f"cannot {action} in state {self.state.name}: {_WHY[self.state]}")
 
     # --- the loop ----------------------------------------------------------------------------------
     def train(self) -> list[dict[str, Any]]:
@@ -272,7 +260,7 @@ class Trainer:
         try:
             with self._console.running(self.step) if self._console else contextlib.nullcontext():
                 if cfg.eval_at_start and self.val_tasks and self.step == 0:
-                    self._record({"step": 0, "val_success": self.evaluate()})
+                    self.record({"step": 0, "val_success": self.evaluate()})
                 if self._optimizes_prompt:
                     from spanrl.trainer.prompt_search import search_prompt
 
@@ -284,7 +272,7 @@ class Trainer:
                         eval_started = time.perf_counter()
                         row["val_success"] = self.evaluate()
                         row["time/eval_s"] = time.perf_counter() - eval_started
-                    self._record(row)
+                    self.record(row)
                     if last or (cfg.save_every and self.step % cfg.save_every == 0):
                         self.save_checkpoint()
             for callback in self._callbacks:
@@ -347,7 +335,7 @@ class Trainer:
     def _step_rollouts(self, step: int) -> StepRollouts:
         """Run step ``step``'s rollouts (in the loop's thread, or the prefetch's)."""
         started, version = time.perf_counter(), self._policy_version()
-        results = self._run_rollouts(self._step_jobs(step)[1], tag=f"s{step}", mode="train")
+        results = self.run_rollouts(self._step_jobs(step)[1], tag=f"s{step}", mode="train")
         return StepRollouts(results, version, time.perf_counter() - started)
 
     def _update(self, transitions: Any) -> dict[str, float]:
@@ -381,11 +369,11 @@ class Trainer:
             jobs = self._val_jobs if tasks is None else jobs_of(tasks)
             if not jobs:
                 raise ConfigError("evaluate needs tasks: pass tasks= or give the Trainer val_tasks")
-            results = self._run_rollouts(jobs, tag=f"v{self.step}", mode="val", greedy=True)
+            results = self.run_rollouts(jobs, tag=f"v{self.step}", mode="val", greedy=True)
             ok_ids = [r.rollout_id for r in results if r.ok]
             if not ok_ids:
                 raise no_rollout_succeeded(f"evaluation at step {self.step}", results)
-            rewards = self._final_rewards(ok_ids)
+            rewards = self.final_rewards(ok_ids)
             return sum(rewards.get(i) or 0.0 for i in ok_ids) / len(jobs)
         finally:
             if owns:
@@ -397,7 +385,7 @@ class Trainer:
         self.start()
         self._runner_free()
         jobs = [job for job in jobs_of(tasks) for _ in range(n_rollouts)]
-        return self._run_rollouts(jobs, tag=f"c{self.step}", mode=mode)
+        return self.run_rollouts(jobs, tag=f"c{self.step}", mode=mode)
 
     def deploy(self) -> Any:
         """Serve the trained policy and return an ``openai.OpenAI`` client for it (``client.base_url``).
@@ -415,7 +403,7 @@ class Trainer:
             self._services.serve_only(checkpoint, self.config.serving)
         return openai.OpenAI(base_url=f"{self.server.base_url}/v1", api_key=self._services.api_key)
 
-    def _run_rollouts(
+    def run_rollouts(
         self, jobs: Sequence[RolloutJob], *, tag: str, mode: str, greedy: bool = False, template: str | None = None
     ) -> list[RolloutResult]:
         """Run ``jobs`` (ids ``<run>-<tag>-<i>-a<attempt>``), log each attempt to ``rollouts.jsonl``.
@@ -459,7 +447,8 @@ class Trainer:
         need = self.config.runner.require_token_spans and not self.config.llm_url
         return store_rollouts.ready(self.collector.store, rollout_ids, since_ns, need_token_ids=need)
 
-    def _final_rewards(self, rollout_ids: Sequence[str]) -> dict[str, float | None]:
+    def final_rewards(self, rollout_ids: Sequence[str]) -> dict[str, float | None]:
+        """Each rollout's final reward in the store (None: it has none)."""
         return store_rollouts.final_rewards(self.collector.store, rollout_ids)
 
     # --- checkpoints, history, config ---------------------------------------------------------------
@@ -481,7 +470,9 @@ class Trainer:
 
         return plot_reward_curve(self.history, self.output_dir / CURVE_FILE, title=f"spanrl: {self.output_dir.name}")
 
-    def _record(self, row: dict[str, Any]) -> None:
+    def record(self, row: dict[str, Any]) -> None:
+        """Add a history row (its ``step`` becomes the Trainer's) and hand it to the reporting callbacks."""
+        self.step = row["step"]
         self.history.append(row)
         for callback in self._callbacks:
             callback.on_row(row)
