@@ -241,7 +241,8 @@ class Trainer(Lifecycle):
 
     # --- the loop ----------------------------------------------------------------------------------
     def train(self) -> list[dict[str, Any]]:
-        """Run until ``max_steps``; return the history (one dict per step, evaluations included)."""
+        """Run until ``max_steps`` (or ``max_minutes``); return the history (one dict per step, evaluations
+        included)."""
         self._refuse("train()", State.TRAINING)
         owns = self.state in (State.NEW, State.CLOSED)
         self.start()
@@ -265,9 +266,10 @@ class Trainer(Lifecycle):
                     from spanrl.trainer.prompt_search import search_prompt
 
                     search_prompt(self)
+                deadline = None if cfg.max_minutes is None else time.monotonic() + 60 * cfg.max_minutes
                 while not self._optimizes_prompt and self.step < cfg.max_steps:
                     row = self._train_step()
-                    last = self.step == cfg.max_steps
+                    last = self.step == cfg.max_steps or (deadline is not None and time.monotonic() >= deadline)
                     if self.val_tasks and (last or (cfg.eval_every and self.step % cfg.eval_every == 0)):
                         eval_started = time.perf_counter()
                         row["val_success"] = self.evaluate()
@@ -275,6 +277,8 @@ class Trainer(Lifecycle):
                     self.record(row)
                     if last or (cfg.save_every and self.step % cfg.save_every == 0):
                         self.save_checkpoint()
+                    if last:
+                        break
             for callback in self._callbacks:
                 callback.on_end(self.history)
         finally:
