@@ -49,14 +49,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from spanrl.algorithms import distributed as _distributed
 from spanrl.algorithms.credit import LightningRL
 from spanrl.errors import ConfigError, TrainingError
 from spanrl.store import rollouts as store_rollouts
 from spanrl.algorithms import checkpoint_folders as checkpoints
-from spanrl.algorithms.transitions import load_training_batch
 from spanrl.trainer.config import (
     APO_RESULT_FILE,
     CHECKPOINT_PREFIX,
@@ -74,8 +72,9 @@ from spanrl.trainer.config import (
 from spanrl.trainer.console import Console
 from spanrl.trainer.preflight import check_before_start, no_rollout_succeeded
 from spanrl.trainer.lifecycle import Lifecycle, State
-from spanrl.rollouts.prefetch import RolloutPrefetch, StepRollouts, policy_lag
+from spanrl.rollouts.prefetch import RolloutPrefetch, StepRollouts
 from spanrl.trainer.reporting import Callback, CurvePlot, HistoryFile, NonFiniteGuard, RowLog, Scalars, StageClock
+from spanrl.trainer.training_step import TrainingStep
 from spanrl.rollouts.rollouts import jobs_of
 from spanrl.rollouts.runner import RolloutJob, RolloutResult
 from spanrl import seeding
@@ -154,6 +153,7 @@ class Trainer(Lifecycle):
         self._callbacks: list[Callback] = []
         self._console: Console | None = None
         self._prefetch: RolloutPrefetch | None = None  # inside train(): runs rollouts (ahead, with async_steps)
+        self._training: TrainingStep | None = None  # transitions, update(s), weight push: made by start()
         self._run_tag = uuid.uuid4().hex[:8]  # rollout ids stay unique across runs sharing one store
         self._unpin: Callable[[], None] = lambda: None  # restores torch's settings (seeding.start_run)
 
@@ -203,6 +203,8 @@ class Trainer(Lifecycle):
                                       output_dir=self.output_dir,
                                       adapters=getattr(self.algorithm, "serving_adapters", None))
             self._callbacks = self._reporting()
+            self._training = TrainingStep(algorithm=self.algorithm, credit=self.credit, config=cfg,
+                                          store=self.collector.store, server=self.server, world=self._world)
         except BaseException:
             self.close()
             raise
@@ -291,44 +293,14 @@ class Trainer(Lifecycle):
         return self.history
 
     def _train_step(self) -> dict[str, Any]:
-        """Rollouts (taken from the prefetch: run now, or ahead while the last update computed),
-        transitions, update(s), weight push; returns the step's history row (not recorded)."""
-        cfg, clock = self.config, StageClock("decompose", "update", "reload")
-        step = self.step + 1
+        """Rollouts (taken from the prefetch: run now, or ahead while the last update computed), then the
+        step itself (``training_step.py``); returns the step's history row (not recorded)."""
+        clock, step = StageClock("decompose", "update", "reload"), self.step + 1  # time/step_s counts the wait
         sampler, _ = self._step_jobs(step)
-        assert self._prefetch is not None
+        assert self._prefetch is not None and self._training is not None
         got, waited = self._prefetch.take(step)
         self._prefetch.ahead(step)  # the next steps' rollouts run while this step updates
-        results = got.results
-        ok_ids = [r.rollout_id for r in results if r.ok]
-        row: dict[str, Any] = {"step": step, "rollouts_ok": len(ok_ids), "rollouts_failed": len(results) - len(ok_ids),
-                               "policy_version": got.policy_version}
-        metrics: dict[str, float] = {}
-        with clock("decompose"):
-            batch = self._batch(ok_ids) if ok_ids else None
-        n_transitions = len(batch) if batch is not None else 0
-        if batch is not None:
-            rewards = [float(v) for v in batch.rewards_by_rollout.values() if v is not None]
-            row["reward_mean"] = sum(rewards) / len(rewards) if rewards else None
-            row["transitions"] = n_transitions
-            row["transitions_report"] = dict(batch.report)
-        if n_transitions:  # columnar all the way: no dataclass per row on the training path
-            row["advantage_mean"] = float(np.mean(batch.to_arrow().column("advantage").to_numpy()))
-            row.update(policy_lag(batch, self._policy_version()))
-            with clock("update"):
-                for _ in range(cfg.updates_per_step):
-                    use_minibatch = cfg.minibatch_size and cfg.minibatch_size < n_transitions
-                    # the same rows from the same RNG as sampling the list of transitions would pick
-                    metrics = self._update(batch.take(sampler.sample(range(n_transitions), cfg.minibatch_size))
-                                           if use_minibatch else batch)
-            with clock("reload"):
-                row.update(self._push_weights())
-        elif ok_ids:
-            _logger.warning("step %d: %d rollouts gave no transitions; no update", step, len(ok_ids))
-        else:
-            raise no_rollout_succeeded(f"step {step}", results)
-        row.update({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
-        row.update({"time/rollouts_s": got.seconds, "time/rollout_wait_s": waited, **clock.row()})
+        row = self._training.run(step, got, sampler=sampler, waited=waited, clock=clock)
         self.step = step
         return row
 
@@ -341,24 +313,6 @@ class Trainer(Lifecycle):
         started, version = time.perf_counter(), self._policy_version()
         results = self.run_rollouts(self._step_jobs(step)[1], tag=f"s{step}", mode="train")
         return StepRollouts(results, version, time.perf_counter() - started)
-
-    def _update(self, transitions: Any) -> dict[str, float]:
-        """One algorithm update; under many processes rank 0 broadcasts the transitions and every rank
-        updates on its shard (the metrics are rank 0's shard's)."""
-        if self._world == 1:
-            return self.algorithm.update(transitions)
-        from spanrl.algorithms.tables import transitions_of
-
-        items = _distributed.broadcast(transitions_of(transitions))
-        return self.algorithm.update(_distributed.shard_transitions(items))
-
-    def _batch(self, rollout_ids: Sequence[str]) -> Any:
-        load = getattr(self.algorithm, "load_batch", None)  # per-agent policies: each agent's own credit
-        if load is not None:
-            return load(self.collector.store, self.credit, list(rollout_ids))
-        agents = [self.config.agent_name] if self.config.agent_name else None
-        return load_training_batch(self.collector.store, self.algorithm, credit=self.credit,
-                                   rollout_ids=list(rollout_ids), agents=agents)
 
     # --- rollouts ----------------------------------------------------------------------------------
     def evaluate(self, tasks: Sequence[Any] | None = None, *, progress: Any = None) -> float:
@@ -480,15 +434,6 @@ class Trainer(Lifecycle):
         self.history.append(row)
         for callback in self._callbacks:
             callback.on_row(row)
-
-    def _push_weights(self) -> dict[str, Any]:
-        """Reload the server: plain-keyed weights (a LoRA adapter merged), else the model itself; per-agent
-        adapters each on their own. Returns the history row's policy version(s)."""
-        push = getattr(self.algorithm, "push_weights", None)
-        if push is not None:
-            return push(self.server)
-        weights = getattr(self.algorithm, "policy_weights", None)
-        return {"policy_version": self.server.reload(weights() if callable(weights) else self.algorithm.model)}
 
     def _policy_version(self) -> int | None:
         return getattr(self.server, "version", None)
