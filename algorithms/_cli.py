@@ -1,6 +1,5 @@
-"""``spanrl export transitions``: training rows (ids, masks, logprobs, rewards, advantages) for offline work;
-``spanrl export model``: a trained checkpoint as one GGUF file for llama.cpp and Ollama; ``spanrl export
-trajectories``: rollouts as ATIF (store/_cli.py).
+"""``spanrl export transitions``: training rows (ids, masks, logprobs, rewards, advantages) for offline work
+(``spanrl export model`` is serving/_cli.py's, ``spanrl export trajectories`` store/_cli.py's).
 
 Reads through a running collector (``--url``) when it serves the same ``--db``, else opens the file
 read-only, like ``spanrl sql``. Writes Parquet, JSON lines, or a Hugging Face ``datasets`` folder, and
@@ -11,22 +10,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from typing import Any
 
 from spanrl.extras import needs_extra
 
 _FORMATS = ("parquet", "jsonl", "hf")
-_GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")  # spanrl.serving.gguf_export.GGUF_TYPES, not imported at startup
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from spanrl.cli_groups import command_group
     from spanrl.store.access import add_store_options
 
-    p = subparsers.add_parser("export", help="export training data or a model: spanrl export transitions|model ...")
-    sub = p.add_subparsers(dest="export_command", metavar="WHAT", required=True)
-    t = sub.add_parser("transitions", help="transitions with advantages, as Parquet, JSON lines or a HF dataset")
+    t = command_group(subparsers, "export").add_parser(
+        "transitions", help="transitions with advantages, as Parquet, JSON lines or a HF dataset")
     t.add_argument("--output", "-o", required=True, help="output file (parquet, jsonl) or folder (hf)")
     t.add_argument("--format", "-f", default="parquet", choices=_FORMATS, help="output format (default parquet)")
     add_store_options(t)
@@ -50,67 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--tokenizer", default=None, help="tokenizer folder to retokenize calls without ids")
     t.set_defaults(func=_export_transitions)
     needs_extra(t, "collector")
-    _register_model(sub)
     from spanrl.algorithms._credit_cli import register as register_credit
 
     register_credit(subparsers)  # spanrl credit audit
-    from spanrl.store._cli import register_export_trajectories
-
-    register_export_trajectories(sub)
-
-
-def _register_model(sub: argparse._SubParsersAction) -> None:
-    m = sub.add_parser("model", help="a checkpoint as a GGUF file (llama.cpp, Ollama), LoRA adapters merged")
-    m.add_argument("checkpoint", help="HF model folder, PEFT adapter folder, or a run's output_dir (latest checkpoint)")
-    m.add_argument("--format", "-f", default="gguf", choices=("gguf",), help="output format (default gguf)")
-    m.add_argument("--outtype", "--type", default="f16", choices=_GGUF_TYPES,
-                   help="tensor type (default f16; norms stay f32)")
-    m.add_argument("--output", "-o", required=True, help="output file, ending in .gguf")
-    m.add_argument("--ollama", action="store_true", help="also write an Ollama Modelfile beside the file")
-    m.set_defaults(func=_export_model)
-    needs_extra(m, "serve")
-
-
-def _export_model(args: argparse.Namespace) -> int:
-    from spanrl.errors import SpanRLError
-    from spanrl.logs import silence_progress_bars
-
-    silence_progress_bars()  # before transformers loads: its "Loading weights" bars are not for this terminal
-    logging.getLogger("gguf").setLevel(logging.WARNING)  # the writer's INFO lines; the path is printed below
-    checkpoint = _model_folder(args.checkpoint)  # a wrong path: UsageError, exit status 2
-    from spanrl.serving.gguf_export import export_gguf
-
-    try:
-        out = export_gguf(checkpoint, args.output, kind=args.outtype, ollama=args.ollama)
-    except SpanRLError as exc:
-        print(f"spanrl: error: {exc}", file=sys.stderr)
-        return 1
-    print(out)
-    return 0
-
-
-def _model_folder(given: str) -> Any:
-    """The folder to export: a run folder's newest complete ``checkpoint-N`` (a run folder holds the
-    Trainer's own ``config.json``, which is no model's), else a model or adapter folder."""
-    import json
-    from pathlib import Path
-
-    from spanrl.errors import UsageError
-    from spanrl.trainer.checkpoints import latest
-
-    path = Path(given)
-    newest = latest(path) if path.is_dir() else None
-    if newest is not None:
-        return newest
-    config = path / "config.json"
-    is_model = config.is_file() and "model_type" in json.loads(config.read_text())
-    if is_model or (path / "adapter_config.json").is_file():
-        return path
-    if config.is_file() or list(path.glob("checkpoint-*")):
-        raise UsageError(f"checkpoint: the run folder {given!r} has no complete checkpoint-N/ yet (saved every "
-                         "save_every steps and at the end): export one after a step is saved, or name a model folder")
-    raise UsageError(f"checkpoint: {given!r} is neither a run folder (output_dir with checkpoint-N/) nor a model "
-                     "folder (config.json with model_type, or a PEFT adapter_config.json): give one of those")
 
 
 def _export_transitions(args: argparse.Namespace) -> int:

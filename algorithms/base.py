@@ -47,6 +47,9 @@ class Algorithm(abc.ABC):
     config_class: ClassVar[type]
     """The algorithm's config dataclass (with ``validate()``)."""
 
+    seed: int
+    """The run seed ``setup`` was given (saved in each checkpoint's ``spanrl_config.json``)."""
+
     def __init__(self, config: Any = None, **fields: Any) -> None:
         """``Algo(AlgoConfig(...))`` or, equivalently, ``Algo(field=value, ...)`` with the config's field names."""
         config = config or self.config_class()
@@ -58,6 +61,7 @@ class Algorithm(abc.ABC):
         self.model = None  # type: ignore[assignment]
         self.tokenizer = None  # type: ignore[assignment]
         self.step = 0
+        self.seed = 0
 
     @abc.abstractmethod
     def setup(self, *, model_path: Path, output_dir: Path, seed: int = 0) -> None:

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import pickle
 import random
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "CONFIG_FILE", "STATE_FILE", "VALUE_HEAD_FILE", "config_dict", "load_checkpoint", "load_policy",
-    "load_policy_weights", "load_state_file", "rng_state", "save_checkpoint", "save_policy", "seed_everything",
+    "load_policy_weights", "load_state_file", "nonfinite_tensors", "rng_state", "save_checkpoint", "save_policy",
+    "seed_everything",
     "set_rng_state",
 ]
 
@@ -124,10 +126,15 @@ def load_policy_weights(model: Any, checkpoint_dir: Path, *, lora: LoRAConfig | 
     model.load_state_dict(saved.state_dict())
 
 
+def nonfinite_tensors(weights: Mapping[str, Any]) -> list[str]:
+    """The names of the floating-point tensors of ``weights`` (a state dict) holding a NaN or an inf."""
+    return [n for n, t in weights.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+
+
 def _nonfinite_weights(model: Any) -> str | None:
     """``"weight NAME is not finite (NaN or inf)"`` for the first such tensor of ``model`` (and how many
     more), or None."""
-    bad = [n for n, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    bad = nonfinite_tensors(model.state_dict())
     if not bad:
         return None
     return f"weight {bad[0]} is not finite (NaN or inf)" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
@@ -146,7 +153,7 @@ def save_checkpoint(algorithm: Algorithm, checkpoint_dir: Path, *, model: Any, o
     save_policy(model, algorithm.tokenizer, checkpoint_dir, lora=algorithm.config.lora)
     state = {"optimizer": optimizer.state_dict(), "rng": rng_state(), "step": algorithm.step, **(extra or {})}
     torch.save(state, checkpoint_dir / STATE_FILE)
-    config = {"algorithm": name, "seed": algorithm._seed, "config": config_dict(algorithm.config)}
+    config = {"algorithm": name, "seed": algorithm.seed, "config": config_dict(algorithm.config)}
     (checkpoint_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2))
     head = getattr(algorithm, "value_head", None)
     if head is not None:

@@ -1,18 +1,17 @@
-"""What an algorithm cannot train on, and what an update must not leave behind: rollouts whose transitions
-fail the algorithm's checks, and a loss, gradient norm or weight that is not finite (the online trainer,
-``trainer/online.py``, quarantines the first and undoes the second)."""
+"""What an algorithm cannot train on: rollouts whose transitions fail the algorithm's checks (the online
+trainer, ``trainer/online.py``, quarantines them). A non-finite update: ``trainer/reporting.py``'s
+``NonFiniteGuard``, both trainers' one policy."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from typing import Any
 
 from spanrl.algorithms.tables import check_transitions
 from spanrl.errors import ConfigError
 
-__all__ = ["checked_transitions", "nonfinite"]
+__all__ = ["checked_transitions"]
 
 _logger = logging.getLogger("spanrl.trainer.online")
 
@@ -35,19 +34,3 @@ def checked_transitions(algorithm: Any, transitions: list[Any]) -> tuple[list[An
             continue
         kept.extend(items)
     return kept, marks
-
-
-def nonfinite(algorithm: Any, metrics: dict[str, Any]) -> str | None:
-    """What was not finite after an update (a loss, the gradient norm, a weight), or None."""
-    import torch
-
-    for key, value in metrics.items():
-        watched = key.startswith(("losses/", "charts/grad_norm"))
-        if watched and isinstance(value, float) and not math.isfinite(value):
-            return f"{key} = {value}"
-    model = getattr(algorithm, "model", None)  # the live model (a LoRA one unmerged: no copy)
-    weights = model.state_dict() if model is not None else algorithm.policy_weights()
-    for name, tensor in weights.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            return f"weight {name} is not finite"
-    return None

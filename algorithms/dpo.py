@@ -130,7 +130,7 @@ class DPO(Algorithm):
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.model = model
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate)
-        self._seed = seed
+        self.seed = seed
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
 
@@ -166,7 +166,7 @@ class DPO(Algorithm):
             output_dir=str(self.output_dir),
             use_cpu=not torch.cuda.is_available(),
             bf16=False,
-            seed=self._seed + self.step,
+            seed=self.seed + self.step,
             report_to="none",  # metrics are returned; the caller reports them (each key once)
             beta=cfg.beta,
             loss_type=[cfg.loss_type],

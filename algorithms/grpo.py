@@ -237,7 +237,7 @@ class GRPO(Algorithm):
         self.model = self.trainer.model
         self.tokenizer = tokenizer
         self._output_dir = output_dir
-        self._seed = seed
+        self.seed = seed
 
     # --- update -----------------------------------------------------------------------------------
     def update(self, batch: TransitionBatch) -> dict[str, float]:

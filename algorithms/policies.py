@@ -156,7 +156,6 @@ class MultiLoRA(Algorithm):
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         self.serving_adapters: dict[str, Path] = {}
         """Adapter name -> PEFT folder the policy server starts with (written by setup, a resume's after load)."""
-        self._seed = 0
         self._base_path = Path()
 
     @property
@@ -190,7 +189,7 @@ class MultiLoRA(Algorithm):
                 p.requires_grad_(True)
             lr = self.config.policies[name].learning_rate or self.config.learning_rate
             self.optimizers[name] = torch.optim.AdamW(params, lr=lr, weight_decay=self.config.weight_decay)
-        self._seed = seed
+        self.seed = seed
         self.serving_adapters = {n: self.save_adapter(n, Path(output_dir) / _SERVED_DIR / n) for n in self.names}
 
     def _peft_config(self, name: str) -> Any:
@@ -334,7 +333,7 @@ class MultiLoRA(Algorithm):
         state = {"optimizers": {n: o.state_dict() for n, o in self.optimizers.items()}, "rng": rng_state(),
                  "step": self.step}
         torch.save(state, checkpoint_dir / STATE_FILE)
-        config = {"algorithm": "multi_lora", "seed": self._seed, "config": config_dict(self.config)}
+        config = {"algorithm": "multi_lora", "seed": self.seed, "config": config_dict(self.config)}
         (checkpoint_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2, default=str))
 
     def load_state(self, checkpoint_dir: Path) -> None:

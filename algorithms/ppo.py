@@ -217,7 +217,7 @@ class PPO(Algorithm):
             ],
             weight_decay=cfg.weight_decay,
         )
-        self._seed = seed
+        self.seed = seed
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
 

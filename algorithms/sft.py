@@ -98,7 +98,7 @@ class SFT(Algorithm):
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate, weight_decay=cfg.weight_decay
         )
-        self._seed = seed
+        self.seed = seed
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
 
@@ -136,7 +136,7 @@ class SFT(Algorithm):
             output_dir=str(self.output_dir),
             use_cpu=not torch.cuda.is_available(),
             bf16=False,
-            seed=self._seed + self.step,
+            seed=self.seed + self.step,
             report_to="none",  # metrics are returned; the caller reports them (each key once)
             learning_rate=cfg.learning_rate,
             max_grad_norm=cfg.max_grad_norm,

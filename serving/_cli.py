@@ -1,13 +1,17 @@
-"""``spanrl serve``: run the policy server in the foreground."""
+"""``spanrl serve``: run the policy server in the foreground; ``spanrl export model``: a checkpoint as GGUF."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+from typing import Any
 
 from spanrl import env
 from spanrl.errors import USAGE_EXIT_CODE, SpanRLError, cli_error
 from spanrl.trust import add_token_option, env_token, token_from_args
 from spanrl.extras import needs_extra
+
+_GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")  # spanrl.serving.gguf_export.GGUF_TYPES, not imported at startup
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -53,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--no-content", action="store_true", help="do not record message contents on spans")
     p.set_defaults(func=_serve)
     needs_extra(p, "serve")
+    _register_export_model(subparsers)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -103,3 +108,60 @@ def _serve(args: argparse.Namespace) -> int:
     except SpanRLError as exc:  # a bad flag or model (its ServingError too) is bad input: say which, no traceback
         return cli_error(exc, USAGE_EXIT_CODE)
     return 0
+
+
+def _register_export_model(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``spanrl export model``: a trained checkpoint as one GGUF file for llama.cpp and Ollama (``gguf_export.py``)."""
+    from spanrl.cli_groups import command_group
+
+    m = command_group(subparsers, "export").add_parser(
+        "model", help="a checkpoint as a GGUF file (llama.cpp, Ollama), LoRA adapters merged")
+    m.add_argument("checkpoint", help="HF model folder, PEFT adapter folder, or a run's output_dir (latest checkpoint)")
+    m.add_argument("--format", "-f", default="gguf", choices=("gguf",), help="output format (default gguf)")
+    m.add_argument("--outtype", "--type", default="f16", choices=_GGUF_TYPES,
+                   help="tensor type (default f16; norms stay f32)")
+    m.add_argument("--output", "-o", required=True, help="output file, ending in .gguf")
+    m.add_argument("--ollama", action="store_true", help="also write an Ollama Modelfile beside the file")
+    m.set_defaults(func=_export_model)
+    needs_extra(m, "serve")
+
+
+def _export_model(args: argparse.Namespace) -> int:
+    from spanrl.errors import SpanRLError
+    from spanrl.logs import silence_progress_bars
+
+    silence_progress_bars()  # before transformers loads: its "Loading weights" bars are not for this terminal
+    logging.getLogger("gguf").setLevel(logging.WARNING)  # the writer's INFO lines; the path is printed below
+    checkpoint = _model_folder(args.checkpoint)  # a wrong path: UsageError, exit status 2
+    from spanrl.serving.gguf_export import export_gguf
+
+    try:
+        out = export_gguf(checkpoint, args.output, kind=args.outtype, ollama=args.ollama)
+    except SpanRLError as exc:
+        return cli_error(exc)
+    print(out)
+    return 0
+
+
+def _model_folder(given: str) -> Any:
+    """The folder to export: a run folder's newest complete ``checkpoint-N`` (a run folder holds the
+    Trainer's own ``config.json``, which is no model's), else a model or adapter folder."""
+    import json
+    from pathlib import Path
+
+    from spanrl.errors import UsageError
+    from spanrl.algorithms.checkpoint_folders import latest
+
+    path = Path(given)
+    newest = latest(path) if path.is_dir() else None
+    if newest is not None:
+        return newest
+    config = path / "config.json"
+    is_model = config.is_file() and "model_type" in json.loads(config.read_text())
+    if is_model or (path / "adapter_config.json").is_file():
+        return path
+    if config.is_file() or list(path.glob("checkpoint-*")):
+        raise UsageError(f"checkpoint: the run folder {given!r} has no complete checkpoint-N/ yet (saved every "
+                         "save_every steps and at the end): export one after a step is saved, or name a model folder")
+    raise UsageError(f"checkpoint: {given!r} is neither a run folder (output_dir with checkpoint-N/) nor a model "
+                     "folder (config.json with model_type, or a PEFT adapter_config.json): give one of those")

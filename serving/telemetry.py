@@ -29,6 +29,17 @@ _EXPORT_DELAY_MILLIS = 200
 _SCOPE_NAME = "spanrl.serving"
 
 
+def _package_version() -> str | None:
+    """The installed spanrl's version, read from its metadata (not ``spanrl.__version__``: the server imports
+    nothing of the public API room above it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("spanrl")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return None
+
+
 class SpanRecorder:
     """Creates the server's spans and exports them in the background."""
 
@@ -41,8 +52,6 @@ class SpanRecorder:
         exporter: SpanExporter | None = None,
         compact: bool = True,
     ) -> None:
-        from spanrl import __version__
-
         self.compact = compact
         self._provider = TracerProvider(resource=Resource.create({semconv.SERVICE_NAME: service_name}))
         if exporter is None and endpoint:
@@ -54,7 +63,7 @@ class SpanRecorder:
 
         if exporter is not None:
             self._provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=_EXPORT_DELAY_MILLIS))
-        self._tracer = self._provider.get_tracer(_SCOPE_NAME, __version__)
+        self._tracer = self._provider.get_tracer(_SCOPE_NAME, _package_version())
         self._propagator = TraceContextTextMapPropagator()
 
     def parent_from_headers(self, headers: Mapping[str, str]) -> otel_context.Context:

@@ -117,7 +117,7 @@ def _port(port: int) -> Check:
 
 
 def _config_checks(path: Path) -> list[Check]:
-    from spanrl.train_config import read_config
+    from spanrl.trainer.train_config import read_config
 
     try:
         raw = read_config(path)
@@ -135,7 +135,7 @@ def _config_checks(path: Path) -> list[Check]:
 
 
 def _agent(value: Any, base: Path) -> Check:
-    from spanrl.train_config import agent_command
+    from spanrl.trainer.train_config import agent_command
     from spanrl.trainer.preflight import check_agent_command
 
     try:

@@ -52,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_store_options(i)
     i.set_defaults(func=_import)
     needs_extra(i, "collector")
+    _register_export_trajectories(subparsers)
 
 
 def _sql(args: argparse.Namespace) -> int:
@@ -183,10 +184,13 @@ def _stored_ids(store: object) -> object:
     return stored
 
 
-def register_export_trajectories(sub: argparse._SubParsersAction) -> None:
-    """``spanrl export trajectories``: a subcommand of ``spanrl export`` (algorithms/_cli.py)."""
-    t = sub.add_parser("trajectories", help="rollouts as ATIF trajectories (Harbor's Agent Trajectory Interchange "
-                       "Format), with token ids and log-probs where the store has them")
+def _register_export_trajectories(subparsers: argparse._SubParsersAction) -> None:
+    """``spanrl export trajectories``: a subcommand of ``spanrl export`` (``spanrl.cli_groups``)."""
+    from spanrl.cli_groups import command_group
+
+    t = command_group(subparsers, "export").add_parser(
+        "trajectories", help="rollouts as ATIF trajectories (Harbor's Agent Trajectory Interchange "
+        "Format), with token ids and log-probs where the store has them")
     t.add_argument("--output", "-o", required=True, help="output file: a JSON array of trajectories")
     t.add_argument("--format", "-f", default="atif", choices=("atif",), help="output format (default atif)")
     t.add_argument("--rollout-id", action="append", default=None, help="only this rollout (repeatable)")

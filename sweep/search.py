@@ -31,7 +31,7 @@ from typing import Any
 
 from spanrl.errors import ConfigError, one_of
 from spanrl.logs import log_to_file
-from spanrl.train_config import check_keys
+from spanrl.trainer.train_config import check_keys
 
 __all__ = ["SweepConfig", "apply", "run_sweep"]
 
@@ -118,7 +118,7 @@ def _trial(values: dict[str, Any], *, raw: dict[str, Any], base: str, out: str, 
     """One Ray Tune trial: a Trainer run on the base config with ``values``, its last ``metric`` reported."""
     from ray import tune
 
-    from spanrl.train_config import build_trainer
+    from spanrl.trainer.train_config import build_trainer
 
     name = tune.get_context().get_trial_name()
     trial_raw = apply(raw, values)

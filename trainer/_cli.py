@@ -2,7 +2,7 @@
 
 What they print is for people: a progress bar and one line per step; every log line, Python warning
 and third-party message goes to ``spanrl.log`` in the output folder (``--verbose`` shows them too).
-The config's keys: :mod:`spanrl.train_config` and ``docs/train-config.md``.
+The config's keys: :mod:`spanrl.trainer.train_config` and ``docs/train-config.md``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from spanrl.train_config import DOCS, build_trainer, load_tasks, read_config
+from spanrl.trainer.train_config import DOCS, build_trainer, load_tasks, read_config
 from spanrl.extras import needs_extra
 
 __all__ = ["build_trainer", "load_tasks", "log_file", "output_options", "register"]

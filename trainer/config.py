@@ -12,6 +12,7 @@ from typing import Any
 
 from pathlib import Path
 
+from spanrl.algorithms.checkpoint_folders import CHECKPOINT_PREFIX, TRAINER_STATE_FILE
 from spanrl.trainer.reporting import check_report_to
 from spanrl.errors import ConfigError
 from spanrl.rollouts.policy_pool import ServingConfig
@@ -24,8 +25,6 @@ __all__ = [
     "run_description",
 ]
 
-CHECKPOINT_PREFIX = "checkpoint-"
-TRAINER_STATE_FILE = "trainer_state.json"
 CONFIG_FILE = "config.json"
 HISTORY_FILE = "history.jsonl"
 ROLLOUTS_FILE = "rollouts.jsonl"
@@ -48,6 +47,9 @@ class TrainerConfig:
     """Tasks sampled per step (with replacement across steps, without within one)."""
     max_steps: int = 50
     """Policy updates in total (a resumed run counts the steps already done)."""
+    max_minutes: float | None = None
+    """A time budget for ``train()``: the step under way when it runs out is the last (evaluated and saved as
+    the ``max_steps``-th would be); None: no budget."""
     temperature: float = 1.0
     """Sampling temperature asked of the agent for training rollouts (evaluation is greedy: 0)."""
     max_tokens: int | None = None
@@ -133,6 +135,9 @@ class TrainerConfig:
             raise ConfigError(f"minibatch_size must be a positive integer or None, got {self.minibatch_size!r}")
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
             raise ConfigError(f"max_tokens must be a positive integer or None, got {self.max_tokens!r}")
+        if self.max_minutes is not None and (not isinstance(self.max_minutes, (int, float))
+                                             or isinstance(self.max_minutes, bool) or not self.max_minutes > 0):
+            raise ConfigError(f"max_minutes must be a positive number of minutes or None, got {self.max_minutes!r}")
         if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature!r}")
         report_to = [self.report_to] if isinstance(self.report_to, str) else list(self.report_to)

@@ -1,11 +1,17 @@
-"""The lifecycle both trainers share (``Trainer``, ``OnlineTrainer``): one enum, each state named in the
-error that refuses a call which does not fit it."""
+"""The lifecycle both trainers share (``Trainer``, ``OnlineTrainer``): one enum, one table of why a call is
+refused in each state, closing every reporting callback, and ``with`` (start, then close)."""
 
 from __future__ import annotations
 
 import enum
+import logging
+from typing import Any, ClassVar
 
-__all__ = ["TRAINER_REFUSALS", "State"]
+from spanrl.errors import TrainingError
+
+__all__ = ["Lifecycle", "State"]
+
+_logger = logging.getLogger(__name__)
 
 
 class State(enum.Enum):
@@ -18,11 +24,46 @@ class State(enum.Enum):
     CLOSED = "closed"  # stopped; start() (or train() / run()) starts again
 
 
-TRAINER_REFUSALS = {
-    State.NEW: "nothing is set up yet; call start() or train() first",
-    State.TRAINING: "train() is already running",
+_WHY = {
+    State.NEW: "nothing is {ready} yet; call start() or {loop} first",
+    State.TRAINING: "{loop} is already running",
     State.FOLLOWING: "this process is not rank 0; only rank 0 runs rollouts, evaluates, saves and deploys",
+    State.CLOSED: "it was closed; call start() or {loop} to {ready_again} again",
     State.RUNNING: "",
-    State.CLOSED: "",
 }
-"""Why the ``Trainer`` refuses a call in each state (named in the error)."""
+
+
+class Lifecycle:
+    """The shared part of a trainer's lifecycle. A subclass names its loop (``train()`` / ``run()``), what
+    ``start()`` makes ready, and the attribute holding its `State` (the online trainer's ``state`` is its
+    committed state, so its lifecycle is ``lifecycle``)."""
+
+    _WORDS: ClassVar[dict[str, str]]  # loop, ready, ready_again
+    _STATE_FIELD: ClassVar[str]
+    _callbacks: list[Any]
+
+    def start(self) -> Any:  # pragma: no cover - each trainer's own
+        raise NotImplementedError
+
+    def close(self) -> None:  # pragma: no cover - each trainer's own
+        raise NotImplementedError
+
+    def _refuse(self, action: str, *states: State) -> None:
+        now = getattr(self, self._STATE_FIELD)
+        if now in states:
+            raise TrainingError(f"cannot {action} in state {now.name}: {_WHY[now].format(**self._WORDS)}")
+
+    def _close_callbacks(self) -> None:
+        """Close every reporting callback, each even when one before it fails."""
+        for callback in self._callbacks:
+            try:
+                callback.close()
+            except Exception:  # closing must go on
+                _logger.exception("could not close %s", type(callback).__name__)
+        self._callbacks = []
+
+    def __enter__(self) -> Any:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

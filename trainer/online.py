@@ -11,7 +11,7 @@ else started; their spans and (late) feedback reach a ``spanrl collector``. The 
    running mean of earlier rewards, ``spanrl.algorithms.baseline``, its state in ``online_state``);
 4. one GRPO update: the ratio is taken against the *recorded* sampling log-probs and clipped, which
    corrects for the policy lag of the rollouts that were kept;
-5. checkpoint (``trainer/checkpoints.py``'s names and pruning), ledger, then ``online_state.json`` (the
+5. checkpoint (``algorithms/checkpoint_folders.py``'s names and pruning), ledger, then ``online_state.json`` (the
    commit point), then reload the server through its ``POST /v1/weights/reload`` route
    (``spanrl.serving.client``): serving never stops, and every later response carries the new policy
    version; the update's history row goes to the reporting callbacks (``history.jsonl``, and any given).
@@ -43,18 +43,18 @@ from typing import Any
 
 from spanrl import env
 from spanrl import semconv as sc
-from spanrl.algorithms.checks import checked_transitions, nonfinite
+from spanrl.algorithms.checks import checked_transitions
 from spanrl.algorithms.hf_trainer import one_off_learning_rate
 from spanrl.errors import ConfigError, ServingError, StoreUnavailableError, TrainingError
 from spanrl.serving.client import PolicyClient
 from spanrl.store.online import ReadyRollout, Watermark, count_aged_out, now_ns, ready_window
-from spanrl.trainer import checkpoints
+from spanrl.algorithms import checkpoint_folders as checkpoints
 from spanrl.trainer.config import CONFIG_FILE, HISTORY_FILE
-from spanrl.trainer.lifecycle import State
+from spanrl.trainer.lifecycle import Lifecycle, State
 from spanrl.trainer.online_config import OnlineConfig
 from spanrl.trainer.online_guard import Guard
 from spanrl.trainer.online_state import Ledger, OnlineState
-from spanrl.trainer.reporting import Callback, HistoryFile
+from spanrl.trainer.reporting import Callback, HistoryFile, NonFiniteGuard
 from spanrl.trust import env_token, read_token_file
 
 __all__ = ["OnlineConfig", "OnlineTrainer"]
@@ -69,7 +69,7 @@ def _good_reward(reward: float | None) -> bool:
     return reward is not None and math.isfinite(reward) and abs(reward) <= sc.REWARD_ABS_MAX
 
 
-class OnlineTrainer:
+class OnlineTrainer(Lifecycle):
     """Follows the store and trains the served policy (see the module docstring).
 
     ``algorithm``: a weight-training `Algorithm` (default ``GRPO()``); ``store``: anything with
@@ -77,6 +77,9 @@ class OnlineTrainer:
     callbacks (``trainer/reporting.py``: a console line, metrics) each history row goes to after
     ``history.jsonl``. ``run()`` until ``max_updates`` / ``max_seconds`` / ``stop()``, then ``close()``.
     """
+
+    _WORDS = {"loop": "run()", "ready": "loaded", "ready_again": "load the committed state"}
+    _STATE_FIELD = "lifecycle"
 
     def __init__(self, config: OnlineConfig, *, algorithm: Any = None, store: Any = None,
                  callbacks: Sequence[Callback] = ()) -> None:
@@ -162,24 +165,9 @@ class OnlineTrainer:
     def close(self) -> None:
         """Close the reporting callbacks; the committed state stays on disk (and in ``state``). Safe twice."""
         self._refuse("close()", State.TRAINING)
-        for callback in self._callbacks:
-            try:
-                callback.close()
-            except Exception:  # closing must go on
-                _logger.exception("could not close %s", type(callback).__name__)
-        self._callbacks = []
+        self._close_callbacks()
         if self.lifecycle is not State.NEW:
             self.lifecycle = State.CLOSED
-
-    def __enter__(self) -> OnlineTrainer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _refuse(self, action: str, *states: State) -> None:
-        if self.lifecycle in states:
-            raise TrainingError(f"cannot {action} in state {self.lifecycle.name}: {_WHY[self.lifecycle]}")
 
     def _loaded(self, action: str) -> tuple[OnlineState, Ledger]:
         """The committed state and ledger, or `TrainingError` naming the state when nothing is loaded."""
@@ -294,13 +282,16 @@ class OnlineTrainer:
         previous = self.guard.base()
         with one_off_learning_rate(self.algorithm, self.config.learning_rate_overrides.get(state.step + 1)):
             metrics = self.algorithm.update(transitions) if transitions else {}
-        problem = nonfinite(self.algorithm, metrics)
+        nonfinite = NonFiniteGuard(self.config.max_bad_updates, bad=state.bad_updates)  # the Trainer's policy
+        problem = nonfinite.judge(metrics, self.algorithm)
+        state.bad_updates = nonfinite.bad
         if problem is not None:  # undone; its rollouts quarantined; after max_bad_updates in a row: stop
-            self._undo_bad_update(ready, used, version, marks, problem)
+            self._undo_bad_update(ready, used, version, marks)
+            last = self.output_dir / state.checkpoint if state.checkpoint else self.config.model
+            nonfinite.stop_if_too_many(problem, last_good=f"The last good weights, {last}, are intact and still served")
             return None
         state.step += 1
-        state.bad_updates = 0
-        checkpoint = self._save_checkpoint(state.step)
+        checkpoint = self.save_checkpoint(state.step)
         if previous is not None:  # on trial from now on; a crash before the reload resumes it (start())
             state.trial = self.guard.open(step=state.step, checkpoint=checkpoint, previous=previous, version=version,
                                          oldest_ns=min(r.ready_ns for r in used))
@@ -372,24 +363,20 @@ class OnlineTrainer:
 
     # --- what cannot be trained on -------------------------------------------------------------------
     def _undo_bad_update(self, ready: list[ReadyRollout], used: list[ReadyRollout], version: int,
-                         marks: dict[str, str], problem: str) -> None:
+                         marks: dict[str, str]) -> None:
+        """Back to the last good weights (the server still serves them); the update's rollouts quarantined."""
         cfg, (state, _) = self.config, self._loaded("poll_once()")
-        state.bad_updates += 1
-        _logger.warning("spanrl online: update %d of %d in a row not finite (%s); undone, its %d rollouts quarantined",
-                        state.bad_updates, cfg.max_bad_updates, problem, len(used))
-        if state.checkpoint is not None:  # back to the last good weights (the server still serves them)
+        _logger.warning("spanrl online: update %d of %d in a row not finite; undone, its %d rollouts quarantined",
+                        state.bad_updates, cfg.max_bad_updates, len(used))
+        if state.checkpoint is not None:
             self.algorithm.load_state(self.output_dir / state.checkpoint)
         else:
             self.algorithm.setup(model_path=Path(cfg.model), output_dir=self.output_dir / "algorithm", seed=cfg.seed)
         self._commit(ready, trained={}, checkpoint=None, version=version,
                      marks={**marks, **{r.rollout_id: "bad_update" for r in used}})
-        if state.bad_updates >= cfg.max_bad_updates:
-            last = self.output_dir / state.checkpoint if state.checkpoint else cfg.model
-            raise TrainingError(f"{state.bad_updates} updates in a row were not finite (max_bad_updates "
-                                f"{cfg.max_bad_updates}; last: {problem}); stopped. The last good weights, {last}, are "
-                                "intact and still served; lower the learning rate or check the rewards")
 
-    def _save_checkpoint(self, step: int) -> str:
+    def save_checkpoint(self, step: int) -> str:
+        """Write ``checkpoint-<step>/`` (committed once ``online_state.json`` names it); returns its name."""
         path = checkpoints.path_of(self.output_dir, step)
         if path.exists():  # left by a crash before its commit
             shutil.rmtree(path)
@@ -402,11 +389,3 @@ class OnlineTrainer:
         checkpoints.prune(self.output_dir, self.config.keep_checkpoints,
                           protect=[self.output_dir / name for name in needed if name])
 
-
-_WHY = {
-    State.NEW: "nothing is loaded yet; call start() or run() first",
-    State.TRAINING: "run() is already running",
-    State.CLOSED: "it was closed; call start() or run() to load the committed state again",
-    State.RUNNING: "",
-    State.FOLLOWING: "",
-}

@@ -35,7 +35,7 @@ def build_online_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     from spanrl.algorithms import GRPO
     from spanrl.algorithms.grpo import GRPOConfig
     from spanrl.trainer.online import OnlineConfig, OnlineTrainer
-    from spanrl.train_config import check_keys
+    from spanrl.trainer.train_config import check_keys
 
     if not isinstance(raw, dict):
         raise ConfigError("the online config must be a mapping of settings")
@@ -102,7 +102,7 @@ def run_online(path: Path, *, output_dir: str | None = None, max_updates: int | 
 
 def _run_online(path: Path, *, output_dir: str | None, max_updates: int | None, json_summary: bool) -> int:
     from spanrl.logs import log_to_file
-    from spanrl.train_config import read_config
+    from spanrl.trainer.train_config import read_config
     from spanrl.trainer.config import LOG_FILE
 
     raw = read_config(path)

@@ -106,7 +106,7 @@ class Guard:
         starting weights and a fresh optimizer, saved before the first update). None with the guard off."""
         if not self.trainer.config.guard:
             return None
-        return self.trainer.state.checkpoint or self.trainer._save_checkpoint(0)
+        return self.trainer.state.checkpoint or self.trainer.save_checkpoint(0)
 
     def rejected(self, rollout: ReadyRollout) -> bool:
         """Whether a policy version the guard rolled back served one of its calls."""

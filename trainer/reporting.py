@@ -7,7 +7,7 @@ One contract (``on_row(row)``, ``on_end(history)``, ``close()``) for everything 
 - :class:`Scalars`: TensorBoard / W&B (``report_to``), the only scalar writer;
 - :class:`~spanrl.trainer.console.Console`: the progress bar and one readable line per step;
 - :class:`CurvePlot`: ``reward_curve.png`` at the end;
-- :class:`NonFiniteGuard`: stops training after ``max_bad_updates`` updates in a row with a non-finite loss.
+- :class:`NonFiniteGuard`: the one non-finite policy: stops training after ``max_bad_updates`` bad updates in a row.
 
 Algorithms return their metrics and write no reports (their HF trainers run with ``report_to="none"``);
 the Trainer merges them into the step's row, so each key is written once per step.
@@ -75,27 +75,51 @@ class HistoryFile(Callback):
 
 
 class NonFiniteGuard(Callback):
-    """Raises `TrainingError` once ``max_bad`` update rows in a row have a non-finite ``losses/*`` or
-    ``charts/grad_norm`` (issue 28). The row is already in ``history.jsonl``; the step is not checkpointed,
-    so the last checkpoint is the last good one (GRPO and PPO skip non-finite optimizer steps)."""
+    """The one non-finite policy (issue 28) of both trainers. An update whose loss (``losses/*``), gradient norm
+    (``charts/grad_norm``) or, given the algorithm, a weight is not finite counts as bad, a good one resets the
+    count, and the ``max_bad``-th bad one in a row stops training with `TrainingError` naming it. What is undone
+    is the caller's: the online trainer loads its last good checkpoint and quarantines the update's rollouts; in
+    the Trainer (rows through ``on_row``) GRPO and PPO skip a non-finite optimizer step, so the weights stay the
+    last good ones."""
 
-    def __init__(self, max_bad: int) -> None:
+    def __init__(self, max_bad: int, *, bad: int = 0) -> None:
         self.max_bad = max_bad
-        self.bad = 0
+        self.bad = bad
+        """Bad updates in a row so far (the online trainer keeps it in its committed state)."""
 
-    def on_row(self, row: Mapping[str, Any]) -> None:
-        checked = {k: v for k, v in row.items() if (k.startswith("losses/") or k == "charts/grad_norm")
+    def judge(self, metrics: Mapping[str, Any], algorithm: Any = None) -> str | None:
+        """What was not finite after an update (counted), or None: a good update (the count resets), or a row
+        with no update (an evaluation, APO; SFT with nothing selected or DPO without pairs: a NaN loss)."""
+        checked = {k: v for k, v in metrics.items() if (k.startswith("losses/") or k == "charts/grad_norm")
                    and isinstance(v, (int, float))}
-        if not checked or row.get("charts/update_seconds") == 0.0:
-            return  # an evaluation or APO row; or no update (SFT with nothing selected, DPO without pairs: NaN loss)
-        bad = next((f"{k} = {v}" for k, v in checked.items() if not math.isfinite(v)), None)
-        self.bad = self.bad + 1 if bad else 0
-        if bad and self.bad >= self.max_bad:
+        if algorithm is None and not checked or metrics.get("charts/update_seconds") == 0.0:
+            return None
+        problem = next((f"{k} = {v}" for k, v in checked.items() if not math.isfinite(v)), None)
+        if problem is None and algorithm is not None:
+            problem = _nonfinite_weight(algorithm)
+        self.bad = self.bad + 1 if problem else 0
+        return problem
+
+    def stop_if_too_many(self, problem: str, *, last_good: str = "The last checkpoint is the last good one") -> None:
+        """`TrainingError` once ``max_bad`` updates in a row were bad (``problem``: the last one's)."""
+        if self.bad >= self.max_bad:
             from spanrl.errors import TrainingError
 
             raise TrainingError(f"{self.bad} updates in a row were not finite (max_bad_updates {self.max_bad}; last: "
-                                f"{bad} at step {row.get('step')}); stopped. The last checkpoint is the last good one; "
-                                "lower the learning rate or check the rewards")
+                                f"{problem}); stopped. {last_good}; lower the learning rate or check the rewards")
+
+    def on_row(self, row: Mapping[str, Any]) -> None:
+        problem = self.judge(row)
+        if problem:
+            self.stop_if_too_many(f"{problem} at step {row.get('step')}")
+
+
+def _nonfinite_weight(algorithm: Any) -> str | None:
+    from spanrl.algorithms.checkpoints import nonfinite_tensors
+
+    model = getattr(algorithm, "model", None)  # the live model (a LoRA one unmerged: no copy)
+    bad = nonfinite_tensors(model.state_dict() if model is not None else algorithm.policy_weights())
+    return f"weight {bad[0]} is not finite" if bad else None
 
 
 def scalars_of(row: Mapping[str, Any]) -> dict[str, float]:

@@ -49,14 +49,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from spanrl.algorithms import distributed as _distributed
 from spanrl.algorithms.credit import LightningRL
 from spanrl.errors import ConfigError, TrainingError
 from spanrl.store import rollouts as store_rollouts
-from spanrl.trainer import checkpoints
-from spanrl.algorithms.transitions import load_training_batch
+from spanrl.algorithms import checkpoint_folders as checkpoints
 from spanrl.trainer.config import (
     APO_RESULT_FILE,
     CHECKPOINT_PREFIX,
@@ -73,10 +71,10 @@ from spanrl.trainer.config import (
 )
 from spanrl.trainer.console import Console
 from spanrl.trainer.preflight import check_before_start, no_rollout_succeeded
-from spanrl.trainer.lifecycle import TRAINER_REFUSALS as _WHY
-from spanrl.trainer.lifecycle import State
-from spanrl.rollouts.prefetch import RolloutPrefetch, StepRollouts, policy_lag
+from spanrl.trainer.lifecycle import Lifecycle, State
+from spanrl.rollouts.prefetch import RolloutPrefetch, StepRollouts
 from spanrl.trainer.reporting import Callback, CurvePlot, HistoryFile, NonFiniteGuard, RowLog, Scalars, StageClock
+from spanrl.trainer.training_step import TrainingStep
 from spanrl.rollouts.rollouts import jobs_of
 from spanrl.rollouts.runner import RolloutJob, RolloutResult
 from spanrl import seeding
@@ -90,8 +88,11 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 
 
-class Trainer:
+class Trainer(Lifecycle):
     """Trains ``model`` with ``algorithm`` from the traces of ``agent`` running ``tasks``."""
+
+    _WORDS = {"loop": "train()", "ready": "set up", "ready_again": "set it up"}
+    _STATE_FIELD = "state"
 
     def __init__(
         self,
@@ -152,6 +153,7 @@ class Trainer:
         self._callbacks: list[Callback] = []
         self._console: Console | None = None
         self._prefetch: RolloutPrefetch | None = None  # inside train(): runs rollouts (ahead, with async_steps)
+        self._training: TrainingStep | None = None  # transitions, update(s), weight push: made by start()
         self._run_tag = uuid.uuid4().hex[:8]  # rollout ids stay unique across runs sharing one store
         self._unpin: Callable[[], None] = lambda: None  # restores torch's settings (seeding.start_run)
 
@@ -201,6 +203,8 @@ class Trainer:
                                       output_dir=self.output_dir,
                                       adapters=getattr(self.algorithm, "serving_adapters", None))
             self._callbacks = self._reporting()
+            self._training = TrainingStep(algorithm=self.algorithm, credit=self.credit, config=cfg,
+                                          store=self.collector.store, server=self.server, world=self._world)
         except BaseException:
             self.close()
             raise
@@ -231,29 +235,16 @@ class Trainer:
 
     def close(self) -> None:
         """Stop the runner, server and collector (the DuckDB file stays); safe twice."""
-        for callback in self._callbacks:
-            try:
-                callback.close()
-            except Exception:  # closing must go on
-                _logger.exception("could not close %s", type(callback).__name__)
-        self._callbacks, self._console = [], None
+        self._close_callbacks()
+        self._console = None
         self._services.close()
         self._unpin()
         self.state = State.CLOSED
 
-    def __enter__(self) -> Trainer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _refuse(self, action: str, *states: State) -> None:
-        if self.state in states:
-            raise TrainingError(f"cannot {action} in state {self.state.name}: {_WHY[self.state]}")
-
     # --- the loop ----------------------------------------------------------------------------------
     def train(self) -> list[dict[str, Any]]:
-        """Run until ``max_steps``; return the history (one dict per step, evaluations included)."""
+        """Run until ``max_steps`` (or ``max_minutes``); return the history (one dict per step, evaluations
+        included)."""
         self._refuse("train()", State.TRAINING)
         owns = self.state in (State.NEW, State.CLOSED)
         self.start()
@@ -272,21 +263,24 @@ class Trainer:
         try:
             with self._console.running(self.step) if self._console else contextlib.nullcontext():
                 if cfg.eval_at_start and self.val_tasks and self.step == 0:
-                    self._record({"step": 0, "val_success": self.evaluate()})
+                    self.record({"step": 0, "val_success": self.evaluate()})
                 if self._optimizes_prompt:
                     from spanrl.trainer.prompt_search import search_prompt
 
                     search_prompt(self)
+                deadline = None if cfg.max_minutes is None else time.monotonic() + 60 * cfg.max_minutes
                 while not self._optimizes_prompt and self.step < cfg.max_steps:
                     row = self._train_step()
-                    last = self.step == cfg.max_steps
+                    last = self.step == cfg.max_steps or (deadline is not None and time.monotonic() >= deadline)
                     if self.val_tasks and (last or (cfg.eval_every and self.step % cfg.eval_every == 0)):
                         eval_started = time.perf_counter()
                         row["val_success"] = self.evaluate()
                         row["time/eval_s"] = time.perf_counter() - eval_started
-                    self._record(row)
+                    self.record(row)
                     if last or (cfg.save_every and self.step % cfg.save_every == 0):
                         self.save_checkpoint()
+                    if last:
+                        break
             for callback in self._callbacks:
                 callback.on_end(self.history)
         finally:
@@ -299,45 +293,14 @@ class Trainer:
         return self.history
 
     def _train_step(self) -> dict[str, Any]:
-        """Rollouts (taken from the prefetch: run now, or ahead while the last update computed),
-        transitions, update(s), weight push; returns the step's history row (not recorded)."""
-        cfg, clock = self.config, StageClock("decompose", "update", "reload")
-        step = self.step + 1
+        """Rollouts (taken from the prefetch: run now, or ahead while the last update computed), then the
+        step itself (``training_step.py``); returns the step's history row (not recorded)."""
+        clock, step = StageClock("decompose", "update", "reload"), self.step + 1  # time/step_s counts the wait
         sampler, _ = self._step_jobs(step)
-        assert self._prefetch is not None
+        assert self._prefetch is not None and self._training is not None
         got, waited = self._prefetch.take(step)
         self._prefetch.ahead(step)  # the next steps' rollouts run while this step updates
-        results = got.results
-        ok_ids = [r.rollout_id for r in results if r.ok]
-        row: dict[str, Any] = {"step": step, "rollouts_ok": len(ok_ids), "rollouts_failed": len(results) - len(ok_ids),
-                               "policy_version": got.policy_version}
-        metrics: dict[str, float] = {}
-        with clock("decompose"):
-            batch = self._batch(ok_ids) if ok_ids else None
-        n_transitions = len(batch) if batch is not None else 0
-        if batch is not None:
-            rewards = [float(v) for v in batch.rewards_by_rollout.values() if v is not None]
-            row["reward_mean"] = sum(rewards) / len(rewards) if rewards else None
-            row["transitions"] = n_transitions
-            row["transitions_report"] = dict(batch.report)
-            row.update(getattr(batch, "metrics", {}))  # the learned critic's figures (algorithms/value_head.py)
-        if n_transitions:  # columnar all the way: no dataclass per row on the training path
-            row["advantage_mean"] = float(np.mean(batch.to_arrow().column("advantage").to_numpy()))
-            row.update(policy_lag(batch, self._policy_version()))
-            with clock("update"):
-                for _ in range(cfg.updates_per_step):
-                    use_minibatch = cfg.minibatch_size and cfg.minibatch_size < n_transitions
-                    # the same rows from the same RNG as sampling the list of transitions would pick
-                    metrics = self._update(batch.take(sampler.sample(range(n_transitions), cfg.minibatch_size))
-                                           if use_minibatch else batch)
-            with clock("reload"):
-                row.update(self._push_weights())
-        elif ok_ids:
-            _logger.warning("step %d: %d rollouts gave no transitions; no update", step, len(ok_ids))
-        else:
-            raise no_rollout_succeeded(f"step {step}", results)
-        row.update({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
-        row.update({"time/rollouts_s": got.seconds, "time/rollout_wait_s": waited, **clock.row()})
+        row = self._training.run(step, got, sampler=sampler, waited=waited, clock=clock)
         self.step = step
         return row
 
@@ -348,26 +311,8 @@ class Trainer:
     def _step_rollouts(self, step: int) -> StepRollouts:
         """Run step ``step``'s rollouts (in the loop's thread, or the prefetch's)."""
         started, version = time.perf_counter(), self._policy_version()
-        results = self._run_rollouts(self._step_jobs(step)[1], tag=f"s{step}", mode="train")
+        results = self.run_rollouts(self._step_jobs(step)[1], tag=f"s{step}", mode="train")
         return StepRollouts(results, version, time.perf_counter() - started)
-
-    def _update(self, transitions: Any) -> dict[str, float]:
-        """One algorithm update; under many processes rank 0 broadcasts the transitions and every rank
-        updates on its shard (the metrics are rank 0's shard's)."""
-        if self._world == 1:
-            return self.algorithm.update(transitions)
-        from spanrl.algorithms.tables import transitions_of
-
-        items = _distributed.broadcast(transitions_of(transitions))
-        return self.algorithm.update(_distributed.shard_transitions(items))
-
-    def _batch(self, rollout_ids: Sequence[str]) -> Any:
-        load = getattr(self.algorithm, "load_batch", None)  # per-agent policies: each agent's own credit
-        if load is not None:
-            return load(self.collector.store, self.credit, list(rollout_ids))
-        agents = [self.config.agent_name] if self.config.agent_name else None
-        return load_training_batch(self.collector.store, self.algorithm, credit=self.credit,
-                                   rollout_ids=list(rollout_ids), agents=agents)
 
     # --- rollouts ----------------------------------------------------------------------------------
     def evaluate(self, tasks: Sequence[Any] | None = None, *, progress: Any = None) -> float:
@@ -382,11 +327,11 @@ class Trainer:
             jobs = self._val_jobs if tasks is None else jobs_of(tasks)
             if not jobs:
                 raise ConfigError("evaluate needs tasks: pass tasks= or give the Trainer val_tasks")
-            results = self._run_rollouts(jobs, tag=f"v{self.step}", mode="val", greedy=True)
+            results = self.run_rollouts(jobs, tag=f"v{self.step}", mode="val", greedy=True)
             ok_ids = [r.rollout_id for r in results if r.ok]
             if not ok_ids:
                 raise no_rollout_succeeded(f"evaluation at step {self.step}", results)
-            rewards = self._final_rewards(ok_ids)
+            rewards = self.final_rewards(ok_ids)
             return sum(rewards.get(i) or 0.0 for i in ok_ids) / len(jobs)
         finally:
             if owns:
@@ -398,7 +343,7 @@ class Trainer:
         self.start()
         self._runner_free()
         jobs = [job for job in jobs_of(tasks) for _ in range(n_rollouts)]
-        return self._run_rollouts(jobs, tag=f"c{self.step}", mode=mode)
+        return self.run_rollouts(jobs, tag=f"c{self.step}", mode=mode)
 
     def deploy(self) -> Any:
         """Serve the trained policy and return an ``openai.OpenAI`` client for it (``client.base_url``).
@@ -416,7 +361,7 @@ class Trainer:
             self._services.serve_only(checkpoint, self.config.serving)
         return openai.OpenAI(base_url=f"{self.server.base_url}/v1", api_key=self._services.api_key)
 
-    def _run_rollouts(
+    def run_rollouts(
         self, jobs: Sequence[RolloutJob], *, tag: str, mode: str, greedy: bool = False, template: str | None = None
     ) -> list[RolloutResult]:
         """Run ``jobs`` (ids ``<run>-<tag>-<i>-a<attempt>``), log each attempt to ``rollouts.jsonl``.
@@ -460,7 +405,8 @@ class Trainer:
         need = self.config.runner.require_token_spans and not self.config.llm_url
         return store_rollouts.ready(self.collector.store, rollout_ids, since_ns, need_token_ids=need)
 
-    def _final_rewards(self, rollout_ids: Sequence[str]) -> dict[str, float | None]:
+    def final_rewards(self, rollout_ids: Sequence[str]) -> dict[str, float | None]:
+        """Each rollout's final reward in the store (None: it has none)."""
         return store_rollouts.final_rewards(self.collector.store, rollout_ids)
 
     # --- checkpoints, history, config ---------------------------------------------------------------
@@ -482,19 +428,12 @@ class Trainer:
 
         return plot_reward_curve(self.history, self.output_dir / CURVE_FILE, title=f"spanrl: {self.output_dir.name}")
 
-    def _record(self, row: dict[str, Any]) -> None:
+    def record(self, row: dict[str, Any]) -> None:
+        """Add a history row (its ``step`` becomes the Trainer's) and hand it to the reporting callbacks."""
+        self.step = row["step"]
         self.history.append(row)
         for callback in self._callbacks:
             callback.on_row(row)
-
-    def _push_weights(self) -> dict[str, Any]:
-        """Reload the server: plain-keyed weights (a LoRA adapter merged), else the model itself; per-agent
-        adapters each on their own. Returns the history row's policy version(s)."""
-        push = getattr(self.algorithm, "push_weights", None)
-        if push is not None:
-            return push(self.server)
-        weights = getattr(self.algorithm, "policy_weights", None)
-        return {"policy_version": self.server.reload(weights() if callable(weights) else self.algorithm.model)}
 
     def _policy_version(self) -> int | None:
         return getattr(self.server, "version", None)

@@ -23,7 +23,7 @@ from typing import Any
 from spanrl.demo.smollm2.tools import SHOTS, TOOLS, load_tasks, reward, run_tool, split, tool_model
 from spanrl.errors import ConfigError
 
-__all__ = ["AgenticConfig", "CREDIT_MODES", "MAX_CALLS", "agent", "build_trainer", "run", "train_time_boxed"]
+__all__ = ["AgenticConfig", "CREDIT_MODES", "MAX_CALLS", "agent", "build_trainer", "run", "score_or_train"]
 
 MAX_CALLS = 3
 """LLM calls per episode: a tool call and the answer take two; one more lets a bad call be retried."""
@@ -61,7 +61,7 @@ class AgenticConfig:
     """Completion tokens per call: a tool call takes ~30, the answer 2-5."""
     eval_every: int = 8
     max_minutes: float | None = 22.0
-    """Start no new chunk of ``eval_every`` steps once this much wall time has passed."""
+    """The Trainer's time budget (``TrainerConfig.max_minutes``): the step under way when it runs out is the last."""
     threads: int | None = None
     """torch threads (None: one per core)."""
     progress: bool = True
@@ -137,6 +137,7 @@ def build_trainer(cfg: AgenticConfig) -> Any:
         credit=_credit(cfg.credit, cfg.aggregate, cfg.gamma),
         config=TrainerConfig(
             output_dir=cfg.output_dir, n_rollouts=cfg.group, tasks_per_step=cfg.tasks_per_step, max_steps=cfg.steps,
+            eval_every=cfg.eval_every, max_minutes=cfg.max_minutes,
             temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed, progress=cfg.progress,
             torch_threads=cfg.threads,
             server_max_batch_size=64,
@@ -145,10 +146,8 @@ def build_trainer(cfg: AgenticConfig) -> Any:
     )
 
 
-def train_time_boxed(trainer: Any, cfg: AgenticConfig) -> list[dict[str, Any]]:
-    """``train()`` in chunks of ``eval_every`` steps (each ends with a held-out evaluation); no new chunk
-    starts past ``max_minutes``. ``steps`` 0 scores the model only."""
-    started = time.monotonic()
+def score_or_train(trainer: Any, cfg: AgenticConfig) -> list[dict[str, Any]]:
+    """``train()``, within the Trainer's time budget (``max_minutes``); ``steps`` 0 scores the model only."""
     with trainer:
         if cfg.steps == 0:
             row = {"step": 0, "val_success": trainer.evaluate()}
@@ -157,12 +156,7 @@ def train_time_boxed(trainer: Any, cfg: AgenticConfig) -> list[dict[str, Any]]:
 
                 print(step_line(row, 0), flush=True)
             return [row]
-        while trainer.step < cfg.steps:
-            if cfg.max_minutes is not None and time.monotonic() - started > 60 * cfg.max_minutes:
-                break
-            trainer.config.max_steps = min(trainer.step + (cfg.eval_every or cfg.steps), cfg.steps)
-            trainer.train()
-    return trainer.history
+        return trainer.train()
 
 
 def _episode_stats(db_path: Path) -> dict[str, Any]:
@@ -184,7 +178,7 @@ def run(cfg: AgenticConfig) -> dict[str, Any]:
     """Train; write and return ``result.json``'s content."""
     cfg.validate()
     started = time.perf_counter()
-    history = train_time_boxed(build_trainer(cfg), cfg)
+    history = score_or_train(build_trainer(cfg), cfg)
     evals = [(row["step"], row["val_success"]) for row in history if row.get("val_success") is not None]
     steps = [row for row in history if "reward_mean" in row]
     result = {

@@ -54,8 +54,8 @@ class SmolConfig:
     """Completion tokens per reply: the answer needs 2-4; a long-winded reply is cut (and scores 0)."""
     eval_every: int = 8
     max_minutes: float | None = 20.0
-    """Start no new chunk of ``eval_every`` steps once this much wall time has passed (a chunk started
-    just before runs to its end: 20 keeps the whole run under 30 minutes at twice the projected step)."""
+    """The Trainer's time budget (``TrainerConfig.max_minutes``): the step under way when it runs out is the last
+    (evaluated and saved); 20 keeps the whole run under 30 minutes at twice the projected step."""
     threads: int | None = None
     """torch threads (None: torch's default, one per core)."""
     progress: bool = True
@@ -85,6 +85,7 @@ def build_trainer(cfg: SmolConfig) -> Any:
         credit=LightningRL(mode="identical", baseline="grpo"),
         config=TrainerConfig(
             output_dir=cfg.output_dir, n_rollouts=cfg.group, tasks_per_step=cfg.tasks_per_step, max_steps=cfg.steps,
+            eval_every=cfg.eval_every, max_minutes=cfg.max_minutes,
             temperature=1.0, max_tokens=cfg.max_tokens, seed=cfg.seed, progress=cfg.progress, torch_threads=cfg.threads,
             server_max_batch_size=64,
             runner=RunnerConfig(max_concurrency=64, rollout_timeout_s=600.0, span_timeout_s=60.0, max_attempts=2),
@@ -92,23 +93,11 @@ def build_trainer(cfg: SmolConfig) -> Any:
     )
 
 
-def train_time_boxed(trainer: Any, cfg: SmolConfig) -> list[dict[str, Any]]:
-    """``train()`` in chunks of ``eval_every`` steps (each ends with a held-out evaluation); no new chunk
-    starts past ``max_minutes``."""
-    started = time.monotonic()
-    with trainer:
-        while trainer.step < cfg.steps:
-            if cfg.max_minutes is not None and time.monotonic() - started > 60 * cfg.max_minutes:
-                break
-            trainer.config.max_steps = min(trainer.step + (cfg.eval_every or cfg.steps), cfg.steps)
-            trainer.train()
-    return trainer.history
-
-
 def run(cfg: SmolConfig) -> dict[str, Any]:
     """Train; write and return ``result.json``'s content."""
     started = time.perf_counter()
-    history = train_time_boxed(build_trainer(cfg), cfg)
+    with build_trainer(cfg) as trainer:
+        history = trainer.train()
     evals = [(row["step"], row["val_success"]) for row in history if row.get("val_success") is not None]
     steps = [row for row in history if "reward_mean" in row]
     result = {

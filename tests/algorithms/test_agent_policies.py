@@ -133,7 +133,7 @@ def test_config_errors_name_the_field():
 
 
 def test_train_config_policies_build_per_agent_adapters(model_path, tmp_path):
-    from spanrl.train_config import build_trainer
+    from spanrl.trainer.train_config import build_trainer
 
     raw = {"model": str(model_path), "agent": ["python", "agent.py"], "tasks": [{"question": "1 add 2"}],
            "algorithm": {"name": "grpo", "learning_rate": 1e-3, "epsilon": 0.3},

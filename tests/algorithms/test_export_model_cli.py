@@ -40,7 +40,7 @@ def _export(source: Path, out: Path) -> subprocess.CompletedProcess[str]:
 def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Laid out as a Trainer leaves it: its config.json (no model_type), checkpoint-1 and checkpoint-2 complete,
     checkpoint-3 cut short (no trainer_state.json)."""
-    from spanrl.trainer.checkpoints import write_trainer_state
+    from spanrl.algorithms.checkpoint_folders import write_trainer_state
 
     run = tmp_path_factory.mktemp("export") / "run"
     for step in (1, 2, 3):

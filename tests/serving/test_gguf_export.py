@@ -209,7 +209,7 @@ def test_lora_run_exports_merged(smollm2, tmp_path) -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from spanrl.trainer.checkpoints import write_trainer_state
+    from spanrl.algorithms.checkpoint_folders import write_trainer_state
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2)
     torch.manual_seed(0)
@@ -248,7 +248,7 @@ def test_tiny_word_level_model_refused_before_writing(tiny_model_dir, tmp_path) 
 
 
 def test_cli_refuses_bad_type_and_name(tiny_model_dir, tmp_path) -> None:
-    from spanrl.algorithms._cli import _GGUF_TYPES
+    from spanrl.serving._cli import _GGUF_TYPES
 
     assert _GGUF_TYPES == GGUF_TYPES  # the CLI's copy (kept to import nothing at startup) is the writer's
     with pytest.raises(ConfigError, match="GGUF type must be one of f32, f16, bf16, q8_0, got 'q4_k'"):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from spanrl.errors import ConfigError
-from spanrl.train_config import build_trainer
+from spanrl.trainer.train_config import build_trainer
 
 
 def _earlier_run(run: Path) -> None:

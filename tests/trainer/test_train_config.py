@@ -20,7 +20,7 @@ from spanrl.cli import main
 from spanrl.errors import ConfigError
 from spanrl.rollouts import RolloutsConfig
 from spanrl.trainer import RunnerConfig, TrainerConfig
-from spanrl.train_config import TINY_KEYS, TOP_LEVEL_KEYS, build_trainer
+from spanrl.trainer.train_config import TINY_KEYS, TOP_LEVEL_KEYS, build_trainer
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_CONFIGS = sorted(REPO.glob("examples/*/train.yaml"))

@@ -132,6 +132,20 @@ def test_crashing_and_hanging_agents_do_not_stop_training(tiny_model: Path, tmp_
     assert "exited with code 7" in crashed["error"]
 
 
+@pytest.mark.slow
+def test_a_time_budget_makes_the_step_under_way_the_last(tiny_model: Path, tmp_path: Path) -> None:
+    """max_minutes: the step that runs past the budget is the run's last, evaluated and saved as the
+    max_steps-th would be; no further step starts."""
+    tasks, val = calculator.split_tasks(40, 2, seed=3)
+    out = tmp_path / "run"
+    history = Trainer(model=tiny_model, agent=_chaos_agent(tmp_path), tasks=tasks, val_tasks=val,
+                      algorithm=GRPO(learning_rate=5e-4), config=_config(out, max_steps=50, max_minutes=1e-6)).train()
+    assert [row["step"] for row in history] == [1] and "val_success" in history[0]
+    assert (out / "checkpoint-1" / "trainer_state.json").is_file()
+    with pytest.raises(ConfigError, match="max_minutes must be a positive number of minutes or None, got 0"):
+        TrainerConfig(max_minutes=0).validate()
+
+
 def test_trainer_rejects_bad_config(tiny_model: Path, tmp_path: Path) -> None:
     tasks = calculator.make_tasks(4)
     with pytest.raises(ConfigError, match="n_rollouts must be a positive integer, got 0"):

@@ -1,6 +1,9 @@
-"""Run checkpoints: ``checkpoint-<step>/`` holds the algorithm's HF folder and state (written by the
-algorithm) plus ``trainer_state.json`` (step, history, resolved config), which marks a Trainer's complete
-(the online trainer's commit point is its ``online_state.json``, which names the checkpoint)."""
+"""A run folder's checkpoints: ``checkpoint-<step>/`` holds the algorithm's HF folder and state (written by
+the algorithm, ``checkpoints.py``) plus ``trainer_state.json`` (step, history, resolved config), which marks a
+Trainer's complete (the online trainer's commit point is its ``online_state.json``, which names the checkpoint).
+
+Here, below the trainer that writes them and the commands that read them (``spanrl export model`` in
+serving/_cli.py takes a run folder's newest), and without torch: the viewer reads the names too."""
 
 from __future__ import annotations
 
@@ -11,9 +14,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from spanrl.trainer.config import CHECKPOINT_PREFIX, TRAINER_STATE_FILE
+__all__ = [
+    "CHECKPOINT_PREFIX", "TRAINER_STATE_FILE", "latest", "path_of", "prune", "read_trainer_state",
+    "write_trainer_state",
+]
 
-__all__ = ["latest", "path_of", "prune", "read_trainer_state", "write_trainer_state"]
+CHECKPOINT_PREFIX = "checkpoint-"
+TRAINER_STATE_FILE = "trainer_state.json"
 
 
 def path_of(output_dir: Path, step: int) -> Path:
