@@ -8,6 +8,7 @@ not its learning. Prints each setting's process CPU time and whether the weights
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import time
@@ -17,13 +18,10 @@ from pathlib import Path
 os.environ.setdefault("TQDM_DISABLE", "1")
 warnings.filterwarnings("ignore")
 
+import pyarrow as pa  # noqa: E402
 import torch  # noqa: E402
 
 from spanrl.algorithms.sft import SFT  # noqa: E402
-import dataclasses  # noqa: E402
-
-import pyarrow as pa  # noqa: E402
-
 from spanrl.algorithms.transitions import TRANSITIONS_SCHEMA, Transition, TransitionBatch  # noqa: E402
 from spanrl.demo.calculator import tasks as calculator  # noqa: E402
 from spanrl.demo.demo import DemoConfig  # noqa: E402
