@@ -21,9 +21,10 @@ ANCHOR = "Agent Lightning 0.3"
 INGEST_GOALS = {"small": 100_000, "agent-array": 50_000}  # spans/s, issue 17
 TRACER_GOAL = 0.05  # of the call
 TENSORS_GOAL_S = 0.5  # store -> padded tensors, 50k transitions
-# `spanrl demo` at commit 80ed807 (2026-12-01), timed by bench/demo_wall.py --pythonpath on this machine beside
-# this checkout's: docs/measurements.md, "The demo's wall time: 80ed807 against main".
-DEMO_80ED807 = {"wall_s": 378.1, "cpu_s": 217.7, "measured": "2026-12-07", "load": 12.0}
+# `spanrl demo` at commit 80ed807 (2026-12-01) on this 2-core VM with nothing else running (load 1.6 at its start):
+# docs/measurements.md, "The demo's wall time on a quiet machine: 80ed807 against main, back to back" (the figure at
+# load 12, 378 s, said only how busy the machine was). Compare a wall time from a quiet machine with it.
+DEMO_80ED807 = {"wall_s": 179.3, "cpu_s": 247.5, "measured": "2026-12-07", "load": 1.6}
 
 
 class TableError(ValueError):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -24,7 +24,7 @@ from spanrl import semconv
 from spanrl.errors import one_of
 from spanrl.store.sources import SqlSource
 
-__all__ = ["END_REASONS", "final_rewards", "finished_rewards", "ready", "record_end"]
+__all__ = ["END_REASONS", "final_rewards", "finished_rewards", "ready", "record_end", "record_ends"]
 
 END_REASONS = ("agent_exit", "agent_done", "timeout", "crashed", "trainer")
 """Why the Trainer stored a rollout's end: its process exited 0 / a jsonl worker answered done / it ran
@@ -45,11 +45,33 @@ def record_end(
 ) -> None:
     """Store the end of ``rollout_id``: one ``spanrl.rollout.end`` span (status ERROR for ``timeout`` and
     ``crashed``), appended to ``store`` (a writable ``SpanStore``) in its own transaction."""
+    record_ends(store, [{"rollout_id": rollout_id, "reason": reason, "error": error, "task_id": task_id,
+                         "attempt": attempt, "mode": mode}])
+
+
+def record_ends(store: Any, ends: Sequence[Mapping[str, Any]]) -> None:
+    """Store many ends (each `record_end`'s arguments as a mapping) in one transaction: a commit costs ~3 ms of
+    CPU whatever it holds, and the runner hands over the ends of the rollouts that finished since its last poll."""
+    rows = [_end_row(**end) for end in ends]
+    if rows:
+        store.append(pa.Table.from_pylist(rows, schema=_END_SCHEMA))
+
+
+_END_SCHEMA = pa.schema([
+    ("trace_id", pa.string()), ("span_id", pa.string()), ("name", pa.string()), ("kind", pa.string()),
+    ("start_ns", pa.int64()), ("end_ns", pa.int64()), ("status_code", pa.string()),
+    ("status_message", pa.string()), ("service_name", pa.string()), ("rollout_id", pa.string()),
+    ("task_id", pa.string()), ("attempt", pa.int32()), ("mode", pa.string()), ("attributes", pa.string()),
+])
+
+
+def _end_row(rollout_id: str, reason: str, *, error: str | None = None, task_id: str | None = None,
+             attempt: int | None = None, mode: str | None = None) -> dict[str, Any]:
     one_of("reason", reason, END_REASONS)
     now = time.time_ns()
     failed = reason in _FAILED_REASONS
     attributes = {semconv.ROLLOUT_ID: rollout_id, semconv.ROLLOUT_END_REASON: reason}
-    row = {
+    return {
         "trace_id": os.urandom(16).hex(),
         "span_id": os.urandom(8).hex(),
         "name": semconv.ROLLOUT_END_SPAN_NAME,
@@ -65,13 +87,6 @@ def record_end(
         "mode": mode,
         "attributes": json.dumps(attributes),
     }
-    schema = pa.schema([
-        ("trace_id", pa.string()), ("span_id", pa.string()), ("name", pa.string()), ("kind", pa.string()),
-        ("start_ns", pa.int64()), ("end_ns", pa.int64()), ("status_code", pa.string()),
-        ("status_message", pa.string()), ("service_name", pa.string()), ("rollout_id", pa.string()),
-        ("task_id", pa.string()), ("attempt", pa.int32()), ("mode", pa.string()), ("attributes", pa.string()),
-    ])
-    store.append(pa.Table.from_pylist([row], schema=schema))
 
 
 def ready(store: SqlSource, rollout_ids: Sequence[str], since_ns: int, *, need_token_ids: bool) -> set[str]:

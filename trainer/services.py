@@ -137,7 +137,7 @@ class Services:
             self._stack.callback(self._stop, "tracing", lambda: InProcessTracing.point_at(None))
         self.runner = RolloutRunner(agent, config=config.runner, ready=ready, otel_env=otel_env,
                                     flush=self.server.force_flush, backend=config.rollouts, api_key=self.api_key,
-                                    on_end=functools.partial(store_rollouts.record_end, self.collector.store))
+                                    on_end=functools.partial(store_rollouts.record_ends, self.collector.store))
         self._stack.callback(self._stop, "runner", self.runner.close)
 
     def _start_ray_servers(self, model: Path, config: TrainerConfig, weights_dir: Path) -> tuple[ServingConfig, str]:

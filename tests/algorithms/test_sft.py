@@ -39,6 +39,7 @@ def _weights(model) -> torch.Tensor:
         ({"epochs": 0}, "epochs must be a positive integer, got 0"),
         ({"learning_rate": -1.0}, "learning_rate must be > 0, got -1.0"),
         ({"batch_size": 2.5}, "batch_size must be a positive integer, got 2.5"),
+        ({"gradient_checkpointing": "yes"}, "gradient_checkpointing must be True or False, got 'yes'"),
     ],
 )
 def test_bad_config_names_the_field(fields: dict, message: str) -> None:
@@ -86,6 +87,23 @@ def test_demonstrations_learn_only_unmasked_tokens(model_path: Path, tmp_path: P
     assert probs[-3, yes] > 0.6  # after the prompt: "yes" was learned
     assert probs[-1, w2] > 0.6  # after the tool output: "w2" was learned
     assert probs[-2, w1] < 0.2  # the tool output itself was not
+
+
+def test_checkpointing_is_off_unless_asked_and_changes_no_weight(model_path: Path, tmp_path: Path) -> None:
+    """TRL's SFTConfig turns activation checkpointing on by default (a second forward per micro-batch): off here
+    unless asked, and asking gives the same update."""
+    from spanrl.hf_compat import checkpointing_on
+
+    demos, weights = None, []
+    for ckpt in (False, True):
+        algo = _setup(model_path, tmp_path / str(ckpt), reward_threshold=None, batch_size=4,
+                      gradient_checkpointing=ckpt)
+        demos = demos or rollouts(algo.model, algo.tokenizer, tasks=TASKS, group=1,
+                                  generator=torch.Generator().manual_seed(3))
+        algo.update(batch_of(copy.deepcopy(demos)))
+        assert checkpointing_on(algo.model) is ckpt
+        weights.append(_weights(algo.model))
+    torch.testing.assert_close(weights[1], weights[0], rtol=1e-5, atol=1e-7)
 
 
 def test_save_and_resume(model_path: Path, tmp_path: Path) -> None:

@@ -95,7 +95,7 @@ def _runner(cluster: Cluster, collector: Any, agent: Path, out: Path, **runner: 
         [sys.executable, str(agent), str(out)], config=config,
         ready=lambda ids, since: store_rollouts.ready(store, ids, since, need_token_ids=False),
         otel_env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{collector.grpc_endpoint}"},
-        on_end=lambda *a, **k: store_rollouts.record_end(store, *a, **k),
+        on_end=lambda ends: store_rollouts.record_ends(store, ends),
         backend=RolloutsConfig(backend="ray", address=cluster.address),
     )
 

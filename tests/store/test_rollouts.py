@@ -193,7 +193,7 @@ def test_command_agent_without_spanrl_gets_its_ids_and_its_end_stored(collector:
         ready=lambda ids, since: store_rollouts.ready(collector.store, ids, since, need_token_ids=False),
         otel_env={"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{collector.grpc_endpoint}",
                   "OTEL_EXPORTER_OTLP_INSECURE": "true"},
-        on_end=lambda *a, **k: store_rollouts.record_end(collector.store, *a, **k),
+        on_end=lambda ends: store_rollouts.record_ends(collector.store, ends),
     )
     try:
         results = runner.run([RolloutJob("task one", {"score": 0.5}), RolloutJob("t2", {"score": -1.0})],
