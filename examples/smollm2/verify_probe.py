@@ -16,6 +16,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `examples.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -24,6 +25,42 @@ from examples.smollm2.tool_probe import Generator
 from spanrl.demo.smollm2.tools import TOOLS, tool_model
 from spanrl.demo.smollm2.verify import Episode, split
 from spanrl.demo.smollm2.verify_metrics import summarize
+
+
+class PrefixGenerator(Generator):
+    """``Generator`` with the batch's common prompt prefix (system prompt, tools, shots) run once: each
+    batch's rows are the cached prefix, padding, then the row's own suffix (positions skip the padding, as
+    with left padding). The same replies as ``Generator`` up to float rounding (``--check``)."""
+
+    def __call__(
+        self, chats: list[list[dict[str, Any]]], tools: list[dict[str, Any]] | None, max_tokens: int
+    ) -> list[str]:
+        import copy
+
+        from spanrl.serving.chat import normalize_messages
+
+        torch, tok = self.torch, self.tok
+        rows = [tok.apply_chat_template(normalize_messages(c), tools=tools, add_generation_prompt=True)
+                for c in chats]
+        rows = [list(r["input_ids"] if isinstance(r, dict) or hasattr(r, "keys") else r) for r in rows]
+        n = min(len(r) for r in rows) - 1
+        for k, column in enumerate(zip(*(r[:n] for r in rows))):
+            if len(set(column)) > 1:
+                n = k
+                break
+        width = max(len(r) - n for r in rows)
+        pad = tok.pad_token_id
+        ids = torch.tensor([r[:n] + [pad] * (width - len(r) + n) + r[n:] for r in rows])
+        mask = torch.tensor([[1] * n + [0] * (width - len(r) + n) + [1] * (len(r) - n) for r in rows])
+        with torch.no_grad():
+            cache = self.model(torch.tensor([rows[0][:n]]), use_cache=True).past_key_values
+            cache = copy.deepcopy(cache)
+            cache.batch_repeat_interleave(len(rows))
+            options = ({"do_sample": True, "temperature": 1.0, "top_p": None, "top_k": None} if self.sample
+                       else {"do_sample": False})
+            out = self.model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache,
+                                      max_new_tokens=max_tokens, pad_token_id=pad, **options)
+        return tok.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
 
 
 def probe(gen: Generator, episodes: list[Episode], max_tokens: int) -> dict[str, float | None]:
@@ -56,12 +93,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=40)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0, help="task and sampling seed")
+    parser.add_argument("--check", action="store_true",
+                        help="greedy first replies with and without the prefix run once, side by side; then stop")
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
     base = resolve_model(SMOLLM2)
-    gen = Generator(tool_model(base, base.with_name(base.name + "-tools")), sample=not args.greedy,
-                    threads=args.threads)
+    gen = PrefixGenerator(tool_model(base, base.with_name(base.name + "-tools")), sample=not args.greedy,
+                          threads=args.threads)
     tasks, _ = split(args.n, 0, seed=args.seed)
+    if args.check:
+        chats = [Episode(t, recovery_shot=args.recovery_shot).messages for t in tasks]
+        gen.sample = False
+        for a, b in zip(gen(chats, TOOLS, args.max_tokens), Generator.__call__(gen, chats, TOOLS, args.max_tokens)):
+            print(f"{a == b} {a!r} {b!r}")
+        return 0
     started = time.perf_counter()
     got = probe(gen, [Episode(t, recovery_shot=args.recovery_shot) for t in tasks], args.max_tokens)
     fmt = {k: "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v)) for k, v in got.items()}
