@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
-from test_trainer import _chaos_agent, _config, calculator, tiny_model  # noqa: F401 (tiny_model: a fixture)
+from test_trainer import _chaos_agent, _config, calculator
 
 from spanrl.algorithms import GRPO, LightningRL
 from spanrl.algorithms.checkpoints import VALUE_HEAD_FILE
@@ -15,7 +15,7 @@ from spanrl.trainer import Trainer
 
 
 @pytest.mark.slow
-def test_the_head_reports_each_step_and_resumes_from_its_checkpoint(tiny_model: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_the_head_reports_each_step_and_resumes_from_its_checkpoint(tiny_model: Path, tmp_path: Path) -> None:
     tasks, _ = calculator.split_tasks(40, 4, seed=3)
     out = tmp_path / "run"
 

@@ -1,0 +1,176 @@
+"""The calc-verify task: the calculator tool agent (:mod:`~spanrl.demo.smollm2.tools`) with recoverable
+mistakes, where per-call credit has something to assign.
+
+The model gets the tool task's question, tools and solved examples. A final answer is checked: a wrong
+one is rejected with one fixed message (``REJECTION``) and the rejected attempt is dropped from the
+history (its answer and any tool calls before it), so the conversation after a rejection is the shots,
+the question and ``REJECTION``: every rejected rollout of a task observes one state, the state GiGPO
+groups by. At most ``MAX_CALLS`` LLM calls and ``MAX_ANSWERS`` answers; the reward is
+``1[right] * DECAY ** max(0, calls - 2)`` (``episode_reward``): right first time with one tool call
+scores 1, a recovery after a rejection 0.6 or less.
+
+What the environment knows goes on the spans (docs/conventions.md):
+
+- ``spanrl.state.id`` (``state_id``): the state each call observed, a hash of the conversation after the
+  shots (tool-call ids left out). It sits on the span of what the environment did before the next call:
+  each ``execute_tool`` span of a tool the model called, and the ``execute_tool check_answer`` span of a
+  rejection (the check is the environment's step; it is not a tool the model can call).
+- ``spanrl.label.good`` (credit audit ground truth, never a reward): a tool call is good iff one of its
+  tools returns the answer; an answer iff it is right. On a ``label`` span naming the call's response id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+from spanrl.demo.smollm2.tools import _SHOT_TRIPLES, SHOTS, TOOLS, _shot, make_tasks, reward, run_tool
+
+__all__ = ["CHECK_TOOL", "DECAY", "MAX_ANSWERS", "MAX_CALLS", "RECOVERY_IN_SHOTS", "RECOVERY_SHOT", "REJECTION",
+           "Episode", "Outcome", "agent", "episode_reward", "shots", "split", "state_id"]
+
+REJECTION = "That answer is wrong. Use one of the tools."
+MAX_CALLS = 4
+MAX_ANSWERS = 2
+DECAY = 0.6
+"""Reward factor per LLM call beyond two (one tool call and the answer)."""
+CHECK_TOOL = "check_answer"
+"""Name of the ``execute_tool`` span recording a rejection (the environment's check, carrying its state)."""
+_RECOVERY_TRIPLE = ("subtract", 62, 27)
+RECOVERY_IN_SHOTS = True
+"""Whether the agent sends ``RECOVERY_SHOT`` after the tool task's shots. On: without it SmolLM2 answered
+again in its head after a rejection (P(tool call | rejection) 0.011 of 88, temperature 1, 100 tasks;
+with it 0.279 of 86; ``examples/smollm2/verify_probe.py``, docs/measurements.md, 2026-12-07)."""
+
+
+def _recovery_shot() -> list[dict[str, Any]]:
+    op, a, b = _RECOVERY_TRIPLE
+    solved = _shot(op, a, b, len(_SHOT_TRIPLES))
+    return [solved[0], {"role": "user", "content": REJECTION}, *solved[1:]]
+
+
+RECOVERY_SHOT: list[dict[str, Any]] = _recovery_shot()
+"""One solved recovery (``shots(recovery=True)``): the question, ``REJECTION`` (the wrong answer dropped,
+as the environment drops it), a tool call, its result, the answer."""
+
+
+def shots(*, recovery: bool = False) -> list[dict[str, Any]]:
+    """The solved examples sent before the question: the tool task's three, plus ``RECOVERY_SHOT``."""
+    return [*SHOTS, *RECOVERY_SHOT] if recovery else list(SHOTS)
+
+
+def episode_reward(right: bool, calls: int) -> float:
+    """``1[right] * DECAY ** max(0, calls - 2)``."""
+    return DECAY ** max(0, calls - 2) if right else 0.0
+
+
+def state_id(visible: list[dict[str, Any]]) -> str:
+    """The state a call observes: a hash of the conversation after the shots, tool-call ids left out (they
+    differ between rollouts that made the same calls)."""
+    def plain(m: dict[str, Any]) -> dict[str, Any]:
+        calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                 for c in m.get("tool_calls") or ()]
+        return {"role": m["role"], "content": m.get("content"), "calls": calls}
+
+    text = json.dumps([plain(m) for m in visible], sort_keys=True)
+    return "calc-verify:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What the environment did with one LLM call."""
+
+    good: bool
+    """The call's label: a tool call that returns the answer, or a right answer."""
+    results: list[tuple[dict[str, Any], str]]
+    """Each tool call of the reply and its result (empty for an answer)."""
+    rejected: bool = False
+    state: str | None = None
+    """The state the next call observes; None when the episode is over."""
+
+
+class Episode:
+    """One calc-verify episode as a state machine: ``messages`` to send, ``step`` with each reply."""
+
+    def __init__(self, task: dict[str, Any], *, recovery_shot: bool = False) -> None:
+        self.task, self.shots = task, shots(recovery=recovery_shot)
+        self.start = [*self.shots, {"role": "user", "content": task["question"]}]
+        self.messages = list(self.start)
+        self.calls = self.answers = self.rejections = 0
+        self.right = self.done = False
+
+    @property
+    def reward(self) -> float:
+        return episode_reward(self.right, self.calls)
+
+    def state(self) -> str:
+        return state_id(self.messages[len(self.shots):])
+
+    def step(self, content: str | None, tool_calls: list[dict[str, Any]]) -> Outcome:
+        """Take the reply (text, OpenAI ``tool_calls`` dicts): run its tools, or check its answer."""
+        if self.done:
+            raise RuntimeError("step() after the episode ended")
+        self.calls += 1
+        if tool_calls:
+            results = [(c, run_tool(c["function"]["name"], c["function"]["arguments"])) for c in tool_calls]
+            self.messages.append({"role": "assistant", "content": content, "tool_calls": tool_calls})
+            self.messages += [{"role": "tool", "tool_call_id": c["id"], "content": r} for c, r in results]
+            self.done = self.calls >= MAX_CALLS
+            good = any(r == self.task["answer"] for _, r in results)
+            return Outcome(good, results, state=None if self.done else self.state())
+        self.answers += 1
+        self.right = reward(content or "", self.task["answer"]) == 1.0
+        if self.right or self.answers >= MAX_ANSWERS or self.calls >= MAX_CALLS:
+            self.done = True
+            return Outcome(self.right, [])
+        self.rejections += 1
+        self.messages = [*self.start, {"role": "user", "content": REJECTION}]
+        return Outcome(False, [], rejected=True, state=self.state())
+
+
+def split(n_train: int, n_val: int, *, seed: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Train and held-out tasks of ``seed``, split by content as the tool task's (``tools.held_out``: no seed
+    trains on another seed's held-out triple), none a shot's (the recovery shot's included)."""
+    triples = [*_SHOT_TRIPLES, _RECOVERY_TRIPLE]
+    exclude = {f"{op}:{a}:{b}" for op, a, b in triples} | {f"{op}:{b}:{a}" for op, a, b in triples
+                                                           if op != "subtract"}
+    train = make_tasks(n_train, seed=seed, exclude=exclude, part="train")
+    val = make_tasks(n_val, seed=seed, exclude=exclude, part="val")
+    for part, tasks in (("train", train), ("val", val)):
+        for i, task in enumerate(tasks):
+            task["id"] = f"calc-verify-{part}-{seed}-{i}"
+    return train, val
+
+
+def _tool_calls(message: Any) -> list[dict[str, Any]]:
+    return [call.model_dump(exclude_none=True) for call in message.tool_calls or ()]
+
+
+async def agent(task: dict[str, Any], llm: Any) -> float:
+    """One calc-verify episode against ``llm`` (an ``LLMEndpoint``); the reward (``episode_reward``)."""
+    import spanrl
+    from opentelemetry import trace
+
+    from spanrl import semconv
+
+    tracer = trace.get_tracer("spanrl.demo.calc_verify")
+    client, episode = llm.async_client(), Episode(task, recovery_shot=RECOVERY_IN_SHOTS)
+    while not episode.done:
+        reply = await client.chat.completions.create(model=llm.model, messages=episode.messages, tools=TOOLS,
+                                                     **llm.sampling)
+        message = reply.choices[0].message
+        text = message.content
+        outcome = episode.step(text, _tool_calls(message))
+        tracer.start_span("label", attributes={semconv.GEN_AI_RESPONSE_ID: reply.id,
+                                               semconv.LABEL_GOOD: outcome.good}).end()
+        after = {semconv.STATE_ID: outcome.state} if outcome.state else None
+        for call, result in outcome.results:
+            fn = call["function"]
+            spanrl.emit_tool_call(fn["name"], fn["arguments"], result, call_id=call["id"], attributes=after,
+                                  error=result if result.startswith("error:") else None)
+        if outcome.rejected:
+            spanrl.emit_tool_call(CHECK_TOOL, {"answer": text}, REJECTION, attributes=after)
+    return episode.reward
+
