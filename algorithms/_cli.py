@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cr.add_argument("--no-scale-std", action="store_true", help="do not divide by the group std")
     cr.add_argument("--per-call", action="store_true", help="group statistics per call (Agent Lightning)")
     cr.add_argument("--reward-name", default=None, help="only rewards of this name")
-    cr.add_argument("--missing-reward", default="skip", help="skip | zero (default skip)")
+    cr.add_argument("--missing-reward", default="skip", help="skip | zero | ignore (default skip)")
     cr.add_argument("--nan-reward", default="skip", help="skip | zero (default skip)")
     t.add_argument("--aggregate", action="store_true", help="merge multi-turn calls into one masked sample")
     t.add_argument("--tokenizer", default=None, help="tokenizer folder to retokenize calls without ids")

@@ -4,33 +4,36 @@ trainer, ``trainer/online.py``, quarantines them). A non-finite update: ``traine
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
-from spanrl.algorithms.tables import check_transitions
+import pyarrow.compute as pc
+
+from spanrl.algorithms.tables import check_transitions, transition_table
 from spanrl.errors import ConfigError
 
-__all__ = ["checked_transitions"]
+__all__ = ["bad_rollouts"]
 
 _logger = logging.getLogger("spanrl.trainer.online")
 
 
-def checked_transitions(algorithm: Any, transitions: list[Any]) -> tuple[list[Any], dict[str, str]]:
-    """The transitions of rollouts that pass the algorithm's checks (``check_transitions``, one rollout at
-    a time, e.g. a forged token id outside the vocabulary), and ``bad_transitions`` marks for the rest."""
+def bad_rollouts(algorithm: Any, transitions: Any) -> dict[str, str]:
+    """``bad_transitions`` marks for the rollouts whose transitions (a batch or table, columnar) fail the algorithm's
+    checks (``check_transitions``, e.g. a forged token id outside the vocabulary); empty when all pass (one check)."""
     model = getattr(algorithm, "model", None)
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    by_rollout: dict[str, list[Any]] = {}
-    for t in transitions:
-        by_rollout.setdefault(t.rollout_id, []).append(t)
-    kept, marks = [], {}
-    for rollout_id, items in by_rollout.items():
-        try:  # the advantage is set later: checked here with a placeholder
-            check_transitions([dataclasses.replace(t, advantage=0.0) for t in items], vocab_size=vocab)
+    table = transition_table(transitions)
+    try:
+        check_transitions(table, vocab_size=vocab)
+        return {}
+    except ConfigError:
+        pass  # which rollouts: one check each
+    marks = {}
+    ids = table.column("rollout_id")
+    for rollout_id in pc.unique(ids).to_pylist():
+        try:
+            check_transitions(table.filter(pc.equal(ids, rollout_id)), vocab_size=vocab)
         except ConfigError as exc:
             _logger.warning("spanrl online: rollout %s quarantined (bad_transitions): %s", rollout_id, exc)
             marks[rollout_id] = "bad_transitions"
-            continue
-        kept.extend(items)
-    return kept, marks
+    return marks

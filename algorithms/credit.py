@@ -60,7 +60,7 @@ sample keeps each call's advantage on that call's tokens (``Transition.token_adv
 (PPO's per-call value targets) it is refused (`aggregation_conflict`).
 
 Bad data is handled by the config and counted, never dropped silently: a rollout without a reward is
-skipped or scored 0 (``missing_reward``); a NaN reward skips its rollout or counts as 0 (``nan_reward``).
+skipped or scored 0 (``missing_reward``); a NaN reward skips its rollout, counts as 0 or is ignored (``nan_reward``).
 """
 
 from __future__ import annotations
@@ -198,7 +198,8 @@ def _advantages(config: CreditConfig, b: _Calls, returns: np.ndarray, gae_advant
         advantages = gae_advantages if gae_advantages is not None else np.nan_to_num(returns)
         return _whiten(advantages, b.call_keep, config.eps) if config.scale_std else advantages
     if config.baseline == "running":  # (state, task id per group): algorithms/baseline.py
-        return running_advantages(config, running, b.episode, b.keep, b.rollout_group)[b.call_rollout]
+        trained = b.keep & (np.bincount(b.call_rollout, minlength=len(b.keep)) > 0)  # a rollout with no call: unseen
+        return running_advantages(config, running, b.episode, trained, b.rollout_group)[b.call_rollout]
     if config.mode == "step":
         assert to_go is not None
         return _step_baseline(config, to_go, b.offsets, b.rollout_calls, b.call_rollout, b.call_step, b.keep,
@@ -237,7 +238,9 @@ def _rewards(
     nan = np.isnan(r_val)
     report["nan_reward"] = int(nan.sum())
     if nan.any():
-        if config.nan_reward == "zero":
+        if config.nan_reward == "ignore":  # as if never sent: the rollout's other rewards decide
+            r_roll, r_step, r_val, r_time = r_roll[~nan], r_step[~nan], r_val[~nan], r_time[~nan]
+        elif config.nan_reward == "zero":
             r_val[nan] = 0.0
         else:
             bad = np.unique(r_roll[nan])

@@ -17,6 +17,7 @@ Baseline = Literal["grpo", "rloo", "none", "running"]
 _MODES = ("identical", "discounted", "step", "gae")
 _BASELINES = ("grpo", "rloo", "none", "running")
 _MISSING_POLICIES = ("skip", "zero")
+_NAN_POLICIES = ("skip", "zero", "ignore")
 _EPISODE_REWARDS = ("last", "sum")
 
 
@@ -42,8 +43,10 @@ class CreditConfig:
     """Only rewards of this name (``spanrl.reward.name`` / ``gen_ai.evaluation.name``); None: every reward."""
     missing_reward: Literal["skip", "zero"] = "skip"
     """A rollout without a reward: skip its calls, or score it 0."""
-    nan_reward: Literal["skip", "zero"] = "skip"
-    """A NaN reward: skip its whole rollout, or count the reward as 0."""
+    nan_reward: Literal["skip", "zero", "ignore"] = "skip"
+    """A NaN reward (the store reads an unusable one as NaN): skip its whole rollout, count the reward as 0, or
+    ``ignore`` it (the rollout's other rewards count: with ``last``, the latest usable one; none left: a rollout
+    without a reward, ``missing_reward``). The online trainer ignores them."""
     eps: float = 1e-6
     """Added to the std before dividing; a std below it is not divided by."""
     step_group_weight: float = 0.0
@@ -79,10 +82,10 @@ class CreditConfig:
         if self.episode_reward not in _EPISODE_REWARDS:
             raise ConfigError(
                 f"episode_reward must be one of {', '.join(_EPISODE_REWARDS)}; got {self.episode_reward!r}")
-        for name in ("missing_reward", "nan_reward"):
-            value = getattr(self, name)
-            if value not in _MISSING_POLICIES:
-                raise ConfigError(f"{name} must be 'skip' or 'zero', got {value!r}")
+        if self.missing_reward not in _MISSING_POLICIES:
+            raise ConfigError(f"missing_reward must be 'skip' or 'zero', got {self.missing_reward!r}")
+        if self.nan_reward not in _NAN_POLICIES:
+            raise ConfigError(f"nan_reward must be 'skip', 'zero' or 'ignore', got {self.nan_reward!r}")
         for name in ("scale_std", "per_rollout", "trajectory_aggregation"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a boolean, got {getattr(self, name)!r}")

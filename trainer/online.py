@@ -6,9 +6,11 @@ else started; their spans and (late) feedback reach a ``spanrl collector``. The 
 1. poll the store (through the collector's SQL endpoint) for rollouts that became *ready* (complete
    and rewarded; ``spanrl.store.online``) after its watermark and ``settle_s`` ago;
 2. skip rollouts whose policy is more than ``max_policy_lag`` versions behind the server's (counted);
-3. ``load_transitions`` of the rest (recorded token ids and log-probs), every call scored with the
-   rollout's combined reward; advantages by credit assignment's ``running`` baseline (a per-task
-   running mean of earlier rewards, ``spanrl.algorithms.baseline``, its state in ``online_state``);
+3. the rest through the Trainer's step (``trainer/training_step.py``): transitions loaded once
+   (recorded token ids and log-probs; calls sampled at another temperature than the algorithm's skipped),
+   every call scored with the rollout's latest usable reward (credit's ``nan_reward="ignore"``, the ready
+   query's rule), advantages by credit assignment's ``running`` baseline (a per-task running mean of earlier
+   rewards, ``spanrl.algorithms.baseline``, its state in ``online_state``), which sees them in ready order;
 4. one GRPO update: the ratio is taken against the *recorded* sampling log-probs and clipped, which
    corrects for the policy lag of the rollouts that were kept;
 5. checkpoint (``algorithms/checkpoint_folders.py``'s names and pruning), ledger, then ``online_state.json`` (the
@@ -29,6 +31,7 @@ and never trains a rollout twice (``ledger.jsonl`` holds each handled rollout on
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import json
@@ -43,8 +46,8 @@ from typing import Any
 
 from spanrl import env
 from spanrl import semconv as sc
-from spanrl.algorithms.checks import checked_transitions
-from spanrl.algorithms.hf_trainer import one_off_learning_rate
+from spanrl.algorithms.checks import bad_rollouts
+from spanrl.algorithms.credit_config import CreditConfig
 from spanrl.errors import ConfigError, ServingError, StoreUnavailableError, TrainingError
 from spanrl.serving.client import PolicyClient
 from spanrl.store.online import ReadyRollout, Watermark, count_aged_out, now_ns, ready_window
@@ -55,6 +58,7 @@ from spanrl.trainer.online_config import OnlineConfig
 from spanrl.trainer.online_guard import Guard
 from spanrl.trainer.online_state import Ledger, OnlineState
 from spanrl.trainer.reporting import Callback, HistoryFile, NonFiniteGuard
+from spanrl.trainer.training_step import TrainingStep
 from spanrl.trust import env_token, read_token_file
 
 __all__ = ["OnlineConfig", "OnlineTrainer"]
@@ -107,6 +111,10 @@ class OnlineTrainer(Lifecycle):
         """The committed state (None before ``start()``); it stays readable after ``close()``."""
         self.ledger: Ledger | None = None
         self.guard = Guard(self)
+        credit = CreditConfig(mode="identical", baseline="running", scale_std=config.scale_std, missing_reward="skip",
+                              nan_reward="ignore", reward_name=config.reward_name)  # store/online.py's reward
+        self.step = TrainingStep(algorithm=algorithm, credit=credit, config=None, store=store, server=None)
+        """The step (``trainer/training_step.py``): transitions loaded once, the update."""
 
     # --- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> "OnlineTrainer":
@@ -259,29 +267,18 @@ class OnlineTrainer(Lifecycle):
         return None if rollout.min_policy_version is None else version - rollout.min_policy_version
 
     def _update(self, ready: list[ReadyRollout], fresh_ids: set[str], version: int) -> dict[str, Any] | None:
-        from spanrl.algorithms import load_transitions
-        from spanrl.algorithms.credit import CreditConfig
-
         state, _ = self._loaded("poll_once()")
         started = time.perf_counter()
-        fresh = [r for r in ready if r.rollout_id in fresh_ids]
-        credit = CreditConfig(mode="identical", baseline="none", scale_std=False, missing_reward="zero",
-                              nan_reward="zero")
-        batch = load_transitions(self.store, credit=credit, rollout_ids=[r.rollout_id for r in fresh],
-                                 tokenizer=self.algorithm.tokenizer)
-        transitions, marks = checked_transitions(self.algorithm, batch.transitions)
-        with_calls = {t.rollout_id for t in transitions}
-        used = [r for r in fresh if r.rollout_id in with_calls]
+        batch, marks = self._load([r for r in ready if r.rollout_id in fresh_ids], state)
+        advantage = dict(zip(*(batch.to_arrow().column(c).to_pylist() for c in ("rollout_id", "advantage")))) \
+            if batch is not None else {}  # identical credit: one advantage per rollout, read off the columns
+        used = [r for r in ready if r.rollout_id in advantage]
         if not used:  # nothing token-level to learn from: move past them, no update
             self._commit(ready, trained={}, checkpoint=None, version=version, marks=marks)
             return None
-        advantages = self._advantages(used, state)
-        by_rollout = {r.rollout_id: (float(r.reward or 0.0), a) for r, a in zip(used, advantages)}
-        transitions = [dataclasses.replace(t, reward=by_rollout[t.rollout_id][0], advantage=by_rollout[t.rollout_id][1])
-                       for t in transitions if t.rollout_id in by_rollout]
+        by_rollout = {r.rollout_id: (float(r.reward or 0.0), advantage[r.rollout_id]) for r in used}
         previous = self.guard.base()
-        with one_off_learning_rate(self.algorithm, self.config.learning_rate_overrides.get(state.step + 1)):
-            metrics = self.algorithm.update(transitions) if transitions else {}
+        metrics = self.step.update(batch, learning_rate=self.config.learning_rate_overrides.get(state.step + 1))
         nonfinite = NonFiniteGuard(self.config.max_bad_updates, bad=state.bad_updates)  # the Trainer's policy
         problem = nonfinite.judge(metrics, self.algorithm)
         state.bad_updates = nonfinite.bad
@@ -296,7 +293,7 @@ class OnlineTrainer(Lifecycle):
             state.trial = self.guard.open(step=state.step, checkpoint=checkpoint, previous=previous, version=version,
                                          oldest_ns=min(r.ready_ns for r in used))
         self._commit(ready, trained=by_rollout, checkpoint=checkpoint, version=version, marks=marks)
-        try:
+        try:  # the weights pushed: the committed checkpoint, through the server's reload route
             new_version = self.server.reload(self.output_dir / checkpoint)
         except ServingError as exc:  # committed: a rerun resumes here, and start() loads it into the server
             raise TrainingError(f"update {state.step} is saved ({checkpoint}) but the server did not load it: {exc}. "
@@ -306,7 +303,7 @@ class OnlineTrainer(Lifecycle):
         lags = [self._lag(r, version) for r in used]
         row = {
             "step": state.step, "time": time.time(), "rollouts": len(used),
-            "skipped": len(ready) - len(used), "transitions": len(transitions),
+            "skipped": len(ready) - len(used), "transitions": len(batch),
             "reward_mean": sum(r.reward for r in used) / len(used) if used else None,
             "baseline_mean": state.baseline.mean, "policy_lag_mean": sum(lags) / len(lags) if lags else None,
             "combined_feedback": sum(1 for r in used if r.reward_count > 1), "policy_version": new_version,
@@ -319,22 +316,20 @@ class OnlineTrainer(Lifecycle):
             callback.on_row(row)
         return row
 
-    def _advantages(self, used: list[ReadyRollout], state: OnlineState) -> list[float]:
-        """One advantage per rollout by credit assignment's ``running`` baseline (its state: ``state.baseline``,
-        updated); each rollout is one call scored with its combined reward."""
-        import numpy as np
-        from spanrl.algorithms.credit import CreditConfig, assign_credit
-
-        groups: dict[str | None, int] = {}
-        rollout_group = np.array([groups.setdefault(r.task_id, len(groups)) for r in used], dtype=np.int64)
-        each, zeros = np.arange(len(used)), np.zeros(len(used), dtype=np.int64)
-        result = assign_credit(
-            CreditConfig(mode="identical", baseline="running", scale_std=self.config.scale_std),
-            call_rollout=each, call_step=zeros, rollout_calls=zeros + 1, rollout_group=rollout_group,
-            reward_rollout=each, reward_step=zeros, reward_value=np.array([float(r.reward or 0.0) for r in used]),
-            reward_time_ns=zeros, running=(state.baseline, list(groups)),
-        )
-        return [float(a) for a in result.advantages]
+    def _load(self, fresh: list[ReadyRollout], state: OnlineState) -> tuple[Any, dict[str, str]]:
+        """The fresh rollouts' transitions, credit run once (``TrainingStep.load``): the running baseline
+        (``state.baseline``) sees them in ready order, each scored with its latest usable reward. Rollouts whose
+        transitions fail the algorithm's checks are marked and the rest loaded again from the baseline as it was,
+        so that it observes only what is trained on (a forged rollout is rare)."""
+        ids = [r.rollout_id for r in fresh]
+        before = copy.deepcopy(state.baseline)
+        batch = self.step.load(ids, running=state.baseline)
+        marks = bad_rollouts(self.algorithm, batch) if len(batch) else {}
+        if marks:
+            state.baseline = before
+            kept = [i for i in ids if i not in marks]
+            batch = self.step.load(kept, running=state.baseline) if kept else None
+        return batch, marks
 
     # --- persistence --------------------------------------------------------------------------------
     def _commit(self, considered: list[ReadyRollout], *, trained: dict[str, tuple[float, float]],

@@ -1,7 +1,10 @@
-"""One training step of the Trainer: the step's rollout ids in, its history row out.
+"""One training step: the step's rollout ids in, its history row out.
 
-The source of the rollouts is the Trainer's (``RolloutRunner``, through the prefetch: run now, or ahead while
-the last update computed). The step loads their transitions once with the credit config
+Two sources feed it. The Trainer's (``RolloutRunner``, through the prefetch: run now, or ahead while the last
+update computed) calls ``run``. The online trainer's (``trainer/online.py``: the store's ready window, its
+watermark and ledger the exactly-once commit point) calls ``load`` with its ready order and the running
+baseline's state, then ``update`` with its one-off learning rate, and pushes the checkpoint it committed through
+its server's reload route. The step loads their transitions once with the credit config
 (``load_training_batch``; per-agent policies each with their own credit), runs the algorithm's update(s)
 (``updates_per_step``, each on a seeded minibatch or on every row; under many processes rank 0 broadcasts the
 rows and every rank updates on its shard), pushes the weights through the policy pool, and returns the row the
@@ -18,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from spanrl.algorithms import distributed as _distributed
+from spanrl.algorithms.baseline import RunningBaseline
+from spanrl.algorithms.hf_trainer import one_off_learning_rate
 from spanrl.algorithms.transitions import load_training_batch
 from spanrl.rollouts.prefetch import StepRollouts, policy_lag
 from spanrl.trainer.config import TrainerConfig
@@ -32,8 +37,9 @@ _logger = logging.getLogger("spanrl.trainer.trainer")
 class TrainingStep:
     """Transitions, update(s) and weight push for one step (see the module docstring)."""
 
-    def __init__(self, *, algorithm: Any, credit: Any, config: TrainerConfig, store: Any, server: Any,
-                 world: int) -> None:
+    def __init__(self, *, algorithm: Any, credit: Any, config: TrainerConfig | None, store: Any, server: Any,
+                 world: int = 1) -> None:
+        """``config``: the Trainer's (None for the online trainer: every agent, one update per step)."""
         self.algorithm, self.credit, self.config = algorithm, credit, config
         self.store, self.server, self.world = store, server, world
 
@@ -76,20 +82,23 @@ class TrainingStep:
         row.update({"time/rollouts_s": got.seconds, "time/rollout_wait_s": waited, **clock.row()})
         return row
 
-    def load(self, rollout_ids: Sequence[str]) -> Any:
-        """The rollouts' transitions, credit assigned once (``load_training_batch``)."""
+    def load(self, rollout_ids: Sequence[str], *, running: RunningBaseline | None = None) -> Any:
+        """The rollouts' transitions, credit assigned once (``load_training_batch``); with ``running`` (baseline
+        ``running``'s state, updated) credit sees the rollouts in the order of ``rollout_ids``."""
         load = getattr(self.algorithm, "load_batch", None)  # per-agent policies: each agent's own credit
         if load is not None:
             return load(self.store, self.credit, list(rollout_ids))
-        agents = [self.config.agent_name] if self.config.agent_name else None
+        agent = getattr(self.config, "agent_name", None)
+        online = {} if running is None else {"running": running, "order": list(rollout_ids)}
         return load_training_batch(self.store, self.algorithm, credit=self.credit, rollout_ids=list(rollout_ids),
-                                   agents=agents)
+                                   agents=[agent] if agent else None, **online)
 
-    def update(self, transitions: Any) -> dict[str, float]:
-        """One algorithm update; under many processes rank 0 broadcasts the transitions and every rank
-        updates on its shard (the metrics are rank 0's shard's)."""
+    def update(self, transitions: Any, *, learning_rate: float | None = None) -> dict[str, float]:
+        """One algorithm update (at ``learning_rate`` for this one, when given); under many processes rank 0
+        broadcasts the transitions and every rank updates on its shard (the metrics are rank 0's shard's)."""
         if self.world == 1:
-            return self.algorithm.update(transitions)
+            with one_off_learning_rate(self.algorithm, learning_rate):
+                return self.algorithm.update(transitions)
         from spanrl.algorithms.tables import transitions_of
 
         items = _distributed.broadcast(transitions_of(transitions))

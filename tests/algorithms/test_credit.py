@@ -47,7 +47,7 @@ def test_default_config_validates_and_is_a_new_object() -> None:
         ({"lam": -0.1}, r"lam must be a number in \[0, 1\], got -0.1"),
         ({"mode": "gae"}, "baseline must be 'none' when mode is 'gae' \\(the critic is the baseline\\), got 'grpo'"),
         ({"missing_reward": "drop"}, "missing_reward must be 'skip' or 'zero', got 'drop'"),
-        ({"nan_reward": None}, "nan_reward must be 'skip' or 'zero', got None"),
+        ({"nan_reward": None}, "nan_reward must be 'skip', 'zero' or 'ignore', got None"),
         ({"eps": 0}, "eps must be a positive number, got 0"),
         ({"reward_name": 3}, "reward_name must be a string or None, got 3"),
         ({"trajectory_aggregation": "yes"}, "trajectory_aggregation must be a boolean, got 'yes'"),
