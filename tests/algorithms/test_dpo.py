@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from toy_task import batch_of, build_model, rollouts, success_rate, one_torch_thread  # noqa: F401 (autouse fixture)
+from training_checks import report_figures
 
 from spanrl.algorithms.dpo import DPO, DPOConfig, preference_pairs
 from spanrl.errors import ConfigError
@@ -62,6 +63,7 @@ def test_dpo_raises_reward(model_path: Path, tmp_path: Path) -> None:
         batch = rollouts(algo.model, algo.tokenizer, tasks=TASKS, group=8, generator=gen, step=step)
         metrics = algo.update(batch_of(batch))
     after = success_rate(algo.model, algo.tokenizer, tasks=TASKS, samples=16, seed=123)
+    report_figures("dpo_raises_reward", before=before, after=after)
     assert after > before + 0.3, (before, after)
     assert metrics["charts/pairs"] > 0 and metrics["charts/reward_accuracy"] > 0.5
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from toy_task import batch_of, build_model, rollouts, success_rate, one_torch_thread  # noqa: F401 (autouse fixture)
+from training_checks import report_figures
 
 from spanrl.algorithms.tables import pad_transitions
 from spanrl.algorithms.grpo import GRPO, LOSS_TYPES, GRPOConfig
@@ -80,6 +81,7 @@ def test_grpo_raises_reward(model_path: Path, tmp_path: Path) -> None:
         batch = rollouts(algo.model, algo.tokenizer, tasks=TASKS, group=8, generator=gen, step=step)
         metrics = algo.update(batch_of(batch))
     after = success_rate(algo.model, algo.tokenizer, tasks=TASKS, samples=16, seed=123)
+    report_figures("grpo_raises_reward", before=before, after=after)
     assert before < 0.15
     assert after > before + 0.3, (before, after)
     assert set(metrics) >= {"losses/policy_loss", "losses/approx_kl", "losses/clipfrac", "charts/grad_norm"}

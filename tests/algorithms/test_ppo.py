@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from toy_task import batch_of, build_model, rollouts, success_rate, one_torch_thread  # noqa: F401 (autouse fixture)
+from training_checks import report_figures
 
 from spanrl.algorithms.ppo import PPO, PPOConfig
 from spanrl.errors import ConfigError, TrainingError
@@ -80,6 +81,7 @@ def test_ppo_raises_reward(model_path: Path, tmp_path: Path) -> None:
         batch = _with_gae(algo, rollouts(algo.model, algo.tokenizer, tasks=TASKS, group=8, generator=gen, step=step))
         metrics = algo.update(batch)
     after = success_rate(algo.model, algo.tokenizer, tasks=TASKS, samples=16, seed=123)
+    report_figures("ppo_raises_reward", before=before, after=after)
     assert before < 0.15
     assert after > before + 0.3, (before, after)
     # the second pass over each batch (num_iterations=2) clips some tokens: measured 0.042; a clip fraction

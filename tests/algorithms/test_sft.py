@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from toy_task import TARGET, batch_of, build_model, prompt_ids, rollouts, success_rate, one_torch_thread  # noqa: F401 (autouse fixture)
+from training_checks import report_figures
 
 from spanrl.algorithms.sft import SFT, SFTConfig, select_transitions
 from spanrl.errors import ConfigError
@@ -54,6 +55,7 @@ def test_rejection_sampling_raises_reward(model_path: Path, tmp_path: Path) -> N
         metrics = algo.update(batch_of(batch))
         assert metrics["charts/selected"] == sum(t.reward >= 1.0 for t in batch)
     after = success_rate(algo.model, algo.tokenizer, tasks=TASKS, samples=16, seed=123)
+    report_figures("rejection_sampling_raises_reward", before=before, after=after)
     assert after > before + 0.3, (before, after)
     assert math.isfinite(metrics["losses/sft_loss"])
 

@@ -10,13 +10,18 @@ import pytest
 from examples.text2sql.demonstrator import MISTAKE_SHAPES
 from examples.text2sql.sqltools import load_questions
 from examples.text2sql.train_tiny import TinyRunConfig, run
+from training_checks import report_figures, weights_digest
 
 
 @pytest.mark.slow
 def test_grpo_raises_the_execution_reward_after_a_careless_warm_start(tmp_path):
     result = run(TinyRunConfig(output_dir=str(tmp_path), demos_per_task=4, sft_epochs=25, grpo_steps=6,
-                               grpo_tasks_per_step=24, grpo_group_size=6, workers=3))
+                               grpo_tasks_per_step=24, grpo_group_size=6, workers=3, deterministic=True))
     rewards = result["train_reward_by_step"]
+    report_figures("text2sql_train", rewards=rewards, val_after_sft=result["val_after_sft"],
+                   val_after_grpo=result["val_after_grpo"], demonstrator_reward=result["demonstrator_reward"],
+                   mistake_shapes={s: result["train_reward_by_shape"][s]["reward"] for s in MISTAKE_SHAPES},
+                   weights=weights_digest(tmp_path / "grpo" / "checkpoint-6"), seconds=result["seconds"])
     assert len(rewards) == 6 and all(r is not None for r in rewards)
     # The demonstrator is right on 3 of 5 shapes and 30% of the time on the other two (expected 0.72).
     assert 0.5 <= result["demonstrator_reward"] <= 0.9

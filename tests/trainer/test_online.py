@@ -210,6 +210,9 @@ def test_online_trainer_learns_from_a_production_stream(tmp_path: Path, collecto
 
     early = [r for r in requests.values() if r["policy_version"] == 0]
     late = [r for r in requests.values() if r["policy_version"] >= _UPDATES_TOTAL - 3]
+    from training_checks import report_figures
+
+    report_figures("online_stream", early=success(early), late=success(late), n_early=len(early), n_late=len(late))
     assert len(early) >= 50 and len(late) >= 50, (len(early), len(late))
     # (measured: 0.17 -> 0.36..0.55 on a shared 2-core machine; 3 standard errors are about 0.1)
     assert success(late) >= success(early) + 0.12, (success(early), success(late), versions)

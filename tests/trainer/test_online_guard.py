@@ -159,6 +159,15 @@ def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collec
     events = [row.get("event") or "update" for row in history]
     verdicts = [{k: row.get(k) for k in ("trial_step", "reward_new", "judged_new", "reward_previous", "p_value")}
                 for row in history if row.get("event")]
+    requests = [r for log in logs for r in _read_jsonl(log)]
+    served = {side: [r["reward"] for r in requests if r["policy_version"] in versions]
+              for side, versions in (("before", (0, 1)), ("harmed", (2,)), ("after", (3, 4)))}
+    from training_checks import report_figures
+
+    report_figures("online_guard", events=events, verdicts=verdicts,
+                   v2_from_v1=max((abs(a - b) for a, b in zip(seen.get("greedy-2", ((), ()))[1],
+                                                                seen.get("greedy-1", ((), ()))[1])), default=None),
+                   **{side: [round(sum(r) / max(len(r), 1), 4), len(r)] for side, r in served.items()})
     assert events == ["update", "accepted", "update", "rejected", "update", "accepted"], (events, verdicts)
     rejected = seen["rejected"]
     assert rejected["trial_step"] == 2 and rejected["restored"] == "checkpoint-1"
@@ -179,15 +188,11 @@ def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collec
 
     # The live reward users saw: down under v2, back to its earlier level after the rollback (v3 serves
     # checkpoint-1 again, v4 one small step from it).
-    requests = [r for log in logs for r in _read_jsonl(log)]
-
     def mean(selected: list[float]) -> float:
         assert len(selected) >= 20, len(selected)
         return sum(selected) / len(selected)
 
-    before = mean([r["reward"] for r in requests if r["policy_version"] in (0, 1)])
-    harmed = mean([r["reward"] for r in requests if r["policy_version"] == 2])
-    after = mean([r["reward"] for r in requests if r["policy_version"] in (3, 4)])
+    before, harmed, after = mean(served["before"]), mean(served["harmed"]), mean(served["after"])
     # (measured: about 0.53 before and after, 0.00-0.008 under v2, 3 runs; the guard's own verdict above needs > 0.1)
     assert harmed < before - 0.1 and abs(after - before) < 0.1, (before, harmed, after)
 

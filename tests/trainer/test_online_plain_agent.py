@@ -18,6 +18,7 @@ import pytest
 from test_online import PRODUCTION, _get_json, _free_port, _read_jsonl, _Stream, _wait_until
 
 from spanrl.demo.tiny import build_tiny_model
+from training_checks import report_figures
 
 sys.path.insert(0, str(PRODUCTION))
 from colors import TASKS, VOCABULARY, is_right  # noqa: E402
@@ -102,6 +103,7 @@ def test_online_trainer_learns_from_agents_without_spanrl_ids(tmp_path: Path, co
         return sum(is_right(_TASKS[r["task_id"]], r["answer"]) for r in chosen) / max(len(chosen), 1), len(chosen)
 
     (early, n_early), (late, n_late) = success(0), success(final)
+    report_figures("online_plain_agent", early=early, late=late, n_early=n_early, n_late=n_late)
     assert n_early >= 32 and n_late >= _LATE_REQUESTS, (n_early, n_late)
     # Past 1/3, what one colour said to every question scores ("red blue blue" for all: no sample of the other
     # two colours is left, so their groups' rewards are all 0 and give no gradient). At 5e-2 one run in 7 and one
