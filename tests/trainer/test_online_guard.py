@@ -98,6 +98,7 @@ def _greedy(server: Any) -> tuple[list[int], list[float]]:
     return list(done.token_ids), list(done.logprobs)
 
 
+@pytest.mark.timeout(1800)  # a hang limit (max_seconds below), not a speed test
 def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collector: Any,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Update 2 takes one huge step (learning rate 300): the guard sees its live reward fall, serves
@@ -143,9 +144,11 @@ def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collec
                 env={**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{collector.grpc_endpoint}"}))
         config = OnlineConfig(model=str(model), server_url=server.base_url, store_url=collector.http_endpoint,
                               output_dir=str(out), poll_interval_s=0.2, settle_s=0.5, quiet_s=30.0, max_age_s=10.0,
-                              min_rollouts=16, max_rollouts=48, max_policy_lag=3, keep_checkpoints=1, max_seconds=240.0,
-                              guard=True, guard_min_judged=24, guard_margin=0.1,
+                              min_rollouts=16, max_rollouts=48, max_policy_lag=3, keep_checkpoints=1,
+                              max_seconds=1200.0, guard=True, guard_min_judged=24, guard_margin=0.1,
                               learning_rate_overrides={2: 300.0})
+        # max_seconds is a limit for a hang: the run ends on an event (trial 3 accepted, above); whole test 25-237 s
+        # at load 4-34 (GUARD_N runs, docs/measurements.md), where 240 s for the trainer alone was near the edge
         trainer = OnlineTrainer(config, algorithm=GRPO(learning_rate=1e-3), store=collector.store, callbacks=[Watch()])
         history = trainer.run()
     finally:
