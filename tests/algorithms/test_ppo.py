@@ -84,7 +84,7 @@ def test_ppo_raises_reward(model_path: Path, tmp_path: Path) -> None:
     report_figures("ppo_raises_reward", before=before, after=after)
     assert before < 0.15
     # Seeded in-process (setup seed 0, rollouts from generator 0, the score from 123, one torch thread): the same
-    # 0.016 -> 0.80 in every one of ALGOS_N runs at load ALGOS_LOAD, 0.48 above the bound (docs/measurements.md,
+    # 0.016 -> 0.80 in every one of 20 runs at load 10-32, 0.48 above the bound (docs/measurements.md,
     # "Learning tests over repeated runs")
     assert after > before + 0.3, (before, after)
     # the second pass over each batch (num_iterations=2) clips some tokens: measured 0.042; a clip fraction

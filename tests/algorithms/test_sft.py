@@ -57,7 +57,7 @@ def test_rejection_sampling_raises_reward(model_path: Path, tmp_path: Path) -> N
     after = success_rate(algo.model, algo.tokenizer, tasks=TASKS, samples=16, seed=123)
     report_figures("rejection_sampling_raises_reward", before=before, after=after)
     # Seeded in-process (setup seed 0, rollouts from generator 0, the score from 123, one torch thread): the same
-    # 0.016 -> 0.55 in every one of ALGOS_N runs at load ALGOS_LOAD, 0.24 above the bound (docs/measurements.md,
+    # 0.016 -> 0.55 in every one of 20 runs at load 10-32, 0.24 above the bound (docs/measurements.md,
     # "Learning tests over repeated runs")
     assert after > before + 0.3, (before, after)
     assert math.isfinite(metrics["losses/sft_loss"])

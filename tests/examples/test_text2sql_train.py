@@ -15,7 +15,7 @@ from training_checks import report_figures, weights_digest
 
 @pytest.mark.slow
 # a limit for a hang, not a speed test: deterministic (one call at a time), at nice 19 beside load 15-34 one
-# run took 558 s inside the test and one was stopped at the suite's 600 s (2026-12-07, T2S_N runs)
+# run took 558 s inside the test and two were stopped at the suite's 600 s (2026-12-07, 8 runs)
 @pytest.mark.timeout(1800)
 def test_grpo_raises_the_execution_reward_after_a_careless_warm_start(tmp_path):
     result = run(TinyRunConfig(output_dir=str(tmp_path), demos_per_task=4, sft_epochs=25, grpo_steps=6,
@@ -49,7 +49,7 @@ def test_grpo_raises_the_execution_reward_after_a_careless_warm_start(tmp_path):
     # over 36 runs (docs/measurements.md, "Text-to-SQL tiny run: the test's spread"): ratio 0.16-0.37, overall
     # rise 0.076-0.23; with GRPO at lr 1e-9, ratio 0.91-0.95 and rise -0.01. Seeded and deterministic, the run
     # is the same at any load: ratio 0.24 and rise 0.205 (0.632 -> 0.837) with bit-identical weights in all
-    # T2S_N runs at load T2S_LOAD ("Learning tests over repeated runs"). The bounds stay below the worst of the 36
+    # 7 runs at load 4-33 ("Learning tests over repeated runs"). The bounds stay below the worst of the 36
     # unpinned runs (by 0.13 and 0.046): another host or torch version samples other tokens from the same seed.
     before = reward_over(MISTAKE_SHAPES, 0)
     after = (reward_over(MISTAKE_SHAPES, -1) + reward_over(MISTAKE_SHAPES, -2)) / 2

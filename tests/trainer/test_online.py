@@ -230,7 +230,9 @@ def test_online_trainer_learns_from_a_production_stream(tmp_path: Path, collecto
 
     report_figures("online_stream", early=success(early), late=success(late), n_early=len(early), n_late=len(late))
     assert len(early) >= 50 and len(late) >= 50, (len(early), len(late))
-    # (measured: 0.17 -> 0.36..0.55 on a shared 2-core machine; 3 standard errors are about 0.1)
+    # (measured: 0.17 -> 0.36..0.55 on a shared 2-core machine; 3 standard errors are about 0.1. A live stream:
+    # not pinned, seeded (OnlineConfig.seed 0). 2026-12-07, 8 runs at load 10-25: 0.15-0.22 -> 0.38-0.78, rise
+    # 0.22-0.60 ("Learning tests over repeated runs"); one CI run rose 0.11: too few runs here to move the bound)
     assert success(late) >= success(early) + 0.12, (success(early), success(late), versions)
 
 
