@@ -11,12 +11,14 @@ every prompt ends with P(right) in ``_PRIME_BAND``, mostly in ``_PRIME_TARGET``)
 then has equal rewards with probability about ``2 * 0.5**n`` (at most ``0.8**n + 0.2**n``).
 
 ``assert_trained`` checks the step row and the weights; ``assert_served_policy_changed`` checks that the
-policy server answers with the trained weights' log-probs, not the initial ones.
+policy server answers with the trained weights' log-probs, not the initial ones. ``report_figures`` records
+what a learning test measured, so its bound can be set from the spread over many runs.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -102,6 +104,16 @@ def _state(model_dir: Path) -> dict[str, Any]:
     return load_file(str(model_dir / "model.safetensors"))
 
 
+def weights_digest(model_dir: Path) -> str:
+    """SHA-256 of an HF folder's weights, tensor by tensor in name order: equal for bit-identical weights."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(_state(model_dir).items()):
+        digest.update(name.encode() + tensor.float().contiguous().numpy().tobytes())  # exact for fp32/16, bf16
+    return digest.hexdigest()[:16]
+
+
 def max_weight_change(initial: Path, checkpoint: Path) -> float:
     """The largest absolute difference between two HF folders' weights (same keys)."""
     before, after = _state(initial), _state(checkpoint)
@@ -161,3 +173,14 @@ def val_success_in_store(db_path: Path, step: int, n_tasks: int) -> float:
                          f"AND rollout_id LIKE '%-v{int(step)}-%'").to_pylist()
     assert len({r["rollout_id"] for r in rows}) == len(rows) == n_tasks, rows
     return sum(r["reward_value"] for r in rows) / n_tasks
+
+
+def report_figures(test: str, **figures: Any) -> None:
+    """Print what a learning test measured (``-s`` shows it) and, where ``SPANRL_LEARNING_FIGURES`` names a
+    file, append it there as one JSON line: how docs/measurements.md's spreads over repeated runs are
+    gathered (call it before the assertions, so a failing run is recorded too)."""
+    line = json.dumps({"test": test, **figures}, default=str)
+    print(f"learning figures: {line}")
+    if path := os.environ.get("SPANRL_LEARNING_FIGURES"):
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(line + "\n")

@@ -32,17 +32,20 @@ AnswerFn = Callable[[list[dict[str, Any]], random.Random], str]
 from the server's seed, the messages and how many times these messages came before, so the answers to
 a set of requests are the same whatever order concurrent agents send them in, and a repeated question
 still gets independent draws (one shared generator made the demo's SFT data, and so its held-out
-success after SFT, differ from run to run: 0.55 to 0.80 with seed 0)."""
+success after SFT, differ from run to run: 0.55 to 0.80 with seed 0). With ``seed_by_rollout``, a request
+whose path names its rollout (``/rollouts/<run tag>-<step>-<index>-a<attempt>/``) is seeded by that rollout
+instead of by arrival: which rollout gets which answer is then fixed too, and the SFT data's order with it."""
 
 
 class ScriptedChatServer:
     """Serves ``POST .../chat/completions`` with ``answer(messages, rng)``, in a daemon thread."""
 
     def __init__(self, answer: AnswerFn, *, seed: int = 0, host: str = "127.0.0.1", port: int = 0,
-                 name: str = "teacher") -> None:
+                 name: str = "teacher", seed_by_rollout: bool = False) -> None:
         self._answer = answer
         self._seed = seed
-        self._asked: dict[str, int] = {}  # conversation digest -> times answered
+        self._seed_by_rollout = seed_by_rollout
+        self._asked: dict[tuple[str, str], int] = {}  # (conversation digest, rollout) -> times answered
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, port), self._handler())
         self._server.daemon_threads = True
@@ -71,14 +74,17 @@ class ScriptedChatServer:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    def completion(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The chat.completion answering ``body`` (raises ValueError for a request it cannot answer)."""
+    def completion(self, body: dict[str, Any], path: str = "") -> dict[str, Any]:
+        """The chat.completion answering ``body`` sent to ``path`` (raises ValueError for a request it cannot
+        answer)."""
         messages = list(body.get("messages") or [])
         digest = hashlib.sha256(json.dumps(messages, sort_keys=True).encode()).hexdigest()
+        rollout = _rollout_in_path(path) if self._seed_by_rollout else ""
         with self._lock:
             self.requests += 1
-            nth = self._asked[digest] = self._asked.get(digest, -1) + 1
-        text = self._answer(messages, random.Random(f"{self._seed}/{digest}/{nth}"))  # str seeds are stable
+            nth = self._asked[digest, rollout] = self._asked.get((digest, rollout), -1) + 1
+        key = f"{self._seed}/{digest}/{rollout}/{nth}" if rollout else f"{self._seed}/{digest}/{nth}"
+        text = self._answer(messages, random.Random(key))  # str seeds are stable
         words = len(text.split())
         return {
             "id": f"chatcmpl-{self.name}-{uuid.uuid4().hex[:12]}",
@@ -118,11 +124,19 @@ class ScriptedChatServer:
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
                     return
                 try:
-                    self._send(200, owner.completion(body))
+                    self._send(200, owner.completion(body, self.path))
                 except ValueError as exc:
                     self._send(400, {"error": {"message": str(exc)}})
 
         return Handler
+
+
+def _rollout_in_path(path: str) -> str:
+    """The rollout id in ``.../rollouts/<id>/...`` less its first part, the Trainer's random run tag (the rest,
+    step, index and attempt, is the same in every run of one seed); "" where the path names none."""
+    parts = path.split("?", 1)[0].split("/")
+    rollout = parts[parts.index("rollouts") + 1] if "rollouts" in parts[:-1] else ""
+    return rollout.split("-", 1)[-1]
 
 
 def _demonstrate_last_question(messages: list[dict[str, Any]], rng: random.Random) -> str:

@@ -64,6 +64,9 @@ class TinyRunConfig:
     """Merge each rollout's retries into one GRPO sample (``LightningRL(trajectory_aggregation=True)``)."""
     seed: int = 0
     """Seeds the model, the demonstrator and training."""
+    deterministic: bool = False
+    """Both runs' ``deterministic`` (docs/train-config.md, "Reproducible runs"): with it, one seed gives the same
+    figures whatever the machine's load (the test's setting)."""
     progress: bool = False
     """Rich progress bars."""
 
@@ -127,7 +130,7 @@ def run(config: TinyRunConfig | None = None) -> dict[str, Any]:
     runner = RunnerConfig(workers=cfg.workers, max_concurrency=2 * cfg.workers, rollout_timeout_s=60.0)
     db_path = str(out / "spans.duckdb")
 
-    with TeacherServer(demonstrator.answer, seed=cfg.seed) as teacher:
+    with TeacherServer(demonstrator.answer, seed=cfg.seed, seed_by_rollout=True) as teacher:
         sft = Trainer(
             model=model_dir, agent=agent, tasks=train, val_tasks=val,
             algorithm=SFT(learning_rate=cfg.sft_learning_rate, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch_size,
@@ -135,6 +138,7 @@ def run(config: TinyRunConfig | None = None) -> dict[str, Any]:
             config=TrainerConfig(
                 output_dir=str(out / "sft"), db_path=db_path, llm_url=teacher.url, n_rollouts=cfg.demos_per_task,
                 tasks_per_step=len(train), max_steps=1, eval_at_start=False, seed=cfg.seed, progress=cfg.progress,
+                deterministic=cfg.deterministic,
                 max_tokens=MAX_SQL_TOKENS, torch_threads=cfg.torch_threads,
                 runner=dataclasses.replace(runner, require_token_spans=False)),
         )
@@ -151,6 +155,7 @@ def run(config: TinyRunConfig | None = None) -> dict[str, Any]:
             output_dir=str(out / "grpo"), db_path=db_path, n_rollouts=cfg.grpo_group_size,
             tasks_per_step=cfg.grpo_tasks_per_step, max_steps=cfg.grpo_steps, temperature=1.0,
             max_tokens=MAX_SQL_TOKENS, eval_every=cfg.eval_every, eval_at_start=False, seed=cfg.seed,
+            deterministic=cfg.deterministic,
             progress=cfg.progress, torch_threads=cfg.torch_threads, runner=runner),
     )
     grpo_history = grpo.train()

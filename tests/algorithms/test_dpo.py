@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from toy_task import batch_of, build_model, rollouts, success_rate
+from training_checks import report_figures
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
@@ -64,6 +65,10 @@ def test_dpo_raises_reward(model_path: Path, tmp_path: Path) -> None:
         batch = rollouts(algo.model, algo.tokenizer, tasks=TASKS, group=8, generator=gen, step=step)
         metrics = algo.update(batch_of(batch))
     after = success_rate(algo.model, algo.tokenizer, tasks=TASKS, samples=16, seed=123)
+    report_figures("dpo_raises_reward", before=before, after=after)
+    # Seeded in-process (setup seed 0, rollouts from generator 0, the score from 123, one torch thread): the same
+    # 0.016 -> 0.40 in every one of 20 runs at load 10-32, 0.08 above the bound (docs/measurements.md,
+    # "Learning tests over repeated runs")
     assert after > before + 0.3, (before, after)
     assert metrics["charts/pairs"] > 0 and metrics["charts/reward_accuracy"] > 0.5
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from toy_task import batch_of, build_model, rollouts, success_rate
+from training_checks import report_figures
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
@@ -82,7 +83,11 @@ def test_grpo_raises_reward(model_path: Path, tmp_path: Path) -> None:
         batch = rollouts(algo.model, algo.tokenizer, tasks=TASKS, group=8, generator=gen, step=step)
         metrics = algo.update(batch_of(batch))
     after = success_rate(algo.model, algo.tokenizer, tasks=TASKS, samples=16, seed=123)
+    report_figures("grpo_raises_reward", before=before, after=after)
     assert before < 0.15
+    # Seeded in-process (setup seed 0, rollouts from generator 0, the score from 123, one torch thread): the same
+    # 0.016 -> 0.52 in every one of 20 runs at load 10-32, 0.20 above the bound (docs/measurements.md,
+    # "Learning tests over repeated runs")
     assert after > before + 0.3, (before, after)
     assert set(metrics) >= {"losses/policy_loss", "losses/approx_kl", "losses/clipfrac", "charts/grad_norm"}
 

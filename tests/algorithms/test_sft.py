@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from toy_task import TARGET, batch_of, build_model, prompt_ids, rollouts, success_rate
+from training_checks import report_figures
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
@@ -57,6 +58,10 @@ def test_rejection_sampling_raises_reward(model_path: Path, tmp_path: Path) -> N
         metrics = algo.update(batch_of(batch))
         assert metrics["charts/selected"] == sum(t.reward >= 1.0 for t in batch)
     after = success_rate(algo.model, algo.tokenizer, tasks=TASKS, samples=16, seed=123)
+    report_figures("rejection_sampling_raises_reward", before=before, after=after)
+    # Seeded in-process (setup seed 0, rollouts from generator 0, the score from 123, one torch thread): the same
+    # 0.016 -> 0.55 in every one of 20 runs at load 10-32, 0.24 above the bound (docs/measurements.md,
+    # "Learning tests over repeated runs")
     assert after > before + 0.3, (before, after)
     assert math.isfinite(metrics["losses/sft_loss"])
 

@@ -27,6 +27,9 @@ def test_demo_grpo_rises_above_the_sft_warm_start(tmp_path: Path) -> None:
         DemoConfig(output_dir=str(tmp_path / "demo"), progress=False),
         echo=lambda line: (lines.append(line), print(line)),
     )
+    from training_checks import report_figures
+
+    report_figures("demo", sft=result.sft_success, grpo=result.grpo_success)
     assert result.grpo_success >= result.sft_success + _RISE, result.history
     assert 0.5 < result.demonstrator_success < 0.8  # the careless demonstrator: wrong on 2 ops, 70% of the time
     assert any(f"after SFT {result.sft_success:.2f} -> after GRPO {result.grpo_success:.2f}" in line for line in lines)

@@ -128,6 +128,9 @@ def test_the_tool_agent_learns_held_out_success_rises(tmp_path: Path) -> None:
     cfg = AgenticConfig(output_dir=str(tmp_path / "run"), steps=AGENTIC_STEPS, n_val=AGENTIC_VAL,
                         eval_every=AGENTIC_STEPS, aggregate=False, max_minutes=None, progress=False)
     result = run(cfg)
+    from training_checks import report_figures
+
+    report_figures("smollm2_agentic", val_before=result["val_before"], val_after=result["val_after"])
     assert result["steps"] == AGENTIC_STEPS and result["rollouts"] >= AGENTIC_STEPS * 4 * 8
     assert result["calls_per_episode"] > 1.0  # episodes call the tool: more than one LLM call each
     assert result["val_after"] >= result["val_before"] + AGENTIC_MARGIN, result

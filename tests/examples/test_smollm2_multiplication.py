@@ -45,6 +45,9 @@ def test_smollm2_held_out_success_rises(tmp_path: Path) -> None:
     cfg = SmolConfig(output_dir=str(tmp_path / "run"), steps=STEPS, tasks_per_step=TASKS_PER_STEP, group=GROUP,
                      learning_rate=LR, n_val=N_VAL, eval_every=0, max_minutes=None, threads=1)
     result = run(cfg)
+    from training_checks import report_figures
+
+    report_figures("smollm2_multiplication", val_before=result["val_before"], val_after=result["val_after"])
     assert result["steps"] == STEPS and result["rollouts"] == STEPS * TASKS_PER_STEP * GROUP
     assert (tmp_path / "run" / "reward_curve.png").stat().st_size > 0
     # greedy on held-out operand pairs: the same tasks before and after, no sampling noise

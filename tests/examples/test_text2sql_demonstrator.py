@@ -52,3 +52,31 @@ def test_the_checker_passes_right_queries_and_catches_some_wrong_ones():
     verdicts = [teacher(_checker_prompt(CARELESS, d.forgetful(CARELESS["sql"])), rng) for _ in range(300)]
     assert set(verdicts) == {"OK", d.OBJECTION}
     assert abs(verdicts.count(d.OBJECTION) / 300 - d.CHECKER_CATCH_RATE) < 0.08
+
+
+def test_a_teacher_seeded_by_rollout_gives_each_rollout_its_answer_whatever_the_order():
+    """``seed_by_rollout``: the answer to a rollout's request depends on the rollout (its id less the run tag),
+    not on when it arrived, so a seeded run's SFT data pairs the same rollouts with the same answers."""
+    import json
+    import urllib.request
+
+    def ask(server: TeacherServer, rollout: str) -> str:
+        body = json.dumps({"messages": [{"role": "user", "content": "q"}]}).encode()
+        url = f"{server.url}/rollouts/{rollout}/v1/chat/completions"
+        request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())["choices"][0]["message"]["content"]
+
+    def draw(messages: list, rng: random.Random) -> str:
+        return str(rng.random())
+
+    indices = list(range(12))
+    with TeacherServer(draw, seed=0, seed_by_rollout=True) as first, \
+            TeacherServer(draw, seed=0, seed_by_rollout=True) as second:
+        forward = {i: ask(first, f"tag1-s0-{i}-a0") for i in indices}
+        backward = {i: ask(second, f"tag2-s0-{i}-a0") for i in reversed(indices)}
+        assert forward == backward and len(set(forward.values())) == len(indices)
+        assert ask(first, "tag1-s0-0-a1") != forward[0]  # a retry draws anew
+    with TeacherServer(draw, seed=0) as one, TeacherServer(draw, seed=0) as other:  # default: by arrival
+        in_order = [ask(one, f"tag3-s0-{i}-a0") for i in indices]
+        assert [ask(other, f"tag4-s0-{i}-a0") for i in reversed(indices)] == in_order  # the n-th gets the n-th

@@ -257,4 +257,6 @@ def test_cli_refuses_bad_type_and_name(tiny_model_dir, tmp_path) -> None:
         export_gguf(tiny_model_dir, tmp_path / "x.bin", kind="f32")
     cmd = [sys.executable, "-m", "spanrl", "export", "model", str(tiny_model_dir), "-o", str(tmp_path / "t.gguf")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 1 and "WordLevel" in done.stderr and "Traceback" not in done.stderr
+    # a model the writer cannot convert is bad input (ConfigError): one error line, the usage exit status
+    assert done.returncode == 2 and "spanrl: error:" in done.stderr and "WordLevel" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -36,6 +36,11 @@ _TASKS = {t["id"]: t for t in TASKS}
 _UPDATES_BEFORE_KILL = 4
 _UPDATES_TOTAL = 16
 _STREAM_LIMIT_S = 420.0
+# The online tests wait on a run's progress, not on a clock: a trainer fails only when no update lands for
+# _STALL_S (a hang). A fixed 300 s for test_online_plain_agent's whole run timed out at nice 19 beside load 26
+# (2026-12-07); that run takes 70-100 s on a quiet machine (docs/measurements.md, "Learning tests over
+# repeated runs").
+_STALL_S = 300.0
 
 
 def _free_port() -> int:
@@ -68,6 +73,16 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _wait_while_updating(trainer: subprocess.Popen[Any], history: Path) -> None:
+    """Until ``trainer`` exits; fails when no new row reaches ``history`` for ``_STALL_S``."""
+    rows, since = -1, time.monotonic()
+    while trainer.poll() is None:
+        if (now := len(_read_jsonl(history))) != rows:
+            rows, since = now, time.monotonic()
+        assert time.monotonic() - since < _STALL_S, f"no online update for {_STALL_S:.0f} s after {rows} rows"
+        time.sleep(0.5)
 
 
 class _Stream:
@@ -111,6 +126,7 @@ def _config(tmp_path: Path, model: Path, server_url: str, store_url: str) -> Pat
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # a limit for a hang only: _wait_while_updating fails sooner
 def test_online_trainer_learns_from_a_production_stream(tmp_path: Path, collector_proc: Any) -> None:
     model = build_tiny_model(tmp_path / "tiny", words=VOCABULARY, hidden_size=32, num_layers=1, num_heads=2,
                              intermediate_size=64)
@@ -149,7 +165,7 @@ def test_online_trainer_learns_from_a_production_stream(tmp_path: Path, collecto
         trainer.wait(10)
         killed_at = len(_read_jsonl(history_path))
         trainer = stream.start(online_cmd, tmp_path / "online-2.log", admin)
-        trainer.wait(_STREAM_LIMIT_S)
+        _wait_while_updating(trainer, history_path)
         assert trainer.returncode == 0, (tmp_path / "online-2.log").read_text()[-3000:]
     finally:
         stream.close()
@@ -210,8 +226,13 @@ def test_online_trainer_learns_from_a_production_stream(tmp_path: Path, collecto
 
     early = [r for r in requests.values() if r["policy_version"] == 0]
     late = [r for r in requests.values() if r["policy_version"] >= _UPDATES_TOTAL - 3]
+    from training_checks import report_figures
+
+    report_figures("online_stream", early=success(early), late=success(late), n_early=len(early), n_late=len(late))
     assert len(early) >= 50 and len(late) >= 50, (len(early), len(late))
-    # (measured: 0.17 -> 0.36..0.55 on a shared 2-core machine; 3 standard errors are about 0.1)
+    # (measured: 0.17 -> 0.36..0.55 on a shared 2-core machine; 3 standard errors are about 0.1. A live stream:
+    # not pinned, seeded (OnlineConfig.seed 0). 2026-12-07, 8 runs at load 10-25: 0.15-0.22 -> 0.38-0.78, rise
+    # 0.22-0.60 ("Learning tests over repeated runs"); one CI run rose 0.11: too few runs here to move the bound)
     assert success(late) >= success(early) + 0.12, (success(early), success(late), versions)
 
 

@@ -98,6 +98,7 @@ def _greedy(server: Any) -> tuple[list[int], list[float]]:
     return list(done.token_ids), list(done.logprobs)
 
 
+@pytest.mark.timeout(1800)  # a hang limit (max_seconds below), not a speed test
 def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collector: Any,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Update 2 takes one huge step (learning rate 300): the guard sees its live reward fall, serves
@@ -143,9 +144,11 @@ def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collec
                 env={**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{collector.grpc_endpoint}"}))
         config = OnlineConfig(model=str(model), server_url=server.base_url, store_url=collector.http_endpoint,
                               output_dir=str(out), poll_interval_s=0.2, settle_s=0.5, quiet_s=30.0, max_age_s=10.0,
-                              min_rollouts=16, max_rollouts=48, max_policy_lag=3, keep_checkpoints=1, max_seconds=240.0,
-                              guard=True, guard_min_judged=24, guard_margin=0.1,
+                              min_rollouts=16, max_rollouts=48, max_policy_lag=3, keep_checkpoints=1,
+                              max_seconds=1200.0, guard=True, guard_min_judged=24, guard_margin=0.1,
                               learning_rate_overrides={2: 300.0})
+        # max_seconds is a limit for a hang: the run ends on an event (trial 3 accepted, above); whole test 25-237 s
+        # at load 4-34 (20 runs, docs/measurements.md), where 240 s for the trainer alone was near the edge
         trainer = OnlineTrainer(config, algorithm=GRPO(learning_rate=1e-3), store=collector.store, callbacks=[Watch()])
         history = trainer.run()
     finally:
@@ -159,6 +162,19 @@ def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collec
     events = [row.get("event") or "update" for row in history]
     verdicts = [{k: row.get(k) for k in ("trial_step", "reward_new", "judged_new", "reward_previous", "p_value")}
                 for row in history if row.get("event")]
+    requests = [r for log in logs for r in _read_jsonl(log)]
+    served = {side: [r["reward"] for r in requests if r["policy_version"] in versions]
+              for side, versions in (("before", (0, 1)), ("harmed", (2,)), ("after", (3, 4)))}
+    from training_checks import report_figures
+
+    report_figures("online_guard", events=events, verdicts=verdicts,
+                   v2_from_v1=max((abs(a - b) for a, b in zip(seen.get("greedy-2", ((), ()))[1],
+                                                                seen.get("greedy-1", ((), ()))[1])), default=None),
+                   **{side: [round(sum(r) / max(len(r), 1), 4), len(r)] for side, r in served.items()})
+    # A live stream cannot be pinned (which version answers which request is the agents' timing); seeded
+    # (OnlineConfig.seed 0). Over 20 runs at load 4-34 (docs/measurements.md, "Learning tests over repeated
+    # runs") every run gave these events; trials 1 and 3 were accepted with p >= 0.90 and >= 0.38 (rejection
+    # needs p < 0.05), trial 2 rejected with p <= 8e-17 and a fall of 0.485-0.531 (the bound below: 0.1).
     assert events == ["update", "accepted", "update", "rejected", "update", "accepted"], (events, verdicts)
     rejected = seen["rejected"]
     assert rejected["trial_step"] == 2 and rejected["restored"] == "checkpoint-1"
@@ -167,8 +183,9 @@ def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collec
 
     # The server serves checkpoint-1 again (greedy tokens and log-probs as under v1, not v2's), and the
     # trainer's own weights are checkpoint-1's; training went on from there. v2 is told from v1 by its log-probs:
-    # near 0 (collapsed) against v1's near-uniform -2.65, 2.68-2.70 apart in 13 runs. Its tokens differ too, but
-    # not always: v2 repeated one token in 2 of the 13 runs, and in one CI run it repeated v1's ([7] * 6 from both).
+    # near 0 (collapsed) against v1's near-uniform -2.65, 2.68-2.70 apart in 13 runs, 2.65-2.70 in 20 more (the
+    # bound: 1.0). Its tokens differ too, but not always: v2 repeated one token in 2 of the 13 runs, and in one CI
+    # run it repeated v1's ([7] * 6 from both).
     assert seen["greedy-rejected"][0] == seen["greedy-1"][0]
     assert seen["greedy-rejected"][1] == pytest.approx(seen["greedy-1"][1], abs=1e-5)
     assert max(abs(a - b) for a, b in zip(seen["greedy-2"][1], seen["greedy-1"][1])) > 1.0, seen
@@ -179,16 +196,13 @@ def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collec
 
     # The live reward users saw: down under v2, back to its earlier level after the rollback (v3 serves
     # checkpoint-1 again, v4 one small step from it).
-    requests = [r for log in logs for r in _read_jsonl(log)]
-
     def mean(selected: list[float]) -> float:
         assert len(selected) >= 20, len(selected)
         return sum(selected) / len(selected)
 
-    before = mean([r["reward"] for r in requests if r["policy_version"] in (0, 1)])
-    harmed = mean([r["reward"] for r in requests if r["policy_version"] == 2])
-    after = mean([r["reward"] for r in requests if r["policy_version"] in (3, 4)])
-    # (measured: about 0.53 before and after, 0.00-0.008 under v2, 3 runs; the guard's own verdict above needs > 0.1)
+    before, harmed, after = mean(served["before"]), mean(served["harmed"]), mean(served["after"])
+    # (measured over 20 runs: before 0.50-0.54, under v2 0.00-0.028 (the fall 0.50-0.54: 0.4 above the bound),
+    # after - before within 0.045 (0.055 inside the bound); the guard's own verdict above needs > 0.1)
     assert harmed < before - 0.1 and abs(after - before) < 0.1, (before, harmed, after)
 
     # The ledger: the rejection recorded; no rollout handled twice; the rejected update's rollouts stay

@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_online import PRODUCTION, _get_json, _free_port, _read_jsonl, _Stream, _wait_until
+from test_online import (PRODUCTION, _STALL_S, _free_port, _get_json, _read_jsonl, _Stream, _wait_until,
+                         _wait_while_updating)
 
 from spanrl.demo.tiny import build_tiny_model
+from training_checks import report_figures
 
 sys.path.insert(0, str(PRODUCTION))
 from colors import TASKS, VOCABULARY, is_right  # noqa: E402
@@ -25,7 +27,6 @@ from colors import TASKS, VOCABULARY, is_right  # noqa: E402
 _TASKS = {t["id"]: t for t in TASKS}
 _UPDATES = 20  # with learning rate 3e-2: see the assertion below
 _LATE_REQUESTS = 80  # answers served by the final policy, after training stopped
-_LIMIT_S = 300.0  # 70-100 s here; CI runs it beside another test file
 
 
 def _config(tmp_path: Path, model: Path, server_url: str, store_url: str) -> Path:
@@ -40,6 +41,7 @@ def _config(tmp_path: Path, model: Path, server_url: str, store_url: str) -> Pat
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # a limit for a hang only: _wait_while_updating fails sooner
 def test_online_trainer_learns_from_agents_without_spanrl_ids(tmp_path: Path, collector_proc: Any) -> None:
     model = build_tiny_model(tmp_path / "tiny", words=VOCABULARY, hidden_size=32, num_layers=1, num_heads=2,
                              intermediate_size=64)
@@ -71,11 +73,11 @@ def test_online_trainer_learns_from_agents_without_spanrl_ids(tmp_path: Path, co
                     "--second-after", "0.5", "--sent-log", str(tmp_path / "feedback.jsonl")]
         stream.start(feedback + [arg for log in logs for arg in ("--request-log", str(log))], tmp_path / "feedback.log",
                      {**otel, "OTEL_SERVICE_NAME": "users"})
-        trainer.wait(_LIMIT_S)
+        _wait_while_updating(trainer, tmp_path / "online" / "history.jsonl")
         assert trainer.returncode == 0, (tmp_path / "online.log").read_text()[-3000:]
         final = _get_json(f"{server_url}/health")["policy_version"]
         _wait_until(lambda: sum(r["policy_version"] == final for log in logs for r in _read_jsonl(log))
-                    >= _LATE_REQUESTS, 60, "answers of the final policy")
+                    >= _LATE_REQUESTS, _STALL_S, "answers of the final policy")
     finally:
         stream.close()
 
@@ -102,9 +104,13 @@ def test_online_trainer_learns_from_agents_without_spanrl_ids(tmp_path: Path, co
         return sum(is_right(_TASKS[r["task_id"]], r["answer"]) for r in chosen) / max(len(chosen), 1), len(chosen)
 
     (early, n_early), (late, n_late) = success(0), success(final)
+    report_figures("online_plain_agent", early=early, late=late, n_early=n_early, n_late=n_late)
     assert n_early >= 32 and n_late >= _LATE_REQUESTS, (n_early, n_late)
     # Past 1/3, what one colour said to every question scores ("red blue blue" for all: no sample of the other
     # two colours is left, so their groups' rewards are all 0 and give no gradient). At 5e-2 one run in 7 and one
     # CI run collapsed so; at 3e-2 and 20 updates 16 runs ended at 0.58-0.99, none collapsed, the smallest rise
     # 0.36 (docs/measurements.md, "Without spanrl ids", has every run). One standard error is about 0.05.
+    # A live stream cannot be pinned (which version answers which request is the agents' timing); seeded
+    # (OnlineConfig.seed 0). 9 more runs at load 10-28 (2026-12-07, "Learning tests over repeated runs"): late
+    # 0.63-1.0, rise 0.42-0.82. Over all 25 the bounds sit 0.13 (late) and 0.16 (rise) below the worst run.
     assert late >= 0.45 and late >= early + 0.2, (early, late)

@@ -93,6 +93,11 @@ def test_a_seed_pins_the_run_whatever_the_load(
     assert _batch_sizes(tmp_path / "quiet") == {1}  # deterministic: the server generated one call at a time
     request.getfixturevalue("two_busy_processes")
     busy_rewards, busy_weights = _train(tiny_model, tmp_path / "busy", seed=7)
+    from training_checks import report_figures, weights_digest
+
+    report_figures("reproducible", rewards=rewards, busy_rewards=busy_rewards,
+                   weights=weights_digest(tmp_path / "quiet" / "checkpoint-2"),
+                   busy_weights=weights_digest(tmp_path / "busy" / "checkpoint-2"))
     assert busy_rewards == rewards
     assert _same_weights(busy_weights, weights)
     # the seed is what pins it: another one samples other completions and learns other weights
