@@ -63,7 +63,8 @@ class CreditConfig:
     A mapping of its fields (a YAML ``critic:`` section) is read as one."""
 
     def __post_init__(self) -> None:
-        self.critic = critic_config(self.critic)
+        if self.critic is not None:  # off by default: learned_credit.py stays off the span's path
+            self.critic = critic_config(self.critic)
 
     def validate(self) -> None:
         """Raise `ConfigError` naming the first bad field, its value and what is allowed."""

