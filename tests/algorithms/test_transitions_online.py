@@ -4,34 +4,17 @@ online trainer's ready query reads (store/online.py: the latest usable one)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from test_transitions import H  # the decomposer tests' span-tree helpers, loaded once there
 
 from spanrl.algorithms.baseline import RunningBaseline
 from spanrl.algorithms.credit import CreditConfig
 from spanrl.algorithms.transitions import load_transitions
 from spanrl.collector.encoding import encode_request
 from spanrl.store.online import Watermark, now_ns, ready_rollouts
-
-
-def _load_span_helpers() -> Any:
-    name = "spanrl_tests_decomposer_helpers"  # the span-tree helpers of the decomposer tests, loaded by path
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "store" / "test_decomposer.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-H = _load_span_helpers()
 
 
 def _rollout(rec: Any, rid: str, task: str | None, rewards: list[float], *, usable_call: bool = True) -> None:
