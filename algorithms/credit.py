@@ -323,23 +323,9 @@ def _gae(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Returns and advantages by GAE; ``values`` may be NaN only on calls of skipped rollouts."""
     values = _checked_values(values, call_rollout, call_keep, "mode is 'gae'")
-    order = np.lexsort((call_step, call_rollout))
-    adv = np.zeros(len(order))
-    # reward of chain element j: rewards at steps in [step_j, step_{j+1}) of its rollout
-    rewards_by_rollout: dict[int, list[tuple[int, float]]] = {}
-    for roll, step, val in zip(r_roll.tolist(), r_step.tolist(), r_val.tolist()):
-        if step >= 0:
-            rewards_by_rollout.setdefault(roll, []).append((step, val))
-    next_adv, next_value, next_step, prev_roll = 0.0, 0.0, None, None
-    for idx in order[::-1]:
-        roll, step = int(call_rollout[idx]), int(call_step[idx])
-        last = roll != prev_roll
-        upper = None if last else next_step
-        reward = sum(v for s, v in rewards_by_rollout.get(roll, ()) if s >= step and (upper is None or s < upper))
-        bootstrap = 0.0 if last else config.gamma * next_value
-        delta = reward + bootstrap - values[idx]
-        adv[idx] = delta + (0.0 if last else config.gamma * config.lam * next_adv)
-        next_adv, next_value, next_step, prev_roll = adv[idx], values[idx], step, roll
+    # the critic's GAE over each kept rollout's calls (learned_credit.py): one recursion for both critics
+    adv, _ = critic_terms(config, values, call_rollout=call_rollout, call_step=call_step, call_keep=call_keep,
+                          r_roll=r_roll, r_step=r_step, r_val=r_val)
     return adv + values, adv
 
 

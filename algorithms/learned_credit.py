@@ -37,6 +37,8 @@ from spanrl.errors import ConfigError
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
 
+    from spanrl.algorithms.credit_config import CreditConfig
+
 __all__ = ["CallCritic", "CriticConfig", "critic_config", "critic_terms"]
 
 
@@ -108,7 +110,7 @@ class CallCritic(Protocol):
 
 
 def critic_terms(
-    config: CriticConfig,
+    config: CriticConfig | CreditConfig,
     values: np.ndarray,
     *,
     call_rollout: np.ndarray,
@@ -118,9 +120,10 @@ def critic_terms(
     r_step: np.ndarray,
     r_val: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per call: ``A^V_t`` and ``G_t`` (module docstring), NaN on calls not kept. Each rollout's chain is its kept
-    calls in step order; a reward goes to the last kept call at or before its step (rewards before a rollout's
-    first kept call, and those with step -1, credit no call)."""
+    """Per call: ``A^V_t`` and ``G_t`` (module docstring), NaN on calls not kept; ``config`` gives ``gamma`` and
+    ``lam`` (the critic's, or the credit config's for mode ``gae``, whose PPO critic values the same chains).
+    Each rollout's chain is its kept calls in step order; a reward goes to the last kept call at or before its
+    step (rewards before a rollout's first kept call, and those with step -1, credit no call)."""
     n_calls = len(call_rollout)
     gae, to_go = np.full(n_calls, np.nan), np.full(n_calls, np.nan)
     kept = np.flatnonzero(call_keep)
