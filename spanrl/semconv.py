@@ -104,8 +104,10 @@ GEN_AI_INFERENCE_DETAILS_EVENT = "gen_ai.client.inference.operation.details"
 # framework runner's turn has the operation handle_conversation_turn. spanrl keys on gen_ai.operation.name,
 # so old and new span types read alike; only invoke_agent names the agent of the calls below it.
 GEN_AI_INVOCATION_IS_NESTED = "gen_ai.invocation.is_nested"  # boolean
-# Tools: the decision taken on a call before it ran (allow | deny | require_approval), as an attribute of
-# the tool span or an event of that name with the outcome; and a command tool's exit code.
+# Tools: the decision taken on a call before it ran: the event gen_ai.tool.call.decision, its required attribute
+# gen_ai.tool.call.decision.outcome (allow | deny | require_approval) with gen_ai.tool.call.id / gen_ai.tool.name,
+# on any span (a denied call may have no tool span); GEN_AI_TOOL_CALL_DECISION as an attribute of the tool span is
+# the form spanrl read before the spec had the event, still read (store/views.sql, tool_decisions).
 GEN_AI_TOOL_CALL_DECISION = "gen_ai.tool.call.decision"
 GEN_AI_TOOL_CALL_DECISION_OUTCOME = "gen_ai.tool.call.decision.outcome"
 PROCESS_EXIT_CODE = "process.exit.code"  # int

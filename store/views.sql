@@ -270,23 +270,60 @@ SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, parent_span_id, na
 FROM (SELECT *, event_attributes(events, 'gen_ai.client.inference.operation.details') AS d FROM rollout_spans(0))
 WHERE operation_name IN ('chat', 'text_completion') OR prompt_token_ids IS NOT NULL;
 
--- One row per tool call span (gen_ai.operation.name execute_tool): what the step did and how it went.
--- decision: gen_ai.tool.call.decision on the span, else the outcome of its gen_ai.tool.call.decision event
--- (allow | deny | require_approval); exit_code: a command tool's process.exit.code; error_type: error.type.
-CREATE OR REPLACE VIEW tool_calls AS
-SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, parent_span_id, name, service_name, start_ns, end_ns,
-       status_code, status_message,
-       attributes ->> '$."gen_ai.tool.name"' AS tool_name,
-       attributes ->> '$."gen_ai.tool.call.id"' AS tool_call_id,
-       coalesce(attributes ->> '$."gen_ai.tool.call.decision"',
-                event_attributes(events, 'gen_ai.tool.call.decision') ->> '$."gen_ai.tool.call.decision.outcome"')
-           AS decision,
-       TRY_CAST(attributes ->> '$."process.exit.code"' AS BIGINT) AS exit_code,
-       attributes ->> '$."error.type"' AS error_type,
-       attributes ->> '$."gen_ai.tool.call.arguments"' AS arguments,
-       attributes ->> '$."gen_ai.tool.call.result"' AS result
+-- One row per tool call decision: semantic-conventions-genai's gen_ai.tool.call.decision event (outcome
+-- gen_ai.tool.call.decision.outcome: allow | deny | require_approval; gen_ai.tool.call.id and gen_ai.tool.name
+-- when known) on any span of the rollout: a denied call may have no execute_tool span, and the spec's
+-- instrumentations record it where the agent decides (its invoke_agent or chat span). Also the attribute
+-- gen_ai.tool.call.decision on an execute_tool span, the form spanrl read before the event (kept readable:
+-- deployments upgrade one at a time); its time is the span's start. on_tool_span: carried by an execute_tool
+-- span; tool_call_id / tool_name: the event's, else that tool span's.
+CREATE OR REPLACE VIEW tool_decisions AS
+SELECT rollout_id, trace_id, span_id, on_tool_span, ev.time_ns AS time_ns,
+       ev.attributes ->> '$."gen_ai.tool.call.decision.outcome"' AS outcome,
+       coalesce(ev.attributes ->> '$."gen_ai.tool.call.id"', span_call_id) AS tool_call_id,
+       coalesce(ev.attributes ->> '$."gen_ai.tool.name"', span_tool_name) AS tool_name,
+       'event' AS source
+FROM (
+    SELECT rollout_id, trace_id, span_id, operation_name = 'execute_tool' AS on_tool_span,
+           CASE WHEN operation_name = 'execute_tool' THEN attributes ->> '$."gen_ai.tool.call.id"' END AS span_call_id,
+           CASE WHEN operation_name = 'execute_tool' THEN attributes ->> '$."gen_ai.tool.name"' END AS span_tool_name,
+           unnest(from_json(events, '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "JSON"}]')) AS ev
+    FROM rollout_spans(0)
+    WHERE events IS NOT NULL AND contains(events, 'gen_ai.tool.call.decision')
+)
+WHERE ev.name = 'gen_ai.tool.call.decision' AND ev.attributes ->> '$."gen_ai.tool.call.decision.outcome"' IS NOT NULL
+UNION ALL
+SELECT rollout_id, trace_id, span_id, TRUE, start_ns, attributes ->> '$."gen_ai.tool.call.decision"',
+       attributes ->> '$."gen_ai.tool.call.id"', attributes ->> '$."gen_ai.tool.name"', 'attribute'
 FROM rollout_spans(0)
-WHERE operation_name = 'execute_tool';
+WHERE operation_name = 'execute_tool' AND attributes ->> '$."gen_ai.tool.call.decision"' IS NOT NULL;
+
+-- One row per tool call span (gen_ai.operation.name execute_tool): what the step did and how it went.
+-- decision: the latest (by time) of the tool_decisions above that are the span's own or name its
+-- gen_ai.tool.call.id in its rollout (require_approval, then allow or deny: the last one holds);
+-- exit_code: a command tool's process.exit.code; error_type: error.type.
+CREATE OR REPLACE VIEW tool_calls AS
+WITH t AS (
+    SELECT rid, rollout_id, task_id, attempt, mode, trace_id, span_id, parent_span_id, name, service_name,
+           start_ns, end_ns, status_code, status_message,
+           attributes ->> '$."gen_ai.tool.name"' AS tool_name,
+           attributes ->> '$."gen_ai.tool.call.id"' AS tool_call_id,
+           TRY_CAST(attributes ->> '$."process.exit.code"' AS BIGINT) AS exit_code,
+           attributes ->> '$."error.type"' AS error_type,
+           attributes ->> '$."gen_ai.tool.call.arguments"' AS arguments,
+           attributes ->> '$."gen_ai.tool.call.result"' AS result
+    FROM rollout_spans(0)
+    WHERE operation_name = 'execute_tool'
+), decided AS (
+    SELECT t.rid, arg_max(d.outcome, d.time_ns) AS decision
+    FROM t JOIN tool_decisions d
+        ON (d.trace_id = t.trace_id AND d.span_id = t.span_id)
+           OR (d.rollout_id = t.rollout_id AND d.tool_call_id = t.tool_call_id)
+    GROUP BY t.rid
+)
+SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, parent_span_id, name, service_name, start_ns, end_ns,
+       status_code, status_message, tool_name, tool_call_id, decided.decision, exit_code, error_type, arguments, result
+FROM t LEFT JOIN decided USING (rid);
 
 -- One row per rollout: its status (rollout_state above) and rewards. final_reward: the last reward stored
 -- (any name; by ingested_ns, then the sender's time_ns within one commit).
