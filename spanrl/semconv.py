@@ -67,7 +67,7 @@ FEEDBACK_SPAN_NAME = "spanrl.feedback"
 FEEDBACK_TRACE_ID = "spanrl.feedback.trace_id"  # 32 lowercase hex characters
 
 # --- OpenTelemetry GenAI semantic conventions -----------------------------------------------------
-GEN_AI_OPERATION_NAME = "gen_ai.operation.name"  # "chat", "text_completion", "execute_tool", "invoke_agent"
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"  # the OP_* values below; others (embeddings, ...) are ignored
 GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
 GEN_AI_SYSTEM = "gen_ai.system"  # older name of the provider, still written by OpenLLMetry
 GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
@@ -99,9 +99,9 @@ GEN_AI_SYSTEM_INSTRUCTIONS_REF = "gen_ai.system_instructions_ref"
 # The inference call's messages as an event (recommended since semantic-conventions-genai #579), on the
 # call's span; read when the span's own attributes lack them.
 GEN_AI_INFERENCE_DETAILS_EVENT = "gen_ai.client.inference.operation.details"
-# Invocation spans (#571, as issue 56 describes it; not yet in the spec copy docs/conventions.md names): the
-# span type gen_ai.invocation.internal replaces invoke_agent.internal / invoke_workflow.internal, and a
-# framework runner's turn has the operation handle_conversation_turn. spanrl keys on gen_ai.operation.name,
+# Invocation spans (semantic-conventions-genai #571; registry.yaml and spans.yaml @ e9de14b, docs/conventions.md
+# section 7): the span type gen_ai.invocation.internal replaces invoke_agent.internal / invoke_workflow.internal,
+# and a framework runner's turn has the operation handle_conversation_turn. spanrl keys on gen_ai.operation.name,
 # so old and new span types read alike; only invoke_agent names the agent of the calls below it.
 GEN_AI_INVOCATION_IS_NESTED = "gen_ai.invocation.is_nested"  # boolean
 # Tools: the decision taken on a call before it ran: the event gen_ai.tool.call.decision, its required attribute
@@ -113,13 +113,16 @@ GEN_AI_TOOL_CALL_DECISION_OUTCOME = "gen_ai.tool.call.decision.outcome"
 PROCESS_EXIT_CODE = "process.exit.code"  # int
 ERROR_TYPE = "error.type"
 
+# gen_ai.operation.name values (registry.yaml @ e9de14b). An inference call is chat, generate_content (Gemini's
+# multimodal generation, as the Google GenAI instrumentations name it) or text_completion.
 OP_CHAT = "chat"
+OP_GENERATE_CONTENT = "generate_content"
 OP_TEXT_COMPLETION = "text_completion"
 OP_EXECUTE_TOOL = "execute_tool"
 OP_INVOKE_AGENT = "invoke_agent"
 OP_INVOKE_WORKFLOW = "invoke_workflow"
 OP_HANDLE_CONVERSATION_TURN = "handle_conversation_turn"
-LLM_OPERATIONS = (OP_CHAT, OP_TEXT_COMPLETION)
+LLM_OPERATIONS = (OP_CHAT, OP_GENERATE_CONTENT, OP_TEXT_COMPLETION)
 
 # Evaluation results (GenAI semconv): an event on the evaluated span, or on a span of its own.
 GEN_AI_EVALUATION_RESULT_EVENT = "gen_ai.evaluation.result"

@@ -247,7 +247,8 @@ CREATE OR REPLACE MACRO event_attributes(events, name) AS
 CASE WHEN contains(events, name) THEN list_filter(from_json(events, '[{"name": "VARCHAR", "attributes": "JSON"}]'),
                                                   lambda e: e.name = name)[1].attributes END;
 
--- One row per LLM call span: client spans of instrumentors (gen_ai.operation.name chat/text_completion)
+-- One row per LLM call span: client spans of instrumentors (gen_ai.operation.name chat, generate_content or
+-- text_completion: semconv.LLM_OPERATIONS)
 -- and the policy server's spans carrying exact token ids. The decomposer pairs and de-duplicates them.
 -- Messages: the span's attributes, else its gen_ai.client.inference.operation.details event's; content kept
 -- elsewhere is named by the *_ref columns (the decomposer reads it, store/messages.py).
@@ -268,7 +269,7 @@ SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, parent_span_id, na
        coalesce(attributes ->> '$."gen_ai.output.messages_ref"', d ->> '$."gen_ai.output.messages_ref"')
            AS output_messages_ref
 FROM (SELECT *, event_attributes(events, 'gen_ai.client.inference.operation.details') AS d FROM rollout_spans(0))
-WHERE operation_name IN ('chat', 'text_completion') OR prompt_token_ids IS NOT NULL;
+WHERE operation_name IN ('chat', 'generate_content', 'text_completion') OR prompt_token_ids IS NOT NULL;
 
 -- One row per tool call decision: semantic-conventions-genai's gen_ai.tool.call.decision event (outcome
 -- gen_ai.tool.call.decision.outcome: allow | deny | require_approval; gen_ai.tool.call.id and gen_ai.tool.name

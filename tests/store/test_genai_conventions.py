@@ -144,6 +144,22 @@ def test_generic_parts_without_text_add_none_and_are_kept_whole(collector: Any) 
     assert "".join(map(chr, completion)) == "It is.\n"
 
 
+def test_a_generate_content_call_is_an_llm_call(collector: Any) -> None:
+    """registry.yaml @ e9de14b: generate_content is an inference operation (Gemini's, as the Google GenAI
+    instrumentations write it), read like chat."""
+    provider = TracerProvider(resource=Resource.create({sc.ROLLOUT_ID: "r-gemini"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=collector.grpc_endpoint, insecure=True)))
+    tracer = provider.get_tracer("google.genai")
+    tracer.start_span("generate_content gemini-2.5-flash", kind=SpanKind.CLIENT, attributes={
+        sc.GEN_AI_OPERATION_NAME: "generate_content", sc.GEN_AI_PROVIDER_NAME: "gcp.gemini",
+        sc.GEN_AI_INPUT_MESSAGES: json.dumps(_REF_INPUT), sc.GEN_AI_OUTPUT_MESSAGES: json.dumps(_OUTPUT)}).end()
+    provider.shutdown()
+    (call,) = decompose(collector.store, kept=False).calls.to_pylist()
+    assert (call["rollout_id"], json.loads(call["output_messages"])) == ("r-gemini", _OUTPUT)
+    assert collector.store.sql("SELECT operation_name FROM llm_calls").to_pylist() == [
+        {"operation_name": "generate_content"}]
+
+
 def test_a_message_reference_cannot_climb_out_of_its_allowed_prefix(tmp_path: Path) -> None:
     """Span data names the URI: ``..``, a sibling folder sharing the prefix's name, or fsspec chaining is
     refused, so no agent can pull other files into prompts, the viewer or exports."""
