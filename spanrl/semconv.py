@@ -92,10 +92,15 @@ GEN_AI_TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"
 GEN_AI_TOOL_CALL_RESULT = "gen_ai.tool.call.result"
 
 # Content kept outside the span (an upload hook, e.g. opentelemetry-util-genai's fsspec one): a URI whose
-# object holds the JSON the attribute of the same name without _ref would (store/messages.py reads it).
+# object holds the JSON the attribute of the same name without _ref would (store/messages.py reads it). The spec
+# names them only on the upload's gen_ai.content.storage.result event (reference/reports @ f5e81ce), with the
+# required gen_ai.content.storage.status (stored | dropped | failed) and error.type on a failure; the hook
+# also sets them on the call's span.
 GEN_AI_INPUT_MESSAGES_REF = "gen_ai.input.messages_ref"
 GEN_AI_OUTPUT_MESSAGES_REF = "gen_ai.output.messages_ref"
 GEN_AI_SYSTEM_INSTRUCTIONS_REF = "gen_ai.system_instructions_ref"
+GEN_AI_CONTENT_STORAGE_RESULT_EVENT = "gen_ai.content.storage.result"
+GEN_AI_CONTENT_STORAGE_STATUS = "gen_ai.content.storage.status"
 # The inference call's messages as an event (recommended since semantic-conventions-genai #579), on the
 # call's span; read when the span's own attributes lack them.
 GEN_AI_INFERENCE_DETAILS_EVENT = "gen_ai.client.inference.operation.details"

@@ -160,6 +160,43 @@ def test_a_generate_content_call_is_an_llm_call(collector: Any) -> None:
         {"operation_name": "generate_content"}]
 
 
+def test_content_kept_elsewhere_is_read_from_the_storage_result_events(collector: Any, tmp_path: Path,
+                                                                      monkeypatch: Any, caplog: Any) -> None:
+    """The spec names the *_ref attributes on the upload's gen_ai.content.storage.result event only (reference/
+    scenarios/opentelemetry-util-genai @ f5e81ce: one event per object, status stored, dropped when the upload
+    queue is full, failed with error.type): a stored object's URI is read from there, and a dropped or failed
+    upload is the rollout's note, the call keeping no prompt."""
+    monkeypatch.setenv("SPANRL_MESSAGE_REFS", f"file://{tmp_path}/")
+    (tmp_path / "in.json").write_text(json.dumps(_REF_INPUT))
+    (tmp_path / "out.json").write_text(json.dumps(_OUTPUT))
+    provider = TracerProvider(resource=Resource.create({sc.ROLLOUT_ID: "r-stored"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=collector.grpc_endpoint, insecure=True)))
+    tracer, status = provider.get_tracer("openai"), sc.GEN_AI_CONTENT_STORAGE_STATUS
+    results = (
+        ({sc.GEN_AI_INPUT_MESSAGES_REF: f"file://{tmp_path}/in.json", status: "stored"},
+         {sc.GEN_AI_OUTPUT_MESSAGES_REF: f"file://{tmp_path}/out.json", status: "stored"}),
+        ({sc.GEN_AI_INPUT_MESSAGES_REF: f"file://{tmp_path}/q.json", status: "dropped"},),
+        ({sc.GEN_AI_INPUT_MESSAGES_REF: f"file://{tmp_path}/gone/in.json", status: "failed",
+          sc.ERROR_TYPE: "FileNotFoundError"},),
+    )
+    for events in results:
+        with tracer.start_as_current_span("chat gpt-4", kind=SpanKind.CLIENT, attributes={
+                sc.GEN_AI_OPERATION_NAME: "chat"}) as span:
+            for attributes in events:
+                span.add_event(sc.GEN_AI_CONTENT_STORAGE_RESULT_EVENT, attributes)
+    provider.shutdown()
+    with caplog.at_level(logging.WARNING, logger="spanrl.store.messages"):
+        dec = decompose(collector.store, kept=False)
+    stored, dropped, failed = dec.calls.to_pylist()
+    assert (json.loads(stored["input_messages"]), json.loads(stored["output_messages"])) == (_REF_INPUT, _OUTPUT)
+    assert dropped["input_messages"] is None and failed["input_messages"] is None
+    assert (dec.report["message_refs_read"], dec.report["message_refs_unread"]) == (1, 2)
+    assert "rollout r-stored: 2 call(s)" in caplog.text
+    assert f"input_messages_ref 'file://{tmp_path}/q.json': the upload reported it dropped" in caplog.text
+    assert (f"input_messages_ref 'file://{tmp_path}/gone/in.json': the upload reported it failed "
+            "(error.type FileNotFoundError)") in caplog.text
+
+
 def test_a_message_reference_cannot_climb_out_of_its_allowed_prefix(tmp_path: Path) -> None:
     """Span data names the URI: ``..``, a sibling folder sharing the prefix's name, or fsspec chaining is
     refused, so no agent can pull other files into prompts, the viewer or exports."""
