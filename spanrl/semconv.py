@@ -150,6 +150,11 @@ OBSERVATION_EVENT = "spanrl.observation"
 OBSERVATION_CONTENT = "spanrl.observation.content"
 EMIT_ERROR = "spanrl.emit.error"  # set on a span when an emit_* call got a bad value
 
+# --- GenAI events sent as OTLP log records (collector/logs.py) ---------------------------------------
+# Each is stored as a span of its own, child of the span the record was emitted in, holding the event; this
+# attribute (true) marks such spans, so readers look for the event under that parent.
+LOG_RECORD_EVENT = "spanrl.event.log_record"
+
 # --- Standard resource attributes -----------------------------------------------------------------
 SERVICE_NAME = "service.name"
 

@@ -247,11 +247,20 @@ CREATE OR REPLACE MACRO event_attributes(events, name) AS
 CASE WHEN contains(events, name) THEN list_filter(from_json(events, '[{"name": "VARCHAR", "attributes": "JSON"}]'),
                                                   lambda e: e.name = name)[1].attributes END;
 
+-- GenAI events sent as OTLP log records (collector/logs.py): each is stored as a span of its own, named after the
+-- event, child of the span the record was emitted in, marked spanrl.event.log_record. Per such span: the span it
+-- concerns (trace_id, span_id: its parent), the event's attributes and time. Readers that look for an event on
+-- the span it concerns (a call's details or upload results, a decision) read these too.
+CREATE OR REPLACE MACRO logged_events(ev) AS TABLE
+SELECT trace_id, parent_span_id AS span_id, event_attributes(events, ev) AS attributes, start_ns AS time_ns
+FROM spans
+WHERE name = ev AND parent_span_id IS NOT NULL AND attributes ->> '$."spanrl.event.log_record"' = 'true';
+
 -- One row per LLM call span: client spans of instrumentors (gen_ai.operation.name chat, generate_content or
 -- text_completion: semconv.LLM_OPERATIONS)
 -- and the policy server's spans carrying exact token ids. The decomposer pairs and de-duplicates them.
--- Messages: the span's attributes, else its gen_ai.client.inference.operation.details event's; content kept
--- elsewhere is named by the *_ref columns (the decomposer reads it, store/messages.py).
+-- Messages: the span's attributes, else its gen_ai.client.inference.operation.details event's (a span event, or a
+-- log record emitted in the span: logged_events); content kept elsewhere is named by the *_ref columns (the decomposer reads it, store/messages.py).
 CREATE OR REPLACE VIEW llm_calls AS
 SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, parent_span_id, name, kind,
        service_name, start_ns, end_ns, status_code, agent_name, operation_name, response_id,
@@ -268,7 +277,11 @@ SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, parent_span_id, na
            AS input_messages_ref,
        coalesce(attributes ->> '$."gen_ai.output.messages_ref"', d ->> '$."gen_ai.output.messages_ref"')
            AS output_messages_ref
-FROM (SELECT *, event_attributes(events, 'gen_ai.client.inference.operation.details') AS d FROM rollout_spans(0))
+FROM (SELECT s.*, coalesce(event_attributes(s.events, 'gen_ai.client.inference.operation.details'), l.a) AS d
+      FROM rollout_spans(0) s
+      LEFT JOIN (SELECT trace_id, span_id, any_value(attributes) AS a
+                 FROM logged_events('gen_ai.client.inference.operation.details') GROUP BY ALL) l
+          ON l.trace_id = s.trace_id AND l.span_id = s.span_id)
 WHERE operation_name IN ('chat', 'generate_content', 'text_completion') OR prompt_token_ids IS NOT NULL;
 
 -- One row per tool call decision: semantic-conventions-genai's gen_ai.tool.call.decision event (outcome
@@ -284,13 +297,20 @@ SELECT rollout_id, trace_id, span_id, on_tool_span, ev.time_ns AS time_ns,
        coalesce(ev.attributes ->> '$."gen_ai.tool.call.id"', span_call_id) AS tool_call_id,
        coalesce(ev.attributes ->> '$."gen_ai.tool.name"', span_tool_name) AS tool_name,
        'event' AS source
-FROM (
-    SELECT rollout_id, trace_id, span_id, operation_name = 'execute_tool' AS on_tool_span,
-           CASE WHEN operation_name = 'execute_tool' THEN attributes ->> '$."gen_ai.tool.call.id"' END AS span_call_id,
-           CASE WHEN operation_name = 'execute_tool' THEN attributes ->> '$."gen_ai.tool.name"' END AS span_tool_name,
-           unnest(from_json(events, '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "JSON"}]')) AS ev
-    FROM rollout_spans(0)
-    WHERE events IS NOT NULL AND contains(events, 'gen_ai.tool.call.decision')
+FROM (  -- an event sent as a log record is on its parent, the span it was emitted in (logged_events)
+    SELECT s.rollout_id, s.trace_id,
+           CASE WHEN s.attributes ->> '$."spanrl.event.log_record"' = 'true'
+                THEN coalesce(s.parent_span_id, s.span_id) ELSE s.span_id END AS span_id,
+           coalesce(coalesce(p.operation_name, s.operation_name) = 'execute_tool', FALSE) AS on_tool_span,
+           CASE WHEN on_tool_span THEN coalesce(p.attributes, s.attributes) ->> '$."gen_ai.tool.call.id"' END
+               AS span_call_id,
+           CASE WHEN on_tool_span THEN coalesce(p.attributes, s.attributes) ->> '$."gen_ai.tool.name"' END
+               AS span_tool_name,
+           unnest(from_json(s.events, '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "JSON"}]')) AS ev
+    FROM rollout_spans(0) s
+    LEFT JOIN spans p ON s.attributes ->> '$."spanrl.event.log_record"' = 'true'
+                     AND p.trace_id = s.trace_id AND p.span_id = s.parent_span_id
+    WHERE s.events IS NOT NULL AND contains(s.events, 'gen_ai.tool.call.decision')
 )
 WHERE ev.name = 'gen_ai.tool.call.decision' AND ev.attributes ->> '$."gen_ai.tool.call.decision.outcome"' IS NOT NULL
 UNION ALL
