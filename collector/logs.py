@@ -22,6 +22,7 @@ as rejected with the reason (OTLP partial success), so the sender sees it.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from typing import Any
 
@@ -41,7 +42,7 @@ from spanrl.collector.otlp_json import _hex_to_b64, _list_field
 from spanrl.collector.tokens import BadSpan
 from spanrl.semconv import LOG_RECORD_EVENT
 
-__all__ = ["decode_logs", "logs_response"]
+__all__ = ["decode_logs", "logs_json_as_traces", "logs_response"]
 
 _EVENT_NAME = "event.name"  # the attribute older SDKs put the event name in
 _PLAIN_LOGS = "a log record without an event name is not a GenAI event; spanrl stores events only"
@@ -135,6 +136,21 @@ def _fix_ids(record: Any) -> None:
                 raise PermanentError(f"invalid OTLP/JSON log record: {exc}") from None
         else:
             record.pop(field, None)
+
+
+def logs_json_as_traces(doc: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """An OTLP/JSON logs request (a line of the OpenTelemetry Collector's file exporter) as the OTLP/JSON trace
+    request of the spans the collector makes of it (hex ids, the same span ids as live ingest), and how many
+    records were left out (no event name). For ``spanrl store import``, which skips spans already stored."""
+    body, skipped, _ = decode_logs(orjson.dumps(doc), as_json=True)
+    out = json_format.MessageToDict(ExportTraceServiceRequest.FromString(body))
+    for resource_spans in out.get("resourceSpans", ()):
+        for scope_spans in resource_spans.get("scopeSpans", ()):
+            for span in scope_spans.get("spans", ()):
+                for field in ("traceId", "spanId", "parentSpanId"):
+                    if field in span:
+                        span[field] = base64.b64decode(span[field]).hex()
+    return out, skipped
 
 
 def logs_response(rejected: int, message: str) -> ExportLogsServiceResponse:
