@@ -49,12 +49,11 @@ _OUTPUTS_SQL = """
 WITH wanted AS (SELECT unnest($traces) AS trace_id, unnest($spans) AS span_id, unnest($rows) AS row)
 SELECT w.row, coalesce(s.attributes ->> '$."gen_ai.output.messages"',
                        event_attributes(s.events, 'gen_ai.client.inference.operation.details')
-                           ->> '$."gen_ai.output.messages"',
-                       any_value(l.attributes ->> '$."gen_ai.output.messages"')) AS output
+                           ->> '$."gen_ai.output.messages"', l.output) AS output
 FROM wanted w JOIN spans s ON s.trace_id = w.trace_id AND s.span_id = w.span_id
-LEFT JOIN logged_events('gen_ai.client.inference.operation.details') l
+LEFT JOIN (SELECT trace_id, span_id, any_value(attributes ->> '$."gen_ai.output.messages"') AS output
+           FROM logged_events('gen_ai.client.inference.operation.details') GROUP BY ALL) l
     ON l.trace_id = s.trace_id AND l.span_id = s.span_id
-GROUP BY w.row, s.attributes, s.events
 """
 _SQL = f"""
 WITH calls AS (

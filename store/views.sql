@@ -292,6 +292,12 @@ WHERE operation_name IN ('chat', 'generate_content', 'text_completion') OR promp
 -- deployments upgrade one at a time); its time is the span's start. on_tool_span: carried by an execute_tool
 -- span; tool_call_id / tool_name: the event's, else that tool span's.
 CREATE OR REPLACE VIEW tool_decisions AS
+WITH s AS MATERIALIZED (  -- one scan: the spans with a decision event or the decision attribute
+    SELECT rollout_id, trace_id, span_id, parent_span_id, operation_name, attributes, events, start_ns
+    FROM rollout_spans(0)
+    WHERE (events IS NOT NULL AND contains(events, 'gen_ai.tool.call.decision'))
+       OR (operation_name = 'execute_tool' AND attributes ->> '$."gen_ai.tool.call.decision"' IS NOT NULL)
+)
 SELECT rollout_id, trace_id, span_id, on_tool_span, ev.time_ns AS time_ns,
        ev.attributes ->> '$."gen_ai.tool.call.decision.outcome"' AS outcome,
        coalesce(ev.attributes ->> '$."gen_ai.tool.call.id"', span_call_id) AS tool_call_id,
@@ -307,7 +313,7 @@ FROM (  -- an event sent as a log record is on its parent, the span it was emitt
            CASE WHEN on_tool_span THEN coalesce(p.attributes, s.attributes) ->> '$."gen_ai.tool.name"' END
                AS span_tool_name,
            unnest(from_json(s.events, '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "JSON"}]')) AS ev
-    FROM rollout_spans(0) s
+    FROM s
     LEFT JOIN spans p ON s.attributes ->> '$."spanrl.event.log_record"' = 'true'
                      AND p.trace_id = s.trace_id AND p.span_id = s.parent_span_id
     WHERE s.events IS NOT NULL AND contains(s.events, 'gen_ai.tool.call.decision')
@@ -316,7 +322,7 @@ WHERE ev.name = 'gen_ai.tool.call.decision' AND ev.attributes ->> '$."gen_ai.too
 UNION ALL
 SELECT rollout_id, trace_id, span_id, TRUE, start_ns, attributes ->> '$."gen_ai.tool.call.decision"',
        attributes ->> '$."gen_ai.tool.call.id"', attributes ->> '$."gen_ai.tool.name"', 'attribute'
-FROM rollout_spans(0)
+FROM s
 WHERE operation_name = 'execute_tool' AND attributes ->> '$."gen_ai.tool.call.decision"' IS NOT NULL;
 
 -- One row per tool call span (gen_ai.operation.name execute_tool): what the step did and how it went.
@@ -335,12 +341,15 @@ WITH t AS (
            attributes ->> '$."gen_ai.tool.call.result"' AS result
     FROM rollout_spans(0)
     WHERE operation_name = 'execute_tool'
-), decided AS (
-    SELECT t.rid, arg_max(d.outcome, d.time_ns) AS decision
-    FROM t JOIN tool_decisions d
-        ON (d.trace_id = t.trace_id AND d.span_id = t.span_id)
-           OR (d.rollout_id = t.rollout_id AND d.tool_call_id = t.tool_call_id)
-    GROUP BY t.rid
+), d AS MATERIALIZED (
+    SELECT * FROM tool_decisions
+), decided AS (  -- two equi-joins (an OR join would compare every pair)
+    SELECT rid, arg_max(outcome, time_ns) AS decision
+    FROM (SELECT t.rid, d.outcome, d.time_ns FROM t JOIN d ON d.trace_id = t.trace_id AND d.span_id = t.span_id
+          UNION ALL
+          SELECT t.rid, d.outcome, d.time_ns FROM t JOIN d ON d.rollout_id = t.rollout_id
+                                                          AND d.tool_call_id = t.tool_call_id)
+    GROUP BY rid
 )
 SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, parent_span_id, name, service_name, start_ns, end_ns,
        status_code, status_message, tool_name, tool_call_id, decided.decision, exit_code, error_type, arguments, result
