@@ -1,6 +1,12 @@
 """Token ids for an LLM call known only by its messages (an external API, or a client span no policy-server
 span pairs with): the policy's chat template applied to the ``gen_ai.*.messages`` the span recorded.
 
+A ``generic`` part (semantic-conventions-genai: a provider block no part type fits, ``generic_type`` optional, its
+other fields the provider's) reaches the prompt as the text it carries: its ``title`` and ``source`` (a document
+or search result the model read), then its ``content`` (a string, or blocks with ``text``), one per line, on a
+line of its own; a part with none of them (opaque ``data`` such as ``redacted_thinking``'s, ``cache_control``, a
+``payload``) adds no text. The store keeps every field of every part as recorded.
+
 The ids are the policy's own reading of that text, not what produced it, so the call has no log-probs
 (`load_transitions` counts it as ``retokenized``).
 """
@@ -19,13 +25,13 @@ def _hf_message(msg: Mapping[str, Any]) -> dict[str, Any]:
     role = msg.get("role")
     if "parts" not in msg:
         return {k: v for k, v in msg.items() if k in ("role", "content", "tool_calls", "tool_call_id", "name")}
-    texts: list[str] = []
+    texts: list[tuple[str, bool]] = []  # (text, a generic part's: on lines of its own)
     tool_calls: list[dict[str, Any]] = []
     out: dict[str, Any] = {"role": role}
     for part in msg.get("parts") or []:
         kind = part.get("type")
         if kind == "text":
-            texts.append(str(part.get("content", "")))
+            texts.append((str(part.get("content", "")), False))
         elif kind == "tool_call":
             tool_calls.append(
                 {
@@ -35,27 +41,29 @@ def _hf_message(msg: Mapping[str, Any]) -> dict[str, Any]:
                 }
             )
         elif kind == "generic":  # a provider block no part type fits (semantic-conventions-genai #584)
-            texts.append(_generic_text(part.get("content")))
+            if text := _generic_text(part):
+                texts.append((text, True))
         elif kind == "tool_call_response":
             response = part.get("response")
-            texts.append(response if isinstance(response, str) else json.dumps(response))
+            texts.append((response if isinstance(response, str) else json.dumps(response), False))
             out["tool_call_id"] = part.get("id")
-    out["content"] = "".join(texts)
+    out["content"] = "".join(("\n" if i and (block or texts[i - 1][1]) else "") + text
+                             for i, (text, block) in enumerate(texts))
     if tool_calls:
         out["tool_calls"] = tool_calls
     return out
 
 
-def _generic_text(content: Any) -> str:
-    """The text a generic part carries: its ``content`` string, or the text of the blocks it lists."""
-    if isinstance(content, str):
-        return content
+def _generic_text(part: Mapping[str, Any]) -> str:
+    """The text a generic part carries (module docstring): title, source, content text, one per line."""
+    content = part.get("content")
     if isinstance(content, Mapping):
         content = [content]
-    if not isinstance(content, list):
-        return ""
-    texts = [b.get("text", b.get("content")) if isinstance(b, Mapping) else b for b in content]
-    return "".join(t for t in texts if isinstance(t, str))
+    if isinstance(content, list):
+        blocks = [b.get("text", b.get("content")) if isinstance(b, Mapping) else b for b in content]
+        content = "".join(t for t in blocks if isinstance(t, str))
+    lines = [part.get("title"), part.get("source"), content]
+    return "\n".join(line for line in lines if isinstance(line, str) and line)
 
 
 def _ids(encoded: Any) -> list[int]:

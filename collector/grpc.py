@@ -1,4 +1,6 @@
-"""OTLP/gRPC receiver: ``opentelemetry.proto.collector.trace.v1.TraceService/Export``.
+"""OTLP/gRPC receiver: ``opentelemetry.proto.collector.trace.v1.TraceService/Export``, and
+``opentelemetry.proto.collector.logs.v1.LogsService/Export`` for GenAI events sent as log records (each stored as a
+span of its own, collector/logs.py; a record without an event name is counted as rejected).
 
 The method is registered as client-streaming (a unary call is the same on the wire): the handler
 runs before the request message is read, so a request over the concurrency cap is refused without
@@ -22,12 +24,14 @@ import grpc
 from concurrent.futures import Future
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from spanrl.collector.admission import DECODE_FACTOR, Admission, DecodeBudget
 from spanrl.collector.encoding import EncodedBatch
 from spanrl.collector.errors import PermanentError, RetryableError
 from spanrl.collector.fast_decode import encode_protobuf_body, fast_enabled
+from spanrl.collector.logs import decode_logs, logs_response
 from spanrl.errors import CollectorError
 from spanrl.http_server import bracketed
 from spanrl.trust import Tokens
@@ -37,6 +41,7 @@ __all__ = ["BatchConsumer", "GrpcReceiver"]
 _logger = logging.getLogger(__name__)
 
 _SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+_LOGS_SERVICE = "opentelemetry.proto.collector.logs.v1.LogsService"
 _METHOD = "Export"
 # Threads beyond the concurrency cap: so a call over the cap finds a thread that refuses it at once.
 _SPARE_WORKERS = 16
@@ -96,7 +101,13 @@ class GrpcReceiver:
                     {_METHOD: grpc.stream_unary_rpc_method_handler(
                         self._export, response_serializer=ExportTraceServiceResponse.SerializeToString
                     )},
-                )
+                ),
+                grpc.method_handlers_generic_handler(
+                    _LOGS_SERVICE,
+                    {_METHOD: grpc.stream_unary_rpc_method_handler(
+                        self._export_logs, response_serializer=ExportLogsServiceResponse.SerializeToString
+                    )},
+                ),
             ],
             options=[
                 ("grpc.max_receive_message_length", self._max_request_bytes),
@@ -121,7 +132,12 @@ class GrpcReceiver:
             self._server.stop(grace=timeout).wait(timeout)
             self._server = None
 
-    def _export(self, messages: Iterator[bytes], context: grpc.ServicerContext) -> ExportTraceServiceResponse:
+    def _export_logs(self, messages: Iterator[bytes], context: grpc.ServicerContext) -> ExportLogsServiceResponse:
+        response = self._export(messages, context, logs=True)
+        return logs_response(response.partial_success.rejected_spans, response.partial_success.error_message)
+
+    def _export(self, messages: Iterator[bytes], context: grpc.ServicerContext, *,
+                logs: bool = False) -> ExportTraceServiceResponse:
         authorization = dict(context.invocation_metadata()).get("authorization")
         if not self._tokens.allows(authorization, "ingest"):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, self._tokens.refusal(
@@ -131,12 +147,12 @@ class GrpcReceiver:
         except RetryableError as exc:
             _abort_retryable(context, exc)
         try:
-            return self._admitted(messages, context, authorization)
+            return self._admitted(messages, context, authorization, logs)
         finally:
             self._admission.leave()
 
     def _admitted(
-        self, messages: Iterator[bytes], context: grpc.ServicerContext, authorization: str | None
+        self, messages: Iterator[bytes], context: grpc.ServicerContext, authorization: str | None, logs: bool
     ) -> ExportTraceServiceResponse:
         if not self._receiving.acquire(timeout=_RECEIVE_WAIT_S):
             busy = RetryableError(f"{_RECEIVING} request bodies are being received, the limit; retry later",
@@ -161,12 +177,15 @@ class GrpcReceiver:
         finally:
             deadline.cancel()
             self._receiving.release()
+        skipped, why = 0, ""
         try:
+            if logs:  # GenAI events as log records: spans of their own (collector/logs.py)
+                body, skipped, why = decode_logs(body, as_json=False)
             # the C fast path, else the Python decoder; raises only PermanentError / RetryableError
             batch = encode_protobuf_body(body, budget, fast=self._fast)
             del body
             if batch is None:  # no resource spans
-                return ExportTraceServiceResponse()
+                return _partial(skipped, why)
             batch.sender_scopes = self._tokens.scopes_of(authorization)
             committed = self._next.consume(batch)
             budget.release()
@@ -180,11 +199,15 @@ class GrpcReceiver:
             _abort_retryable(context, RetryableError(f"collector error: {exc}"))
         finally:
             budget.release()
-        response = ExportTraceServiceResponse()
-        if batch.rejected:
-            response.partial_success.rejected_spans = batch.rejected
-            response.partial_success.error_message = batch.error_message
-        return response
+        return _partial(batch.rejected + skipped, "; ".join(m for m in (batch.error_message, why) if m))
+
+
+def _partial(rejected: int, message: str) -> ExportTraceServiceResponse:
+    response = ExportTraceServiceResponse()
+    if rejected:
+        response.partial_success.rejected_spans = rejected
+        response.partial_success.error_message = message
+    return response
 
 
 def _cancel_slow(context: grpc.ServicerContext, timeout_s: float) -> None:

@@ -5,6 +5,8 @@ Routes:
                       200 with ExportTraceServiceResponse (partial success counts rejected spans);
                       400 malformed, 401 token, 413 too large, 415 content type, 503 + Retry-After full.
                       Error bodies are a google.rpc.Status (protobuf, or JSON for JSON requests).
+    POST /v1/logs     OTLP/HTTP logs, likewise: each GenAI event (a log record with an event name) is stored as a
+                      span of its own (collector/logs.py); other records are counted as rejected.
     POST /v1/sql      {"sql": "SELECT ...", "params": [...]} -> rows; Accept
                       application/vnd.apache.arrow.stream gives an Arrow IPC stream, else JSON
                       {"columns": [...], "rows": [{...}, ...]}. Only SELECT / EXPLAIN of a SELECT,
@@ -14,7 +16,7 @@ Routes:
     GET  /health      200 {"status": "ok", "db": ABSOLUTE_PATH}; 503 {"status": "failing" | "recovering" |
                       "failed", "error": ...} while commits fail (a full disk), while the store is reopened
                       after a DuckDB failure, or when it could not be (no token needed).
-Scopes (spanrl.trust): /v1/traces needs an ``ingest`` token, /v1/sql ``read``, /v1/prune and /v1/materialize
+Scopes (spanrl.trust): /v1/traces and /v1/logs need an ``ingest`` token, /v1/sql ``read``, /v1/prune and /v1/materialize
 ``admin`` (401 otherwise). Fail closed: once any token is configured, a scope no token grants is closed
 to everyone; with no token at all every scope is open, and only a loopback bind allows that (config.py).
 Every request first passes `spanrl.trust.browser_refusal`: 403 for a foreign ``Origin`` or, bound to
@@ -43,6 +45,7 @@ from spanrl.collector.encoding import EncodedBatch
 from spanrl.collector.fast_decode import decode_otlp_body, fast_enabled
 from spanrl.collector.errors import PayloadTooLargeError, PermanentError, RetryableError, UnauthenticatedError
 from spanrl.collector.grpc import BatchConsumer
+from spanrl.collector.logs import decode_logs, logs_response
 from spanrl.collector.retention import prune_and_forget
 from spanrl.collector.sql import SqlRunner
 from spanrl.errors import CollectorError, ConfigError, StoreError
@@ -67,6 +70,7 @@ _GRPC_PERMISSION_DENIED = 7
 # The scope each route needs (spanrl.trust.SCOPES) and the content types its POST may carry.
 _ROUTES = {
     "/v1/traces": ("ingest", (_PROTOBUF_TYPE, _JSON_TYPE)),
+    "/v1/logs": ("ingest", (_PROTOBUF_TYPE, _JSON_TYPE)),
     "/v1/sql": ("read", (_JSON_TYPE,)),
     "/v1/prune": ("admin", (_JSON_TYPE,)),
     "/v1/materialize": ("admin", (_JSON_TYPE,)),
@@ -151,8 +155,8 @@ class OtlpHttpApp:
                 await respond(send, 200 if doc["status"] == "ok" else 503, orjson.dumps(doc), _JSON_TYPE)
                 return
             if path not in _ROUTES:
-                raise _HttpError(404, f"no route {path}; use POST /v1/traces, /v1/sql, /v1/prune, /v1/materialize "
-                                      "or GET /health", grpc_code=5)
+                raise _HttpError(404, f"no route {path}; use POST /v1/traces, /v1/logs, /v1/sql, /v1/prune, "
+                                      "/v1/materialize or GET /health", grpc_code=5)
             if method != "POST":
                 raise _HttpError(405, f"{path} takes POST, got {method}", grpc_code=12)
             scope = _ROUTES[path][0]
@@ -182,8 +186,8 @@ class OtlpHttpApp:
         held = DecodeBudget(self._admission)
         try:
             body = await self._read_body(receive, headers, held)
-            if path == "/v1/traces":
-                await self._traces(send, body, headers, held)
+            if path in ("/v1/traces", "/v1/logs"):
+                await self._traces(send, body, headers, held, logs=path == "/v1/logs")
             elif path == "/v1/sql":
                 await self._sql(send, body, headers)
             elif path == "/v1/materialize":
@@ -228,19 +232,29 @@ class OtlpHttpApp:
                              grpc_code=_GRPC_INVALID_ARGUMENT)
         return body
 
-    async def _traces(self, send: Send, body: bytes, headers: dict[str, str], held: DecodeBudget) -> None:
+    async def _traces(self, send: Send, body: bytes, headers: dict[str, str], held: DecodeBudget, *,
+                      logs: bool = False) -> None:
         ctype = headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype not in (_PROTOBUF_TYPE, _JSON_TYPE):
             raise _HttpError(415, f"Content-Type {ctype!r} is not supported; use {_PROTOBUF_TYPE} or {_JSON_TYPE}",
                              grpc_code=_GRPC_INVALID_ARGUMENT)
         held.body_bytes = len(body)
+        as_json, skipped, why = ctype == _JSON_TYPE, 0, ""
+        if logs:  # GenAI events as log records: the same path as spans of their own (collector/logs.py)
+            body, skipped, why = await asyncio.to_thread(decode_logs, body, as_json=as_json)
         # off the event loop: decoding, the sender's rules and the reward check are CPU work on every span
-        batch, committed = await asyncio.to_thread(self._decode_and_queue, body, ctype == _JSON_TYPE, held,
+        batch, committed = await asyncio.to_thread(self._decode_and_queue, body, as_json and not logs, held,
                                                    headers.get("authorization"))
         del body
         held.release()  # the batcher's queue cap counts the batch from here on
         await asyncio.wrap_future(committed)
-        if ctype == _JSON_TYPE:
+        if logs:
+            rejected, message = batch.rejected + skipped, "; ".join(m for m in (batch.error_message, why) if m)
+            reply = logs_response(rejected, message)
+            doc = {"partialSuccess": {"rejectedLogRecords": str(rejected), "errorMessage": message}} if rejected else {}
+            await respond(send, 200, *((orjson.dumps(doc), _JSON_TYPE) if as_json
+                                       else (reply.SerializeToString(), _PROTOBUF_TYPE)))
+        elif ctype == _JSON_TYPE:
             doc: dict[str, Any] = {}
             if batch.rejected:
                 doc["partialSuccess"] = {"rejectedSpans": str(batch.rejected), "errorMessage": batch.error_message}

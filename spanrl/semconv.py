@@ -67,7 +67,7 @@ FEEDBACK_SPAN_NAME = "spanrl.feedback"
 FEEDBACK_TRACE_ID = "spanrl.feedback.trace_id"  # 32 lowercase hex characters
 
 # --- OpenTelemetry GenAI semantic conventions -----------------------------------------------------
-GEN_AI_OPERATION_NAME = "gen_ai.operation.name"  # "chat", "text_completion", "execute_tool", "invoke_agent"
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"  # the OP_* values below; others (embeddings, ...) are ignored
 GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
 GEN_AI_SYSTEM = "gen_ai.system"  # older name of the provider, still written by OpenLLMetry
 GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
@@ -92,32 +92,42 @@ GEN_AI_TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"
 GEN_AI_TOOL_CALL_RESULT = "gen_ai.tool.call.result"
 
 # Content kept outside the span (an upload hook, e.g. opentelemetry-util-genai's fsspec one): a URI whose
-# object holds the JSON the attribute of the same name without _ref would (store/messages.py reads it).
+# object holds the JSON the attribute of the same name without _ref would (store/messages.py reads it). The spec
+# names them only on the upload's gen_ai.content.storage.result event (reference/reports @ f5e81ce), with the
+# required gen_ai.content.storage.status (stored | dropped | failed) and error.type on a failure; the hook
+# also sets them on the call's span.
 GEN_AI_INPUT_MESSAGES_REF = "gen_ai.input.messages_ref"
 GEN_AI_OUTPUT_MESSAGES_REF = "gen_ai.output.messages_ref"
 GEN_AI_SYSTEM_INSTRUCTIONS_REF = "gen_ai.system_instructions_ref"
+GEN_AI_CONTENT_STORAGE_RESULT_EVENT = "gen_ai.content.storage.result"
+GEN_AI_CONTENT_STORAGE_STATUS = "gen_ai.content.storage.status"
 # The inference call's messages as an event (recommended since semantic-conventions-genai #579), on the
 # call's span; read when the span's own attributes lack them.
 GEN_AI_INFERENCE_DETAILS_EVENT = "gen_ai.client.inference.operation.details"
-# Invocation spans (#571, as issue 56 describes it; not yet in the spec copy docs/conventions.md names): the
-# span type gen_ai.invocation.internal replaces invoke_agent.internal / invoke_workflow.internal, and a
-# framework runner's turn has the operation handle_conversation_turn. spanrl keys on gen_ai.operation.name,
+# Invocation spans (semantic-conventions-genai #571; registry.yaml and spans.yaml @ e9de14b, docs/conventions.md
+# section 7): the span type gen_ai.invocation.internal replaces invoke_agent.internal / invoke_workflow.internal,
+# and a framework runner's turn has the operation handle_conversation_turn. spanrl keys on gen_ai.operation.name,
 # so old and new span types read alike; only invoke_agent names the agent of the calls below it.
 GEN_AI_INVOCATION_IS_NESTED = "gen_ai.invocation.is_nested"  # boolean
-# Tools: the decision taken on a call before it ran (allow | deny | require_approval), as an attribute of
-# the tool span or an event of that name with the outcome; and a command tool's exit code.
+# Tools: the decision taken on a call before it ran: the event gen_ai.tool.call.decision, its required attribute
+# gen_ai.tool.call.decision.outcome (allow | deny | require_approval) with gen_ai.tool.call.id / gen_ai.tool.name,
+# on any span (a denied call may have no tool span); GEN_AI_TOOL_CALL_DECISION as an attribute of the tool span is
+# the form spanrl read before the spec had the event, still read (store/views.sql, tool_decisions).
 GEN_AI_TOOL_CALL_DECISION = "gen_ai.tool.call.decision"
 GEN_AI_TOOL_CALL_DECISION_OUTCOME = "gen_ai.tool.call.decision.outcome"
 PROCESS_EXIT_CODE = "process.exit.code"  # int
 ERROR_TYPE = "error.type"
 
+# gen_ai.operation.name values (registry.yaml @ e9de14b). An inference call is chat, generate_content (Gemini's
+# multimodal generation, as the Google GenAI instrumentations name it) or text_completion.
 OP_CHAT = "chat"
+OP_GENERATE_CONTENT = "generate_content"
 OP_TEXT_COMPLETION = "text_completion"
 OP_EXECUTE_TOOL = "execute_tool"
 OP_INVOKE_AGENT = "invoke_agent"
 OP_INVOKE_WORKFLOW = "invoke_workflow"
 OP_HANDLE_CONVERSATION_TURN = "handle_conversation_turn"
-LLM_OPERATIONS = (OP_CHAT, OP_TEXT_COMPLETION)
+LLM_OPERATIONS = (OP_CHAT, OP_GENERATE_CONTENT, OP_TEXT_COMPLETION)
 
 # Evaluation results (GenAI semconv): an event on the evaluated span, or on a span of its own.
 GEN_AI_EVALUATION_RESULT_EVENT = "gen_ai.evaluation.result"
@@ -139,6 +149,11 @@ LABEL_GOOD = "spanrl.label.good"
 OBSERVATION_EVENT = "spanrl.observation"
 OBSERVATION_CONTENT = "spanrl.observation.content"
 EMIT_ERROR = "spanrl.emit.error"  # set on a span when an emit_* call got a bad value
+
+# --- GenAI events sent as OTLP log records (collector/logs.py) ---------------------------------------
+# Each is stored as a span of its own, child of the span the record was emitted in, holding the event; this
+# attribute (true) marks such spans, so readers look for the event under that parent.
+LOG_RECORD_EVENT = "spanrl.event.log_record"
 
 # --- Standard resource attributes -----------------------------------------------------------------
 SERVICE_NAME = "service.name"

@@ -46,8 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     needs_extra(m, "collector")
     i = sub.add_parser("import", help="store trajectories from a file (OTLP JSON lines, as the OpenTelemetry "
                        "Collector's file exporter writes them), through the collector's ingest checks")
-    i.add_argument("file", help="otlp: one OTLP/JSON ExportTraceServiceRequest per line; atif: an ATIF trajectory, "
-                   "a JSON array of them, or one per line")
+    i.add_argument("file", help="otlp: one OTLP/JSON ExportTraceServiceRequest per line (or ExportLogsServiceRequest: "
+                   "its GenAI events, as live /v1/logs stores them); atif: an ATIF trajectory, a JSON array of them, "
+                   "or one per line")
     i.add_argument("--format", "-f", default="otlp", choices=("otlp", "atif"), help="the file's format (default otlp)")
     add_store_options(i)
     i.set_defaults(func=_import)
@@ -139,9 +140,21 @@ def _import(args: argparse.Namespace) -> int:
     from spanrl.store.atif import atif_requests, read_atif
     from spanrl.store.importing import import_otlp_lines, read_otlp_lines
 
+    left_out = [0]  # log records without an event name (collector/logs.py)
+
+    def otlp() -> Any:
+        from spanrl.collector.logs import logs_json_as_traces
+
+        for number, doc in read_otlp_lines(args.file):
+            if "resourceLogs" in doc or "resource_logs" in doc:  # a logs line: its GenAI events, as spans
+                spans, skipped = logs_json_as_traces(doc)
+                left_out[0] += skipped
+                doc = {"resourceSpans": [*(doc.get("resourceSpans") or ()), *spans.get("resourceSpans", ())]}
+            yield number, doc
+
     def requests() -> Any:
         if args.format == "otlp":
-            return read_otlp_lines(args.file)
+            return otlp()
         return ((i, r) for i, traj in enumerate(read_atif(args.file), 1) for r in atif_requests(traj))
 
     try:
@@ -169,7 +182,8 @@ def _import(args: argparse.Namespace) -> int:
         return cli_error(exc)
     unit = "lines" if args.format == "otlp" else "trajectories"
     print(f"imported {report.spans_sent} spans from {report.lines} {unit} of {args.file} "
-          f"({report.spans_already_stored} already stored, {report.spans_rejected} rejected)")
+          f"({report.spans_already_stored} already stored, {report.spans_rejected} rejected"
+          + (f"; {left_out[0]} log records without an event name left out" if left_out[0] else "") + ")")
     for error in report.errors:
         print(f"  rejected: {error}", file=sys.stderr)
     return 0

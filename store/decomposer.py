@@ -3,8 +3,8 @@
 Three tables from the ``spans`` table (store/schema.sql), no per-span Python:
 
 - ``calls``: one row per LLM call of each selected rollout: a policy-server span (``kind = 'SERVER'``,
-  ``gen_ai.operation.name`` chat/text_completion, exact token ids) paired with the agent's client span:
-  the server span's parent when trace context propagated, else the client span of the same rollout and
+  ``gen_ai.operation.name`` one of ``semconv.LLM_OPERATIONS``, exact token ids) paired with the agent's client
+  span: the server span's parent when trace context propagated, else the client span of the same rollout and
   ``gen_ai.response.id``. A client span no server span pairs with is an external call (its messages are
   kept for retokenization: its attributes, else its ``gen_ai.client.inference.operation.details`` event's,
   else what their ``*_ref`` URIs hold, store/messages.py). Columns: ``step`` (order in the rollout),

@@ -201,7 +201,9 @@ LEFT JOIN spans sx ON sx.rowid = f.s_rid
 WHERE f.has_ids
 UNION ALL BY NAME  -- calls without ids apart: only they join their client span's messages
 -- Messages: the span's attributes, else its gen_ai.client.inference.operation.details event's; the system
--- instructions and content kept elsewhere (*_ref URIs) go to store/messages.py in `message_sources`.
+-- instructions, content kept elsewhere (*_ref URIs) and the upload's gen_ai.content.storage.result events
+-- go to store/messages.py in `message_sources`. An event may be a span event or a log record emitted in the span
+-- (views.sql, logged_events).
 SELECT 'call' AS row_kind, f.* EXCLUDE (s_rid, c_rid, has_ids),
        sx.prompt_token_ids AS prompt_ids, sx.completion_token_ids AS completion_ids, sx.logprobs,
        coalesce(TRY_CAST(sx.attributes ->> '$."spanrl.llm.logprobs_temperature"' AS DOUBLE),
@@ -216,17 +218,30 @@ SELECT 'call' AS row_kind, f.* EXCLUDE (s_rid, c_rid, has_ids),
            'output_messages_ref', coalesce(cx.a ->> '$."gen_ai.output.messages_ref"',
                                            cx.d ->> '$."gen_ai.output.messages_ref"'),
            'system_instructions_ref', coalesce(cx.a ->> '$."gen_ai.system_instructions_ref"',
-                                               cx.d ->> '$."gen_ai.system_instructions_ref"'))::VARCHAR,
+                                               cx.d ->> '$."gen_ai.system_instructions_ref"'),
+           'storage', cx.storage)::VARCHAR,
            '{"system_instructions":null,"input_messages_ref":null,"output_messages_ref":null,'
-           || '"system_instructions_ref":null}') AS message_sources
+           || '"system_instructions_ref":null,"storage":null}') AS message_sources
 FROM out_calls f
 LEFT JOIN spans sx ON sx.rowid = f.s_rid
 LEFT JOIN (
-    SELECT rowid AS rid, attributes AS a,
-           CASE WHEN contains(events, 'gen_ai.client.inference.operation.details') THEN list_filter(
-               from_json(events, '[{"name": "VARCHAR", "attributes": "JSON"}]'),
-               lambda e: e.name = 'gen_ai.client.inference.operation.details')[1].attributes END AS d
-    FROM spans WHERE rowid IN (SELECT c_rid FROM out_calls WHERE NOT has_ids)
+    SELECT c.rowid AS rid, c.attributes AS a,
+           coalesce(CASE WHEN contains(c.events, 'gen_ai.client.inference.operation.details') THEN list_filter(
+               from_json(c.events, '[{"name": "VARCHAR", "attributes": "JSON"}]'),
+               lambda e: e.name = 'gen_ai.client.inference.operation.details')[1].attributes END, ld.a) AS d,
+           nullif(list_concat(
+               CASE WHEN contains(c.events, 'gen_ai.content.storage.result') THEN list_transform(list_filter(
+                   from_json(c.events, '[{"name": "VARCHAR", "attributes": "JSON"}]'),
+                   lambda e: e.name = 'gen_ai.content.storage.result'), lambda e: e.attributes) END, ls.a), [])
+               AS storage
+    FROM spans c
+    LEFT JOIN (SELECT trace_id, span_id, any_value(attributes) AS a
+               FROM logged_events('gen_ai.client.inference.operation.details') GROUP BY ALL) ld
+        ON ld.trace_id = c.trace_id AND ld.span_id = c.span_id
+    LEFT JOIN (SELECT trace_id, span_id, list(attributes ORDER BY time_ns) AS a
+               FROM logged_events('gen_ai.content.storage.result') GROUP BY ALL) ls
+        ON ls.trace_id = c.trace_id AND ls.span_id = c.span_id
+    WHERE c.rowid IN (SELECT c_rid FROM out_calls WHERE NOT has_ids)
 ) cx ON cx.rid = f.c_rid
 WHERE NOT f.has_ids
 UNION ALL BY NAME

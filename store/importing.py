@@ -6,7 +6,8 @@ serves the file, else one started here on it, on a free loopback port): the live
 rollout claims and reward checks, nothing written beside them. The store keeps every copy of a span it is sent
 (readers count the first), so a re-import sends only the spans whose ``(trace_id, span_id)`` the store does
 not hold yet: importing a file twice stores it once. The collector acknowledges a line once it is committed, so
-the next line's look-up sees it.
+the next line's look-up sees it. A logs line (an ``ExportLogsServiceRequest``) comes here already turned into the
+spans live ``/v1/logs`` makes of its GenAI events (store/_cli.py, collector/logs.py), with the same span ids.
 """
 
 from __future__ import annotations

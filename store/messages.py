@@ -3,7 +3,10 @@
 An upload hook (opentelemetry-util-genai's fsspec one) may write a call's messages to an object store and put
 only URIs on the span: ``gen_ai.input.messages_ref``, ``gen_ai.output.messages_ref``,
 ``gen_ai.system_instructions_ref`` (the span attributes, else the ``gen_ai.client.inference.operation.details``
-event's; decomposer.sql gathers them in ``message_sources`` with the inline system instructions). `resolve`
+event's). semantic-conventions-genai defines these names only on the upload's ``gen_ai.content.storage.result``
+event (``gen_ai.content.storage.status`` ``stored`` | ``dropped`` | ``failed``, ``error.type`` on failure): a
+URI only that event names (status ``stored``) is read too, and a ``dropped`` or ``failed`` upload is the note's
+reason. decomposer.sql gathers all of it in ``message_sources`` with the inline system instructions. `resolve`
 reads each URI through fsspec when it is under a prefix ``SPANRL_MESSAGE_REFS`` allows (span data names the
 URI, so reading is opt-in: fail closed), puts the system instructions first when the input has no system
 message, and notes per rollout every call whose messages stayed unread: such a call keeps no messages, so it
@@ -19,12 +22,16 @@ from typing import Any
 import pyarrow as pa
 
 from spanrl import env
+from spanrl import semconv as sc
 
 __all__ = ["SOURCES_COLUMN", "resolve"]
 
 SOURCES_COLUMN = "message_sources"
 _MAX_REF_BYTES = 16 * 1024 * 1024  # one call's messages; a larger object is refused, not read into memory whole
 _logger = logging.getLogger(__name__)
+_REF_ATTRIBUTES = {"input_messages": sc.GEN_AI_INPUT_MESSAGES_REF, "output_messages": sc.GEN_AI_OUTPUT_MESSAGES_REF,
+                   "system_instructions": sc.GEN_AI_SYSTEM_INSTRUCTIONS_REF}
+_STORAGE_STATUS, _ERROR_TYPE = sc.GEN_AI_CONTENT_STORAGE_STATUS, sc.ERROR_TYPE
 
 
 def _allowed() -> tuple[str, ...]:
@@ -80,6 +87,24 @@ def _with_system(messages: Any, system: Any) -> Any:
     return [{"role": "system", "parts": parts}, *messages]
 
 
+def _storage_results(events: Any) -> dict[str, tuple[str, str, str]]:
+    """By content name, the last ``gen_ai.content.storage.result`` event's ``(uri, status, error)`` (status
+    ``stored`` | ``dropped`` | ``failed``; error: ``" (error.type ...)"`` or empty) among ``events``' attributes."""
+    found: dict[str, tuple[str, str, str]] = {}
+    for attributes in events or ():
+        if isinstance(attributes, str):
+            attributes = json.loads(attributes)
+        if not isinstance(attributes, dict):
+            continue
+        status = str(attributes.get(_STORAGE_STATUS) or "reported without a status")
+        error = f" ({_ERROR_TYPE} {attributes[_ERROR_TYPE]})" if attributes.get(_ERROR_TYPE) else ""
+        for name in ("input_messages", "output_messages", "system_instructions"):
+            uri = attributes.get(_REF_ATTRIBUTES[name])
+            if isinstance(uri, str) and uri:
+                found[name] = (uri, status, error)
+    return found
+
+
 def resolve(calls: pa.Table) -> tuple[pa.Table, dict[str, int]]:
     """``calls`` with the ``message_sources`` column applied and dropped, and the counts of calls whose
     referenced messages were read (``message_refs_read``) or stayed unread (``message_refs_unread``)."""
@@ -96,12 +121,17 @@ def resolve(calls: pa.Table) -> tuple[pa.Table, dict[str, int]]:
         if raw is None:
             continue
         src, read, unread = json.loads(raw), False, []
-        system = src.get("system_instructions")
+        system, stored = src.get("system_instructions"), _storage_results(src.get("storage"))
         for name in ("input_messages", "output_messages", "system_instructions"):
-            uri = src.get(f"{name}_ref")
-            if not uri or (name != "system_instructions" and (name not in values or values[name][i] is not None)):
+            inline = system if name == "system_instructions" else values[name][i] if name in values else "unasked"
+            if inline is not None:
                 continue
-            if name == "system_instructions" and system is not None:
+            uri, status = src.get(f"{name}_ref"), stored.get(name)
+            if status is not None and status[1] != "stored":
+                unread.append(f"{name}_ref {uri or status[0]!r}: the upload reported it {status[1]}{status[2]}")
+                continue
+            uri = uri or (status[0] if status is not None else None)
+            if not uri:
                 continue
             if uri not in cache:
                 cache[uri] = _read(uri, allowed)

@@ -12,10 +12,16 @@ A tool span (``gen_ai.operation.name`` = ``execute_tool``) belongs to the LLM ca
    client span end, ``agent_end_ns``);
 3. else none: step ``-1`` (a tool span before every call; credits no call, as a reward there).
 
-Each tool span counts under at most one outcome, the first that holds: ``denied`` (``gen_ai.tool.call.decision``
-= ``deny``: it never ran), ``nonzero_exit`` (a command tool's ``process.exit.code`` is not 0; its ERROR status
-and ``error.type`` say the same thing and are not counted again), ``tool_error`` (status ERROR or an
-``error.type``). Besides, ``retry``: the tool span repeats an earlier tool span of the same rollout (by start
+A denied call may have no tool span (semantic-conventions-genai: the ``gen_ai.tool.call.decision`` event "without
+producing an execute_tool span"): a decision event off the tool spans (the ``tool_decisions`` view) whose call id
+no tool span of the rollout has is a tool call of its own when its last decision is ``deny`` (each id-less one
+alone), given to its call as a tool span is, with one more rule between 1 and 2: the event recorded on an LLM
+call's own span (client or server) is that call's.
+
+Each tool span counts under at most one outcome, the first that holds: ``denied`` (its last decision is ``deny``,
+``tool_calls.decision``: it never ran), ``nonzero_exit`` (a command tool's ``process.exit.code`` is not 0;
+its ERROR status and ``error.type`` say the same thing and are not counted again), ``tool_error`` (status ERROR
+or an ``error.type``). Besides, ``retry``: the tool span repeats an earlier tool span of the same rollout (by start
 time) with the same ``gen_ai.tool.name`` and the same ``gen_ai.tool.call.arguments`` (the same text once JSON
 whitespace is removed; a span without arguments is never a retry): the call that issued the repeat wasted a step.
 A tool span exported twice counts once. An LLM call retried after an error is no fact: the failed call generated
@@ -43,18 +49,22 @@ _OUTPUTS_SQL = """
 WITH wanted AS (SELECT unnest($traces) AS trace_id, unnest($spans) AS span_id, unnest($rows) AS row)
 SELECT w.row, coalesce(s.attributes ->> '$."gen_ai.output.messages"',
                        event_attributes(s.events, 'gen_ai.client.inference.operation.details')
-                           ->> '$."gen_ai.output.messages"') AS output
+                           ->> '$."gen_ai.output.messages"', l.output) AS output
 FROM wanted w JOIN spans s ON s.trace_id = w.trace_id AND s.span_id = w.span_id
+LEFT JOIN (SELECT trace_id, span_id, any_value(attributes ->> '$."gen_ai.output.messages"') AS output
+           FROM logged_events('gen_ai.client.inference.operation.details') GROUP BY ALL) l
+    ON l.trace_id = s.trace_id AND l.span_id = s.span_id
 """
 _SQL = f"""
 WITH calls AS (
     SELECT unnest($rollouts::VARCHAR[]) AS rollout_id, unnest($steps::BIGINT[]) AS step,
-           unnest($ends::BIGINT[]) AS end_ns
+           unnest($ends::BIGINT[]) AS end_ns, unnest($spans::VARCHAR[][]) AS span_key
 ), ids AS (
     SELECT unnest($id_rollouts::VARCHAR[]) AS rollout_id, unnest($id_steps::BIGINT[]) AS step,
            unnest($ids::VARCHAR[]) AS tool_call_id
-), tools AS (
-    SELECT DISTINCT ON (trace_id, span_id) rollout_id, trace_id, span_id, start_ns, tool_call_id, tool_name,
+), tool_spans AS (  -- the tool spans (a span exported twice counts once)
+    SELECT DISTINCT ON (trace_id, span_id) trace_id || span_id AS key, NULL::VARCHAR AS span_key, rollout_id, start_ns,
+           tool_call_id, tool_name,
            CASE WHEN json_valid(arguments) THEN json(arguments)::VARCHAR ELSE arguments END AS arguments,
            CASE WHEN decision = 'deny' THEN 'denied'
                 WHEN exit_code <> 0 THEN 'nonzero_exit'
@@ -62,29 +72,48 @@ WITH calls AS (
     FROM tool_calls
     WHERE list_contains($rollout_set::VARCHAR[], rollout_id)
     ORDER BY trace_id, span_id, start_ns
+), spanless AS (  -- decision events off tool spans: the last one on each call id (each id-less one alone)
+    SELECT DISTINCT ON (rollout_id, coalesce(tool_call_id, trace_id || span_id || time_ns)) *
+    FROM tool_decisions d
+    WHERE list_contains($rollout_set::VARCHAR[], rollout_id) AND NOT on_tool_span
+      AND (tool_call_id IS NULL
+           OR NOT EXISTS (SELECT 1 FROM tool_spans t
+                          WHERE t.rollout_id = d.rollout_id AND t.tool_call_id = d.tool_call_id))
+    ORDER BY rollout_id, coalesce(tool_call_id, trace_id || span_id || time_ns), time_ns DESC
+), tools AS (  -- the tool spans, and the denied calls that have none (they never ran)
+    SELECT * FROM tool_spans
+    UNION ALL
+    SELECT 'decision:' || trace_id || span_id || coalesce(tool_call_id, time_ns::VARCHAR), trace_id || span_id,
+           rollout_id, time_ns, tool_call_id, tool_name, NULL, 'denied'
+    FROM spanless
+    WHERE outcome = 'deny'
 ), ranked AS (
     SELECT *, arguments IS NOT NULL
-              AND row_number() OVER (PARTITION BY rollout_id, tool_name, arguments ORDER BY start_ns, span_id) > 1
+              AND row_number() OVER (PARTITION BY rollout_id, tool_name, arguments ORDER BY start_ns, key) > 1
               AS retry
     FROM tools
 ), by_id AS (
-    SELECT t.trace_id, t.span_id,
-           coalesce(arg_max(c.step, c.end_ns) FILTER (WHERE c.end_ns <= t.start_ns), min(c.step)) AS step
+    SELECT t.key, coalesce(arg_max(c.step, c.end_ns) FILTER (WHERE c.end_ns <= t.start_ns), min(c.step)) AS step
     FROM tools t
     JOIN ids i ON i.rollout_id = t.rollout_id AND i.tool_call_id = t.tool_call_id
     JOIN calls c ON c.rollout_id = i.rollout_id AND c.step = i.step
-    GROUP BY t.trace_id, t.span_id
+    GROUP BY t.key
+), by_span AS (  -- a decision recorded on the LLM call's own span (client or server)
+    SELECT t.key, min(c.step) AS step
+    FROM tools t JOIN calls c ON c.rollout_id = t.rollout_id AND list_contains(c.span_key, t.span_key)
+    GROUP BY t.key
 ), by_time AS (
-    SELECT t.trace_id, t.span_id, arg_max(c.step, c.end_ns) AS step
+    SELECT t.key, arg_max(c.step, c.end_ns) AS step
     FROM tools t JOIN calls c ON c.rollout_id = t.rollout_id AND c.end_ns <= t.start_ns
-    GROUP BY t.trace_id, t.span_id
+    GROUP BY t.key
 )
-SELECT r.rollout_id, coalesce(bi.step, bt.step, -1) AS step, count(*) AS tools,
+SELECT r.rollout_id, coalesce(bi.step, bs.step, bt.step, -1) AS step, count(*) AS tools,
        {", ".join(f"count(*) FILTER (WHERE r.outcome = '{f}') AS {f}" for f in FACTS if f != "retry")},
        count(*) FILTER (WHERE r.retry) AS retry
 FROM ranked r
-LEFT JOIN by_id bi ON bi.trace_id = r.trace_id AND bi.span_id = r.span_id
-LEFT JOIN by_time bt ON bt.trace_id = r.trace_id AND bt.span_id = r.span_id
+LEFT JOIN by_id bi USING (key)
+LEFT JOIN by_span bs USING (key)
+LEFT JOIN by_time bt USING (key)
 GROUP BY ALL
 ORDER BY r.rollout_id, step
 """
@@ -109,10 +138,10 @@ def tool_call_ids(messages: Any) -> list[str]:
 
 
 def step_facts(con: Any, calls: pa.Table) -> pa.Table:
-    """Per (``rollout_id``, ``step``) with tool spans, the counts of `FACTS` and ``tools`` (all its tool spans),
-    step ``-1`` for tool spans before every call (module docstring). ``calls``: the decomposer's calls of the
-    rollouts to read, with `CALL_COLUMNS` (every call of a rollout, so that a tool span is not given to an
-    earlier call than its own); ``con`` as for ``decompose``."""
+    """Per (``rollout_id``, ``step``) with tool calls, the counts of `FACTS` and ``tools`` (its tool spans and its
+    denied calls without one), step ``-1`` for those before every call (module docstring). ``calls``: the
+    decomposer's calls of the rollouts to read, with `CALL_COLUMNS` (every call of a rollout, so that a tool span
+    is not given to an earlier call than its own); ``con`` as for ``decompose``."""
     from spanrl.store.decomposer import run_query
 
     cols = {c: calls.column(c).to_pylist() for c in CALL_COLUMNS}
@@ -122,7 +151,10 @@ def step_facts(con: Any, calls: pa.Table) -> pa.Table:
     for rollout, step, output in zip(cols["rollout_id"], cols["step"], outputs):
         for tool_call_id in tool_call_ids(output):
             id_rollouts.append(rollout), id_steps.append(step), ids.append(tool_call_id)
-    params = {"rollouts": cols["rollout_id"], "steps": cols["step"], "ends": cols["agent_end_ns"],
+    spans = [[t + s for t, s in ((ct, cs), (st, ss)) if t is not None and s is not None]
+             for ct, cs, st, ss in zip(cols["client_trace_id"], cols["client_span_id"], cols["server_trace_id"],
+                                       cols["server_span_id"])]
+    params = {"rollouts": cols["rollout_id"], "steps": cols["step"], "ends": cols["agent_end_ns"], "spans": spans,
               "id_rollouts": id_rollouts, "id_steps": id_steps, "ids": ids,
               "rollout_set": sorted(set(cols["rollout_id"]))}
     return run_query(con, _SQL, params, what="reading the calls' tool spans (step facts)")

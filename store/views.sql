@@ -247,10 +247,20 @@ CREATE OR REPLACE MACRO event_attributes(events, name) AS
 CASE WHEN contains(events, name) THEN list_filter(from_json(events, '[{"name": "VARCHAR", "attributes": "JSON"}]'),
                                                   lambda e: e.name = name)[1].attributes END;
 
--- One row per LLM call span: client spans of instrumentors (gen_ai.operation.name chat/text_completion)
+-- GenAI events sent as OTLP log records (collector/logs.py): each is stored as a span of its own, named after the
+-- event, child of the span the record was emitted in, marked spanrl.event.log_record. Per such span: the span it
+-- concerns (trace_id, span_id: its parent), the event's attributes and time. Readers that look for an event on
+-- the span it concerns (a call's details or upload results, a decision) read these too.
+CREATE OR REPLACE MACRO logged_events(ev) AS TABLE
+SELECT trace_id, parent_span_id AS span_id, event_attributes(events, ev) AS attributes, start_ns AS time_ns
+FROM spans
+WHERE name = ev AND parent_span_id IS NOT NULL AND attributes ->> '$."spanrl.event.log_record"' = 'true';
+
+-- One row per LLM call span: client spans of instrumentors (gen_ai.operation.name chat, generate_content or
+-- text_completion: semconv.LLM_OPERATIONS)
 -- and the policy server's spans carrying exact token ids. The decomposer pairs and de-duplicates them.
--- Messages: the span's attributes, else its gen_ai.client.inference.operation.details event's; content kept
--- elsewhere is named by the *_ref columns (the decomposer reads it, store/messages.py).
+-- Messages: the span's attributes, else its gen_ai.client.inference.operation.details event's (a span event, or a
+-- log record emitted in the span: logged_events); content kept elsewhere is named by the *_ref columns (the decomposer reads it, store/messages.py).
 CREATE OR REPLACE VIEW llm_calls AS
 SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, parent_span_id, name, kind,
        service_name, start_ns, end_ns, status_code, agent_name, operation_name, response_id,
@@ -267,26 +277,83 @@ SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, parent_span_id, na
            AS input_messages_ref,
        coalesce(attributes ->> '$."gen_ai.output.messages_ref"', d ->> '$."gen_ai.output.messages_ref"')
            AS output_messages_ref
-FROM (SELECT *, event_attributes(events, 'gen_ai.client.inference.operation.details') AS d FROM rollout_spans(0))
-WHERE operation_name IN ('chat', 'text_completion') OR prompt_token_ids IS NOT NULL;
+FROM (SELECT s.*, coalesce(event_attributes(s.events, 'gen_ai.client.inference.operation.details'), l.a) AS d
+      FROM rollout_spans(0) s
+      LEFT JOIN (SELECT trace_id, span_id, any_value(attributes) AS a
+                 FROM logged_events('gen_ai.client.inference.operation.details') GROUP BY ALL) l
+          ON l.trace_id = s.trace_id AND l.span_id = s.span_id)
+WHERE operation_name IN ('chat', 'generate_content', 'text_completion') OR prompt_token_ids IS NOT NULL;
+
+-- One row per tool call decision: semantic-conventions-genai's gen_ai.tool.call.decision event (outcome
+-- gen_ai.tool.call.decision.outcome: allow | deny | require_approval; gen_ai.tool.call.id and gen_ai.tool.name
+-- when known) on any span of the rollout: a denied call may have no execute_tool span, and the spec's
+-- instrumentations record it where the agent decides (its invoke_agent or chat span). Also the attribute
+-- gen_ai.tool.call.decision on an execute_tool span, the form spanrl read before the event (kept readable:
+-- deployments upgrade one at a time); its time is the span's start. on_tool_span: carried by an execute_tool
+-- span; tool_call_id / tool_name: the event's, else that tool span's.
+CREATE OR REPLACE VIEW tool_decisions AS
+WITH s AS MATERIALIZED (  -- one scan: the spans with a decision event or the decision attribute
+    SELECT rollout_id, trace_id, span_id, parent_span_id, operation_name, attributes, events, start_ns
+    FROM rollout_spans(0)
+    WHERE (events IS NOT NULL AND contains(events, 'gen_ai.tool.call.decision'))
+       OR (operation_name = 'execute_tool' AND attributes ->> '$."gen_ai.tool.call.decision"' IS NOT NULL)
+)
+SELECT rollout_id, trace_id, span_id, on_tool_span, ev.time_ns AS time_ns,
+       ev.attributes ->> '$."gen_ai.tool.call.decision.outcome"' AS outcome,
+       coalesce(ev.attributes ->> '$."gen_ai.tool.call.id"', span_call_id) AS tool_call_id,
+       coalesce(ev.attributes ->> '$."gen_ai.tool.name"', span_tool_name) AS tool_name,
+       'event' AS source
+FROM (  -- an event sent as a log record is on its parent, the span it was emitted in (logged_events)
+    SELECT s.rollout_id, s.trace_id,
+           CASE WHEN s.attributes ->> '$."spanrl.event.log_record"' = 'true'
+                THEN coalesce(s.parent_span_id, s.span_id) ELSE s.span_id END AS span_id,
+           coalesce(coalesce(p.operation_name, s.operation_name) = 'execute_tool', FALSE) AS on_tool_span,
+           CASE WHEN on_tool_span THEN coalesce(p.attributes, s.attributes) ->> '$."gen_ai.tool.call.id"' END
+               AS span_call_id,
+           CASE WHEN on_tool_span THEN coalesce(p.attributes, s.attributes) ->> '$."gen_ai.tool.name"' END
+               AS span_tool_name,
+           unnest(from_json(s.events, '[{"name": "VARCHAR", "time_ns": "BIGINT", "attributes": "JSON"}]')) AS ev
+    FROM s
+    LEFT JOIN spans p ON s.attributes ->> '$."spanrl.event.log_record"' = 'true'
+                     AND p.trace_id = s.trace_id AND p.span_id = s.parent_span_id
+    WHERE s.events IS NOT NULL AND contains(s.events, 'gen_ai.tool.call.decision')
+)
+WHERE ev.name = 'gen_ai.tool.call.decision' AND ev.attributes ->> '$."gen_ai.tool.call.decision.outcome"' IS NOT NULL
+UNION ALL
+SELECT rollout_id, trace_id, span_id, TRUE, start_ns, attributes ->> '$."gen_ai.tool.call.decision"',
+       attributes ->> '$."gen_ai.tool.call.id"', attributes ->> '$."gen_ai.tool.name"', 'attribute'
+FROM s
+WHERE operation_name = 'execute_tool' AND attributes ->> '$."gen_ai.tool.call.decision"' IS NOT NULL;
 
 -- One row per tool call span (gen_ai.operation.name execute_tool): what the step did and how it went.
--- decision: gen_ai.tool.call.decision on the span, else the outcome of its gen_ai.tool.call.decision event
--- (allow | deny | require_approval); exit_code: a command tool's process.exit.code; error_type: error.type.
+-- decision: the latest (by time) of the tool_decisions above that are the span's own or name its
+-- gen_ai.tool.call.id in its rollout (require_approval, then allow or deny: the last one holds);
+-- exit_code: a command tool's process.exit.code; error_type: error.type.
 CREATE OR REPLACE VIEW tool_calls AS
+WITH t AS (
+    SELECT rid, rollout_id, task_id, attempt, mode, trace_id, span_id, parent_span_id, name, service_name,
+           start_ns, end_ns, status_code, status_message,
+           attributes ->> '$."gen_ai.tool.name"' AS tool_name,
+           attributes ->> '$."gen_ai.tool.call.id"' AS tool_call_id,
+           TRY_CAST(attributes ->> '$."process.exit.code"' AS BIGINT) AS exit_code,
+           attributes ->> '$."error.type"' AS error_type,
+           attributes ->> '$."gen_ai.tool.call.arguments"' AS arguments,
+           attributes ->> '$."gen_ai.tool.call.result"' AS result
+    FROM rollout_spans(0)
+    WHERE operation_name = 'execute_tool'
+), d AS MATERIALIZED (
+    SELECT * FROM tool_decisions
+), decided AS (  -- two equi-joins (an OR join would compare every pair)
+    SELECT rid, arg_max(outcome, time_ns) AS decision
+    FROM (SELECT t.rid, d.outcome, d.time_ns FROM t JOIN d ON d.trace_id = t.trace_id AND d.span_id = t.span_id
+          UNION ALL
+          SELECT t.rid, d.outcome, d.time_ns FROM t JOIN d ON d.rollout_id = t.rollout_id
+                                                          AND d.tool_call_id = t.tool_call_id)
+    GROUP BY rid
+)
 SELECT rollout_id, task_id, attempt, mode, trace_id, span_id, parent_span_id, name, service_name, start_ns, end_ns,
-       status_code, status_message,
-       attributes ->> '$."gen_ai.tool.name"' AS tool_name,
-       attributes ->> '$."gen_ai.tool.call.id"' AS tool_call_id,
-       coalesce(attributes ->> '$."gen_ai.tool.call.decision"',
-                event_attributes(events, 'gen_ai.tool.call.decision') ->> '$."gen_ai.tool.call.decision.outcome"')
-           AS decision,
-       TRY_CAST(attributes ->> '$."process.exit.code"' AS BIGINT) AS exit_code,
-       attributes ->> '$."error.type"' AS error_type,
-       attributes ->> '$."gen_ai.tool.call.arguments"' AS arguments,
-       attributes ->> '$."gen_ai.tool.call.result"' AS result
-FROM rollout_spans(0)
-WHERE operation_name = 'execute_tool';
+       status_code, status_message, tool_name, tool_call_id, decided.decision, exit_code, error_type, arguments, result
+FROM t LEFT JOIN decided USING (rid);
 
 -- One row per rollout: its status (rollout_state above) and rewards. final_reward: the last reward stored
 -- (any name; by ingested_ns, then the sender's time_ns within one commit).

@@ -32,7 +32,7 @@ _AGGREGATE_SQL = """
 WITH x AS (
     SELECT rollout_id, max(policy_version) AS policy_version,
            string_agg(DISTINCT agent_name, ', ' ORDER BY agent_name) AS agents,
-           count(*) FILTER (WHERE operation_name IN ('chat', 'text_completion')) AS llm_spans,
+           count(*) FILTER (WHERE operation_name IN ('chat', 'generate_content', 'text_completion')) AS llm_spans,
            min(ingested_ns) AS first_ns
     FROM rollout_spans($since)
     WHERE rollout_id IS NOT NULL __FILTER__

@@ -510,6 +510,6 @@ def test_the_sql_file_spells_the_semconv_names_as_spanrl_semconv_does() -> None:
         sc.GEN_AI_SYSTEM_INSTRUCTIONS, sc.GEN_AI_INPUT_MESSAGES_REF, sc.GEN_AI_OUTPUT_MESSAGES_REF,
         sc.GEN_AI_SYSTEM_INSTRUCTIONS_REF,
     }  # rewards are views.sql's rollout_rewards (the one verdict rule), but for a reward span without a value:
-    assert set(re.findall(r"'((?:spanrl|gen_ai)\.[\w.]+)'", sql)) == {sc.REWARD_SPAN_NAME,
-                                                                       sc.GEN_AI_INFERENCE_DETAILS_EVENT}
+    assert set(re.findall(r"'((?:spanrl|gen_ai)\.[\w.]+)'", sql)) == {
+        sc.REWARD_SPAN_NAME, sc.GEN_AI_INFERENCE_DETAILS_EVENT, sc.GEN_AI_CONTENT_STORAGE_RESULT_EVENT}
     assert re.findall(r"'(\w+)'\) AS name", sql) == [sc.DEFAULT_REWARD_NAME]  # a reward without a name

@@ -28,7 +28,15 @@ _GENERIC_INPUT = [{"role": "user", "parts": [
      "title": "OpenTelemetry overview",
      "content": [{"type": "text", "text": "OpenTelemetry is an observability framework."}],
      "citations": {"enabled": True}}]}]
-_SYSTEM = [{"type": "text", "content": "You are a language translator."}]
+_SYSTEM = [{"type": "text", "content": "You are a language translator."},  # + system-instructions-text-and-generic-
+           {"type": "generic", "generic_type": "cache_control", "cache_control": {"type": "ephemeral"}}]  # parts.yaml
+# output-messages-reasoning-and-generic-parts.yaml: generic parts with no text (opaque data, a provider payload)
+_OPAQUE_OUTPUT = [{"role": "assistant", "finish_reason": "stop", "parts": [
+    {"type": "reasoning", "content": "The user wants a short answer."},
+    {"type": "generic", "generic_type": "redacted_thinking",
+     "data": "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT2Xlxh0L5L8rLt..."},
+    {"type": "generic", "payload": {"kind": "provider-specific"}},
+    {"type": "text", "content": "It is."}]}]
 _OUTPUT = [{"role": "assistant", "parts": [{"type": "text", "content": "It is."}], "finish_reason": "stop"}]
 _REF_INPUT = [{"role": "user", "parts": [{"type": "text", "content": "Kept in a bucket"}]}]
 
@@ -101,9 +109,10 @@ def test_current_genai_conventions_are_read_as_written(collector: Any, tmp_path:
     assert "not under a prefix SPANRL_MESSAGE_REFS allows" in caplog.text
 
     prompt, _ = retokenize(_Template(), first["input_messages"], first["output_messages"])
-    assert "user: Answer using the attached search result.OpenTelemetry is an observability framework." in \
-        "".join(map(chr, prompt))  # the generic part's text reaches the policy
-    assert "system: You are a language translator." in "".join(map(chr, prompt))
+    assert "".join(map(chr, prompt)) == (  # the generic part's title, source and text reach the policy, on lines
+        "system: You are a language translator.\n"  # of their own; cache_control is no text
+        "user: Answer using the attached search result.\nOpenTelemetry overview\nhttps://example.com/docs/otel\n"
+        "OpenTelemetry is an observability framework.\nassistant: ")
 
     llm = collector.store.sql("SELECT input_messages, input_messages_ref FROM llm_calls ORDER BY start_ns").to_pylist()
     assert json.loads(llm[0]["input_messages"]) == _GENERIC_INPUT
@@ -118,6 +127,74 @@ def test_current_genai_conventions_are_read_as_written(collector: Any, tmp_path:
         {"tool_name": "search", "tool_call_id": None, "decision": "allow", "exit_code": None, "error_type": None,
          "status_code": "UNSET"},
     ]
+
+
+def test_generic_parts_without_text_add_none_and_are_kept_whole(collector: Any) -> None:
+    """The spec's opaque generic parts (redacted thinking's data, a provider payload) put no text in the
+    completion the policy is trained on, and the store keeps them, every field, as recorded."""
+    provider = TracerProvider(resource=Resource.create({sc.ROLLOUT_ID: "r-opaque"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=collector.grpc_endpoint, insecure=True)))
+    provider.get_tracer("t").start_span("chat m", kind=SpanKind.CLIENT, attributes={
+        sc.GEN_AI_OPERATION_NAME: "chat", sc.GEN_AI_INPUT_MESSAGES: json.dumps(_GENERIC_INPUT),
+        sc.GEN_AI_OUTPUT_MESSAGES: json.dumps(_OPAQUE_OUTPUT)}).end()
+    provider.shutdown()
+    (call,) = decompose(collector.store, kept=False).calls.to_pylist()
+    assert json.loads(call["output_messages"]) == _OPAQUE_OUTPUT
+    prompt, completion = retokenize(_Template(), call["input_messages"], call["output_messages"])
+    assert "".join(map(chr, completion)) == "It is.\n"
+
+
+def test_a_generate_content_call_is_an_llm_call(collector: Any) -> None:
+    """registry.yaml @ e9de14b: generate_content is an inference operation (Gemini's, as the Google GenAI
+    instrumentations write it), read like chat."""
+    provider = TracerProvider(resource=Resource.create({sc.ROLLOUT_ID: "r-gemini"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=collector.grpc_endpoint, insecure=True)))
+    tracer = provider.get_tracer("google.genai")
+    tracer.start_span("generate_content gemini-2.5-flash", kind=SpanKind.CLIENT, attributes={
+        sc.GEN_AI_OPERATION_NAME: "generate_content", sc.GEN_AI_PROVIDER_NAME: "gcp.gemini",
+        sc.GEN_AI_INPUT_MESSAGES: json.dumps(_REF_INPUT), sc.GEN_AI_OUTPUT_MESSAGES: json.dumps(_OUTPUT)}).end()
+    provider.shutdown()
+    (call,) = decompose(collector.store, kept=False).calls.to_pylist()
+    assert (call["rollout_id"], json.loads(call["output_messages"])) == ("r-gemini", _OUTPUT)
+    assert collector.store.sql("SELECT operation_name FROM llm_calls").to_pylist() == [
+        {"operation_name": "generate_content"}]
+
+
+def test_content_kept_elsewhere_is_read_from_the_storage_result_events(collector: Any, tmp_path: Path,
+                                                                      monkeypatch: Any, caplog: Any) -> None:
+    """The spec names the *_ref attributes on the upload's gen_ai.content.storage.result event only (reference/
+    scenarios/opentelemetry-util-genai @ f5e81ce: one event per object, status stored, dropped when the upload
+    queue is full, failed with error.type): a stored object's URI is read from there, and a dropped or failed
+    upload is the rollout's note, the call keeping no prompt."""
+    monkeypatch.setenv("SPANRL_MESSAGE_REFS", f"file://{tmp_path}/")
+    (tmp_path / "in.json").write_text(json.dumps(_REF_INPUT))
+    (tmp_path / "out.json").write_text(json.dumps(_OUTPUT))
+    provider = TracerProvider(resource=Resource.create({sc.ROLLOUT_ID: "r-stored"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=collector.grpc_endpoint, insecure=True)))
+    tracer, status = provider.get_tracer("openai"), sc.GEN_AI_CONTENT_STORAGE_STATUS
+    results = (
+        ({sc.GEN_AI_INPUT_MESSAGES_REF: f"file://{tmp_path}/in.json", status: "stored"},
+         {sc.GEN_AI_OUTPUT_MESSAGES_REF: f"file://{tmp_path}/out.json", status: "stored"}),
+        ({sc.GEN_AI_INPUT_MESSAGES_REF: f"file://{tmp_path}/q.json", status: "dropped"},),
+        ({sc.GEN_AI_INPUT_MESSAGES_REF: f"file://{tmp_path}/gone/in.json", status: "failed",
+          sc.ERROR_TYPE: "FileNotFoundError"},),
+    )
+    for events in results:
+        with tracer.start_as_current_span("chat gpt-4", kind=SpanKind.CLIENT, attributes={
+                sc.GEN_AI_OPERATION_NAME: "chat"}) as span:
+            for attributes in events:
+                span.add_event(sc.GEN_AI_CONTENT_STORAGE_RESULT_EVENT, attributes)
+    provider.shutdown()
+    with caplog.at_level(logging.WARNING, logger="spanrl.store.messages"):
+        dec = decompose(collector.store, kept=False)
+    stored, dropped, failed = dec.calls.to_pylist()
+    assert (json.loads(stored["input_messages"]), json.loads(stored["output_messages"])) == (_REF_INPUT, _OUTPUT)
+    assert dropped["input_messages"] is None and failed["input_messages"] is None
+    assert (dec.report["message_refs_read"], dec.report["message_refs_unread"]) == (1, 2)
+    assert "rollout r-stored: 2 call(s)" in caplog.text
+    assert f"input_messages_ref 'file://{tmp_path}/q.json': the upload reported it dropped" in caplog.text
+    assert (f"input_messages_ref 'file://{tmp_path}/gone/in.json': the upload reported it failed "
+            "(error.type FileNotFoundError)") in caplog.text
 
 
 def test_a_message_reference_cannot_climb_out_of_its_allowed_prefix(tmp_path: Path) -> None:

@@ -96,3 +96,29 @@ def test_otlp_json_lines_import_through_the_collector_once(collector: Any, tmp_p
     assert live.returncode == 0, live.stderr
     assert "imported 4 spans" in live.stdout
     assert load_transitions(collector.store).to_arrow().equals(imported)
+
+
+def test_a_logs_line_imports_its_genai_events_once(tmp_path: Path) -> None:
+    """The file exporter's logs lines (OTLP/JSON ExportLogsServiceRequest): each GenAI event becomes the span live
+    /v1/logs makes of it (collector/logs.py), a re-import skips it, a plain log record is left out and counted."""
+    decision = {"timeUnixNano": "1800000000200000000", "traceId": _T, "spanId": "00000000000000A1",
+                "eventName": "gen_ai.tool.call.decision",
+                "attributes": [_kv("gen_ai.tool.call.decision.outcome", "deny"), _kv("gen_ai.tool.name", "Bash"),
+                               _kv("gen_ai.tool.call.id", "toolu_1")]}
+    plain = {"timeUnixNano": "1800000000300000000", "body": {"stringValue": "agent started"}}
+    logs = {"resourceLogs": [{"resource": {"attributes": [_kv("spanrl.rollout.id", "imported-1")]},
+                              "scopeLogs": [{"scope": {"name": "gen_ai.reference"},
+                                             "logRecords": [decision, plain]}]}]}
+    path = _file(tmp_path / "traces.jsonl")
+    path.write_text(path.read_text().rstrip("\n") + "\n" + json.dumps(logs) + "\n")
+    db = tmp_path / "imported.duckdb"
+    no_collector = "http://127.0.0.1:9"
+    first = _spanrl("store", "import", str(path), "--db", str(db), "--url", no_collector, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "imported 5 spans from 4 lines" in first.stdout
+    assert "1 log records without an event name left out" in first.stdout
+    again = _spanrl("store", "import", str(path), "--db", str(db), "--url", no_collector, cwd=tmp_path)
+    assert "imported 0 spans from 4 lines" in again.stdout and "(5 already stored" in again.stdout, again.stdout
+    with SpanStore.open(db, read_only=True) as store:
+        assert store.sql("SELECT rollout_id, span_id, outcome, tool_call_id FROM tool_decisions").to_pylist() == [
+            {"rollout_id": "imported-1", "span_id": "00000000000000a1", "outcome": "deny", "tool_call_id": "toolu_1"}]

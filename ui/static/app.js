@@ -120,7 +120,7 @@ async function rolloutsPage(params) {
 // --- one rollout ------------------------------------------------------------------------------------
 function spanClass(s) {
   if (s.status_code === "ERROR") return "err";
-  if (s.operation_name === "chat" || s.operation_name === "text_completion") return "llm";
+  if (["chat", "generate_content", "text_completion"].includes(s.operation_name)) return "llm";
   if (s.operation_name === "execute_tool") return "tool";
   if (s.operation_name === "invoke_agent") return "agent";
   if (s.reward_value !== null && s.reward_value !== undefined) return "reward";
