@@ -78,7 +78,8 @@ class Batcher:
         return self.version_of(None)
 
     def version_of(self, adapter: str | None) -> int:
-        """Policy version of ``adapter`` (None: the base): 0 when loaded at start, +1 per reload of it."""
+        """Policy version of ``adapter`` (None: the base): 0 when loaded at start or added by a reload, +1 per
+        later reload of it (so a Trainer that adds its adapters to a server it did not start agrees on them)."""
         with self._lock:
             return self._versions[adapter]
 
@@ -252,7 +253,8 @@ class Batcher:
             item.future.set_exception(exc if isinstance(exc, ServingError) else ServingError(f"reload failed: {exc}"))
             return
         with self._lock:
-            version = self._versions[item.adapter] = self._versions.get(item.adapter, 0) + 1
+            known = item.adapter in self._versions
+            version = self._versions[item.adapter] = self._versions[item.adapter] + 1 if known else 0
         what = "weights" if item.adapter is None else f"adapter {item.adapter!r}"
         _logger.info("%s reloaded: policy version %d", what, version)
         item.future.set_result(version)

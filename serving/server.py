@@ -40,7 +40,8 @@ def _load_backend(config: ServerConfig) -> Backend:
 
         return VLLMBackend(model_dir, dtype=config.dtype, max_context_tokens=config.max_context_tokens,
                            seed=config.seed, adapters=dict(config.lora_modules),
-                           gpu_memory_utilization=config.gpu_memory_utilization)
+                           gpu_memory_utilization=config.gpu_memory_utilization, max_loras=config.max_loras,
+                           max_lora_rank=config.max_lora_rank)
     from spanrl.serving.hf_backend import TransformersBackend
 
     return TransformersBackend(
@@ -148,7 +149,7 @@ class PolicyServer:
 
     @property
     def adapters(self) -> dict[str, int]:
-        """The LoRA adapters served, name -> policy version (0 at start, +1 per reload of that adapter)."""
+        """The LoRA adapters served, name -> policy version (0 at start or when added, +1 per reload of it)."""
         return self._require_state().batcher.adapters
 
     @property

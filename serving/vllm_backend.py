@@ -45,10 +45,13 @@ class VLLMBackend:
         seed: int = 0,
         adapters: dict[str, str | pathlib.Path] | None = None,
         gpu_memory_utilization: float = 0.85,
+        max_loras: int | None = None,
+        max_lora_rank: int | None = None,
     ) -> None:
         """``adapters``: LoRA adapter name -> PEFT adapter folder, served beside the base (vLLM's LoRA);
         ``gpu_memory_utilization``: the share of the GPU vLLM takes (vLLM's own default, 0.9, leaves no room
-        for a trainer beside it)."""
+        for a trainer beside it); ``max_loras``, ``max_lora_rank``: LoRA slots for adapters added later (vLLM builds
+        its LoRA layers at start)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # one process: tensors reach the worker
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", _CPU_KVCACHE_GIB)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # no per-request INFO lines on screen
@@ -70,7 +73,7 @@ class VLLMBackend:
         self._threads = torch.get_num_threads()
         self._set_threads = torch.set_num_threads
         folders = {name: pathlib.Path(folder) for name, folder in (adapters or {}).items()}
-        lora = lora_engine_options(folders)
+        lora = lora_engine_options(folders, max_loras, max_lora_rank)
         try:
             self.llm = vllm.LLM(
                 model=str(model_dir),
