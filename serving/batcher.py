@@ -47,6 +47,14 @@ class _Reload:
     adapter: str | None = None
 
 
+@dataclasses.dataclass
+class _Call:
+    """Something the batcher thread runs between batches (it owns the backend), e.g. the backend's ``sleep``."""
+
+    fn: Any
+    future: concurrent.futures.Future[Any]
+
+
 _STOP = object()
 
 
@@ -119,6 +127,12 @@ class Batcher:
         """Swap weights after the batch in flight and return the new version."""
         return self.reload_async(source, adapter).result(timeout)
 
+    def call(self, fn: Any) -> concurrent.futures.Future[Any]:
+        """Run ``fn()`` on the batcher thread after the batch in flight; the future resolves to its result."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._queue.put(_Call(fn, future))
+        return future
+
     def shutdown(self, timeout: float | None = 30.0) -> None:
         """Finish queued work, then stop the thread. Safe before start and twice."""
         if not self._life.end():
@@ -144,6 +158,9 @@ class Batcher:
                 return
             if isinstance(item, _Reload):
                 self._apply_reload(item)
+                continue
+            if isinstance(item, _Call):
+                _run_call(item)
                 continue
             batch, other = [item], []  # other: jobs of other adapters, first in line after this batch
             size = item.request.n
@@ -258,6 +275,14 @@ class Batcher:
         what = "weights" if item.adapter is None else f"adapter {item.adapter!r}"
         _logger.info("%s reloaded: policy version %d", what, version)
         item.future.set_result(version)
+
+
+def _run_call(item: _Call) -> None:
+    if item.future.set_running_or_notify_cancel():
+        try:
+            item.future.set_result(item.fn())
+        except Exception as exc:  # noqa: BLE001 - the caller gets it
+            item.future.set_exception(exc)
 
 
 def _as_serving_error(exc: Exception) -> ServingError:

@@ -77,6 +77,10 @@ class ServerConfig:
     gpu_memory_utilization: float = 0.85
     """vLLM backend: the share of the GPU's memory vLLM may take (weights, activations, KV cache), vLLM's
     ``--gpu-memory-utilization``; lower it when a trainer shares the GPU (``spanrl train --plan``)."""
+    enable_sleep_mode: bool = False
+    """vLLM backend: build the engine with vLLM's sleep mode (``enable_sleep_mode``), so ``PolicyServer.sleep()``
+    can free its GPU memory (weights offloaded to CPU, KV cache dropped) while a trainer on the same GPU updates;
+    the next generation or reload wakes it. vLLM has it on CUDA, ROCm and XPU only: elsewhere a ConfigError."""
     torch_threads: int | None = None
     """torch intra-op threads for the whole process (None: leave torch's setting). Small models on a
     busy CPU run much faster with 1."""
@@ -122,6 +126,9 @@ class ServerConfig:
             raise ConfigError(f"checkpoint_root must be an existing folder or None, got {str(self.checkpoint_root)!r}")
         self._check_lora_modules()
         self._check_lora_slots()
+        if not isinstance(self.enable_sleep_mode, bool) or (self.enable_sleep_mode and self.backend != "vllm"):
+            raise ConfigError(f"enable_sleep_mode is vLLM's sleep mode: true needs backend 'vllm', got "
+                              f"{self.enable_sleep_mode!r} with backend {self.backend!r}")
         if self.max_context_tokens is not None and self.max_context_tokens < 2:
             raise ConfigError(f"max_context_tokens must be >= 2 or None, got {self.max_context_tokens!r}")
         return self

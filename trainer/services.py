@@ -57,6 +57,7 @@ def start_policy_server(model: Path, *, otlp_endpoint: str | None, max_batch_siz
             device=serving.device,
             dtype=serving.dtype,
             gpu_memory_utilization=serving.gpu_memory_utilization,
+            enable_sleep_mode=serving.enable_sleep_mode,
             lora_modules={name: str(folder) for name, folder in (adapters or {}).items()},
             api_keys={api_key: "trainer"} if api_key else {},
         )

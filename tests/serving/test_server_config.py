@@ -60,3 +60,15 @@ def test_lora_slots_are_checked(fields, message) -> None:
         ServerConfig(model="m", **fields).validate()
     assert str(info.value) == message
     assert ServerConfig(model="m", backend="vllm", max_loras=3, max_lora_rank=8).validate()
+
+
+def test_sleep_mode_needs_the_vllm_backend() -> None:
+    from spanrl.rollouts.policy_pool import ServingConfig
+
+    with pytest.raises(ConfigError) as info:
+        ServerConfig(model="m", enable_sleep_mode=True).validate()
+    assert str(info.value) == "enable_sleep_mode is vLLM's sleep mode: true needs backend 'vllm', got True with " \
+                              "backend 'transformers'"
+    with pytest.raises(ConfigError, match="serving.enable_sleep_mode .* needs serving.backend 'vllm'"):
+        ServingConfig.of({"enable_sleep_mode": True})
+    assert ServingConfig.of({"enable_sleep_mode": True, "backend": "vllm"}).enable_sleep_mode
