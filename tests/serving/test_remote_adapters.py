@@ -133,3 +133,24 @@ def test_a_remote_server_already_serving_an_adapter_is_refused(tiny_model: Path,
         assert remote.adapters == {"writer": 0}  # left as it was
     finally:
         remote.shutdown()
+
+
+def test_one_lora_policy_as_the_default_adapter_travels_alone(tiny_model: Path, tmp_path: Path, tokens: None,
+                                                              ports: int, one_torch_thread: None) -> None:
+    """One LoRA policy whose adapter alone reaches the remote (``policies: {default: {lora: ...}}``); a GRPO
+    ``lora`` policy is merged and travels as a whole model instead (docs/cluster.md)."""
+    remote = remote_server(tiny_model, tmp_path, ports)
+    try:
+        config = TrainerConfig(output_dir=str(tmp_path / "run"), n_rollouts=2, tasks_per_step=2, max_steps=1,
+                               eval_at_start=False, progress=False, torch_threads=1,
+                               serving=ServingConfig(urls=(remote.base_url,), collector_port=ports))
+        trainer = Trainer(model=tiny_model, agent=two_agents, tasks=calculator.make_tasks(4, seed=1), config=config,
+                          algorithm=GRPO(learning_rate=5e-2), policies={"default": AgentPolicy(lora=LoRAConfig(r=4))})
+        with trainer:
+            row = trainer.train()[-1]
+            assert remote.adapters == trainer.server.embedded.adapters == {"default": 1}
+        pushed = sorted(p.name for p in (tmp_path / "run" / "served-weights").iterdir())
+    finally:
+        remote.shutdown()
+    assert row["rollouts_ok"] == 4 and row["agents/default/transitions"] == 8  # both agents' calls
+    assert pushed == ["adapters"]  # no model.safetensors: the base never travelled
