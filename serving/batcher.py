@@ -47,6 +47,14 @@ class _Reload:
     adapter: str | None = None
 
 
+@dataclasses.dataclass
+class _Call:
+    """Something the batcher thread runs between batches (it owns the backend), e.g. the backend's ``sleep``."""
+
+    fn: Any
+    future: concurrent.futures.Future[Any]
+
+
 _STOP = object()
 
 
@@ -78,7 +86,8 @@ class Batcher:
         return self.version_of(None)
 
     def version_of(self, adapter: str | None) -> int:
-        """Policy version of ``adapter`` (None: the base): 0 when loaded at start, +1 per reload of it."""
+        """Policy version of ``adapter`` (None: the base): 0 when loaded at start or added by a reload, +1 per
+        later reload of it (so a Trainer that adds its adapters to a server it did not start agrees on them)."""
         with self._lock:
             return self._versions[adapter]
 
@@ -118,6 +127,12 @@ class Batcher:
         """Swap weights after the batch in flight and return the new version."""
         return self.reload_async(source, adapter).result(timeout)
 
+    def call(self, fn: Any) -> concurrent.futures.Future[Any]:
+        """Run ``fn()`` on the batcher thread after the batch in flight; the future resolves to its result."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._queue.put(_Call(fn, future))
+        return future
+
     def shutdown(self, timeout: float | None = 30.0) -> None:
         """Finish queued work, then stop the thread. Safe before start and twice."""
         if not self._life.end():
@@ -143,6 +158,9 @@ class Batcher:
                 return
             if isinstance(item, _Reload):
                 self._apply_reload(item)
+                continue
+            if isinstance(item, _Call):
+                _run_call(item)
                 continue
             batch, other = [item], []  # other: jobs of other adapters, first in line after this batch
             size = item.request.n
@@ -252,10 +270,19 @@ class Batcher:
             item.future.set_exception(exc if isinstance(exc, ServingError) else ServingError(f"reload failed: {exc}"))
             return
         with self._lock:
-            version = self._versions[item.adapter] = self._versions.get(item.adapter, 0) + 1
+            known = item.adapter in self._versions
+            version = self._versions[item.adapter] = self._versions[item.adapter] + 1 if known else 0
         what = "weights" if item.adapter is None else f"adapter {item.adapter!r}"
         _logger.info("%s reloaded: policy version %d", what, version)
         item.future.set_result(version)
+
+
+def _run_call(item: _Call) -> None:
+    if item.future.set_running_or_notify_cancel():
+        try:
+            item.future.set_result(item.fn())
+        except Exception as exc:  # noqa: BLE001 - the caller gets it
+            item.future.set_exception(exc)
 
 
 def _as_serving_error(exc: Exception) -> ServingError:

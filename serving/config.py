@@ -29,6 +29,14 @@ class ServerConfig:
     lora_modules: dict[str, str] = dataclasses.field(default_factory=dict)
     """LoRA adapters served beside the base, name -> PEFT adapter folder (vLLM's ``--lora-modules
     name=path``); a request's ``model`` picks one by name. Both backends (vLLM: its own LoRA serving)."""
+    max_loras: int | None = None
+    """vLLM backend: LoRA adapter slots built at engine start (vLLM's ``--max-loras``, one more kept loaded on
+    CPU); default: one per ``lora_modules`` entry. Set it (with ``max_lora_rank``) on a server that gets its
+    adapters later over ``POST /v1/weights/reload`` (a Trainer's per-agent policies, ``serving.urls``): vLLM
+    builds its LoRA layers at start. More adapters than slots still serve, each re-read when evicted."""
+    max_lora_rank: int | None = None
+    """vLLM backend: the largest adapter rank those slots hold (vLLM's ``--max-lora-rank``, one of
+    1, 8, 16, 32, 64, 128, 256, 320, 512); default: the smallest of those holding ``lora_modules``' largest rank."""
     host: str = env.DEFAULT_HOST
     """Address to bind."""
     port: int = env.DEFAULT_POLICY_PORT
@@ -69,6 +77,10 @@ class ServerConfig:
     gpu_memory_utilization: float = 0.85
     """vLLM backend: the share of the GPU's memory vLLM may take (weights, activations, KV cache), vLLM's
     ``--gpu-memory-utilization``; lower it when a trainer shares the GPU (``spanrl train --plan``)."""
+    enable_sleep_mode: bool = False
+    """vLLM backend: build the engine with vLLM's sleep mode (``enable_sleep_mode``), so ``PolicyServer.sleep()``
+    can free its GPU memory (weights offloaded to CPU, KV cache dropped) while a trainer on the same GPU updates;
+    the next generation or reload wakes it. vLLM has it on CUDA, ROCm and XPU only: elsewhere a ConfigError."""
     torch_threads: int | None = None
     """torch intra-op threads for the whole process (None: leave torch's setting). Small models on a
     busy CPU run much faster with 1."""
@@ -113,6 +125,10 @@ class ServerConfig:
         if self.checkpoint_root is not None and not pathlib.Path(self.checkpoint_root).is_dir():
             raise ConfigError(f"checkpoint_root must be an existing folder or None, got {str(self.checkpoint_root)!r}")
         self._check_lora_modules()
+        self._check_lora_slots()
+        if not isinstance(self.enable_sleep_mode, bool) or (self.enable_sleep_mode and self.backend != "vllm"):
+            raise ConfigError(f"enable_sleep_mode is vLLM's sleep mode: true needs backend 'vllm', got "
+                              f"{self.enable_sleep_mode!r} with backend {self.backend!r}")
         if self.max_context_tokens is not None and self.max_context_tokens < 2:
             raise ConfigError(f"max_context_tokens must be >= 2 or None, got {self.max_context_tokens!r}")
         return self
@@ -128,6 +144,20 @@ class ServerConfig:
             if not (pathlib.Path(str(folder)) / "adapter_config.json").is_file():
                 raise ConfigError(f"lora_modules: {name}={folder} is not a PEFT adapter folder "
                                   "(no adapter_config.json)")
+
+    def _check_lora_slots(self) -> None:
+        from spanrl.serving.vllm_adapters import VLLM_RANKS  # no vLLM import: the ranks are spanrl's copy
+
+        if self.max_loras is not None and (not isinstance(self.max_loras, int) or isinstance(self.max_loras, bool)
+                                           or self.max_loras < max(1, len(self.lora_modules))):
+            raise ConfigError(f"max_loras must be an integer >= max(1, the {len(self.lora_modules)} lora_modules), "
+                              f"got {self.max_loras!r}")
+        if self.max_lora_rank is not None and self.max_lora_rank not in VLLM_RANKS:
+            raise ConfigError(f"max_lora_rank must be one of {', '.join(map(str, VLLM_RANKS))} (vLLM's ranks), "
+                              f"got {self.max_lora_rank!r}")
+        if self.backend != "vllm" and (self.max_loras, self.max_lora_rank) != (None, None):
+            raise ConfigError(f"max_loras, max_lora_rank size vLLM's LoRA slots; backend {self.backend!r} adds "
+                              "adapters without them (leave them unset)")
 
     @property
     def model_name(self) -> str:

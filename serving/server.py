@@ -40,7 +40,8 @@ def _load_backend(config: ServerConfig) -> Backend:
 
         return VLLMBackend(model_dir, dtype=config.dtype, max_context_tokens=config.max_context_tokens,
                            seed=config.seed, adapters=dict(config.lora_modules),
-                           gpu_memory_utilization=config.gpu_memory_utilization)
+                           gpu_memory_utilization=config.gpu_memory_utilization, max_loras=config.max_loras,
+                           max_lora_rank=config.max_lora_rank, enable_sleep_mode=config.enable_sleep_mode)
     from spanrl.serving.hf_backend import TransformersBackend
 
     return TransformersBackend(
@@ -148,7 +149,7 @@ class PolicyServer:
 
     @property
     def adapters(self) -> dict[str, int]:
-        """The LoRA adapters served, name -> policy version (0 at start, +1 per reload of that adapter)."""
+        """The LoRA adapters served, name -> policy version (0 at start or when added, +1 per reload of it)."""
         return self._require_state().batcher.adapters
 
     @property
@@ -162,6 +163,15 @@ class PolicyServer:
         ``adapter``: that LoRA adapter's weights (a PEFT adapter folder, PEFT model or adapter state_dict;
         added when new), bumping only its version."""
         return self._require_state().batcher.reload(source, timeout, adapter=adapter)
+
+    def sleep(self, timeout: float | None = None) -> bool:
+        """Free the backend's GPU memory until the next generation or reload wakes it (vLLM's sleep mode), after
+        the batch in flight; False (nothing done) unless ``ServerConfig.enable_sleep_mode``."""
+        state = self._require_state()
+        if not self.config.enable_sleep_mode:
+            return False
+        state.batcher.call(state.batcher.backend.sleep).result(timeout)
+        return True
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, *, n: int = 1,
                  adapter: str | None = None) -> GenerationResult:

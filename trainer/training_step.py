@@ -96,6 +96,9 @@ class TrainingStep:
     def update(self, transitions: Any, *, learning_rate: float | None = None) -> dict[str, float]:
         """One algorithm update (at ``learning_rate`` for this one, when given); under many processes rank 0
         broadcasts the transitions and every rank updates on its shard (the metrics are rank 0's shard's)."""
+        sleep = getattr(self.server, "sleep", None)  # serving.enable_sleep_mode: vLLM frees the GPU; reload wakes it
+        if sleep is not None:
+            sleep()
         if self.world == 1:
             with one_off_learning_rate(self.algorithm, learning_rate):
                 return self.algorithm.update(transitions)

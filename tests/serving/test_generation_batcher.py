@@ -60,6 +60,26 @@ def test_reload_applies_between_batches_in_queue_order(backend, tiny_model_dir_o
     assert first.completions[0].token_ids != second.completions[0].token_ids
 
 
+def test_a_call_runs_on_the_batcher_thread_between_batches(backend) -> None:
+    """``Batcher.call``: how ``PolicyServer.sleep`` reaches the backend (vLLM's sleep mode) without racing a batch."""
+    batcher = Batcher(backend, max_batch_size=8)
+    seen: list[str] = []
+    before = batcher.submit(GenerationRequest([5, 20, 30], GREEDY))
+    before.add_done_callback(lambda _: seen.append("batch"))
+    call = batcher.call(lambda: seen.append("call") or threading.current_thread().name)
+    batcher.start()
+    try:
+        assert call.result(timeout=60) == "spanrl-batcher"
+        before.result(timeout=60)
+        failed = batcher.call(lambda: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            failed.result(timeout=60)
+        assert batcher.submit(GenerationRequest([5, 20, 30], GREEDY)).result(timeout=60).completions  # still serving
+    finally:
+        batcher.shutdown()
+    assert seen == ["batch", "call"]
+
+
 def test_full_queue_refuses_and_shutdown_is_safe_twice(backend) -> None:
     batcher = Batcher(backend, max_queue_size=1)
     batcher.submit(GenerationRequest([5], GREEDY))

