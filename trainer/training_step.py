@@ -145,8 +145,8 @@ class TrainingStep:
         row.update({k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
         self._problem = self.nonfinite.judge(metrics, self.algorithm if self.check_weights else None)
         if self._problem is not None:  # never pushed; the source undoes what it can
-            _logger.warning("step %d: update %d of %d in a row not finite (%s); undone", step, self.nonfinite.bad,
-                            self.nonfinite.max_bad, self._problem)
+            _logger.warning("step %d: update %d of %d in a row not finite (%s); not pushed", step,
+                            self.nonfinite.bad, self.nonfinite.max_bad, self._problem)
             return source.report(step, got, batch, {**row, **clock.row()}) \
                 if source.undo(step, got, batch, marks) else None
         committed = source.commit(step, got, batch, marks)
