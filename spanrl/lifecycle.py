@@ -1,7 +1,13 @@
 """One lifecycle for spanrl's services (the collector, the policy server, its generation batcher): three
 states, one lock, a call that does not fit the state refused naming it, and one stop verb, ``shutdown``,
-safe before ``start`` and twice. The trainers have more states (``trainer/lifecycle.py``) and refuse the
-same way: ``cannot ACTION a WHAT that is STATE``."""
+safe before ``start`` and twice: ``cannot ACTION a WHAT that is STATE``.
+
+The trainers' lifecycle (``trainer/lifecycle.py``) is a second one on purpose: a service is single-use (STOPPED is
+final, "create a new one": a collector's or server's port, threads and file are released for good), a trainer is
+restartable (CLOSED, then ``start()`` or ``train()`` again: its services started anew, its step and history, or
+committed state, kept), and it has states no service has: TRAINING (inside its loop) and FOLLOWING (a rank other
+than 0). One state set would either let a stopped service start again or forbid a closed trainer to; the stop verbs
+follow the same line (``shutdown(timeout)``: a service flushes within a time; ``close()``: a trainer's ``with``)."""
 
 from __future__ import annotations
 

@@ -73,11 +73,9 @@ def log_file(output_dir: Path, args: argparse.Namespace) -> Path:
 
 def _train(args: argparse.Namespace) -> int:
     path = Path(args.config)
-    if args.online:
-        from spanrl.trainer.online_cli import run_online
-
-        return run_online(path, output_dir=args.output_dir, max_updates=args.max_steps, json_summary=args.json)
     raw = read_config(path)
+    if args.online:
+        return _train_online(raw, args, base=path.parent)
     if args.resume:
         raw["resume"] = True
     if args.overwrite:
@@ -109,6 +107,36 @@ def _train(args: argparse.Namespace) -> int:
         print(_NEVER_REWARDED)
     if args.json:
         print(json.dumps(summary))
+    return 0
+
+
+def _train_online(raw: dict[str, Any], args: argparse.Namespace, *, base: Path) -> int:
+    """``--online``: the online trainer (``online_cli.build_online_trainer``) until SIGTERM / SIGINT (the current
+    update finishes, exit 0), ``max_updates`` or ``max_seconds``; ``--json``: a one-line summary at the end. A bad
+    config or a server / collector that refuses at start: one line on stderr, exit code 2."""
+    import signal
+
+    from spanrl.errors import USAGE_EXIT_CODE, SpanRLError, cli_error
+    from spanrl.trainer.online_cli import build_online_trainer
+    from spanrl.trainer.online_config import OnlineConfig
+
+    if args.output_dir:
+        raw["output_dir"] = args.output_dir
+    if args.max_steps is not None:
+        raw["max_updates"] = args.max_steps
+    try:
+        log_file(Path(str(raw.get("output_dir", OnlineConfig.output_dir))), args)  # before transformers loads
+        trainer = build_online_trainer(raw, base=base)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: trainer.stop())
+        with trainer:  # start(); close() at the end
+            print(f"spanrl online ready step={trainer.state.step} output_dir={trainer.output_dir}", flush=True)
+            history = trainer.run()
+    except SpanRLError as exc:
+        return cli_error(exc, USAGE_EXIT_CODE)
+    if args.json:
+        print(json.dumps({"step": trainer.state.step, "updates_this_run": len(history),
+                          "output_dir": str(trainer.output_dir), **trainer.state.counters}), flush=True)
     return 0
 
 

@@ -1,24 +1,28 @@
 """Online training on live traffic: follow the span store, train on rollouts as their feedback arrives.
 
 Nothing here starts agents or servers. Agents run in production against a ``spanrl serve`` someone
-else started; their spans and (late) feedback reach a ``spanrl collector``. The ``OnlineTrainer`` loop:
+else started; their spans and (late) feedback reach a ``spanrl collector``. The ``OnlineTrainer`` is a
+source (``training_step.Source``) of the Trainer's loop, ``TrainingStep.loop``; each turn:
 
-1. poll the store (through the collector's SQL endpoint) for rollouts that became *ready* (complete
-   and rewarded; ``spanrl.store.online``) after its watermark and ``settle_s`` ago;
-2. skip rollouts whose policy is more than ``max_policy_lag`` versions behind the server's (counted);
-3. the rest through the Trainer's step (``trainer/training_step.py``): transitions loaded once
-   (recorded token ids and log-probs; calls sampled at another temperature than the algorithm's skipped),
-   every call scored with the rollout's latest usable reward (credit's ``nan_reward="ignore"``, the ready
-   query's rule), advantages by credit assignment's ``running`` baseline (a per-task running mean of earlier
-   rewards, ``spanrl.algorithms.baseline``, its state in ``online_state``), which sees them in ready order;
-4. one GRPO update: the ratio is taken against the *recorded* sampling log-probs and clipped, which
-   corrects for the policy lag of the rollouts that were kept;
-5. checkpoint (``algorithms/checkpoint_folders.py``'s names and pruning), ledger, then ``online_state.json`` (the
-   commit point), then reload the server through its ``POST /v1/weights/reload`` route
-   (``spanrl.serving.client``): serving never stops, and every later response carries the new policy
-   version; the update's history row goes to the reporting callbacks (``history.jsonl``, and any given).
-6. with ``guard`` on, each reload opens a trial: no update until the new version's live reward is judged
-   against the previous weights', and a version that made it worse is rolled back (``trainer/online_guard.py``).
+1. ``take``: poll the store (through the collector's SQL endpoint) for rollouts that became *ready*
+   (complete and rewarded; ``spanrl.store.online``) after its watermark and ``settle_s`` ago, and skip those
+   whose policy is more than ``max_policy_lag`` versions behind the server's (counted);
+2. the rest through the Trainer's step: transitions loaded once (recorded token ids and log-probs; calls
+   sampled at another temperature than the algorithm's skipped), every call scored with the rollout's latest
+   usable reward (credit's ``nan_reward="ignore"``, the ready query's rule), advantages by credit assignment's
+   ``running`` baseline (a per-task running mean of earlier rewards, ``spanrl.algorithms.baseline``, its state
+   in ``online_state``), which sees them in ready order; the algorithm's checks (a forged rollout quarantined);
+3. one GRPO update (at ``learning_rate_overrides``' rate for its step): the ratio is taken against the
+   *recorded* sampling log-probs and clipped, which corrects for the policy lag of the rollouts that were kept;
+   a non-finite one is undone (``undo``: the last committed checkpoint restored, its rollouts quarantined);
+4. ``commit``: checkpoint (``algorithms/checkpoint_folders.py``'s names and pruning), ledger, then
+   ``online_state.json`` (the commit point); then the step reloads the server from that checkpoint through its
+   ``POST /v1/weights/reload`` route (``spanrl.serving.client``): serving never stops, and every later response
+   carries the new policy version; ``report``: the Trainer's history row with the online figures, to the
+   reporting callbacks (``history.jsonl``, and any given).
+5. with ``guard`` on, each reload opens a trial: no update until the new version's live reward is judged
+   against the previous weights' (its verdict a row of its own), and a version that made it worse is rolled
+   back (``trainer/online_guard.py``).
 
 Its lifecycle is the Trainer's (``trainer/lifecycle.py``): NEW, then RUNNING after ``start()``, TRAINING
 inside ``run()``, CLOSED after ``close()``; a call that does not fit (``poll_once()`` before ``start()``,
@@ -31,7 +35,6 @@ and never trains a rollout twice (``ledger.jsonl`` holds each handled rollout on
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import itertools
 import json
@@ -46,7 +49,6 @@ from typing import Any
 
 from spanrl import env
 from spanrl import semconv as sc
-from spanrl.algorithms.checks import bad_rollouts
 from spanrl.algorithms.credit_config import CreditConfig
 from spanrl.errors import ConfigError, ServingError, StoreUnavailableError, TrainingError
 from spanrl.serving.client import PolicyClient
@@ -57,8 +59,8 @@ from spanrl.trainer.lifecycle import Lifecycle, State
 from spanrl.trainer.online_config import OnlineConfig
 from spanrl.trainer.online_guard import Guard
 from spanrl.trainer.online_state import Ledger, OnlineState
-from spanrl.trainer.reporting import Callback, HistoryFile, NonFiniteGuard
-from spanrl.trainer.training_step import TrainingStep
+from spanrl.trainer.reporting import Callback, HistoryFile
+from spanrl.trainer.training_step import Taken, TrainingStep
 from spanrl.trust import env_token, read_token_file
 
 __all__ = ["OnlineConfig", "OnlineTrainer"]
@@ -66,6 +68,16 @@ __all__ = ["OnlineConfig", "OnlineTrainer"]
 _logger = logging.getLogger("spanrl.trainer.online")
 _NS_PER_S = 1_000_000_000
 _SERVER_WAIT_S = 120.0  # how long start() waits for a policy server that does not answer yet (loading its model)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Window:
+    """What a step's rollouts came from (``Taken.own``): the ready window in watermark order, the server's policy
+    version when it was read, and the checkpoint a rejection of the update restores (None: the guard is off)."""
+
+    ready: list[ReadyRollout]
+    version: int
+    previous: str | None
 
 
 def _good_reward(reward: float | None) -> bool:
@@ -113,8 +125,9 @@ class OnlineTrainer(Lifecycle):
         self.guard = Guard(self)
         credit = CreditConfig(mode="identical", baseline="running", scale_std=config.scale_std, missing_reward="skip",
                               nan_reward="ignore", reward_name=config.reward_name)  # store/online.py's reward
-        self.step = TrainingStep(algorithm=algorithm, credit=credit, config=None, store=store, server=None)
-        """The step (``trainer/training_step.py``): transitions loaded once, the update."""
+        self.training = TrainingStep(algorithm=algorithm, credit=credit, config=None, store=store, server=self.server,
+                                     max_bad_updates=config.max_bad_updates, check_weights=True)
+        """The loop and its step (``trainer/training_step.py``), this trainer their source."""
 
     # --- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> "OnlineTrainer":
@@ -135,6 +148,7 @@ class OnlineTrainer(Lifecycle):
         self.state = OnlineState.load(self.output_dir, window=cfg.baseline_window, prior=cfg.baseline_prior,
                                       clip_std=cfg.baseline_clip_std)
         self.ledger = Ledger(self.output_dir, self.state.ledger_lines)
+        self.training.nonfinite.bad = self.state.bad_updates  # non-finite updates in a row, committed
         self.algorithm.setup(model_path=Path(cfg.model), output_dir=self.output_dir / "algorithm", seed=cfg.seed)
         if self.state.checkpoint is not None:
             checkpoint = self.output_dir / self.state.checkpoint
@@ -185,36 +199,42 @@ class OnlineTrainer(Lifecycle):
         return self.state, self.ledger
 
     def run(self) -> list[dict[str, Any]]:
-        """Poll and update until a stop condition; returns this run's history rows."""
+        """Poll and update until a stop condition (the Trainer's loop, ``TrainingStep.loop``, fed by this
+        source); returns this run's history rows."""
         self._refuse("run()", State.TRAINING)
         self.start()
+        state, _ = self._loaded("run()")
         cfg, history = self.config, []
         deadline = None if cfg.max_seconds is None else time.monotonic() + cfg.max_seconds
+
+        def done(step: int) -> bool:
+            return self._stop.is_set() or (cfg.max_updates is not None and step >= cfg.max_updates) or \
+                (deadline is not None and time.monotonic() >= deadline)
+
         self.lifecycle = State.TRAINING
         try:
-            while not self._stop.is_set() and not self._done(deadline):
-                try:
-                    row = self.poll_once()
-                except (ServingError, StoreUnavailableError) as exc:  # server or collector unreachable: wait, retry
-                    _logger.warning("spanrl online: %s; retrying in %.0f s", exc, cfg.poll_interval_s)
-                    row = None
-                if row is None:
-                    self._stop.wait(cfg.poll_interval_s)
-                    continue
-                history.append(row)
+            self.training.loop(self, step=state.step, done=done, record=lambda row: history.append(self._report(row)),
+                               idle=lambda: self._stop.wait(cfg.poll_interval_s),
+                               retry=(ServingError, StoreUnavailableError))
         finally:
             self.lifecycle = State.RUNNING
         return history
 
-    def _done(self, deadline: float | None) -> bool:
-        state, _ = self._loaded("run()")
-        if self.config.max_updates is not None and state.step >= self.config.max_updates:
-            return True
-        return deadline is not None and time.monotonic() >= deadline
-
-    # --- one poll ----------------------------------------------------------------------------------
     def poll_once(self) -> dict[str, Any] | None:
-        """One look at the store: an update (its history row) when enough fresh rollouts are ready."""
+        """One turn of the loop: an update (its history row, reported) when enough fresh rollouts are ready, a
+        guard's verdict row, or None."""
+        state, _ = self._loaded("poll_once()")
+        return self.training.turn(self, state.step + 1, self._report)
+
+    def _report(self, row: dict[str, Any]) -> dict[str, Any]:
+        for callback in self._callbacks:
+            callback.on_row(row)
+        return row
+
+    # --- the loop's source (training_step.Source) ------------------------------------------------------
+    def take(self, step: int) -> Taken | None:
+        """One look at the store: the fresh rollouts of a step when enough are ready (in ready order, with the
+        running baseline and the step's one-off learning rate), the open trial's verdict, or None."""
         state, ledger = self._loaded("poll_once()")
         cfg = self.config
         now = now_ns(self.store)
@@ -229,20 +249,88 @@ class OnlineTrainer(Lifecycle):
         if state.trial is not None and not cfg.guard:  # the guard was turned off: no trial to decide
             state.trial = None
         if state.trial is not None:  # no update until the newest one is judged (trainer/online_guard.py)
-            row = self.guard.judge()
-            if row is not None:
-                return self._report(row)
+            verdict = self.guard.judge()
+            if verdict is not None:
+                return Taken([], version, event=verdict)
         ready, usable = ready_window(self.store, state.watermark, settle_s=cfg.settle_s, most=cfg.max_rollouts,
                                      usable=lambda r: r.rollout_id not in ledger.seen and self._usable(r, version),
                                      **window)
-        fresh = {r.rollout_id for r in usable}
+        usable_ids = {r.rollout_id for r in usable}
+        fresh = [r.rollout_id for r in ready if r.rollout_id in usable_ids]
         if len(fresh) >= cfg.min_rollouts and state.trial is None:
-            return self._update(ready, fresh, version)
+            # with the guard on, the weights a rejection of this update restores (saved before it changes them)
+            previous = self.guard.base()
+            return Taken(fresh, version, running=state.baseline, own=_Window(ready, version, previous),
+                         learning_rate=cfg.learning_rate_overrides.get(step))
         # Not enough to train: still move past a leading run of rollouts that will never train.
-        prefix = list(itertools.takewhile(lambda r: r.rollout_id not in fresh, ready))
+        prefix = list(itertools.takewhile(lambda r: r.rollout_id not in usable_ids, ready))
         if prefix or aged or failed:
             self._commit(prefix, trained={}, checkpoint=None, version=version)
         return None
+
+    def commit(self, step: int, got: Taken, batch: Any, marks: dict[str, str]) -> Path | None:
+        """The exactly-once commit point, between the update and the reload: ``checkpoint-<step>``, the ledger
+        lines of the window's rollouts, then the state (watermark, checkpoint). Nothing trained: the ledger and
+        watermark move past the window."""
+        state, window = self.state, got.own
+        assert state is not None
+        state.bad_updates = self.training.nonfinite.bad
+        if batch is None:
+            self._commit(window.ready, trained={}, checkpoint=None, version=window.version, marks=marks)
+            return None
+        trained = self._trained(batch, window.ready)
+        state.step = step
+        checkpoint = self.save_checkpoint(step)
+        if window.previous is not None:  # on trial from now on; a crash before the reload resumes it (start())
+            state.trial = self.guard.open(step=step, checkpoint=checkpoint, previous=window.previous,
+                                         version=window.version,
+                                         oldest_ns=min(r.ready_ns for r in window.ready if r.rollout_id in trained))
+        self._commit(window.ready, trained=trained, checkpoint=checkpoint, version=window.version, marks=marks)
+        return self.output_dir / checkpoint
+
+    def undo(self, step: int, got: Taken, batch: Any, marks: dict[str, str]) -> bool:
+        """Back to the last good weights (the server still serves them); the update's rollouts quarantined."""
+        cfg, state, window = self.config, self.state, got.own
+        assert state is not None
+        state.bad_updates = self.training.nonfinite.bad
+        if state.checkpoint is not None:
+            self.algorithm.load_state(self.output_dir / state.checkpoint)
+        else:
+            self.algorithm.setup(model_path=Path(cfg.model), output_dir=self.output_dir / "algorithm", seed=cfg.seed)
+        used = self._trained(batch, window.ready)
+        self._commit(window.ready, trained={}, checkpoint=None, version=window.version,
+                     marks={**marks, **dict.fromkeys(used, "bad_update")})
+        return False  # no step: the next update is step ``step`` again
+
+    @property
+    def last_good(self) -> str:
+        last = self.output_dir / self.state.checkpoint if self.state and self.state.checkpoint else self.config.model
+        return f"The last good weights, {last}, are intact and still served"
+
+    def report(self, step: int, got: Taken, batch: Any, row: dict[str, Any]) -> dict[str, Any] | None:
+        """The update's row, once the server serves it: the Trainer's step figures and the online ones."""
+        if batch is None:
+            return None
+        state, window = self.state, got.own
+        assert state is not None
+        self.guard.reloaded(row["policy_version"])
+        self._prune_checkpoints()
+        used = [r for r in window.ready if r.rollout_id in self._trained(batch, window.ready)]
+        lags = [self._lag(r, window.version) for r in used]
+        return {
+            **row, "time": time.time(), "rollouts": len(used), "skipped": len(window.ready) - len(used),
+            "reward_mean": sum(r.reward for r in used) / len(used),  # the ready query's latest usable reward
+            "baseline_mean": state.baseline.mean, "policy_lag_mean": sum(lags) / len(lags) if lags else None,
+            "combined_feedback": sum(1 for r in used if r.reward_count > 1), **dict(state.counters),
+        }
+
+    @staticmethod
+    def _trained(batch: Any, ready: list[ReadyRollout]) -> dict[str, tuple[float, float]]:
+        """Each trained rollout's (reward, advantage): identical credit, one advantage a rollout, off the columns."""
+        table = batch.to_arrow()
+        advantage = dict(zip(table.column("rollout_id").to_pylist(), table.column("advantage").to_pylist()))
+        return {r.rollout_id: (float(r.reward or 0.0), advantage[r.rollout_id]) for r in ready
+                if r.rollout_id in advantage}
 
     def _usable(self, rollout: ReadyRollout, version: int) -> bool:
         lag = self._lag(rollout, version)
@@ -265,71 +353,6 @@ class OnlineTrainer(Lifecycle):
     @staticmethod
     def _lag(rollout: ReadyRollout, version: int) -> int | None:
         return None if rollout.min_policy_version is None else version - rollout.min_policy_version
-
-    def _update(self, ready: list[ReadyRollout], fresh_ids: set[str], version: int) -> dict[str, Any] | None:
-        state, _ = self._loaded("poll_once()")
-        started = time.perf_counter()
-        batch, marks = self._load([r for r in ready if r.rollout_id in fresh_ids], state)
-        advantage = dict(zip(*(batch.to_arrow().column(c).to_pylist() for c in ("rollout_id", "advantage")))) \
-            if batch is not None else {}  # identical credit: one advantage per rollout, read off the columns
-        used = [r for r in ready if r.rollout_id in advantage]
-        if not used:  # nothing token-level to learn from: move past them, no update
-            self._commit(ready, trained={}, checkpoint=None, version=version, marks=marks)
-            return None
-        by_rollout = {r.rollout_id: (float(r.reward or 0.0), advantage[r.rollout_id]) for r in used}
-        previous = self.guard.base()
-        metrics = self.step.update(batch, learning_rate=self.config.learning_rate_overrides.get(state.step + 1))
-        nonfinite = NonFiniteGuard(self.config.max_bad_updates, bad=state.bad_updates)  # the Trainer's policy
-        problem = nonfinite.judge(metrics, self.algorithm)
-        state.bad_updates = nonfinite.bad
-        if problem is not None:  # undone; its rollouts quarantined; after max_bad_updates in a row: stop
-            self._undo_bad_update(ready, used, version, marks)
-            last = self.output_dir / state.checkpoint if state.checkpoint else self.config.model
-            nonfinite.stop_if_too_many(problem, last_good=f"The last good weights, {last}, are intact and still served")
-            return None
-        state.step += 1
-        checkpoint = self.save_checkpoint(state.step)
-        if previous is not None:  # on trial from now on; a crash before the reload resumes it (start())
-            state.trial = self.guard.open(step=state.step, checkpoint=checkpoint, previous=previous, version=version,
-                                         oldest_ns=min(r.ready_ns for r in used))
-        self._commit(ready, trained=by_rollout, checkpoint=checkpoint, version=version, marks=marks)
-        try:  # the weights pushed: the committed checkpoint, through the server's reload route
-            new_version = self.server.reload(self.output_dir / checkpoint)
-        except ServingError as exc:  # committed: a rerun resumes here, and start() loads it into the server
-            raise TrainingError(f"update {state.step} is saved ({checkpoint}) but the server did not load it: {exc}. "
-                                "Run again once it can: the rerun resumes here and loads it") from None
-        self.guard.reloaded(new_version)
-        self._prune_checkpoints()
-        lags = [self._lag(r, version) for r in used]
-        row = {
-            "step": state.step, "time": time.time(), "rollouts": len(used),
-            "skipped": len(ready) - len(used), "transitions": len(batch),
-            "reward_mean": sum(r.reward for r in used) / len(used) if used else None,
-            "baseline_mean": state.baseline.mean, "policy_lag_mean": sum(lags) / len(lags) if lags else None,
-            "combined_feedback": sum(1 for r in used if r.reward_count > 1), "policy_version": new_version,
-            "update_seconds": time.perf_counter() - started, **dict(state.counters), **metrics,
-        }
-        return self._report(row)
-
-    def _report(self, row: dict[str, Any]) -> dict[str, Any]:
-        for callback in self._callbacks:
-            callback.on_row(row)
-        return row
-
-    def _load(self, fresh: list[ReadyRollout], state: OnlineState) -> tuple[Any, dict[str, str]]:
-        """The fresh rollouts' transitions, credit run once (``TrainingStep.load``): the running baseline
-        (``state.baseline``) sees them in ready order, each scored with its latest usable reward. Rollouts whose
-        transitions fail the algorithm's checks are marked and the rest loaded again from the baseline as it was,
-        so that it observes only what is trained on (a forged rollout is rare)."""
-        ids = [r.rollout_id for r in fresh]
-        before = copy.deepcopy(state.baseline)
-        batch = self.step.load(ids, running=state.baseline)
-        marks = bad_rollouts(self.algorithm, batch) if len(batch) else {}
-        if marks:
-            state.baseline = before
-            kept = [i for i in ids if i not in marks]
-            batch = self.step.load(kept, running=state.baseline) if kept else None
-        return batch, marks
 
     # --- persistence --------------------------------------------------------------------------------
     def _commit(self, considered: list[ReadyRollout], *, trained: dict[str, tuple[float, float]],
@@ -355,20 +378,6 @@ class OnlineTrainer(Lifecycle):
         if checkpoint is not None:
             state.checkpoint = checkpoint
         state.save(self.output_dir)
-
-    # --- what cannot be trained on -------------------------------------------------------------------
-    def _undo_bad_update(self, ready: list[ReadyRollout], used: list[ReadyRollout], version: int,
-                         marks: dict[str, str]) -> None:
-        """Back to the last good weights (the server still serves them); the update's rollouts quarantined."""
-        cfg, (state, _) = self.config, self._loaded("poll_once()")
-        _logger.warning("spanrl online: update %d of %d in a row not finite; undone, its %d rollouts quarantined",
-                        state.bad_updates, cfg.max_bad_updates, len(used))
-        if state.checkpoint is not None:
-            self.algorithm.load_state(self.output_dir / state.checkpoint)
-        else:
-            self.algorithm.setup(model_path=Path(cfg.model), output_dir=self.output_dir / "algorithm", seed=cfg.seed)
-        self._commit(ready, trained={}, checkpoint=None, version=version,
-                     marks={**marks, **{r.rollout_id: "bad_update" for r in used}})
 
     def save_checkpoint(self, step: int) -> str:
         """Write ``checkpoint-<step>/`` (committed once ``online_state.json`` names it); returns its name."""

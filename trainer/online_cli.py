@@ -1,4 +1,5 @@
-"""``spanrl train --online CONFIG``: the online trainer from a YAML/JSON config.
+"""The online trainer from a YAML/JSON config, and its terminal lines (``spanrl train --online CONFIG``: the
+``--online`` path of ``trainer/_cli.py``).
 
 The config has `OnlineConfig`'s fields at the top level, plus the algorithm (GRPO only: the update
 must take its ratio against the recorded sampling log-probs); every key: docs/online-config.md::
@@ -12,22 +13,20 @@ must take its ratio against the recorded sampling log-probs); every key: docs/on
     max_policy_lag: 2
     max_age_s: 600
 
-It runs until SIGTERM / SIGINT (then finishes the current update and exits 0), ``max_updates`` or
-``max_seconds``.
+``spanrl train --online`` runs it until SIGTERM / SIGINT (then finishes the current update and exits 0),
+``max_updates`` or ``max_seconds``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import signal
 from pathlib import Path
 from typing import Any, Mapping
 
-from spanrl.errors import USAGE_EXIT_CODE, ConfigError, SpanRLError, cli_error
+from spanrl.errors import ConfigError
 from spanrl.trainer.reporting import Callback
 
-__all__ = ["OnlineConsole", "build_online_trainer", "run_online"]
+__all__ = ["OnlineConsole", "build_online_trainer"]
 
 
 def build_online_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
@@ -77,49 +76,3 @@ def _verdict_line(row: Mapping[str, Any]) -> str:
     if row["event"] == "rejected":
         line += f"; rolled back to {row['restored']}, now serving v{row['policy_version']}"
     return line
-
-
-def _quiet_third_party() -> None:
-    """Terminal output is for people: no per-checkpoint progress bars or deprecation notices from HF."""
-    import warnings
-
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
-
-
-def run_online(path: Path, *, output_dir: str | None = None, max_updates: int | None = None,
-               json_summary: bool = False) -> int:
-    """Build from ``path``, run until stopped; with ``json_summary`` end with a one-line JSON summary (as
-    ``spanrl train --json``). A bad config or an unreachable server/collector at start: one line on stderr,
-    exit code 2."""
-    try:
-        return _run_online(path, output_dir=output_dir, max_updates=max_updates, json_summary=json_summary)
-    except SpanRLError as exc:
-        return cli_error(exc, USAGE_EXIT_CODE)
-
-
-def _run_online(path: Path, *, output_dir: str | None, max_updates: int | None, json_summary: bool) -> int:
-    from spanrl.logs import log_to_file
-    from spanrl.trainer.train_config import read_config
-    from spanrl.trainer.config import LOG_FILE
-
-    raw = read_config(path)
-    if output_dir:
-        raw["output_dir"] = output_dir
-    if max_updates is not None:
-        raw["max_updates"] = max_updates
-    _quiet_third_party()
-    trainer = build_online_trainer(raw, base=path.parent)
-    # as `spanrl train`: every log line (HTTP clients, checkpoints) to a file, the terminal keeps one line an update
-    print(f"full logs: {log_to_file(trainer.output_dir / LOG_FILE)}", flush=True)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: trainer.stop())
-    with trainer:  # start(); close() at the end
-        print(f"spanrl online ready step={trainer.state.step} output_dir={trainer.output_dir}", flush=True)
-        history = trainer.run()
-    if json_summary:
-        print(json.dumps({"step": trainer.state.step, "updates_this_run": len(history),
-                          "output_dir": str(trainer.output_dir), **trainer.state.counters}), flush=True)
-    return 0

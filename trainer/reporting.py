@@ -7,7 +7,8 @@ One contract (``on_row(row)``, ``on_end(history)``, ``close()``) for everything 
 - :class:`Scalars`: TensorBoard / W&B (``report_to``), the only scalar writer;
 - :class:`~spanrl.trainer.console.Console`: the progress bar and one readable line per step;
 - :class:`CurvePlot`: ``reward_curve.png`` at the end;
-- :class:`NonFiniteGuard`: the one non-finite policy: stops training after ``max_bad_updates`` bad updates in a row.
+- :class:`NonFiniteGuard`: the one non-finite policy, judged by the training step after each update
+  (``training_step.py``): stops training after ``max_bad_updates`` bad updates in a row.
 
 Algorithms return their metrics and write no reports (their HF trainers run with ``report_to="none"``);
 the Trainer merges them into the step's row, so each key is written once per step.
@@ -77,10 +78,10 @@ class HistoryFile(Callback):
 class NonFiniteGuard(Callback):
     """The one non-finite policy (issue 28) of both trainers. An update whose loss (``losses/*``), gradient norm
     (``charts/grad_norm``) or, given the algorithm, a weight is not finite counts as bad, a good one resets the
-    count, and the ``max_bad``-th bad one in a row stops training with `TrainingError` naming it. What is undone
-    is the caller's: the online trainer loads its last good checkpoint and quarantines the update's rollouts; in
-    the Trainer (rows through ``on_row``) GRPO and PPO skip a non-finite optimizer step, so the weights stay the
-    last good ones."""
+    count, and the ``max_bad``-th bad one in a row stops training with `TrainingError` naming it. The training step
+    judges each update and never pushes a bad one; what is undone is its source's: the online trainer loads its last
+    good checkpoint and quarantines the update's rollouts; in the Trainer GRPO and PPO skip a non-finite optimizer
+    step. ``on_row`` judges a recorded row the same way, for a loop of one's own."""
 
     def __init__(self, max_bad: int, *, bad: int = 0) -> None:
         self.max_bad = max_bad

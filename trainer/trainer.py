@@ -73,8 +73,8 @@ from spanrl.trainer.console import Console
 from spanrl.trainer.preflight import check_before_start, no_rollout_succeeded
 from spanrl.trainer.lifecycle import Lifecycle, State
 from spanrl.rollouts.prefetch import RolloutPrefetch, StepRollouts
-from spanrl.trainer.reporting import Callback, CurvePlot, HistoryFile, NonFiniteGuard, RowLog, Scalars, StageClock
-from spanrl.trainer.training_step import TrainingStep
+from spanrl.trainer.reporting import Callback, CurvePlot, HistoryFile, RowLog, Scalars
+from spanrl.trainer.training_step import Taken, TrainingStep
 from spanrl.rollouts.rollouts import jobs_of
 from spanrl.rollouts.runner import RolloutJob, RolloutResult
 from spanrl import seeding
@@ -204,7 +204,8 @@ class Trainer(Lifecycle):
                                       adapters=getattr(self.algorithm, "serving_adapters", None))
             self._callbacks = self._reporting()
             self._training = TrainingStep(algorithm=self.algorithm, credit=self.credit, config=cfg,
-                                          store=self.collector.store, server=self.server, world=self._world)
+                                          store=self.collector.store, server=self.server, world=self._world,
+                                          max_bad_updates=cfg.max_bad_updates)
         except BaseException:
             self.close()
             raise
@@ -225,12 +226,11 @@ class Trainer(Lifecycle):
         return self.model_path if getattr(self.algorithm, "serving_adapters", None) else checkpoint  # adapters: base
 
     def _reporting(self) -> list[Callback]:
-        cfg = self.config  # where each row goes, in order; the guard last: a diverged row is reported, then stops
+        cfg = self.config  # where each row goes, in order
         self._console = Console(max_steps=cfg.max_steps) if cfg.progress else None
         callbacks = [HistoryFile(self.output_dir / HISTORY_FILE), RowLog(),
                      Scalars(cfg.report_to, self.output_dir, run_description(self)), self._console,
-                     CurvePlot(self.output_dir / CURVE_FILE, f"spanrl: {self.output_dir.name}"),
-                     NonFiniteGuard(cfg.max_bad_updates)]
+                     CurvePlot(self.output_dir / CURVE_FILE, f"spanrl: {self.output_dir.name}")]
         return [c for c in callbacks if c is not None]
 
     def close(self) -> None:
@@ -268,19 +268,11 @@ class Trainer(Lifecycle):
                     from spanrl.trainer.prompt_search import search_prompt
 
                     search_prompt(self)
-                deadline = None if cfg.max_minutes is None else time.monotonic() + 60 * cfg.max_minutes
-                while not self._optimizes_prompt and self.step < cfg.max_steps:
-                    row = self._train_step()
-                    last = self.step == cfg.max_steps or (deadline is not None and time.monotonic() >= deadline)
-                    if self.val_tasks and (last or (cfg.eval_every and self.step % cfg.eval_every == 0)):
-                        eval_started = time.perf_counter()
-                        row["val_success"] = self.evaluate()
-                        row["time/eval_s"] = time.perf_counter() - eval_started
-                    self.record(row)
-                    if last or (cfg.save_every and self.step % cfg.save_every == 0):
-                        self.save_checkpoint()
-                    if last:
-                        break
+                else:
+                    assert self._training is not None
+                    source = RunnerSource(self._prefetch, lambda step: self._step_jobs(step)[0])
+                    ends = _StepEnds(self, None if cfg.max_minutes is None else time.monotonic() + 60 * cfg.max_minutes)
+                    self._training.loop(source, step=self.step, done=ends.done, record=ends.record)
             for callback in self._callbacks:
                 callback.on_end(self.history)
         finally:
@@ -291,18 +283,6 @@ class Trainer(Lifecycle):
             if owns:
                 self.close()
         return self.history
-
-    def _train_step(self) -> dict[str, Any]:
-        """Rollouts (taken from the prefetch: run now, or ahead while the last update computed), then the
-        step itself (``training_step.py``); returns the step's history row (not recorded)."""
-        clock, step = StageClock("decompose", "update", "reload"), self.step + 1  # time/step_s counts the wait
-        sampler, _ = self._step_jobs(step)
-        assert self._prefetch is not None and self._training is not None
-        got, waited = self._prefetch.take(step)
-        self._prefetch.ahead(step)  # the next steps' rollouts run while this step updates
-        row = self._training.run(step, got, sampler=sampler, waited=waited, clock=clock)
-        self.step = step
-        return row
 
     def _step_jobs(self, step: int) -> tuple[random.Random, list[RolloutJob]]:
         """Step ``step``'s seeded rollout jobs and the sampler that later picks minibatches (``spanrl.seeding``)."""
@@ -437,3 +417,59 @@ class Trainer(Lifecycle):
 
     def _policy_version(self) -> int | None:
         return getattr(self.server, "version", None)
+
+
+class RunnerSource:
+    """The Trainer's source of the loop's rollouts (``training_step.Source``): each step's seeded jobs through the
+    runner, run now or ahead while the last update computed (``prefetch``); ``sampler_of(step)`` picks the step's
+    minibatches. It commits nothing (the Trainer checkpoints after recording the row, every ``save_every``)."""
+
+    last_good = "GRPO and PPO skipped the non-finite optimizer steps, and none was pushed to the server"
+
+    def __init__(self, prefetch: RolloutPrefetch, sampler_of: Callable[[int], random.Random]) -> None:
+        self.prefetch, self.sampler_of = prefetch, sampler_of
+
+    def take(self, step: int) -> Taken:
+        sampler = self.sampler_of(step)
+        got, waited = self.prefetch.take(step)
+        self.prefetch.ahead(step)  # the next steps' rollouts run while this step updates
+        ok_ids = [r.rollout_id for r in got.results if r.ok]
+        return Taken(ok_ids, got.policy_version, sampler=sampler, own=(got, waited))
+
+    def commit(self, step: int, got: Taken, batch: Any, marks: dict[str, str]) -> None:
+        if batch is None and not got.rollout_ids:
+            raise no_rollout_succeeded(f"step {step}", got.own[0].results)
+        if batch is None or not len(batch):
+            _logger.warning("step %d: %d rollouts gave no transitions; no update", step, len(got.rollout_ids))
+
+    def undo(self, step: int, got: Taken, batch: Any, marks: dict[str, str]) -> bool:
+        return True  # the step stands: its row is recorded
+
+    def report(self, step: int, got: Taken, batch: Any, row: dict[str, Any]) -> dict[str, Any]:
+        rollouts, waited = got.own
+        ok = len(got.rollout_ids)
+        return {**row, "rollouts_ok": ok, "rollouts_failed": len(rollouts.results) - ok,
+                "time/rollouts_s": rollouts.seconds, "time/rollout_wait_s": waited}
+
+
+class _StepEnds:
+    """What follows each of the Trainer's steps: an evaluation when due, the row recorded, a checkpoint when due;
+    the last step is ``max_steps`` or the first to end past ``deadline`` (``max_minutes``)."""
+
+    def __init__(self, trainer: Trainer, deadline: float | None) -> None:
+        self.trainer, self.deadline, self.last = trainer, deadline, False
+
+    def done(self, step: int) -> bool:
+        return self.last or step >= self.trainer.config.max_steps
+
+    def record(self, row: dict[str, Any]) -> None:
+        trainer, cfg, step = self.trainer, self.trainer.config, row["step"]
+        trainer.step = step  # the evaluation's rollouts are named after it
+        self.last = step >= cfg.max_steps or (self.deadline is not None and time.monotonic() >= self.deadline)
+        if trainer.val_tasks and (self.last or (cfg.eval_every and step % cfg.eval_every == 0)):
+            eval_started = time.perf_counter()
+            row["val_success"] = trainer.evaluate()
+            row["time/eval_s"] = time.perf_counter() - eval_started
+        trainer.record(row)
+        if self.last or (cfg.save_every and step % cfg.save_every == 0):
+            trainer.save_checkpoint()

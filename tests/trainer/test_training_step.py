@@ -1,0 +1,106 @@
+"""The one loop of both trainers (trainer/training_step.py) against an in-memory source, algorithm and server: the
+order of a step (update, the source's commit, the push), the algorithm's checks, the non-finite policy, a source
+with nothing ready or an event row. The two real sources run in tests/trainer/test_trainer.py and test_online*.py."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from spanrl.algorithms.tables import TRANSITIONS_SCHEMA
+from spanrl.algorithms.transitions import TransitionBatch
+from spanrl.errors import TrainingError
+from spanrl.trainer.training_step import Taken, TrainingStep
+
+
+def _row(rollout_id: str, prompt: list[int]) -> dict[str, Any]:
+    return dict(rollout_id=rollout_id, task_id="t", attempt=1, agent=None, step=0, prompt_ids=prompt,
+                completion_ids=[8], completion_mask=[1], old_logprobs=[-0.5], reward=1.0, advantage=0.5,
+                policy_version=0, retokenized=False, temperature=None)
+
+
+class _Algorithm:
+    """Loads each rollout as one transition (``forged`` with a token id outside its 50-word vocabulary)."""
+
+    def __init__(self, events: list[Any], loss: float) -> None:
+        self.events, self.loss = events, loss
+        self.model = SimpleNamespace(config=SimpleNamespace(vocab_size=50))
+
+    def load_batch(self, store: Any, credit: Any, rollout_ids: list[str]) -> TransitionBatch:
+        self.events.append(("load", rollout_ids))
+        rows = [_row(i, [99] if i == "forged" else [5]) for i in rollout_ids]
+        table = pa.Table.from_pylist(rows, schema=TRANSITIONS_SCHEMA)
+        return TransitionBatch(table, {}, dict.fromkeys(rollout_ids, 1.0))
+
+    def update(self, batch: Any) -> dict[str, float]:
+        self.events.append(("update", len(batch)))
+        return {"losses/policy_loss": self.loss, "charts/grad_norm": 1.0}
+
+
+class _Server:
+    def __init__(self, events: list[Any]) -> None:
+        self.events, self.version = events, 0
+
+    def reload(self, weights: Any) -> int:
+        self.version += 1
+        self.events.append(("push", self.version))
+        return self.version
+
+
+class _Source:
+    """Hands out ``takes`` in turn (None: nothing ready), then step rollouts ``good`` and ``forged``."""
+
+    last_good = "The last good weights are served"
+
+    def __init__(self, events: list[Any], takes: list[Taken | None], *, stands: bool = True) -> None:
+        self.events, self.takes, self.stands = events, takes, stands
+
+    def take(self, step: int) -> Taken | None:
+        return self.takes.pop(0) if self.takes else Taken(["good", "forged"], 0)
+
+    def commit(self, step: int, got: Taken, batch: Any, marks: dict[str, str]) -> None:
+        self.events.append(("commit", step, None if batch is None else len(batch), marks))
+
+    def undo(self, step: int, got: Taken, batch: Any, marks: dict[str, str]) -> bool:
+        self.events.append(("undo", step))
+        return self.stands
+
+    def report(self, step: int, got: Taken, batch: Any, row: dict[str, Any]) -> dict[str, Any]:
+        return {**row, "source": "fake"}
+
+
+def _step(events: list[Any], loss: float, max_bad_updates: int = 3) -> TrainingStep:
+    return TrainingStep(algorithm=_Algorithm(events, loss), credit=None, config=None, store=None,
+                        server=_Server(events), max_bad_updates=max_bad_updates)
+
+
+def test_a_step_updates_then_commits_then_pushes_and_quarantines_what_fails_the_checks() -> None:
+    events: list[Any] = []
+    waits, rows = [], []
+    verdict = {"step": 0, "event": "accepted"}
+    source = _Source(events, [None, Taken([], 0, event=verdict)])
+    _step(events, loss=0.25).loop(source, step=0, done=lambda step: step >= 1, record=rows.append,
+                                  idle=lambda: waits.append(1))
+    assert waits == [1] and rows[0] is verdict  # nothing ready: the loop waited; an event row is recorded as is
+    assert events == [("load", ["good", "forged"]), ("load", ["good"]), ("update", 1),
+                      ("commit", 1, 1, {"forged": "bad_transitions"}), ("push", 1)]
+    step = rows[1]
+    assert (step["step"], step["transitions"], step["policy_version"], step["source"]) == (1, 1, 1, "fake")
+    assert step["losses/policy_loss"] == 0.25 and step["time/step_s"] >= step["time/update_s"] > 0
+
+
+@pytest.mark.parametrize("stands", [True, False], ids=["trainer", "online"])
+def test_a_non_finite_update_is_never_pushed_and_the_last_allowed_stops_the_loop_after_its_row(stands: bool) -> None:
+    events: list[Any] = []
+    rows: list[dict[str, Any]] = []
+    with pytest.raises(TrainingError, match=r"^2 updates in a row were not finite \(max_bad_updates 2; last: "
+                                            r"losses/policy_loss = nan\); stopped. The last good weights are served"):
+        _step(events, loss=math.nan, max_bad_updates=2).loop(_Source(events, [], stands=stands), step=0,
+                                                             done=lambda step: False, record=rows.append)
+    assert [e for e in events if e[0] in ("commit", "push", "undo")] == [("undo", 1), ("undo", 1 if not stands else 2)]
+    # the Trainer's step stands (its row recorded, the last one's too); online, an undone update is no step
+    assert [row["step"] for row in rows] == ([1, 2] if stands else [])
