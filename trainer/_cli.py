@@ -112,11 +112,11 @@ def _train(args: argparse.Namespace) -> int:
 
 def _train_online(raw: dict[str, Any], args: argparse.Namespace, *, base: Path) -> int:
     """``--online``: the online trainer (``online_cli.build_online_trainer``) until SIGTERM / SIGINT (the current
-    update finishes, exit 0), ``max_updates`` or ``max_seconds``; ``--json``: a one-line summary at the end. A bad
-    config or a server / collector that refuses at start: one line on stderr, exit code 2."""
+    update finishes, exit 0), ``max_updates`` or ``max_seconds``; ``--json``: a one-line summary at the end. An
+    error ends it as it ends every ``spanrl`` command (``spanrl.cli``: `errors.cli_error`, the error's own exit
+    status): 2 for a bad config or a server that refuses this trainer's reloads at start, 1 for a failed run."""
     import signal
 
-    from spanrl.errors import USAGE_EXIT_CODE, SpanRLError, cli_error
     from spanrl.trainer.online_cli import build_online_trainer
     from spanrl.trainer.online_config import OnlineConfig
 
@@ -124,16 +124,13 @@ def _train_online(raw: dict[str, Any], args: argparse.Namespace, *, base: Path) 
         raw["output_dir"] = args.output_dir
     if args.max_steps is not None:
         raw["max_updates"] = args.max_steps
-    try:
-        log_file(Path(str(raw.get("output_dir", OnlineConfig.output_dir))), args)  # before transformers loads
-        trainer = build_online_trainer(raw, base=base)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: trainer.stop())
-        with trainer:  # start(); close() at the end
-            print(f"spanrl online ready step={trainer.state.step} output_dir={trainer.output_dir}", flush=True)
-            history = trainer.run()
-    except SpanRLError as exc:
-        return cli_error(exc, USAGE_EXIT_CODE)
+    log_file(Path(str(raw.get("output_dir", OnlineConfig.output_dir))), args)  # before transformers loads
+    trainer = build_online_trainer(raw, base=base)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: trainer.stop())
+    with trainer:  # start(); close() at the end
+        print(f"spanrl online ready step={trainer.state.step} output_dir={trainer.output_dir}", flush=True)
+        history = trainer.run()
     if args.json:
         print(json.dumps({"step": trainer.state.step, "updates_this_run": len(history),
                           "output_dir": str(trainer.output_dir), **trainer.state.counters}), flush=True)

@@ -50,7 +50,7 @@ from typing import Any
 from spanrl import env
 from spanrl import semconv as sc
 from spanrl.algorithms.credit_config import CreditConfig
-from spanrl.errors import ConfigError, ServingError, StoreUnavailableError, TrainingError
+from spanrl.errors import USAGE_EXIT_CODE, ConfigError, ServingError, StoreUnavailableError, TrainingError
 from spanrl.serving.client import PolicyClient
 from spanrl.store.online import ReadyRollout, Watermark, count_aged_out, now_ns, ready_window
 from spanrl.algorithms import checkpoint_folders as checkpoints
@@ -122,7 +122,7 @@ class OnlineTrainer(Lifecycle):
         self.state: OnlineState | None = None
         """The committed state (None before ``start()``); it stays readable after ``close()``."""
         self.ledger: Ledger | None = None
-        self.guard = Guard(self)
+        self.guard = Guard(config, self, store=store, server=self.server, output_dir=self.output_dir)
         credit = CreditConfig(mode="identical", baseline="running", scale_std=config.scale_std, missing_reward="skip",
                               nan_reward="ignore", reward_name=config.reward_name)  # store/online.py's reward
         self.training = TrainingStep(algorithm=algorithm, credit=credit, config=None, store=store, server=self.server,
@@ -144,7 +144,11 @@ class OnlineTrainer(Lifecycle):
             raise ConfigError(f"model must be an HF model folder, got {cfg.model!r} (no such folder)")
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self._wait_for_server()  # a server started beside the trainer may still be loading its model
-        self.server.check_reload(self.output_dir)  # now, not after an update nobody would be served
+        try:  # now, not after an update nobody would be served
+            self.server.check_reload(self.output_dir)
+        except ServingError as exc:  # the server's flags, the token or output_dir: a setup to fix, bad input
+            exc.exit_code = USAGE_EXIT_CODE
+            raise
         self.state = OnlineState.load(self.output_dir, window=cfg.baseline_window, prior=cfg.baseline_prior,
                                       clip_std=cfg.baseline_clip_std)
         self.ledger = Ledger(self.output_dir, self.state.ledger_lines)
@@ -152,7 +156,7 @@ class OnlineTrainer(Lifecycle):
         self.algorithm.setup(model_path=Path(cfg.model), output_dir=self.output_dir / "algorithm", seed=cfg.seed)
         if self.state.checkpoint is not None:
             checkpoint = self.output_dir / self.state.checkpoint
-            self.algorithm.load_state(checkpoint)
+            self.load_weights(self.state.checkpoint)
             try:  # the server may hold the weights of an update that was never committed
                 version = self.server.reload(checkpoint)
                 self.guard.serving(version)
@@ -194,9 +198,18 @@ class OnlineTrainer(Lifecycle):
     def _loaded(self, action: str) -> tuple[OnlineState, Ledger]:
         """The committed state and ledger, or `TrainingError` naming the state when nothing is loaded."""
         self._refuse(action, State.NEW, State.CLOSED)
+        return self.committed(action)
+
+    # --- what the guard gates (online_guard.Gated) ------------------------------------------------------
+    def committed(self, action: str = "read the online state") -> tuple[OnlineState, Ledger]:
+        """The committed state and ledger (loaded by ``start()``); `TrainingError` before."""
         if self.state is None or self.ledger is None:  # RUNNING / TRAINING always have both
             raise TrainingError(f"cannot {action}: the online state is not loaded")
         return self.state, self.ledger
+
+    def load_weights(self, checkpoint: str) -> None:
+        """Restore the algorithm's weights, optimizer, scheduler and RNG from ``checkpoint`` (its name)."""
+        self.algorithm.load_state(self.output_dir / checkpoint)
 
     def run(self) -> list[dict[str, Any]]:
         """Poll and update until a stop condition (the Trainer's loop, ``TrainingStep.loop``, fed by this
@@ -294,7 +307,7 @@ class OnlineTrainer(Lifecycle):
         assert state is not None
         state.bad_updates = self.training.nonfinite.bad
         if state.checkpoint is not None:
-            self.algorithm.load_state(self.output_dir / state.checkpoint)
+            self.load_weights(state.checkpoint)
         else:
             self.algorithm.setup(model_path=Path(cfg.model), output_dir=self.output_dir / "algorithm", seed=cfg.seed)
         used = self._trained(batch, window.ready)

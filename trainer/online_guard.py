@@ -30,13 +30,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from spanrl.algorithms.welch import worse_p_value
 from spanrl.errors import ConfigError
 from spanrl.store.online import ReadyRollout, RewardStats, now_ns, version_rewards
 
-__all__ = ["Guard", "validate_guard", "verdict", "winsorized"]
+__all__ = ["Gated", "Guard", "validate_guard", "verdict", "winsorized"]
 
 _logger = logging.getLogger("spanrl.trainer.online")
 _NS_PER_S = 1_000_000_000
@@ -95,61 +96,80 @@ def validate_guard(config: Any) -> None:
         raise ConfigError(f"learning_rate_overrides must be finite and > 0, got {overrides!r}")
 
 
-class Guard:
-    """The online trainer's trials (``state.trial``) and rollbacks; ``trainer`` is its `OnlineTrainer`."""
+class Gated(Protocol):
+    """What the guard needs of the source it gates (`OnlineTrainer`): its committed state and ledger (the guard
+    commits its trials there, with the step's commit point's ``state.save``), its checkpoints and its weights."""
 
-    def __init__(self, trainer: Any) -> None:
-        self.trainer = trainer
+    def committed(self) -> tuple[Any, Any]:
+        """The committed `OnlineState` and `Ledger`."""
+
+    def save_checkpoint(self, step: int) -> str:
+        """Write ``checkpoint-<step>`` under the output folder; its name."""
+
+    def load_weights(self, checkpoint: str) -> None:
+        """Restore the update's weights, optimizer, scheduler and RNG from ``checkpoint`` (a name)."""
+
+
+class Guard:
+    """The trials (``state.trial``) and rollbacks of the online source ``gated`` (`Gated`), read from ``store``
+    (its ``sql``) and served by ``server`` (a `PolicyClient`) from checkpoints under ``output_dir``."""
+
+    def __init__(self, config: Any, gated: Gated, *, store: Any, server: Any, output_dir: Path) -> None:
+        self.config, self.gated, self.store, self.server, self.output_dir = config, gated, store, server, output_dir
+
+    @property
+    def _state(self) -> Any:
+        return self.gated.committed()[0]
 
     def base(self) -> str | None:
         """With the guard on: the checkpoint a rejection of the coming update restores (``checkpoint-0``, the
         starting weights and a fresh optimizer, saved before the first update). None with the guard off."""
-        if not self.trainer.config.guard:
+        if not self.config.guard:
             return None
-        return self.trainer.state.checkpoint or self.trainer.save_checkpoint(0)
+        return self._state.checkpoint or self.gated.save_checkpoint(0)
 
     def rejected(self, rollout: ReadyRollout) -> bool:
         """Whether a policy version the guard rolled back served one of its calls."""
         low = rollout.min_policy_version
         high = rollout.max_policy_version if rollout.max_policy_version is not None else low
-        return low is not None and any(low <= v <= high for v in self.trainer.state.rejected_versions)
+        return low is not None and any(low <= v <= high for v in self._state.rejected_versions)
 
     def serving(self, version: int) -> None:
         """The server now serves the committed checkpoint as ``version`` (after an update's or a restart's reload)."""
-        state = self.trainer.state
+        state = self._state
         (state.trial["new_versions"] if state.trial is not None else state.served_versions).append(version)
-        state.save(self.trainer.output_dir)
+        state.save(self.output_dir)
 
     def reloaded(self, version: int | None) -> None:
         """After an update's reload (``version`` None: it failed): the version on trial, or, with no trial
         (the guard off), the only version that serves the new checkpoint from now on."""
-        state = self.trainer.state
+        state = self._state
         if state.trial is not None:
             state.trial["new_versions"].extend([] if version is None else [version])
         else:
             state.served_versions = [] if version is None else [version]
-            state.served_since_ns = now_ns(self.trainer.store)
-        state.save(self.trainer.output_dir)
+            state.served_since_ns = now_ns(self.store)
+        state.save(self.output_dir)
 
     def open(self, *, step: int, checkpoint: str, previous: str, version: int, oldest_ns: int) -> dict[str, Any]:
         """The trial of ``checkpoint`` (update ``step``) against ``previous``, which ``version`` serves now;
         ``oldest_ns``: the update's oldest rollout (``ready_ns``), where the first trial's store reads begin."""
-        state = self.trainer.state
+        state = self._state
         versions = sorted({*state.served_versions, version})
         return {"step": step, "checkpoint": checkpoint, "previous": previous, "new_versions": [],
                 "previous_versions": versions, "since_ns": state.served_since_ns or oldest_ns,
-                "opened_ns": now_ns(self.trainer.store)}
+                "opened_ns": now_ns(self.store)}
 
     def judge(self) -> dict[str, Any] | None:
         """Look at the open trial once: a history row when it was decided, None while it waits."""
-        trainer, cfg = self.trainer, self.trainer.config
-        state, trial = trainer.state, trainer.state.trial
+        cfg, state = self.config, self._state
+        trial = state.trial
         if not trial["new_versions"]:  # the reload after the update failed: the new version is not served yet
-            trial["new_versions"].append(trainer.server.reload(trainer.output_dir / trial["checkpoint"]))
-            state.save(trainer.output_dir)
-        now = now_ns(trainer.store)
+            trial["new_versions"].append(self.server.reload(self.output_dir / trial["checkpoint"]))
+            state.save(self.output_dir)
+        now = now_ns(self.store)
         new, previous = version_rewards(
-            trainer.store, new_versions=trial["new_versions"], previous_versions=trial["previous_versions"], now=now,
+            self.store, new_versions=trial["new_versions"], previous_versions=trial["previous_versions"], now=now,
             horizon_ns=max(0, trial["since_ns"] - 2 * int(cfg.max_age_s * _NS_PER_S)), settle_s=cfg.settle_s,
             max_age_s=cfg.max_age_s, quiet_s=cfg.quiet_s, reward_name=cfg.reward_name)
         previous, new = winsorized(previous, new)  # the row, the log line and the test: all on the clipped rewards
@@ -167,7 +187,7 @@ class Guard:
             state.served_versions, state.served_since_ns = list(trial["new_versions"]), trial["opened_ns"]
             state.trial = None
             state.count(f"guard_{decided}")
-            state.save(trainer.output_dir)
+            state.save(self.output_dir)
         _logger.info("spanrl online: update %d (v%s) %s: live reward %.3f over %d vs %.3f over %d (p %s)",
                      trial["step"], trial["new_versions"], decided, new.mean, new.n, previous.mean, previous.n,
                      "-" if p_value is None else f"{p_value:.3g}")
@@ -175,10 +195,9 @@ class Guard:
 
     def _roll_back(self, trial: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
         """Serve and restore the previous checkpoint; commit the rejection (ledger line, state)."""
-        trainer = self.trainer
-        state, ledger, previous = trainer.state, trainer.ledger, trial["previous"]
-        version = trainer.server.reload(trainer.output_dir / previous)  # a ServingError: retried at the next poll
-        trainer.algorithm.load_state(trainer.output_dir / previous)
+        (state, ledger), previous = self.gated.committed(), trial["previous"]
+        version = self.server.reload(self.output_dir / previous)  # a ServingError: retried at the next poll
+        self.gated.load_weights(previous)
         restored = {"restored": previous, "policy_version": version}
         ledger.append([{"event": "rejected_update", "step": trial["step"], "checkpoint": trial["checkpoint"],
                         "rejected_versions": trial["new_versions"], **restored,
@@ -188,7 +207,7 @@ class Guard:
         state.served_versions = [*trial["previous_versions"], version]
         state.checkpoint, state.trial, state.ledger_lines = previous, None, ledger.lines
         state.count("guard_rejected")
-        state.save(trainer.output_dir)
+        state.save(self.output_dir)
         _logger.warning("spanrl online: update %d rolled back: serving %s again as v%d", trial["step"], previous,
                         version)
         return restored

@@ -123,3 +123,43 @@ def test_task_derivation_follows_spanrl_task_from(tmp_path, monkeypatch, caplog)
     assert tasks["input_messages"].startswith("input:") and tasks["none"] is None
     assert tasks["bogus"].startswith("user:")  # a bad value: the default, with a warning naming the choices
     assert "SPANRL_TASK_FROM='bogus' is not one of first_user_message, input_messages, none" in caplog.text
+
+
+def test_a_conversation_cut_off_before_its_answer_has_no_task_and_never_trains(collector) -> None:
+    """The policy server records a call whose client went away (or whose generation failed) as one ERROR span
+    with the response id and the conversation id but no content and no tokens (serving/responses.py): such a
+    conversation is a rollout with no task to derive (its question was never recorded) and nothing to train
+    (no answer reached a user to judge, no tokens). One whose cut-off call was retried and answered takes its
+    task from the answered call, like any other."""
+    from opentelemetry.trace import Status, StatusCode
+
+    agent, server = _tracer(collector, "plain-agent"), _tracer(collector, "spanrl-policy")
+
+    def cut_off(response_id: str, conversation: str) -> None:
+        span = server.start_span("chat policy", context=context.Context(), kind=SpanKind.SERVER, attributes={
+            sc.GEN_AI_OPERATION_NAME: "chat", sc.GEN_AI_RESPONSE_ID: response_id, sc.POLICY_VERSION: 0,
+            sc.GEN_AI_CONVERSATION_ID: conversation})
+        span.set_status(Status(StatusCode.ERROR, "the client disconnected: generation cancelled"))
+        span.end()
+
+    cut_off("chatcmpl-1", "stopped")
+    cut_off("chatcmpl-2", "retried")
+    _agent_call(agent, server, "chatcmpl-3", "the sky is", **{sc.GEN_AI_CONVERSATION_ID: "retried"})
+    _agent_call(agent, server, "chatcmpl-4", "the sky is", **{sc.GEN_AI_CONVERSATION_ID: "answered"})
+    users = _tracer(collector, "users")
+    for response_id in ("chatcmpl-3", "chatcmpl-4"):  # the users judge the answers they got
+        users.start_span("user verdict", context=context.Context(), attributes={
+            sc.GEN_AI_EVALUATION_NAME: "thumbs", sc.GEN_AI_EVALUATION_SCORE_VALUE: 1.0,
+            sc.GEN_AI_RESPONSE_ID: response_id}).end()
+
+    rows = collector.store.sql("SELECT rollout_id, task_id, status, error_count FROM rollouts").to_pylist()
+    by_id = {r["rollout_id"]: r for r in rows}
+    assert set(by_id) == {"conversation:stopped", "conversation:retried", "conversation:answered"}
+    assert (by_id["conversation:stopped"]["task_id"], by_id["conversation:stopped"]["error_count"]) == (None, 1)
+    assert by_id["conversation:retried"]["task_id"] == by_id["conversation:answered"]["task_id"]
+    assert by_id["conversation:answered"]["task_id"].startswith("user:")
+    ready = ready_rollouts(collector.store, Watermark(), now=now_ns(collector.store), settle_s=0.0, max_age_s=30.0,
+                           horizon_ns=0, quiet_s=0.0)
+    assert {(r.rollout_id, r.task_id, r.token_calls) for r in ready} == {
+        ("conversation:retried", by_id["conversation:answered"]["task_id"], 1),
+        ("conversation:answered", by_id["conversation:answered"]["task_id"], 1)}

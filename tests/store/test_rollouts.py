@@ -15,6 +15,7 @@ from spanrl import semconv as sc
 from spanrl.store import SpanStore
 from spanrl.store import rollouts as store_rollouts
 from spanrl.store.decomposer import decompose
+from spanrl.store.kept_rollouts import materialize
 from spanrl.rollouts.runner import RolloutJob, RolloutRunner, RunnerConfig
 
 from test_decomposer import Recorder, Rollout, _ns, deliver, rows
@@ -120,9 +121,16 @@ def test_status_without_a_rollout_span_open_then_ended_by_the_trainer(collector:
                       "quiet": ("open", None), "running": ("open", None)}
     assert store_rollouts.ready(collector.store, ["exited", "quiet", "running"], 0, need_token_ids=True) == {"exited"}
 
+    # The collector's materializer keeps finished rollouts (its first run is 2 s after start, so only a test
+    # slowed by load used to reach it): run it here, so every run reads the kept rows, and where the open
+    # rollouts start, as a loaded one did.
+    materialize(collector.store)
     collector.shutdown()
-    with SpanStore.open(tmp_path / "spans.duckdb") as store:  # a minute passes for "quiet" only
-        store.sql("UPDATE spans SET ingested_ns = ingested_ns - 61_000_000_000 WHERE rollout_id = 'quiet'")
+    with SpanStore.open(tmp_path / "spans.duckdb") as store:  # a minute passes for "quiet" only:
+        # its spans were stored a minute earlier, so the start of it the materializer noted was too (the
+        # decomposer reads open rollouts live from there; ingested_ns never moves back outside this test)
+        for table, column in (("spans", "ingested_ns"), ("decomposed", "first_ingested_ns")):
+            store.sql(f"UPDATE {table} SET {column} = {column} - 61_000_000_000 WHERE rollout_id = 'quiet'")
         status = {r["rollout_id"]: (r["status"], r["ended_by"]) for r in store.sql("FROM rollouts").to_pylist()}
         assert status["quiet"] == ("finished", "quiet") and status["running"] == ("open", None)
         assert "quiet" not in store_rollouts.ready(store, ["quiet"], 0, need_token_ids=False)  # no end stored

@@ -94,9 +94,15 @@ def test_online_trainer_learns_from_agents_without_spanrl_ids(tmp_path: Path, co
         assert entry["reward"] == last_verdict[entry["rollout_id"]]
         assert entry["reward"] == float(is_right(_TASKS[request["task_id"]], request["answer"]))
     assert any(e["rewards"] == 2 for e in trained), "no conversation judged twice was trained"
-    # Its task is the question's (a hash of the first user message): three tasks, one baseline group each.
-    tasks = collector_proc.sql("SELECT DISTINCT task_id FROM rollouts WHERE rollout_id LIKE 'conversation:%'")
-    assert len(tasks) == len(TASKS) and all(r["task_id"].startswith("user:") for r in tasks)
+    # Its task is the question's (a hash of the first user message): one per question, three baseline groups.
+    # Over the conversations the agents got an answer for: a conversation cut off when the agents were stopped
+    # has only the server's error span, without its question, so no task (test_production_rollouts.py).
+    rows = collector_proc.sql("SELECT rollout_id, task_id FROM rollouts WHERE rollout_id LIKE 'conversation:%'")
+    task_of = {r["rollout_id"]: r["task_id"] for r in rows}
+    by_question = {(requests[r]["task_id"], task) for r, task in task_of.items() if r in requests}
+    assert len(by_question) == len({q for q, _ in by_question}) == len({t for _, t in by_question}) == len(TASKS)
+    assert all(str(task).startswith("user:") for _, task in by_question), by_question
+    assert all(task_of[e["rollout_id"]] in {t for _, t in by_question} for e in trained)
 
     # Success rises: users are satisfied more often by the final policy than by the first one.
     def success(version: int) -> tuple[float, int]:

@@ -17,7 +17,7 @@ from spanrl.algorithms import ALGORITHMS, algorithm_class
 from spanrl.algorithms.credit import CreditConfig
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.cli import main
-from spanrl.errors import ConfigError
+from spanrl.errors import ConfigError, ServingError, StoreUnavailableError, TrainingError
 from spanrl.rollouts import RolloutsConfig
 from spanrl.trainer import RunnerConfig, TrainerConfig
 from spanrl.trainer.train_config import TINY_KEYS, TOP_LEVEL_KEYS, build_trainer
@@ -161,3 +161,21 @@ def test_cli_names_the_task_formats_for_a_csv_file(tmp_path: Path, capsys: pytes
     (tmp_path / "tasks.json").write_text('[{"id": "a"},]')
     with pytest.raises(ConfigError, match=r"tasks: .*tasks.json is not JSON \(Expecting value: line 1 column 14"):
         build_trainer({"model": "m", "agent": "python a.py", "tasks": "tasks.json"}, base=tmp_path)
+
+
+@pytest.mark.parametrize("error, status", [(ConfigError("bad field"), 2), (ServingError("server gone"), 1),
+                                           (StoreUnavailableError("no collector"), 1), (TrainingError("stuck"), 1)])
+def test_train_and_train_online_end_on_an_error_with_its_own_exit_status(
+        error: Exception, status: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # one rule for every spanrl command (errors.cli_error): 2 for bad input, 1 for a run that failed
+    def fail(*_: Any, **__: Any) -> Any:
+        raise error
+
+    monkeypatch.setattr("spanrl.trainer._cli.build_trainer", fail)
+    monkeypatch.setattr("spanrl.trainer.online_cli.build_online_trainer", fail)
+    config = tmp_path / "train.yaml"
+    config.write_text(f"model: m\noutput_dir: {tmp_path / 'run'}\n")
+    for online in ([], ["--online"]):
+        assert main(["train", *online, str(config)]) == status, online
+        assert capsys.readouterr().err.splitlines() == [f"spanrl: error: {error}"]
