@@ -23,7 +23,8 @@ from typing import Any
 from spanrl.demo.smollm2.tools import SHOTS, TOOLS, load_tasks, reward, run_tool, split, tool_model
 from spanrl.errors import ConfigError
 
-__all__ = ["AgenticConfig", "CREDIT_MODES", "MAX_CALLS", "agent", "build_trainer", "run", "score_or_train"]
+__all__ = ["AgenticConfig", "CREDIT_MODES", "MAX_CALLS", "agent", "build_trainer", "credit_config", "run",
+           "score_or_train"]
 
 MAX_CALLS = 3
 """LLM calls per episode: a tool call and the answer take two; one more lets a bad call be retried."""
@@ -85,7 +86,7 @@ class AgenticConfig:
                 raise ConfigError(f"{name} must be an integer >= 0, got {getattr(self, name)!r}")
         if not self.learning_rate > 0:
             raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate!r}")
-        _credit(self.credit, self.aggregate, self.gamma).validate()  # a bad gamma fails now, not after setup
+        credit_config(self.credit, self.aggregate, self.gamma).validate()  # a bad gamma fails now, not after setup
         if self.val_tasks:
             load_tasks(self.val_tasks)  # a bad file fails now, not after setup
         return self
@@ -112,7 +113,8 @@ async def agent(task: dict[str, Any], llm: Any) -> float:
     return 0.0  # still calling tools after MAX_CALLS: no answer
 
 
-def _credit(mode: str, merge: bool, gamma: float) -> Any:
+def credit_config(mode: str, merge: bool, gamma: float) -> Any:
+    """The ``CreditConfig`` of ``--credit MODE`` (``CREDIT_MODES``), ``merge``: trajectory aggregation."""
     from spanrl.algorithms.credit import CreditConfig
 
     if mode == "gigpo":  # the paper's: the undiscounted episode term plus the discounted step term
@@ -134,7 +136,7 @@ def build_trainer(cfg: AgenticConfig) -> Any:
     return Trainer(
         model=model, agent=agent, tasks=train, val_tasks=val,
         algorithm=GRPO(learning_rate=cfg.learning_rate, max_completion_length=cfg.max_tokens, micro_batch_size=8),
-        credit=_credit(cfg.credit, cfg.aggregate, cfg.gamma),
+        credit=credit_config(cfg.credit, cfg.aggregate, cfg.gamma),
         config=TrainerConfig(
             output_dir=cfg.output_dir, n_rollouts=cfg.group, tasks_per_step=cfg.tasks_per_step, max_steps=cfg.steps,
             eval_every=cfg.eval_every, max_minutes=cfg.max_minutes,

@@ -26,7 +26,8 @@ import hashlib
 import json
 from typing import Any
 
-from spanrl.demo.smollm2.tools import _SHOT_TRIPLES, SHOTS, TOOLS, _shot, make_tasks, reward, run_tool
+from spanrl.demo.smollm2.tools import (SHOT_TRIPLES, SHOTS, TOOLS, make_tasks, reward, run_tool, shot_keys,
+                                      solved_episode)
 
 __all__ = ["CHECK_TOOL", "DECAY", "MAX_ANSWERS", "MAX_CALLS", "RECOVERY_IN_SHOTS", "RECOVERY_SHOT", "REJECTION",
            "Episode", "Outcome", "agent", "episode_reward", "shots", "split", "state_id"]
@@ -47,7 +48,7 @@ with it 0.279 of 86; ``examples/smollm2/verify_probe.py``, docs/measurements.md,
 
 def _recovery_shot() -> list[dict[str, Any]]:
     op, a, b = _RECOVERY_TRIPLE
-    solved = _shot(op, a, b, len(_SHOT_TRIPLES))
+    solved = solved_episode(op, a, b, len(SHOT_TRIPLES))
     return [solved[0], {"role": "user", "content": REJECTION}, *solved[1:]]
 
 
@@ -133,9 +134,7 @@ class Episode:
 def split(n_train: int, n_val: int, *, seed: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Train and held-out tasks of ``seed``, split by content as the tool task's (``tools.held_out``: no seed
     trains on another seed's held-out triple), none a shot's (the recovery shot's included)."""
-    triples = [*_SHOT_TRIPLES, _RECOVERY_TRIPLE]
-    exclude = {f"{op}:{a}:{b}" for op, a, b in triples} | {f"{op}:{b}:{a}" for op, a, b in triples
-                                                           if op != "subtract"}
+    exclude = shot_keys([*SHOT_TRIPLES, _RECOVERY_TRIPLE])
     train = make_tasks(n_train, seed=seed, exclude=exclude, part="train")
     val = make_tasks(n_val, seed=seed, exclude=exclude, part="val")
     for part, tasks in (("train", train), ("val", val)):

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from spanrl.demo.smollm2.agentic import AgenticConfig, _credit
+from spanrl.demo.smollm2.agentic import AgenticConfig, credit_config
 from spanrl.demo.smollm2.tools import load_tasks, tool_model
 from spanrl.demo.smollm2.verify import MAX_CALLS, RECOVERY_IN_SHOTS, agent, split
 from spanrl.demo.smollm2.verify_metrics import evaluate
@@ -57,7 +57,7 @@ def build_trainer(cfg: VerifyConfig) -> tuple[Any, list[dict[str, Any]]]:
     trainer = Trainer(
         model=model, agent=agent, tasks=train,
         algorithm=GRPO(learning_rate=cfg.learning_rate, max_completion_length=cfg.max_tokens, micro_batch_size=8),
-        credit=_credit(cfg.credit, cfg.aggregate, cfg.gamma),
+        credit=credit_config(cfg.credit, cfg.aggregate, cfg.gamma),
         config=TrainerConfig(
             output_dir=cfg.output_dir, n_rollouts=cfg.group, tasks_per_step=cfg.tasks_per_step, max_steps=cfg.steps,
             temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed, progress=cfg.progress,
