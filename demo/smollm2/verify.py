@@ -29,15 +29,17 @@ from typing import Any
 from spanrl.demo.smollm2.tools import (SHOT_TRIPLES, SHOTS, TOOLS, make_tasks, reward, run_tool, shot_keys,
                                       solved_episode)
 
-__all__ = ["CHECK_TOOL", "DECAY", "MAX_ANSWERS", "MAX_CALLS", "RECOVERIES_SENT", "RECOVERY_SHOTS", "RECOVERY_TRIPLES",
-           "REJECTION",
-           "Episode", "Outcome", "agent", "episode_reward", "shots", "split", "state_id"]
+__all__ = ["CHECK_TOOL", "DECAY", "Episode", "MAX_ANSWERS", "MAX_CALLS", "Outcome", "RECOVERIES_SENT",
+           "RECOVERY_SHOTS", "RECOVERY_TRIPLES", "REJECTION", "REQUEST_TIMEOUT_S", "agent", "episode_reward", "shots",
+           "split", "state_id"]
 
 REJECTION = "That answer is wrong. Use one of the tools."
 MAX_CALLS = 4
 MAX_ANSWERS = 2
 DECAY = 0.6
 """Reward factor per LLM call beyond two (one tool call and the answer)."""
+REQUEST_TIMEOUT_S = 3600.0
+"""The agent's timeout per LLM request (the server batches up to 64 rollouts' calls: minutes each on busy cores)."""
 CHECK_TOOL = "check_answer"
 """Name of the ``execute_tool`` span recording a rejection (the environment's check, carrying its state)."""
 RECOVERY_TRIPLES = (("subtract", 62, 27), ("multiply", 19, 36))
@@ -159,7 +161,8 @@ async def agent(task: dict[str, Any], llm: Any) -> float:
     from spanrl import semconv
 
     tracer = trace.get_tracer("spanrl.demo.calc_verify")
-    client, episode = llm.async_client(), Episode(task)
+    # a request waits behind the server's whole batch: on loaded CPUs that outlasts the client's 600 s default
+    client, episode = llm.async_client().with_options(timeout=REQUEST_TIMEOUT_S), Episode(task)
     while not episode.done:
         reply = await client.chat.completions.create(model=llm.model, messages=episode.messages, tools=TOOLS,
                                                      **llm.sampling)
