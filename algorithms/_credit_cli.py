@@ -23,12 +23,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     a.add_argument("--rollout-id", action="append", default=None, help="only this rollout (repeatable)")
     a.add_argument("--agent", action="append", default=None, help="only calls of this agent (repeatable)")
     a.add_argument("--mode", default=None, help="only rollouts of this mode (train, val)")
+    a.add_argument("--model", default=None,
+                   help="the policy's model folder: needed by a config with a learned critic (critic.weight=1), "
+                        "whose head reads its hidden states (cross-fitted over two halves of the task groups)")
     a.set_defaults(func=_audit)
     needs_extra(a, "collector")
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from spanrl.algorithms.credit_audit import audit, format_audit, parse_config
+    from spanrl.algorithms.credit_audit import AuditPolicy, audit, format_audit, parse_config
     from spanrl.errors import ConfigError, SpanRLError, cli_error
     from spanrl.store import SpanStore
 
@@ -40,9 +43,17 @@ def _audit(args: argparse.Namespace) -> int:
             raise ConfigError(f"store: no span store at {str(path)!r} (a DuckDB file, or a run folder with {_DB_FILE})")
         texts = args.config or ["mode=identical"]
         configs = [(text, parse_config(text)) for text in texts]
+        policy = None
+        if any(config.critic is not None for _, config in configs):
+            if args.model is None:
+                raise ConfigError("--model: a config with a critic needs the policy's model folder (its hidden "
+                                  "states are the head's input); got none")
+            if not Path(args.model).is_dir():
+                raise ConfigError(f"--model: no model folder at {args.model!r}")
+            policy = AuditPolicy(args.model)
         with SpanStore.open(str(path), read_only=True) as store:
-            rows = audit(store, configs, success_above=args.success_above, rollout_ids=args.rollout_id,
-                         agents=args.agent, mode=args.mode)
+            rows = audit(store, configs, success_above=args.success_above, policy=policy,
+                         rollout_ids=args.rollout_id, agents=args.agent, mode=args.mode)
     except SpanRLError as exc:
         return cli_error(exc)
     print(format_audit(rows, success_above=args.success_above))

@@ -23,11 +23,12 @@ from typing import Any
 from spanrl.demo.smollm2.tools import SHOTS, TOOLS, load_tasks, reward, run_tool, split, tool_model
 from spanrl.errors import ConfigError
 
-__all__ = ["AgenticConfig", "CREDIT_MODES", "MAX_CALLS", "agent", "build_trainer", "run", "score_or_train"]
+__all__ = ["AgenticConfig", "CREDIT_MODES", "MAX_CALLS", "agent", "build_trainer", "credit_config", "run",
+           "score_or_train"]
 
 MAX_CALLS = 3
 """LLM calls per episode: a tool call and the answer take two; one more lets a bad call be retried."""
-CREDIT_MODES = ("identical", "discounted", "step", "gigpo")
+CREDIT_MODES = ("identical", "discounted", "step", "gigpo", "critic")
 
 
 @dataclasses.dataclass
@@ -44,8 +45,9 @@ class AgenticConfig:
     learning_rate: float = 2e-5
     credit: str = "identical"
     """How the episode's reward reaches each call: ``identical`` (Agent Lightning's), ``discounted``,
-    ``step`` (both with ``gamma``), or ``gigpo`` (identical plus GiGPO's step-group term,
-    ``step_group_weight`` 1, its step return discounted by ``gamma``)."""
+    ``step`` (both with ``gamma``), ``gigpo`` (identical plus GiGPO's step-group term,
+    ``step_group_weight`` 1, its step return discounted by ``gamma``), or ``critic`` (identical plus the learned
+    value head's GAE term, ``critic.weight`` 1, docs/credit.md)."""
     gamma: float = 0.9
     """Discount per call of ``discounted``, ``step`` and ``gigpo`` (at 1, ``discounted`` is ``identical``)."""
     aggregate: bool = True
@@ -67,6 +69,14 @@ class AgenticConfig:
     progress: bool = True
     """The progress bar and one line per step (``spanrl.trainer.console``)."""
     seed: int = 0
+    """The tasks' seed (which training and held-out tasks), and the Trainer's unless ``sampling_seed`` is set."""
+    sampling_seed: int | None = None
+    """The Trainer's seed (sampling, task order); None: ``seed``. The same ``seed`` with another sampling seed
+    trains on the same tasks with other samples: an A/A control of run-to-run noise."""
+
+    @property
+    def trainer_seed(self) -> int:
+        return self.seed if self.sampling_seed is None else self.sampling_seed
 
     @classmethod
     def quick(cls, **fields: Any) -> AgenticConfig:
@@ -85,7 +95,7 @@ class AgenticConfig:
                 raise ConfigError(f"{name} must be an integer >= 0, got {getattr(self, name)!r}")
         if not self.learning_rate > 0:
             raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate!r}")
-        _credit(self.credit, self.aggregate, self.gamma).validate()  # a bad gamma fails now, not after setup
+        credit_config(self.credit, self.aggregate, self.gamma).validate()  # a bad gamma fails now, not after setup
         if self.val_tasks:
             load_tasks(self.val_tasks)  # a bad file fails now, not after setup
         return self
@@ -112,11 +122,14 @@ async def agent(task: dict[str, Any], llm: Any) -> float:
     return 0.0  # still calling tools after MAX_CALLS: no answer
 
 
-def _credit(mode: str, merge: bool, gamma: float) -> Any:
+def credit_config(mode: str, merge: bool, gamma: float) -> Any:
+    """The ``CreditConfig`` of ``--credit MODE`` (``CREDIT_MODES``), ``merge``: trajectory aggregation."""
     from spanrl.algorithms.credit import CreditConfig
 
     if mode == "gigpo":  # the paper's: the undiscounted episode term plus the discounted step term
         return CreditConfig(mode="identical", step_group_weight=1.0, step_gamma=gamma, trajectory_aggregation=merge)
+    if mode == "critic":  # the group baseline plus the learned head's GAE term (its own gamma 1, lam 0.95)
+        return CreditConfig(mode="identical", critic={"weight": 1.0}, trajectory_aggregation=merge)
     return CreditConfig(mode=mode, gamma=gamma if mode != "identical" else 1.0, trajectory_aggregation=merge)
 
 
@@ -134,11 +147,11 @@ def build_trainer(cfg: AgenticConfig) -> Any:
     return Trainer(
         model=model, agent=agent, tasks=train, val_tasks=val,
         algorithm=GRPO(learning_rate=cfg.learning_rate, max_completion_length=cfg.max_tokens, micro_batch_size=8),
-        credit=_credit(cfg.credit, cfg.aggregate, cfg.gamma),
+        credit=credit_config(cfg.credit, cfg.aggregate, cfg.gamma),
         config=TrainerConfig(
             output_dir=cfg.output_dir, n_rollouts=cfg.group, tasks_per_step=cfg.tasks_per_step, max_steps=cfg.steps,
             eval_every=cfg.eval_every, max_minutes=cfg.max_minutes,
-            temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed, progress=cfg.progress,
+            temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.trainer_seed, progress=cfg.progress,
             torch_threads=cfg.threads,
             server_max_batch_size=64,
             runner=RunnerConfig(max_concurrency=64, rollout_timeout_s=900.0, span_timeout_s=60.0, max_attempts=2),

@@ -32,13 +32,14 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from spanrl.errors import ConfigError
 
-__all__ = ["CHAT_TEMPLATE", "HELD_OUT_SHARE", "OPS", "SHOTS", "TOOLS", "held_out", "load_tasks", "make_tasks", "reward",
-           "run_tool", "split", "tool_model"]
+__all__ = ["CHAT_TEMPLATE", "HELD_OUT_SHARE", "OPS", "SHOTS", "SHOT_TRIPLES", "TOOLS", "held_out", "load_tasks",
+           "make_tasks", "reward", "run_tool", "shot_keys", "solved_episode", "split", "tool_model"]
 
 OPS = {"add": lambda a, b: a + b, "subtract": lambda a, b: a - b, "multiply": lambda a, b: a * b}
 _DESCRIPTIONS = {"add": "a + b", "subtract": "a - b", "multiply": "a * b"}
@@ -57,11 +58,14 @@ PHRASINGS = {
     "multiply": ("What is the product of {a} and {b}?", "How much is {a} times {b}?", "Multiply {a} by {b}.",
                  "What is {a} multiplied by {b}?"),
 }
-_SHOT_TRIPLES = (("multiply", 23, 41), ("add", 57, 68), ("subtract", 34, 79))
+SHOT_TRIPLES = (("multiply", 23, 41), ("add", 57, 68), ("subtract", 34, 79))
+"""The (operation, a, b) of each solved episode in ``SHOTS``: never a task (``shot_keys``)."""
 _SYMBOL = {"add": "+", "subtract": "-", "multiply": "*"}
 
 
-def _shot(op: str, a: int, b: int, k: int) -> list[dict[str, Any]]:
+def solved_episode(op: str, a: int, b: int, k: int) -> list[dict[str, Any]]:
+    """One solved example in plain symbols: ``What is a op b?``, the tool call (id ``call_k``), its result,
+    the result as the answer."""
     call_id, result = f"call_{k}", str(OPS[op](a, b))
     return [
         {"role": "user", "content": f"What is {a} {_SYMBOL[op]} {b}?"},
@@ -72,7 +76,7 @@ def _shot(op: str, a: int, b: int, k: int) -> list[dict[str, Any]]:
     ]
 
 
-SHOTS: list[dict[str, Any]] = [m for k, triple in enumerate(_SHOT_TRIPLES) for m in _shot(*triple, k)]
+SHOTS: list[dict[str, Any]] = [m for k, triple in enumerate(SHOT_TRIPLES) for m in solved_episode(*triple, k)]
 """Three solved episodes (one per tool) the agent sends before the question."""
 
 CHAT_TEMPLATE = (
@@ -174,10 +178,16 @@ def make_tasks(n: int, *, seed: int, exclude: set[str] | None = None, part: str 
 def split(n_train: int, n_val: int, *, seed: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Train and held-out tasks of ``seed``: no triple of any seed's held-out tasks (nor its reverse, for add
     and multiply) is trained on by any seed, and none is a shot's."""
-    shots = {f"{op}:{a}:{b}" for op, a, b in _SHOT_TRIPLES}
-    shots |= {f"{op}:{b}:{a}" for op, a, b in _SHOT_TRIPLES if op != "subtract"}  # a shot's reverse
+    shots = shot_keys(SHOT_TRIPLES)
     return (make_tasks(n_train, seed=seed, exclude=shots, part="train"),
             make_tasks(n_val, seed=seed, exclude=shots, part="val"))
+
+
+def shot_keys(triples: Iterable[tuple[str, int, int]]) -> set[str]:
+    """The task keys a shot's triple rules out: the triple, and its reverse for add and multiply."""
+    triples = list(triples)
+    return ({f"{op}:{a}:{b}" for op, a, b in triples}
+            | {f"{op}:{b}:{a}" for op, a, b in triples if op != "subtract"})
 
 
 def load_tasks(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -26,39 +26,46 @@ import hashlib
 import json
 from typing import Any
 
-from spanrl.demo.smollm2.tools import _SHOT_TRIPLES, SHOTS, TOOLS, _shot, make_tasks, reward, run_tool
+from spanrl.demo.smollm2.tools import (SHOT_TRIPLES, SHOTS, TOOLS, make_tasks, reward, run_tool, shot_keys,
+                                      solved_episode)
 
-__all__ = ["CHECK_TOOL", "DECAY", "MAX_ANSWERS", "MAX_CALLS", "RECOVERY_IN_SHOTS", "RECOVERY_SHOT", "REJECTION",
-           "Episode", "Outcome", "agent", "episode_reward", "shots", "split", "state_id"]
+__all__ = ["CHECK_TOOL", "DECAY", "Episode", "MAX_ANSWERS", "MAX_CALLS", "Outcome", "RECOVERIES_SENT",
+           "RECOVERY_SHOTS", "RECOVERY_TRIPLES", "REJECTION", "REQUEST_TIMEOUT_S", "agent", "episode_reward", "shots",
+           "split", "state_id"]
 
 REJECTION = "That answer is wrong. Use one of the tools."
 MAX_CALLS = 4
 MAX_ANSWERS = 2
 DECAY = 0.6
 """Reward factor per LLM call beyond two (one tool call and the answer)."""
+REQUEST_TIMEOUT_S = 3600.0
+"""The agent's timeout per LLM request (the server batches up to 64 rollouts' calls: minutes each on busy cores)."""
 CHECK_TOOL = "check_answer"
 """Name of the ``execute_tool`` span recording a rejection (the environment's check, carrying its state)."""
-_RECOVERY_TRIPLE = ("subtract", 62, 27)
-RECOVERY_IN_SHOTS = True
-"""Whether the agent sends ``RECOVERY_SHOT`` after the tool task's shots. On: without it SmolLM2 answered
-again in its head after a rejection (P(tool call | rejection) 0.011 of 88, temperature 1, 100 tasks;
-with it 0.279 of 86; ``examples/smollm2/verify_probe.py``, docs/measurements.md, 2026-12-07)."""
+RECOVERY_TRIPLES = (("subtract", 62, 27), ("multiply", 19, 36))
+"""The (operation, a, b) of each solved recovery in ``RECOVERY_SHOTS``: never a task."""
+RECOVERIES_SENT = 2
+"""How many of ``RECOVERY_SHOTS`` the agent sends after the tool task's shots. Without one SmolLM2 answered
+again in its head after a rejection (P(tool call | rejection) 0.011 of 88, temperature 1, 100 tasks; with one
+0.279 of 86, rejected-then-right 0.10; with two: examples/smollm2/README.md, ``verify_probe.py``)."""
 
 
-def _recovery_shot() -> list[dict[str, Any]]:
-    op, a, b = _RECOVERY_TRIPLE
-    solved = _shot(op, a, b, len(_SHOT_TRIPLES))
+def _recovery_shot(k: int) -> list[dict[str, Any]]:
+    solved = solved_episode(*RECOVERY_TRIPLES[k], len(SHOT_TRIPLES) + k)
     return [solved[0], {"role": "user", "content": REJECTION}, *solved[1:]]
 
 
-RECOVERY_SHOT: list[dict[str, Any]] = _recovery_shot()
-"""One solved recovery (``shots(recovery=True)``): the question, ``REJECTION`` (the wrong answer dropped,
-as the environment drops it), a tool call, its result, the answer."""
+RECOVERY_SHOTS: list[list[dict[str, Any]]] = [_recovery_shot(k) for k in range(len(RECOVERY_TRIPLES))]
+"""Solved recoveries: the question, ``REJECTION`` (the wrong answer dropped, as the environment drops it), a
+tool call, its result, the answer."""
 
 
-def shots(*, recovery: bool = False) -> list[dict[str, Any]]:
-    """The solved examples sent before the question: the tool task's three, plus ``RECOVERY_SHOT``."""
-    return [*SHOTS, *RECOVERY_SHOT] if recovery else list(SHOTS)
+def shots(recovery: int = 0) -> list[dict[str, Any]]:
+    """The solved examples sent before the question: the tool task's three, then the first ``recovery`` of
+    ``RECOVERY_SHOTS``."""
+    if not 0 <= recovery <= len(RECOVERY_SHOTS):
+        raise ValueError(f"recovery must be 0 to {len(RECOVERY_SHOTS)} (solved recoveries), got {recovery!r}")
+    return [*SHOTS, *(m for shot in RECOVERY_SHOTS[:recovery] for m in shot)]
 
 
 def episode_reward(right: bool, calls: int) -> float:
@@ -94,8 +101,8 @@ class Outcome:
 class Episode:
     """One calc-verify episode as a state machine: ``messages`` to send, ``step`` with each reply."""
 
-    def __init__(self, task: dict[str, Any], *, recovery_shot: bool = False) -> None:
-        self.task, self.shots = task, shots(recovery=recovery_shot)
+    def __init__(self, task: dict[str, Any], *, recovery: int = RECOVERIES_SENT) -> None:
+        self.task, self.shots = task, shots(recovery)
         self.start = [*self.shots, {"role": "user", "content": task["question"]}]
         self.messages = list(self.start)
         self.calls = self.answers = self.rejections = 0
@@ -132,10 +139,8 @@ class Episode:
 
 def split(n_train: int, n_val: int, *, seed: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Train and held-out tasks of ``seed``, split by content as the tool task's (``tools.held_out``: no seed
-    trains on another seed's held-out triple), none a shot's (the recovery shot's included)."""
-    triples = [*_SHOT_TRIPLES, _RECOVERY_TRIPLE]
-    exclude = {f"{op}:{a}:{b}" for op, a, b in triples} | {f"{op}:{b}:{a}" for op, a, b in triples
-                                                           if op != "subtract"}
+    trains on another seed's held-out triple), none a shot's (the recovery shots' included)."""
+    exclude = shot_keys([*SHOT_TRIPLES, *RECOVERY_TRIPLES])
     train = make_tasks(n_train, seed=seed, exclude=exclude, part="train")
     val = make_tasks(n_val, seed=seed, exclude=exclude, part="val")
     for part, tasks in (("train", train), ("val", val)):
@@ -156,7 +161,8 @@ async def agent(task: dict[str, Any], llm: Any) -> float:
     from spanrl import semconv
 
     tracer = trace.get_tracer("spanrl.demo.calc_verify")
-    client, episode = llm.async_client(), Episode(task, recovery_shot=RECOVERY_IN_SHOTS)
+    # a request waits behind the server's whole batch: on loaded CPUs that outlasts the client's 600 s default
+    client, episode = llm.async_client().with_options(timeout=REQUEST_TIMEOUT_S), Episode(task)
     while not episode.done:
         reply = await client.chat.completions.create(model=llm.model, messages=episode.messages, tools=TOOLS,
                                                      **llm.sampling)

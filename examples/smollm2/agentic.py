@@ -55,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-every", type=int, default=None, help=f"default {d.eval_every}")
     parser.add_argument("--max-minutes", type=float, default=None, help=f"default {d.max_minutes}")
     parser.add_argument("--threads", type=int, default=d.threads)
-    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--seed", type=int, default=d.seed, help="the tasks' seed (and the sampling seed)")
+    parser.add_argument("--sampling-seed", type=int, default=None,
+                        help="the Trainer's seed (sampling, task order) when not --seed: an A/A control")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar and step lines")
     args = parser.parse_args(argv)
     try:
@@ -79,7 +81,8 @@ def _config(args: argparse.Namespace) -> AgenticConfig:
                   group=args.group, learning_rate=args.lr, credit=args.credit, gamma=args.gamma,
                   aggregate=args.aggregate, temperature=args.temperature, n_val=args.val, val_tasks=args.val_tasks,
                   eval_every=args.eval_every, max_minutes=args.max_minutes, threads=args.threads,
-                  progress=not args.no_progress, seed=args.seed)
+                  progress=not args.no_progress, seed=args.seed,
+                  sampling_seed=args.sampling_seed)
     # options left unset take the task's own defaults (--max-minutes cannot be set to None from here)
     return TASKS[args.task](**{k: v for k, v in fields.items() if v is not None}).validate()
 
@@ -90,6 +93,8 @@ def _calc_verify(cfg: VerifyConfig) -> int:
     result = run_verify(cfg)
     for name in ("before", "after"):
         m = result[name]
+        if m is None:
+            continue
         recovery = "-" if m["recovery_rate"] is None else f"{m['recovery_rate']:.3f}"
         print(f"held-out {name} (step {m['step']}, {m['episodes']} tasks, greedy): first-try success "
               f"{m['first_try']:.3f}, final success {m['final_success']:.3f}, calls per episode "

@@ -1,13 +1,13 @@
 """The base model on the calc-verify task (``spanrl.demo.smollm2.verify``), with plain transformers
 ``generate`` (no server): does it recover from a rejection often enough for RL to learn from?
 
-    python examples/smollm2/verify_probe.py [--n 100] [--recovery-shot] [--greedy]
+    python examples/smollm2/verify_probe.py [--n 100] [--recovery-shots N] [--greedy]
 
 Runs the task's episodes (``verify.Episode``: the same rules as the agent) for ``--n`` training tasks at
 temperature 1 and prints P(tool call | rejection) (the share of calls right after a rejection that call a
 tool), the share of rejected-then-right episodes, and the held-out metrics' figures on these episodes.
 Issue 52's bar: the first >= 0.25 and the second >= 0.15; else the shots need a solved recovery
-(``--recovery-shot``).
+(``--recovery-shots 1``, ``2``).
 """
 
 from __future__ import annotations
@@ -88,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=100)
-    parser.add_argument("--recovery-shot", action="store_true", help="add verify.RECOVERY_SHOT to the shots")
+    parser.add_argument("--recovery-shots", type=int, default=0,
+                        help="how many of verify.RECOVERY_SHOTS join the shots (the agent sends "
+                             "verify.RECOVERIES_SENT)")
     parser.add_argument("--greedy", action="store_true", help="greedy instead of temperature 1")
     parser.add_argument("--max-tokens", type=int, default=40)
     parser.add_argument("--threads", type=int, default=None)
@@ -102,16 +104,16 @@ def main(argv: list[str] | None = None) -> int:
                           threads=args.threads)
     tasks, _ = split(args.n, 0, seed=args.seed)
     if args.check:
-        chats = [Episode(t, recovery_shot=args.recovery_shot).messages for t in tasks]
+        chats = [Episode(t, recovery=args.recovery_shots).messages for t in tasks]
         gen.sample = False
         for a, b in zip(gen(chats, TOOLS, args.max_tokens), Generator.__call__(gen, chats, TOOLS, args.max_tokens)):
             print(f"{a == b} {a!r} {b!r}")
         return 0
     started = time.perf_counter()
-    got = probe(gen, [Episode(t, recovery_shot=args.recovery_shot) for t in tasks], args.max_tokens)
+    got = probe(gen, [Episode(t, recovery=args.recovery_shots) for t in tasks], args.max_tokens)
     fmt = {k: "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v)) for k, v in got.items()}
-    print(f"{'greedy' if args.greedy else 'temperature 1'}, {len(tasks)} tasks, recovery shot "
-          f"{'on' if args.recovery_shot else 'off'}: P(tool call | rejection) {fmt['p_tool_after_rejection']} "
+    print(f"{'greedy' if args.greedy else 'temperature 1'}, {len(tasks)} tasks, {args.recovery_shots} "
+          f"solved recoveries in the shots: P(tool call | rejection) {fmt['p_tool_after_rejection']} "
           f"(of {fmt['rejections']} calls after a rejection), rejected-then-right {fmt['rejected_then_right']} | "
           f"first-try success {fmt['first_try']}, final success {fmt['final_success']}, calls per episode "
           f"{fmt['calls_per_episode']}, recovery rate {fmt['recovery_rate']} "

@@ -50,8 +50,11 @@ def test_audit_prints_auc_sign_errors_and_step_correlations(collector: Any, caps
     # [1, 0, 1, 0] against [.5, .5, -.5, -.5]: r = 0; step 1: [1, 1, 0, 0] against the same: r = 1.
     # discounted 0.5: step 0 halved: good [.25, .5, .5, -.25], bad [.25, -.5, -.25, -.5]: 3.5 + 4 + 4 + 2.5 = 14
     assert out[0] == "credit audit: 9 calls, 8 labelled (4 good, 4 bad); success: episode reward > 0"
-    assert out[1].split() == ["config", "AUC", "sign", "errors", "r", "step", "0", "r", "step", "1"]
-    assert [line.split() for line in out[2:]] == [
+    # each arm's settings first: what it compares, so two arms that are the same math show it
+    assert out[1].split()[1:] == ["compares:", "mode=identical", "scale_std=False"]
+    assert out[2].split()[1:] == ["compares:", "mode=discounted", "gamma=0.5", "scale_std=False"]
+    assert out[3].split() == ["config", "AUC", "sign", "errors", "r", "step", "0", "r", "step", "1"]
+    assert [line.split() for line in out[4:]] == [
         ["mode=identical,scale_std=false", "0.750", "1/1", "=", "1.000", "0.000", "1.000"],
         ["mode=discounted,gamma=0.5,scale_std=false", "0.875", "1/1", "=", "1.000", "0.000", "1.000"],
     ]
@@ -62,7 +65,7 @@ def test_audit_reads_a_run_folder_and_names_a_bad_config(collector: Any, tmp_pat
     collector.shutdown()
     run = Path(collector.config.db_path).parent  # the fixture's store is tmp_path / spans.duckdb: a run folder
     assert main(["credit", "audit", str(run)]) == 0
-    assert capsys.readouterr().out.splitlines()[2].split()[:2] == ["mode=identical", "0.750"]  # std-scaled: same order
+    assert capsys.readouterr().out.splitlines()[3].split()[:2] == ["mode=identical", "0.750"]  # std-scaled: same order
     assert main(["credit", "audit", str(run), "--config", "mode=step,gama=0.9"]) == 2  # bad input: exit status 2
     assert capsys.readouterr().err.startswith("spanrl: error: --config takes FIELD=VALUE pairs of ")
     assert main(["credit", "audit", str(tmp_path / "nothing")]) == 2

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from spanrl.demo.smollm2.tools import held_out
-from spanrl.demo.smollm2.verify import REJECTION, Episode, episode_reward, split, state_id
+from spanrl.demo.smollm2.tools import SHOTS, held_out
+from spanrl.demo.smollm2.verify import (RECOVERIES_SENT, RECOVERY_SHOTS, REJECTION, Episode, episode_reward, shots,
+                                       split, state_id)
 from spanrl.demo.smollm2.verify_metrics import summarize
 
 TASK = {"id": "t", "key": "multiply:37:48", "question": "What is the product of 37 and 48?", "answer": "1776",
@@ -81,9 +82,20 @@ def test_held_out_tasks_are_split_by_content_and_never_trained_on_by_any_seed() 
     assert held and not held & trained and all(len(val) == 200 for _, val in runs)
     assert all(held_out(f"{k.split(':')[0]}:{min(k.split(':')[1:])}:{max(k.split(':')[1:])}") for k in held
                if not k.startswith("subtract"))
-    assert "subtract:62:27" not in held | trained  # the recovery shot's triple
+    # the recovery shots' triples (and a multiply's reverse) are never tasks
+    assert not {"subtract:62:27", "multiply:19:36", "multiply:36:19"} & (held | trained)
     ids = [t["id"] for train, val in runs for t in train + val]
     assert len(ids) == len(set(ids)) and ids[0] == "calc-verify-train-0-0"
+
+
+def test_the_shots_hold_the_tool_tasks_three_then_the_solved_recoveries() -> None:
+    assert shots(0) == SHOTS and len(shots(2)) == len(SHOTS) + 2 * 5  # question, rejection, call, result, answer
+    assert shots(2)[len(SHOTS) + 5:][:3] == [{"role": "user", "content": "What is 19 * 36?"},
+                                             {"role": "user", "content": REJECTION}, RECOVERY_SHOTS[1][2]]
+    assert RECOVERY_SHOTS[1][-1] == {"role": "assistant", "content": "684"}
+    assert Episode(TASK).shots == shots(RECOVERIES_SENT)  # what the agent sends
+    with pytest.raises(ValueError, match=r"^recovery must be 0 to 2 \(solved recoveries\), got 3$"):
+        shots(3)
 
 
 def test_metrics_hand_computed() -> None:

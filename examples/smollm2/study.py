@@ -1,0 +1,153 @@
+"""The credit study on calc-verify (issue 52 item 5): paired seeds, equal budgets, one JSON record per run.
+
+    python examples/smollm2/study.py run --arm identical --seed 0     # one training run, its record saved
+    python examples/smollm2/study.py table                            # the table from every saved record
+
+Arms (``ARMS``): ``identical`` (seed s); ``aa``, identical with another sampling seed (s + ``AA_OFFSET``: the same
+tasks and held-out set, other samples: an A/A control of run-to-run noise); ``gigpo`` (GiGPO as the paper defines
+it); ``critic`` (the learned value head's GAE term). Every arm gets the same budget (``BUDGET``: steps, tasks per
+step, group, tokens; a step budget, not a wall budget, so a loaded machine changes the time, not the training),
+and one sample per conversation (aggregation keeps each call's advantage on its tokens, docs/credit.md).
+
+A record (``study/<arm>-s<seed>.json``) holds the date, the machine's load, the seed, the arm, the held-out
+metrics after the last update on 200 greedy held-out tasks (first-try success, final success, calls per episode,
+recovery rate; before the first update for ``identical``, which every arm of the seed starts from) and the run's
+wall and CPU time. ``table`` prints each arm's mean per metric and, for every arm against ``identical`` on the
+seeds both have, the mean paired difference with its 95% t interval (none with fewer than two pairs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `examples.*` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+STUDY_DIR = Path(__file__).resolve().parent / "study"
+AA_OFFSET = 1000
+ARMS: dict[str, dict[str, Any]] = {
+    "identical": {"credit": "identical"},
+    "aa": {"credit": "identical", "aa": True},
+    "gigpo": {"credit": "gigpo", "gamma": 0.95},  # the paper's step_gamma
+    "critic": {"credit": "critic"},
+}
+BUDGET = dict(steps=6, tasks_per_step=4, group=8, max_tokens=40, n_val=200, max_minutes=None, eval_every=0)
+"""Equal for every arm: 6 GRPO steps x 4 tasks x 8 rollouts (192 rollouts), 200 held-out tasks."""
+METRICS = ("first_try", "final_success", "calls_per_episode", "recovery_rate")
+# two-sided 95% t quantiles by degrees of freedom (1-10, then the normal's)
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def record_path(arm: str, seed: int) -> Path:
+    return STUDY_DIR / f"{arm}-s{seed}.json"
+
+
+def run_arm(arm: str, seed: int, out_root: str, threads: int | None) -> dict[str, Any]:
+    """Train ``arm`` on ``seed`` with ``BUDGET``; save and return its record."""
+    from spanrl.demo.smollm2.verify_run import VerifyConfig, run
+
+    spec = ARMS[arm]
+    cfg = VerifyConfig(output_dir=f"{out_root}/{arm}-s{seed}", credit=spec["credit"], gamma=spec.get("gamma", 0.9),
+                       seed=seed,
+                       sampling_seed=seed + AA_OFFSET if spec.get("aa") else None, threads=threads,
+                       eval_before=arm == "identical", progress=False, **BUDGET)
+    result = run(cfg)
+    record = {
+        "arm": arm, "seed": seed, "sampling_seed": cfg.trainer_seed, "credit": cfg.credit, "gamma": cfg.gamma,
+        "started_utc": result["started_utc"], "ended_utc": result["ended_utc"], "load_1min": result["load_1min"],
+        "budget": BUDGET, "steps_done": result["steps"], "rollouts": result["rollouts"],
+        "before": result["before"], "after": result["after"], "n_val": result["n_val"],
+        "train_reward_by_step": result["train_reward_by_step"],
+        "wall_minutes": round(result["seconds"] / 60, 2), "cpu_minutes": round(result["cpu_seconds"] / 60, 2),
+        "command": f"python examples/smollm2/study.py run --arm {arm} --seed {seed}",
+    }
+    STUDY_DIR.mkdir(exist_ok=True)
+    record_path(arm, seed).write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def load_records(folder: Path = STUDY_DIR) -> dict[tuple[str, int], dict[str, Any]]:
+    """Every saved record, by ``(arm, seed)``."""
+    records = {}
+    for path in sorted(folder.glob("*.json")):
+        rec = json.loads(path.read_text())
+        records[(rec["arm"], int(rec["seed"]))] = rec
+    return records
+
+
+def paired(diffs: list[float]) -> tuple[float, float | None]:
+    """Mean of paired differences and the half-width of its 95% t interval (None with fewer than two)."""
+    mean = statistics.fmean(diffs)
+    if len(diffs) < 2:
+        return mean, None
+    return mean, _T95.get(len(diffs) - 1, 1.96) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+
+
+def table(records: dict[tuple[str, int], dict[str, Any]]) -> str:
+    """Markdown: each arm's runs and mean held-out metrics after training, then paired differences against
+    ``identical`` with 95% intervals."""
+    def value(rec: dict[str, Any], metric: str) -> float | None:
+        return (rec.get("after") or {}).get(metric)
+
+    def fmt(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    arms = [a for a in ARMS if any(arm == a for arm, _ in records)]
+    lines = ["| arm | seeds | " + " | ".join(METRICS) + " |", "|---" * (len(METRICS) + 2) + "|"]
+    for arm in arms:
+        seeds = sorted(s for a, s in records if a == arm)
+        means = []
+        for m in METRICS:
+            xs = [v for s in seeds if (v := value(records[(arm, s)], m)) is not None]
+            means.append(fmt(statistics.fmean(xs)) if xs else "-")
+        lines.append(f"| {arm} | {','.join(map(str, seeds))} | " + " | ".join(means) + " |")
+    lines += ["", "| arm - identical (paired) | pairs | " + " | ".join(METRICS) + " |",
+              "|---" * (len(METRICS) + 2) + "|"]
+    for arm in arms:
+        if arm == "identical":
+            continue
+        seeds = sorted(s for a, s in records if a == arm and ("identical", s) in records)
+        if not seeds:
+            continue
+        cells = []
+        for m in METRICS:
+            diffs = [x - y for s in seeds if (x := value(records[(arm, s)], m)) is not None
+                     and (y := value(records[("identical", s)], m)) is not None]
+            if not diffs:
+                cells.append("-")
+                continue
+            mean, half = paired(diffs)
+            cells.append(f"{mean:+.3f}" + ("" if half is None else f" [{mean - half:+.3f}, {mean + half:+.3f}]"))
+        lines.append(f"| {arm} | {len(seeds)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="the calc-verify credit study: runs and their table")
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="one training run of an arm on a seed; its record saved in study/")
+    r.add_argument("--arm", choices=tuple(ARMS), required=True)
+    r.add_argument("--seed", type=int, required=True)
+    r.add_argument("--out", default="runs/study", help="run folders go under this (default runs/study)")
+    r.add_argument("--threads", type=int, default=None)
+    sub.add_parser("table", help="the table of every record in study/")
+    args = parser.parse_args(argv)
+    if args.command == "table":
+        print(table(load_records()))
+        return 0
+    from spanrl.logs import log_to_file
+
+    log_to_file(Path(args.out) / f"{args.arm}-s{args.seed}" / "spanrl.log")
+    rec = run_arm(args.arm, args.seed, args.out, args.threads)
+    print(json.dumps({k: rec[k] for k in ("arm", "seed", "after", "wall_minutes", "cpu_minutes")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
