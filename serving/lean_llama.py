@@ -36,7 +36,7 @@ def supports(model: Any) -> bool:
         and getattr(config, "pretraining_tp", 1) == 1
         and rope.get("rope_type", "default") == "default"
         and float(getattr(model.model.rotary_emb, "attention_scaling", 1.0)) == 1.0
-        and getattr(config, "_attn_implementation", "sdpa") in ("sdpa", "eager")
+        and getattr(config, "_attn_implementation", None) == "sdpa"  # eager attention rounds otherwise
     )
 
 

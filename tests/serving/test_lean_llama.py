@@ -86,6 +86,10 @@ def test_models_it_does_not_compute_keep_transformers_forward(tiny_model_dir, tm
                          num_attention_heads=4, rope_parameters={"rope_type": "linear", "factor": 2.0,
                                                                  "rope_theta": 10000.0})
     assert not supports(LlamaForCausalLM(scaled))
+    eager = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                        num_attention_heads=4, attn_implementation="eager")
+    assert not supports(LlamaForCausalLM(eager))
+    assert TransformersBackend(tiny_model_dir)._lean is not None  # loaded as served: SDPA attention
 
 
 @pytest.mark.parametrize("with_adapter", [False, True])
