@@ -79,9 +79,10 @@ class TransformersBackend:
             raise ServingError(f"model: cannot load a causal LM from {str(model_dir)!r}: {exc}") from exc
         self.model.to(device).eval()
         self._cache_argument = kv_cache_argument(self.model)  # before adapters wrap the model
-        # transformers' forward without its per-call overhead, where its math is the model's (serving/lean_llama.py)
-        self._lean = LeanLlama(self.model) if supports(self.model) else None
         self.device = torch.device(device)
+        # transformers' forward without its per-call overhead, where its math is the model's (serving/lean_llama.py);
+        # on CPU only: its logits were checked bit-identical there, not against a GPU's attention kernels
+        self._lean = LeanLlama(self.model) if self.device.type == "cpu" and supports(self.model) else None
         config = self.model.config
         model_context = getattr(config, "max_position_embeddings", None) or _FALLBACK_CONTEXT_TOKENS
         self.max_context_tokens = min(max_context_tokens or model_context, model_context)

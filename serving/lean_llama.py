@@ -9,8 +9,9 @@ a GRPO step's CPU and held the GIL that the server, collector and runner threads
 changes little.
 
 Used only where its math is the model's own (``supports``): a plain ``LlamaForCausalLM`` with SiLU, no biases,
-default RoPE, and no LoRA adapters (PEFT replaces the linear layers, which this reads directly). Anything else
-keeps ``transformers``' forward. Its KV cache (``LeanCache``) has the ``layers[i].keys / .values`` and
+default RoPE, SDPA attention, and no LoRA adapters (PEFT replaces the linear layers, which this reads directly);
+and by the backend on CPU only (a GPU's SDPA kernels were not compared). Anything else keeps ``transformers``'
+forward. Its KV cache (``LeanCache``) has the ``layers[i].keys / .values`` and
 ``batch_select_indices`` that the backend's continuous batching uses on transformers' ``DynamicCache``.
 """
 
