@@ -183,13 +183,13 @@ class RolloutRunner:
         if self._flush is not None:
             self._flush()
 
-    async def _store_end(self, waiter: _SpanWaiter, spec: RolloutSpec, status: str, error: str | None) -> None:
-        """Store the rollout's end when this runner is the one that knows it (see ``on_end``)."""
+    def _end_of(self, spec: RolloutSpec, status: str, error: str | None) -> dict[str, Any] | None:
+        """The rollout's end to store when this runner is the one that knows it (see ``on_end``), else None."""
         reason = {STATUS_TIMEOUT: "timeout", STATUS_CRASHED: "crashed"}.get(status, self._agent.end_reason)
         if self._on_end is None or reason is None or (reason == "crashed" and self._agent.end_reason is None):
-            return
-        await waiter.end({"rollout_id": spec.rollout_id, "reason": reason, "error": error, "task_id": spec.task_id,
-                          "attempt": spec.attempt, "mode": spec.mode})
+            return None
+        return {"rollout_id": spec.rollout_id, "reason": reason, "error": error, "task_id": spec.task_id,
+                "attempt": spec.attempt, "mode": spec.mode}
 
     def close(self) -> None:
         """Stop command workers; safe twice."""
@@ -245,8 +245,11 @@ class RolloutRunner:
                             node = where[0] if where else None
                         except Exception as exc:  # e.g. the agent could not be started, or wrote garbage
                             status, error = STATUS_CRASHED, f"could not run the agent: {type(exc).__name__}: {exc}"
-                await self._store_end(waiter, spec, status, error)
-                if status == STATUS_OK and not await waiter.wait(rollout_id, self.config.span_timeout_s):
+                end = self._end_of(spec, status, error)
+                if status != STATUS_OK:
+                    if end is not None:
+                        await waiter.end(end)
+                elif not await waiter.wait(rollout_id, self.config.span_timeout_s, end=end):
                     status, error = STATUS_NO_REWARD, (f"the agent ended without a reward: none was stored within "
                                                      f"{self.config.span_timeout_s:g} s")
                 result = RolloutResult(rollout_id, job.task_id, attempt, mode, status, time.monotonic() - start, error,
@@ -304,11 +307,21 @@ class _SpanWaiter:
                 if not future.done():
                     future.set_result(None)
 
-    async def wait(self, rollout_id: str, timeout_s: float) -> bool:
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    async def wait(self, rollout_id: str, timeout_s: float, *, end: dict[str, Any] | None = None) -> bool:
+        """Whether the rollout's spans are stored within ``timeout_s``. ``end`` (``on_end``'s mapping) is stored in
+        the round that then checks the rollout, so a rollout waits one round, not one for its end and one more for
+        its check (each step waited for its last rollout's extra round); raises what storing the end raised."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
         self._pending[rollout_id] = future
+        stored: asyncio.Future[None] | None = None
+        if end is not None:
+            stored = loop.create_future()
+            self._ends.append((end, stored))
         self._wake.set()
         try:
+            if stored is not None:
+                await stored
             return await asyncio.wait_for(future, timeout_s)
         except asyncio.TimeoutError:
             return False

@@ -21,6 +21,7 @@ from spanrl.errors import ServingError
 from spanrl.hf_compat import kv_cache_argument
 from spanrl.serving.adapters import AdapterSet, base_key
 from spanrl.serving.backend import AdmitCallback, Completion, DoneCallback, GenerationRequest, check_finite_weights
+from spanrl.serving.lean_llama import LeanCache, LeanLlama, supports
 
 __all__ = ["TransformersBackend"]
 
@@ -79,6 +80,9 @@ class TransformersBackend:
         self.model.to(device).eval()
         self._cache_argument = kv_cache_argument(self.model)  # before adapters wrap the model
         self.device = torch.device(device)
+        # transformers' forward without its per-call overhead, where its math is the model's (serving/lean_llama.py);
+        # on CPU only: its logits were checked bit-identical there, not against a GPU's attention kernels
+        self._lean = LeanLlama(self.model) if self.device.type == "cpu" and supports(self.model) else None
         config = self.model.config
         model_context = getattr(config, "max_position_embeddings", None) or _FALLBACK_CONTEXT_TOKENS
         self.max_context_tokens = min(max_context_tokens or model_context, model_context)
@@ -248,12 +252,18 @@ class TransformersBackend:
             ids[b, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             mask[b, width - len(prompt) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
+        cache = self._lean.new_cache() if self._lean_now() else DynamicCache(config=self.model.config)
         dev = self.device
         logits = self._forward(ids.to(dev), mask.to(dev), positions.to(dev), cache)
         return cache, mask, positions[:, -1] + 1, logits
 
+    def _lean_now(self) -> bool:
+        """The lean forward, unless LoRA adapters replaced the linear layers it reads."""
+        return self._lean is not None and self.adapters.peft is None
+
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+        if isinstance(cache, LeanCache):
+            return self._lean(ids, mask, positions, cache)
         out = self.model(
             input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
             **{self._cache_argument: cache}

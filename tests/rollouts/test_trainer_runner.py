@@ -130,6 +130,44 @@ def test_ends_that_come_together_are_stored_in_one_commit_and_its_error_reaches_
     assert len(batches) == 2 and all(isinstance(o, OSError) and str(o) == "disk full" for o in outcomes)
 
 
+def test_a_finished_rollout_is_stored_and_checked_in_one_poll_round() -> None:
+    """While other rollouts are pending (the poller then sleeps between rounds), a rollout's end is committed in the
+    round that also checks it: not one round for the end and a later one for the check (the last rollout of every
+    step waited that extra round); a failed commit raises."""
+    import asyncio
+
+    from spanrl.rollouts.runner import _SpanWaiter
+
+    async def scenario(fail: bool) -> tuple[list[str], Any]:
+        log: list[str] = []
+
+        def store(ends: list[dict[str, Any]]) -> None:
+            log.append("store " + ",".join(e["rollout_id"] for e in ends))
+            if fail:
+                raise OSError("disk full")
+
+        def ready(ids: Any, since: int) -> set[str]:
+            log.append("check " + ",".join(sorted(ids)))
+            return {i for i in ids if i != "slow"}
+
+        waiter = _SpanWaiter(ready, None, since_ns=0, store_ends=store)
+        poller = asyncio.ensure_future(waiter.poll())
+        slow = asyncio.ensure_future(waiter.wait("slow", 5.0))  # never ready: keeps the poller going round by round
+        while not log:
+            await asyncio.sleep(0.01)
+        outcome = await asyncio.gather(waiter.wait("r0", 5.0, end={"rollout_id": "r0", "reason": "agent_done"}),
+                                       return_exceptions=True)
+        poller.cancel()
+        slow.cancel()
+        return log, outcome[0]
+
+    log, ok = asyncio.run(scenario(fail=False))
+    assert ok is True
+    assert log[log.index("store r0") + 1] == "check r0,slow"
+    log, error = asyncio.run(scenario(fail=True))
+    assert isinstance(error, OSError) and str(error) == "disk full" and "store r0" in log
+
+
 def test_failed_rollouts_are_recorded_and_retried(collector: Any, tmp_path: Path) -> None:
     script = tmp_path / "flaky_agent.py"
     script.write_text(_FLAKY_AGENT)
