@@ -19,6 +19,10 @@ update the adapter's weights go to ``weights_dir/adapters/<name>/v<version>/`` (
 every server loads that version under the same name (the agents keep asking for ``model: <name>``; vLLM
 swaps the LoRA id after the new one loaded), and the previous version's folder is removed once every
 server answered.
+
+One LoRA policy (``algorithm.lora``, ``reload_lora``): the embedded server gets the merged weights in memory; the
+others get the adapter alone, a reload of the base naming its folder ``weights_dir/lora/v<version>/``, and serve
+it under the model's own name (versions as for whole weights; the previous version's folder is then removed).
 """
 
 from __future__ import annotations
@@ -221,6 +225,43 @@ class PolicyPool:
                 )
         self._version = version
         return version
+
+    def reload_lora(self, model: Any, merged: Any) -> int:
+        """One LoRA policy (``algorithm.lora``, ``model`` a PEFT model): the embedded server gets ``merged()``
+        (plain-keyed weights) in memory; the others get the adapter alone, as a reload of the base naming its
+        folder ``weights_dir/lora/v<version>/``, and answer the served model's name with base + adapter from then
+        on (``serving.backend.base_adapter_folder``; vLLM: with LoRA slots). Versions count as for whole weights."""
+        remote = [m for m in self._members if m.server is None]
+        if not remote:
+            return self.reload(merged())
+        version = self.embedded.reload(merged())
+        folder = self._save_lora(model, version)
+        with concurrent.futures.ThreadPoolExecutor(len(remote)) as pool:
+            versions = list(pool.map(lambda m: self._remote_reload(m, folder), remote))
+        if set(versions) != {version}:
+            raise ServingError(
+                f"policy servers disagree after a reload: versions {versions} at {[m.root for m in remote]}, "
+                f"the embedded server {version}; was one of them reloaded or restarted by someone else?"
+            )
+        for old in (self.weights_dir / "lora").iterdir():  # no server reads an older version any more
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
+        self._version = version
+        return version
+
+    def _save_lora(self, model: Any, version: int) -> Path:
+        """``model``'s active adapter as a PEFT folder of its own (config and weights only, no base)."""
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        name = model.active_adapter
+        folder = self.weights_dir / "lora" / f"v{version}"
+        folder.mkdir(parents=True, exist_ok=True)
+        model.peft_config[name].save_pretrained(str(folder))
+        state = get_peft_model_state_dict(model, adapter_name=name)
+        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()},
+                  str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+        return folder
 
     def _reload_adapter(self, state: Any, name: str) -> int:
         """Adapter ``name``'s new ``state`` into every server (see the module docstring); its new version."""
