@@ -89,3 +89,31 @@ def test_the_trainer_sends_full_fine_tuning_weights_without_a_folder(tiny_model:
     assert [row["rollouts_ok"] for row in rows] == [4, 4] and versions == (2, 2)
     assert not (tmp_path / "run" / "served-weights").exists()  # nothing written for the remote to read
     assert after[0] == own[0] and after[1] == pytest.approx(own[1], abs=1e-5)
+
+
+def test_a_base_served_through_a_pushed_adapter_is_the_base_alone_again_after_whole_weights(
+        tiny_model: Path, tmp_path: Path, one_torch_thread: None) -> None:
+    """A reload of the base naming a PEFT adapter folder serves base + adapter under the model's name (how
+    ``algorithm.lora`` travels); whole weights sent later replace both."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model))
+    peft = get_peft_model(base, LoraConfig(r=4, init_lora_weights=False))  # a LoRA that changes the outputs
+    peft.save_pretrained(str(tmp_path / "lora"))
+    merged = peft.merge_and_unload().state_dict()
+    weights = other_weights(tiny_model)
+    remote, reference = server(tiny_model, admin_token=ADMIN, checkpoint_root=tmp_path), server(tiny_model)
+    try:
+        client = PolicyClient(remote.base_url, token=ADMIN)
+        assert client.reload(tmp_path / "lora") == 1 and remote.adapters == {}  # the base's, no named adapter
+        reference.reload(merged)
+        with_lora, merged_greedy = greedy(remote.base_url, "policy"), greedy(reference.base_url, "policy")
+        assert client.push(save(weights)) == 2
+        reference.reload(weights)
+        whole, expected = greedy(remote.base_url, "policy"), greedy(reference.base_url, "policy")
+    finally:
+        remote.shutdown()
+        reference.shutdown()
+    assert with_lora[0] == merged_greedy[0] and with_lora[1] == pytest.approx(merged_greedy[1], abs=1e-5)
+    assert whole[0] == expected[0] and whole[1] == pytest.approx(expected[1], abs=1e-6)  # the adapter no longer applies
