@@ -9,7 +9,8 @@ it for all its calls, so spans stay attributed by the rollout's URL and prefix c
 
 After each update ``reload`` pushes the new weights to every server: in-process to the embedded one;
 to the others as a safetensors folder (``weights_dir``, which they must be able to read: same machine
-or a shared file system) named in ``POST /v1/weights/reload``. Every server must answer with the same
+or a shared file system) named in ``POST /v1/weights/reload``, or with ``weights_transport: http`` as one
+safetensors file in the body of ``POST /v1/weights/load`` (no folder). Every server must answer with the same
 new policy version, so each span's ``policy_version`` is the update that produced its tokens.
 
 Per-agent LoRA policies (``adapters``): only the adapters travel. At start each server gets them (a reload
@@ -19,6 +20,10 @@ update the adapter's weights go to ``weights_dir/adapters/<name>/v<version>/`` (
 every server loads that version under the same name (the agents keep asking for ``model: <name>``; vLLM
 swaps the LoRA id after the new one loaded), and the previous version's folder is removed once every
 server answered.
+
+One LoRA policy (``algorithm.lora``, ``reload_lora``): the embedded server gets the merged weights in memory; the
+others get the adapter alone, a reload of the base naming its folder ``weights_dir/lora/v<version>/``, and serve
+it under the model's own name (versions as for whole weights; the previous version's folder is then removed).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import itertools
 import shutil
 import threading
@@ -43,6 +49,7 @@ _BACKENDS = ("transformers", "vllm")
 _DTYPES = ("float32", "bfloat16", "float16", "auto")
 _BALANCE = ("least_loaded", "round_robin")
 _PLACEMENTS = ("local", "ray")
+_TRANSPORTS = ("folder", "http")
 
 
 @dataclasses.dataclass
@@ -67,6 +74,11 @@ class ServingConfig:
     """Roots (``http://host:port``) of spanrl policy servers the Trainer did not start; rollouts use
     them (greedy evaluation too), and the embedded server only serves ``deploy()`` unless ``embedded_rollouts``
     is set."""
+    weights_transport: str = "folder"
+    """How whole weights reach the servers in ``urls`` after each update: ``folder`` (written to the run's
+    ``served-weights`` folder, which they read: one machine or a shared file system) or ``http`` (sent in the body
+    of each server's ``POST /v1/weights/load``, no folder; the server's ``--max-weights-bytes`` must hold them).
+    Adapters (``policies:``, ``algorithm.lora``) always travel as folders: they are small."""
     embedded_rollouts: bool = False
     """With ``urls``: also send rollouts to the embedded server."""
     balance: str = "least_loaded"
@@ -100,6 +112,7 @@ class ServingConfig:
             raise ConfigError(f"serving.enable_sleep_mode is vLLM's sleep mode: true needs serving.backend 'vllm', "
                               f"got {self.enable_sleep_mode!r} with backend {self.backend!r}")
         one_of("serving.balance", self.balance, _BALANCE)
+        one_of("serving.weights_transport", self.weights_transport, _TRANSPORTS)
         if isinstance(self.urls, str):
             self.urls = (self.urls,)
         self.urls = tuple(self.urls)
@@ -211,9 +224,15 @@ class PolicyPool:
         version = self.embedded.reload(weights)
         remote = [m for m in self._members if m.server is None]
         if remote:
-            folder = self._save(weights)
+            if self.config.weights_transport == "http":  # in each request's body: no folder
+                from safetensors.torch import save
+
+                data = save(_tensors(weights), metadata={"format": "pt"})
+                send = functools.partial(self._remote_push, data=data)
+            else:
+                send = functools.partial(self._remote_reload, folder=self._save(weights))
             with concurrent.futures.ThreadPoolExecutor(len(remote)) as pool:
-                versions = list(pool.map(lambda m: self._remote_reload(m, folder), remote))
+                versions = list(pool.map(send, remote))
             if set(versions) != {version}:
                 raise ServingError(
                     f"policy servers disagree after a reload: versions {versions} at {[m.root for m in remote]}, "
@@ -221,6 +240,43 @@ class PolicyPool:
                 )
         self._version = version
         return version
+
+    def reload_lora(self, model: Any, merged: Any) -> int:
+        """One LoRA policy (``algorithm.lora``, ``model`` a PEFT model): the embedded server gets ``merged()``
+        (plain-keyed weights) in memory; the others get the adapter alone, as a reload of the base naming its
+        folder ``weights_dir/lora/v<version>/``, and answer the served model's name with base + adapter from then
+        on (``serving.backend.base_adapter_folder``; vLLM: with LoRA slots). Versions count as for whole weights."""
+        remote = [m for m in self._members if m.server is None]
+        if not remote:
+            return self.reload(merged())
+        version = self.embedded.reload(merged())
+        folder = self._save_lora(model, version)
+        with concurrent.futures.ThreadPoolExecutor(len(remote)) as pool:
+            versions = list(pool.map(lambda m: self._remote_reload(m, folder), remote))
+        if set(versions) != {version}:
+            raise ServingError(
+                f"policy servers disagree after a reload: versions {versions} at {[m.root for m in remote]}, "
+                f"the embedded server {version}; was one of them reloaded or restarted by someone else?"
+            )
+        for old in (self.weights_dir / "lora").iterdir():  # no server reads an older version any more
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
+        self._version = version
+        return version
+
+    def _save_lora(self, model: Any, version: int) -> Path:
+        """``model``'s active adapter as a PEFT folder of its own (config and weights only, no base)."""
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        name = model.active_adapter
+        folder = self.weights_dir / "lora" / f"v{version}"
+        folder.mkdir(parents=True, exist_ok=True)
+        model.peft_config[name].save_pretrained(str(folder))
+        state = get_peft_model_state_dict(model, adapter_name=name)
+        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()},
+                  str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+        return folder
 
     def _reload_adapter(self, state: Any, name: str) -> int:
         """Adapter ``name``'s new ``state`` into every server (see the module docstring); its new version."""
@@ -254,18 +310,11 @@ class PolicyPool:
         served model's config files and one safetensors file."""
         from safetensors.torch import save_file
 
-        state = weights.state_dict() if hasattr(weights, "state_dict") else dict(weights)
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         for name in ("config.json", "generation_config.json"):
             if (self.model_dir / name).is_file():
                 shutil.copyfile(self.model_dir / name, self.weights_dir / name)
-        seen: set[int] = set()
-        tensors = {}
-        for key, tensor in state.items():  # safetensors refuses shared storage: copy a tensor seen before
-            tensor = tensor.detach().cpu().contiguous()
-            tensors[key] = tensor.clone() if tensor.data_ptr() in seen else tensor
-            seen.add(tensor.data_ptr())
-        save_file(tensors, str(self.weights_dir / "model.safetensors"), metadata={"format": "pt"})
+        save_file(_tensors(weights), str(self.weights_dir / "model.safetensors"), metadata={"format": "pt"})
         return self.weights_dir
 
     def _remote_version(self, member: _Member) -> int:
@@ -293,6 +342,24 @@ class PolicyPool:
             return PolicyClient(member.root, token=self.token).reload(folder)
         except ServingError as exc:
             raise ServingError(f"reload of the policy server at {member.root} failed: {exc}") from exc
+
+    def _remote_push(self, member: _Member, data: bytes) -> int:
+        try:
+            return PolicyClient(member.root, token=self.token).push(data)
+        except ServingError as exc:
+            raise ServingError(f"weights sent to the policy server at {member.root} were refused: {exc}") from exc
+
+
+def _tensors(weights: Any) -> dict[str, Any]:
+    """A module's or state_dict's tensors on the CPU, as safetensors takes them."""
+    state = weights.state_dict() if hasattr(weights, "state_dict") else dict(weights)
+    seen: set[int] = set()
+    tensors = {}
+    for key, tensor in state.items():  # safetensors refuses shared storage: copy a tensor seen before
+        tensor = tensor.detach().cpu().contiguous()
+        tensors[key] = tensor.clone() if tensor.data_ptr() in seen else tensor
+        seen.add(tensor.data_ptr())
+    return tensors
 
 
 def servers_of(pool: PolicyPool | Any) -> Sequence[str]:

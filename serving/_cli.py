@@ -42,6 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--max-body-bytes", type=int, default=None,
                    help="largest request body; larger gets 413 unread "
                         "(env SPANRL_POLICY_MAX_BODY_BYTES, default 4 MiB)")
+    p.add_argument("--max-weights-bytes", type=int, default=None,
+                   help="largest body of POST /v1/weights/load (whole weights, safetensors; default 8 GiB)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85,
                    help="vLLM backend: share of the GPU's memory vLLM takes (default 0.85; lower beside a trainer)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
@@ -110,6 +112,8 @@ def _serve(args: argparse.Namespace) -> int:
         config.checkpoint_root = args.checkpoint_root
     if args.max_body_bytes is not None:
         config.max_body_bytes = args.max_body_bytes
+    if args.max_weights_bytes is not None:
+        config.max_weights_bytes = args.max_weights_bytes
     try:
         PolicyServer(config).serve_forever()
     except SpanRLError as exc:  # a bad flag or model (its ServingError too) is bad input: say which, no traceback

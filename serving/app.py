@@ -5,6 +5,7 @@ Routes (each ``/v1/...`` route also lives under the rollout prefixes below)::
     POST /v1/chat/completions   POST /v1/completions   GET /v1/models
     POST /v1/responses (OpenAI Responses, `openai_responses`)   POST /v1/messages (Anthropic, `anthropic_messages`)
     GET  /health                POST /v1/weights/reload {"path": ..., "model": adapter (optional)}
+    POST /v1/weights/load       whole weights as one safetensors file in the body (application/octet-stream)
 
     /rollouts/{rollout_id}/v1/...                         attribute the request to a rollout
     /rollouts/{rollout_id}/attempts/{attempt}/v1/...      ... and an attempt
@@ -15,7 +16,9 @@ Who may do what (docs/architecture.md, "Trust"): every request passes `spanrl.tr
 must be ``application/json``, a foreign ``Origin`` is refused, and bound to loopback a non-loopback ``Host``);
 ``/v1/weights/reload`` needs ``Authorization: Bearer <admin_token>`` and loads only folders under
 ``checkpoint_root``, local files only (403 when either is not configured, 401 without the token);
-``"dry_run": true`` makes every check and loads nothing (the online trainer's check at start). With API keys
+``"dry_run": true`` makes every check and loads nothing (the online trainer's check at start).
+``/v1/weights/load`` takes the same admin token (403 without one configured; no folder, so no root) and a body of
+at most ``max_weights_bytes``, loaded in memory. With API keys
 (``api_keys``, ``serving/tenants.py``) every other ``/v1`` route needs ``Authorization: Bearer <key>`` (401), and a
 request naming a rollout, conversation or trace id another tenant opened gets 403.
 
@@ -47,7 +50,7 @@ from spanrl.serving.attribution import rollout_of as _rollout_of
 from spanrl.serving.backend import GenerationRequest
 from spanrl.serving.chat import normalize_messages, normalize_tools, render_prompt
 from spanrl.serving.errors import RequestError, error_body
-from spanrl.serving.intake import TokenizerPool, read_json_body
+from spanrl.serving.intake import TokenizerPool, read_body_bytes, read_json_body
 from spanrl.serving.openai_responses import create_response
 from spanrl.serving.protocol import ParsedParams, parse_params
 from spanrl.serving.responses import PROVIDER, Call, ServerState, complete_while_connected, respond, stream
@@ -74,12 +77,16 @@ def build_app(state: ServerState) -> FastAPI:
         app.add_api_route(f"{prefix}/v1/messages", routes.messages, methods=["POST"])
     app.add_api_route("/health", routes.health, methods=["GET"])
     app.add_api_route("/v1/weights/reload", routes.reload, methods=["POST"])
+    app.add_api_route(_LOAD_PATH, routes.load_weights, methods=["POST"])
     app.add_middleware(_ApiKeyGuard, tenants=routes.tenants)
     app.add_middleware(_BrowserGuard, bound_host=state.config.host)  # added last: runs first
     return app
 
 
-_KEYLESS_PATHS = ("/health", "/v1/weights/reload")  # the reload route has its own admin token
+_LOAD_PATH = "/v1/weights/load"
+_KEYLESS_PATHS = ("/health", "/v1/weights/reload", _LOAD_PATH)  # the weight routes have their own admin token
+# The weights' body is raw safetensors; a browser cannot send that type without a CORS preflight (which fails).
+_LOAD_TYPES = ("application/octet-stream",)
 
 
 class _ApiKeyGuard:
@@ -113,7 +120,8 @@ class _BrowserGuard:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-            refusal = browser_refusal(scope["method"], headers, bound_host=self.bound_host)
+            types = _LOAD_TYPES if scope["path"] == _LOAD_PATH else ("application/json",)
+            refusal = browser_refusal(scope["method"], headers, bound_host=self.bound_host, content_types=types)
             if refusal is not None:
                 kind = "permission_error" if refusal[0] == 403 else "invalid_request_error"
                 await JSONResponse(error_body(refusal[1], type=kind), status_code=refusal[0])(scope, receive, send)
@@ -268,14 +276,31 @@ class _Routes:
         return {"status": "ok", "model": self.model_name, "policy_version": self.state.batcher.version,
                 **({"adapters": adapters} if adapters else {})}
 
-    async def reload(self, request: Request) -> dict[str, Any]:
+    def _require_admin(self, request: Request, *, folder: bool) -> None:
+        """403 unless the weight routes are on (an admin token; ``folder``: and a checkpoint root), 401 without it."""
         config = self.state.config
-        if config.admin_token is None or config.checkpoint_root is None:
-            raise RequestError("weight reloads over HTTP are off: start the server with --admin-token-file and "
-                               "--checkpoint-root", status=403, type="permission_error")
+        if config.admin_token is None or (folder and config.checkpoint_root is None):
+            flags = "--admin-token-file and --checkpoint-root" if folder else "--admin-token-file"
+            raise RequestError(f"weight reloads over HTTP are off: start the server with {flags}", status=403,
+                               type="permission_error")
         if not Tokens.of(admin=config.admin_token).allows(request.headers.get("authorization"), "admin"):
             raise RequestError("missing or wrong admin token (header 'Authorization: Bearer <token>')", status=401,
                                type="authentication_error")
+
+    async def load_weights(self, request: Request) -> dict[str, Any]:
+        """Whole weights sent in the body (one safetensors file), loaded in memory: no folder is read or written."""
+        self._require_admin(request, folder=False)
+        data = await read_body_bytes(request, self.state.config.max_weights_bytes, "max_weights_bytes")
+        state = await asyncio.to_thread(_safetensors_of, data)
+        try:
+            version = await asyncio.wrap_future(self.state.batcher.reload_async(state, None))
+        except ServingError as exc:
+            raise RequestError(str(exc), param="body") from None
+        return {"status": "ok", "policy_version": version, "model": self.model_name}
+
+    async def reload(self, request: Request) -> dict[str, Any]:
+        config = self.state.config
+        self._require_admin(request, folder=True)
         body = await read_json_body(request, config.max_body_bytes)
         adapter = self._adapter(body, new_ok=True)  # {"model": name}: that adapter's folder (added when new)
         path = _reload_folder(body.get("path"), config.checkpoint_root)
@@ -286,6 +311,20 @@ class _Routes:
         except ServingError as exc:
             raise RequestError(str(exc), param="path") from None
         return {"status": "ok", "policy_version": version, "model": adapter or self.model_name}
+
+
+def _safetensors_of(data: bytes) -> dict[str, Any]:
+    """The tensors of a safetensors file's bytes; 400 for anything else or for no tensors."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    try:
+        state = load(data)
+    except (SafetensorError, ValueError, RuntimeError) as exc:
+        raise RequestError(f"the body is not a safetensors file ({len(data)} bytes): {exc}", param="body") from None
+    if not state:
+        raise RequestError("the body is a safetensors file with no tensors; send the model's weights", param="body")
+    return state
 
 
 def _prompts(tokenizer: Any, prompt: Any) -> list[tuple[list[int], str]]:

@@ -7,10 +7,12 @@ concurrently, so a backend needs no locks of its own.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 __all__ = [
+    "BASE_ADAPTER",
     "AdmitCallback",
     "Backend",
     "Completion",
@@ -19,8 +21,24 @@ __all__ = [
     "GenerationResult",
     "SamplingParams",
     "TokenCallback",
+    "base_adapter_folder",
     "check_finite_weights",
 ]
+
+BASE_ADAPTER = "spanrl/base"
+"""Where a backend keeps a LoRA adapter reloaded as the base's weights (``base_adapter_folder``): requests for
+the base then run with it. Adapter names never hold '/' (``ServerConfig.lora_modules``, the reload route), so no
+named adapter can take this one's place."""
+
+
+def base_adapter_folder(source: Any) -> pathlib.Path | None:
+    """``source`` as a folder when a reload of the base names a PEFT adapter folder (``adapter_config.json``): the
+    served model's name then answers with base + that adapter, so a Trainer's one LoRA policy (``algorithm.lora``)
+    reaches a server as its adapter alone, not as a merged model. None for anything else (full weights)."""
+    if isinstance(source, (str, pathlib.Path)) and (pathlib.Path(source) / "adapter_config.json").is_file():
+        return pathlib.Path(source)
+    return None
+
 
 TokenCallback = Callable[[int, int, float], None]
 """Called from the batcher thread as ``(choice_index, token_id, logprob)`` for every new token."""

@@ -3,7 +3,8 @@
 The one client of a server this process did not start: the online trainer (``spanrl train --online``)
 and the Trainer's pool of other servers (``serving.urls``) read its policy version from ``GET /health``
 and push weights through ``POST /v1/weights/reload`` (the server must see the folder: same machine or a
-shared file system). The reload route needs the server's ``--admin-token``: ``token``, else
+shared file system) or, whole weights, in the body of ``POST /v1/weights/load`` (no folder). Both routes need
+the server's ``--admin-token``: ``token``, else
 ``SPANRL_POLICY_ADMIN_TOKEN`` (read at each call). Every failure is a `ServingError` naming the server.
 """
 
@@ -31,6 +32,11 @@ _RELOAD_FIXES = {
 _RELOAD_TIMEOUT_S = 600.0  # a reload loads the whole model
 
 
+_LOAD = "/v1/weights/load"
+_LOAD_FIXES = {403: "start `spanrl serve` with --admin-token-file FILE", 401: _RELOAD_FIXES[401],
+               413: "raise the server's --max-weights-bytes to hold the model's weights"}
+
+
 class PolicyClient:
     """The policy server at ``url`` (its root, ``http://host:port``)."""
 
@@ -53,6 +59,19 @@ class PolicyClient:
         doc = self._call("POST", "/v1/weights/reload", body, _RELOAD_TIMEOUT_S, fixes=_RELOAD_FIXES)
         return int(self._field(doc, "/v1/weights/reload"))
 
+    def push(self, data: bytes) -> int:
+        """Send whole weights, ``data`` the bytes of one safetensors file, in the body of ``POST /v1/weights/load``
+        (loaded in the server's memory: no folder on either side); the new policy version."""
+        token = self._token or env.get_str(env.SPANRL_POLICY_ADMIN_TOKEN)
+        headers = {"content-type": "application/octet-stream"}
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        try:
+            reply = httpx.post(self.url + _LOAD, content=data, headers=headers, timeout=_RELOAD_TIMEOUT_S)
+        except httpx.HTTPError as exc:
+            raise ServingError(f"no spanrl policy server answers at {self.url}: {exc}") from None
+        return int(self._field(self._doc(reply, _LOAD, _LOAD_FIXES), _LOAD))
+
     def check_reload(self, folder: str | Path) -> None:
         """Ask the server whether it would reload from under ``folder`` (a dry run: nothing is loaded); a
         `ServingError` with the server's reason and the fix when it would not."""
@@ -67,6 +86,9 @@ class PolicyClient:
             reply = httpx.request(method, self.url + path, json=body, headers=headers, timeout=timeout_s)
         except httpx.HTTPError as exc:
             raise ServingError(f"no spanrl policy server answers at {self.url}: {exc}") from None
+        return self._doc(reply, path, fixes)
+
+    def _doc(self, reply: httpx.Response, path: str, fixes: dict[int, str] | None) -> dict[str, Any]:
         if reply.status_code != 200:
             fix = (fixes or {}).get(reply.status_code)
             raise ServingError(f"policy server {self.url}{path} answered {reply.status_code}: {_reason(reply)}"

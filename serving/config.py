@@ -74,6 +74,9 @@ class ServerConfig:
     )
 
     """Largest request body read; a larger one gets 413 before it is read (env SPANRL_POLICY_MAX_BODY_BYTES)."""
+    max_weights_bytes: int = 8 * 2**30
+    """Largest body of ``POST /v1/weights/load`` (whole weights as one safetensors file, held in memory while they
+    load): 8 GiB holds a 1.5B model in float32; a larger body gets 413 before it is read."""
     gpu_memory_utilization: float = 0.85
     """vLLM backend: the share of the GPU's memory vLLM may take (weights, activations, KV cache), vLLM's
     ``--gpu-memory-utilization``; lower it when a trainer shares the GPU (``spanrl train --plan``)."""
@@ -106,7 +109,8 @@ class ServerConfig:
         one_of("dtype", self.dtype, _DTYPES)
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be an integer in 0..65535, got {self.port!r}")
-        for name in ("max_batch_size", "max_queue_size", "default_max_tokens", "max_body_bytes"):
+        for name in ("max_batch_size", "max_queue_size", "default_max_tokens", "max_body_bytes",
+                     "max_weights_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")

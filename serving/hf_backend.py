@@ -20,7 +20,15 @@ import torch
 from spanrl.errors import ServingError
 from spanrl.hf_compat import kv_cache_argument
 from spanrl.serving.adapters import AdapterSet, base_key
-from spanrl.serving.backend import AdmitCallback, Completion, DoneCallback, GenerationRequest, check_finite_weights
+from spanrl.serving.backend import (
+    BASE_ADAPTER,
+    AdmitCallback,
+    Completion,
+    DoneCallback,
+    GenerationRequest,
+    base_adapter_folder,
+    check_finite_weights,
+)
 from spanrl.serving.lean_llama import LeanCache, LeanLlama, supports
 
 __all__ = ["TransformersBackend"]
@@ -92,18 +100,25 @@ class TransformersBackend:
         self.adapters = AdapterSet(self.model)
         for name, folder in (adapters or {}).items():
             self.adapters.load(name, folder)
+        self._base: str | None = None  # BASE_ADAPTER once the base's weights came as an adapter folder
 
     @property
     def adapter_names(self) -> list[str]:
-        """The LoRA adapters served beside the base model."""
-        return self.adapters.names
+        """The LoRA adapters served beside the base model (by name)."""
+        return [name for name in self.adapters.names if name != BASE_ADAPTER]
 
     # --- weights ----------------------------------------------------------------------------------
     def load_weights(self, source: Any, adapter: str | None = None) -> None:
         """Copy new weights in place: a folder path, a ``state_dict`` or a module (copied, not kept); with
-        ``adapter``, that adapter's weights (``AdapterSet.load``), the base and other adapters untouched."""
+        ``adapter``, that adapter's weights (``AdapterSet.load``), the base and other adapters untouched. A PEFT
+        adapter folder as the base's weights: the base's requests run with it from then on (``BASE_ADAPTER``)."""
         if adapter is not None:
             self.adapters.load(adapter, source)
+            return
+        folder = base_adapter_folder(source)
+        if folder is not None:  # checked and loaded (or refused) before requests use it
+            self.adapters.load(BASE_ADAPTER, folder)
+            self._base = BASE_ADAPTER
             return
         if isinstance(source, (str, pathlib.Path)):
             from transformers import AutoModelForCausalLM
@@ -143,6 +158,7 @@ class TransformersBackend:
             for key, tensor in state.items():
                 target = own[key]
                 target.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
+        self._base = None  # whole weights: the base alone again
 
     def close(self) -> None:
         """Drop the model."""
@@ -170,7 +186,7 @@ class TransformersBackend:
         generated together during that request's life."""
         dev = self.device
         adapter = requests[0].adapter if requests else None
-        self.adapters.use(adapter)
+        self.adapters.use(adapter if adapter is not None else self._base)
         rows: list[_Row] = []
         cache: Any = None
         mask = next_pos = logits = torch.empty(0)

@@ -51,25 +51,31 @@ def _depth_ok(doc: Any) -> bool:
     return True
 
 
-def _too_large(limit: int) -> RequestError:
-    return RequestError(f"the request body is larger than the server's limit of {limit} bytes (max_body_bytes)",
+def _too_large(limit: int, field: str) -> RequestError:
+    return RequestError(f"the request body is larger than the server's limit of {limit} bytes ({field})",
                         status=413, code="request_too_large")
 
 
-async def read_json_body(request: Request, max_bytes: int) -> dict[str, Any]:
-    """The request's JSON object; `RequestError` 413 when too large, 400 when not a JSON object."""
+async def read_body_bytes(request: Request, max_bytes: int, field: str = "max_body_bytes") -> bytes:
+    """The request's body; `RequestError` 413 naming ``field`` (the limit's setting) when over ``max_bytes``."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > max_bytes:
-        raise _too_large(max_bytes)  # answered without reading the body
+        raise _too_large(max_bytes, field)  # answered without reading the body
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > max_bytes:
-            raise _too_large(max_bytes)
+            raise _too_large(max_bytes, field)
         chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json_body(request: Request, max_bytes: int) -> dict[str, Any]:
+    """The request's JSON object; `RequestError` 413 when too large, 400 when not a JSON object."""
+    data = await read_body_bytes(request, max_bytes)
     try:
-        body = json.loads(b"".join(chunks), parse_constant=_no_constant)
+        body = json.loads(data, parse_constant=_no_constant)
     except RecursionError:
         raise RequestError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
     except ValueError as exc:

@@ -24,7 +24,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from spanrl.errors import ConfigError, ServingError
-from spanrl.serving.backend import Completion, GenerationRequest, check_finite_weights
+from spanrl.serving.backend import (
+    BASE_ADAPTER,
+    Completion,
+    GenerationRequest,
+    base_adapter_folder,
+    check_finite_weights,
+)
 from spanrl.serving.vllm_adapters import VLLMAdapters, lora_engine_options
 
 __all__ = ["VLLMBackend"]
@@ -95,13 +101,14 @@ class VLLMBackend:
         except (OSError, ValueError) as exc:
             raise ServingError(f"model: vLLM cannot load {str(model_dir)!r}: {exc}") from exc
         self.adapters = VLLMAdapters(self.llm, folders, lora.get("max_lora_rank"))
+        self._base: str | None = None  # BASE_ADAPTER once the base's weights came as an adapter folder
         self.tokenizer = self.llm.get_tokenizer()
         self.max_context_tokens = int(self.llm.llm_engine.model_config.max_model_len)
 
     @property
     def adapter_names(self) -> list[str]:
-        """The LoRA adapters served beside the base model."""
-        return self.adapters.names
+        """The LoRA adapters served beside the base model (by name)."""
+        return [name for name in self.adapters.names if name != BASE_ADAPTER]
 
     # --- generation -------------------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
@@ -117,7 +124,7 @@ class VLLMBackend:
             self._set_threads(self._threads)
         rows = [(req, i) for req in requests for i in range(req.n)]
         prompts = [{"prompt_token_ids": list(req.prompt_ids)} for req, _ in rows]
-        loras = [self.adapters.request(req.adapter) for req, _ in rows]
+        loras = [self.adapters.request(req.adapter if req.adapter is not None else self._base) for req, _ in rows]
         outputs = self.llm.generate(prompts, [self._sampling_params(req, i) for req, i in rows],
                                     lora_request=loras if any(loras) else None, use_tqdm=False)
         done: dict[int, list[Completion]] = {id(req): [] for req in requests}
@@ -165,13 +172,19 @@ class VLLMBackend:
     # --- weights ----------------------------------------------------------------------------------
     def load_weights(self, source: Any, adapter: str | None = None) -> None:
         """Load new weights: a folder of safetensors, a ``state_dict`` or a module (copied, not kept); with
-        ``adapter``, that LoRA adapter's (`VLLMAdapters.load`), the base and other adapters untouched.
+        ``adapter``, that LoRA adapter's (`VLLMAdapters.load`), the base and other adapters untouched; a PEFT
+        adapter folder as the base's weights: the base's requests run with that LoRA from then on.
 
         Names and shapes are checked against the served checkpoint first, so a bad source leaves the
         old weights whole."""
         self._wake()
         if adapter is not None:
             self.adapters.load(adapter, source)
+            return
+        folder = base_adapter_folder(source)
+        if folder is not None:  # the base's requests run with this LoRA from the next batch (a new LoRA id)
+            self.adapters.load(BASE_ADAPTER, folder)
+            self._base = BASE_ADAPTER
             return
         if isinstance(source, (str, pathlib.Path)):
             try:
@@ -190,6 +203,7 @@ class VLLMBackend:
             items["lm_head.weight"] = items[embed]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(list(items.items()))})
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+        self._base = None  # whole weights: the base alone again
 
     # --- sleep mode -------------------------------------------------------------------------------
     def sleep(self) -> None:

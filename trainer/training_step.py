@@ -220,6 +220,9 @@ class TrainingStep:
         if push is not None:
             return push(self.server)
         weights = getattr(self.algorithm, "policy_weights", None)
+        lora = getattr(self.server, "reload_lora", None)  # algorithm.lora: servers in serving.urls get the adapter
+        if lora is not None and self.world == 1 and callable(weights) and hasattr(self.algorithm.model, "peft_config"):
+            return {"policy_version": lora(self.algorithm.model, weights)}
         return {"policy_version": self.server.reload(weights() if callable(weights) else self.algorithm.model)}
 
     def policy_version(self) -> int | None:

@@ -1,7 +1,8 @@
 """Per-agent LoRA policies served by a policy server the Trainer did not start (``serving.urls``): the Trainer
 adds its adapters there at start and pushes only the adapters after each update (``rollouts/policy_pool.py``);
 the remote server then answers each adapter as the Trainer's own server does. Transformers backend here (the
-remote is a real HTTP server in this process); ``test_vllm_remote_adapters.py`` runs the same on vLLM."""
+remote is a real HTTP server in this process); ``test_vllm_remote_adapters.py`` runs the same on vLLM. One LoRA
+policy (``algorithm.lora``) travels as its adapter alone too, served under the model's own name."""
 
 from __future__ import annotations
 
@@ -64,6 +65,15 @@ def trainer_on(model: Path, out: Path, remote: str, collector_port: int, **field
     policies = {"writer": AgentPolicy(lora=LoRAConfig(r=4, alpha=8)), "checker": AgentPolicy(lora=LoRAConfig(r=2))}
     return Trainer(model=model, agent=two_agents, tasks=calculator.make_tasks(4, seed=1), config=config,
                    algorithm=GRPO(learning_rate=5e-2), policies=policies)
+
+
+def lora_trainer(model: Path, out: Path, remote: str, collector_port: int, *, steps: int) -> Trainer:
+    """A run of one LoRA policy (``algorithm.lora``) whose rollouts go to the remote server."""
+    config = TrainerConfig(output_dir=str(out), n_rollouts=2, tasks_per_step=2, max_steps=steps, eval_at_start=False,
+                           progress=False, torch_threads=1, serving=ServingConfig(urls=(remote,),
+                                                                                  collector_port=collector_port))
+    return Trainer(model=model, agent=two_agents, tasks=calculator.make_tasks(4, seed=1), config=config,
+                   algorithm=GRPO(learning_rate=5e-2, lora=LoRAConfig(r=4)))
 
 
 def greedy(root: str, model: str, key: str | None = None) -> tuple[list[int], list[float]]:
@@ -137,8 +147,7 @@ def test_a_remote_server_already_serving_an_adapter_is_refused(tiny_model: Path,
 
 def test_one_lora_policy_as_the_default_adapter_travels_alone(tiny_model: Path, tmp_path: Path, tokens: None,
                                                               ports: int, one_torch_thread: None) -> None:
-    """One LoRA policy whose adapter alone reaches the remote (``policies: {default: {lora: ...}}``); a GRPO
-    ``lora`` policy is merged and travels as a whole model instead (docs/cluster.md)."""
+    """One LoRA policy as the ``default`` per-agent adapter (``policies: {default: {lora: ...}}``): only it travels."""
     remote = remote_server(tiny_model, tmp_path, ports)
     try:
         config = TrainerConfig(output_dir=str(tmp_path / "run"), n_rollouts=2, tasks_per_step=2, max_steps=1,
@@ -154,3 +163,27 @@ def test_one_lora_policy_as_the_default_adapter_travels_alone(tiny_model: Path, 
         remote.shutdown()
     assert row["rollouts_ok"] == 4 and row["agents/default/transitions"] == 8  # both agents' calls
     assert pushed == ["adapters"]  # no model.safetensors: the base never travelled
+
+
+def test_the_algorithms_one_lora_policy_travels_as_its_adapter_alone(tiny_model: Path, tmp_path: Path, tokens: None,
+                                                                     ports: int, one_torch_thread: None) -> None:
+    """``algorithm.lora``: the remote gets the adapter alone and answers the served model's own name with base +
+    adapter, at the policy version the Trainer's server has (which got the merged weights in memory)."""
+    remote = remote_server(tiny_model, tmp_path, ports)
+    served = tmp_path / "run" / "served-weights"
+    try:
+        with lora_trainer(tiny_model, tmp_path / "run", remote.base_url, ports, steps=2) as trainer:
+            before = greedy(remote.base_url, "policy")
+            rows = trainer.train()
+            embedded = trainer.server.embedded
+            after = greedy(remote.base_url, "policy")
+            own = greedy(embedded.base_url, "policy", trainer._services.api_key)
+            versions = (remote.version, embedded.version, remote.adapters)
+        pushed = sorted(str(p.relative_to(served)) for p in served.rglob("*"))
+    finally:
+        remote.shutdown()
+    assert [row["rollouts_ok"] for row in rows] == [4, 4]
+    assert versions == (2, 2, {})  # counted as whole-weight reloads; no named adapter appeared
+    assert pushed == ["lora", "lora/v2", "lora/v2/adapter_config.json", "lora/v2/adapter_model.safetensors"]
+    assert after[0] == own[0] and after[1] == pytest.approx(own[1], abs=1e-5)  # base + adapter = the merged model
+    assert after[1] != pytest.approx(before[1], abs=1e-5)  # the update reached the remote
