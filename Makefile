@@ -91,9 +91,11 @@ test: venv lint chromium clang
 
 # The oldest transformers spanrl supports (5.17, what the lent GPU machines' image ships), in its own venv, on the
 # tests that touch the APIs that moved (the KV-cache argument, activation checkpointing, TRL's loss plumbing, the
-# server's generation and LoRA): ~2 min to build, ~3 min to run on 2 cores. The torch lower bound (2.11) is not
-# checked here: PyPI's 2.11 is a CUDA build. `spanrl/hf_compat.py` holds what differs.
+# server's generation and LoRA): ~2 min to build, ~3 min to run on 2 cores. With the oldest torch too (2.11, the
+# image's): PyPI's 2.11.0 is the CUDA 13 build, which runs on CPU (its CUDA libraries make the venv 4.6 GB; about
+# 1 min to install from PyPI here). `spanrl/hf_compat.py` holds what differs.
 LOWER_VENV ?= .venv-lower
+LOWER_TORCH ?= torch==2.11.0
 LOWER_PINS ?= transformers==5.17.0
 LOWER_TESTS ?= tests/algorithms/test_grpo.py tests/algorithms/test_ppo.py tests/algorithms/test_sft.py \
 	tests/algorithms/test_dpo.py tests/algorithms/test_shared_prefix.py tests/algorithms/test_memory_plan.py \
@@ -102,9 +104,10 @@ LOWER_TESTS ?= tests/algorithms/test_grpo.py tests/algorithms/test_ppo.py tests/
 test-lower-bounds:
 	test -x $(LOWER_VENV)/bin/python || $(PY) -m venv $(LOWER_VENV)
 	$(LOWER_VENV)/bin/pip install -q --upgrade pip setuptools wheel
-	$(LOWER_VENV)/bin/pip install -q torch==2.13.0 $(TORCH_PIP_ARGS)
-	$(LOWER_VENV)/bin/pip install -q -e '.[train,serve,dev]' $(LOWER_PINS)
+	$(LOWER_VENV)/bin/pip install -q $(LOWER_TORCH) $(TORCH_PIP_ARGS)
+	$(LOWER_VENV)/bin/pip install -q -e '.[train,serve,dev]' $(LOWER_PINS) $(LOWER_TORCH)
 	$(LOWER_VENV)/bin/python -c "import transformers; assert transformers.__version__ == '$(subst transformers==,,$(LOWER_PINS))', transformers.__version__"
+	$(LOWER_VENV)/bin/python -c "import torch; assert torch.__version__.split('+')[0] == '$(subst torch==,,$(LOWER_TORCH))', torch.__version__"
 	$(LOWER_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider $(XDIST) $(LOWER_TESTS)
 
 # The device check (bench/gpu_check.sh) on a lent GPU machine, which has no network: `make gpu-wheels` fills .whl/
