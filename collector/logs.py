@@ -38,7 +38,7 @@ from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from spanrl.collector.errors import PermanentError
-from spanrl.collector.otlp_json import _hex_to_b64, _list_field
+from spanrl.collector.otlp_json import hex_to_b64, json_object, list_field
 from spanrl.collector.tokens import BadSpan
 from spanrl.semconv import LOG_RECORD_EVENT
 
@@ -109,15 +109,10 @@ def decode_logs(body: bytes, *, as_json: bool) -> tuple[bytes, int, str]:
 
 def _from_json(body: bytes) -> ExportLogsServiceRequest:
     """OTLP/JSON logs: ids are hex there, base64 in protobuf's JSON mapping; a bad id rejects the request."""
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise PermanentError(f"malformed OTLP/JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise PermanentError(f"OTLP/JSON body must be an object with resourceLogs, got {type(doc).__name__}")
-    for resource_logs in _list_field(doc, "resourceLogs", "resource_logs"):
-        for scope_logs in _list_field(resource_logs, "scopeLogs", "scope_logs"):
-            for record in _list_field(scope_logs, "logRecords", "log_records"):
+    doc = json_object(body, "resourceLogs")
+    for resource_logs in list_field(doc, "resourceLogs", "resource_logs"):
+        for scope_logs in list_field(resource_logs, "scopeLogs", "scope_logs"):
+            for record in list_field(scope_logs, "logRecords", "log_records"):
                 _fix_ids(record)
     try:
         return json_format.ParseDict(doc, ExportLogsServiceRequest(), ignore_unknown_fields=True)
@@ -131,7 +126,7 @@ def _fix_ids(record: Any) -> None:
     for field in ("traceId", "spanId", "trace_id", "span_id"):
         if record.get(field):
             try:
-                record[field] = _hex_to_b64(record[field], field)
+                record[field] = hex_to_b64(record[field], field)
             except BadSpan as exc:
                 raise PermanentError(f"invalid OTLP/JSON log record: {exc}") from None
         else:

@@ -16,13 +16,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from spanrl.collector.errors import PermanentError
 from spanrl.collector.tokens import BadSpan
 
-__all__ = ["MAX_ERRORS_REPORTED", "decode_json_request"]
+__all__ = ["MAX_ERRORS_REPORTED", "decode_json_request", "hex_to_b64", "json_object", "list_field"]
 
 MAX_ERRORS_REPORTED = 5
 """Rejected spans whose reason is quoted in the reply; the rest are counted."""
 
 
-def _hex_to_b64(value: Any, field: str) -> str:
+def hex_to_b64(value: Any, field: str) -> str:
+    """An OTLP/JSON hex id as protobuf's JSON mapping wants it (base64); a bad one is a `BadSpan` naming ``field``."""
     if not isinstance(value, str):
         raise BadSpan(f"{field} must be a hex string, got {type(value).__name__}")
     try:
@@ -35,12 +36,24 @@ def _hex_to_b64(value: Any, field: str) -> str:
 def _fix_span_ids(span: dict[str, Any]) -> None:
     for field in ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"):
         if field in span:
-            span[field] = _hex_to_b64(span[field], field)
+            span[field] = hex_to_b64(span[field], field)
     for link in span.get("links") or ():
         if isinstance(link, dict):
             for field in ("traceId", "spanId", "trace_id", "span_id"):
                 if field in link:
-                    link[field] = _hex_to_b64(link[field], f"links.{field}")
+                    link[field] = hex_to_b64(link[field], f"links.{field}")
+
+
+def json_object(body: bytes, field: str) -> dict[str, Any]:
+    """An OTLP/JSON body as its top-level object (whose ``field`` holds the payload); anything else is a
+    `PermanentError` naming what was wrong."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise PermanentError(f"malformed OTLP/JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise PermanentError(f"OTLP/JSON body must be an object with {field}, got {type(doc).__name__}")
+    return doc
 
 
 def decode_json_request(body: bytes) -> tuple[ExportTraceServiceRequest, int, list[str]]:
@@ -49,18 +62,13 @@ def decode_json_request(body: bytes) -> tuple[ExportTraceServiceRequest, int, li
     Returns the request, the number of spans dropped for bad hex ids, and their messages. A body that is
     not JSON, or not an ExportTraceServiceRequest, raises `PermanentError`.
     """
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise PermanentError(f"malformed OTLP/JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise PermanentError(f"OTLP/JSON body must be an object with resourceSpans, got {type(doc).__name__}")
+    doc = json_object(body, "resourceSpans")
     rejected = 0
     errors: list[str] = []
     index = -1
-    for rs in _list_field(doc, "resourceSpans", "resource_spans"):
-        for ss in _list_field(rs, "scopeSpans", "scope_spans"):
-            spans = _list_field(ss, "spans")
+    for rs in list_field(doc, "resourceSpans", "resource_spans"):
+        for ss in list_field(rs, "scopeSpans", "scope_spans"):
+            spans = list_field(ss, "spans")
             kept = []
             for span in spans:
                 index += 1
@@ -83,7 +91,8 @@ def decode_json_request(body: bytes) -> tuple[ExportTraceServiceRequest, int, li
     return request, rejected, errors
 
 
-def _list_field(obj: Any, *names: str) -> list[Any]:
+def list_field(obj: Any, *names: str) -> list[Any]:
+    """The list under the first of ``names`` (camelCase, then snake_case) in an OTLP/JSON object; [] when absent."""
     if not isinstance(obj, dict):
         raise PermanentError(f"invalid OTLP/JSON: expected an object, got {type(obj).__name__}")
     for name in names:

@@ -41,7 +41,7 @@ _OUTPUT = [{"role": "assistant", "parts": [{"type": "text", "content": "It is."}
 _REF_INPUT = [{"role": "user", "parts": [{"type": "text", "content": "Kept in a bucket"}]}]
 
 
-class _Template:
+class Template:
     """A chat template in memory: one id per character of ``role: content`` lines."""
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False,
@@ -108,7 +108,7 @@ def test_current_genai_conventions_are_read_as_written(collector: Any, tmp_path:
     assert "rollout r-conv: 1 call(s)" in caplog.text and "'file:///etc/hostname'" in caplog.text
     assert "not under a prefix SPANRL_MESSAGE_REFS allows" in caplog.text
 
-    prompt, _ = retokenize(_Template(), first["input_messages"], first["output_messages"])
+    prompt, _ = retokenize(Template(), first["input_messages"], first["output_messages"])
     assert "".join(map(chr, prompt)) == (  # the generic part's title, source and text reach the policy, on lines
         "system: You are a language translator.\n"  # of their own; cache_control is no text
         "user: Answer using the attached search result.\nOpenTelemetry overview\nhttps://example.com/docs/otel\n"
@@ -140,7 +140,7 @@ def test_generic_parts_without_text_add_none_and_are_kept_whole(collector: Any) 
     provider.shutdown()
     (call,) = decompose(collector.store, kept=False).calls.to_pylist()
     assert json.loads(call["output_messages"]) == _OPAQUE_OUTPUT
-    prompt, completion = retokenize(_Template(), call["input_messages"], call["output_messages"])
+    prompt, completion = retokenize(Template(), call["input_messages"], call["output_messages"])
     assert "".join(map(chr, completion)) == "It is.\n"
 
 

@@ -17,6 +17,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
+from test_genai_conventions import Template  # a chat template in memory, one id per character
 
 from spanrl import semconv as sc
 from spanrl.algorithms.credit import LightningRL
@@ -120,23 +121,12 @@ def test_a_denied_call_without_a_tool_span_is_its_calls_step_signal(collector: A
 
     batch = load_transitions(collector.store, credit=LightningRL(mode="step", scale_std=False,
                                                                  step_signals={"denied": -0.5}),
-                             tokenizer=_Template())
+                             tokenizer=Template())
     assert batch.report["step_signal_denied"] == 3
     rewards = {t.step: round(t.reward, 6) for t in batch.transitions}
     # s = [-0.5, 0, -0.5, 0, -0.5], reward 1 after call 4; gamma 1: G_t = 1 + sum of s from t on
     assert rewards == {0: -0.5, 1: 0.0, 2: 0.0, 3: 0.5, 4: 0.5}
 
-
-class _Template:
-    """A chat template in memory (the calls are known by their messages only): one id per character."""
-
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False,
-                            tokenize: bool = True) -> list[int]:
-        text = "".join(f"{m['role']}: {m.get('content', '')}\n" for m in messages)
-        return [ord(c) for c in text + ("assistant: " if add_generation_prompt else "")]
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return [ord(c) for c in text]
 
 
 def test_the_viewer_shows_the_denials_in_its_credit_table(collector: Any) -> None:
