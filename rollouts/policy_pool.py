@@ -231,13 +231,7 @@ class PolicyPool:
                 send = functools.partial(self._remote_push, data=data)
             else:
                 send = functools.partial(self._remote_reload, folder=self._save(weights))
-            with concurrent.futures.ThreadPoolExecutor(len(remote)) as pool:
-                versions = list(pool.map(send, remote))
-            if set(versions) != {version}:
-                raise ServingError(
-                    f"policy servers disagree after a reload: versions {versions} at {[m.root for m in remote]}, "
-                    f"the embedded server {version}; was one of them reloaded or restarted by someone else?"
-                )
+            self._send_all(remote, send, version)
         self._version = version
         return version
 
@@ -251,18 +245,23 @@ class PolicyPool:
             return self.reload(merged())
         version = self.embedded.reload(merged())
         folder = self._save_lora(model, version)
-        with concurrent.futures.ThreadPoolExecutor(len(remote)) as pool:
-            versions = list(pool.map(lambda m: self._remote_reload(m, folder), remote))
-        if set(versions) != {version}:
-            raise ServingError(
-                f"policy servers disagree after a reload: versions {versions} at {[m.root for m in remote]}, "
-                f"the embedded server {version}; was one of them reloaded or restarted by someone else?"
-            )
+        self._send_all(remote, functools.partial(self._remote_reload, folder=folder), version)
         for old in (self.weights_dir / "lora").iterdir():  # no server reads an older version any more
             if old != folder:
                 shutil.rmtree(old, ignore_errors=True)
         self._version = version
         return version
+
+    @staticmethod
+    def _send_all(remote: list[_Member], send: Any, version: int) -> None:
+        """``send(member)`` to every remote server at once; each must answer with the embedded server's ``version``."""
+        with concurrent.futures.ThreadPoolExecutor(len(remote)) as pool:
+            versions = list(pool.map(send, remote))
+        if set(versions) != {version}:
+            raise ServingError(
+                f"policy servers disagree after a reload: versions {versions} at {[m.root for m in remote]}, "
+                f"the embedded server {version}; was one of them reloaded or restarted by someone else?"
+            )
 
     def _save_lora(self, model: Any, version: int) -> Path:
         """``model``'s active adapter as a PEFT folder of its own (config and weights only, no base)."""
@@ -274,8 +273,7 @@ class PolicyPool:
         folder.mkdir(parents=True, exist_ok=True)
         model.peft_config[name].save_pretrained(str(folder))
         state = get_peft_model_state_dict(model, adapter_name=name)
-        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()},
-                  str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+        save_file(_tensors(state), str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
         return folder
 
     def _reload_adapter(self, state: Any, name: str) -> int:
@@ -300,8 +298,7 @@ class PolicyPool:
         folder = self.weights_dir / "adapters" / name / f"v{version}"
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(config_from / "adapter_config.json", folder / "adapter_config.json")
-        tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
-        save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+        save_file(_tensors(state), str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
         return folder
 
     # --- servers reached over HTTP ----------------------------------------------------------------
