@@ -1,7 +1,7 @@
 """The one training loop and its step: a source's rollouts in, one history row out, for both trainers.
 
 Two sources feed the loop (`Source`): the Trainer's runner (``trainer.py``'s ``RunnerSource``: its rollouts run now,
-or ahead while the last update computed, through ``rollouts/prefetch.py``) and the store (``trainer/online.py``'s
+or ahead while the last update computed, through ``rollouts/prefetch.py``) and the store (``online/trainer.py``'s
 ``OnlineTrainer``: the ready window of live traffic past its watermark, the ledger and watermark its exactly-once
 commit point). Each turn of `TrainingStep.loop` takes a step's rollouts from the source and runs the step:
 
