@@ -85,6 +85,28 @@ def _good_reward(reward: float | None) -> bool:
     return reward is not None and math.isfinite(reward) and abs(reward) <= sc.REWARD_ABS_MAX
 
 
+class RemoteServer:
+    """The step's `Servers` here: the one policy server this trainer follows, someone else's process, reloaded over
+    HTTP from the committed checkpoint only (``commit`` always returns one): no GPU of ours to free before an update,
+    and a LoRA policy reaches it as that checkpoint too."""
+
+    def __init__(self, client: PolicyClient) -> None:
+        self.client = client
+
+    @property
+    def version(self) -> int:
+        return self.client.version()
+
+    def sleep(self) -> bool:
+        return False
+
+    def reload(self, weights: Any) -> int:
+        return self.client.reload(weights)
+
+    def reload_lora(self, model: Any, merged: Any) -> int:
+        raise TrainingError("online training reloads its server from the committed checkpoint only")
+
+
 class OnlineTrainer(Lifecycle):
     """Follows the store and trains the served policy (see the module docstring).
 
@@ -125,8 +147,9 @@ class OnlineTrainer(Lifecycle):
         self.guard = Guard(config, self, store=store, server=self.server, output_dir=self.output_dir)
         credit = CreditConfig(mode="identical", baseline="running", scale_std=config.scale_std, missing_reward="skip",
                               nan_reward="ignore", reward_name=config.reward_name)  # store/online.py's reward
-        self.training = TrainingStep(algorithm=algorithm, credit=credit, config=None, store=store, server=self.server,
-                                     max_bad_updates=config.max_bad_updates, check_weights=True)
+        self.training = TrainingStep(algorithm=algorithm, credit=credit, config=None, store=store,
+                                     server=RemoteServer(self.server), max_bad_updates=config.max_bad_updates,
+                                     check_weights=True)
         """The loop and its step (``trainer/training_step.py``), this trainer their source."""
 
     # --- lifecycle ----------------------------------------------------------------------------------
