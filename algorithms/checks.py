@@ -1,5 +1,5 @@
 """What an algorithm cannot train on: rollouts whose transitions fail the algorithm's checks (the online
-trainer, ``trainer/online.py``, quarantines them). A non-finite update: ``trainer/reporting.py``'s
+trainer, ``online/trainer.py``, quarantines them). A non-finite update: ``trainer/reporting.py``'s
 ``NonFiniteGuard``, both trainers' one policy."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from spanrl.errors import ConfigError
 
 __all__ = ["bad_rollouts"]
 
-_logger = logging.getLogger("spanrl.trainer.online")
+_logger = logging.getLogger("spanrl.online")
 
 
 def bad_rollouts(algorithm: Any, transitions: Any) -> dict[str, str]:

@@ -170,7 +170,7 @@ class PolicyPool:
             for member in remote:
                 self._remote_adapter(member, name, folder, embedded.adapters[name])
 
-    # --- the PolicyServer surface the Trainer uses ------------------------------------------------
+    # --- the PolicyServer surface the Trainer uses (its step calls trainer/training_step.py's `Servers`) ----
     @property
     def base_url(self) -> str:
         """The embedded server's root (deploy)."""

@@ -31,6 +31,7 @@ _COMMAND_MODULES = (
     "spanrl.store._cli",
     "spanrl.serving._cli",
     "spanrl.trainer._cli",
+    "spanrl.online._cli",  # after trainer's: it adds --online to `spanrl train`
     "spanrl.sweep._cli",
     "spanrl.demo._cli",
     "spanrl.algorithms._cli",

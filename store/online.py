@@ -218,7 +218,7 @@ GROUP BY 1
 @dataclass(frozen=True)
 class RewardStats:
     """The judged rollouts of a set of policy versions: how many, their mean reward and its sample variance, and the
-    rewards themselves (for the guard's winsorizing, ``trainer/online_guard.py``; empty when only the summary is
+    rewards themselves (for the guard's winsorizing, ``online/guard.py``; empty when only the summary is
     known)."""
 
     n: int = 0

@@ -18,6 +18,9 @@ PRODUCT = tuple(sorted({d.split("/")[0] for d in tomllib.loads((REPO / "pyprojec
 HELD = PRODUCT  # every room keeps the limits
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
+# A room's Python lines (issue 54): trainer/ is the loop and what it calls; learning from live traffic is online/'s
+# job. Reached by splitting by job, never by moving code out to spare it: a room over its cap is split the same way.
+MAX_ROOM_LINES = {"trainer": 2500}
 # where the C sources are (the optional extensions spanrl.collector._wire and spanrl.instrumentation._encode)
 C_ROOTS = ("collector", "instrumentation")
 # A C function as the team writes it (clang-format style): a signature starting at column 0 (it may wrap)
@@ -68,6 +71,11 @@ def test_no_module_over_the_limit() -> None:
 
 def test_no_function_over_the_limit() -> None:
     assert [f for f in function_lines(HELD) if f[0] > MAX_FUNCTION_LINES] == []
+
+
+def test_no_room_over_its_cap() -> None:
+    lines = {room: sum(len(p.read_text().splitlines()) for p in _files((room,))) for room in MAX_ROOM_LINES}
+    assert {room: n for room, n in lines.items() if n > MAX_ROOM_LINES[room]} == {}
 
 
 def test_every_product_package_is_held() -> None:

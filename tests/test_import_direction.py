@@ -11,8 +11,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_import_cycles import REPO, import_graph  # noqa: E402
 
-_ROOMS = {"instrumentation", "collector", "store", "algorithms", "serving", "rollouts", "trainer", "sweep", "demo",
-          "ui"}
+_ROOMS = {"instrumentation", "collector", "store", "algorithms", "serving", "rollouts", "trainer", "online", "sweep",
+          "demo", "ui"}
 # `spanrl` itself (its __init__) imports only _lazy and errors: its public names load on first use, so an agent's
 # `import spanrl` stays at the bottom; the modules that build a Trainer or run the CLI sit above every room.
 _FRONT_DOORS = {"spanrl.__main__", "spanrl.cli", "spanrl.quickstart", "spanrl.doctor"}
@@ -36,7 +36,7 @@ def exceptions() -> set[str]:
 
 
 def room_of(module: str) -> str:
-    """``spanrl.trainer.online`` -> ``trainer``; the public API's front doors -> ``front doors``; every other
+    """``spanrl.online.trainer`` -> ``trainer``; the public API's front doors -> ``front doors``; every other
     module of ``spanrl/`` (errors, env, semconv, ...) -> ``spanrl``, the shared vocabulary."""
     if module in _FRONT_DOORS:
         return "front doors"

@@ -59,3 +59,13 @@ def test_one_algorithm_registry():
 
     assert set(QUICKSTART) <= set(ALGORITHMS)
     assert {name: algorithm_class(name).__name__ for name in ALGORITHMS} == ALGORITHMS
+
+
+def test_the_online_trainer_is_imported_from_its_room_alone():
+    import spanrl.online
+    import spanrl.trainer
+
+    assert spanrl.online.__all__ == ["OnlineConfig", "OnlineTrainer"]
+    assert (spanrl.online.OnlineConfig.__module__, spanrl.online.OnlineTrainer.__module__) == (
+        "spanrl.online.config", "spanrl.online.trainer")
+    assert not set(spanrl.online.__all__) & set(spanrl.trainer.__all__)  # one way to import each name

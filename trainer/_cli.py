@@ -49,9 +49,6 @@ def register(subparsers: Any) -> None:
     train.add_argument("--plan-prompt-tokens", type=int, default=512, metavar="N",
                        help="prompt length the plan assumes for each call (default 512)")
     output_options(train)
-    train.add_argument("--online", action="store_true",
-                       help="follow a running collector and policy server: train on live traffic "
-                            "(its keys: docs/online-config.md)")
     train.set_defaults(func=_train)
     needs_extra(train, "train")
 
@@ -74,8 +71,6 @@ def log_file(output_dir: Path, args: argparse.Namespace) -> Path:
 def _train(args: argparse.Namespace) -> int:
     path = Path(args.config)
     raw = read_config(path)
-    if args.online:
-        return _train_online(raw, args, base=path.parent)
     if args.resume:
         raw["resume"] = True
     if args.overwrite:
@@ -107,33 +102,6 @@ def _train(args: argparse.Namespace) -> int:
         print(_NEVER_REWARDED)
     if args.json:
         print(json.dumps(summary))
-    return 0
-
-
-def _train_online(raw: dict[str, Any], args: argparse.Namespace, *, base: Path) -> int:
-    """``--online``: the online trainer (``online_cli.build_online_trainer``) until SIGTERM / SIGINT (the current
-    update finishes, exit 0), ``max_updates`` or ``max_seconds``; ``--json``: a one-line summary at the end. An
-    error ends it as it ends every ``spanrl`` command (``spanrl.cli``: `errors.cli_error`, the error's own exit
-    status): 2 for a bad config or a server that refuses this trainer's reloads at start, 1 for a failed run."""
-    import signal
-
-    from spanrl.trainer.online_cli import build_online_trainer
-    from spanrl.trainer.online_config import OnlineConfig
-
-    if args.output_dir:
-        raw["output_dir"] = args.output_dir
-    if args.max_steps is not None:
-        raw["max_updates"] = args.max_steps
-    log_file(Path(str(raw.get("output_dir", OnlineConfig.output_dir))), args)  # before transformers loads
-    trainer = build_online_trainer(raw, base=base)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: trainer.stop())
-    with trainer:  # start(); close() at the end
-        print(f"spanrl online ready step={trainer.state.step} output_dir={trainer.output_dir}", flush=True)
-        history = trainer.run()
-    if args.json:
-        print(json.dumps({"step": trainer.state.step, "updates_this_run": len(history),
-                          "output_dir": str(trainer.output_dir), **trainer.state.counters}), flush=True)
     return 0
 
 

@@ -3,6 +3,7 @@ current one is high enough.
 
     cur = Curriculum(tasks, config=CurriculumConfig(promote_at=0.8, window=32))   # tasks carry "difficulty"
     batch = cur.sample(16)                     # mostly the current level, some review of easier ones
+    easier = cur.review(4)                     # tasks of the levels passed (none at the first)
     for task, reward in results:
         cur.record(task, reward)               # may promote
     cur.level, cur.success_rate(), cur.state()
@@ -109,11 +110,13 @@ class Curriculum:
         if n < 1:
             raise ConfigError(f"n must be >= 1, got {n!r}")
         n_review = int(n * self.config.review_fraction) if self._index > 0 else 0
-        batch = self._draw(self._pools[self.level], n - n_review)
-        if n_review:
-            easier = [t for level in self.levels[: self._index] for t in self._pools[level]]
-            batch += self._draw(easier, n_review)
-        return batch
+        return self._draw(self._pools[self.level], n - n_review) + self.review(n_review)
+
+    def review(self, n: int) -> list[Mapping[str, Any]]:
+        """``n`` tasks of the levels already passed, drawn as ``sample`` draws them (none at the first level)."""
+        if n < 1 or self._index == 0:
+            return []
+        return self._draw([t for level in self.levels[: self._index] for t in self._pools[level]], n)
 
     def _draw(self, pool: list[Mapping[str, Any]], n: int) -> list[Mapping[str, Any]]:
         out: list[Mapping[str, Any]] = []
@@ -174,9 +177,7 @@ def train_with_curriculum(curriculum: Curriculum, make_trainer: Callable[[list[M
     while step < max_steps:
         level = curriculum.level
         tasks = list(curriculum.pool())
-        if review_tasks and curriculum._index > 0:
-            easier = [t for lv in curriculum.levels[: curriculum._index] for t in curriculum.pool(lv)]
-            tasks += curriculum._draw(easier, review_tasks)
+        tasks += curriculum.review(review_tasks)
         by_id: dict[str, Mapping[str, Any]] = {}
         for i, task in enumerate(tasks):
             if "id" not in task:

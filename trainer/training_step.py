@@ -1,7 +1,7 @@
 """The one training loop and its step: a source's rollouts in, one history row out, for both trainers.
 
 Two sources feed the loop (`Source`): the Trainer's runner (``trainer.py``'s ``RunnerSource``: its rollouts run now,
-or ahead while the last update computed, through ``rollouts/prefetch.py``) and the store (``trainer/online.py``'s
+or ahead while the last update computed, through ``rollouts/prefetch.py``) and the store (``online/trainer.py``'s
 ``OnlineTrainer``: the ready window of live traffic past its watermark, the ledger and watermark its exactly-once
 commit point). Each turn of `TrainingStep.loop` takes a step's rollouts from the source and runs the step:
 
@@ -42,7 +42,7 @@ from spanrl.rollouts.prefetch import policy_lag
 from spanrl.trainer.config import TrainerConfig
 from spanrl.trainer.reporting import NonFiniteGuard, StageClock
 
-__all__ = ["Source", "Taken", "TrainingStep"]
+__all__ = ["Servers", "Source", "Taken", "TrainingStep"]
 
 _logger = logging.getLogger("spanrl.trainer.trainer")
 
@@ -81,10 +81,31 @@ class Source(Protocol):
         """The step's history row with the source's own figures (None: no step, e.g. nothing was trained)."""
 
 
+class Servers(Protocol):
+    """The servers the step updates, each hook called by name: the Trainer's `PolicyPool` (rollouts/policy_pool.py,
+    in process and ``serving.urls``), or online the one remote server, reloaded from the committed checkpoint
+    (online/trainer.py's ``RemoteServer``)."""
+
+    @property
+    def version(self) -> int:
+        """The policy version they serve now (the update's rows are its lag's reference)."""
+
+    def sleep(self) -> bool:
+        """Before an update: free the GPU memory they hold until the reload wakes them (``serving.enable_sleep_mode``:
+        vLLM's sleep mode); False: nothing was done."""
+
+    def reload(self, weights: Any) -> int:
+        """Serve ``weights`` (a module or a state_dict; a checkpoint folder once committed); the new version."""
+
+    def reload_lora(self, model: Any, merged: Callable[[], Any]) -> int:
+        """Serve a LoRA policy (``algorithm.lora``: ``model`` a PEFT model, ``merged()`` its plain-keyed weights
+        with the adapter merged in); the new version."""
+
+
 class TrainingStep:
     """Transitions, checks, update(s), non-finite policy, commit and weight push (see the module docstring)."""
 
-    def __init__(self, *, algorithm: Any, credit: Any, config: TrainerConfig | None, store: Any, server: Any,
+    def __init__(self, *, algorithm: Any, credit: Any, config: TrainerConfig | None, store: Any, server: Servers,
                  max_bad_updates: int, bad_updates: int = 0, check_weights: bool = False, world: int = 1) -> None:
         """``config``: the Trainer's (None online: every agent, one update on every row per step);
         ``bad_updates``: non-finite updates in a row so far (the online trainer's committed count);
@@ -195,9 +216,7 @@ class TrainingStep:
     def update(self, transitions: Any, learning_rate: float | None = None) -> dict[str, float]:
         """One algorithm update (at ``learning_rate`` for this one, when given); under many processes rank 0
         broadcasts the transitions and every rank updates on its shard (the metrics are rank 0's shard's)."""
-        sleep = getattr(self.server, "sleep", None)  # serving.enable_sleep_mode: vLLM frees the GPU; reload wakes it
-        if sleep is not None:
-            sleep()
+        self.server.sleep()
         if self.world == 1:
             with one_off_learning_rate(self.algorithm, learning_rate):
                 return self.algorithm.update(transitions)
@@ -220,12 +239,10 @@ class TrainingStep:
         if push is not None:
             return push(self.server)
         weights = getattr(self.algorithm, "policy_weights", None)
-        lora = getattr(self.server, "reload_lora", None)  # algorithm.lora: servers in serving.urls get the adapter
-        if lora is not None and self.world == 1 and callable(weights) and hasattr(self.algorithm.model, "peft_config"):
-            return {"policy_version": lora(self.algorithm.model, weights)}
+        if self.world == 1 and callable(weights) and hasattr(self.algorithm.model, "peft_config"):  # algorithm.lora
+            return {"policy_version": self.server.reload_lora(self.algorithm.model, weights)}
         return {"policy_version": self.server.reload(weights() if callable(weights) else self.algorithm.model)}
 
-    def policy_version(self) -> int | None:
+    def policy_version(self) -> int:
         """The version the update starts from: the pool's (in process), or asked of a remote server."""
-        version = getattr(self.server, "version", None)
-        return version() if callable(version) else version
+        return self.server.version

@@ -1,4 +1,4 @@
-"""What load_transitions gives the online trainer (trainer/online.py): the running baseline's state passed in and
+"""What load_transitions gives the online trainer (online/trainer.py): the running baseline's state passed in and
 fed the rollouts in the order asked for, and unusable rewards ignored so that a rollout's reward is the one the
 online trainer's ready query reads (store/online.py: the latest usable one)."""
 

@@ -44,6 +44,14 @@ def test_review_tasks_do_not_count_and_are_mixed_in_after_promotion():
     assert [t["difficulty"] for t in batch].count(1) == 2 and [t["difficulty"] for t in batch].count(2) == 6
 
 
+def test_review_draws_only_from_the_levels_passed():
+    cur = Curriculum(TASKS, config=CurriculumConfig(promote_at=0.5, window=2, min_results=2))
+    assert cur.review(4) == []
+    for _ in range(2):
+        cur.record({"difficulty": 1}, 1.0)
+    assert [t["difficulty"] for t in cur.review(5)] == [1] * 5
+
+
 def test_stays_on_the_last_level():
     cur = Curriculum({"easy": [{"q": 1}], "hard": [{"q": 2}]}, config=CurriculumConfig(window=1, min_results=1))
     assert cur.levels == ["easy", "hard"]

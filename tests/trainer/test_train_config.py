@@ -72,7 +72,7 @@ def test_the_docs_name_every_key() -> None:
 
 
 def test_the_online_docs_name_every_key_and_no_other() -> None:
-    from spanrl.trainer.online import OnlineConfig
+    from spanrl.online import OnlineConfig
 
     documented = set(re.findall(r"^\| `([a-z0-9_]+)` \|", ONLINE_DOC.read_text(), flags=re.MULTILINE))
     fields = {f.name for f in dataclasses.fields(OnlineConfig)}
@@ -173,7 +173,7 @@ def test_train_and_train_online_end_on_an_error_with_its_own_exit_status(
         raise error
 
     monkeypatch.setattr("spanrl.trainer._cli.build_trainer", fail)
-    monkeypatch.setattr("spanrl.trainer.online_cli.build_online_trainer", fail)
+    monkeypatch.setattr("spanrl.online._cli.build_online_trainer", fail)
     config = tmp_path / "train.yaml"
     config.write_text(f"model: m\noutput_dir: {tmp_path / 'run'}\n")
     for online in ([], ["--online"]):

@@ -1,11 +1,13 @@
 """The one loop of both trainers (trainer/training_step.py) against an in-memory source, algorithm and server: the
 order of a step (update, the source's commit, the push), the algorithm's checks, the non-finite policy, a source
-with nothing ready or an event row. The two real sources run in tests/trainer/test_trainer.py and test_online*.py."""
+with nothing ready or an event row; the hooks the step calls on the Trainer's real pool of servers. The two real
+sources run in tests/trainer/test_trainer.py and tests/online/test_online*.py."""
 
 from __future__ import annotations
 
 import math
 from types import SimpleNamespace
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -44,6 +46,10 @@ class _Algorithm:
 class _Server:
     def __init__(self, events: list[Any]) -> None:
         self.events, self.version = events, 0
+
+    def sleep(self) -> bool:
+        self.events.append(("sleep",))
+        return False
 
     def reload(self, weights: Any) -> int:
         self.version += 1
@@ -86,7 +92,7 @@ def test_a_step_updates_then_commits_then_pushes_and_quarantines_what_fails_the_
     _step(events, loss=0.25).loop(source, step=0, done=lambda step: step >= 1, record=rows.append,
                                   idle=lambda: waits.append(1))
     assert waits == [1] and rows[0] is verdict  # nothing ready: the loop waited; an event row is recorded as is
-    assert events == [("load", ["good", "forged"]), ("load", ["good"]), ("update", 1),
+    assert events == [("load", ["good", "forged"]), ("load", ["good"]), ("sleep",), ("update", 1),
                       ("commit", 1, 1, {"forged": "bad_transitions"}), ("push", 1)]
     step = rows[1]
     assert (step["step"], step["transitions"], step["policy_version"], step["source"]) == (1, 1, 1, "fake")
@@ -104,3 +110,44 @@ def test_a_non_finite_update_is_never_pushed_and_the_last_allowed_stops_the_loop
     assert [e for e in events if e[0] in ("commit", "push", "undo")] == [("undo", 1), ("undo", 1 if not stands else 2)]
     # the Trainer's step stands (its row recorded, the last one's too); online, an undone update is no step
     assert [row["step"] for row in rows] == ([1, 2] if stands else [])
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_torch_thread")
+def test_the_step_sleeps_the_pool_before_the_update_and_pushes_a_lora_policy_through_reload_lora(
+        tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from spanrl.algorithms import GRPO
+    from spanrl.algorithms.lora import LoRAConfig
+    from spanrl.demo.calculator.tasks import make_tasks
+    from spanrl.rollouts.policy_pool import PolicyPool
+    from spanrl.trainer import Trainer, TrainerConfig
+
+    calls: list[str] = []
+
+    class RecordingPool(PolicyPool):  # the real pool, the Trainer's server and its embedded one; its calls recorded
+        def sleep(self) -> bool:
+            calls.append("sleep")
+            return super().sleep()
+
+        def reload_lora(self, model: Any, merged: Any) -> int:
+            calls.append("reload_lora")
+            return super().reload_lora(model, merged)
+
+        def reload(self, weights: Any, adapter: str | None = None) -> int:
+            calls.append("reload")
+            return super().reload(weights, adapter)
+
+    def agent(task: dict[str, Any], llm: Any) -> float:
+        reply = llm.client().chat.completions.create(model=llm.model, max_tokens=6, temperature=1.0,
+                                                     messages=[{"role": "user", "content": task["question"]}])
+        return len(reply.choices[0].message.content or "") / 10  # varies between samples: a gradient to follow
+
+    monkeypatch.setattr("spanrl.trainer.services.PolicyPool", RecordingPool)
+    config = TrainerConfig(output_dir=str(tmp_path / "run"), n_rollouts=3, tasks_per_step=2, max_steps=1,
+                           eval_at_start=False, progress=False, torch_threads=1)
+    trainer = Trainer(model=tiny_model, agent=agent, tasks=make_tasks(4, seed=1), config=config,
+                      algorithm=GRPO(learning_rate=5e-2, lora=LoRAConfig(r=4, alpha=8)))
+    history = trainer.train()
+    # no other server: reload_lora hands the embedded server the merged weights
+    assert calls == ["sleep", "reload_lora", "reload"]
+    assert history[-1]["policy_version"] == 1 and history[-1]["transitions"] == 6

@@ -1,4 +1,4 @@
-"""Guarded updates in online training (trainer/online_guard.py): an update that makes the live reward worse
+"""Guarded updates in online training (online/guard.py): an update that makes the live reward worse
 is rolled back. The rule's math on known numbers, then a live stream through real parts: a collector and a
 policy server (in this process, over real OTLP and HTTP), two agent processes judging every answer, the
 online trainer with one deliberately harmful update (``learning_rate_overrides``)."""
@@ -19,7 +19,7 @@ import pytest
 
 from spanrl.store.online import RewardStats
 from spanrl.algorithms.welch import t_sf, worse_p_value
-from spanrl.trainer.online_guard import verdict, winsorized
+from spanrl.online.guard import verdict, winsorized
 from spanrl.trainer.reporting import Callback
 
 AGENT = Path(__file__).resolve().parent / "_guard_agent.py"
@@ -73,7 +73,7 @@ def test_the_one_sided_welch_test_on_known_numbers() -> None:
 )
 def test_guard_config_bad_value_fails_with_its_message(fields: dict[str, Any], message: str) -> None:
     from spanrl.errors import ConfigError
-    from spanrl.trainer.online import OnlineConfig
+    from spanrl.online import OnlineConfig
 
     with pytest.raises(ConfigError) as info:
         OnlineConfig(model="m", **fields).validate()
@@ -110,7 +110,7 @@ def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collec
     from spanrl.algorithms import GRPO
     from spanrl.demo.tiny import build_tiny_model
     from spanrl.serving import PolicyServer, ServerConfig
-    from spanrl.trainer.online import OnlineConfig, OnlineTrainer
+    from spanrl.online import OnlineConfig, OnlineTrainer
 
     torch.set_num_threads(1)
     model = build_tiny_model(tmp_path / "tiny", words=[f"w{i}" for i in range(12)], hidden_size=32, num_layers=1,
@@ -225,7 +225,7 @@ def test_a_harmful_update_on_a_live_stream_is_rolled_back(tmp_path: Path, collec
 
 
 def test_a_guard_verdict_is_one_line_on_the_terminal(capsys: pytest.CaptureFixture[str]) -> None:
-    from spanrl.trainer.online_cli import OnlineConsole
+    from spanrl.online._cli import OnlineConsole
 
     OnlineConsole().on_row({"step": 2, "event": "rejected", "trial_step": 2, "trial_versions": [2],
                             "reward_new": 0.167, "judged_new": 35, "reward_previous": 0.671, "judged_previous": 79,
@@ -284,7 +284,7 @@ def test_a_trial_survives_a_restart_and_the_first_update_rolls_back_to_the_start
     from spanrl.algorithms import GRPO
     from spanrl.demo.tiny import build_tiny_model
     from spanrl.serving import PolicyServer, ServerConfig
-    from spanrl.trainer.online import OnlineConfig, OnlineTrainer
+    from spanrl.online import OnlineConfig, OnlineTrainer
 
     torch.set_num_threads(1)
     model = build_tiny_model(tmp_path / "tiny", words=[f"w{i}" for i in range(20)], seed=0)
@@ -350,7 +350,7 @@ def test_turning_the_guard_on_later_compares_with_the_versions_of_the_committed_
     from spanrl.algorithms import GRPO
     from spanrl.demo.tiny import build_tiny_model
     from spanrl.serving import PolicyServer, ServerConfig
-    from spanrl.trainer.online import OnlineConfig, OnlineTrainer
+    from spanrl.online import OnlineConfig, OnlineTrainer
 
     torch.set_num_threads(1)
     model = build_tiny_model(tmp_path / "tiny", words=[f"w{i}" for i in range(20)], seed=0)

@@ -25,7 +25,7 @@ from spanrl.store.online import Watermark
 
 __all__ = ["Ledger", "OnlineState", "STATE_FILE", "LEDGER_FILE"]
 
-_logger = logging.getLogger("spanrl.trainer.online")
+_logger = logging.getLogger("spanrl.online")
 STATE_FILE = "online_state.json"
 LEDGER_FILE = "ledger.jsonl"
 
@@ -42,7 +42,7 @@ class OnlineState:
     bad_updates: int = 0  # updates in a row that were not finite (undone); 0 after a good one
     counters: dict[str, int] = field(default_factory=dict)
     baseline: RunningBaseline = field(default_factory=RunningBaseline)
-    # Guarded updates (trainer/online_guard.py): the open trial of the newest update, if any; the policy
+    # Guarded updates (online/guard.py): the open trial of the newest update, if any; the policy
     # versions that served the committed weights (and since when, collector clock); every rejected version.
     trial: dict[str, Any] | None = None
     served_versions: list[int] = field(default_factory=list)

@@ -11,7 +11,7 @@ source (``training_step.Source``) of the Trainer's loop, ``TrainingStep.loop``; 
    sampled at another temperature than the algorithm's skipped), every call scored with the rollout's latest
    usable reward (credit's ``nan_reward="ignore"``, the ready query's rule), advantages by credit assignment's
    ``running`` baseline (a per-task running mean of earlier rewards, ``spanrl.algorithms.baseline``, its state
-   in ``online_state``), which sees them in ready order; the algorithm's checks (a forged rollout quarantined);
+   in ``online/state.py``), which sees them in ready order; the algorithm's checks (a forged rollout quarantined);
 3. one GRPO update (at ``learning_rate_overrides``' rate for its step): the ratio is taken against the
    *recorded* sampling log-probs and clipped, which corrects for the policy lag of the rollouts that were kept;
    a non-finite one is undone (``undo``: the last committed checkpoint restored, its rollouts quarantined);
@@ -22,7 +22,7 @@ source (``training_step.Source``) of the Trainer's loop, ``TrainingStep.loop``; 
    reporting callbacks (``history.jsonl``, and any given).
 5. with ``guard`` on, each reload opens a trial: no update until the new version's live reward is judged
    against the previous weights' (its verdict a row of its own), and a version that made it worse is rolled
-   back (``trainer/online_guard.py``).
+   back (``online/guard.py``).
 
 Its lifecycle is the Trainer's (``trainer/lifecycle.py``): NEW, then RUNNING after ``start()``, TRAINING
 inside ``run()``, CLOSED after ``close()``; a call that does not fit (``poll_once()`` before ``start()``,
@@ -56,16 +56,16 @@ from spanrl.store.online import ReadyRollout, Watermark, count_aged_out, now_ns,
 from spanrl.algorithms import checkpoint_folders as checkpoints
 from spanrl.trainer.config import CONFIG_FILE, HISTORY_FILE
 from spanrl.trainer.lifecycle import Lifecycle, State
-from spanrl.trainer.online_config import OnlineConfig
-from spanrl.trainer.online_guard import Guard
-from spanrl.trainer.online_state import Ledger, OnlineState
+from spanrl.online.config import OnlineConfig
+from spanrl.online.guard import Guard
+from spanrl.online.state import Ledger, OnlineState
 from spanrl.trainer.reporting import Callback, HistoryFile
 from spanrl.trainer.training_step import Taken, TrainingStep
 from spanrl.trust import env_token, read_token_file
 
-__all__ = ["OnlineConfig", "OnlineTrainer"]
+__all__ = ["OnlineTrainer"]
 
-_logger = logging.getLogger("spanrl.trainer.online")
+_logger = logging.getLogger("spanrl.online")
 _NS_PER_S = 1_000_000_000
 _SERVER_WAIT_S = 120.0  # how long start() waits for a policy server that does not answer yet (loading its model)
 
@@ -83,6 +83,28 @@ class _Window:
 def _good_reward(reward: float | None) -> bool:
     """A reward the trainer can use: finite and within ``semconv.REWARD_ABS_MAX`` (the store checks it too)."""
     return reward is not None and math.isfinite(reward) and abs(reward) <= sc.REWARD_ABS_MAX
+
+
+class RemoteServer:
+    """The step's `Servers` here: the one policy server this trainer follows, someone else's process, reloaded over
+    HTTP from the committed checkpoint only (``commit`` always returns one): no GPU of ours to free before an update,
+    and a LoRA policy reaches it as that checkpoint too."""
+
+    def __init__(self, client: PolicyClient) -> None:
+        self.client = client
+
+    @property
+    def version(self) -> int:
+        return self.client.version()
+
+    def sleep(self) -> bool:
+        return False
+
+    def reload(self, weights: Any) -> int:
+        return self.client.reload(weights)
+
+    def reload_lora(self, model: Any, merged: Any) -> int:
+        raise TrainingError("online training reloads its server from the committed checkpoint only")
 
 
 class OnlineTrainer(Lifecycle):
@@ -125,8 +147,9 @@ class OnlineTrainer(Lifecycle):
         self.guard = Guard(config, self, store=store, server=self.server, output_dir=self.output_dir)
         credit = CreditConfig(mode="identical", baseline="running", scale_std=config.scale_std, missing_reward="skip",
                               nan_reward="ignore", reward_name=config.reward_name)  # store/online.py's reward
-        self.training = TrainingStep(algorithm=algorithm, credit=credit, config=None, store=store, server=self.server,
-                                     max_bad_updates=config.max_bad_updates, check_weights=True)
+        self.training = TrainingStep(algorithm=algorithm, credit=credit, config=None, store=store,
+                                     server=RemoteServer(self.server), max_bad_updates=config.max_bad_updates,
+                                     check_weights=True)
         """The loop and its step (``trainer/training_step.py``), this trainer their source."""
 
     # --- lifecycle ----------------------------------------------------------------------------------
@@ -200,7 +223,7 @@ class OnlineTrainer(Lifecycle):
         self._refuse(action, State.NEW, State.CLOSED)
         return self.committed(action)
 
-    # --- what the guard gates (online_guard.Gated) ------------------------------------------------------
+    # --- what the guard gates (guard.Gated) ------------------------------------------------------
     def committed(self, action: str = "read the online state") -> tuple[OnlineState, Ledger]:
         """The committed state and ledger (loaded by ``start()``); `TrainingError` before."""
         if self.state is None or self.ledger is None:  # RUNNING / TRAINING always have both
@@ -261,7 +284,7 @@ class OnlineTrainer(Lifecycle):
         version = self.server.version()
         if state.trial is not None and not cfg.guard:  # the guard was turned off: no trial to decide
             state.trial = None
-        if state.trial is not None:  # no update until the newest one is judged (trainer/online_guard.py)
+        if state.trial is not None:  # no update until the newest one is judged (online/guard.py)
             verdict = self.guard.judge()
             if verdict is not None:
                 return Taken([], version, event=verdict)

@@ -1,5 +1,5 @@
 """The online trainer's settings, `OnlineConfig` (``spanrl train --online CONFIG`` takes the same fields; every
-key in docs/online-config.md), beside the loop that reads them (``trainer/online.py``) as ``TrainerConfig`` is
+key in docs/online-config.md), beside the loop that reads them (``online/trainer.py``) as ``TrainerConfig`` is
 beside the Trainer (``trainer/config.py``)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from spanrl import env
 from spanrl.errors import ConfigError
-from spanrl.trainer.online_guard import validate_guard
+from spanrl.online.guard import validate_guard
 
 __all__ = ["OnlineConfig"]
 
@@ -61,7 +61,7 @@ class OnlineConfig:
     """Divide advantages by the running reward std."""
     baseline_clip_std: float = 4.0
     """Rewards are winsorized to the running mean +- this many stds (at least 1) before they enter the
-    baseline or an advantage, so one outlier cannot poison it (``online_state``)."""
+    baseline or an advantage, so one outlier cannot poison it (``online/state.py``)."""
     max_bad_updates: int = 3
     """Stop with a `TrainingError` after this many updates in a row whose loss, gradients or weights were
     not finite (each is undone, its rollouts are quarantined as ``bad_update``, nothing is checkpointed)."""
@@ -75,7 +75,7 @@ class OnlineConfig:
     keep_checkpoints: int = 2
     """Checkpoints kept in the output dir (the newest ones; those a guard trial needs are kept too)."""
     guard: bool = False
-    """Guarded updates (``trainer/online_guard.py``): after each reload, make no further update until the new
+    """Guarded updates (``online/guard.py``): after each reload, make no further update until the new
     version's live reward is judged against the previous weights'; roll it back when it is worse."""
     guard_min_judged: int = 16
     """Judged rollouts each side needs (those the new version served alone, and the previous weights')."""

@@ -20,7 +20,7 @@ from spanrl.collector.encoding import encode_request
 from spanrl.demo.tiny import build_tiny_model
 from spanrl.errors import ServingError, TrainingError
 from spanrl.serving import PolicyServer, ServerConfig
-from spanrl.trainer.online import OnlineConfig, OnlineTrainer
+from spanrl.online import OnlineConfig, OnlineTrainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collector"))
 from _otlp import kv, make_request  # noqa: E402

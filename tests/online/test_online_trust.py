@@ -22,7 +22,7 @@ from spanrl.collector.encoding import encode_request
 from spanrl.errors import ConfigError, TrainingError
 from spanrl.serving import PolicyServer, SamplingParams, ServerConfig
 from spanrl.store.online import now_ns
-from spanrl.trainer.online import OnlineConfig, OnlineTrainer
+from spanrl.online import OnlineConfig, OnlineTrainer
 from spanrl.algorithms.baseline import RunningBaseline
 from spanrl.demo.tiny import build_tiny_model
 

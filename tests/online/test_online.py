@@ -250,7 +250,7 @@ def test_online_trainer_learns_from_a_production_stream(tmp_path: Path, collecto
 )
 def test_online_config_bad_value_fails_with_its_message(fields, message):
     from spanrl.errors import ConfigError
-    from spanrl.trainer.online import OnlineConfig
+    from spanrl.online import OnlineConfig
 
     with pytest.raises(ConfigError) as info:
         OnlineConfig(**{"model": "m", **fields}).validate()
@@ -259,7 +259,7 @@ def test_online_config_bad_value_fails_with_its_message(fields, message):
 
 def test_online_cli_config_rejects_unknown_setting_and_other_algorithms(tmp_path):
     from spanrl.errors import ConfigError
-    from spanrl.trainer.online_cli import build_online_trainer
+    from spanrl.online._cli import build_online_trainer
 
     with pytest.raises(ConfigError, match="'max_age' is not an online trainer setting; did you mean 'max_age_s'\\? "
                                           "\\(valid: .*; see docs/online-config.md\\)$"):
@@ -280,7 +280,7 @@ def test_online_cli_config_rejects_unknown_setting_and_other_algorithms(tmp_path
 
 def test_state_and_ledger_resume_at_the_commit_point(tmp_path):
     from spanrl.store.online import Watermark
-    from spanrl.trainer.online_state import Ledger, OnlineState
+    from spanrl.online.state import Ledger, OnlineState
 
     state = OnlineState.load(tmp_path, window=20, prior=2.0)
     ledger = Ledger(tmp_path, state.ledger_lines)
@@ -311,7 +311,7 @@ def test_baseline_is_per_task_and_excludes_the_rollouts_own_reward():
 
 
 def test_the_urls_default_to_the_variables_spanrl_sql_reads(monkeypatch, tmp_path):
-    from spanrl.trainer.online_cli import build_online_trainer
+    from spanrl.online._cli import build_online_trainer
 
     monkeypatch.setenv("SPANRL_POLICY_URL", "http://127.0.0.1:18000")
     monkeypatch.setenv("SPANRL_SQL_URL", "http://127.0.0.1:14318")

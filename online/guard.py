@@ -39,7 +39,7 @@ from spanrl.store.online import ReadyRollout, RewardStats, now_ns, version_rewar
 
 __all__ = ["Gated", "Guard", "validate_guard", "verdict", "winsorized"]
 
-_logger = logging.getLogger("spanrl.trainer.online")
+_logger = logging.getLogger("spanrl.online")
 _NS_PER_S = 1_000_000_000
 
 

@@ -1,5 +1,7 @@
-"""The online trainer from a YAML/JSON config, and its terminal lines (``spanrl train --online CONFIG``: the
-``--online`` path of ``trainer/_cli.py``).
+"""``spanrl train --online CONFIG``: the online trainer from a YAML/JSON config, and its terminal lines.
+
+``register`` adds ``--online`` to the ``train`` command ``trainer/_cli.py`` registers (one parser, one
+error format), so trainer/ knows nothing of this room: the CLI registers this module after trainer's.
 
 The config has `OnlineConfig`'s fields at the top level, plus the algorithm (GRPO only: the update
 must take its ratio against the recorded sampling log-probs); every key: docs/online-config.md::
@@ -19,21 +21,71 @@ must take its ratio against the recorded sampling log-probs); every key: docs/on
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from spanrl.errors import ConfigError
+from spanrl.trainer._cli import log_file
 from spanrl.trainer.reporting import Callback
+from spanrl.trainer.train_config import read_config
 
-__all__ = ["OnlineConsole", "build_online_trainer"]
+__all__ = ["OnlineConsole", "build_online_trainer", "register"]
+
+
+def register(subparsers: Any) -> None:
+    """``--online`` on the ``train`` command (registered before this, by ``spanrl.trainer._cli``)."""
+    train = subparsers.choices["train"]
+    train.add_argument("--online", action="store_true",
+                       help="follow a running collector and policy server: train on live traffic "
+                            "(its keys: docs/online-config.md)")
+    train.set_defaults(func=_dispatch(train.get_default("func")))
+
+
+def _dispatch(offline: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def train(args: argparse.Namespace) -> int:
+        if not args.online:
+            return offline(args)
+        path = Path(args.config)
+        return _train_online(read_config(path), args, base=path.parent)
+
+    return train
+
+
+def _train_online(raw: dict[str, Any], args: argparse.Namespace, *, base: Path) -> int:
+    """``--online``: the online trainer (``build_online_trainer``) until SIGTERM / SIGINT (the current update
+    finishes, exit 0), ``max_updates`` or ``max_seconds``; ``--json``: a one-line summary at the end. An error
+    ends it as it ends every ``spanrl`` command (``spanrl.cli``: `errors.cli_error`, the error's own exit
+    status): 2 for a bad config or a server that refuses this trainer's reloads at start, 1 for a failed run."""
+    import signal
+
+    from spanrl.online.config import OnlineConfig
+
+    if args.output_dir:
+        raw["output_dir"] = args.output_dir
+    if args.max_steps is not None:
+        raw["max_updates"] = args.max_steps
+    log_file(Path(str(raw.get("output_dir", OnlineConfig.output_dir))), args)  # before transformers loads
+    trainer = build_online_trainer(raw, base=base)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: trainer.stop())
+    with trainer:  # start(); close() at the end
+        print(f"spanrl online ready step={trainer.state.step} output_dir={trainer.output_dir}", flush=True)
+        history = trainer.run()
+    if args.json:
+        print(json.dumps({"step": trainer.state.step, "updates_this_run": len(history),
+                          "output_dir": str(trainer.output_dir), **trainer.state.counters}), flush=True)
+    return 0
 
 
 def build_online_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     """An `OnlineTrainer` from a parsed config mapping (see the module docstring)."""
     from spanrl.algorithms import GRPO
     from spanrl.algorithms.grpo import GRPOConfig
-    from spanrl.trainer.online import OnlineConfig, OnlineTrainer
+    from spanrl.online.config import OnlineConfig
+    from spanrl.online.trainer import OnlineTrainer
     from spanrl.trainer.train_config import check_keys
 
     if not isinstance(raw, dict):
