@@ -12,7 +12,7 @@ down to the next one, and the lowest up; at least one each way), so that one ext
 flip a verdict (issue 53: one +1e6 feedback on a collapsed update's rollouts turned its verdict from rejected
 to accepted):
 reject the new version when ``previous_mean - new_mean > margin`` and Welch's one-sided t-test
-(``algorithms/welch.py``) of H0 ``new_mean >= previous_mean - margin`` against H1
+(``online/welch.py``) of H0 ``new_mean >= previous_mean - margin`` against H1
 ``new_mean < previous_mean - margin`` gives ``p < alpha``; otherwise accept it. When only the previous
 side lacks ``min_judged`` (it served too few), the new version is accepted untested (counted
 ``guard_untested``). One look per trial keeps the false-rejection rate of a harmless update at most ``alpha``.
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from spanrl.algorithms.welch import worse_p_value
+from spanrl.online.welch import worse_p_value
 from spanrl.errors import ConfigError
 from spanrl.store.online import ReadyRollout, RewardStats, now_ns, version_rewards
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from spanrl.store.online import RewardStats
-from spanrl.algorithms.welch import t_sf, worse_p_value
+from spanrl.online.welch import t_sf, worse_p_value
 from spanrl.online.guard import verdict, winsorized
 from spanrl.trainer.reporting import Callback
 

@@ -1,6 +1,6 @@
 """Welch's one-sided t-test: is a new policy's mean reward worse than the previous one's by more than a margin?
 
-The online trainer's guard (``online/guard.py``) rolls an update back on it. Student's t tail comes
+The online guard (``guard.py``, beside it) rolls an update back on it. Student's t tail comes
 from the regularized incomplete beta function (``P(T > t) = I_{df / (df + t^2)}(df / 2, 1 / 2) / 2``),
 evaluated by its continued fraction, so no SciPy is needed.
 """
