@@ -415,3 +415,25 @@ def test_agents_get_the_ingest_token_only(tmp_path: Path, monkeypatch: pytest.Mo
     import json
 
     assert json.loads((tmp_path / "tokens.json").read_text()) == {"SPANRL_COLLECTOR_INGEST_TOKEN": "agent-t"}
+
+
+def test_workers_are_ended_together(tmp_path: Path) -> None:
+    """Closing the pool ends its workers at once, not one after the other: a worker's interpreter takes a while to
+    exit (the demo's agent ~0.5 s of CPU before it skipped its teardown), and four in turn held the trainer's close."""
+    import asyncio
+
+    from spanrl.rollouts.agent_processes import WorkerPool
+
+    script = tmp_path / "slow_exit.py"
+    script.write_text("import sys, time\nfor _ in sys.stdin:\n    pass\ntime.sleep(1.0)\n")
+    pool = WorkerPool([sys.executable, str(script)], dict(os.environ), workers=3)
+
+    async def scenario() -> float:
+        for worker in pool.workers:
+            await pool._ensure(worker)
+        started = time.monotonic()
+        await pool.close()
+        assert all(w.proc is not None and w.proc.returncode == 0 for w in pool.workers)
+        return time.monotonic() - started
+
+    assert asyncio.run(scenario()) < 2.5  # one after the other: 3 s or more
