@@ -70,7 +70,8 @@ __all__ = [
 ]
 
 
-_POLL_INTERVAL_S = 0.1
+_POLL_INTERVAL_S = 0.1  # between checks once every agent of the batch has answered
+_BUSY_POLL_INTERVAL_S = 0.5  # between checks while agents still run: the batch waits for them anyway
 _SPARE_THREADS = 4  # beyond max_concurrency: the span waiter's polls, end records
 _WATERMARK_MARGIN_NS = 2_000_000_000  # clock skew allowance for "spans stored since this run began"
 _BSP_SCHEDULE_DELAY_MILLIS = 100  # agents export spans promptly: the trainer waits for them
@@ -240,11 +241,14 @@ class RolloutRunner:
                             seed=seed,
                         )
                         node = None
+                        waiter.running += 1
                         try:  # a Ray agent also answers the node it ran on
                             status, error, *where = await self._agent.run(spec, self.config.rollout_timeout_s)
                             node = where[0] if where else None
                         except Exception as exc:  # e.g. the agent could not be started, or wrote garbage
                             status, error = STATUS_CRASHED, f"could not run the agent: {type(exc).__name__}: {exc}"
+                        finally:
+                            waiter.answered()
                 end = self._end_of(spec, status, error)
                 if status != STATUS_OK:
                     if end is not None:
@@ -272,7 +276,14 @@ class RolloutRunner:
 class _SpanWaiter:
     """One poller for all rollouts waiting for their spans: one store query per round, not one each; and one
     commit of the ends stored since the last round (a DuckDB commit costs ~3 ms of CPU: one per rollout was
-    a tenth of the demo's rollout CPU). An end waits at most one round, which the ready check waited anyway."""
+    a tenth of the demo's rollout CPU). An end waits at most one round, which the ready check waited anyway.
+
+    Rounds are spaced by what the batch waits for. While agents still run (``running``), the batch ends no
+    sooner than they do, so a round every ``_BUSY_POLL_INTERVAL_S`` is enough; a round costs ~15 ms of the
+    trainer process's CPU (the policy server's flush, the end commit, the readiness query), which every 0.1 s
+    was a sixth of that process during the demo's rollouts, and that process paces them. When the last agent
+    answers, or a failed rollout's end must be stored before its retry, the next round starts at once; then
+    rounds come every ``_POLL_INTERVAL_S`` until every rollout is stored."""
 
     def __init__(self, ready: ReadyFn, flush: Callable[[], Any] | None, *, since_ns: int,
                  store_ends: EndFn | None = None) -> None:
@@ -283,12 +294,22 @@ class _SpanWaiter:
         self._pending: dict[str, asyncio.Future[bool]] = {}
         self._ends: list[tuple[dict[str, Any], asyncio.Future[None]]] = []
         self._wake = asyncio.Event()
+        self._hurry = asyncio.Event()  # a round is due now, not after the pause
+        self.running = 0
+        """Agents of this batch that have not answered yet."""
+
+    def answered(self) -> None:
+        """An agent answered; after the last one the rollouts left are checked at once."""
+        self.running -= 1
+        if not self.running:
+            self._hurry.set()
 
     async def end(self, end: dict[str, Any]) -> None:
         """Store ``end`` (``on_end``'s mapping) with the others of this round; raises what storing raised."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._ends.append((end, future))
         self._wake.set()
+        self._hurry.set()  # a failed rollout: its retry waits for this commit
         await future
 
     async def _commit_ends(self) -> None:
@@ -319,6 +340,8 @@ class _SpanWaiter:
             stored = loop.create_future()
             self._ends.append((end, stored))
         self._wake.set()
+        if not self.running:
+            self._hurry.set()
         try:
             if stored is not None:
                 await stored
@@ -333,6 +356,7 @@ class _SpanWaiter:
             if not self._pending and not self._ends:
                 self._wake.clear()
                 await self._wake.wait()
+            self._hurry.clear()  # this round serves what asked for one so far
             await self._commit_ends()
             if not self._pending:
                 continue
@@ -344,5 +368,15 @@ class _SpanWaiter:
                 future = self._pending.get(rollout_id)
                 if future is not None and not future.done():
                     future.set_result(True)
+            await self._pause()
+
+    async def _pause(self) -> None:
+        """Until the next round: none when one is due now, else a short or a long pause (see the class)."""
+        if self._hurry.is_set():
+            return
+        if not self.running:
             await asyncio.sleep(_POLL_INTERVAL_S)
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._hurry.wait(), _BUSY_POLL_INTERVAL_S)
 

@@ -55,11 +55,13 @@ class SpanRecorder:
         self.compact = compact
         self._provider = TracerProvider(resource=Resource.create({semconv.SERVICE_NAME: service_name}))
         if exporter is None and endpoint:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+            # the agents' encoder (the same request bytes' meaning): the SDK's builds a protobuf object per
+            # attribute in Python, on the process that also runs generation (and, embedded, the collector)
+            from spanrl.instrumentation.exporter import FastOTLPSpanExporter
 
             url = endpoint if "://" in endpoint else f"http://{endpoint}"
-            exporter = OTLPSpanExporter(endpoint=url, insecure=url.startswith("http://"),
-                                        headers=dict(headers or {}) or None)
+            exporter = FastOTLPSpanExporter(endpoint=url, insecure=url.startswith("http://"),
+                                            headers=dict(headers or {}) or None)
 
         if exporter is not None:
             self._provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=_EXPORT_DELAY_MILLIS))

@@ -168,6 +168,48 @@ def test_a_finished_rollout_is_stored_and_checked_in_one_poll_round() -> None:
     assert isinstance(error, OSError) and str(error) == "disk full" and "store r0" in log
 
 
+def test_rounds_are_spaced_while_agents_run_and_the_last_answer_is_checked_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """While an agent of the batch still runs, the poller pauses ``_BUSY_POLL_INTERVAL_S`` between rounds (the batch
+    waits for that agent anyway, and a round costs the trainer's process ~15 ms of CPU); when the last agent answers
+    its rollout is checked at once, and rounds then come every ``_POLL_INTERVAL_S`` until all are stored."""
+    import asyncio
+    import time
+
+    from spanrl.rollouts import runner
+    from spanrl.rollouts.runner import _SpanWaiter
+
+    monkeypatch.setattr(runner, "_BUSY_POLL_INTERVAL_S", 5.0)
+
+    async def scenario() -> tuple[int, float, int]:
+        checks: list[list[str]] = []
+
+        def ready(ids: Any, since: int) -> set[str]:
+            checks.append(sorted(ids))
+            return {i for i in ids if i != "slow"}
+
+        waiter = _SpanWaiter(ready, None, since_ns=0)
+        waiter.running = 1  # an agent has not answered yet
+        poller = asyncio.ensure_future(waiter.poll())
+        slow = asyncio.ensure_future(waiter.wait("slow", 30.0))  # never ready: the poller keeps going
+        await asyncio.sleep(0.4)
+        while_running = len(checks)  # one round (the wait asked for it), then the long pause
+        answered = time.monotonic()
+        waiter.answered()
+        assert await waiter.wait("r0", 30.0)
+        latency = time.monotonic() - answered
+        before = len(checks)
+        await asyncio.sleep(0.45)
+        poller.cancel()
+        slow.cancel()
+        return while_running, latency, len(checks) - before
+
+    while_running, latency, after = asyncio.run(scenario())
+    assert while_running == 1
+    assert latency < 2.5  # not the 5 s pause
+    assert after >= 2
+
+
 def test_failed_rollouts_are_recorded_and_retried(collector: Any, tmp_path: Path) -> None:
     script = tmp_path / "flaky_agent.py"
     script.write_text(_FLAKY_AGENT)
@@ -373,3 +415,25 @@ def test_agents_get_the_ingest_token_only(tmp_path: Path, monkeypatch: pytest.Mo
     import json
 
     assert json.loads((tmp_path / "tokens.json").read_text()) == {"SPANRL_COLLECTOR_INGEST_TOKEN": "agent-t"}
+
+
+def test_workers_are_ended_together(tmp_path: Path) -> None:
+    """Closing the pool ends its workers at once, not one after the other: a worker's interpreter takes a while to
+    exit (the demo's agent ~0.5 s of CPU before it skipped its teardown), and four in turn held the trainer's close."""
+    import asyncio
+
+    from spanrl.rollouts.agent_processes import WorkerPool
+
+    script = tmp_path / "slow_exit.py"
+    script.write_text("import sys, time\nfor _ in sys.stdin:\n    pass\ntime.sleep(1.0)\n")
+    pool = WorkerPool([sys.executable, str(script)], dict(os.environ), workers=3)
+
+    async def scenario() -> float:
+        for worker in pool.workers:
+            await pool._ensure(worker)
+        started = time.monotonic()
+        await pool.close()
+        assert all(w.proc is not None and w.proc.returncode == 0 for w in pool.workers)
+        return time.monotonic() - started
+
+    assert asyncio.run(scenario()) < 2.5  # one after the other: 3 s or more
