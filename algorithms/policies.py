@@ -286,9 +286,14 @@ class MultiLoRA(Algorithm):
                                        temperature=self.config.temperature, fp32_head=False, entropy=False)
         return logps, data.loss_mask
 
-    def load_batch(self, store: Any, credit: Any, rollout_ids: list[str]) -> Any:
+    def load_batch(self, store: Any, credit: Any, rollout_ids: list[str], *, agents: list[str] | None = None,
+                   running: Any = None) -> Any:
         """The step's transitions, each agent's with its own credit: the credit as given, or with its policy's
-        ``reward_name`` (a rollout without that reward is treated as the credit's ``missing_reward`` says)."""
+        ``reward_name`` (a rollout without that reward is treated as the credit's ``missing_reward`` says).
+        Every agent's rows (``agents`` must be None: the Trainer refuses ``agent_name`` with policies); no
+        ``running`` baseline (the online trainer trains GRPO only)."""
+        if agents is not None or running is not None:
+            raise TrainingError("per-agent policies load every agent's rows, without a running baseline")
         from spanrl.algorithms.transitions import TransitionBatch, load_training_batch
 
         by_reward: dict[str | None, set[str]] = {}
@@ -307,8 +312,9 @@ class MultiLoRA(Algorithm):
         return TransitionBatch(pa.concat_tables(tables), first.report, first.rewards_by_rollout)
 
     # --- serving ----------------------------------------------------------------------------------
-    def push_weights(self, server: Any) -> dict[str, Any]:
-        """Reload every adapter into ``server`` (a PolicyPool or PolicyServer); the history row's versions."""
+    def push_weights(self, server: Any, *, in_place: bool = True) -> dict[str, Any]:
+        """Reload every adapter into ``server`` (a PolicyPool or PolicyServer), by its state whether or not
+        ``in_place``; the history row's versions."""
         versions = {name: server.reload(self.adapter_state(name), adapter=name) for name in self.names}
         row: dict[str, Any] = {f"agents/{name}/policy_version": v for name, v in versions.items()}
         row["policy_version"] = versions[self.config.default]
