@@ -85,7 +85,7 @@ class Algorithm(abc.ABC):
 
     def policy_weights(self) -> dict[str, torch.Tensor]:
         """The policy's weights with the plain model's keys, as the policy server loads them (LoRA merged)."""
-        self._require_setup()
+        self.require_setup()
         if hasattr(self.model, "merge_and_unload"):  # a PEFT model: merge a copy, leave training untouched
             import copy
 
@@ -115,9 +115,10 @@ class Algorithm(abc.ABC):
         """Critic value of each transition's state (the prompt); only when ``needs_values``."""
         raise TrainingError(f"{type(self).__name__} has no critic: needs_values is False")
 
-    def _require_setup(self) -> None:
-        """Raise :meth:`_not_set_up` before :meth:`setup`. The updates check ``self.model`` inline (they run
-        every step, and ``bench/span_path.py`` counts the files a step runs)."""
+    def require_setup(self) -> None:
+        """Raise :meth:`_not_set_up` before :meth:`setup` (public: ``checkpoints`` checks the algorithm it
+        saves or loads). The updates check ``self.model`` inline (they run every step, and ``bench/span_path.py``
+        counts the files a step runs)."""
         if getattr(self, "model", None) is None:
             raise self._not_set_up()
 

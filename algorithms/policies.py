@@ -327,7 +327,7 @@ class MultiLoRA(Algorithm):
     # --- checkpoints ------------------------------------------------------------------------------
     def save(self, checkpoint_dir: Path) -> None:
         """``adapters/<name>/`` PEFT folders, the optimizers, RNG and step, and the resolved config."""
-        self._require_setup()
+        self.require_setup()
         checkpoint_dir = Path(checkpoint_dir)
         for name in self.names:
             bad = [k for k, t in self.adapter_state(name).items() if not bool(torch.isfinite(t).all())]
@@ -347,7 +347,7 @@ class MultiLoRA(Algorithm):
         from peft import set_peft_model_state_dict
         from peft.utils import load_peft_weights
 
-        self._require_setup()
+        self.require_setup()
         checkpoint_dir = Path(checkpoint_dir)
         if not (checkpoint_dir / STATE_FILE).exists():
             raise TrainingError(f"{checkpoint_dir} has no {STATE_FILE}: not a spanrl checkpoint")

@@ -77,3 +77,14 @@ def test_the_trainer_refuses_an_object_without_the_loops_parts(tmp_path: Path) -
     with pytest.raises(ConfigError, match=r"it has no load_batch\(\) \(spanrl.algorithms.base.Algorithm gives "):
         check_arguments(TrainerConfig(tasks_per_step=1), tmp_path, ["task"], DuckTyped(), None)
     assert check_arguments(TrainerConfig(tasks_per_step=1), tmp_path, ["task"], _Plain(), None) is False
+
+
+def test_a_checkpoint_of_an_algorithm_not_set_up_is_refused_through_its_public_check(tmp_path: Path) -> None:
+    from spanrl.algorithms.checkpoints import load_checkpoint, save_checkpoint
+    from spanrl.errors import TrainingError
+
+    for call in (save_checkpoint, load_checkpoint):
+        kwargs = {"name": "plain"} if call is save_checkpoint else {}
+        with pytest.raises(TrainingError, match=r"^_Plain is not set up: call setup\(\) first$"):
+            call(_Plain(), tmp_path, model=None, optimizer=None, **kwargs)
+    assert list(tmp_path.iterdir()) == []
