@@ -33,7 +33,7 @@ import pyarrow as pa
 import torch
 
 from spanrl.algorithms.base import Algorithm
-from spanrl.algorithms.batching import completion_logprobs
+from spanrl.algorithms.batching import padded_logprobs
 from spanrl.algorithms.checkpoints import (CONFIG_FILE, STATE_FILE, config_dict, load_policy, load_state_file,
                                            rng_state, seed_everything, set_rng_state)
 from spanrl.algorithms.lora import LoRAConfig
@@ -280,10 +280,8 @@ class MultiLoRA(Algorithm):
 
     def _logprobs(self, data: PaddedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token log-probs (B, C) of the completions under the active adapter, and the loss mask."""
-        input_ids = torch.cat([data.prompt_ids, data.completion_ids], dim=1)
-        attention = torch.cat([data.prompt_mask, data.completion_mask], dim=1).long()
-        logps, _ = completion_logprobs(self.model, input_ids, attention, data.completion_ids.size(1),
-                                       temperature=self.config.temperature, fp32_head=False, entropy=False)
+        logps, _ = padded_logprobs(self.model, data, temperature=self.config.temperature, fp32_head=False,
+                                   entropy=False)
         return logps, data.loss_mask
 
     def load_batch(self, store: Any, credit: Any, rollout_ids: list[str], *, agents: list[str] | None = None,
