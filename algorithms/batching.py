@@ -42,15 +42,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from spanrl.hf_compat import checkpointing_on, kv_cache_argument
 
+if TYPE_CHECKING:  # pragma: no cover
+    from spanrl.algorithms.tables import PaddedBatch
+
 __all__ = [
     "MIN_SHARED_PREFIX", "backbone_hidden", "bf16_supported", "completion_logprobs", "head_logprobs",
-    "length_sorted_micro_batches", "padded_tokens", "plain_lm_head", "shared_prefix_length", "update_autocast",
+    "length_sorted_micro_batches", "padded_logprobs", "padded_tokens", "plain_lm_head", "shared_prefix_length",
+    "update_autocast",
 ]
 
 _VOCAB_CHUNK = 32768
@@ -108,6 +112,16 @@ def plain_lm_head(model: Any) -> bool:
     config = lm.config.get_text_config()
     scaled = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling")
     return not any(getattr(config, name, None) is not None for name in scaled)
+
+
+def padded_logprobs(model: Any, data: PaddedBatch, *, temperature: float, fp32_head: bool,
+                    entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`completion_logprobs` of a padded batch (``tables.pad_transitions``): (B, C) log-probs (and entropies) of
+    each completion token, 0 on padding."""
+    input_ids = torch.cat([data.prompt_ids, data.completion_ids], dim=1)  # (B, P+C)
+    attention = torch.cat([data.prompt_mask, data.completion_mask], dim=1).long()  # (B, P+C), HF wants numbers
+    return completion_logprobs(model, input_ids, attention, data.completion_ids.size(1), temperature=temperature,
+                               fp32_head=fp32_head, entropy=entropy)
 
 
 def completion_logprobs(

@@ -144,7 +144,7 @@ def save_checkpoint(algorithm: Algorithm, checkpoint_dir: Path, *, model: Any, o
                     extra: dict[str, Any] | None = None) -> Path:
     """What every algorithm's :meth:`Algorithm.save` writes: the policy as a loadable HF folder,
     ``STATE_FILE`` (optimizer, RNG, step, plus ``extra``) and ``CONFIG_FILE`` (the resolved config)."""
-    algorithm._require_setup()
+    algorithm.require_setup()
     checkpoint_dir = Path(checkpoint_dir)
     bad = _nonfinite_weights(model)
     if bad:  # never a step of NaN weights on disk (issue 28): the last good checkpoint stays the newest
@@ -164,7 +164,7 @@ def save_checkpoint(algorithm: Algorithm, checkpoint_dir: Path, *, model: Any, o
 def load_checkpoint(algorithm: Algorithm, checkpoint_dir: Path, *, model: Any, optimizer: Any) -> dict[str, Any]:
     """Restore what :func:`save_checkpoint` wrote into ``model``, ``optimizer``, the RNGs and
     ``algorithm.step``; returns the saved state so a caller can restore its ``extra`` entries."""
-    algorithm._require_setup()
+    algorithm.require_setup()
     checkpoint_dir = Path(checkpoint_dir)
     if not (checkpoint_dir / STATE_FILE).exists():
         raise TrainingError(f"{checkpoint_dir} has no {STATE_FILE}: not a spanrl checkpoint")

@@ -421,7 +421,7 @@ class GRPO(Algorithm):
     # --- checkpoints ------------------------------------------------------------------------------
     def save(self, checkpoint_dir: Path) -> None:
         """HF folder (merged weights when LoRA, plus the adapter in ``adapter/``) and training state."""
-        self._require_setup()
+        self.require_setup()
         extra = {"scheduler": self.trainer.lr_scheduler.state_dict(), "global_step": self.trainer.state.global_step}
         model, optimizer = self.trainer.model, self.trainer.optimizer
         if self.sharding is not None:  # rank 0's full copies from the last update's gather
@@ -430,7 +430,7 @@ class GRPO(Algorithm):
 
     def load_state(self, checkpoint_dir: Path) -> None:
         """Restore weights, optimizer, scheduler, RNG and step from :meth:`save`'s folder."""
-        self._require_setup()
+        self.require_setup()
         model, optimizer = self.trainer.model, self.trainer.optimizer
         if self.sharding is not None:  # every rank reads the full checkpoint and keeps its shard
             model, optimizer = self.sharding.loaded_model(), self.sharding.saved_optimizer()

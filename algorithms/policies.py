@@ -33,7 +33,7 @@ import pyarrow as pa
 import torch
 
 from spanrl.algorithms.base import Algorithm
-from spanrl.algorithms.batching import completion_logprobs
+from spanrl.algorithms.batching import padded_logprobs
 from spanrl.algorithms.checkpoints import (CONFIG_FILE, STATE_FILE, config_dict, load_policy, load_state_file,
                                            rng_state, seed_everything, set_rng_state)
 from spanrl.algorithms.lora import LoRAConfig
@@ -280,15 +280,18 @@ class MultiLoRA(Algorithm):
 
     def _logprobs(self, data: PaddedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token log-probs (B, C) of the completions under the active adapter, and the loss mask."""
-        input_ids = torch.cat([data.prompt_ids, data.completion_ids], dim=1)
-        attention = torch.cat([data.prompt_mask, data.completion_mask], dim=1).long()
-        logps, _ = completion_logprobs(self.model, input_ids, attention, data.completion_ids.size(1),
-                                       temperature=self.config.temperature, fp32_head=False, entropy=False)
+        logps, _ = padded_logprobs(self.model, data, temperature=self.config.temperature, fp32_head=False,
+                                   entropy=False)
         return logps, data.loss_mask
 
-    def load_batch(self, store: Any, credit: Any, rollout_ids: list[str]) -> Any:
+    def load_batch(self, store: Any, credit: Any, rollout_ids: list[str], *, agents: list[str] | None = None,
+                   running: Any = None) -> Any:
         """The step's transitions, each agent's with its own credit: the credit as given, or with its policy's
-        ``reward_name`` (a rollout without that reward is treated as the credit's ``missing_reward`` says)."""
+        ``reward_name`` (a rollout without that reward is treated as the credit's ``missing_reward`` says).
+        Every agent's rows (``agents`` must be None: the Trainer refuses ``agent_name`` with policies); no
+        ``running`` baseline (the online trainer trains GRPO only)."""
+        if agents is not None or running is not None:
+            raise TrainingError("per-agent policies load every agent's rows, without a running baseline")
         from spanrl.algorithms.transitions import TransitionBatch, load_training_batch
 
         by_reward: dict[str | None, set[str]] = {}
@@ -307,8 +310,9 @@ class MultiLoRA(Algorithm):
         return TransitionBatch(pa.concat_tables(tables), first.report, first.rewards_by_rollout)
 
     # --- serving ----------------------------------------------------------------------------------
-    def push_weights(self, server: Any) -> dict[str, Any]:
-        """Reload every adapter into ``server`` (a PolicyPool or PolicyServer); the history row's versions."""
+    def push_weights(self, server: Any, *, in_place: bool = True) -> dict[str, Any]:
+        """Reload every adapter into ``server`` (a PolicyPool or PolicyServer), by its state whether or not
+        ``in_place``; the history row's versions."""
         versions = {name: server.reload(self.adapter_state(name), adapter=name) for name in self.names}
         row: dict[str, Any] = {f"agents/{name}/policy_version": v for name, v in versions.items()}
         row["policy_version"] = versions[self.config.default]
@@ -321,7 +325,7 @@ class MultiLoRA(Algorithm):
     # --- checkpoints ------------------------------------------------------------------------------
     def save(self, checkpoint_dir: Path) -> None:
         """``adapters/<name>/`` PEFT folders, the optimizers, RNG and step, and the resolved config."""
-        self._require_setup()
+        self.require_setup()
         checkpoint_dir = Path(checkpoint_dir)
         for name in self.names:
             bad = [k for k, t in self.adapter_state(name).items() if not bool(torch.isfinite(t).all())]
@@ -341,7 +345,7 @@ class MultiLoRA(Algorithm):
         from peft import set_peft_model_state_dict
         from peft.utils import load_peft_weights
 
-        self._require_setup()
+        self.require_setup()
         checkpoint_dir = Path(checkpoint_dir)
         if not (checkpoint_dir / STATE_FILE).exists():
             raise TrainingError(f"{checkpoint_dir} has no {STATE_FILE}: not a spanrl checkpoint")

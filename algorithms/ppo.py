@@ -113,16 +113,6 @@ class PPOConfig:
 
 
 # --- the objective, as plain tensor functions -----------------------------------------------------
-def completion_logprobs(model: Any, data: PaddedBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs and entropies (B, C) of each completion token under ``model``, 0 on padding: the LM head
-    runs only at completion positions (``batching.completion_logprobs``: no (B, P+C, vocab) logits)."""
-    input_ids = torch.cat([data.prompt_ids, data.completion_ids], dim=1)  # (B, P+C)
-    attention = torch.cat([data.prompt_mask, data.completion_mask], dim=1).long()  # (B, P+C), HF wants numbers
-    logps, entropy = batching.completion_logprobs(model, input_ids, attention, data.completion_ids.size(1),
-                                                  temperature=temperature, fp32_head=True, entropy=True)
-    return logps, entropy
-
-
 def state_values(critic: Any, data: PaddedBatch) -> torch.Tensor:
     """V(s) (B,): the critic's scalar at the last prompt token (prompts are left-padded)."""
     out = critic(input_ids=data.prompt_ids, attention_mask=data.prompt_mask.long()).logits  # (B, P, 1)
@@ -238,6 +228,11 @@ class PPO(Algorithm):
         keys = zip(table.column("rollout_id").to_pylist(), table.column("step").to_pylist())
         return dict(zip(keys, self.values(table)))
 
+    def _logprobs(self, data: PaddedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs and entropies (B, C) of each completion token under the policy, 0 on padding (fp32 head)."""
+        return batching.padded_logprobs(self.model, data, temperature=self.config.temperature, fp32_head=True,
+                                        entropy=True)
+
     def update(self, batch: TransitionBatch) -> dict[str, float]:
         """``num_iterations`` epochs of clipped PPO steps over shuffled mini-batches."""
         if self.model is None:
@@ -251,8 +246,7 @@ class PPO(Algorithm):
             self.model.eval(), self.critic.eval()
             old_values = state_values(self.critic, data)  # (B,)
             # unknown sampling log-probs (retokenized calls): the current policy's stand in, for those rows only
-            data.old_logprobs = fill_missing_logprobs(
-                data, lambda part: completion_logprobs(self.model, part, cfg.temperature)[0])
+            data.old_logprobs = fill_missing_logprobs(data, lambda part: self._logprobs(part)[0])
         returns = data.advantages + old_values  # (B,) the GAE value target
         self.model.train(), self.critic.train()
 
@@ -267,7 +261,7 @@ class PPO(Algorithm):
                 advantages = mb.advantages
                 if cfg.normalize_advantages and len(rows) > 1:
                     advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-                new_logprobs, entropy = completion_logprobs(self.model, mb, cfg.temperature)
+                new_logprobs, entropy = self._logprobs(mb)
                 new_values = state_values(self.critic, mb)
                 loss, info = ppo_loss(
                     new_logprobs, mb.old_logprobs, entropy, mb.loss_mask.float(), advantages,

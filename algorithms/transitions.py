@@ -243,22 +243,7 @@ def load_transitions(
     keep_call = result.keep[call_rollout]
     report["skipped_rollout_calls"] = int((~keep_call).sum())
 
-    # --- assemble ------------------------------------------------------------------------------------
-    n_fast = fast_calls.num_rows
-    fast_keep = keep_call[:n_fast]
-    fast_table = _fast_table(fast_calls, result.returns[:n_fast], result.advantages[:n_fast])
-    if not fast_keep.all():
-        fast_table = fast_table.filter(pa.array(fast_keep))
-    slow_out = []
-    for i, row in enumerate(slow_rows):
-        j = n_fast + i
-        if not keep_call[j]:
-            continue
-        slow_out.append(_row_out(row, float(result.returns[j]), float(result.advantages[j])))
-    table = fast_table
-    if slow_out:
-        table = pa.concat_tables([table, pa.Table.from_pylist(slow_out, schema=TRANSITIONS_SCHEMA)])
-        table = table.sort_by([("rollout_id", "ascending"), ("step", "ascending")])
+    table = _assemble(fast_calls, slow_rows, keep_call, result)
     if aggregate or credit.trajectory_aggregation:
         table = pa.Table.from_pylist(_aggregate(table.to_pylist(), report), schema=TRANSITIONS_SCHEMA)
     report["transitions"] = table.num_rows
@@ -266,6 +251,22 @@ def load_transitions(
         rid: float(result.episode_reward[i]) for i, rid in enumerate(rollout_ids_all) if result.keep[i]
     }
     return TransitionBatch(table, report, rewards_by_rollout)
+
+
+def _assemble(fast_calls: pa.Table, slow_rows: list[dict[str, Any]], keep_call: np.ndarray, result: Any) -> pa.Table:
+    """The kept calls' transition rows with their returns and advantages: the columnar ones (``fast_calls``), then
+    the row-by-row ones (``slow_rows``: retokenized), all sorted by rollout and step when there are both."""
+    n_fast = fast_calls.num_rows
+    fast_keep = keep_call[:n_fast]
+    table = _fast_table(fast_calls, result.returns[:n_fast], result.advantages[:n_fast])
+    if not fast_keep.all():
+        table = table.filter(pa.array(fast_keep))
+    slow_out = [_row_out(row, float(result.returns[n_fast + i]), float(result.advantages[n_fast + i]))
+                for i, row in enumerate(slow_rows) if keep_call[n_fast + i]]
+    if slow_out:
+        table = pa.concat_tables([table, pa.Table.from_pylist(slow_out, schema=TRANSITIONS_SCHEMA)])
+        table = table.sort_by([("rollout_id", "ascending"), ("step", "ascending")])
+    return table
 
 
 def _same_temperature(calls: pa.Table, temperature: float | None, report: dict[str, int]) -> pa.Table:

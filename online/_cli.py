@@ -40,7 +40,8 @@ def register(subparsers: Any) -> None:
     train = subparsers.choices["train"]
     train.add_argument("--online", action="store_true",
                        help="follow a running collector and policy server: train on live traffic "
-                            "(its keys: docs/online-config.md)")
+                            "(its keys: docs/online-config.md); --max-steps then overrides max_updates, and "
+                            "--json's line holds step, updates_this_run, output_dir and the ledger's counters")
     train.set_defaults(func=_dispatch(train.get_default("func")))
 
 

@@ -39,10 +39,9 @@ def register(subparsers: Any) -> None:
     train.add_argument("--overwrite", action="store_true",
                        help="start over in an output_dir holding an earlier run (its files are removed first)")
     train.add_argument("--output-dir", help="override output_dir")
-    train.add_argument("--max-steps", type=int, help="override max_steps (--online: max_updates)")
+    train.add_argument("--max-steps", type=int, help="override max_steps")
     train.add_argument("--json", action="store_true",
-                       help="end with one JSON line summing the run up (for scripts; --online: step, "
-                            "updates_this_run, output_dir and the ledger's counters)")
+                       help="end with one JSON line summing the run up (for scripts)")
     train.add_argument("--plan", action="store_true",
                        help="print the estimated peak memory of the update and the server, part by part, and exit "
                             "(an error when it cannot fit: the run itself refuses such a config at start)")

@@ -169,10 +169,11 @@ def check_arguments(
         if cfg.resume:
             raise ConfigError("resume must be False with APO: prompt optimisation keeps no checkpoints")
     else:
-        for name in ("setup", "update", "save", "load_state"):
+        for name in ("setup", "update", "save", "load_state", "load_batch", "push_weights"):
             if not callable(getattr(algorithm, name, None)):
                 raise ConfigError(
-                    f"algorithm must be an Algorithm (GRPO(...), SFT(...), APO(...), ...); it has no {name}()"
+                    f"algorithm must be an Algorithm (GRPO(...), SFT(...), APO(...), ...); it has no {name}() "
+                    "(spanrl.algorithms.base.Algorithm gives the defaults of the optional ones)"
                 )
     if cfg.agent_name and callable(getattr(algorithm, "rollout_models", None)):
         raise ConfigError(f"agent_name {cfg.agent_name!r} trains one agent; with policies each agent trains its own "

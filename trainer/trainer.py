@@ -416,7 +416,7 @@ class Trainer(Lifecycle):
             callback.on_row(row)
 
     def _policy_version(self) -> int | None:
-        return getattr(self.server, "version", None)
+        return None if self.server is None else self.server.version
 
 
 class RunnerSource:

@@ -28,7 +28,7 @@ import logging
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -36,11 +36,13 @@ from spanrl.algorithms import distributed as _distributed
 from spanrl.algorithms.baseline import RunningBaseline
 from spanrl.algorithms.checks import bad_rollouts
 from spanrl.algorithms.hf_trainer import one_off_learning_rate
-from spanrl.algorithms.transitions import load_training_batch
 from spanrl.errors import ServingError, TrainingError
 from spanrl.rollouts.prefetch import policy_lag
 from spanrl.trainer.config import TrainerConfig
 from spanrl.trainer.reporting import NonFiniteGuard, StageClock
+
+if TYPE_CHECKING:  # pragma: no cover
+    from spanrl.algorithms.base import Algorithm
 
 __all__ = ["Servers", "Source", "Taken", "TrainingStep"]
 
@@ -105,7 +107,7 @@ class Servers(Protocol):
 class TrainingStep:
     """Transitions, checks, update(s), non-finite policy, commit and weight push (see the module docstring)."""
 
-    def __init__(self, *, algorithm: Any, credit: Any, config: TrainerConfig | None, store: Any, server: Servers,
+    def __init__(self, *, algorithm: Algorithm, credit: Any, config: TrainerConfig | None, store: Any, server: Servers,
                  max_bad_updates: int, bad_updates: int = 0, check_weights: bool = False, world: int = 1) -> None:
         """``config``: the Trainer's (None online: every agent, one update on every row per step);
         ``bad_updates``: non-finite updates in a row so far (the online trainer's committed count);
@@ -178,13 +180,8 @@ class TrainingStep:
     def load(self, rollout_ids: Sequence[str], *, running: RunningBaseline | None = None) -> Any:
         """The rollouts' transitions, credit assigned once (``load_training_batch``); with ``running`` (baseline
         ``running``'s state, updated) credit sees the rollouts in the order of ``rollout_ids``."""
-        load = getattr(self.algorithm, "load_batch", None)  # per-agent policies: each agent's own credit
-        if load is not None:
-            return load(self.store, self.credit, list(rollout_ids))
-        agent = getattr(self.config, "agent_name", None)
-        online = {} if running is None else {"running": running, "order": list(rollout_ids)}
-        return load_training_batch(self.store, self.algorithm, credit=self.credit, rollout_ids=list(rollout_ids),
-                                   agents=[agent] if agent else None, **online)
+        agents = [self.config.agent_name] if self.config and self.config.agent_name else None
+        return self.algorithm.load_batch(self.store, self.credit, list(rollout_ids), agents=agents, running=running)
 
     def load_checked(self, rollout_ids: Sequence[str], *, running: RunningBaseline | None) -> tuple[Any, dict]:
         """``load``, then the algorithm's checks (``bad_rollouts``): the rollouts that fail them are marked and the
@@ -226,22 +223,15 @@ class TrainingStep:
         return self.algorithm.update(_distributed.shard_transitions(items))
 
     def _push(self, step: int, committed: Path | None) -> dict[str, Any]:
-        """Reload the servers: from the committed checkpoint (a remote server), else through the pool: plain-keyed
-        weights (a LoRA adapter merged), or the model itself; per-agent adapters each on their own. Returns the
-        history row's policy version(s)."""
+        """Reload the servers: from the committed checkpoint (a remote server), else through the pool as the
+        algorithm serves itself (``Algorithm.push_weights``). Returns the history row's policy version(s)."""
         if committed is not None:
             try:
                 return {"policy_version": self.server.reload(committed)}
             except ServingError as exc:  # committed: a rerun resumes here, and its start() loads it into the server
                 raise TrainingError(f"update {step} is saved ({committed.name}) but the server did not load it: "
                                     f"{exc}. Run again once it can: the rerun resumes here and loads it") from None
-        push = getattr(self.algorithm, "push_weights", None)
-        if push is not None:
-            return push(self.server)
-        weights = getattr(self.algorithm, "policy_weights", None)
-        if self.world == 1 and callable(weights) and hasattr(self.algorithm.model, "peft_config"):  # algorithm.lora
-            return {"policy_version": self.server.reload_lora(self.algorithm.model, weights)}
-        return {"policy_version": self.server.reload(weights() if callable(weights) else self.algorithm.model)}
+        return self.algorithm.push_weights(self.server, in_place=self.world == 1)  # many processes: merged weights
 
     def policy_version(self) -> int:
         """The version the update starts from: the pool's (in process), or asked of a remote server."""

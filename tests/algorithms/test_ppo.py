@@ -142,7 +142,7 @@ def test_gradient_checkpointing_gives_the_same_update(model_path: Path, tmp_path
 
 def test_completion_logprobs_equal_the_full_vocabulary_softmax(model_path: Path, tmp_path: Path) -> None:
     """The completion-only head gives what a softmax over every position's full logits gives."""
-    from spanrl.algorithms.ppo import completion_logprobs
+    from spanrl.algorithms.batching import padded_logprobs
     from spanrl.algorithms.tables import pad_transitions, transition_table
 
     algo = _setup(model_path, tmp_path)
@@ -150,7 +150,7 @@ def test_completion_logprobs_equal_the_full_vocabulary_softmax(model_path: Path,
     batch = rollouts(algo.model, algo.tokenizer, tasks=TASKS, group=2, generator=gen)
     data = pad_transitions(transition_table(batch_of(batch)), pad_token_id=algo.tokenizer.pad_token_id)
     with torch.no_grad():
-        logps, entropy = completion_logprobs(algo.model, data, temperature=0.7)
+        logps, entropy = padded_logprobs(algo.model, data, temperature=0.7, fp32_head=True, entropy=True)
         ids = torch.cat([data.prompt_ids, data.completion_ids], 1)
         mask = torch.cat([data.prompt_mask, data.completion_mask], 1).long()
         c = data.completion_ids.size(1)

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 from spanrl.algorithms.tables import fill_missing_logprobs, pad_transitions
 from spanrl.algorithms.credit import CreditConfig, LightningRL
 from spanrl.algorithms.grpo import GRPO
-from spanrl.algorithms.ppo import PPO, completion_logprobs
+from spanrl.algorithms.batching import padded_logprobs
+from spanrl.algorithms.ppo import PPO
 from spanrl.algorithms.transitions import load_training_batch, load_transitions
 from spanrl.errors import ConfigError
 
@@ -105,11 +106,11 @@ def test_one_retokenized_call_keeps_the_servers_logprobs_of_the_others(collector
 
     def current(part: Any) -> torch.Tensor:
         computed_rows.append(len(part.completion_ids))
-        return completion_logprobs(ppo.model, part, 1.0)[0]
+        return padded_logprobs(ppo.model, part, temperature=1.0, fp32_head=True, entropy=True)[0]
 
     with torch.no_grad():
         filled = fill_missing_logprobs(data, current)
-        whole = completion_logprobs(ppo.model, data, 1.0)[0]
+        whole = padded_logprobs(ppo.model, data, temperature=1.0, fp32_head=True, entropy=True)[0]
     assert computed_rows == [1]  # only the retokenized row went through the model
     assert filled[0, :2].tolist() == [-0.25, -2.5]
     assert filled[1, :2].tolist() == pytest.approx(whole[1, :2].tolist(), abs=1e-5)

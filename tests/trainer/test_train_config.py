@@ -179,3 +179,18 @@ def test_train_and_train_online_end_on_an_error_with_its_own_exit_status(
     for online in ([], ["--online"]):
         assert main(["train", *online, str(config)]) == status, online
         assert capsys.readouterr().err.splitlines() == [f"spanrl: error: {error}"]
+
+
+def test_train_help_names_online_only_in_the_online_option(capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """trainer/ knows nothing of the online room above it: what --max-steps and --json mean online is said in
+    --online's own help, which online/_cli.py registers."""
+    monkeypatch.setenv("COLUMNS", "400")
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    online = [line for line in lines if line.strip().startswith("--online")]
+    assert len(online) == 1 and "--max-steps then overrides max_updates" in online[0]
+    assert "updates_this_run" in online[0]
+    others = [line for line in lines if line.strip().startswith(("--max-steps", "--json"))]
+    assert len(others) == 2 and not any("online" in line for line in others)

@@ -32,7 +32,7 @@ class _Algorithm:
         self.events, self.loss = events, loss
         self.model = SimpleNamespace(config=SimpleNamespace(vocab_size=50))
 
-    def load_batch(self, store: Any, credit: Any, rollout_ids: list[str]) -> TransitionBatch:
+    def load_batch(self, store: Any, credit: Any, rollout_ids: list[str], **_: Any) -> TransitionBatch:
         self.events.append(("load", rollout_ids))
         rows = [_row(i, [99] if i == "forged" else [5]) for i in rollout_ids]
         table = pa.Table.from_pylist(rows, schema=TRANSITIONS_SCHEMA)
@@ -41,6 +41,9 @@ class _Algorithm:
     def update(self, batch: Any) -> dict[str, float]:
         self.events.append(("update", len(batch)))
         return {"losses/policy_loss": self.loss, "charts/grad_norm": 1.0}
+
+    def push_weights(self, server: Any, *, in_place: bool = True) -> dict[str, Any]:
+        return {"policy_version": server.reload(self.model)}
 
 
 class _Server:
