@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from spanrl.errors import ConfigError, TrainingError
+from spanrl.errors import ConfigError, TrainingError, positive_int
 
 __all__ = ["APO", "APOConfig", "APOResult", "Evaluation"]
 
@@ -86,8 +86,7 @@ class APOConfig:
     def validate(self) -> APOConfig:
         """Raise :class:`ConfigError` naming the first bad field; return self."""
         for name in ("beam_width", "branch_factor", "rounds"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+            positive_int(name, getattr(self, name))
         if not isinstance(self.max_examples, int) or self.max_examples < 0:
             raise ConfigError(f"max_examples must be a non-negative integer, got {self.max_examples!r}")
         if self.critic_temperature < 0:

@@ -30,7 +30,7 @@ from spanrl.algorithms.checkpoints import (load_checkpoint, load_policy, rng_sta
 from spanrl.algorithms.hf_trainer import without_train_start_gc
 from spanrl.algorithms.tables import check_transitions, transitions_of
 from spanrl.algorithms.lora import LoRAConfig
-from spanrl.errors import ConfigError, one_of
+from spanrl.errors import ConfigError, one_of, positive_int
 
 if TYPE_CHECKING:  # pragma: no cover
     from spanrl.algorithms.transitions import Transition, TransitionBatch
@@ -73,8 +73,7 @@ class DPOConfig:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
         one_of("loss_type", self.loss_type, LOSS_TYPES)
         for name in ("epochs", "batch_size"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+            positive_int(name, getattr(self, name))
         if self.max_grad_norm < 0:
             raise ConfigError(f"max_grad_norm must be >= 0, got {self.max_grad_norm!r}")
         if self.lora is not None:

@@ -41,7 +41,7 @@ from spanrl.algorithms.tables import (PaddedBatch, check_transitions, fill_missi
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.algorithms.presets import apply_preset, check_loss_fields
 from spanrl.hf_compat import checkpoint_activations
-from spanrl.errors import ConfigError, TrainingError
+from spanrl.errors import ConfigError, TrainingError, positive_int
 
 if TYPE_CHECKING:  # pragma: no cover
     from spanrl.algorithms.transitions import TransitionBatch
@@ -130,17 +130,14 @@ class GRPOConfig:
             raise ConfigError(f"epsilon_high must be > 0 or None, got {self.epsilon_high!r}")
         check_loss_fields(self, LOSS_TYPES)  # loss_type, importance_sampling_level, preset and their coupling
         for name in ("num_iterations", "max_completion_length"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+            positive_int(name, getattr(self, name))
         for name in ("bf16", "fp32_lm_head", "length_bucketing", "skip_zero_advantage", "gradient_checkpointing"):
             value = getattr(self, name)
             if not isinstance(value, bool) and not (name == "bf16" and value is None):
                 allowed = "True, False or None" if name == "bf16" else "True or False"
                 raise ConfigError(f"{name} must be {allowed}, got {value!r}")
         for name in ("mini_batch_size", "micro_batch_size", "max_steps"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ConfigError(f"{name} must be a positive integer or None, got {value!r}")
+            positive_int(name, getattr(self, name), optional=True)
         if self.max_grad_norm < 0:
             raise ConfigError(f"max_grad_norm must be >= 0, got {self.max_grad_norm!r}")
         if not self.temperature > 0:

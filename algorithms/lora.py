@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from spanrl.errors import ConfigError
+from spanrl.errors import ConfigError, positive_int
 
 __all__ = ["LoRAConfig"]
 
@@ -32,8 +32,7 @@ class LoRAConfig:
 
     def validate(self) -> LoRAConfig:
         """Raise :class:`ConfigError` naming the first bad field; return self."""
-        if not isinstance(self.r, int) or self.r < 1:
-            raise ConfigError(f"lora.r must be a positive integer, got {self.r!r}")
+        positive_int("lora.r", self.r)
         if not self.alpha > 0:
             raise ConfigError(f"lora.alpha must be > 0, got {self.alpha!r}")
         if not 0 <= self.dropout < 1:

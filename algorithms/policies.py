@@ -39,7 +39,7 @@ from spanrl.algorithms.checkpoints import (CONFIG_FILE, STATE_FILE, config_dict,
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.algorithms.tables import (PaddedBatch, check_transitions, fill_missing_logprobs, pad_transitions,
                                       transition_table)
-from spanrl.errors import ConfigError, TrainingError
+from spanrl.errors import ConfigError, TrainingError, positive_int
 
 __all__ = ["AgentPolicy", "MultiLoRA", "MultiLoRAConfig", "per_agent"]
 
@@ -126,8 +126,7 @@ class MultiLoRAConfig:
                 raise ConfigError(f"{field} must be > 0, got {getattr(self, field)!r}")
         if not 0 < self.epsilon < 1:
             raise ConfigError(f"epsilon must be in (0, 1), got {self.epsilon!r}")
-        if self.micro_batch_size is not None and self.micro_batch_size < 1:
-            raise ConfigError(f"micro_batch_size must be a positive integer or None, got {self.micro_batch_size!r}")
+        positive_int("micro_batch_size", self.micro_batch_size, optional=True)
         return self
 
 

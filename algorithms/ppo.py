@@ -32,7 +32,7 @@ from spanrl.algorithms.tables import (PaddedBatch, check_transitions, fill_missi
                                       transition_table)
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.hf_compat import checkpoint_activations
-from spanrl.errors import ConfigError
+from spanrl.errors import ConfigError, positive_int
 
 if TYPE_CHECKING:  # pragma: no cover
     from spanrl.algorithms.transitions import TransitionBatch
@@ -99,10 +99,8 @@ class PPOConfig:
         for name in ("gamma", "lam"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
-        if not isinstance(self.num_iterations, int) or self.num_iterations < 1:
-            raise ConfigError(f"num_iterations must be a positive integer, got {self.num_iterations!r}")
-        if self.mini_batch_size is not None and (not isinstance(self.mini_batch_size, int) or self.mini_batch_size < 1):
-            raise ConfigError(f"mini_batch_size must be a positive integer or None, got {self.mini_batch_size!r}")
+        positive_int("num_iterations", self.num_iterations)
+        positive_int("mini_batch_size", self.mini_batch_size, optional=True)
         if not isinstance(self.gradient_checkpointing, bool):
             raise ConfigError(f"gradient_checkpointing must be True or False, got {self.gradient_checkpointing!r}")
         if self.target_kl is not None and not self.target_kl > 0:

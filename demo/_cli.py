@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from spanrl.trainer._cli import log_file, output_options
+from spanrl.trainer.cli_output import log_file, output_options
 from spanrl.extras import needs_extra
 
 MODELS = ("tiny", "smollm2")

@@ -24,7 +24,7 @@ import pathlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from spanrl.errors import ConfigError
+from spanrl.errors import ConfigError, positive_int
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerFast
@@ -138,8 +138,7 @@ def build_tiny_model(
         ("intermediate_size", intermediate_size),
         ("max_position_embeddings", max_position_embeddings),
     ):
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        positive_int(name, value)
     if hidden_size % num_heads:
         raise ConfigError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
 

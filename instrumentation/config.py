@@ -16,7 +16,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
 from spanrl import env
-from spanrl.errors import ConfigError
+from spanrl.errors import ConfigError, positive_int
 
 _logger = logging.getLogger(__name__)
 
@@ -152,9 +152,7 @@ class InstrumentationConfig:
         if self.service_name is not None and not self.service_name.strip():
             raise ConfigError("service_name must be a non-empty string or None, got ''")
         for name in ("schedule_delay_millis", "max_queue_size", "max_export_batch_size", "export_timeout_millis"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+            positive_int(name, getattr(self, name))
         if self.max_export_batch_size > self.max_queue_size:
             raise ConfigError(
                 f"max_export_batch_size must be less than or equal to max_queue_size, "

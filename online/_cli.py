@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from spanrl.errors import ConfigError
-from spanrl.trainer._cli import log_file
+from spanrl.trainer.cli_output import log_file
 from spanrl.trainer.reporting import Callback
 from spanrl.trainer.train_config import read_config
 

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 
 from spanrl import env
-from spanrl.errors import ConfigError
+from spanrl.errors import ConfigError, positive_int
 from spanrl.online.guard import validate_guard
 
 __all__ = ["OnlineConfig"]
@@ -108,14 +108,11 @@ class OnlineConfig:
                 or not self.baseline_clip_std > 0 or not math.isfinite(self.baseline_clip_std):
             raise ConfigError(f"baseline_clip_std must be a finite number > 0, got {self.baseline_clip_std!r}")
         for name in ("min_rollouts", "max_rollouts", "baseline_window", "keep_checkpoints", "max_bad_updates"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+            positive_int(name, getattr(self, name))
         if self.max_rollouts < self.min_rollouts:
             raise ConfigError(f"max_rollouts must be >= min_rollouts ({self.min_rollouts}), got {self.max_rollouts}")
         if isinstance(self.max_policy_lag, bool) or not isinstance(self.max_policy_lag, int) or self.max_policy_lag < 0:
             raise ConfigError(f"max_policy_lag must be an integer >= 0, got {self.max_policy_lag!r}")
-        if self.max_updates is not None and (not isinstance(self.max_updates, int) or self.max_updates < 1):
-            raise ConfigError(f"max_updates must be a positive integer or None, got {self.max_updates!r}")
+        positive_int("max_updates", self.max_updates, optional=True)
         validate_guard(self)
         return self

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from spanrl import env, semconv
-from spanrl.errors import ConfigError, one_of
+from spanrl.errors import ConfigError, one_of, positive_int
 
 __all__ = [
     "BACKENDS", "STATUS_CRASHED", "STATUS_NO_REWARD", "STATUS_OK", "STATUS_TIMEOUT", "AgentFn", "LLMEndpoint",
@@ -51,14 +51,12 @@ class RunnerConfig:
     """Extra environment for command agents."""
 
     def validate(self) -> None:
-        if not isinstance(self.max_concurrency, int) or self.max_concurrency < 1:
-            raise ConfigError(f"max_concurrency must be a positive integer, got {self.max_concurrency!r}")
+        positive_int("max_concurrency", self.max_concurrency)
         for name in ("rollout_timeout_s", "span_timeout_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
-        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
-            raise ConfigError(f"max_attempts must be a positive integer, got {self.max_attempts!r}")
+        positive_int("max_attempts", self.max_attempts)
         if not isinstance(self.workers, int) or self.workers < 0:
             raise ConfigError(f"workers must be a non-negative integer, got {self.workers!r}")
 

@@ -103,6 +103,15 @@ def one_of(field: str, value: object, allowed: Iterable[object]) -> None:
         raise ConfigError(f"{field} must be one of {', '.join(map(str, allowed))}; got {value!r}")
 
 
+def positive_int(field: str, value: object, *, optional: bool = False) -> None:
+    """The check of a count setting, worded one way: `ConfigError` ``FIELD must be a positive integer[ or None],
+    got X`` unless ``value`` is an int (a bool is not one) >= 1, or None where ``optional``."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{field} must be a positive integer{' or None' if optional else ''}, got {value!r}")
+
+
 def cli_error(problem: BaseException | str, exit_code: int | None = None) -> int:
     """End a ``spanrl`` command on ``problem``: print ``spanrl: error: PROBLEM`` (one line, no traceback) to stderr
     and return the exit status: ``exit_code`` when given, else the error's own (`SpanRLError.exit_code`), else

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from spanrl.algorithms import ALGORITHMS as _REGISTRY, PROMPT_ALGORITHMS
-from spanrl.errors import ConfigError
+from spanrl.errors import ConfigError, positive_int
 
 __all__ = [
     "ALGORITHMS",
@@ -127,8 +127,7 @@ def run_episode(env: AgentEnv, client: Any, model: str, *, temperature: float = 
                 max_tokens: int = DEFAULT_MAX_TOKENS, max_turns: int | None = None) -> Trajectory:
     """Play one episode: observation -> chat completion -> ``env.step`` until done or out of turns."""
     limit = env.max_turns if max_turns is None else max_turns
-    if not isinstance(limit, int) or limit < 1:
-        raise ConfigError(f"max_turns must be a positive integer, got {limit!r}")
+    positive_int("max_turns", limit)
     messages: list[dict[str, str]] = [{"role": "system", "content": env.system_prompt}] if env.system_prompt else []
     trajectory = Trajectory(task=env.task)
     for _ in range(limit):
@@ -240,8 +239,7 @@ class Trainer:
     ) -> None:
         _check_classes(env_class, reward_class)
         for name, value in (("total_steps", total_steps), ("batch_size", batch_size), ("n_rollouts", n_rollouts)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+            positive_int(name, value)
         if batch_size < n_rollouts:
             raise ConfigError(f"batch_size ({batch_size}) must be at least n_rollouts ({n_rollouts})")
         if learning_rate is not None and not learning_rate > 0:

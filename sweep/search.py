@@ -29,7 +29,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from spanrl.errors import ConfigError, one_of
+from spanrl.errors import ConfigError, one_of, positive_int
 from spanrl.logs import log_to_file
 from spanrl.trainer.train_config import check_keys
 
@@ -82,8 +82,7 @@ class SweepConfig:
                     raise ConfigError(f"sweep.parameters.{key} must be a list or one of {_DISTRIBUTIONS}")
             elif not isinstance(values, list) or not values:
                 raise ConfigError(f"sweep.parameters.{key} must be a non-empty list of values, got {values!r}")
-        if not isinstance(self.num_samples, int) or self.num_samples < 1:
-            raise ConfigError(f"sweep.num_samples must be a positive integer, got {self.num_samples!r}")
+        positive_int("sweep.num_samples", self.num_samples)
         return self
 
     def space(self) -> dict[str, Any]:

@@ -13,10 +13,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from spanrl.trainer.cli_output import log_file, output_options
 from spanrl.trainer.train_config import DOCS, build_trainer, load_tasks, read_config
 from spanrl.extras import needs_extra
 
-__all__ = ["build_trainer", "load_tasks", "log_file", "output_options", "register"]
+__all__ = ["build_trainer", "load_tasks", "register"]
 
 _SUMMARY_KEYS = ("reward_mean", "val_success", "apo/best_score", "prompt_template")
 HELD_OUT = ("held-out success ('held-out' in the step lines): one greedy rollout per val_tasks task, the mean "
@@ -50,21 +51,6 @@ def register(subparsers: Any) -> None:
     output_options(train)
     train.set_defaults(func=_train)
     needs_extra(train, "train")
-
-
-def output_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar and step lines")
-    parser.add_argument("--verbose", "-v", action="store_true",
-                        help="log lines and third-party output on the terminal too")
-
-
-def log_file(output_dir: Path, args: argparse.Namespace) -> Path:
-    from spanrl.logs import log_to_file
-    from spanrl.trainer.config import LOG_FILE
-
-    path = log_to_file(output_dir / LOG_FILE, verbose=args.verbose, level=getattr(args, "log_level", "INFO"))
-    print(f"full logs: {path}")
-    return path
 
 
 def _train(args: argparse.Namespace) -> int:

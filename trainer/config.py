@@ -14,7 +14,7 @@ from pathlib import Path
 
 from spanrl.algorithms.checkpoint_folders import CHECKPOINT_PREFIX, TRAINER_STATE_FILE
 from spanrl.trainer.reporting import check_report_to
-from spanrl.errors import ConfigError
+from spanrl.errors import ConfigError, positive_int
 from spanrl.rollouts.policy_pool import ServingConfig
 from spanrl.rollouts.rollouts import RolloutsConfig
 from spanrl.rollouts.runner import RunnerConfig
@@ -115,9 +115,7 @@ class TrainerConfig:
         """Raise :class:`ConfigError` naming the first bad field; return self."""
         for name in ("n_rollouts", "tasks_per_step", "max_steps", "updates_per_step", "server_max_batch_size",
                      "max_bad_updates"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+            positive_int(name, getattr(self, name))
         for name in ("eval_every", "save_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
@@ -127,14 +125,9 @@ class TrainerConfig:
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigError(f"seed must be an integer, got {self.seed!r}")
-        if not isinstance(self.max_staleness, int) or isinstance(self.max_staleness, bool) or self.max_staleness < 1:
-            raise ConfigError(f"max_staleness must be a positive integer, got {self.max_staleness!r}")
-        if self.torch_threads is not None and (not isinstance(self.torch_threads, int) or self.torch_threads < 1):
-            raise ConfigError(f"torch_threads must be a positive integer or None, got {self.torch_threads!r}")
-        if self.minibatch_size is not None and (not isinstance(self.minibatch_size, int) or self.minibatch_size < 1):
-            raise ConfigError(f"minibatch_size must be a positive integer or None, got {self.minibatch_size!r}")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
-            raise ConfigError(f"max_tokens must be a positive integer or None, got {self.max_tokens!r}")
+        positive_int("max_staleness", self.max_staleness)
+        for name in ("torch_threads", "minibatch_size", "max_tokens"):
+            positive_int(name, getattr(self, name), optional=True)
         if self.max_minutes is not None and (not isinstance(self.max_minutes, (int, float))
                                              or isinstance(self.max_minutes, bool) or not self.max_minutes > 0):
             raise ConfigError(f"max_minutes must be a positive number of minutes or None, got {self.max_minutes!r}")
