@@ -76,5 +76,27 @@ def test_the_check_finds_an_upward_import() -> None:
     assert upward_imports(graph, order) == ["spanrl.store.x (store) -> spanrl.trainer.y (trainer)"]
 
 
+def private_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of another room's private module (``spanrl.trainer._cli`` from ``online/``): a room's underscore
+    modules are its own; the front doors may register the rooms' commands (``spanrl.cli``), and every room's
+    ``__init__`` loads its public names on first use through ``spanrl._lazy``, the package's own helper."""
+    found = []
+    for module, imported in sorted(graph.items()):
+        for other in sorted(imported):
+            private = other.rsplit(".", 1)[-1].startswith("_") and not other.endswith(("__init__", "__main__"))
+            if private and other != "spanrl._lazy" and room_of(module) not in (room_of(other), "front doors"):
+                found.append(f"{module} -> {other}")
+    return found
+
+
+def test_no_room_imports_another_rooms_private_module() -> None:
+    assert private_imports(import_graph()) == []
+
+
+def test_the_check_finds_a_private_import() -> None:
+    graph = {"spanrl.online.x": {"spanrl.trainer._cli", "spanrl.online._y"}, "spanrl.cli": {"spanrl.trainer._cli"}}
+    assert private_imports(graph) == ["spanrl.online.x -> spanrl.trainer._cli"]
+
+
 if __name__ == "__main__":  # pragma: no cover
     print("\n".join(upward_imports(import_graph(), layers(), exceptions())))
