@@ -46,10 +46,11 @@ RECOVERY_TRIPLES = (("subtract", 62, 27), ("multiply", 19, 36), ("add", 45, 38))
 """The (operation, a, b) of each solved recovery in ``RECOVERY_SHOTS``: never a task."""
 RECOVERY_QUESTIONS = (None, None, "How much is {a} plus {b}?")
 """Each recovery's question: None for the shots' plain symbols, else a task's phrasing (``tools.PHRASINGS``)."""
-RECOVERIES_SENT = 2
+RECOVERIES_SENT = 3
 """How many of ``RECOVERY_SHOTS`` the agent sends after the tool task's shots. Without one SmolLM2 answered
 again in its head after a rejection (P(tool call | rejection) 0.011 of 88, temperature 1, 100 tasks; with one
-0.279 of 86, rejected-then-right 0.10; with two: examples/smollm2/README.md, ``verify_probe.py``)."""
+0.279 of 86, rejected-then-right 0.10; with two 0.234 and 0.10 on 200 tasks; with three 0.425 and 0.22 on 100:
+examples/smollm2/README.md, ``verify_probe.py``)."""
 
 
 def _recovery_shot(k: int) -> list[dict[str, Any]]:
