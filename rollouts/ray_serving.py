@@ -53,7 +53,9 @@ class RayServers:
 
     def __init__(self, serving: Any, rollouts: RolloutsConfig, *, model: Path, weights_dir: Path,
                  otlp_endpoint: str | None, served_model_name: str, max_batch_size: int, seed: int,
-                 otlp_headers: dict[str, str] | None = None, api_key: str | None = None) -> None:
+                 otlp_headers: dict[str, str] | None = None, api_key: str | None = None,
+                 prefix_caching: bool = True) -> None:
+        self.prefix_caching = prefix_caching  # the transformers backend's prefix cache (off for deterministic runs)
         self.otlp_headers = dict(otlp_headers or {})  # the collector's policy token, when it has one
         self.cluster = ray_backend.Cluster(rollouts)
         self.token = secrets.token_urlsafe(24)
@@ -83,6 +85,7 @@ class RayServers:
             fields = {
                 "model": str(model), "served_model_name": served_model_name, "otlp_endpoint": endpoint,
                 "service_name": f"spanrl-policy-ray-{replica}", "max_batch_size": max_batch_size,
+                "enable_prefix_caching": self.prefix_caching,
                 "seed": seed + 1 + replica, "backend": serving.backend, "device": serving.device,
                 "dtype": serving.dtype, "admin_token": self.token, "checkpoint_root": str(weights_dir),
                 "otlp_headers": self.otlp_headers,

@@ -47,6 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85,
                    help="vLLM backend: share of the GPU's memory vLLM takes (default 0.85; lower beside a trainer)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="transformers backend: prefill only what a prompt adds to cached prompt blocks (default on)")
+    p.add_argument("--prefix-cache-bytes", type=int, default=None,
+                   help="memory the prefix cache may hold (default 512 MiB)")
     add_token_option(p, "--admin-token", "token POST /v1/weights/reload needs; the route is off without it "
                      "(env SPANRL_POLICY_ADMIN_TOKEN)")
     p.add_argument("--checkpoint-root", default=None,
@@ -103,6 +107,7 @@ def _serve(args: argparse.Namespace) -> int:
         otlp_endpoint=None if args.otlp_endpoint.lower() == "none" else args.otlp_endpoint,
         record_content=not args.no_content,
         torch_threads=args.threads,
+        enable_prefix_caching=args.enable_prefix_caching,
         otlp_headers={"authorization": f"Bearer {collector_token}"} if collector_token else {},
         api_keys=api_keys,
     )
@@ -114,6 +119,8 @@ def _serve(args: argparse.Namespace) -> int:
         config.max_body_bytes = args.max_body_bytes
     if args.max_weights_bytes is not None:
         config.max_weights_bytes = args.max_weights_bytes
+    if args.prefix_cache_bytes is not None:
+        config.prefix_cache_bytes = args.prefix_cache_bytes
     try:
         PolicyServer(config).serve_forever()
     except SpanRLError as exc:  # a bad flag or model (its ServingError too) is bad input: say which, no traceback

@@ -5,6 +5,7 @@ Routes (each ``/v1/...`` route also lives under the rollout prefixes below)::
     POST /v1/chat/completions   POST /v1/completions   GET /v1/models
     POST /v1/responses (OpenAI Responses, `openai_responses`)   POST /v1/messages (Anthropic, `anthropic_messages`)
     GET  /health                POST /v1/weights/reload {"path": ..., "model": adapter (optional)}
+    GET  /metrics               Prometheus text: the prefix cache's counters
     POST /v1/weights/load       whole weights as one safetensors file in the body (application/octet-stream)
 
     /rollouts/{rollout_id}/v1/...                         attribute the request to a rollout
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from spanrl.errors import ServingError
@@ -76,6 +77,7 @@ def build_app(state: ServerState) -> FastAPI:
         app.add_api_route(f"{prefix}/v1/responses", routes.responses, methods=["POST"])
         app.add_api_route(f"{prefix}/v1/messages", routes.messages, methods=["POST"])
     app.add_api_route("/health", routes.health, methods=["GET"])
+    app.add_api_route("/metrics", routes.metrics, methods=["GET"])
     app.add_api_route("/v1/weights/reload", routes.reload, methods=["POST"])
     app.add_api_route(_LOAD_PATH, routes.load_weights, methods=["POST"])
     app.add_middleware(_ApiKeyGuard, tenants=routes.tenants)
@@ -84,7 +86,8 @@ def build_app(state: ServerState) -> FastAPI:
 
 
 _LOAD_PATH = "/v1/weights/load"
-_KEYLESS_PATHS = ("/health", "/v1/weights/reload", _LOAD_PATH)  # the weight routes have their own admin token
+# the weight routes have their own admin token; /metrics holds only server-wide counts (as vLLM's)
+_KEYLESS_PATHS = ("/health", "/metrics", "/v1/weights/reload", _LOAD_PATH)
 # The weights' body is raw safetensors; a browser cannot send that type without a CORS preflight (which fails).
 _LOAD_TYPES = ("application/octet-stream",)
 
@@ -275,6 +278,18 @@ class _Routes:
         adapters = self.state.batcher.adapters
         return {"status": "ok", "model": self.model_name, "policy_version": self.state.batcher.version,
                 **({"adapters": adapters} if adapters else {})}
+
+    async def metrics(self) -> PlainTextResponse:
+        """vLLM's prefix-cache counters, in tokens, under spanrl's prefix (none where no prefix cache runs)."""
+        cache = getattr(self.state.batcher.backend, "prefix_cache", None)
+        lines = []
+        for name, value, text in (() if cache is None else (
+                ("prefix_cache_queries", cache.queries, "Prompt tokens looked up in the prefix cache."),
+                ("prefix_cache_hits", cache.hits, "Prompt tokens found in the prefix cache (not prefilled)."),
+                ("prefill_tokens", cache.prefill_tokens, "Prompt tokens put through the model."))):
+            lines += [f"# HELP spanrl:{name}_total {text}", f"# TYPE spanrl:{name}_total counter",
+                      f"spanrl:{name}_total {value}"]
+        return PlainTextResponse("".join(f"{line}\n" for line in lines), media_type="text/plain; version=0.0.4")
 
     def _require_admin(self, request: Request, *, folder: bool) -> None:
         """403 unless the weight routes are on (an admin token; ``folder``: and a checkpoint root), 401 without it."""

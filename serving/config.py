@@ -15,6 +15,7 @@ __all__ = ["ServerConfig", "default_config"]
 _BACKENDS = ("transformers", "vllm")
 _DTYPES = ("float32", "bfloat16", "float16", "auto")
 _MAX_BODY_BYTES = 4 * 1024 * 1024
+PREFIX_CACHE_BYTES = 512 * 2**20  # the prefix cache's default budget: ~11k tokens of SmolLM2-135M (46 KiB each)
 
 
 @dataclasses.dataclass
@@ -57,6 +58,14 @@ class ServerConfig:
     """Completion length when a request gives no ``max_tokens`` (capped by the context)."""
     max_context_tokens: int | None = None
     """Prompt + completion limit; default: the model's ``max_position_embeddings``."""
+    enable_prefix_caching: bool = True
+    """Transformers backend: keep prompts' keys and values in blocks of 16 tokens and prefill only what a new
+    prompt adds to cached blocks (vLLM's ``--enable-prefix-caching``; ``serving/prefix_cache.py``), where the lean
+    Llama forward runs (CPU, Llama, no LoRA adapters). A hit can change logits' last bits, so a Trainer's
+    ``deterministic: true`` server runs without it. The vLLM backend keeps vLLM's own setting."""
+    prefix_cache_bytes: int = PREFIX_CACHE_BYTES
+    """Memory the prefix cache may hold (least recently used blocks go first); default 512 MiB, ~11k tokens of
+    SmolLM2-135M in float32."""
     otlp_endpoint: str | None = "127.0.0.1:4317"
     """OTLP/gRPC endpoint for the server's spans (host:port or URL); None exports nothing."""
     otlp_headers: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
@@ -110,7 +119,7 @@ class ServerConfig:
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be an integer in 0..65535, got {self.port!r}")
         for name in ("max_batch_size", "max_queue_size", "default_max_tokens", "max_body_bytes",
-                     "max_weights_bytes"):
+                     "max_weights_bytes", "prefix_cache_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -130,6 +139,8 @@ class ServerConfig:
             raise ConfigError(f"checkpoint_root must be an existing folder or None, got {str(self.checkpoint_root)!r}")
         self._check_lora_modules()
         self._check_lora_slots()
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ConfigError(f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}")
         if not isinstance(self.enable_sleep_mode, bool) or (self.enable_sleep_mode and self.backend != "vllm"):
             raise ConfigError(f"enable_sleep_mode is vLLM's sleep mode: true needs backend 'vllm', got "
                               f"{self.enable_sleep_mode!r} with backend {self.backend!r}")

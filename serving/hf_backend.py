@@ -30,6 +30,8 @@ from spanrl.serving.backend import (
     check_finite_weights,
 )
 from spanrl.serving.lean_llama import LeanCache, LeanLlama, supports
+from spanrl.serving.config import PREFIX_CACHE_BYTES
+from spanrl.serving.prefix_cache import PrefixCache
 
 __all__ = ["TransformersBackend"]
 
@@ -74,8 +76,11 @@ class TransformersBackend:
         max_context_tokens: int | None = None,
         seed: int = 0,
         adapters: dict[str, str | pathlib.Path] | None = None,
+        enable_prefix_caching: bool = True,
+        prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
     ) -> None:
-        """``adapters``: LoRA adapter name -> PEFT adapter folder, served beside the base (``AdapterSet``)."""
+        """``adapters``: LoRA adapter name -> PEFT adapter folder, served beside the base (``AdapterSet``);
+        ``enable_prefix_caching``: reuse cached prompt blocks where the lean forward runs (serving/prefix_cache.py)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         try:
@@ -91,6 +96,7 @@ class TransformersBackend:
         # transformers' forward without its per-call overhead, where its math is the model's (serving/lean_llama.py);
         # on CPU only: its logits were checked bit-identical there, not against a GPU's attention kernels
         self._lean = LeanLlama(self.model) if self.device.type == "cpu" and supports(self.model) else None
+        self.prefix_cache = PrefixCache(prefix_cache_bytes) if enable_prefix_caching and self._lean else None
         config = self.model.config
         model_context = getattr(config, "max_position_embeddings", None) or _FALLBACK_CONTEXT_TOKENS
         self.max_context_tokens = min(max_context_tokens or model_context, model_context)
@@ -112,6 +118,8 @@ class TransformersBackend:
         """Copy new weights in place: a folder path, a ``state_dict`` or a module (copied, not kept); with
         ``adapter``, that adapter's weights (``AdapterSet.load``), the base and other adapters untouched. A PEFT
         adapter folder as the base's weights: the base's requests run with it from then on (``BASE_ADAPTER``)."""
+        if self.prefix_cache is not None:  # cached keys and values belong to the old weights
+            self.prefix_cache.clear()
         if adapter is not None:
             self.adapters.load(adapter, source)
             return
@@ -260,6 +268,8 @@ class TransformersBackend:
         """Left-padded prompts through the model: (cache, mask (B, W), next positions (B,), logits (B, V))."""
         from transformers import DynamicCache
 
+        if self.prefix_cache is not None and self._lean_now():
+            return self.prefix_cache.prefill(self._lean, [r.request.prompt_ids for r in rows], self.pad_id)
         width = max(len(r.request.prompt_ids) for r in rows)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)

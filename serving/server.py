@@ -47,6 +47,7 @@ def _load_backend(config: ServerConfig) -> Backend:
     return TransformersBackend(
         model_dir, device=config.device, dtype=config.dtype, max_context_tokens=config.max_context_tokens,
         seed=config.seed, adapters=dict(config.lora_modules),
+        enable_prefix_caching=config.enable_prefix_caching, prefix_cache_bytes=config.prefix_cache_bytes,
     )
 
 

@@ -42,17 +42,23 @@ REQUEST_TIMEOUT_S = 3600.0
 """The agent's timeout per LLM request (the server batches up to 64 rollouts' calls: minutes each on busy cores)."""
 CHECK_TOOL = "check_answer"
 """Name of the ``execute_tool`` span recording a rejection (the environment's check, carrying its state)."""
-RECOVERY_TRIPLES = (("subtract", 62, 27), ("multiply", 19, 36))
+RECOVERY_TRIPLES = (("subtract", 62, 27), ("multiply", 19, 36), ("add", 45, 38))
 """The (operation, a, b) of each solved recovery in ``RECOVERY_SHOTS``: never a task."""
-RECOVERIES_SENT = 2
+RECOVERY_QUESTIONS = (None, None, "How much is {a} plus {b}?")
+"""Each recovery's question: None for the shots' plain symbols, else a task's phrasing (``tools.PHRASINGS``)."""
+RECOVERIES_SENT = 3
 """How many of ``RECOVERY_SHOTS`` the agent sends after the tool task's shots. Without one SmolLM2 answered
 again in its head after a rejection (P(tool call | rejection) 0.011 of 88, temperature 1, 100 tasks; with one
-0.279 of 86, rejected-then-right 0.10; with two: examples/smollm2/README.md, ``verify_probe.py``)."""
+0.279 of 86, rejected-then-right 0.10; with two 0.234 and 0.10 on 200 tasks; with three 0.425 and 0.22 on 100:
+examples/smollm2/README.md, ``verify_probe.py``)."""
 
 
 def _recovery_shot(k: int) -> list[dict[str, Any]]:
-    solved = solved_episode(*RECOVERY_TRIPLES[k], len(SHOT_TRIPLES) + k)
-    return [solved[0], {"role": "user", "content": REJECTION}, *solved[1:]]
+    op, a, b = RECOVERY_TRIPLES[k]
+    solved = solved_episode(op, a, b, len(SHOT_TRIPLES) + k)
+    question = solved[0] if RECOVERY_QUESTIONS[k] is None else {
+        "role": "user", "content": RECOVERY_QUESTIONS[k].format(a=a, b=b)}
+    return [question, {"role": "user", "content": REJECTION}, *solved[1:]]
 
 
 RECOVERY_SHOTS: list[list[dict[str, Any]]] = [_recovery_shot(k) for k in range(len(RECOVERY_TRIPLES))]

@@ -83,7 +83,7 @@ def test_held_out_tasks_are_split_by_content_and_never_trained_on_by_any_seed() 
     assert all(held_out(f"{k.split(':')[0]}:{min(k.split(':')[1:])}:{max(k.split(':')[1:])}") for k in held
                if not k.startswith("subtract"))
     # the recovery shots' triples (and a multiply's reverse) are never tasks
-    assert not {"subtract:62:27", "multiply:19:36", "multiply:36:19"} & (held | trained)
+    assert not {"subtract:62:27", "multiply:19:36", "multiply:36:19", "add:45:38", "add:38:45"} & (held | trained)
     ids = [t["id"] for train, val in runs for t in train + val]
     assert len(ids) == len(set(ids)) and ids[0] == "calc-verify-train-0-0"
 
@@ -94,8 +94,11 @@ def test_the_shots_hold_the_tool_tasks_three_then_the_solved_recoveries() -> Non
                                              {"role": "user", "content": REJECTION}, RECOVERY_SHOTS[1][2]]
     assert RECOVERY_SHOTS[1][-1] == {"role": "assistant", "content": "684"}
     assert Episode(TASK).shots == shots(RECOVERIES_SENT)  # what the agent sends
-    with pytest.raises(ValueError, match=r"^recovery must be 0 to 2 \(solved recoveries\), got 3$"):
-        shots(3)
+    assert shots(3)[-5:-3] == [{"role": "user", "content": "How much is 45 plus 38?"},  # a task's phrasing
+                               {"role": "user", "content": REJECTION}]
+    assert RECOVERY_SHOTS[2][-1] == {"role": "assistant", "content": "83"}
+    with pytest.raises(ValueError, match=r"^recovery must be 0 to 3 \(solved recoveries\), got 4$"):
+        shots(4)
 
 
 def test_metrics_hand_computed() -> None:

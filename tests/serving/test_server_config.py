@@ -28,6 +28,8 @@ def test_default_config_validates_with_a_model() -> None:
         ("max_batch_delay_ms", -1.0, "max_batch_delay_ms must be >= 0, got -1.0"),
         ("max_context_tokens", 1, "max_context_tokens must be >= 2 or None, got 1"),
         ("gpu_memory_utilization", 1.5, "gpu_memory_utilization must be in (0, 1], got 1.5"),
+        ("enable_prefix_caching", "yes", "enable_prefix_caching must be true or false, got 'yes'"),
+        ("prefix_cache_bytes", 0, "prefix_cache_bytes must be a positive integer, got 0"),
     ],
 )
 def test_bad_field_fails_with_its_message(field, value, message) -> None:
