@@ -230,10 +230,12 @@ def test_online_trainer_learns_from_a_production_stream(tmp_path: Path, collecto
 
     report_figures("online_stream", early=success(early), late=success(late), n_early=len(early), n_late=len(late))
     assert len(early) >= 50 and len(late) >= 50, (len(early), len(late))
-    # (measured: 0.17 -> 0.36..0.55 on a shared 2-core machine; 3 standard errors are about 0.1. A live stream:
-    # not pinned, seeded (OnlineConfig.seed 0). 2026-12-07, 8 runs at load 10-25: 0.15-0.22 -> 0.38-0.78, rise
-    # 0.22-0.60 ("Learning tests over repeated runs"); one CI run rose 0.11: too few runs here to move the bound)
-    assert success(late) >= success(early) + 0.12, (success(early), success(late), versions)
+    # A live stream: not pinned, seeded (OnlineConfig.seed 0). 2026-12-07, 20 runs at load 8.6-25 on 2 shared
+    # cores (docs/measurements.md, "Learning tests over repeated runs"): rise 0.16-0.60, median 0.39 (0.28-0.39 in
+    # the 6 runs at load 16-24). The bound sits 0.06 below the worst run (about 1.3 standard errors of one run's
+    # rise, ~0.045); a policy that does not learn passes it about 1 time in 70. (0.12 until then: 0.04 below
+    # that worst run. The CI run once noted here at 0.11 was the plain-agent test's, 2026-12-02, 10 updates.)
+    assert success(late) >= success(early) + 0.1, (success(early), success(late), versions)
 
 
 @pytest.mark.parametrize(
