@@ -6,7 +6,9 @@ update reloads each one.
 
 Each server exports its spans to the Trainer's collector with the policy token, reloads only from the pool's
 weights folder (its ``--checkpoint-root``) with a token made for the run, takes only the run's API key (tenant
-``trainer``), and samples with its own seed (``seed + 1 + i``, as ``placement: ray``). Tokens and the key travel
+``trainer``), samples with its own seed (``seed + 1 + i``, as ``placement: ray``), and runs the Trainer's
+``torch_threads`` (torch's default, a thread per core, spin-waits against the Trainer's own threads: rollouts
+took 3x as long on two loaded cores). Tokens and the key travel
 in the environment and a file only this user reads, removed once the server is up: never on a command line.
 Their output goes to the run's log. :meth:`ProcessServers.check` raises :class:`TrainingError` once one of them
 has exited; :meth:`ProcessServers.close` stops and reaps them all.
@@ -42,7 +44,7 @@ class ProcessServers:
     """``serving.replicas`` ``spanrl serve`` subprocesses of ``model``; ``roots`` are their URLs."""
 
     def __init__(self, serving: Any, *, model: Path, weights_dir: Path, otlp_endpoint: str | None,
-                 served_model_name: str, max_batch_size: int, seed: int, log_path: Path,
+                 served_model_name: str, max_batch_size: int, seed: int, log_path: Path, threads: int | None = None,
                  collector_token: str | None = None, api_key: str | None = None) -> None:
         self.token = secrets.token_urlsafe(24)
         self.log_path = Path(log_path)
@@ -64,6 +66,7 @@ class ProcessServers:
                             "--backend", serving.backend, "--device", serving.device, "--dtype", serving.dtype,
                             "--max-batch-size", str(max_batch_size), "--seed", str(seed + 1 + replica),
                             "--otlp-endpoint", otlp_endpoint or "none", "--checkpoint-root", str(weights_dir),
+                            *(["--threads", str(threads)] if threads else []),
                             *(["--api-key-file", key_file] if key_file else [])]
                     self.procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
                                                        stderr=subprocess.STDOUT, env=self.env))

@@ -163,7 +163,8 @@ class Services:
         servers = ProcessServers(config.serving, model=Path(model), weights_dir=output_dir / "served-weights",
                                  otlp_endpoint=self.collector.grpc_endpoint, served_model_name=SERVED_MODEL_NAME,
                                  max_batch_size=1 if config.deterministic else config.server_max_batch_size,
-                                 seed=config.seed, log_path=output_dir / LOG_FILE, api_key=self.api_key,
+                                 seed=config.seed, log_path=output_dir / LOG_FILE, threads=config.torch_threads,
+                                 api_key=self.api_key,
                                  collector_token=self.collector_tokens["policy_token"])
         self._stack.callback(self._stop, "policy server processes", servers.close)
         serving = dataclasses.replace(config.serving, urls=(*config.serving.urls, *servers.roots))
