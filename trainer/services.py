@@ -111,6 +111,9 @@ class Services:
     ) -> None:
         """The policy server on ``serve_from`` (in a pool with the servers the Trainer did not start), the
         runner, and tracing of a callable agent."""
+        if config.serving.placement == "process" and config.rollouts.advertise_host:
+            raise ConfigError("serving.placement process binds 127.0.0.1, which rollouts on other machines "
+                              "(rollouts.advertise_host) cannot reach: use placement ray or serving.urls")
         embedded = start_policy_server(
             serve_from, otlp_endpoint=self.collector.grpc_endpoint,
             max_batch_size=1 if config.deterministic else config.server_max_batch_size,  # batch-invariant logits

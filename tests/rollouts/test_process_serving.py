@@ -14,6 +14,7 @@ import pytest
 from spanrl.algorithms import GRPO, LightningRL
 from spanrl.errors import ConfigError, ServingError, TrainingError
 from spanrl.rollouts.policy_pool import ServingConfig
+from spanrl.rollouts.rollouts import RolloutsConfig
 from spanrl.serving.client import PolicyClient
 from spanrl.trainer import LLMEndpoint, RunnerConfig, Trainer, TrainerConfig
 
@@ -81,6 +82,14 @@ def test_a_server_that_dies_mid_run_stops_the_run_with_its_exit_code(tmp_path: P
     assert f"(pid {procs[1].pid}) exited with code -9 during the run" in message
     assert str(tmp_path / "run" / "spanrl.log") in message
     assert all(p.returncode is not None for p in procs)  # the other one stopped and reaped after the failure
+
+
+def test_process_servers_are_refused_where_rollouts_run_on_other_machines(tmp_path: Path, tiny_model: Path) -> None:
+    trainer = _trainer(tiny_model, tmp_path / "run", replicas=1, steps=1)
+    trainer.config.rollouts = RolloutsConfig(advertise_host="10.0.0.5")
+    with pytest.raises(ConfigError, match=r"placement process binds 127.0.0.1, which rollouts on other machines"):
+        trainer.start()
+    trainer.close()
 
 
 @pytest.mark.parametrize(("fields", "message"), [
