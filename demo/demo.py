@@ -85,7 +85,8 @@ class DemoConfig:
     def quick(cls, **fields: Any) -> DemoConfig:
         """The shortest setting that still runs every stage (about a minute): a smoke test, not a result."""
         small = dict(n_train_tasks=64, n_val_tasks=8, demonstrations=32, sft_epochs=1, grpo_steps=2,
-                     grpo_tasks_per_step=2, grpo_group_size=4, eval_every=0, workers=2)
+                     grpo_tasks_per_step=2, grpo_group_size=4, eval_every=0, workers=2,
+                     serving={"placement": "local"})  # 2 steps: a server process's start (~4 CPU-s) would outweigh
         return cls(**{**small, **fields})
 
     def validate(self) -> DemoConfig:

@@ -66,6 +66,13 @@ def start_policy_server(model: Path, *, otlp_endpoint: str | None, max_batch_siz
     return server
 
 
+def _run_log(output_dir: Path) -> Path:
+    """The file this process logs to (``spanrl train``'s and ``spanrl demo``'s ``spanrl.log``), else the run's."""
+    files = [h.baseFilename for h in logging.getLogger().handlers
+             if isinstance(h, logging.FileHandler) and h.baseFilename != os.devnull]  # pytest's is /dev/null
+    return Path(files[0]) if files else output_dir / LOG_FILE
+
+
 _SCOPED = {"ingest_token": env.SPANRL_COLLECTOR_INGEST_TOKEN, "policy_token": env.SPANRL_COLLECTOR_POLICY_TOKEN,
            "read_token": env.SPANRL_COLLECTOR_READ_TOKEN, "admin_token": env.SPANRL_COLLECTOR_ADMIN_TOKEN}
 
@@ -166,7 +173,7 @@ class Services:
         servers = ProcessServers(config.serving, model=Path(model), weights_dir=output_dir / "served-weights",
                                  otlp_endpoint=self.collector.grpc_endpoint, served_model_name=SERVED_MODEL_NAME,
                                  max_batch_size=1 if config.deterministic else config.server_max_batch_size,
-                                 seed=config.seed, log_path=output_dir / LOG_FILE, threads=config.torch_threads,
+                                 seed=config.seed, log_path=_run_log(output_dir), threads=config.torch_threads,
                                  api_key=self.api_key,
                                  collector_token=self.collector_tokens["policy_token"])
         self._stack.callback(self._stop, "policy server processes", servers.close)
