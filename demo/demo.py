@@ -74,6 +74,10 @@ class DemoConfig:
     rollouts: Any = None
     """Where the agent's rollouts run (a ``RolloutsConfig`` or its mapping, e.g. ``{"backend": "ray"}``);
     None: on this machine."""
+    serving: Any = None
+    """Where GRPO's policy server runs (a ``ServingConfig`` or its mapping, e.g. ``{"placement": "local"}``: in the
+    trainer's process). None: ``{"placement": "process"}``, a ``spanrl serve`` subprocess off the trainer's
+    interpreter lock (it paced the steps: docs/measurements.md), when the rollouts run on this machine."""
     overwrite: bool = False
     """Run again in an output_dir holding an earlier demo, removing it first (without it such a folder is refused)."""
 
@@ -81,7 +85,8 @@ class DemoConfig:
     def quick(cls, **fields: Any) -> DemoConfig:
         """The shortest setting that still runs every stage (about a minute): a smoke test, not a result."""
         small = dict(n_train_tasks=64, n_val_tasks=8, demonstrations=32, sft_epochs=1, grpo_steps=2,
-                     grpo_tasks_per_step=2, grpo_group_size=4, eval_every=0, workers=2)
+                     grpo_tasks_per_step=2, grpo_group_size=4, eval_every=0, workers=2,
+                     serving={"placement": "local"})  # 2 steps: a server process's start (~4 CPU-s) would outweigh
         return cls(**{**small, **fields})
 
     def validate(self) -> DemoConfig:
@@ -171,6 +176,9 @@ def run_demo(config: DemoConfig | None = None, *, echo: Any = print) -> DemoResu
     )
 
 
+_PROCESS = {"placement": "process"}
+
+
 def _config(cfg: DemoConfig, stage: str, **fields: Any) -> Any:
     """The TrainerConfig of one stage (``sft`` or ``grpo``): both write to one span store."""
     from spanrl.trainer.config import DB_FILE, TrainerConfig
@@ -203,10 +211,13 @@ def _grpo_trainer(cfg: DemoConfig, model: Path, train_tasks: list[Any], val_task
     """GRPO on the agent's own rollouts through the policy server."""
     from spanrl.algorithms.credit import LightningRL
     from spanrl.algorithms.grpo import GRPO
+    from spanrl.rollouts.policy_pool import ServingConfig
     from spanrl.trainer.trainer import Trainer
 
     config = _config(cfg, "grpo", n_rollouts=cfg.grpo_group_size, tasks_per_step=cfg.grpo_tasks_per_step,
-                     max_steps=cfg.grpo_steps, temperature=1.0, eval_every=cfg.eval_every)
+                     max_steps=cfg.grpo_steps, temperature=1.0, eval_every=cfg.eval_every,
+                     serving=ServingConfig.of(_PROCESS if cfg.serving is None and cfg.rollouts is None
+                                              else cfg.serving))
     return Trainer(model=model, agent=[sys.executable, "-m", AGENT_MODULE], tasks=train_tasks, val_tasks=val_tasks,
                    algorithm=GRPO(learning_rate=cfg.grpo_learning_rate, num_iterations=cfg.grpo_iterations),
                    credit=LightningRL(mode="identical", baseline="grpo"), config=config)

@@ -48,7 +48,7 @@ __all__ = ["PolicyPool", "ServingConfig"]
 _BACKENDS = ("transformers", "vllm")
 _DTYPES = ("float32", "bfloat16", "float16", "auto")
 _BALANCE = ("least_loaded", "round_robin")
-_PLACEMENTS = ("local", "ray")
+_PLACEMENTS = ("local", "process", "ray")
 _TRANSPORTS = ("folder", "http")
 
 
@@ -89,11 +89,13 @@ class ServingConfig:
     collector_host: str = "127.0.0.1"
     """Address the Trainer's collector binds (``0.0.0.0`` for servers on other machines)."""
     placement: str = "local"
-    """``local``: only the embedded server (and ``urls``); ``ray``: also ``replicas`` transformers-backend
-    policy servers as Ray actors on the rollouts' cluster (``rollouts.address``; needs ``spanrl[ray]``),
-    which take the rollouts as ``urls`` do (``rollouts/ray_serving.py``)."""
+    """``local``: only the embedded server (and ``urls``); ``process``: also ``replicas`` transformers-backend
+    ``spanrl serve`` subprocesses on this machine, off the Trainer's interpreter lock
+    (``rollouts/process_serving.py``); ``ray``: also ``replicas`` such servers as Ray actors on the rollouts'
+    cluster (``rollouts.address``; needs ``spanrl[ray]``, ``rollouts/ray_serving.py``). Those servers take the
+    rollouts as ``urls`` do."""
     replicas: int = 1
-    """With ``placement: ray``: how many policy servers the Trainer starts on the cluster."""
+    """With ``placement: process`` or ``ray``: how many policy servers the Trainer starts."""
     ray_resources: dict[str, float] = dataclasses.field(default_factory=lambda: {"CPU": 1})
     """With ``placement: ray``: what one of those servers reserves on its node (``CPU``, ``GPU``, custom)."""
 
@@ -127,8 +129,8 @@ class ServingConfig:
         ):
             raise ConfigError(f"serving.ray_resources must map resource names to amounts >= 0, "
                               f"got {self.ray_resources!r}")
-        if self.placement == "ray" and self.backend != "transformers":
-            raise ConfigError("serving.placement ray starts transformers-backend servers; got backend "
+        if self.placement != "local" and self.backend != "transformers":
+            raise ConfigError(f"serving.placement {self.placement} starts transformers-backend servers; got backend "
                               f"{self.backend!r} (start vLLM servers yourself and list them in serving.urls)")
         if not isinstance(self.collector_port, int) or not 0 <= self.collector_port <= 65535:
             raise ConfigError(f"serving.collector_port must be an integer in 0..65535, got {self.collector_port!r}")
@@ -146,8 +148,11 @@ class PolicyPool:
     """The servers rollouts run on, reloaded together; see the module docstring."""
 
     def __init__(self, config: ServingConfig, *, embedded: Any, weights_dir: Path, model_dir: Path,
-                 token: str | None = None, adapters: dict[str, Path] | None = None) -> None:
+                 token: str | None = None, adapters: dict[str, Path] | None = None,
+                 watch: Any = None) -> None:
         self.config = config
+        self.watch = watch or (lambda: None)
+        """Called before each lease and reload: raises once a server the Trainer started has gone."""
         self.token = token  # the reload route's token (None: SPANRL_POLICY_ADMIN_TOKEN)
         self.embedded = embedded
         self.weights_dir = Path(weights_dir)
@@ -201,6 +206,7 @@ class PolicyPool:
     @contextlib.contextmanager
     def lease(self) -> Iterator[str]:
         """A server root for one rollout, held (counted as running) until the block ends."""
+        self.watch()
         with self._lock:
             if self.config.balance == "round_robin":
                 member = self._members[next(self._turn) % len(self._members)]
@@ -221,6 +227,7 @@ class PolicyPool:
         if adapter is not None:
             self._version = self._reload_adapter(weights, adapter)  # every adapter reloads each step
             return self._version
+        self.watch()
         version = self.embedded.reload(weights)
         remote = [m for m in self._members if m.server is None]
         if remote:

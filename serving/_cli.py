@@ -31,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--device", default="cpu", help="torch device of the transformers backend (default cpu)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16", "auto"))
     p.add_argument("--max-batch-size", type=int, default=32, help="sequences generated together (default 32)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampler for requests that give none (default 0)")
     p.add_argument("--max-batch-delay-ms", type=float, default=2.0, help="wait for more requests (default 2 ms)")
     p.add_argument("--default-max-tokens", type=int, default=256)
     p.add_argument("--max-context-tokens", type=int, default=None)
@@ -100,6 +101,7 @@ def _serve(args: argparse.Namespace) -> int:
         device=args.device,
         dtype=args.dtype,
         max_batch_size=args.max_batch_size,
+        seed=args.seed,
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_batch_delay_ms=args.max_batch_delay_ms,
         default_max_tokens=args.default_max_tokens,

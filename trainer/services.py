@@ -21,7 +21,7 @@ from spanrl import env
 from spanrl.rollouts.agent_env import ingest_token_env, otlp_headers
 from spanrl.store import rollouts as store_rollouts
 from spanrl.trust import env_token
-from spanrl.trainer.config import SERVED_MODEL_NAME, TrainerConfig
+from spanrl.trainer.config import LOG_FILE, SERVED_MODEL_NAME, TrainerConfig
 from spanrl.rollouts.policy_pool import PolicyPool, ServingConfig
 from spanrl.errors import ConfigError
 from spanrl.rollouts.runner import RolloutRunner
@@ -69,6 +69,13 @@ def start_policy_server(model: Path, *, otlp_endpoint: str | None, max_batch_siz
     return server
 
 
+def _run_log(output_dir: Path) -> Path:
+    """The file this process logs to (``spanrl train``'s and ``spanrl demo``'s ``spanrl.log``), else the run's."""
+    files = [h.baseFilename for h in logging.getLogger().handlers
+             if isinstance(h, logging.FileHandler) and h.baseFilename != os.devnull]  # pytest's is /dev/null
+    return Path(files[0]) if files else output_dir / LOG_FILE
+
+
 _SCOPED = {"ingest_token": env.SPANRL_COLLECTOR_INGEST_TOKEN, "policy_token": env.SPANRL_COLLECTOR_POLICY_TOKEN,
            "read_token": env.SPANRL_COLLECTOR_READ_TOKEN, "admin_token": env.SPANRL_COLLECTOR_ADMIN_TOKEN}
 
@@ -114,6 +121,9 @@ class Services:
     ) -> None:
         """The policy server on ``serve_from`` (in a pool with the servers the Trainer did not start), the
         runner, and tracing of a callable agent."""
+        if config.serving.placement == "process" and config.rollouts.advertise_host:
+            raise ConfigError("serving.placement process binds 127.0.0.1, which rollouts on other machines "
+                              "(rollouts.advertise_host) cannot reach: use placement ray or serving.urls")
         embedded = start_policy_server(
             serve_from, otlp_endpoint=self.collector.grpc_endpoint,
             max_batch_size=1 if config.deterministic else config.server_max_batch_size,  # batch-invariant logits
@@ -122,20 +132,22 @@ class Services:
             host="0.0.0.0" if config.rollouts.advertise_host else "127.0.0.1", otlp_headers=self.policy_headers(),
             api_key=self.api_key,
         )
-        if adapters and config.serving.placement == "ray":
+        if adapters and config.serving.placement != "local":
             embedded.shutdown()
-            raise ConfigError("serving.placement ray: per-agent adapters are served by the Trainer's own server "
-                              "and serving.urls only")
+            raise ConfigError(f"serving.placement {config.serving.placement}: per-agent adapters are served by the "
+                              "Trainer's own server and serving.urls only")
         self._stack.callback(self._stop, "server", embedded.shutdown)
         if config.serving.urls and env_token(env.SPANRL_COLLECTOR_POLICY_TOKEN) is None:
             _logger.warning("serving.urls: this run's collector takes spans only with a token, and its policy token "
                             "was made for this run; servers it did not start need %s set before the run and given "
                             "to them (spanrl serve --collector-token-file)", env.SPANRL_COLLECTOR_POLICY_TOKEN)
-        serving, token = config.serving, None
+        serving, token, watch = config.serving, None, None
         if serving.placement == "ray":
             serving, token = self._start_ray_servers(serve_from, config, output_dir / "served-weights")
+        elif serving.placement == "process":
+            serving, token, watch = self._start_process_servers(serve_from, config, output_dir)
         self.server = PolicyPool(serving, embedded=embedded, weights_dir=output_dir / "served-weights",
-                                 model_dir=Path(serve_from), token=token, adapters=adapters)
+                                 model_dir=Path(serve_from), token=token, adapters=adapters, watch=watch)
         otel_env = self.agent_otel_env()
         if callable(agent):
             InProcessTracing.point_at(otel_env["OTEL_EXPORTER_OTLP_ENDPOINT"], otlp_headers(otel_env))
@@ -157,6 +169,21 @@ class Services:
                              otlp_headers=self.policy_headers(), api_key=self.api_key)
         self._stack.callback(self._stop, "Ray policy servers", servers.close)
         return dataclasses.replace(config.serving, urls=(*config.serving.urls, *servers.roots)), servers.token
+
+    def _start_process_servers(self, model: Path, config: TrainerConfig, output_dir: Path) -> tuple[Any, ...]:
+        """``serving.replicas`` ``spanrl serve`` subprocesses (stopped after the runner, output to the run's
+        log); the serving config with their roots added to ``urls``, their reload token, and their check."""
+        from spanrl.rollouts.process_serving import ProcessServers
+
+        servers = ProcessServers(config.serving, model=Path(model), weights_dir=output_dir / "served-weights",
+                                 otlp_endpoint=self.collector.grpc_endpoint, served_model_name=SERVED_MODEL_NAME,
+                                 max_batch_size=1 if config.deterministic else config.server_max_batch_size,
+                                 seed=config.seed, log_path=_run_log(output_dir), threads=config.torch_threads,
+                                 api_key=self.api_key, prefix_caching=not config.deterministic,
+                                 collector_token=self.collector_tokens["policy_token"])
+        self._stack.callback(self._stop, "policy server processes", servers.close)
+        serving = dataclasses.replace(config.serving, urls=(*config.serving.urls, *servers.roots))
+        return serving, servers.token, servers.check
 
     def serve_only(self, model: Path, serving: ServingConfig) -> None:
         """Just a policy server (``Trainer.deploy`` after the run closed); a checkpoint of per-agent adapters
