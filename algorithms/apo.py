@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from spanrl.errors import ConfigError, TrainingError, positive_int
+from spanrl.errors import ConfigError, TrainingError, non_negative_int, positive_int, positive_number
 
 __all__ = ["APO", "APOConfig", "APOResult", "Evaluation"]
 
@@ -87,12 +87,9 @@ class APOConfig:
         """Raise :class:`ConfigError` naming the first bad field; return self."""
         for name in ("beam_width", "branch_factor", "rounds"):
             positive_int(name, getattr(self, name))
-        if not isinstance(self.max_examples, int) or self.max_examples < 0:
-            raise ConfigError(f"max_examples must be a non-negative integer, got {self.max_examples!r}")
-        if self.critic_temperature < 0:
-            raise ConfigError(f"critic_temperature must be >= 0, got {self.critic_temperature!r}")
-        if not self.timeout_s > 0:
-            raise ConfigError(f"timeout_s must be > 0, got {self.timeout_s!r}")
+        non_negative_int("max_examples", self.max_examples)
+        positive_number("critic_temperature", self.critic_temperature, allow_zero=True)
+        positive_number("timeout_s", self.timeout_s)
         if not self.critic_model:
             raise ConfigError("critic_model must name the critic's model")
         if self.critic_base_url is not None and not self.critic_base_url.startswith(("http://", "https://")):

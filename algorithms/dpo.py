@@ -30,7 +30,7 @@ from spanrl.algorithms.checkpoints import (load_checkpoint, load_policy, rng_sta
 from spanrl.algorithms.hf_trainer import without_train_start_gc
 from spanrl.algorithms.tables import check_transitions, transitions_of
 from spanrl.algorithms.lora import LoRAConfig
-from spanrl.errors import ConfigError, one_of, positive_int
+from spanrl.errors import one_of, positive_int, positive_number
 
 if TYPE_CHECKING:  # pragma: no cover
     from spanrl.algorithms.transitions import Transition, TransitionBatch
@@ -69,13 +69,11 @@ class DPOConfig:
     def validate(self) -> DPOConfig:
         """Raise :class:`ConfigError` naming the first bad field; return self."""
         for name in ("beta", "learning_rate", "min_reward_gap"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+            positive_number(name, getattr(self, name))
         one_of("loss_type", self.loss_type, LOSS_TYPES)
         for name in ("epochs", "batch_size"):
             positive_int(name, getattr(self, name))
-        if self.max_grad_norm < 0:
-            raise ConfigError(f"max_grad_norm must be >= 0, got {self.max_grad_norm!r}")
+        positive_number("max_grad_norm", self.max_grad_norm, allow_zero=True)
         if self.lora is not None:
             self.lora.validate()
         return self

@@ -41,7 +41,7 @@ from spanrl.algorithms.tables import (PaddedBatch, check_transitions, fill_missi
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.algorithms.presets import apply_preset, check_loss_fields
 from spanrl.hf_compat import checkpoint_activations
-from spanrl.errors import ConfigError, TrainingError, positive_int
+from spanrl.errors import ConfigError, TrainingError, positive_int, positive_number
 
 if TYPE_CHECKING:  # pragma: no cover
     from spanrl.algorithms.transitions import TransitionBatch
@@ -120,14 +120,11 @@ class GRPOConfig:
 
     def validate(self) -> GRPOConfig:
         """Raise :class:`ConfigError` naming the first bad field; return self."""
-        if not self.learning_rate > 0:
-            raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate!r}")
-        if self.beta < 0:
-            raise ConfigError(f"beta must be >= 0, got {self.beta!r}")
+        positive_number("learning_rate", self.learning_rate)
+        positive_number("beta", self.beta, allow_zero=True)
         if not 0 < self.epsilon < 1:
             raise ConfigError(f"epsilon must be in (0, 1), got {self.epsilon!r}")
-        if self.epsilon_high is not None and not self.epsilon_high > 0:
-            raise ConfigError(f"epsilon_high must be > 0 or None, got {self.epsilon_high!r}")
+        positive_number("epsilon_high", self.epsilon_high, optional=True)
         check_loss_fields(self, LOSS_TYPES)  # loss_type, importance_sampling_level, preset and their coupling
         for name in ("num_iterations", "max_completion_length"):
             positive_int(name, getattr(self, name))
@@ -138,10 +135,8 @@ class GRPOConfig:
                 raise ConfigError(f"{name} must be {allowed}, got {value!r}")
         for name in ("mini_batch_size", "micro_batch_size", "max_steps"):
             positive_int(name, getattr(self, name), optional=True)
-        if self.max_grad_norm < 0:
-            raise ConfigError(f"max_grad_norm must be >= 0, got {self.max_grad_norm!r}")
-        if not self.temperature > 0:
-            raise ConfigError(f"temperature must be > 0, got {self.temperature!r}")
+        positive_number("max_grad_norm", self.max_grad_norm, allow_zero=True)
+        positive_number("temperature", self.temperature)
         if self.lr_scheduler_type not in _SCHEDULERS:
             raise ConfigError(f"lr_scheduler_type must be one of {_SCHEDULERS}, got {self.lr_scheduler_type!r}")
         if self.lr_scheduler_type in ("linear", "cosine") and self.max_steps is None:

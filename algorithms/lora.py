@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from spanrl.errors import ConfigError, positive_int
+from spanrl.errors import ConfigError, positive_int, positive_number
 
 __all__ = ["LoRAConfig"]
 
@@ -33,8 +33,7 @@ class LoRAConfig:
     def validate(self) -> LoRAConfig:
         """Raise :class:`ConfigError` naming the first bad field; return self."""
         positive_int("lora.r", self.r)
-        if not self.alpha > 0:
-            raise ConfigError(f"lora.alpha must be > 0, got {self.alpha!r}")
+        positive_number("lora.alpha", self.alpha)
         if not 0 <= self.dropout < 1:
             raise ConfigError(f"lora.dropout must be in [0, 1), got {self.dropout!r}")
         if not self.target_modules:

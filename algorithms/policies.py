@@ -39,7 +39,7 @@ from spanrl.algorithms.checkpoints import (CONFIG_FILE, STATE_FILE, config_dict,
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.algorithms.tables import (PaddedBatch, check_transitions, fill_missing_logprobs, pad_transitions,
                                       transition_table)
-from spanrl.errors import ConfigError, TrainingError, positive_int
+from spanrl.errors import ConfigError, TrainingError, positive_int, positive_number
 
 __all__ = ["AgentPolicy", "MultiLoRA", "MultiLoRAConfig", "per_agent"]
 
@@ -118,12 +118,11 @@ class MultiLoRAConfig:
                 raise ConfigError(f"policies: {name!r} is not an agent name an adapter can take (letters, digits, "
                                   "'_', '-', '.')")
             policy.lora.validate()
-            if policy.learning_rate is not None and not policy.learning_rate > 0:
-                raise ConfigError(f"policies.{name}.learning_rate must be > 0, got {policy.learning_rate!r}")
+            if policy.learning_rate is not None:  # None: the shared learning_rate
+                positive_number(f"policies.{name}.learning_rate", policy.learning_rate)
         self.policies = policies
         for field in ("learning_rate", "temperature"):
-            if not getattr(self, field) > 0:
-                raise ConfigError(f"{field} must be > 0, got {getattr(self, field)!r}")
+            positive_number(field, getattr(self, field))
         if not 0 < self.epsilon < 1:
             raise ConfigError(f"epsilon must be in (0, 1), got {self.epsilon!r}")
         positive_int("micro_batch_size", self.micro_batch_size, optional=True)

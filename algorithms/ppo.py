@@ -32,7 +32,7 @@ from spanrl.algorithms.tables import (PaddedBatch, check_transitions, fill_missi
                                       transition_table)
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.hf_compat import checkpoint_activations
-from spanrl.errors import ConfigError, positive_int
+from spanrl.errors import ConfigError, positive_int, positive_number
 
 if TYPE_CHECKING:  # pragma: no cover
     from spanrl.algorithms.transitions import TransitionBatch
@@ -85,17 +85,13 @@ class PPOConfig:
     def validate(self) -> PPOConfig:
         """Raise :class:`ConfigError` naming the first bad field; return self."""
         for name in ("learning_rate", "temperature"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        if self.critic_learning_rate is not None and not self.critic_learning_rate > 0:
-            raise ConfigError(f"critic_learning_rate must be > 0 or None, got {self.critic_learning_rate!r}")
+            positive_number(name, getattr(self, name))
+        positive_number("critic_learning_rate", self.critic_learning_rate, optional=True)
         if not 0 < self.epsilon < 1:
             raise ConfigError(f"epsilon must be in (0, 1), got {self.epsilon!r}")
-        if self.value_clip is not None and not self.value_clip > 0:
-            raise ConfigError(f"value_clip must be > 0 or None, got {self.value_clip!r}")
+        positive_number("value_clip", self.value_clip, optional=True)
         for name in ("vf_coef", "ent_coef", "max_grad_norm", "weight_decay"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+            positive_number(name, getattr(self, name), allow_zero=True)
         for name in ("gamma", "lam"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
@@ -103,8 +99,7 @@ class PPOConfig:
         positive_int("mini_batch_size", self.mini_batch_size, optional=True)
         if not isinstance(self.gradient_checkpointing, bool):
             raise ConfigError(f"gradient_checkpointing must be True or False, got {self.gradient_checkpointing!r}")
-        if self.target_kl is not None and not self.target_kl > 0:
-            raise ConfigError(f"target_kl must be > 0 or None, got {self.target_kl!r}")
+        positive_number("target_kl", self.target_kl, optional=True)
         if self.lora is not None:
             self.lora.validate()
         return self

@@ -28,7 +28,7 @@ from spanrl.algorithms.checkpoints import (load_checkpoint, load_policy, rng_sta
 from spanrl.algorithms.hf_trainer import without_train_start_gc
 from spanrl.algorithms.tables import check_transitions, transitions_of
 from spanrl.algorithms.lora import LoRAConfig
-from spanrl.errors import ConfigError, positive_int
+from spanrl.errors import ConfigError, positive_int, positive_number
 
 if TYPE_CHECKING:  # pragma: no cover
     from spanrl.algorithms.transitions import Transition, TransitionBatch
@@ -62,14 +62,11 @@ class SFTConfig:
 
     def validate(self) -> SFTConfig:
         """Raise :class:`ConfigError` naming the first bad field; return self."""
-        if not self.learning_rate > 0:
-            raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate!r}")
+        positive_number("learning_rate", self.learning_rate)
         for name in ("epochs", "batch_size"):
             positive_int(name, getattr(self, name))
-        if self.max_grad_norm < 0:
-            raise ConfigError(f"max_grad_norm must be >= 0, got {self.max_grad_norm!r}")
-        if self.weight_decay < 0:
-            raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        for name in ("max_grad_norm", "weight_decay"):
+            positive_number(name, getattr(self, name), allow_zero=True)
         if not isinstance(self.gradient_checkpointing, bool):
             raise ConfigError(f"gradient_checkpointing must be True or False, got {self.gradient_checkpointing!r}")
         if self.lora is not None:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from spanrl.errors import ConfigError
+from spanrl.errors import ConfigError, positive_number
 
 __all__ = ["DemoConfig", "DemoResult", "run_demo"]
 
@@ -96,8 +96,7 @@ class DemoConfig:
             if field.type == "int" and (not isinstance(value, int) or value < least):
                 raise ConfigError(f"{field.name} must be an integer >= {least}, got {value!r}")
         for name in ("sft_learning_rate", "grpo_learning_rate"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+            positive_number(name, getattr(self, name))
         if self.n_train_tasks + self.n_val_tasks > 9950:
             raise ConfigError(
                 f"n_train_tasks + n_val_tasks must be at most 9950, got {self.n_train_tasks + self.n_val_tasks}"

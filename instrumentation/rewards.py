@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from spanrl.errors import ConfigError
+from spanrl.errors import ConfigError, positive_number
 
 __all__ = [
     "GridSearchResult",
@@ -81,16 +81,13 @@ class JudgeConfig:
     def validate(self) -> JudgeConfig:
         if not self.model:
             raise ConfigError(f"JudgeConfig.model must be a non-empty string, got {self.model!r}")
-        if not self.scale_max > 0:
-            raise ConfigError(f"JudgeConfig.scale_max must be > 0, got {self.scale_max!r}")
+        positive_number("JudgeConfig.scale_max", self.scale_max)
         if not 0.0 <= self.fallback_value <= 1.0:
             raise ConfigError(f"JudgeConfig.fallback_value must be in [0, 1], got {self.fallback_value!r}")
         if self.max_tokens < 1:
             raise ConfigError(f"JudgeConfig.max_tokens must be >= 1, got {self.max_tokens!r}")
-        if not self.timeout_s > 0:
-            raise ConfigError(f"JudgeConfig.timeout_s must be > 0, got {self.timeout_s!r}")
-        if self.temperature < 0:
-            raise ConfigError(f"JudgeConfig.temperature must be >= 0, got {self.temperature!r}")
+        positive_number("JudgeConfig.timeout_s", self.timeout_s)
+        positive_number("JudgeConfig.temperature", self.temperature, allow_zero=True)
         return self
 
 
@@ -195,8 +192,7 @@ def shaped_reward(outcome: float, step_rewards: Sequence[float] = (), *, shaping
     Intermediate rewards (a tool call that ran, a sub-goal reached) give a weak policy a gradient before
     it ever solves the task; keep ``shaping_weight`` small so they never outweigh the outcome.
     """
-    if shaping_weight < 0:
-        raise ConfigError(f"shaping_weight must be >= 0, got {shaping_weight!r}")
+    positive_number("shaping_weight", shaping_weight, allow_zero=True)
     total = float(outcome) + shaping_weight * float(sum(step_rewards))
     if clip is not None:
         low, high = clip

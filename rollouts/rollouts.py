@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from spanrl import env, semconv
-from spanrl.errors import ConfigError, one_of, positive_int
+from spanrl.errors import ConfigError, non_negative_int, one_of, positive_int
 
 __all__ = [
     "BACKENDS", "STATUS_CRASHED", "STATUS_NO_REWARD", "STATUS_OK", "STATUS_TIMEOUT", "AgentFn", "LLMEndpoint",
@@ -57,8 +57,7 @@ class RunnerConfig:
             if not isinstance(value, (int, float)) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
         positive_int("max_attempts", self.max_attempts)
-        if not isinstance(self.workers, int) or self.workers < 0:
-            raise ConfigError(f"workers must be a non-negative integer, got {self.workers!r}")
+        non_negative_int("workers", self.workers)
 
 
 def settings_of(cls: Any, value: Any, section: str) -> Any:

@@ -112,6 +112,25 @@ def positive_int(field: str, value: object, *, optional: bool = False) -> None:
         raise ConfigError(f"{field} must be a positive integer{' or None' if optional else ''}, got {value!r}")
 
 
+def non_negative_int(field: str, value: object) -> None:
+    """The check of a count setting that may be 0 (0 turns it off), worded one way: `ConfigError` ``FIELD must be a
+    non-negative integer, got X`` unless ``value`` is an int (a bool is not one) >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{field} must be a non-negative integer, got {value!r}")
+
+
+def positive_number(field: str, value: object, *, optional: bool = False, allow_zero: bool = False) -> None:
+    """The check of a rate, weight or timeout setting, worded one way: `ConfigError` ``FIELD must be > 0[ or None],
+    got X`` (``>= 0`` where ``allow_zero``) unless ``value`` is an int or float (a bool is not one) above 0 (or 0
+    where ``allow_zero``), or None where ``optional``. NaN is refused: it is not above 0."""
+    if optional and value is None:
+        return
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not (value >= 0 if allow_zero else value > 0)):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{field} must be {bound}{' or None' if optional else ''}, got {value!r}")
+
+
 def cli_error(problem: BaseException | str, exit_code: int | None = None) -> int:
     """End a ``spanrl`` command on ``problem``: print ``spanrl: error: PROBLEM`` (one line, no traceback) to stderr
     and return the exit status: ``exit_code`` when given, else the error's own (`SpanRLError.exit_code`), else

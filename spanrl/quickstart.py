@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from spanrl.algorithms import ALGORITHMS as _REGISTRY, PROMPT_ALGORITHMS
-from spanrl.errors import ConfigError, positive_int
+from spanrl.errors import ConfigError, positive_int, positive_number
 
 __all__ = [
     "ALGORITHMS",
@@ -242,8 +242,8 @@ class Trainer:
             positive_int(name, value)
         if batch_size < n_rollouts:
             raise ConfigError(f"batch_size ({batch_size}) must be at least n_rollouts ({n_rollouts})")
-        if learning_rate is not None and not learning_rate > 0:
-            raise ConfigError(f"learning_rate must be > 0, got {learning_rate!r}")
+        if learning_rate is not None:  # None: the algorithm's default
+            positive_number("learning_rate", learning_rate)
         if tasks is None:
             default_tasks = getattr(env_class, "default_tasks", None)
             if default_tasks is None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from spanrl.algorithms.checkpoint_folders import CHECKPOINT_PREFIX, TRAINER_STATE_FILE
 from spanrl.trainer.reporting import check_report_to
-from spanrl.errors import ConfigError, positive_int
+from spanrl.errors import ConfigError, non_negative_int, positive_int, positive_number
 from spanrl.rollouts.policy_pool import ServingConfig
 from spanrl.rollouts.rollouts import RolloutsConfig
 from spanrl.rollouts.runner import RunnerConfig
@@ -117,9 +117,7 @@ class TrainerConfig:
                      "max_bad_updates"):
             positive_int(name, getattr(self, name))
         for name in ("eval_every", "save_every"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+            non_negative_int(name, getattr(self, name))
         for name in ("async_steps", "deterministic"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -131,8 +129,7 @@ class TrainerConfig:
         if self.max_minutes is not None and (not isinstance(self.max_minutes, (int, float))
                                              or isinstance(self.max_minutes, bool) or not self.max_minutes > 0):
             raise ConfigError(f"max_minutes must be a positive number of minutes or None, got {self.max_minutes!r}")
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature!r}")
+        positive_number("temperature", self.temperature, allow_zero=True)
         report_to = [self.report_to] if isinstance(self.report_to, str) else list(self.report_to)
         check_report_to(report_to)
         self.report_to = tuple(report_to)

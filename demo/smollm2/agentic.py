@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from spanrl.demo.smollm2.tools import SHOTS, TOOLS, load_tasks, reward, run_tool, split, tool_model
-from spanrl.errors import ConfigError
+from spanrl.errors import ConfigError, positive_number
 
 __all__ = ["AgenticConfig", "CREDIT_MODES", "MAX_CALLS", "agent", "build_trainer", "credit_config", "run",
            "score_or_train"]
@@ -93,8 +93,7 @@ class AgenticConfig:
         for name in ("steps", "eval_every"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be an integer >= 0, got {getattr(self, name)!r}")
-        if not self.learning_rate > 0:
-            raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate!r}")
+        positive_number("learning_rate", self.learning_rate)
         credit_config(self.credit, self.aggregate, self.gamma).validate()  # a bad gamma fails now, not after setup
         if self.val_tasks:
             load_tasks(self.val_tasks)  # a bad file fails now, not after setup

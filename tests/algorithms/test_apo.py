@@ -75,6 +75,7 @@ def test_unreachable_critic_names_the_url() -> None:
         ({"beam_width": 0}, "beam_width must be a positive integer, got 0"),
         ({"critic_base_url": "localhost:8000"}, "critic_base_url must be an http\\(s\\) URL, got 'localhost:8000'"),
         ({"critic_temperature": -1.0}, "critic_temperature must be >= 0, got -1.0"),
+        ({"max_examples": True}, "max_examples must be a non-negative integer, got True"),
     ],
 )
 def test_bad_config_names_the_field(fields: dict, message: str) -> None:

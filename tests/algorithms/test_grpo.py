@@ -45,6 +45,11 @@ def test_default_config_validates() -> None:
     ("fields", "message"),
     [
         ({"learning_rate": 0.0}, "learning_rate must be > 0, got 0.0"),
+        # a string (YAML's 1e-5 without a dot), a bool or NaN is a ConfigError naming the field, not a TypeError
+        ({"learning_rate": "1e-5"}, "learning_rate must be > 0, got '1e-5'"),
+        ({"temperature": True}, "temperature must be > 0, got True"),
+        ({"beta": float("nan")}, "beta must be >= 0, got nan"),
+        ({"epsilon_high": 0}, "epsilon_high must be > 0 or None, got 0"),
         ({"loss_type": "ppo"}, "loss_type must be one of"),
         ({"epsilon": 1.5}, "epsilon must be in (0, 1), got 1.5"),
         ({"mini_batch_size": 0}, "mini_batch_size must be a positive integer or None, got 0"),
