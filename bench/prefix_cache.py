@@ -76,7 +76,8 @@ def bits(model: Path, shared_tokens: int) -> None:
     from spanrl.serving.backend import GenerationRequest, SamplingParams
     from spanrl.serving.hf_backend import TransformersBackend
 
-    on, off = TransformersBackend(model), TransformersBackend(model, enable_prefix_caching=False)
+    on = TransformersBackend(model, enable_prefix_caching=True)
+    off = TransformersBackend(model, enable_prefix_caching=False)
     rng = random.Random(0)
     vocab = len(on.tokenizer)
     shared = [rng.randrange(4, vocab - 10) for _ in range(shared_tokens)]

@@ -45,7 +45,7 @@ class ProcessServers:
 
     def __init__(self, serving: Any, *, model: Path, weights_dir: Path, otlp_endpoint: str | None,
                  served_model_name: str, max_batch_size: int, seed: int, log_path: Path, threads: int | None = None,
-                 collector_token: str | None = None, api_key: str | None = None, prefix_caching: bool = True) -> None:
+                 collector_token: str | None = None, api_key: str | None = None, prefix_caching: bool = False) -> None:
         self.token = secrets.token_urlsafe(24)
         self.log_path = Path(log_path)
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -67,7 +67,7 @@ class ProcessServers:
                             "--max-batch-size", str(max_batch_size), "--seed", str(seed + 1 + replica),
                             "--otlp-endpoint", otlp_endpoint or "none", "--checkpoint-root", str(weights_dir),
                             *(["--threads", str(threads)] if threads else []),
-                            *([] if prefix_caching else ["--no-enable-prefix-caching"]),
+                            *(["--enable-prefix-caching"] if prefix_caching else []),
                             *(["--api-key-file", key_file] if key_file else [])]
                     self.procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
                                                        stderr=subprocess.STDOUT, env=self.env))

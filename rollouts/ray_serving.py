@@ -54,8 +54,8 @@ class RayServers:
     def __init__(self, serving: Any, rollouts: RolloutsConfig, *, model: Path, weights_dir: Path,
                  otlp_endpoint: str | None, served_model_name: str, max_batch_size: int, seed: int,
                  otlp_headers: dict[str, str] | None = None, api_key: str | None = None,
-                 prefix_caching: bool = True) -> None:
-        self.prefix_caching = prefix_caching  # the transformers backend's prefix cache (off for deterministic runs)
+                 prefix_caching: bool = False) -> None:
+        self.prefix_caching = prefix_caching  # the transformers backend's prefix cache (off unless asked)
         self.otlp_headers = dict(otlp_headers or {})  # the collector's policy token, when it has one
         self.cluster = ray_backend.Cluster(rollouts)
         self.token = secrets.token_urlsafe(24)

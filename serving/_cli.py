@@ -48,8 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85,
                    help="vLLM backend: share of the GPU's memory vLLM takes (default 0.85; lower beside a trainer)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
-                   help="transformers backend: prefill only what a prompt adds to cached prompt blocks (default on)")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
+                   help="transformers backend: prefill only what a prompt adds to cached prompt blocks (default off)")
     p.add_argument("--prefix-cache-bytes", type=int, default=None,
                    help="memory the prefix cache may hold (default 512 MiB)")
     add_token_option(p, "--admin-token", "token POST /v1/weights/reload needs; the route is off without it "

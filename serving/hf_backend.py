@@ -76,7 +76,7 @@ class TransformersBackend:
         max_context_tokens: int | None = None,
         seed: int = 0,
         adapters: dict[str, str | pathlib.Path] | None = None,
-        enable_prefix_caching: bool = True,
+        enable_prefix_caching: bool = False,
         prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
     ) -> None:
         """``adapters``: LoRA adapter name -> PEFT adapter folder, served beside the base (``AdapterSet``);

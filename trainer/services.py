@@ -37,11 +37,11 @@ ReadyFn = Callable[[Sequence[str], int], set]
 def start_policy_server(model: Path, *, otlp_endpoint: str | None, max_batch_size: int = 32, seed: int = 0,
                         serving: Any = None, host: str = "127.0.0.1", adapters: dict[str, Path] | None = None,
                         otlp_headers: dict[str, str] | None = None, api_key: str | None = None,
-                        prefix_caching: bool = True) -> Any:
+                        prefix_caching: bool = False) -> Any:
     """A started :class:`~spanrl.serving.PolicyServer` for ``model`` on a free local port (backend, device
     and dtype from ``serving``, a :class:`~spanrl.rollouts.policy_pool.ServingConfig`), serving the LoRA
     ``adapters`` (name -> PEFT folder) beside it; with ``api_key``, the only key it takes (tenant ``trainer``);
-    ``prefix_caching``: the transformers backend's prefix cache (off for ``deterministic``: a hit changes bits)."""
+    ``prefix_caching``: the transformers backend's prefix cache (off: see ``ServerConfig.enable_prefix_caching``)."""
     from spanrl.serving import PolicyServer, ServerConfig
 
     serving = serving if serving is not None else ServingConfig()
@@ -127,7 +127,6 @@ class Services:
         embedded = start_policy_server(
             serve_from, otlp_endpoint=self.collector.grpc_endpoint,
             max_batch_size=1 if config.deterministic else config.server_max_batch_size,  # batch-invariant logits
-            prefix_caching=not config.deterministic,  # a prefix-cache hit changes logits' last bits too
             seed=config.seed, serving=config.serving, adapters=adapters,
             host="0.0.0.0" if config.rollouts.advertise_host else "127.0.0.1", otlp_headers=self.policy_headers(),
             api_key=self.api_key,
@@ -165,7 +164,7 @@ class Services:
         servers = RayServers(config.serving, config.rollouts, model=Path(model), weights_dir=weights_dir,
                              otlp_endpoint=self.collector.grpc_endpoint, served_model_name=SERVED_MODEL_NAME,
                              max_batch_size=1 if config.deterministic else config.server_max_batch_size,
-                             prefix_caching=not config.deterministic, seed=config.seed,
+                             seed=config.seed,
                              otlp_headers=self.policy_headers(), api_key=self.api_key)
         self._stack.callback(self._stop, "Ray policy servers", servers.close)
         return dataclasses.replace(config.serving, urls=(*config.serving.urls, *servers.roots)), servers.token
@@ -179,7 +178,7 @@ class Services:
                                  otlp_endpoint=self.collector.grpc_endpoint, served_model_name=SERVED_MODEL_NAME,
                                  max_batch_size=1 if config.deterministic else config.server_max_batch_size,
                                  seed=config.seed, log_path=_run_log(output_dir), threads=config.torch_threads,
-                                 api_key=self.api_key, prefix_caching=not config.deterministic,
+                                 api_key=self.api_key,
                                  collector_token=self.collector_tokens["policy_token"])
         self._stack.callback(self._stop, "policy server processes", servers.close)
         serving = dataclasses.replace(config.serving, urls=(*config.serving.urls, *servers.roots))

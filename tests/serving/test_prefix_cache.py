@@ -27,7 +27,7 @@ def _counts(backend: TransformersBackend) -> tuple[int, int, int]:
 
 
 def test_a_repeated_prompt_prefills_only_past_its_cached_blocks(tiny_model_dir) -> None:
-    backend = TransformersBackend(tiny_model_dir)
+    backend = TransformersBackend(tiny_model_dir, enable_prefix_caching=True)
     first = backend.generate([_greedy(SHARED)])[0][0]
     assert _counts(backend) == (40, 0, 40)
     again = backend.generate([_greedy(SHARED)])[0][0]
@@ -39,7 +39,7 @@ def test_a_repeated_prompt_prefills_only_past_its_cached_blocks(tiny_model_dir) 
 
 
 def test_rows_that_share_a_prompt_compute_it_once(tiny_model_dir) -> None:
-    backend = TransformersBackend(tiny_model_dir)
+    backend = TransformersBackend(tiny_model_dir, enable_prefix_caching=True)
     backend.generate([_greedy(SHARED, n=3)])
     # the prompt alone first (40 tokens, its 2 blocks stored), then the 3 rows from the cached 32: 40 + 3 * 8
     assert _counts(backend) == (120, 96, 64)
@@ -47,7 +47,7 @@ def test_rows_that_share_a_prompt_compute_it_once(tiny_model_dir) -> None:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_completions_equal_those_without_the_cache(tiny_model_dir, seed) -> None:
-    on = TransformersBackend(tiny_model_dir)
+    on = TransformersBackend(tiny_model_dir, enable_prefix_caching=True)
     off = TransformersBackend(tiny_model_dir, enable_prefix_caching=False)
     assert off.prefix_cache is None
     rng = random.Random(seed)
@@ -64,7 +64,7 @@ def test_completions_equal_those_without_the_cache(tiny_model_dir, seed) -> None
 
 
 def test_a_request_that_joins_a_running_batch_with_a_hit_decodes_as_if_alone(tiny_model_dir) -> None:
-    backend = TransformersBackend(tiny_model_dir)
+    backend = TransformersBackend(tiny_model_dir, enable_prefix_caching=True)
     first, late = _greedy([5, 20, 30], max_tokens=8), _greedy(SHARED + [7, 8], max_tokens=4)
     backend.generate([_greedy(SHARED)])  # stores SHARED's blocks
     alone = TransformersBackend(tiny_model_dir, enable_prefix_caching=False)
@@ -80,7 +80,7 @@ def test_a_request_that_joins_a_running_batch_with_a_hit_decodes_as_if_alone(tin
 
 
 def test_the_byte_budget_evicts_least_recently_used_blocks(tiny_model_dir) -> None:
-    backend = TransformersBackend(tiny_model_dir)
+    backend = TransformersBackend(tiny_model_dir, enable_prefix_caching=True)
     block = backend.prefix_cache.bytes
     backend.generate([_greedy(SHARED[:17])])  # one block stored
     block = backend.prefix_cache.bytes - block
@@ -97,7 +97,7 @@ def test_the_byte_budget_evicts_least_recently_used_blocks(tiny_model_dir) -> No
 
 
 def test_new_weights_empty_the_cache(tiny_model_dir, tiny_model_dir_other) -> None:
-    backend = TransformersBackend(tiny_model_dir)
+    backend = TransformersBackend(tiny_model_dir, enable_prefix_caching=True)
     backend.generate([_greedy(SHARED)])
     backend.load_weights(tiny_model_dir_other)
     assert backend.prefix_cache.bytes == 0
