@@ -175,7 +175,7 @@ def run_demo(config: DemoConfig | None = None, *, echo: Any = print) -> DemoResu
     )
 
 
-_PROCESS = {"placement": "process"}
+_PROCESS = {"placement": "process", "prefix_caching": True}  # the cache: 177.5 -> 137.6 CPU-s of the demo
 
 
 def _config(cfg: DemoConfig, stage: str, **fields: Any) -> Any:

@@ -96,6 +96,10 @@ class ServingConfig:
     rollouts as ``urls`` do."""
     replicas: int = 1
     """With ``placement: process`` or ``ray``: how many policy servers the Trainer starts."""
+    prefix_caching: bool = False
+    """The transformers backend's prefix cache in the servers the Trainer starts (``spanrl serve
+    --enable-prefix-caching``; never in a ``deterministic`` run). Off by default: with it on, the SmolLM2 tool
+    agent's learning test fell 0.52 -> 0.46 in one CI run (2026-12-07), not yet explained; the demo uses it."""
     ray_resources: dict[str, float] = dataclasses.field(default_factory=lambda: {"CPU": 1})
     """With ``placement: ray``: what one of those servers reserves on its node (``CPU``, ``GPU``, custom)."""
 
@@ -122,6 +126,8 @@ class ServingConfig:
             if not isinstance(url, str) or not url.startswith(("http://", "https://")):
                 raise ConfigError(f"serving.urls entries must be http(s):// roots of policy servers, got {url!r}")
         one_of("serving.placement", self.placement, _PLACEMENTS)
+        if not isinstance(self.prefix_caching, bool):
+            raise ConfigError(f"serving.prefix_caching must be true or false, got {self.prefix_caching!r}")
         if not isinstance(self.replicas, int) or isinstance(self.replicas, bool) or self.replicas < 1:
             raise ConfigError(f"serving.replicas must be a positive integer, got {self.replicas!r}")
         if not isinstance(self.ray_resources, dict) or any(

@@ -69,6 +69,12 @@ def start_policy_server(model: Path, *, otlp_endpoint: str | None, max_batch_siz
     return server
 
 
+def _prefix_caching(config: TrainerConfig) -> bool:
+    """``serving.prefix_caching`` for the servers the Trainer starts; never in a ``deterministic`` run (a hit
+    changes logits' last bits, and which prompt hits is timing)."""
+    return config.serving.prefix_caching and not config.deterministic
+
+
 def _run_log(output_dir: Path) -> Path:
     """The file this process logs to (``spanrl train``'s and ``spanrl demo``'s ``spanrl.log``), else the run's."""
     files = [h.baseFilename for h in logging.getLogger().handlers
@@ -129,7 +135,7 @@ class Services:
             max_batch_size=1 if config.deterministic else config.server_max_batch_size,  # batch-invariant logits
             seed=config.seed, serving=config.serving, adapters=adapters,
             host="0.0.0.0" if config.rollouts.advertise_host else "127.0.0.1", otlp_headers=self.policy_headers(),
-            api_key=self.api_key,
+            api_key=self.api_key, prefix_caching=_prefix_caching(config),
         )
         if adapters and config.serving.placement != "local":
             embedded.shutdown()
@@ -164,7 +170,7 @@ class Services:
         servers = RayServers(config.serving, config.rollouts, model=Path(model), weights_dir=weights_dir,
                              otlp_endpoint=self.collector.grpc_endpoint, served_model_name=SERVED_MODEL_NAME,
                              max_batch_size=1 if config.deterministic else config.server_max_batch_size,
-                             seed=config.seed,
+                             seed=config.seed, prefix_caching=_prefix_caching(config),
                              otlp_headers=self.policy_headers(), api_key=self.api_key)
         self._stack.callback(self._stop, "Ray policy servers", servers.close)
         return dataclasses.replace(config.serving, urls=(*config.serving.urls, *servers.roots)), servers.token
@@ -178,7 +184,7 @@ class Services:
                                  otlp_endpoint=self.collector.grpc_endpoint, served_model_name=SERVED_MODEL_NAME,
                                  max_batch_size=1 if config.deterministic else config.server_max_batch_size,
                                  seed=config.seed, log_path=_run_log(output_dir), threads=config.torch_threads,
-                                 api_key=self.api_key,
+                                 api_key=self.api_key, prefix_caching=_prefix_caching(config),
                                  collector_token=self.collector_tokens["policy_token"])
         self._stack.callback(self._stop, "policy server processes", servers.close)
         serving = dataclasses.replace(config.serving, urls=(*config.serving.urls, *servers.roots))

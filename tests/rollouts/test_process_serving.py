@@ -52,14 +52,15 @@ def agent(task: dict, llm: LLMEndpoint) -> float:
     return 1.0 - 0.1 * len((reply.choices[0].message.content or "").split())
 
 
-def _trainer(model: Path, out: Path, *, replicas: int, steps: int, deterministic: bool = False) -> Trainer:
+def _trainer(model: Path, out: Path, *, replicas: int, steps: int, deterministic: bool = False,
+             prefix_caching: bool = False) -> Trainer:
     return Trainer(
         model=model, agent=agent, tasks=calculator.make_tasks(8, seed=3), algorithm=GRPO(learning_rate=5e-3),
         credit=LightningRL(mode="identical", baseline="grpo"),
         config=TrainerConfig(
             output_dir=str(out), n_rollouts=4, tasks_per_step=2, max_steps=steps, max_tokens=8,
             eval_at_start=False, progress=False, torch_threads=1, deterministic=deterministic,
-            serving=ServingConfig(placement="process", replicas=replicas),
+            serving=ServingConfig(placement="process", replicas=replicas, prefix_caching=prefix_caching),
             runner=RunnerConfig(max_concurrency=4, span_timeout_s=30.0),
         ),
     )
@@ -95,6 +96,16 @@ def _prefix_cache_queries(root: str) -> float | None:
     found = re.search(r"^spanrl:prefix_cache_queries_total (\S+)$", httpx.get(f"{root}/metrics", timeout=10).text,
                       re.MULTILINE)
     return float(found.group(1)) if found else None
+
+
+@pytest.mark.parametrize(("deterministic", "cached"), [(False, True), (True, False)])
+def test_serving_prefix_caching_reaches_the_server_processes_unless_deterministic(
+        tmp_path: Path, tiny_model: Path, deterministic: bool, cached: bool) -> None:
+    with _trainer(tiny_model, tmp_path / "run", replicas=1, steps=1, deterministic=deterministic,
+                  prefix_caching=True) as trainer:
+        trainer.train()
+        looked_up = _prefix_cache_queries(trainer.server.roots[0])
+    assert (looked_up is not None and looked_up > 0) if cached else looked_up is None
 
 
 def test_a_server_that_dies_mid_run_stops_the_run_with_its_exit_code(tmp_path: Path, tiny_model: Path) -> None:
