@@ -175,7 +175,7 @@ def run_demo(config: DemoConfig | None = None, *, echo: Any = print) -> DemoResu
     )
 
 
-_CACHED = {"prefix_caching": True}  # both stages' servers (SFT's evaluations too): 177.5 -> 137.6 CPU-s of the demo
+_CACHED = {"prefix_caching": True}  # both stages' servers (SFT's evaluations too): docs/measurements.md
 _PROCESS = {**_CACHED, "placement": "process"}
 
 

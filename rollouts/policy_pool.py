@@ -98,8 +98,8 @@ class ServingConfig:
     """With ``placement: process`` or ``ray``: how many policy servers the Trainer starts."""
     prefix_caching: bool = False
     """The transformers backend's prefix cache in the servers the Trainer starts (``spanrl serve
-    --enable-prefix-caching``; never in a ``deterministic`` run). Off by default: with it on, the SmolLM2 tool
-    agent's learning test fell 0.52 -> 0.46 in one CI run (2026-12-07), not yet explained; the demo uses it."""
+    --enable-prefix-caching``; never in a ``deterministic`` run). Off by default: not yet shown to leave
+    learning unchanged (docs/measurements.md); the demo uses it."""
     ray_resources: dict[str, float] = dataclasses.field(default_factory=lambda: {"CPU": 1})
     """With ``placement: ray``: what one of those servers reserves on its node (``CPU``, ``GPU``, custom)."""
 

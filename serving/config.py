@@ -61,10 +61,9 @@ class ServerConfig:
     enable_prefix_caching: bool = False
     """Transformers backend: keep prompts' keys and values in blocks of 16 tokens and prefill only what a new
     prompt adds to cached blocks (vLLM's ``--enable-prefix-caching``; ``serving/prefix_cache.py``), where the lean
-    Llama forward runs (CPU, Llama, no LoRA adapters). Off by default, and the Trainer's servers run without it:
-    with it on, the SmolLM2 tool agent's learning test fell 0.52 -> 0.46 in one CI run (2026-12-07) where it rose
-    with it off, not yet explained (a hit also changes logits' last bits, so a seeded run would not be pinned).
-    The vLLM backend keeps vLLM's own setting."""
+    Llama forward runs (CPU, Llama, no LoRA adapters). Off by default: not yet shown to leave learning unchanged
+    (docs/measurements.md); a hit also changes logits' last bits, so a seeded run would not be pinned. The vLLM
+    backend keeps vLLM's own setting."""
     prefix_cache_bytes: int = PREFIX_CACHE_BYTES
     """Memory the prefix cache may hold (least recently used blocks go first); default 512 MiB, ~11k tokens of
     SmolLM2-135M in float32."""
