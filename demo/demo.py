@@ -66,6 +66,8 @@ class DemoConfig:
     """Long-lived agent worker processes."""
     torch_threads: int = 1
     """Torch threads of the training process (on two cores, agents and server need the other)."""
+    update_threads: int = 2
+    """Torch threads of each update: the step's rollouts have ended by then, so it has both cores."""
     seed: int = 0
     """Seeds the tasks, the model, the demonstrator and training: the SFT start is the same in every run of
     one seed; GRPO's sampling through the policy server is not."""
@@ -190,8 +192,8 @@ def _config(cfg: DemoConfig, stage: str, **fields: Any) -> Any:
     if "runner" in fields:
         runner = dataclasses.replace(runner, **fields.pop("runner"))
     return TrainerConfig(output_dir=str(out / stage), db_path=str(out / DB_FILE), eval_at_start=False, seed=cfg.seed,
-                         progress=cfg.progress, torch_threads=cfg.torch_threads, runner=runner,
-                         rollouts=RolloutsConfig.of(cfg.rollouts), **fields)
+                         progress=cfg.progress, torch_threads=cfg.torch_threads, update_threads=cfg.update_threads,
+                         runner=runner, rollouts=RolloutsConfig.of(cfg.rollouts), **fields)
 
 
 def _sft_trainer(cfg: DemoConfig, teacher_url: str, model: Path, train_tasks: list[Any], val_tasks: list[Any]) -> Any:

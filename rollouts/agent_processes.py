@@ -95,6 +95,11 @@ class WorkerPool:
         self.workers = [_Worker(i) for i in range(workers)]
         self.idle: asyncio.Queue[_Worker] | None = None
 
+    async def start(self) -> None:
+        """Start every worker now (otherwise each starts with its first rollout)."""
+        for worker in self.workers:
+            await self._ensure(worker)
+
     async def _ensure(self, worker: _Worker) -> asyncio.subprocess.Process:
         if worker.proc is None or worker.proc.returncode is not None:
             worker.stderr_tail.clear()

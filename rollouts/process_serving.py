@@ -51,6 +51,7 @@ class ProcessServers:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.roots: list[str] = []
         self._log: Any = None
+        self._keys = contextlib.ExitStack()  # the API key's file: read by each server as it starts
         self.env = {**os.environ, env.SPANRL_POLICY_ADMIN_TOKEN: self.token}
         if collector_token:
             self.env[env.SPANRL_COLLECTOR_POLICY_TOKEN] = collector_token
@@ -58,25 +59,30 @@ class ProcessServers:
             Path(weights_dir).mkdir(parents=True, exist_ok=True)
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(self.log_path, "ab")  # noqa: SIM115 - held until close(); the servers write to it
-            with _key_file(api_key) as key_file:
-                for replica in range(serving.replicas):
-                    port = _free_port()
-                    argv = [sys.executable, "-m", "spanrl", "serve", "--model", str(model),
-                            "--served-model-name", served_model_name, "--host", "127.0.0.1", "--port", str(port),
-                            "--backend", serving.backend, "--device", serving.device, "--dtype", serving.dtype,
-                            "--max-batch-size", str(max_batch_size), "--seed", str(seed + 1 + replica),
-                            "--otlp-endpoint", otlp_endpoint or "none", "--checkpoint-root", str(weights_dir),
-                            *(["--threads", str(threads)] if threads else []),
-                            *(["--enable-prefix-caching"] if prefix_caching else []),
-                            *(["--api-key-file", key_file] if key_file else [])]
-                    self.procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
-                                                       stderr=subprocess.STDOUT, env=self.env))
-                    self.roots.append(f"http://127.0.0.1:{port}")
-                for proc, root in zip(self.procs, self.roots):
-                    self._wait_ready(proc, root)
+            key_file = self._keys.enter_context(_key_file(api_key))
+            for replica in range(serving.replicas):
+                port = _free_port()
+                argv = [sys.executable, "-m", "spanrl", "serve", "--model", str(model),
+                        "--served-model-name", served_model_name, "--host", "127.0.0.1", "--port", str(port),
+                        "--backend", serving.backend, "--device", serving.device, "--dtype", serving.dtype,
+                        "--max-batch-size", str(max_batch_size), "--seed", str(seed + 1 + replica),
+                        "--otlp-endpoint", otlp_endpoint or "none", "--checkpoint-root", str(weights_dir),
+                        *(["--threads", str(threads)] if threads else []),
+                        *(["--enable-prefix-caching"] if prefix_caching else []),
+                        *(["--api-key-file", key_file] if key_file else [])]
+                self.procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log,
+                                                   stderr=subprocess.STDOUT, env=self.env))
+                self.roots.append(f"http://127.0.0.1:{port}")
         except BaseException:
             self.close()
             raise
+
+    def wait_ready(self) -> None:
+        """Return once every server answers its health route; raise `ServingError` (with the log's path) for
+        one that exited or did not answer in time. Starting returns before: the caller starts other work."""
+        for proc, root in zip(self.procs, self.roots):
+            self._wait_ready(proc, root)
+        self._keys.close()  # every server has read it
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], root: str) -> None:
         deadline = time.monotonic() + _START_TIMEOUT_S
@@ -102,6 +108,7 @@ class ProcessServers:
 
     def close(self) -> None:
         """Stop every server (SIGTERM: spans flushed; SIGKILL after a while) and reap it; safe twice."""
+        self._keys.close()
         procs, self.procs = self.procs, []
         for proc in procs:
             if proc.poll() is None:

@@ -148,6 +148,12 @@ class RolloutRunner:
             base_env = _agent_env(os.environ, otel_env or {}, config, argv)
             self._agent = WorkerPool(argv, base_env, config.workers) if config.workers else CommandAgent(argv, base_env)
 
+    def start_agents(self) -> None:
+        """Start the command workers (``workers`` > 0) now, so their start-up overlaps the caller's other
+        work instead of the first rollouts; other agents start with their rollouts."""
+        if isinstance(self._agent, WorkerPool):
+            self._loop.run_until_complete(self._agent.start())
+
     def run(
         self,
         jobs: Sequence[RolloutJob],

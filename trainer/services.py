@@ -146,21 +146,31 @@ class Services:
             _logger.warning("serving.urls: this run's collector takes spans only with a token, and its policy token "
                             "was made for this run; servers it did not start need %s set before the run and given "
                             "to them (spanrl serve --collector-token-file)", env.SPANRL_COLLECTOR_POLICY_TOKEN)
-        serving, token, watch = config.serving, None, None
+        serving, token, started = config.serving, None, None
         if serving.placement == "ray":
             serving, token = self._start_ray_servers(serve_from, config, output_dir / "served-weights")
         elif serving.placement == "process":
-            serving, token, watch = self._start_process_servers(serve_from, config, output_dir)
-        self.server = PolicyPool(serving, embedded=embedded, weights_dir=output_dir / "served-weights",
-                                 model_dir=Path(serve_from), token=token, adapters=adapters, watch=watch)
+            serving, token, started = self._start_process_servers(serve_from, config, output_dir)
         otel_env = self.agent_otel_env()
         if callable(agent):
             InProcessTracing.point_at(otel_env["OTEL_EXPORTER_OTLP_ENDPOINT"], otlp_headers(otel_env))
             self._stack.callback(self._stop, "tracing", lambda: InProcessTracing.point_at(None))
         self.runner = RolloutRunner(agent, config=config.runner, ready=ready, otel_env=otel_env,
-                                    flush=self.server.force_flush, backend=config.rollouts, api_key=self.api_key,
+                                    flush=self._flush_policy, backend=config.rollouts, api_key=self.api_key,
                                     on_end=functools.partial(store_rollouts.record_ends, self.collector.store))
         self._stack.callback(self._stop, "runner", self.runner.close)
+        # Command workers start while the server processes load: their imports (~2 CPU-s each under
+        # opentelemetry-instrument) take the core a loading server leaves idle, not the first step's time.
+        self.runner.start_agents()
+        if started is not None:
+            started.wait_ready()
+        self.server = PolicyPool(serving, embedded=embedded, weights_dir=output_dir / "served-weights",
+                                 model_dir=Path(serve_from), token=token, adapters=adapters,
+                                 watch=started.check if started is not None else None)
+
+    def _flush_policy(self) -> None:
+        """The policy servers' spans out to the collector (the runner's flush before each readiness check)."""
+        self.server.force_flush()
 
     def _start_ray_servers(self, model: Path, config: TrainerConfig, weights_dir: Path) -> tuple[ServingConfig, str]:
         """``serving.replicas`` policy servers as Ray actors (stopped after the runner); the serving config
@@ -176,8 +186,9 @@ class Services:
         return dataclasses.replace(config.serving, urls=(*config.serving.urls, *servers.roots)), servers.token
 
     def _start_process_servers(self, model: Path, config: TrainerConfig, output_dir: Path) -> tuple[Any, ...]:
-        """``serving.replicas`` ``spanrl serve`` subprocesses (stopped after the runner, output to the run's
-        log); the serving config with their roots added to ``urls``, their reload token, and their check."""
+        """``serving.replicas`` ``spanrl serve`` subprocesses, started (stopped after the runner, output to the
+        run's log); the serving config with their roots added to ``urls``, their reload token, and the servers,
+        whose ``wait_ready`` the caller calls."""
         from spanrl.rollouts.process_serving import ProcessServers
 
         servers = ProcessServers(config.serving, model=Path(model), weights_dir=output_dir / "served-weights",
@@ -188,7 +199,7 @@ class Services:
                                  collector_token=self.collector_tokens["policy_token"])
         self._stack.callback(self._stop, "policy server processes", servers.close)
         serving = dataclasses.replace(config.serving, urls=(*config.serving.urls, *servers.roots))
-        return serving, servers.token, servers.check
+        return serving, servers.token, servers
 
     def serve_only(self, model: Path, serving: ServingConfig) -> None:
         """Just a policy server (``Trainer.deploy`` after the run closed); a checkpoint of per-agent adapters

@@ -22,11 +22,12 @@ commit point). Each turn of `TrainingStep.loop` takes a step's rollouts from the
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -215,7 +216,7 @@ class TrainingStep:
         broadcasts the transitions and every rank updates on its shard (the metrics are rank 0's shard's)."""
         self.server.sleep()
         if self.world == 1:
-            with one_off_learning_rate(self.algorithm, learning_rate):
+            with one_off_learning_rate(self.algorithm, learning_rate), _torch_threads(self.config):
                 return self.algorithm.update(transitions)
         from spanrl.algorithms.tables import transitions_of
 
@@ -236,3 +237,20 @@ class TrainingStep:
     def policy_version(self) -> int:
         """The version the update starts from: the pool's (in process), or asked of a remote server."""
         return self.server.version
+
+
+@contextlib.contextmanager
+def _torch_threads(config: TrainerConfig | None) -> Iterator[None]:
+    """``config.update_threads`` torch threads for the block, then the process's own number again."""
+    threads = config.update_threads if config is not None else None
+    if threads is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -417,6 +417,25 @@ def test_agents_get_the_ingest_token_only(tmp_path: Path, monkeypatch: pytest.Mo
     assert json.loads((tmp_path / "tokens.json").read_text()) == {"SPANRL_COLLECTOR_INGEST_TOKEN": "agent-t"}
 
 
+def test_start_agents_starts_every_worker_before_the_first_rollout(tmp_path: Path) -> None:
+    """The Trainer starts its command workers while its server subprocesses load (trainer/services.py): each
+    worker is up, reading its stdin, before any rollout is asked for."""
+    started = tmp_path / "started"
+    script = tmp_path / "worker.py"
+    script.write_text(f"import os, sys\nwith open({str(started)!r}, 'a') as f:\n    f.write(f'{{os.getpid()}}\\n')\n"
+                      "for _ in sys.stdin:\n    pass\n")
+    runner = RolloutRunner([sys.executable, str(script)], config=RunnerConfig(workers=3, instrument=False),
+                           ready=lambda ids, since: set(), otel_env={})
+    try:
+        runner.start_agents()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(started.read_text().split() if started.exists() else []) < 3:
+            time.sleep(0.05)
+        assert len(set(started.read_text().split())) == 3  # three processes, no rollout run
+    finally:
+        runner.close()
+
+
 def test_workers_are_ended_together(tmp_path: Path) -> None:
     """Closing the pool ends its workers at once, not one after the other: a worker's interpreter takes a while to
     exit (the demo's agent ~0.5 s of CPU before it skipped its teardown), and four in turn held the trainer's close."""

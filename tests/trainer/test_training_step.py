@@ -154,3 +154,35 @@ def test_the_step_sleeps_the_pool_before_the_update_and_pushes_a_lora_policy_thr
     # no other server: reload_lora hands the embedded server the merged weights
     assert calls == ["sleep", "reload_lora", "reload"]
     assert history[-1]["policy_version"] == 1 and history[-1]["transitions"] == 6
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_the_update_runs_on_update_threads_and_the_rest_of_the_step_on_torch_threads(
+        tiny_model: Path, tmp_path: Path) -> None:
+    import torch
+
+    from spanrl.algorithms import GRPO
+    from spanrl.demo.calculator.tasks import make_tasks
+    from spanrl.errors import ConfigError
+    from spanrl.trainer import Trainer, TrainerConfig
+
+    seen: list[int] = []
+
+    class CountingGRPO(GRPO):  # the real update; the threads it ran on recorded
+        def update(self, batch: Any) -> dict[str, float]:
+            seen.append(torch.get_num_threads())
+            return super().update(batch)
+
+    def agent(task: dict[str, Any], llm: Any) -> float:
+        reply = llm.client().chat.completions.create(model=llm.model, max_tokens=6, temperature=1.0,
+                                                     messages=[{"role": "user", "content": task["question"]}])
+        return len(reply.choices[0].message.content or "") / 10
+
+    config = TrainerConfig(output_dir=str(tmp_path / "run"), n_rollouts=2, tasks_per_step=2, max_steps=2,
+                           eval_at_start=False, progress=False, torch_threads=1, update_threads=2)
+    trainer = Trainer(model=tiny_model, agent=agent, tasks=make_tasks(4, seed=1), config=config,
+                      algorithm=CountingGRPO(learning_rate=5e-2))
+    assert [row["step"] for row in trainer.train()] == [1, 2]
+    assert seen == [2, 2] and torch.get_num_threads() == 1  # back to torch_threads after each update
+    with pytest.raises(ConfigError, match=r"^update_threads: with async_steps the next step's rollouts run beside"):
+        TrainerConfig(update_threads=2, async_steps=True).validate()
