@@ -155,10 +155,11 @@ class PolicyPool:
 
     def __init__(self, config: ServingConfig, *, embedded: Any, weights_dir: Path, model_dir: Path,
                  token: str | None = None, adapters: dict[str, Path] | None = None,
-                 watch: Any = None) -> None:
+                 started: Any = None) -> None:
         self.config = config
-        self.watch = watch or (lambda: None)
-        """Called before each lease and reload: raises once a server the Trainer started has gone."""
+        self.started = started
+        """The servers the Trainer started beside the embedded one (``ProcessServers``: ``procs``, ``roots``), or
+        None; their ``check()`` runs before each lease and reload and raises once one has gone."""
         self.token = token  # the reload route's token (None: SPANRL_POLICY_ADMIN_TOKEN)
         self.embedded = embedded
         self.weights_dir = Path(weights_dir)
@@ -209,10 +210,14 @@ class PolicyPool:
         """Stop the embedded server (the others are not ours to stop)."""
         self.embedded.shutdown()
 
+    def _check_started(self) -> None:
+        if self.started is not None:
+            self.started.check()
+
     @contextlib.contextmanager
     def lease(self) -> Iterator[str]:
         """A server root for one rollout, held (counted as running) until the block ends."""
-        self.watch()
+        self._check_started()
         with self._lock:
             if self.config.balance == "round_robin":
                 member = self._members[next(self._turn) % len(self._members)]
@@ -233,7 +238,7 @@ class PolicyPool:
         if adapter is not None:
             self._version = self._reload_adapter(weights, adapter)  # every adapter reloads each step
             return self._version
-        self.watch()
+        self._check_started()
         version = self.embedded.reload(weights)
         remote = [m for m in self._members if m.server is None]
         if remote:

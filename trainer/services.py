@@ -166,7 +166,7 @@ class Services:
             started.wait_ready()
         self.server = PolicyPool(serving, embedded=embedded, weights_dir=output_dir / "served-weights",
                                  model_dir=Path(serve_from), token=token, adapters=adapters,
-                                 watch=started.check if started is not None else None)
+                                 started=started)
 
     def _flush_policy(self) -> None:
         """The policy servers' spans out to the collector (the runner's flush before each readiness check)."""

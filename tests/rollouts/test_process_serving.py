@@ -70,7 +70,7 @@ def test_a_server_process_takes_the_rollouts_and_is_reloaded_every_step(tmp_path
     trainer = _trainer(tiny_model, tmp_path / "run", replicas=1, steps=2)
     with trainer:
         roots, embedded = trainer.server.roots, trainer.server.base_url
-        procs = list(trainer.server.watch.__self__.procs)
+        procs = list(trainer.server.started.procs)
         history = trainer.train()
         version = PolicyClient(roots[0]).version()
         looked_up = _prefix_cache_queries(roots[0])
@@ -112,7 +112,7 @@ def test_a_server_that_dies_mid_run_stops_the_run_with_its_exit_code(tmp_path: P
     trainer = _trainer(tiny_model, tmp_path / "run", replicas=2, steps=2)
     with pytest.raises(TrainingError) as caught:
         with trainer:
-            procs = list(trainer.server.watch.__self__.procs)
+            procs = list(trainer.server.started.procs)
             os.kill(procs[1].pid, signal.SIGKILL)
             procs[1].wait()
             trainer.train()
