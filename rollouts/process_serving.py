@@ -67,6 +67,7 @@ class ProcessServers:
                         "--backend", serving.backend, "--device", serving.device, "--dtype", serving.dtype,
                         "--max-batch-size", str(max_batch_size), "--seed", str(seed + 1 + replica),
                         "--otlp-endpoint", otlp_endpoint or "none", "--checkpoint-root", str(weights_dir),
+                        "--disable-uvicorn-access-log",  # a line per rollout's call in the run's log otherwise
                         *(["--threads", str(threads)] if threads else []),
                         *(["--enable-prefix-caching"] if prefix_caching else []),
                         *(["--api-key-file", key_file] if key_file else [])]

@@ -50,6 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
                    help="transformers backend: prefill only what a prompt adds to cached prompt blocks (default off)")
+    p.add_argument("--disable-uvicorn-access-log", action="store_true",
+                   help="no access-log line per request (as vLLM's flag)")
     p.add_argument("--prefix-cache-bytes", type=int, default=None,
                    help="memory the prefix cache may hold (default 512 MiB)")
     add_token_option(p, "--admin-token", "token POST /v1/weights/reload needs; the route is off without it "
@@ -110,6 +112,7 @@ def _serve(args: argparse.Namespace) -> int:
         record_content=not args.no_content,
         torch_threads=args.threads,
         enable_prefix_caching=args.enable_prefix_caching,
+        disable_uvicorn_access_log=args.disable_uvicorn_access_log,
         otlp_headers={"authorization": f"Bearer {collector_token}"} if collector_token else {},
         api_keys=api_keys,
     )

@@ -64,6 +64,9 @@ class ServerConfig:
     Llama forward runs (CPU, Llama, no LoRA adapters). Off by default: not yet shown to leave learning unchanged
     (docs/measurements.md); a hit also changes logits' last bits, so a seeded run would not be pinned. The vLLM
     backend keeps vLLM's own setting."""
+    disable_uvicorn_access_log: bool = False
+    """``serve_forever`` (``spanrl serve``): no access-log line per request (vLLM's ``--disable-uvicorn-access-log``);
+    the Trainer's server subprocesses set it, as their output goes to the run's ``spanrl.log``."""
     prefix_cache_bytes: int = PREFIX_CACHE_BYTES
     """Memory the prefix cache may hold (least recently used blocks go first); default 512 MiB, ~11k tokens of
     SmolLM2-135M in float32."""
@@ -140,8 +143,9 @@ class ServerConfig:
             raise ConfigError(f"checkpoint_root must be an existing folder or None, got {str(self.checkpoint_root)!r}")
         self._check_lora_modules()
         self._check_lora_slots()
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise ConfigError(f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}")
+        for name in ("enable_prefix_caching", "disable_uvicorn_access_log"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not isinstance(self.enable_sleep_mode, bool) or (self.enable_sleep_mode and self.backend != "vllm"):
             raise ConfigError(f"enable_sleep_mode is vLLM's sleep mode: true needs backend 'vllm', got "
                               f"{self.enable_sleep_mode!r} with backend {self.backend!r}")

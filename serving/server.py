@@ -100,7 +100,8 @@ class PolicyServer:
 
         self._prepare()
         server = _Server(
-            uvicorn.Config(self._app(), host=self.config.host, port=self.config.port, log_level="info", lifespan="off")
+            uvicorn.Config(self._app(), host=self.config.host, port=self.config.port, log_level="info", lifespan="off",
+                           access_log=not self.config.disable_uvicorn_access_log)
         )
 
         def stop(signum: int, frame: object) -> None:

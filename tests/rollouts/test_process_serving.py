@@ -85,7 +85,9 @@ def test_a_server_process_takes_the_rollouts_and_is_reloaded_every_step(tmp_path
     step_of = {r["rollout_id"]: int(r["rollout_id"].split("-s")[-1].split("-")[0]) for r in rows}
     assert all(r["policy_version"] == step_of[r["rollout_id"]] - 1 for r in rows)  # step n rolled out on version n-1
     assert [p.returncode for p in procs] == [0]  # stopped (SIGTERM, clean shutdown) and reaped
-    assert "Uvicorn running on http://127.0.0.1" in (tmp_path / "run" / "spanrl.log").read_text()
+    log = (tmp_path / "run" / "spanrl.log").read_text()
+    assert "Uvicorn running on http://127.0.0.1" in log
+    assert '"POST /rollouts/' not in log  # no access-log line per call (--disable-uvicorn-access-log)
     with pytest.raises(ServingError, match="no spanrl policy server answers"):
         PolicyClient(roots[0]).version()
 
