@@ -94,8 +94,8 @@ class TrainerConfig:
     On a few shared cores 1 is much faster: agents, collector and server compete with torch's threads."""
     update_threads: int | None = None
     """Torch threads while the policy updates; None: ``torch_threads``. A synchronous step's rollouts have
-    ended before its update starts, so the update may use every core (the demo's 2 cut its SFT update 5.6 ->
-    4.3 s); refused with ``async_steps``, whose rollouts run beside the update."""
+    ended before its update starts, so the update may use every core (the demo's 2: its GRPO update's median
+    0.39 -> 0.25 s); refused with ``async_steps``, whose rollouts run beside the update."""
     async_steps: bool = False
     """Run the next step's rollouts while the current update computes (on a background thread); each
     update then learns from rollouts of a policy up to ``max_staleness`` updates old (GRPO's clipped
