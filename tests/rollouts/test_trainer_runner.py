@@ -438,21 +438,33 @@ def test_start_agents_starts_every_worker_before_the_first_rollout(tmp_path: Pat
 
 def test_workers_are_ended_together(tmp_path: Path) -> None:
     """Closing the pool ends its workers at once, not one after the other: a worker's interpreter takes a while to
-    exit (the demo's agent ~0.5 s of CPU before it skipped its teardown), and four in turn held the trainer's close."""
+    exit (the demo's agent ~0.5 s of CPU before it skipped its teardown), and four in turn held the trainer's close.
+    Told by order, not by a clock: each worker, at the end of its stdin, waits until all three have seen theirs
+    (at most 10 s), which they can only if close() ended every stdin before waiting for any worker."""
     import asyncio
 
     from spanrl.rollouts.agent_processes import WorkerPool
 
-    script = tmp_path / "slow_exit.py"
-    script.write_text("import sys, time\nfor _ in sys.stdin:\n    pass\ntime.sleep(1.0)\n")
+    ended, verdicts = tmp_path / "ended", tmp_path / "verdicts"
+    script = tmp_path / "waits_for_the_others.py"
+    script.write_text(textwrap.dedent(f"""\
+        import os, sys, time
+        for _ in sys.stdin:
+            pass
+        with open({str(ended)!r}, "a") as f:
+            f.write(f"{{os.getpid()}}\\n")
+        deadline = time.monotonic() + 10
+        while len(open({str(ended)!r}).read().split()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with open({str(verdicts)!r}, "a") as f:
+            f.write("together\\n" if len(open({str(ended)!r}).read().split()) == 3 else "alone\\n")
+        """))
     pool = WorkerPool([sys.executable, str(script)], dict(os.environ), workers=3)
 
-    async def scenario() -> float:
-        for worker in pool.workers:
-            await pool._ensure(worker)
-        started = time.monotonic()
+    async def scenario() -> None:
+        await pool.start()
         await pool.close()
-        assert all(w.proc is not None and w.proc.returncode == 0 for w in pool.workers)
-        return time.monotonic() - started
 
-    assert asyncio.run(scenario()) < 2.5  # one after the other: 3 s or more
+    asyncio.run(scenario())
+    assert all(w.proc is not None and w.proc.returncode == 0 for w in pool.workers)
+    assert verdicts.read_text().split() == ["together"] * 3  # one after the other: "alone" (after 10 s) each
