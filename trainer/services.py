@@ -164,6 +164,8 @@ class Services:
         self.runner.start_agents()
         if started is not None:
             started.wait_ready()
+        # The pool last: it asks each of its servers for its version (so the runner's flush reaches it through
+        # _flush_policy, bound before the pool exists).
         self.server = PolicyPool(serving, embedded=embedded, weights_dir=output_dir / "served-weights",
                                  model_dir=Path(serve_from), token=token, adapters=adapters,
                                  started=started)
