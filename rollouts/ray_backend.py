@@ -21,6 +21,7 @@ from typing import Any
 from spanrl import env
 from spanrl.errors import ConfigError
 from spanrl.rollouts import ray_task
+from spanrl.rollouts.ray_start import init_ray
 from spanrl.rollouts.agent_env import otel_rollout_env, otlp_headers
 from spanrl.rollouts.rollouts import STATUS_CRASHED, STATUS_TIMEOUT, RolloutsConfig, RolloutSpec
 
@@ -48,7 +49,7 @@ class Cluster:
         ray.cloudpickle.register_pickle_by_value(ray_task)  # nothing spanrl-specific needed on the nodes
         self.owned = not ray.is_initialized()
         if self.owned:
-            ray.init(address=cfg.address, namespace=cfg.namespace, runtime_env=cfg.runtime_env or None,
+            init_ray(cfg.address, namespace=cfg.namespace, runtime_env=cfg.runtime_env or None,
                      include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
         resources = dict(cfg.resources)
         self.options: dict[str, Any] = {

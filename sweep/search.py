@@ -31,6 +31,7 @@ from typing import Any
 
 from spanrl.errors import ConfigError, one_of, positive_int
 from spanrl.logs import log_to_file
+from spanrl.rollouts.ray_start import init_ray
 from spanrl.trainer.train_config import check_keys
 
 __all__ = ["SweepConfig", "apply", "run_sweep"]
@@ -139,7 +140,7 @@ def run_sweep(path: Path, *, echo: Any = print, verbose: bool = False) -> list[d
     echo(f"full logs: {log}")
     owned = not ray.is_initialized()
     if owned:
-        ray.init(address=cfg.address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+        init_ray(cfg.address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     try:
         with log.open("a", encoding="utf-8") as sink, contextlib.redirect_stdout(sink):  # Tune's banners
             grid = _tuner(cfg, raw, base, out).fit()

@@ -73,6 +73,10 @@ class AgenticConfig:
     sampling_seed: int | None = None
     """The Trainer's seed (sampling, task order); None: ``seed``. The same ``seed`` with another sampling seed
     trains on the same tasks with other samples: an A/A control of run-to-run noise."""
+    prefix_caching: bool = False
+    """The policy server's prefix cache (``serving.prefix_caching``): a group's rollouts share the shots and the
+    episode so far, so most prompt tokens are computed once (-59% CPU on calc-verify's requests,
+    docs/measurements.md). Off by default: the examples' figures were measured without it."""
 
     @property
     def trainer_seed(self) -> int:
@@ -152,7 +156,7 @@ def build_trainer(cfg: AgenticConfig) -> Any:
             eval_every=cfg.eval_every, max_minutes=cfg.max_minutes,
             temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.trainer_seed, progress=cfg.progress,
             torch_threads=cfg.threads,
-            server_max_batch_size=64,
+            server_max_batch_size=64, serving={"prefix_caching": cfg.prefix_caching},
             runner=RunnerConfig(max_concurrency=64, rollout_timeout_s=900.0, span_timeout_s=60.0, max_attempts=2),
         ),
     )

@@ -67,6 +67,7 @@ def build_trainer(cfg: VerifyConfig) -> tuple[Any, list[dict[str, Any]]]:
             output_dir=cfg.output_dir, n_rollouts=cfg.group, tasks_per_step=cfg.tasks_per_step, max_steps=cfg.steps,
             temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.trainer_seed, progress=cfg.progress,
             torch_threads=cfg.threads, server_max_batch_size=64, eval_at_start=False,
+            serving={"prefix_caching": cfg.prefix_caching},
             runner=RunnerConfig(max_concurrency=64, rollout_timeout_s=4 * REQUEST_TIMEOUT_S, span_timeout_s=60.0,
                                 max_attempts=2),
         ),

@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=d.seed, help="the tasks' seed (and the sampling seed)")
     parser.add_argument("--sampling-seed", type=int, default=None,
                         help="the Trainer's seed (sampling, task order) when not --seed: an A/A control")
+    parser.add_argument("--prefix-caching", action="store_true",
+                        help="the policy server's prefix cache (a group's shared prompt tokens computed once)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar and step lines")
     args = parser.parse_args(argv)
     try:
@@ -82,7 +84,7 @@ def _config(args: argparse.Namespace) -> AgenticConfig:
                   aggregate=args.aggregate, temperature=args.temperature, n_val=args.val, val_tasks=args.val_tasks,
                   eval_every=args.eval_every, max_minutes=args.max_minutes, threads=args.threads,
                   progress=not args.no_progress, seed=args.seed,
-                  sampling_seed=args.sampling_seed)
+                  sampling_seed=args.sampling_seed, prefix_caching=args.prefix_caching)
     # options left unset take the task's own defaults (--max-minutes cannot be set to None from here)
     return TASKS[args.task](**{k: v for k, v in fields.items() if v is not None}).validate()
 

@@ -37,8 +37,10 @@ ARMS: dict[str, dict[str, Any]] = {
     "gigpo": {"credit": "gigpo", "gamma": 0.95},  # the paper's step_gamma
     "critic": {"credit": "critic"},
 }
-BUDGET = dict(steps=6, tasks_per_step=4, group=8, max_tokens=40, n_val=200, max_minutes=None, eval_every=0)
-"""Equal for every arm: 6 GRPO steps x 4 tasks x 8 rollouts (192 rollouts), 200 held-out tasks."""
+BUDGET = dict(steps=6, tasks_per_step=4, group=8, max_tokens=40, n_val=200, max_minutes=None, eval_every=0,
+              prefix_caching=True)
+"""Equal for every arm: 6 GRPO steps x 4 tasks x 8 rollouts (192 rollouts), 200 held-out tasks; the policy
+server's prefix cache on in every arm (a step's CPU less than half: what makes the study fit 2 cores)."""
 METRICS = ("first_try", "final_success", "calls_per_episode", "recovery_rate")
 # two-sided 95% t quantiles by degrees of freedom (1-10, then the normal's)
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
