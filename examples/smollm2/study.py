@@ -13,7 +13,8 @@ A record (``study/<arm>-s<seed>.json``) holds the date, the machine's load, the 
 metrics after the last update on 200 greedy held-out tasks (first-try success, final success, calls per episode,
 recovery rate; before the first update for ``identical``, which every arm of the seed starts from) and the run's
 wall and CPU time. ``table`` prints each arm's mean per metric and, for every arm against ``identical`` on the
-seeds both have, the mean paired difference with its 95% t interval (none with fewer than two pairs).
+seeds both have, the mean paired difference with its 95% t interval (none with fewer than two pairs), then
+each per-step arm's verdict by the issue's bar (``verdict``); ``table --plot PNG`` draws the runs.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ BUDGET = dict(steps=6, tasks_per_step=4, group=8, max_tokens=40, n_val=200, max_
 server's prefix cache on in every arm (a step's CPU less than half: what makes the study fit 2 cores)."""
 METRICS = ("first_try", "final_success", "calls_per_episode", "recovery_rate")
 # two-sided 95% t quantiles by degrees of freedom (1-10, then the normal's)
+KEEP_BAR = 0.08
+"""An arm earns its keep with held-out first-try success at least this much above ``identical`` (paired mean),
+its 95% interval above 0, the A/A gap below half of its gain, fewer calls per episode and final success not
+lower (issue 52 item 5)."""
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
@@ -130,6 +135,83 @@ def table(records: dict[tuple[str, int], dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _diffs(records: dict[tuple[str, int], dict[str, Any]], arm: str, metric: str) -> list[float]:
+    """``arm`` minus ``identical`` on ``metric`` after training, one per seed both have."""
+    out = []
+    for (a, seed), rec in sorted(records.items()):
+        base = records.get(("identical", seed))
+        if a == arm and base is not None:
+            x, y = (rec.get("after") or {}).get(metric), (base.get("after") or {}).get(metric)
+            if x is not None and y is not None:
+                out.append(x - y)
+    return out
+
+
+def verdict(records: dict[tuple[str, int], dict[str, Any]]) -> list[str]:
+    """One line per per-step arm with runs paired to ``identical``: whether it earns its keep (``KEEP_BAR``),
+    and if not, which condition it misses."""
+    aa = _diffs(records, "aa", "first_try")
+    aa_gap = abs(statistics.fmean(aa)) if aa else None
+    lines = []
+    for arm in (a for a in ARMS if a not in ("identical", "aa")):
+        gain = _diffs(records, arm, "first_try")
+        if not gain:
+            continue
+        mean, half = paired(gain)
+        calls, final = _diffs(records, arm, "calls_per_episode"), _diffs(records, arm, "final_success")
+        misses = [why for ok, why in (
+            (mean >= KEEP_BAR, f"first-try gain {mean:+.3f} < +{KEEP_BAR}"),
+            (half is not None and mean - half > 0, "its 95% interval reaches 0" if half is not None
+             else "one pair: no interval"),
+            (aa_gap is not None and aa_gap < mean / 2, "no A/A pair" if aa_gap is None
+             else f"A/A gap {aa_gap:.3f} not below half the gain"),
+            (bool(calls) and statistics.fmean(calls) < 0, "calls per episode not lower"),
+            (bool(final) and statistics.fmean(final) >= 0, "final success lower"),
+        ) if not ok]
+        lines.append(f"{arm}: " + ("earns its keep" if not misses else "does not earn its keep: " + "; ".join(misses))
+                     + f" ({len(gain)} pairs)")
+    return lines
+
+
+def plot(records: dict[tuple[str, int], dict[str, Any]], path: Path) -> Path:
+    """A PNG: each arm's training reward per step (mean over its seeds, each seed faint) and its held-out
+    first-try and final success after training (each seed a dot, the mean a bar)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    arms = [a for a in ARMS if any(arm == a for arm, _ in records)]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11.0, 4.0))
+    try:
+        for i, arm in enumerate(arms):
+            color = f"C{i}"
+            runs = [rec["train_reward_by_step"] for (a, _), rec in sorted(records.items()) if a == arm]
+            for ys in runs:
+                left.plot(range(1, len(ys) + 1), ys, color=color, alpha=0.2)
+            steps = min(len(ys) for ys in runs)
+            left.plot(range(1, steps + 1), [statistics.fmean(ys[t] for ys in runs) for t in range(steps)],
+                      color=color, label=f"{arm} ({len(runs)} seeds)")
+            for j, metric in enumerate(("first_try", "final_success")):
+                xs = [rec["after"][metric] for (a, _), rec in sorted(records.items()) if a == arm]
+                x = j * (len(arms) + 1) + i
+                right.bar(x, statistics.fmean(xs), color=color, alpha=0.5)
+                right.plot([x] * len(xs), xs, "o", color=color, markersize=3)
+        left.set(xlabel="GRPO step", ylabel="training reward (mean of 32 rollouts)", ylim=(-0.02, 1.02))
+        left.legend(loc="upper left", fontsize=8)
+        left.grid(alpha=0.3)
+        right.set_xticks([(len(arms) - 1) / 2, len(arms) + 1 + (len(arms) - 1) / 2],
+                         ["first-try success", "final success"])
+        right.set(ylabel="held-out, greedy, after training", ylim=(0, 1))
+        right.grid(alpha=0.3, axis="y")
+        fig.suptitle("calc-verify credit study (SmolLM2-135M-Instruct)")
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+    finally:
+        plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="the calc-verify credit study: runs and their table")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -138,10 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--seed", type=int, required=True)
     r.add_argument("--out", default="runs/study", help="run folders go under this (default runs/study)")
     r.add_argument("--threads", type=int, default=None)
-    sub.add_parser("table", help="the table of every record in study/")
+    t = sub.add_parser("table", help="the table of every record in study/, and each arm's verdict")
+    t.add_argument("--plot", type=Path, default=None, help="also draw the runs to this PNG")
     args = parser.parse_args(argv)
     if args.command == "table":
-        print(table(load_records()))
+        records = load_records()
+        print(table(records))
+        print("\n".join(["", *verdict(records)]))
+        if args.plot is not None:
+            print(f"plot: {plot(records, args.plot)}")
         return 0
     from spanrl.logs import log_to_file
 

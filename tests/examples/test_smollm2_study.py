@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from examples.smollm2.study import ARMS, BUDGET, load_records, paired, table
+from examples.smollm2.study import ARMS, BUDGET, load_records, paired, plot, table, verdict
 
 
-def _record(folder: Path, arm: str, seed: int, first_try: float, calls: float) -> None:
-    after = {"first_try": first_try, "final_success": 0.5, "calls_per_episode": calls, "recovery_rate": None}
-    (folder / f"{arm}-s{seed}.json").write_text(json.dumps({"arm": arm, "seed": seed, "after": after}))
+def _record(folder: Path, arm: str, seed: int, first_try: float, calls: float, final: float = 0.5) -> None:
+    after = {"first_try": first_try, "final_success": final, "calls_per_episode": calls, "recovery_rate": None}
+    (folder / f"{arm}-s{seed}.json").write_text(json.dumps({"arm": arm, "seed": seed, "after": after,
+                                                            "train_reward_by_step": [0.2, 0.3 + seed / 10]}))
 
 
 def test_paired_differences_get_a_t_interval_from_two_pairs_on(tmp_path: Path) -> None:
@@ -36,3 +37,30 @@ def test_paired_differences_get_a_t_interval_from_two_pairs_on(tmp_path: Path) -
 def test_every_arm_shares_one_budget_and_aa_differs_only_in_its_sampling_seed() -> None:
     assert {spec["credit"] for spec in ARMS.values()} == {"identical", "gigpo", "critic"}
     assert ARMS["aa"] == {"credit": "identical", "aa": True} and BUDGET["max_minutes"] is None
+
+
+def test_the_verdict_names_each_condition_an_arm_misses(tmp_path: Path) -> None:
+    for seed, (ident, aa, gigpo, critic) in enumerate([(0.40, 0.42, 0.50, 0.52), (0.30, 0.29, 0.44, 0.41),
+                                                       (0.35, 0.35, 0.45, 0.46)]):
+        _record(tmp_path, "identical", seed, ident, 2.0)
+        _record(tmp_path, "aa", seed, aa, 2.0)
+        _record(tmp_path, "gigpo", seed, gigpo, 2.5)  # more calls per episode than identical
+        _record(tmp_path, "critic", seed, critic, 1.8, final=0.55)
+    lines = verdict(load_records(tmp_path))
+    # gigpo: +0.113 [+0.056, +0.171], A/A gap 0.0033 < 0.057, but calls +0.5
+    assert lines == ["gigpo: does not earn its keep: calls per episode not lower (3 pairs)",
+                     # critic: 0.12, 0.11, 0.11: +0.113, sd 0.00577, half 0.0143; calls -0.2, final +0.05
+                     "critic: earns its keep (3 pairs)"]
+    _record(tmp_path, "aa", 0, 0.60, 2.0)  # A/A gaps 0.20, -0.01, 0: mean 0.0633 > 0.113 / 2
+    _record(tmp_path, "critic", 0, 0.44, 1.8, final=0.30)  # gains 0.04, 0.11, 0.11: +0.087 [-0.014, +0.187]
+    assert verdict(load_records(tmp_path))[1] == (
+        "critic: does not earn its keep: its 95% interval reaches 0; A/A gap 0.063 not below half the gain; "
+        "final success lower (3 pairs)")
+
+
+def test_the_plot_is_a_png_of_every_run(tmp_path: Path) -> None:
+    for seed in range(2):
+        _record(tmp_path, "identical", seed, 0.3, 2.0)
+        _record(tmp_path, "critic", seed, 0.4, 1.9)
+    out = plot(load_records(tmp_path), tmp_path / "study.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
