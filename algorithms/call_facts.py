@@ -69,8 +69,19 @@ def _label(text: str | None) -> bool | None:
 def call_facts(store: Any, calls: pa.Table, *, tool_states: bool = True) -> CallFacts:
     """The facts of ``calls`` (columns ``rollout_id``, ``step`` and `ID_COLUMNS`, as ``decompose`` gives them);
     ``tool_states`` False: states from the calls' own spans only (labels alone need no tool spans)."""
-    n = calls.num_rows
     cols = {c: calls.column(c).to_pylist() for c in ("rollout_id", "step", *ID_COLUMNS)}
+    state, label, messages, start = _own_spans(store, cols)
+    _labels_by_response(store, cols["rollout_id"], cols["response_id"], label)
+    if tool_states:
+        previous = _previous_starts(store, cols, start)
+        _tool_states(store, cols["rollout_id"], cols["step"], start, previous, state)
+    return CallFacts(state, label, messages)
+
+
+def _own_spans(store: Any, cols: dict[str, list[Any]]) -> tuple[list[Any], list[Any], list[Any], np.ndarray]:
+    """Per call, from its client span, else its server span: the state, the label, the input messages (the
+    client's) and the start (the earlier span's; the int64 minimum when neither span is stored)."""
+    n = len(cols["rollout_id"])
     traces, spans, rows = [], [], []
     for side, offset in (("client", 0), ("server", n)):  # rows [0, n): client spans; [n, 2n): server spans
         for i, (t, s) in enumerate(zip(cols[f"{side}_trace_id"], cols[f"{side}_span_id"])):
@@ -90,10 +101,24 @@ def call_facts(store: Any, calls: pa.Table, *, tool_states: bool = True) -> Call
         first = client.get("start_ns") if client.get("start_ns") is not None else server.get("start_ns")
         if first is not None:
             start[i] = first
-    _labels_by_response(store, cols["rollout_id"], cols["response_id"], label)
-    if tool_states:
-        _tool_states(store, cols["rollout_id"], cols["step"], start, state)
-    return CallFacts(state, label, messages)
+    return state, label, messages, start
+
+
+def _previous_starts(store: Any, cols: dict[str, list[Any]], start: np.ndarray) -> dict[tuple[str, int], int]:
+    """Each call's start by ``(rollout_id, step)``, for the given calls and, where a selection (``agents``,
+    ``min_policy_version``, an unusable call dropped) left out a call's predecessor, for every call of its
+    rollout: a tool span that ended before the previous call started is that call's, never a later one's."""
+    starts = {(r, s): int(t) for r, s, t in zip(cols["rollout_id"], cols["step"], start)}
+    gaps = sorted({r for r, s in zip(cols["rollout_id"], cols["step"]) if s > 0 and (r, s - 1) not in starts})
+    if gaps:
+        from spanrl.store.decomposer import Selection, decompose
+
+        every = decompose(store, Selection(rollout_ids=gaps), call_columns=("rollout_id", "step", *ID_COLUMNS)).calls
+        every_cols = {c: every.column(c).to_pylist() for c in ("rollout_id", "step", *ID_COLUMNS)}
+        every_start = _own_spans(store, every_cols)[3]
+        for r, s, t in zip(every_cols["rollout_id"], every_cols["step"], every_start):
+            starts.setdefault((r, s), int(t))
+    return starts
 
 
 def _labels_by_response(store: Any, rollout: list[str], response: list[str | None],
@@ -108,7 +133,8 @@ def _labels_by_response(store: Any, rollout: list[str], response: list[str | Non
         label[i] = _label(found.get((rollout[i], response[i])))
 
 
-def _tool_states(store: Any, rollout: list[str], step: list[int], start: np.ndarray, state: list[str | None]) -> None:
+def _tool_states(store: Any, rollout: list[str], step: list[int], start: np.ndarray,
+                 previous: dict[tuple[str, int], int], state: list[str | None]) -> None:
     """Fill ``state`` of the calls without one from the last tool span with a state that ended after the
     previous call of the rollout started and before this call started."""
     todo = [i for i, s in enumerate(state) if s is None]
@@ -118,7 +144,6 @@ def _tool_states(store: Any, rollout: list[str], step: list[int], start: np.ndar
     by_rollout: dict[str, list[tuple[int, str]]] = {}
     for t in tools:
         by_rollout.setdefault(t["rollout_id"], []).append((t["end_ns"], t["state_id"]))
-    previous: dict[tuple[str, int], int] = {(r, s): int(t) for r, s, t in zip(rollout, step, start)}
     for i in todo:
         since = previous.get((rollout[i], step[i] - 1), np.iinfo(np.int64).min)
         seen = [sid for end, sid in by_rollout.get(rollout[i], ()) if since < end <= start[i]]

@@ -107,3 +107,31 @@ def test_state_id_on_the_call_span_comes_first(collector: Any) -> None:
                attributes={sc.STATE_ID: f"after {seen}"})
 
     assert _two_states(collector, second) == TWO_STATES
+
+
+def test_a_tool_state_before_another_agents_call_is_not_the_selected_agents_next_state(collector: Any) -> None:
+    """Selecting the solver leaves out the planner's call between the solver's two: the tool span that ended
+    before the planner's call is the planner's state, never the solver's second call's (it took it when the
+    previous call was looked for among the selected calls only)."""
+    rec = H.Recorder()
+    for n, (rid, seen, reward) in enumerate((("a", "8", 1.0), ("b", "8", 0.0), ("c", "9", 1.0), ("d", "9", 1.0))):
+        r = H.Rollout(rec, rid, task_id="t1")
+        root = r.root(0, 100)
+        solver, planner = r.invoke_agent("solver", root, 1, 99), r.invoke_agent("planner", root, 26, 45)
+        r.call(solver, 10, [1, 2], [5])  # step 0
+        tool = {sc.GEN_AI_OPERATION_NAME: sc.OP_EXECUTE_TOOL, sc.GEN_AI_TOOL_NAME: "calc", sc.STATE_ID: f"s{seen}"}
+        H.Recorder.span(r.agent, "execute_tool calc", start_ns=H._ns(21), end_ns=H._ns(25), parent=solver,
+                        attributes=tool)
+        r.call(planner, 30, [3, 4, 40 + n], [6])  # step 1: its state is s8 / s9
+        r.call(solver, 50, [1, 2, 5, 50 + n], [7])  # step 2: no tool span since step 1: its prompt is its state
+        r.reward(root, 90, reward)
+    H.deliver(collector, rec.spans())
+    batch = load_transitions(collector.store, agents=["solver"],
+                             credit=CreditConfig(scale_std=False, step_group_weight=1.0))
+    got: dict[str, list[float]] = {}
+    for t in batch.transitions:
+        got.setdefault(t.rollout_id, []).append(t.advantage)
+    # episode term R - 0.75; step 0 (one state): the same again; step 2: four states of one call, + 0
+    # (with s8 / s9 taken: a +0.5, b -0.5 more)
+    assert got == {"a": [pytest.approx(0.5), pytest.approx(0.25)], "b": [pytest.approx(-1.5), pytest.approx(-0.75)],
+                   "c": [pytest.approx(0.5), pytest.approx(0.25)], "d": [pytest.approx(0.5), pytest.approx(0.25)]}
