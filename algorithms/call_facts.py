@@ -73,7 +73,7 @@ def call_facts(store: Any, calls: pa.Table, *, tool_states: bool = True) -> Call
     state, label, messages, start = _own_spans(store, cols)
     _labels_by_response(store, cols["rollout_id"], cols["response_id"], label)
     if tool_states:
-        previous = _previous_starts(store, cols, start)
+        previous = _previous_starts(store, cols, start, state)
         _tool_states(store, cols["rollout_id"], cols["step"], start, previous, state)
     return CallFacts(state, label, messages)
 
@@ -104,12 +104,15 @@ def _own_spans(store: Any, cols: dict[str, list[Any]]) -> tuple[list[Any], list[
     return state, label, messages, start
 
 
-def _previous_starts(store: Any, cols: dict[str, list[Any]], start: np.ndarray) -> dict[tuple[str, int], int]:
+def _previous_starts(store: Any, cols: dict[str, list[Any]], start: np.ndarray,
+                     state: list[str | None]) -> dict[tuple[str, int], int]:
     """Each call's start by ``(rollout_id, step)``, for the given calls and, where a selection (``agents``,
-    ``min_policy_version``, an unusable call dropped) left out a call's predecessor, for every call of its
-    rollout: a tool span that ended before the previous call started is that call's, never a later one's."""
+    ``min_policy_version``, an unusable call dropped) left out the predecessor of a call still without a state,
+    for every call of its rollout: a tool span that ended before the previous call started is that call's,
+    never a later one's."""
     starts = {(r, s): int(t) for r, s, t in zip(cols["rollout_id"], cols["step"], start)}
-    gaps = sorted({r for r, s in zip(cols["rollout_id"], cols["step"]) if s > 0 and (r, s - 1) not in starts})
+    gaps = sorted({r for r, s, known in zip(cols["rollout_id"], cols["step"], state)
+                   if known is None and s > 0 and (r, s - 1) not in starts})
     if gaps:
         from spanrl.store.decomposer import Selection, decompose
 

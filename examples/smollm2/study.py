@@ -41,13 +41,15 @@ ARMS: dict[str, dict[str, Any]] = {
 BUDGET = dict(steps=6, tasks_per_step=4, group=8, max_tokens=40, n_val=200, max_minutes=None, eval_every=0,
               prefix_caching=True)
 """Equal for every arm: 6 GRPO steps x 4 tasks x 8 rollouts (192 rollouts), 200 held-out tasks; the policy
-server's prefix cache on in every arm (a step's CPU less than half: what makes the study fit 2 cores)."""
+server's prefix cache on in every arm (the server's CPU on calc-verify's requests -59%, docs/measurements.md:
+what makes the study fit 2 cores)."""
 METRICS = ("first_try", "final_success", "calls_per_episode", "recovery_rate")
-# two-sided 95% t quantiles by degrees of freedom (1-10, then the normal's)
 KEEP_BAR = 0.08
 """An arm earns its keep with held-out first-try success at least this much above ``identical`` (paired mean),
-its 95% interval above 0, the A/A gap below half of its gain, fewer calls per episode and final success not
-lower (issue 52 item 5)."""
+its 95% interval above 0, the A/A gap (the mean absolute paired difference of ``aa`` and ``identical``: the
+run-to-run noise) below half of its gain, fewer calls per episode and final success not lower (issue 52 item 5).
+Means are rounded to 9 decimals first: scores are counts over 200 tasks, and 0.48 - 0.40 is 0.07999999999999996."""
+# two-sided 95% t quantiles by degrees of freedom (1-10, then the normal's)
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
@@ -147,29 +149,35 @@ def _diffs(records: dict[tuple[str, int], dict[str, Any]], arm: str, metric: str
     return out
 
 
+def _mean(xs: list[float]) -> float:
+    return round(statistics.fmean(xs), 9)
+
+
 def verdict(records: dict[tuple[str, int], dict[str, Any]]) -> list[str]:
     """One line per per-step arm with runs paired to ``identical``: whether it earns its keep (``KEEP_BAR``),
     and if not, which condition it misses."""
     aa = _diffs(records, "aa", "first_try")
-    aa_gap = abs(statistics.fmean(aa)) if aa else None
+    aa_gap = _mean([abs(d) for d in aa]) if aa else None
     lines = []
     for arm in (a for a in ARMS if a not in ("identical", "aa")):
         gain = _diffs(records, arm, "first_try")
         if not gain:
             continue
         mean, half = paired(gain)
+        mean = round(mean, 9)
         calls, final = _diffs(records, arm, "calls_per_episode"), _diffs(records, arm, "final_success")
-        misses = [why for ok, why in (
+        checks = (
             (mean >= KEEP_BAR, f"first-try gain {mean:+.3f} < +{KEEP_BAR}"),
-            (half is not None and mean - half > 0, "its 95% interval reaches 0" if half is not None
-             else "one pair: no interval"),
+            (half is not None and mean - half > 0, "one pair: no interval" if half is None
+             else "its 95% interval reaches 0"),
             (aa_gap is not None and aa_gap < mean / 2, "no A/A pair" if aa_gap is None
              else f"A/A gap {aa_gap:.3f} not below half the gain"),
-            (bool(calls) and statistics.fmean(calls) < 0, "calls per episode not lower"),
-            (bool(final) and statistics.fmean(final) >= 0, "final success lower"),
-        ) if not ok]
+            (bool(calls) and _mean(calls) < 0, "calls per episode not lower" if calls else "no calls per episode"),
+            (bool(final) and _mean(final) >= 0, "final success lower" if final else "no final success"),
+        )
+        misses = [why for ok, why in checks if not ok]
         lines.append(f"{arm}: " + ("earns its keep" if not misses else "does not earn its keep: " + "; ".join(misses))
-                     + f" ({len(gain)} pairs)")
+                     + f" ({len(gain)} pair{'' if len(gain) == 1 else 's'})")
     return lines
 
 
@@ -186,18 +194,21 @@ def plot(records: dict[tuple[str, int], dict[str, Any]], path: Path) -> Path:
     try:
         for i, arm in enumerate(arms):
             color = f"C{i}"
-            runs = [rec["train_reward_by_step"] for (a, _), rec in sorted(records.items()) if a == arm]
+            runs = [rec["train_reward_by_step"] for (a, _), rec in sorted(records.items())
+                    if a == arm and rec.get("train_reward_by_step")]
             for ys in runs:
                 left.plot(range(1, len(ys) + 1), ys, color=color, alpha=0.2)
-            steps = min(len(ys) for ys in runs)
+            steps = min((len(ys) for ys in runs), default=0)
             left.plot(range(1, steps + 1), [statistics.fmean(ys[t] for ys in runs) for t in range(steps)],
                       color=color, label=f"{arm} ({len(runs)} seeds)")
             for j, metric in enumerate(("first_try", "final_success")):
-                xs = [rec["after"][metric] for (a, _), rec in sorted(records.items()) if a == arm]
+                xs = [x for (a, _), rec in sorted(records.items())
+                      if a == arm and (x := (rec.get("after") or {}).get(metric)) is not None]
                 x = j * (len(arms) + 1) + i
-                right.bar(x, statistics.fmean(xs), color=color, alpha=0.5)
+                right.bar(x, statistics.fmean(xs) if xs else 0.0, color=color, alpha=0.5)
                 right.plot([x] * len(xs), xs, "o", color=color, markersize=3)
-        left.set(xlabel="GRPO step", ylabel="training reward (mean of 32 rollouts)", ylim=(-0.02, 1.02))
+        per_step = BUDGET["tasks_per_step"] * BUDGET["group"]
+        left.set(xlabel="GRPO step", ylabel=f"training reward (mean of {per_step} rollouts)", ylim=(-0.02, 1.02))
         left.legend(loc="upper left", fontsize=8)
         left.grid(alpha=0.3)
         right.set_xticks([(len(arms) - 1) / 2, len(arms) + 1 + (len(arms) - 1) / 2],

@@ -47,15 +47,25 @@ def test_the_verdict_names_each_condition_an_arm_misses(tmp_path: Path) -> None:
         _record(tmp_path, "gigpo", seed, gigpo, 2.5)  # more calls per episode than identical
         _record(tmp_path, "critic", seed, critic, 1.8, final=0.55)
     lines = verdict(load_records(tmp_path))
-    # gigpo: +0.113 [+0.056, +0.171], A/A gap 0.0033 < 0.057, but calls +0.5
+    # gigpo: +0.113 [+0.056, +0.171], A/A gap mean(|0.02|, |-0.01|, 0) = 0.01 < 0.057, but calls +0.5
     assert lines == ["gigpo: does not earn its keep: calls per episode not lower (3 pairs)",
                      # critic: 0.12, 0.11, 0.11: +0.113, sd 0.00577, half 0.0143; calls -0.2, final +0.05
                      "critic: earns its keep (3 pairs)"]
-    _record(tmp_path, "aa", 0, 0.60, 2.0)  # A/A gaps 0.20, -0.01, 0: mean 0.0633 > 0.113 / 2
+    _record(tmp_path, "aa", 0, 0.60, 2.0)  # A/A gaps 0.20, -0.01, 0: mean absolute 0.07 > 0.113 / 2
     _record(tmp_path, "critic", 0, 0.44, 1.8, final=0.30)  # gains 0.04, 0.11, 0.11: +0.087 [-0.014, +0.187]
     assert verdict(load_records(tmp_path))[1] == (
-        "critic: does not earn its keep: its 95% interval reaches 0; A/A gap 0.063 not below half the gain; "
+        "critic: does not earn its keep: its 95% interval reaches 0; A/A gap 0.070 not below half the gain; "
         "final success lower (3 pairs)")
+
+
+def test_a_gain_of_exactly_the_bar_counts_and_one_pair_has_no_interval(tmp_path: Path) -> None:
+    _record(tmp_path, "identical", 0, 0.40, 2.0)
+    _record(tmp_path, "critic", 0, 0.48, 1.9, final=0.5)  # 0.48 - 0.40 = 0.07999999999999996 in floats
+    assert verdict(load_records(tmp_path)) == ["critic: does not earn its keep: one pair: no interval; no A/A pair "
+                                               "(1 pair)"]
+    _record(tmp_path, "critic", 0, 0.45, 1.9)
+    assert verdict(load_records(tmp_path)) == ["critic: does not earn its keep: first-try gain +0.050 < +0.08; "
+                                               "one pair: no interval; no A/A pair (1 pair)"]
 
 
 def test_the_plot_is_a_png_of_every_run(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed: pip install 'spanrl[ray]'")
 
+from spanrl.errors import ConfigError  # noqa: E402
 from spanrl.rollouts import ray_start  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_ray_at_a_time")  # tests/conftest.py
@@ -31,12 +32,12 @@ _DRIVER = textwrap.dedent("""
 
 
 def _dead_port() -> int:
-    with socket.socket() as s:  # bound, never listening: a connection is refused
+    with socket.socket() as s:  # a free port the system just handed out: nothing listens there
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def test_a_dead_recorded_cluster_is_skipped_and_a_local_ray_starts(tmp_path: Path) -> None:
+def test_a_dead_recorded_cluster_is_skipped_and_a_local_ray_starts() -> None:
     root = Path("/tmp") / f"spanrl-ray-{os.getpid()}"  # short: Ray's socket paths live under it
     (root / "ray").mkdir(parents=True, exist_ok=True)
     record = root / "ray" / "ray_current_cluster"
@@ -66,3 +67,19 @@ def test_a_record_is_read_where_ray_writes_it_and_an_answering_one_is_kept(
         assert ray_start._answers(live)
     assert not ray_start._answers(f"127.0.0.1:{_dead_port()}")
     assert not ray_start._answers("no-port-here")
+
+
+@pytest.mark.parametrize("via_env", [False, True])
+def test_auto_with_a_dead_record_is_refused_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      via_env: bool) -> None:
+    """``auto`` asks to join a running cluster: a local one would not be what was asked."""
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{_dead_port()}\n")
+    if via_env:
+        monkeypatch.setenv("RAY_ADDRESS", "auto")
+    else:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(ConfigError, match=r"^Ray address 'auto' joins the cluster recorded in .*ray_current_cluster, "
+                                          r"127\.0\.0\.1:\d+, where nothing answers: start one there"):
+        ray_start.init_ray(None if via_env else "auto")
