@@ -132,6 +132,7 @@ def table(records: dict[tuple[str, int], dict[str, Any]]) -> str:
                 cells.append("-")
                 continue
             mean, half = paired(diffs)
+            mean = round(mean, 9)  # as the verdict reads it
             cells.append(f"{mean:+.3f}" + ("" if half is None else f" [{mean - half:+.3f}, {mean + half:+.3f}]"))
         lines.append(f"| {arm} | {len(seeds)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -183,7 +184,7 @@ def verdict(records: dict[tuple[str, int], dict[str, Any]]) -> list[str]:
 
 def plot(records: dict[tuple[str, int], dict[str, Any]], path: Path) -> Path:
     """A PNG: each arm's training reward per step (mean over its seeds, each seed faint) and its held-out
-    first-try and final success after training (each seed a dot, the mean a bar)."""
+    first-try and final success after training (each seed a dot, the mean a bar; dashed: before training)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -207,6 +208,11 @@ def plot(records: dict[tuple[str, int], dict[str, Any]], path: Path) -> Path:
                 x = j * (len(arms) + 1) + i
                 right.bar(x, statistics.fmean(xs) if xs else 0.0, color=color, alpha=0.5)
                 right.plot([x] * len(xs), xs, "o", color=color, markersize=3)
+        for j, metric in enumerate(("first_try", "final_success")):  # the model every arm of a seed starts from
+            base = [b[metric] for (a, _), rec in records.items() if a == "identical" and (b := rec.get("before"))]
+            if base:
+                right.hlines(statistics.fmean(base), j * (len(arms) + 1) - 0.5, j * (len(arms) + 1) + len(arms) - 0.5,
+                             colors="black", linestyles="dashed", label="before training" if j == 0 else None)
         per_step = BUDGET["tasks_per_step"] * BUDGET["group"]
         left.set(xlabel="GRPO step", ylabel=f"training reward (mean of {per_step} rollouts)", ylim=(-0.02, 1.02))
         left.legend(loc="upper left", fontsize=8)
@@ -214,6 +220,8 @@ def plot(records: dict[tuple[str, int], dict[str, Any]], path: Path) -> Path:
         right.set_xticks([(len(arms) - 1) / 2, len(arms) + 1 + (len(arms) - 1) / 2],
                          ["first-try success", "final success"])
         right.set(ylabel="held-out, greedy, after training", ylim=(0, 1))
+        if right.get_legend_handles_labels()[0]:
+            right.legend(loc="lower right", fontsize=8)
         right.grid(alpha=0.3, axis="y")
         fig.suptitle("calc-verify credit study (SmolLM2-135M-Instruct)")
         fig.tight_layout()
