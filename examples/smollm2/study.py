@@ -231,6 +231,35 @@ def plot(records: dict[tuple[str, int], dict[str, Any]], path: Path) -> Path:
     return path
 
 
+_SAMPLES_SQL = """
+SELECT rollout_id, list(completion_token_ids ORDER BY start_ns) AS completions
+FROM llm_calls WHERE completion_token_ids IS NOT NULL GROUP BY rollout_id
+"""  # the policy server's spans carry the tokens; a training rollout is told by its id, not by ``mode``
+
+
+def same_samples(run_a: Path, run_b: Path) -> dict[int, tuple[int, int]]:
+    """Per training step, of the rollouts both run folders made (matched by step and index: the Trainer's
+    rollout ids end ``-s<step>-<index>-a<attempt>``), how many sampled the same tokens in every call, and how
+    many were compared. Arms of one seed share each rollout's sampling seed, so this shows how far apart
+    their policies drifted."""
+    import re
+
+    import duckdb
+
+    def samples(run: Path) -> dict[tuple[int, int], list[Any]]:
+        with duckdb.connect(str(run / "spans.duckdb"), read_only=True) as con:
+            rows = con.sql(_SAMPLES_SQL).fetchall()
+        return {(int(m[1]), int(m[2])): comps for rid, comps in rows
+                if (m := re.search(r"-s(\d+)-(\d+)-a1$", rid or ""))}
+
+    a, b = samples(run_a), samples(run_b)
+    out: dict[int, tuple[int, int]] = {}
+    for key in sorted(a.keys() & b.keys()):
+        same, n = out.get(key[0], (0, 0))
+        out[key[0]] = (same + (a[key] == b[key]), n + 1)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="the calc-verify credit study: runs and their table")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -241,7 +270,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--threads", type=int, default=None)
     t = sub.add_parser("table", help="the table of every record in study/, and each arm's verdict")
     t.add_argument("--plot", type=Path, default=None, help="also draw the runs to this PNG")
+    c = sub.add_parser("same-samples", help="per step: rollouts of two finished runs that sampled the same tokens")
+    c.add_argument("run_a", type=Path, help="a run folder, e.g. runs/study/identical-s0")
+    c.add_argument("run_b", type=Path)
     args = parser.parse_args(argv)
+    if args.command == "same-samples":
+        for step, (same, n) in same_samples(args.run_a, args.run_b).items():
+            print(f"step {step}: {same}/{n} rollouts sampled the same tokens in every call")
+        return 0
     if args.command == "table":
         records = load_records()
         print(table(records))

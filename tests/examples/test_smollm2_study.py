@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.smollm2.study import ARMS, BUDGET, load_records, paired, plot, table, verdict
+from examples.smollm2.study import ARMS, BUDGET, load_records, paired, plot, same_samples, table, verdict
 
 
 def _record(folder: Path, arm: str, seed: int, first_try: float, calls: float, final: float = 0.5) -> None:
@@ -74,3 +74,38 @@ def test_the_plot_is_a_png_of_every_run(tmp_path: Path) -> None:
         _record(tmp_path, "critic", seed, 0.4, 1.9)
     out = plot(load_records(tmp_path), tmp_path / "study.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+
+
+def test_same_samples_counts_rollouts_whose_every_call_sampled_the_same_tokens(tmp_path: Path) -> None:
+    """Two runs' stores written by real collectors: rollouts matched by step and index, whatever the run's id."""
+    import importlib.util
+    import sys
+
+    from spanrl.collector import Collector, CollectorConfig
+
+    name = "spanrl_tests_decomposer_helpers"  # the decomposer tests' span-tree helpers, loaded by path
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "store" / "test_decomposer.py")
+        assert spec is not None and spec.loader is not None
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    h = sys.modules[name]
+    # run a and run b: step 1 alike; at step 2 rollout 1's second call differs; b has one more rollout
+    second = {"a": {(1, 0): [7], (1, 1): [7], (2, 0): [7], (2, 1): [7]},
+              "b": {(1, 0): [7], (1, 1): [7], (2, 0): [7], (2, 1): [8], (2, 2): [7]}}
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+        collector = Collector(CollectorConfig(db_path=str(tmp_path / run / "spans.duckdb"), grpc_port=0,
+                                              http_port=0)).start()
+        try:
+            rec = h.Recorder()
+            for (step, index), tokens in second[run].items():
+                r = h.Rollout(rec, f"run{run}-s{step}-{index}-a1")
+                root = r.root(0, 100)
+                r.call(root, 10, [1, 2], [5])
+                r.call(root, 30, [1, 2, 5], tokens)
+            h.Rollout(rec, f"run{run}-v0-0-a1", mode="val").call(None, 10, [1], [9 if run == "a" else 6])  # not train
+            h.deliver(collector, rec.spans())
+        finally:
+            collector.shutdown()
+    assert same_samples(tmp_path / "a", tmp_path / "b") == {1: (2, 2), 2: (1, 2)}
