@@ -69,13 +69,17 @@ def _label(text: str | None) -> bool | None:
 def call_facts(store: Any, calls: pa.Table, *, tool_states: bool = True) -> CallFacts:
     """The facts of ``calls`` (columns ``rollout_id``, ``step`` and `ID_COLUMNS`, as ``decompose`` gives them);
     ``tool_states`` False: states from the calls' own spans only (labels alone need no tool spans)."""
-    cols = {c: calls.column(c).to_pylist() for c in ("rollout_id", "step", *ID_COLUMNS)}
+    cols = _columns(calls)
     state, label, messages, start = _own_spans(store, cols)
     _labels_by_response(store, cols["rollout_id"], cols["response_id"], label)
     if tool_states:
         previous = _previous_starts(store, cols, start, state)
         _tool_states(store, cols["rollout_id"], cols["step"], start, previous, state)
     return CallFacts(state, label, messages)
+
+
+def _columns(calls: pa.Table) -> dict[str, list[Any]]:
+    return {c: calls.column(c).to_pylist() for c in ("rollout_id", "step", *ID_COLUMNS)}
 
 
 def _own_spans(store: Any, cols: dict[str, list[Any]]) -> tuple[list[Any], list[Any], list[Any], np.ndarray]:
@@ -117,7 +121,7 @@ def _previous_starts(store: Any, cols: dict[str, list[Any]], start: np.ndarray,
         from spanrl.store.decomposer import Selection, decompose
 
         every = decompose(store, Selection(rollout_ids=gaps), call_columns=("rollout_id", "step", *ID_COLUMNS)).calls
-        every_cols = {c: every.column(c).to_pylist() for c in ("rollout_id", "step", *ID_COLUMNS)}
+        every_cols = _columns(every)
         every_start = _own_spans(store, every_cols)[3]
         for r, s, t in zip(every_cols["rollout_id"], every_cols["step"], every_start):
             starts.setdefault((r, s), int(t))
