@@ -126,8 +126,7 @@ def table(records: dict[tuple[str, int], dict[str, Any]]) -> str:
             continue
         cells = []
         for m in METRICS:
-            diffs = [x - y for s in seeds if (x := value(records[(arm, s)], m)) is not None
-                     and (y := value(records[("identical", s)], m)) is not None]
+            diffs = _diffs(records, arm, m)
             if not diffs:
                 cells.append("-")
                 continue
