@@ -7,8 +7,8 @@ are no named variant's and contradict one are refused.
   4e-4), as TRL's paper index sets it. A sequence ratio with a loss that sums per-token terms
   (bnpo, dr_grpo, dapo, cispo) weighs each sequence by its length: not GSPO (TRL warns), refused here.
 - ``dr_grpo`` (Dr. GRPO, Liu et al. 2025, arXiv 2503.20783): no length normalisation (``loss_type='dr_grpo'``,
-  token ratios) and no division of advantages by the group std: the credit's ``scale_std`` must be
-  false (`check_credit`, which ``load_training_batch`` calls: the first step refuses the run).
+  token ratios) and no division of advantages by a std (the group's, the batch's or the running one): the
+  credit's ``scale_std`` must be false, whatever its baseline (`check_credit`, which ``load_training_batch`` calls: the first step refuses the run).
 
 A preset fills the coupled fields left at their defaults; a coupled field set to another value is refused.
 """
@@ -29,6 +29,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 """Each preset's coupled ``GRPOConfig`` fields."""
 _SUMMED_LOSSES = ("bnpo", "dr_grpo", "dapo", "cispo")  # losses that sum per-token terms (TRL's list)
+_STD_DIVIDED = {"grpo": "the group std", "rloo": "the group std", "none": "the batch std (it whitens the batch)",
+                "running": "the running std"}
+"""What each baseline's ``scale_std`` divides advantages by (docs/credit.md)."""
 
 
 def apply_preset(config: Any) -> None:
@@ -64,10 +67,12 @@ def check_loss_fields(config: Any, loss_types: tuple[str, ...]) -> None:
 
 def check_credit(config: Any, credit: Any) -> None:
     """Raise `ConfigError` when the algorithm's config (any, or None) contradicts the credit's: Dr. GRPO's
-    loss with advantages divided by the group std. ``load_training_batch`` calls it before each step's update."""
+    loss with advantages divided by a std, whichever the baseline (`_STD_DIVIDED`). ``load_training_batch``
+    calls it before each step's update."""
     if getattr(config, "loss_type", None) != "dr_grpo" or credit is None:
         return
-    if getattr(credit, "scale_std", False) and getattr(credit, "baseline", None) in ("grpo", "rloo"):
+    if getattr(credit, "scale_std", False):
         preset = f"preset {config.preset!r}" if getattr(config, "preset", None) else "loss_type 'dr_grpo'"
+        divided = _STD_DIVIDED.get(getattr(credit, "baseline", None), "a std")
         raise ConfigError(f"credit scale_std must be false with {preset} (Dr. GRPO does not divide advantages by "
-                          f"the group std), got true")
+                          f"a std; with baseline {credit.baseline!r} scale_std divides by {divided}), got true")

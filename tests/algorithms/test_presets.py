@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from spanrl.algorithms.credit import CreditConfig
@@ -21,10 +23,20 @@ def test_dr_grpo_preset_sets_the_loss_and_needs_unscaled_credit() -> None:
     cfg = GRPOConfig(preset="dr_grpo").validate()
     assert (cfg.loss_type, cfg.importance_sampling_level) == ("dr_grpo", "token")
     with pytest.raises(ConfigError, match=r"^credit scale_std must be false with preset 'dr_grpo' \(Dr. GRPO does "
-                                          r"not divide advantages by the group std\), got true$"):
+                                          r"not divide advantages by a std; with baseline 'grpo' scale_std divides "
+                                          r"by the group std\), got true$"):
         check_credit(cfg, CreditConfig())
     check_credit(cfg, CreditConfig(scale_std=False))
-    check_credit(cfg, CreditConfig(baseline="none"))  # no group std to divide by
+    check_credit(cfg, CreditConfig(baseline="none", scale_std=False))
+
+
+@pytest.mark.parametrize(("baseline", "divided"), [
+    ("none", "the batch std (it whitens the batch)"), ("running", "the running std"), ("rloo", "the group std")])
+def test_dr_grpo_refuses_every_baseline_that_divides_by_a_std(baseline: str, divided: str) -> None:
+    # baseline none with scale_std whitens the batch: (A - mean) / (std + eps), a division Dr. GRPO removes
+    with pytest.raises(ConfigError, match=rf"with baseline '{baseline}' scale_std divides by {re.escape(divided)}\)"):
+        check_credit(GRPOConfig(loss_type="dr_grpo"), CreditConfig(baseline=baseline))
+    check_credit(GRPOConfig(loss_type="dr_grpo"), CreditConfig(baseline=baseline, scale_std=False))
     check_credit(GRPOConfig(), CreditConfig())  # dapo: nothing coupled
 
 
