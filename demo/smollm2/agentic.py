@@ -71,8 +71,9 @@ class AgenticConfig:
     seed: int = 0
     """The tasks' seed (which training and held-out tasks), and the Trainer's unless ``sampling_seed`` is set."""
     sampling_seed: int | None = None
-    """The Trainer's seed (sampling, task order); None: ``seed``. The same ``seed`` with another sampling seed
-    trains on the same tasks with other samples: an A/A control of run-to-run noise."""
+    """The Trainer's seed (which training tasks each step draws, the samples, the minibatches); None: ``seed``.
+    The same ``seed`` with another sampling seed draws from the same training set, with other draws and
+    samples, and is scored on the same held-out set: an A/A control of run-to-run noise."""
     prefix_caching: bool = False
     """The policy server's prefix cache (``serving.prefix_caching``): a group's rollouts share the shots and the
     episode so far, so most prompt tokens are computed once (-59% CPU on calc-verify's requests,

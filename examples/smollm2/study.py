@@ -3,8 +3,8 @@
     python examples/smollm2/study.py run --arm identical --seed 0     # one training run, its record saved
     python examples/smollm2/study.py table                            # the table from every saved record
 
-Arms (``ARMS``): ``identical`` (seed s); ``aa``, identical with another sampling seed (s + ``AA_OFFSET``: the same
-tasks and held-out set, other samples: an A/A control of run-to-run noise); ``gigpo`` (GiGPO as the paper defines
+Arms (``ARMS``): ``identical`` (seed s); ``aa``, identical with another Trainer seed (s + ``AA_OFFSET``: the same
+training and held-out sets, other task draws and samples: an A/A control of run-to-run noise); ``gigpo`` (GiGPO as the paper defines
 it); ``critic`` (the learned value head's GAE term). Every arm gets the same budget (``BUDGET``: steps, tasks per
 step, group, tokens; a step budget, not a wall budget, so a loaded machine changes the time, not the training),
 and one sample per conversation (aggregation keeps each call's advantage on its tokens, docs/credit.md).
