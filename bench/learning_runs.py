@@ -2,7 +2,7 @@
 tests over repeated runs").
 
 ``loop``: runs one pytest target back to back under ``nice -n 19``, ``--runs`` times or until ``--until``
-(HH:MM UTC: no run starts after it). Run ``i`` leaves in ``DIR``: ``fig-i.jsonl``, the figures the test recorded
+(HH:MM UTC, the next such time: no run starts after it). Run ``i`` leaves in ``DIR``: ``fig-i.jsonl``, the figures the test recorded
 (tests/training_checks.py ``report_figures`` through ``SPANRL_LEARNING_FIGURES``, written before its
 assertions, so a failed run's too), ``out-i.log``, pytest's output, and one line of ``runs.jsonl``: exit
 status, wall seconds, CPU seconds (user + sys of pytest and the processes it waited for: the figure to compare
@@ -55,6 +55,8 @@ def loop(folder: Path, target: list[str], runs: int, until: str | None) -> None:
     if until:
         hour, minute = (int(x) for x in until.split(":"))
         stop = _now().replace(hour=hour, minute=minute, second=0, microsecond=0)
+        if stop <= _now():  # a time of day already past: tomorrow's (a loop started at 23:50 --until 02:05)
+            stop += datetime.timedelta(days=1)
     for i in range(first, first + runs):
         if stop is not None and _now() >= stop:
             break
