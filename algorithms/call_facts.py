@@ -83,8 +83,8 @@ def _columns(calls: pa.Table) -> dict[str, list[Any]]:
 
 
 def _own_spans(store: Any, cols: dict[str, list[Any]]) -> tuple[list[Any], list[Any], list[Any], np.ndarray]:
-    """Per call, from its client span, else its server span: the state, the label, the input messages (the
-    client's) and the start (the earlier span's; the int64 minimum when neither span is stored)."""
+    """Per call, from its client span, else its server span: the state, the label, the input messages and the
+    start (the earlier span's; the int64 minimum when neither span is stored)."""
     n = len(cols["rollout_id"])
     traces, spans, rows = [], [], []
     for side, offset in (("client", 0), ("server", n)):  # rows [0, n): client spans; [n, 2n): server spans
@@ -101,7 +101,7 @@ def _own_spans(store: Any, cols: dict[str, list[Any]]) -> tuple[list[Any], list[
         client, server = by_row.get(i, {}), by_row.get(n + i, {})
         state[i] = client.get("state_id") or server.get("state_id")
         label[i] = _label(client.get("label") if client.get("label") is not None else server.get("label"))
-        messages[i] = client.get("input_messages")
+        messages[i] = client.get("input_messages") or server.get("input_messages")
         first = client.get("start_ns") if client.get("start_ns") is not None else server.get("start_ns")
         if first is not None:
             start[i] = first

@@ -7,8 +7,8 @@ The paper's anchor state is the environment state the agent observed. A call's s
    previous call started and before this call started: the state the tool's result left the agent in
    (``algorithms/call_facts.py`` reads both);
 3. a canonical key of the messages the call was sent since the last assistant turn (what the environment
-   said since the agent last spoke: the tool results, a user turn), so an earlier free-text turn does not
-   make every later state unique;
+   said since the agent last spoke: the tool results, a user turn; the tool calls' ids left out, as they
+   differ in every rollout), so an earlier free-text turn does not make every later state unique;
 4. the prompt's token ids (``state_ids``), for calls recorded without messages.
 
 States are compared within a task group only, and kinds never mix (an explicit id never equals a message key).
@@ -32,8 +32,9 @@ def state_ids(prompts: list[Any]) -> np.ndarray:
 
 
 def message_state_key(messages: Any) -> str | None:
-    """A canonical key of the messages after the last assistant message (all of them when there is none),
-    or None when ``messages`` (a list, or its JSON text) cannot be read."""
+    """A canonical key of the messages after the last assistant message (all of them when there is none), the
+    tool calls' ids left out (``_without_ids``), or None when ``messages`` (a list, or its JSON text) cannot be
+    read."""
     if isinstance(messages, str):
         try:
             messages = json.loads(messages)
@@ -43,7 +44,22 @@ def message_state_key(messages: Any) -> str | None:
         return None
     last = max((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"),
                default=-1)
-    return json.dumps(messages[last + 1:], sort_keys=True, separators=(",", ":"), default=str)
+    return json.dumps(_without_ids(messages[last + 1:]), sort_keys=True, separators=(",", ":"), default=str)
+
+
+_CALL_IDS = frozenset({"id", "tool_call_id"})
+"""Keys of a tool result's call id (OpenAI's ``tool_call_id``; a GenAI ``tool_call_response`` part's ``id``):
+random per call (the policy server draws one per tool call), so they name the call, not the state."""
+
+
+def _without_ids(value: Any) -> Any:
+    """``value`` with every ``_CALL_IDS`` key left out, at any depth: two rollouts that got the same tool
+    result under other call ids observed the same state."""
+    if isinstance(value, dict):
+        return {k: _without_ids(v) for k, v in value.items() if k not in _CALL_IDS}
+    if isinstance(value, list):
+        return [_without_ids(v) for v in value]
+    return value
 
 
 def anchor_states(explicit: list[str | None], messages: list[Any], prompts: list[Any]) -> np.ndarray:

@@ -7,8 +7,10 @@ are no named variant's and contradict one are refused.
   4e-4), as TRL's paper index sets it. A sequence ratio with a loss that sums per-token terms
   (bnpo, dr_grpo, dapo, cispo) weighs each sequence by its length: not GSPO (TRL warns), refused here.
 - ``dr_grpo`` (Dr. GRPO, Liu et al. 2025, arXiv 2503.20783): no length normalisation (``loss_type='dr_grpo'``,
-  token ratios) and no division of advantages by a std (the group's, the batch's or the running one): the
-  credit's ``scale_std`` must be false, whatever its baseline (`check_credit`, which ``load_training_batch`` calls: the first step refuses the run).
+  token ratios) and no division of advantages by a std (the group's, the batch's or the running one): the credit's
+  ``scale_std`` must be false, whatever its baseline: a Trainer given no credit config builds its default so
+  (`coupled_credit`), and refuses one with ``scale_std`` true when it is built (`check_credit`, which
+  ``load_training_batch`` calls again before each update).
 
 A preset fills the coupled fields left at their defaults; a coupled field set to another value is refused.
 """
@@ -20,7 +22,7 @@ from typing import Any
 
 from spanrl.errors import ConfigError
 
-__all__ = ["PRESETS", "apply_preset", "check_credit", "check_loss_fields"]
+__all__ = ["PRESETS", "apply_preset", "check_credit", "check_loss_fields", "coupled_credit"]
 
 PRESETS: dict[str, dict[str, Any]] = {
     "gspo": {"importance_sampling_level": "sequence", "loss_type": "grpo", "beta": 0.0, "epsilon": 3e-4,
@@ -65,10 +67,16 @@ def check_loss_fields(config: Any, loss_types: tuple[str, ...]) -> None:
             f"importance_sampling_level 'token'")
 
 
+def coupled_credit(config: Any) -> dict[str, Any]:
+    """The credit fields the algorithm's config (any, or None) couples, for a Trainer given no credit config to
+    build its default with: Dr. GRPO's ``scale_std`` false; nothing for others."""
+    return {"scale_std": False} if getattr(config, "loss_type", None) == "dr_grpo" else {}
+
+
 def check_credit(config: Any, credit: Any) -> None:
     """Raise `ConfigError` when the algorithm's config (any, or None) contradicts the credit's: Dr. GRPO's
-    loss with advantages divided by a std, whichever the baseline (`_STD_DIVIDED`). ``load_training_batch``
-    calls it before each step's update."""
+    loss with advantages divided by a std, whichever the baseline (`_STD_DIVIDED`). The Trainer calls it when
+    it is built, ``load_training_batch`` before each step's update."""
     if getattr(config, "loss_type", None) != "dr_grpo" or credit is None:
         return
     if getattr(credit, "scale_std", False):

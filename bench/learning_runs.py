@@ -1,12 +1,12 @@
 """A learning test run over and over, for the spread of its figures (issue 55; docs/measurements.md, "Learning
 tests over repeated runs").
 
-``loop``: runs one pytest target back to back under ``nice -n 19``, ``--runs`` times or until ``--until``
-(HH:MM UTC, the next such time: no run starts after it). Run ``i`` leaves in ``DIR``: ``fig-i.jsonl``, the figures the test recorded
-(tests/training_checks.py ``report_figures`` through ``SPANRL_LEARNING_FIGURES``, written before its
-assertions, so a failed run's too), ``out-i.log``, pytest's output, and one line of ``runs.jsonl``: exit
-status, wall seconds, CPU seconds (user + sys of pytest and the processes it waited for: the figure to compare
-under load), the 1-minute load average at its start and end, the UTC time at its end. Run numbers continue
+``loop``: runs one pytest target back to back under ``nice -n 19``, ``--runs`` times or until ``--until`` (HH:MM
+UTC, the next such time: no run starts after it). Run ``i`` leaves in ``DIR``: ``fig-i.jsonl``, the figures the
+test recorded (tests/training_checks.py ``report_figures`` through ``SPANRL_LEARNING_FIGURES``, written before its
+assertions, so a failed run's too), ``out-i.log``, pytest's output, and one line of ``runs.jsonl``: exit status,
+wall seconds, CPU seconds (user + sys of pytest and the processes it waited for: the figure to compare under load),
+the 1-minute load average at its start and end, the UTC time at its end. Run numbers continue
 those already in ``DIR``.
 
 ``summary``: over the runs of one or more such folders, the count, the failed runs with pytest's last error

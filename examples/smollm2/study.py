@@ -4,10 +4,11 @@
     python examples/smollm2/study.py table                            # the table from every saved record
 
 Arms (``ARMS``): ``identical`` (seed s); ``aa``, identical with another Trainer seed (s + ``AA_OFFSET``: the same
-training and held-out sets, other task draws and samples: an A/A control of run-to-run noise); ``gigpo`` (GiGPO as the paper defines
-it); ``critic`` (the learned value head's GAE term). Every arm gets the same budget (``BUDGET``: steps, tasks per
-step, group, tokens; a step budget, not a wall budget, so a loaded machine changes the time, not the training),
-and one sample per conversation (aggregation keeps each call's advantage on its tokens, docs/credit.md).
+training and held-out sets, other task draws and samples: an A/A control of run-to-run noise); ``gigpo`` (GiGPO as
+the paper defines it); ``critic`` (the learned value head's GAE term). Every arm gets the same budget (``BUDGET``:
+steps, tasks per step, group, tokens; a step budget, not a wall budget, so a loaded machine changes the time, not
+the training), and one sample per conversation (aggregation keeps each call's advantage on its tokens,
+docs/credit.md).
 
 A record (``study/<arm>-s<seed>.json``) holds the date, the machine's load, the seed, the arm, the held-out
 metrics after the last update on 200 greedy held-out tasks (first-try success, final success, calls per episode,

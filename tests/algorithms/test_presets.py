@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,3 +73,15 @@ def test_load_training_batch_refuses_dr_grpo_with_scaled_credit(collector: objec
     algorithm = SimpleNamespace(config=GRPOConfig(preset="dr_grpo").validate())
     with pytest.raises(ConfigError, match=r"^credit scale_std must be false with preset 'dr_grpo'"):
         load_training_batch(collector.store, algorithm, credit=CreditConfig())  # type: ignore[attr-defined]
+
+
+def test_a_trainer_builds_its_default_credit_as_the_preset_couples_it(tmp_path: Path) -> None:
+    from spanrl.algorithms import GRPO
+    from spanrl.trainer import Trainer
+
+    given: dict[str, Any] = dict(model=tmp_path, agent=lambda task, llm: None, tasks=[{"id": "a"}], tasks_per_step=1,
+                                 output_dir=tmp_path / "run")
+    assert Trainer(algorithm=GRPO(preset="dr_grpo"), **given).credit.scale_std is False
+    assert Trainer(algorithm=GRPO(), **given).credit.scale_std is True
+    with pytest.raises(ConfigError, match=r"^credit scale_std must be false with preset 'dr_grpo'"):
+        Trainer(algorithm=GRPO(preset="dr_grpo"), credit=CreditConfig(), **given)  # before any rollout

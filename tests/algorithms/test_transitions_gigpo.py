@@ -1,9 +1,12 @@
-"""GiGPO's step groups from real span trees: load_transitions keys each call's state by its recorded
-prompt token ids (through the real collector), as tests/algorithms/test_credit_gigpo.py does on arrays."""
+"""GiGPO's step groups from real span trees (through the real collector): load_transitions keys each call's
+state by its ``spanrl.state.id`` (on the call's span, or the tool span before it), else the messages since the
+last assistant turn, else the prompt's token ids (algorithms/gigpo.py), and computes the step term as
+tests/algorithms/test_credit_gigpo.py does on arrays."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -86,6 +89,29 @@ def test_anchor_state_is_the_messages_since_the_last_assistant_turn(collector: A
     # environment said since (the tool result) is the state
     def second(rid: str, seen: str, r: Any, root: Any, n: int) -> None:
         r.call(root, 30, [1, 2, 5, 40 + n, int(seen)], [7], messages=(_conversation(f"let me see ({rid})", seen), []))
+
+    assert _two_states(collector, second) == TWO_STATES
+
+
+def test_tool_call_ids_do_not_make_a_state(collector: Any) -> None:
+    # what the instrumentation records for an OpenAI tool agent: each tool result under its call's id, which
+    # the policy server draws at random (a uuid per call), so it differs in every rollout
+    def second(rid: str, seen: str, r: Any, root: Any, n: int) -> None:
+        history = [{"role": "user", "parts": [{"type": "text", "content": "2 + 3 * 2?"}]},
+                   {"role": "assistant", "parts": [{"type": "tool_call", "id": f"call_{rid}", "name": "calc",
+                                                    "arguments": {"x": "3 * 2"}}]},
+                   {"role": "tool", "parts": [{"type": "tool_call_response", "id": f"call_{rid}",
+                                               "response": seen}]}]
+        r.call(root, 30, [1, 2, 5, 40 + n, int(seen)], [7], messages=(history, []))
+
+    assert _two_states(collector, second) == TWO_STATES
+
+
+def test_the_policy_servers_messages_serve_when_the_agent_recorded_none(collector: Any) -> None:
+    # an agent without content capture: only the policy server's span holds the input messages
+    def second(rid: str, seen: str, r: Any, root: Any, n: int) -> None:
+        conversation = json.dumps(_conversation(f"let me see ({rid})", seen))
+        r.call(root, 30, [1, 2, 5, 40 + n, int(seen)], [7], server_attributes={sc.GEN_AI_INPUT_MESSAGES: conversation})
 
     assert _two_states(collector, second) == TWO_STATES
 

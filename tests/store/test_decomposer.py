@@ -134,9 +134,11 @@ class Rollout:
         error: bool = False,
         temperature: float | None = None,
         attributes: dict[str, Any] | None = None,
+        server_attributes: dict[str, Any] | None = None,
     ) -> trace.Span | None:
         """An LLM call: the agent's client span [start, start + duration] (agent clock) and the policy
-        server's span inside it (server clock), nested when ``propagate``, else in a trace of its own."""
+        server's span inside it (server clock), nested when ``propagate``, else in a trace of its own;
+        ``attributes`` go on the client span, ``server_attributes`` on the server's."""
         self._n += 1
         response_id = f"chatcmpl-{self.rollout_id}-{self._n}"
         client_span = None
@@ -163,6 +165,7 @@ class Rollout:
                 attrs[sc.POLICY_VERSION] = version
             if temperature is not None:
                 attrs[sc.LLM_LOGPROBS_TEMPERATURE] = temperature
+            attrs.update(server_attributes or {})
             srv_parent = client_span if (propagate and client_span is not None) else None
             self.rec.span(self.server, "chat tiny", start_ns=_ns(start_ms + 1) + self.server_skew_ns,
                           end_ns=_ns(start_ms + duration_ms - 1) + self.server_skew_ns, parent=srv_parent,

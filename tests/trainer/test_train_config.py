@@ -121,6 +121,20 @@ def test_unknown_key_names_the_nearest_valid_one(change: dict[str, Any], message
         build_trainer(raw, base=tmp_path)
 
 
+def test_the_dr_grpo_preset_sets_the_credits_coupled_field_where_the_config_is_silent(tmp_path: Path) -> None:
+    raw: dict[str, Any] = {"model": {"tiny": {"words": ["a", "b"]}}, "agent": "python a.py", "tasks": [{"id": "a"}],
+                           "tasks_per_step": 1, "algorithm": {"name": "grpo", "preset": "dr_grpo"}}
+    for n, credit in enumerate(({}, {"mode": "step"})):
+        trainer = build_trainer({**raw, "credit": credit, "output_dir": str(tmp_path / f"run{n}")}, base=tmp_path)
+        assert (trainer.algorithm.config.loss_type, trainer.credit.scale_std) == ("dr_grpo", False)
+        assert trainer.credit.mode == credit.get("mode", "identical")
+    # said against the preset: refused when the Trainer is built, before any rollout
+    with pytest.raises(ConfigError, match=r"^credit scale_std must be false with preset 'dr_grpo' .*, got true$"):
+        build_trainer({**raw, "credit": {"scale_std": True}, "output_dir": str(tmp_path / "run2")}, base=tmp_path)
+    assert build_trainer({**raw, "algorithm": {"name": "grpo"}, "output_dir": str(tmp_path / "run3")},
+                         base=tmp_path).credit.scale_std  # no preset: the credit's own default
+
+
 def test_cli_reports_a_bad_key_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "train.yaml"
     config.write_text("model: m\nagent: python a.py\ntasks: [{id: a}]\nn_rollout: 4\n")
