@@ -1,15 +1,17 @@
 """The credit a rollout's calls got: ``load_transitions`` over the rollout's group, as the trainer ran it.
 
-A GRPO-style baseline compares a rollout with the other rollouts of its task, so the advantages are
-computed over the rollout's group: the rollouts of the same task and mode served by the same policy
-version (the trainer samples one step's group on one version). Every call of the rollout that did not
-become a transition is listed with the reason, from the same rules ``load_transitions`` applies. Each
-transition shows its call's ``spanrl.label.good`` and its step facts (``store/step_facts.py``: what its tool
-spans say went wrong), with their reward when the credit has ``step_signals``.
+A GRPO-style baseline compares a rollout with the other rollouts of its task, so the advantages are computed over
+the rollout's group: the rollouts of the same task and mode served by the same policy version (the trainer samples
+one step's group on one version). Each call is a row of its own, also where the run merged a conversation's calls
+into one sample (``trajectory_aggregation``: the same advantages, each on its call's tokens). Every call of the
+rollout that did not become a transition is listed with the reason, from the same rules ``load_transitions``
+applies. Each transition shows its call's ``spanrl.label.good`` and its step facts (``store/step_facts.py``: what
+its tool spans say went wrong), with their reward when the credit has ``step_signals``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Mapping
 
@@ -40,11 +42,15 @@ def rollout_credit(
     decomposed = scratch.decompose_rollout(spans, rollout_id).calls
     calls = decomposed.to_pylist()
 
+    # one row per call, also for a run that merged each conversation into one sample: credit is assigned per
+    # call before merging, and a merged sample carries each call's advantage on that call's tokens
+    per_call = dataclasses.replace(credit, trajectory_aggregation=False)
+
     def transitions() -> TransitionBatch:
         with scratch.holding(spans) as cur:
-            return load_transitions(cur, credit=credit, rollout_ids=group["rollout_ids"])
+            return load_transitions(cur, credit=per_call, rollout_ids=group["rollout_ids"])
 
-    key = ("credit", tuple(group["rollout_ids"]), repr(credit), *version_of(spans))
+    key = ("credit", tuple(group["rollout_ids"]), repr(per_call), *version_of(spans))
     batch = scratch.remember(key, transitions)
     table = batch.to_arrow()
     mine = table.filter(pc.equal(table.column("rollout_id"), rollout_id))
@@ -67,7 +73,7 @@ def rollout_credit(
     return {
         "credit": {k: getattr(credit, k)
                    for k in ("mode", "gamma", "lam", "baseline", "scale_std", "per_rollout", "step_group_weight",
-                             "step_signals")},
+                             "step_signals", "trajectory_aggregation")},
         "group": {
             "task_id": group["task_id"],
             "mode": group["mode"],

@@ -176,7 +176,7 @@ def test_a_store_that_cannot_be_reached_is_a_503_and_a_wrong_query_a_400(tmp_pat
         collector.shutdown()  # safe twice
 
 
-def test_the_credit_table_shows_each_calls_label_beside_its_advantage(collector, ui):
+def _decomposer_helpers():
     import importlib.util
 
     name = "spanrl_tests_decomposer_helpers"  # the span-tree helpers of the decomposer tests, loaded by path
@@ -185,7 +185,13 @@ def test_the_credit_table_shows_each_calls_label_beside_its_advantage(collector,
             name, Path(__file__).resolve().parents[1] / "store" / "test_decomposer.py")
         sys.modules[name] = module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    h = sys.modules[name]
+    return sys.modules[name]
+
+
+def _two_labelled_rollouts(collector) -> None:
+    """"good" and "bad" of one task, two calls each (the second's prompt extends the first: mergeable), the first
+    call labelled; rewards 1 and 0."""
+    h = _decomposer_helpers()
     rec = h.Recorder()
     for rid, first, reward in (("good", True, 1.0), ("bad", False, 0.0)):
         r = h.Rollout(rec, rid, task_id="t1")
@@ -194,7 +200,31 @@ def test_the_credit_table_shows_each_calls_label_beside_its_advantage(collector,
         r.call(root, 30, [1, 2, 5, 9], [7])  # unlabelled
         r.reward(root, 90, reward)
     h.deliver(collector, rec.spans())
+
+
+def test_the_credit_table_shows_each_calls_label_beside_its_advantage(collector, ui):
+    _two_labelled_rollouts(collector)
     status, credit = _get(ui.url, "/api/credit?id=bad")
     assert status == 200
     assert [(t["step"], t["label"], round(t["advantage"], 3)) for t in credit["transitions"]] == [
         (0, False, -0.707), (1, None, -0.707)]  # R - 0.5 over the std of [1, 0] (sqrt 0.5)
+
+
+def test_a_run_that_merged_conversations_shows_each_calls_own_advantage(collector, tmp_path: Path) -> None:
+    # the run trained one merged sample per conversation with per-call (discounted) credit: the table still has
+    # a row per call, each with the advantage its tokens were trained with
+    run = tmp_path / "grpo"
+    run.mkdir()
+    (run / "history.jsonl").write_text('{"step": 1}\n')
+    (run / "config.json").write_text(json.dumps({"algorithm": {"name": "grpo"}, "credit": {
+        "mode": "discounted", "gamma": 0.5, "trajectory_aggregation": True}}))
+    server = UiServer.from_args(url=collector.http_endpoint, port=0, runs=[str(run)]).start()
+    try:
+        _two_labelled_rollouts(collector)
+        status, credit = _get(server.url, "/api/credit?id=bad")
+    finally:
+        server.shutdown()
+    assert status == 200 and credit["credit"]["trajectory_aggregation"] is True
+    assert [(t["step"], t["label"], round(t["advantage"], 3)) for t in credit["transitions"]] == [
+        (0, False, -0.354), (1, None, -0.707)]  # -0.707 (as above) x 0.5 ** (T - 1 - t) with T = 2
+    assert credit["skipped"] == []

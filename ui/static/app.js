@@ -279,6 +279,7 @@ function renderCredit(box, c) {
     h("p", {}, `Credit ${c.credit.mode}, baseline ${c.credit.baseline}${c.credit.scale_std ? " (÷ std)" : ""}`,
       c.credit.step_group_weight ? ` + step groups (GiGPO, weight ${c.credit.step_group_weight})` : "",
       c.credit.step_signals ? " + step signals (" + Object.entries(c.credit.step_signals).map(([k, w]) => `${k} ${w}`).join(", ") + ")" : "",
+      c.credit.trajectory_aggregation ? "; trained as one sample per conversation, each call's advantage on its own tokens" : "",
       ", over the group: ",
       h("b", {}, `${g.rollouts} rollout(s)`), ` of task ${g.task_id ?? "—"} (${g.mode ?? "train"}, policy v${g.policy_version ?? "—"}); `,
       `episode reward ${num(g.episode_reward)}, group mean ${num(g.reward_mean)}.`),
