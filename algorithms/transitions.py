@@ -167,7 +167,9 @@ def _aggregate(rows: list[dict[str, Any]], report: dict[str, int]) -> list[dict[
                 history = len(prev["prompt_ids"]) + len(prev["completion_ids"])
                 glue = row["prompt_ids"][history:]
                 if prev["token_advantages"] or row["advantage"] != prev["advantage"]:  # each call's own
-                    before = prev["token_advantages"] or [prev["advantage"]] * len(prev["completion_ids"])
+                    # masked tokens (the glue of calls merged before with one advantage) get 0, as glue does
+                    before = prev["token_advantages"] or [
+                        prev["advantage"] if m else 0.0 for m in prev["completion_mask"]]
                     prev["token_advantages"] = (before + [0.0] * len(glue)
                                                 + [row["advantage"]] * len(row["completion_ids"]))
                 prev["completion_ids"] = prev["completion_ids"] + glue + row["completion_ids"]

@@ -109,3 +109,21 @@ def test_padding_gives_per_token_advantages_only_when_a_row_has_them() -> None:
     nan = pa.Table.from_pylist(rows, schema=TRANSITIONS_SCHEMA)
     with pytest.raises(ConfigError, match=r"^transition 1 \(rollout_id='e', step=0\): token_advantages must be finite"):
         check_transitions(nan)
+
+
+def test_glue_stays_at_zero_when_the_first_calls_advantages_were_equal() -> None:
+    # three calls of one conversation, advantages 0.5, 0.5, 1.0: calls 1 and 2 merge with one advantage (no
+    # per-token column yet), then call 3 differs; the glue between 1 and 2 is masked and must read 0, not 0.5
+    from spanrl.algorithms.transitions import _aggregate
+
+    def call(prompt: list[int], completion: list[int], advantage: float) -> dict[str, Any]:
+        return {"rollout_id": "a", "agent": None, "prompt_ids": prompt, "completion_ids": completion,
+                "completion_mask": [1] * len(completion), "old_logprobs": [-0.1] * len(completion),
+                "retokenized": False, "advantage": advantage, "token_advantages": []}
+
+    rows = [call([1], [2], 0.5), call([1, 2, 9], [3], 0.5), call([1, 2, 9, 3, 8], [4, 5], 1.0)]
+    report: dict[str, int] = {}
+    (merged,) = _aggregate(rows, report)
+    assert merged["completion_ids"] == [2, 9, 3, 8, 4, 5] and merged["completion_mask"] == [1, 0, 1, 0, 1, 1]
+    assert merged["token_advantages"] == [0.5, 0.0, 0.5, 0.0, 1.0, 1.0]
+    assert report["merged"] == 2
