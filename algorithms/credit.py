@@ -3,8 +3,9 @@
 Returns ``G`` per call (``mode``), then a baseline over the rollouts of the same task (``baseline``):
 
 The rewards a rollout's credit reads follow one rule in every mode (``episode_reward``): ``last``, the
-last reward of the rollout by time (the default), or ``sum``, every reward of the rollout. Under ``last``
-the other rewards are dropped before any mode reads them, so the arms of an ablation optimise one objective.
+reward of the rollout the collector stored last (the default; docs/credit.md), or ``sum``, every reward of
+the rollout. Under ``last`` the other rewards are dropped before any mode reads them, so the arms of an
+ablation optimise one objective.
 
 - ``identical``: ``G_t = R``, the episode reward (the last reward, or the sum) on every call, as
   in the LightningRL paper (Agent Lightning, arXiv 2508.03680, section 3.2).
@@ -225,7 +226,7 @@ def _rewards(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Rewards of the chosen name under the NaN and missing-reward policies: which rollouts are kept,
     each one's episode reward, and the kept rewards' rollout, step and value (``episode_reward`` ``last``:
-    only each rollout's last reward by time; ``sum``: all of them), then ``signals``: the per-step rewards
+    only each rollout's last stored reward; ``sum``: all of them), then ``signals``: the per-step rewards
     ``(rollout, step, value)`` of ``step_signals`` (when configured), which move neither ``keep`` nor ``episode``."""
     r_roll = np.asarray(reward_rollout, dtype=np.int64)
     r_step = np.asarray(reward_step, dtype=np.int64)
@@ -439,7 +440,7 @@ def _step_baseline(
     own = grid[call_rollout, call_step]
     if config.baseline == "grpo":
         base = mean[g, call_step]
-    else:  # rloo: the others that reached the step; none: compared with no one (0)
+    else:  # rloo: the others that reached the step (no other: the call itself, so A = 0)
         others = count[g, call_step] - 1
         base = np.divide(total[g, call_step] - own, others, out=own.copy(), where=others > 0)
     rollouts = np.bincount(kept_group, minlength=n_groups)

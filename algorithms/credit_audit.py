@@ -231,4 +231,5 @@ def format_audit(rows: Sequence[AuditRow], *, success_above: float = 0.0) -> str
 
 
 def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
+    text = "-" if value is None else f"{value:.3f}"
+    return "0.000" if text == "-0.000" else text  # a correlation of 0 up to rounding (-1e-17) reads 0

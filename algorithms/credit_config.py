@@ -30,7 +30,7 @@ class CreditConfig:
     gamma: float = 1.0
     """Discount per call, in [0, 1] (discounted, step, gae)."""
     episode_reward: Literal["last", "sum"] = "last"
-    """Which rewards of a rollout count, in every mode: the last by time, or the sum of all of them."""
+    """Which rewards of a rollout count, in every mode: the last the collector stored, or the sum of all of them."""
     lam: float = 0.95
     """GAE lambda, in [0, 1] (gae only)."""
     baseline: Baseline = "grpo"

@@ -1,9 +1,10 @@
 """Learned per-step credit: a value head's GAE term added to the group baseline's advantage.
 
 ``CreditConfig(critic=CriticConfig(...))`` (YAML: a ``critic:`` section of ``credit``). A small value head
-``V`` reads the policy's own final hidden state at each call's last prompt token (``algorithms/value_head.py``:
-the trainer's no-grad forward over the calls' prompts, before the update) and is trained on each batch's
-per-call returns-to-go. For the kept calls of a rollout, in step order (its chain of calls ``0..T-1``):
+``V`` reads the policy's own hidden state (after its first ``depth`` of layers) at each call's last prompt
+token (``algorithms/value_head.py``: the trainer's no-grad forward over the calls' prompts, before the update)
+and is trained on each batch's per-call returns-to-go. For the kept calls of a rollout, in step order (its chain
+of calls ``0..T-1``):
 
     r_t   = the rewards after call t and before call t + 1 (the last call: every reward after it)
     G_t   = r_t + gamma * G_{t+1},                   G_T = 0       the head's regression target

@@ -94,7 +94,8 @@ class TransitionBatch:
         self.report = report
         """Counts of what was seen, skipped, defaulted and merged (see the module docstring)."""
         self.rewards_by_rollout = rewards_by_rollout
-        """Episode reward (last reward by time) of each rollout that made it into the batch."""
+        """Episode reward (``episode_reward``: the last stored reward, or the sum) of each rollout that made it
+        into the batch."""
         self.metrics: dict[str, float] = {}
         """Figures of the loading the Trainer adds to its history row (the learned critic's losses)."""
 

@@ -1,8 +1,8 @@
-"""The learned critic's value head: ``V(h) = w . LN(h) / sqrt(d) + b`` on the policy's own final hidden state ``h``
-(d wide) at each call's last prompt token, trained on the batch's returns-to-go (the math:
-``algorithms/learned_credit.py``). ``LN`` (no affine) makes the input unit length, so an AdamW step of ``lr`` moves
-``V`` by at most about ``lr * sqrt(d)`` whatever the model's hidden-state scale; ``b`` starts at the first batch's
-mean return.
+"""The learned critic's value head: ``V(h) = w . LN(h) / sqrt(d) + b`` on the policy's own hidden state ``h``
+(d wide; after the first ``depth`` of its layers, a quarter by default, and the final norm) at each call's last
+prompt token, trained on the batch's returns-to-go (the math: ``algorithms/learned_credit.py``). ``LN`` (no
+affine) makes the input unit length, so an AdamW step of ``lr`` moves ``V`` by at most about ``lr * sqrt(d)``
+whatever the model's hidden-state scale; ``b`` starts at the first batch's mean return.
 
 Where ``h`` comes from: the trainer's no-grad forward of the current policy over the calls' prompts, before the
 update (`prompt_hidden`), not the policy server at sampling time. The trainer's is exact for the weights the update

@@ -80,3 +80,27 @@ def test_parse_config_validates_the_values() -> None:
     assert parse_config("mode=step,gamma=0.9,scale_std=false").gamma == 0.9
     with pytest.raises(ConfigError, match=r"^gamma must be a number in \[0, 1\], got 2$"):
         parse_config("gamma=2")
+
+
+def test_the_audit_shows_step_signals_separating_the_bad_calls(collector: Any, capsys: Any) -> None:
+    """docs/credit.md's step-signals example: four successful rollouts, the three calls whose tool spans went
+    wrong labelled bad (tests/algorithms/test_step_signals.py builds them and works out the advantages)."""
+    from test_step_signals import _deliver
+
+    _deliver(collector)
+    collector.shutdown()
+    signals = "step_signals.tool_error=-0.2,step_signals.nonzero_exit=-0.2,step_signals.denied=-0.1," \
+              "step_signals.retry=-0.1"
+    assert main(["credit", "audit", collector.config.db_path, "--config", "mode=step,scale_std=false",
+                 "--config", f"mode=step,scale_std=false,{signals}"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "credit audit: 8 calls, 8 labelled (5 good, 3 bad); success: episode reward > 0"
+    # without signals every rollout earned 1: every advantage 0, AUC 0.5 (all ties), no bad call pushed up.
+    # With them: good [a1, b1, c0, d0, d1] = [.075, .075, -.15, .15, .075], bad [a0, b0, c1] = [-.05, .05, -.225]:
+    # each good .075 / .15 beats all 3 bad, -.15 beats 1: 13 / 15; b0 (+.05, in a success) is the one sign error.
+    # Step 0: labels [0, 0, 1, 1] against [-.05, .05, -.15, .15]: r = 0; step 1: [1, 1, 0, 1] against
+    # [.075, .075, -.225, .075]: r = 1.
+    assert [line.split() for line in out[4:]] == [
+        ["mode=step,scale_std=false", "0.500", "0/3", "=", "0.000", "-", "-"],
+        [f"mode=step,scale_std=false,{signals}", "0.867", "1/3", "=", "0.333", "0.000", "1.000"],
+    ]

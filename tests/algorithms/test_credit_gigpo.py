@@ -37,8 +37,10 @@ def test_step_group_term_is_added_to_the_episode_advantage() -> None:
 def test_step_group_weight_scales_only_the_step_term() -> None:
     plain = gigpo(CreditConfig(scale_std=False), [1, 1, 0, 1], states=None).advantages
     half = gigpo(CreditConfig(scale_std=False, step_group_weight=0.5), [1, 1, 0, 1]).advantages
-    step_term = np.array([0.25, 0, 0.25, 0, -0.75, -0.5, 0.25, 0.5])
-    np.testing.assert_allclose(half, plain + 0.5 * step_term)
+    episode = np.array([0.25, 0.25, 0.25, 0.25, -0.75, -0.75, 0.25, 0.25])  # R - 0.75 on both calls
+    step_term = np.array([0.25, 0, 0.25, 0, -0.75, -0.5, 0.25, 0.5])  # as above: step 0 the episode term again
+    np.testing.assert_allclose(plain, episode)
+    np.testing.assert_allclose(half, episode + 0.5 * step_term)
 
 
 def test_step_term_is_scaled_by_the_step_groups_std() -> None:
