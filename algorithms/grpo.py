@@ -39,7 +39,7 @@ from spanrl.algorithms.checkpoints import load_checkpoint, load_policy, save_che
 from spanrl.algorithms.tables import (PaddedBatch, check_transitions, fill_missing_logprobs, pad_transitions,
                                       transition_table)
 from spanrl.algorithms.lora import LoRAConfig
-from spanrl.algorithms.presets import apply_preset, check_loss_fields
+from spanrl.algorithms.presets import apply_preset, check_loss_fields, unset
 from spanrl.hf_compat import checkpoint_activations
 from spanrl.errors import ConfigError, TrainingError, positive_int, positive_number
 
@@ -60,15 +60,15 @@ class GRPOConfig:
 
     learning_rate: float = 5e-4
     """AdamW learning rate (5e-4 suits a ~1M-parameter model; 1e-6..1e-5 for real LLMs)."""
-    beta: float = 0.0
+    beta: float = unset(0.0)
     """KL coefficient against the initial policy (0 = no reference model, TRL's default)."""
-    epsilon: float = 0.2
+    epsilon: float = unset(0.2)
     """Lower clip range of the importance ratio."""
     epsilon_high: float | None = None
     """Upper clip range (DAPO's clip-higher); None = ``epsilon``."""
-    loss_type: str = "dapo"
+    loss_type: str = unset("dapo")
     """TRL's loss aggregation: grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo."""
-    importance_sampling_level: str = "token"
+    importance_sampling_level: str = unset("token")
     """``token`` (GRPO) or ``sequence`` (GSPO) importance ratios."""
     preset: str | None = None
     """``gspo`` or ``dr_grpo``: sets every coupled field (``algorithms/presets.py``); None: the fields as given."""

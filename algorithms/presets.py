@@ -12,17 +12,18 @@ are no named variant's and contradict one are refused.
   (`coupled_credit`), and refuses one with ``scale_std`` true when it is built (`check_credit`, which
   ``load_training_batch`` calls again before each update).
 
-A preset fills the coupled fields left at their defaults; a coupled field set to another value is refused.
+A preset fills the coupled fields left unset; a coupled field set to another value is refused, also when it is
+set to its default (``GRPOConfig(preset="gspo", epsilon=0.2)``: the defaults are `unset` values, which tell
+"left as it is" from "asked for"; an ``epsilon_high`` of None counts as unset).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from spanrl.errors import ConfigError
 
-__all__ = ["PRESETS", "apply_preset", "check_credit", "check_loss_fields", "coupled_credit"]
+__all__ = ["PRESETS", "apply_preset", "check_credit", "check_loss_fields", "coupled_credit", "unset"]
 
 PRESETS: dict[str, dict[str, Any]] = {
     "gspo": {"importance_sampling_level": "sequence", "loss_type": "grpo", "beta": 0.0, "epsilon": 3e-4,
@@ -36,14 +37,29 @@ _STD_DIVIDED = {"grpo": "the group std", "rloo": "the group std", "none": "the b
 """What each baseline's ``scale_std`` divides advantages by (docs/credit.md)."""
 
 
+class _UnsetStr(str):
+    """A string field's default, left as it is: a preset may fill it."""
+
+
+class _UnsetFloat(float):
+    """A number field's default, left as it is: a preset may fill it."""
+
+
+def unset(value: Any) -> Any:
+    """``value`` marked as a default nobody asked for (it equals, hashes and prints as ``value``): the default of a
+    field a preset couples, so that `apply_preset` fills it but refuses the same value given explicitly."""
+    return _UnsetStr(value) if isinstance(value, str) else _UnsetFloat(value)
+
+
+def _is_unset(value: Any) -> bool:
+    return value is None or isinstance(value, (_UnsetStr, _UnsetFloat))
+
+
 def apply_preset(config: Any) -> None:
-    """Set ``config.preset``'s coupled fields that are still at their defaults (others: `check_loss_fields`)."""
+    """Set ``config.preset``'s coupled fields that are still unset (others: `check_loss_fields`)."""
     fields = PRESETS.get(config.preset) if isinstance(config.preset, str) else None
-    if not fields:
-        return
-    defaults = {f.name: f.default for f in dataclasses.fields(config)}
-    for name, value in fields.items():
-        if getattr(config, name) == defaults[name]:
+    for name, value in (fields or {}).items():
+        if _is_unset(getattr(config, name)):
             setattr(config, name, value)
 
 

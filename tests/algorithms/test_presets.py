@@ -44,7 +44,9 @@ def test_dr_grpo_refuses_every_baseline_that_divides_by_a_std(baseline: str, div
 
 @pytest.mark.parametrize(("fields", "message"), [
     ({"preset": "gspo", "loss_type": "bnpo"}, "loss_type must be 'grpo' with preset 'gspo', got 'bnpo'"),
-    ({"preset": "gspo", "epsilon": 0.2, "loss_type": "grpo"}, None),  # 0.2 is the default: the preset fills it
+    ({"preset": "gspo", "loss_type": "grpo"}, None),  # what the preset sets, given again
+    ({"preset": "gspo", "epsilon": 0.2}, "epsilon must be 0.0003 with preset 'gspo', got 0.2"),  # the default, asked
+    ({"preset": "gspo", "loss_type": "dapo"}, "loss_type must be 'grpo' with preset 'gspo', got 'dapo'"),
     ({"preset": "gspo", "epsilon": 0.1}, "epsilon must be 0.0003 with preset 'gspo', got 0.1"),
     ({"preset": "dr_grpo", "importance_sampling_level": "sequence"},
      "importance_sampling_level must be 'token' with preset 'dr_grpo', got 'sequence'"),
@@ -85,3 +87,18 @@ def test_a_trainer_builds_its_default_credit_as_the_preset_couples_it(tmp_path: 
     assert Trainer(algorithm=GRPO(), **given).credit.scale_std is True
     with pytest.raises(ConfigError, match=r"^credit scale_std must be false with preset 'dr_grpo'"):
         Trainer(algorithm=GRPO(preset="dr_grpo"), credit=CreditConfig(), **given)  # before any rollout
+
+
+def test_unset_defaults_read_write_and_copy_as_their_values() -> None:
+    import dataclasses
+    import json
+    import pickle
+
+    cfg = GRPOConfig()
+    assert (cfg.loss_type, cfg.epsilon, cfg.beta) == ("dapo", 0.2, 0.0) and cfg.loss_type in {"dapo"}
+    assert json.loads(json.dumps(dataclasses.asdict(cfg)))["loss_type"] == "dapo"  # config.json
+    assert pickle.loads(pickle.dumps(cfg)).loss_type == "dapo"
+    # a copy keeps unset fields unset, so a preset given to the copy still fills them
+    assert dataclasses.replace(cfg, preset="gspo").validate().loss_type == "grpo"
+    gspo = GRPOConfig(preset="gspo").validate()
+    assert dataclasses.replace(gspo, learning_rate=1e-5).validate().epsilon == 3e-4  # set values stay set
