@@ -11,7 +11,8 @@ weights folder (its ``--checkpoint-root``) with a token made for the run, takes 
 took 3x as long on two loaded cores). Tokens and the key travel
 in the environment and a file only this user reads, removed once the server is up: never on a command line.
 Their output goes to the run's log. :meth:`ProcessServers.check` raises :class:`TrainingError` once one of them
-has exited; :meth:`ProcessServers.close` stops and reaps them all.
+has exited; :meth:`ProcessServers.close` stops and reaps them all; a Trainer killed before it could close them
+leaves none running either: each stops once its parent is gone (``SPANRL_PARENT_PID``, ``spanrl/parent_watch.py``).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class ProcessServers:
         self.roots: list[str] = []
         self._log: Any = None
         self._keys = contextlib.ExitStack()  # the API key's file: read by each server as it starts
-        self.env = {**os.environ, env.SPANRL_POLICY_ADMIN_TOKEN: self.token}
+        # SPANRL_PARENT_PID: each server stops once this process is gone, even killed outright (parent_watch.py)
+        self.env = {**os.environ, env.SPANRL_POLICY_ADMIN_TOKEN: self.token, env.SPANRL_PARENT_PID: str(os.getpid())}
         if collector_token:
             self.env[env.SPANRL_COLLECTOR_POLICY_TOKEN] = collector_token
         try:

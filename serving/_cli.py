@@ -77,6 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def _serve(args: argparse.Namespace) -> int:
     from spanrl.serving.config import ServerConfig
     from spanrl.serving.server import PolicyServer
+    from spanrl.parent_watch import watch_parent
     from spanrl.serving.tenants import read_api_key_file
 
     try:
@@ -126,6 +127,7 @@ def _serve(args: argparse.Namespace) -> int:
         config.max_weights_bytes = args.max_weights_bytes
     if args.prefix_cache_bytes is not None:
         config.prefix_cache_bytes = args.prefix_cache_bytes
+    watch_parent()  # started by a Trainer (SPANRL_PARENT_PID): stop once it is gone, even killed outright
     try:
         PolicyServer(config).serve_forever()
     except SpanRLError as exc:  # a bad flag or model (its ServingError too) is bad input: say which, no traceback

@@ -180,6 +180,11 @@ SPANRL_POLICY_CHECKPOINT_ROOT = "SPANRL_POLICY_CHECKPOINT_ROOT"
 """Folder under which the policy server's reload route may load weights (local files only); the route is
 off without one."""
 
+SPANRL_PARENT_PID = "SPANRL_PARENT_PID"
+"""Set by a Trainer for the ``spanrl serve`` processes it starts: the Trainer's pid. The server stops (as on
+SIGTERM) once that process is gone, so a Trainer killed outright leaves no server behind
+(``spanrl/parent_watch.py``)."""
+
 SPANRL_CACHE_DIR = "SPANRL_CACHE_DIR"
 """Folder for converted models (GGUF -> Hugging Face) and other caches. Default ``~/.cache/spanrl``."""
 

@@ -1,6 +1,7 @@
 """Policy servers in processes of their own (``serving: {placement: process}``): real ``spanrl serve``
 subprocesses take the rollouts, are reloaded every update, export their spans to the Trainer's collector, and
-none is left after the run, nor after a run that failed because one of them died."""
+none is left after the run, nor after a run that failed because one of them died, nor after the Trainer's process
+was killed outright."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import logging
 import os
 import re
 import signal
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -122,6 +125,46 @@ def test_a_server_that_dies_mid_run_stops_the_run_with_its_exit_code(tmp_path: P
     assert f"(pid {procs[1].pid}) exited with code -9 during the run" in message
     assert str(tmp_path / "run" / "spanrl.log") in message
     assert all(p.returncode is not None for p in procs)  # the other one stopped and reaped after the failure
+
+
+_PARENT = """
+import sys, time
+from pathlib import Path
+from spanrl.rollouts.policy_pool import ServingConfig
+from spanrl.rollouts.process_serving import ProcessServers
+
+out = Path(sys.argv[2])
+servers = ProcessServers(ServingConfig(placement="process", replicas=2), model=Path(sys.argv[1]),
+                         weights_dir=out / "weights", otlp_endpoint=None, served_model_name="policy",
+                         max_batch_size=4, seed=0, log_path=out / "spanrl.log", threads=1)
+servers.wait_ready()
+print(" ".join(str(p.pid) for p in servers.procs), flush=True)
+time.sleep(600)  # killed before it closes anything
+"""
+
+
+def _running(pid: int) -> bool:
+    try:  # a zombie (exited, not reaped by its new parent) is not running
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc to see a process end")
+def test_a_trainer_killed_outright_leaves_no_server_running(tmp_path: Path, tiny_model: Path) -> None:
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, str(tiny_model), str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]  # both servers up
+        assert len(pids) == 2 and all(_running(p) for p in pids)
+    finally:
+        parent.kill()  # SIGKILL: no close(), no atexit
+        parent.wait()
+    deadline = time.monotonic() + 60  # a hang guard: each server checks its parent once a second
+    while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in pids if _running(p)], (tmp_path / "spanrl.log").read_text()[-2000:]
+    assert "is gone: stopping" in (tmp_path / "spanrl.log").read_text()
 
 
 def test_process_servers_are_refused_where_rollouts_run_on_other_machines(tmp_path: Path, tiny_model: Path) -> None:
