@@ -47,19 +47,25 @@ def message_state_key(messages: Any) -> str | None:
     return json.dumps(_without_ids(messages[last + 1:]), sort_keys=True, separators=(",", ":"), default=str)
 
 
-_CALL_IDS = frozenset({"id", "tool_call_id"})
-"""Keys of a tool result's call id (OpenAI's ``tool_call_id``; a GenAI ``tool_call_response`` part's ``id``):
-random per call (the policy server draws one per tool call), so they name the call, not the state."""
+_CALL_PARTS = frozenset({"tool_call", "tool_call_response"})
+"""GenAI message parts whose ``id`` is a tool call's id (OpenAI's messages carry it as ``tool_call_id``): random per
+call (the policy server draws one per tool call), so it names the call, not the state."""
 
 
-def _without_ids(value: Any) -> Any:
-    """``value`` with every ``_CALL_IDS`` key left out, at any depth: two rollouts that got the same tool
-    result under other call ids observed the same state."""
-    if isinstance(value, dict):
-        return {k: _without_ids(v) for k, v in value.items() if k not in _CALL_IDS}
-    if isinstance(value, list):
-        return [_without_ids(v) for v in value]
-    return value
+def _without_ids(messages: list[Any]) -> list[Any]:
+    """``messages`` without the tool calls' ids (a message's ``tool_call_id``, the ``id`` of a ``_CALL_PARTS``
+    part): two rollouts that got the same tool result under other call ids observed the same state. Ids inside a
+    result's content stay: they are what the environment said."""
+    out = []
+    for message in messages:
+        if isinstance(message, dict):
+            message = {k: v for k, v in message.items() if k != "tool_call_id"}
+            if isinstance(message.get("parts"), list):
+                message["parts"] = [{k: v for k, v in part.items() if k != "id"}
+                                    if isinstance(part, dict) and part.get("type") in _CALL_PARTS else part
+                                    for part in message["parts"]]
+        out.append(message)
+    return out
 
 
 def anchor_states(explicit: list[str | None], messages: list[Any], prompts: list[Any]) -> np.ndarray:

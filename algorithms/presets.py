@@ -23,7 +23,7 @@ from typing import Any
 
 from spanrl.errors import ConfigError
 
-__all__ = ["PRESETS", "apply_preset", "check_credit", "check_loss_fields", "coupled_credit", "unset"]
+__all__ = ["PRESETS", "apply_preset", "check_credit", "check_loss_fields", "coupled_credit", "trainer_credit", "unset"]
 
 PRESETS: dict[str, dict[str, Any]] = {
     "gspo": {"importance_sampling_level": "sequence", "loss_type": "grpo", "beta": 0.0, "epsilon": 3e-4,
@@ -45,10 +45,29 @@ class _UnsetFloat(float):
     """A number field's default, left as it is: a preset may fill it."""
 
 
-def unset(value: Any) -> Any:
-    """``value`` marked as a default nobody asked for (it equals, hashes and prints as ``value``): the default of a
-    field a preset couples, so that `apply_preset` fills it but refuses the same value given explicitly."""
-    return _UnsetStr(value) if isinstance(value, str) else _UnsetFloat(value)
+def unset(value: str | float) -> str | float:
+    """``value`` marked as a default nobody asked for (it equals, hashes, prints and serialises as ``value``, in
+    JSON, pickle and YAML): the default of a field a preset couples, so that `apply_preset` fills it but refuses
+    the same value given explicitly."""
+    if isinstance(value, str):
+        return _UnsetStr(value)
+    if isinstance(value, float):
+        return _UnsetFloat(value)
+    raise TypeError(f"unset() marks a str or float default, got {type(value).__name__}")
+
+
+def _yaml_writes_unset_as_plain() -> None:
+    """``yaml.safe_dump(dataclasses.asdict(GRPOConfig()))`` works: PyYAML's safe dumper takes exact types only."""
+    try:
+        import yaml
+    except ImportError:  # the agent-only install: nothing to teach
+        return
+    for dumper in (yaml.SafeDumper, yaml.Dumper):
+        dumper.add_representer(_UnsetStr, yaml.representer.SafeRepresenter.represent_str)
+        dumper.add_representer(_UnsetFloat, yaml.representer.SafeRepresenter.represent_float)
+
+
+_yaml_writes_unset_as_plain()
 
 
 def _is_unset(value: Any) -> bool:
@@ -83,20 +102,38 @@ def check_loss_fields(config: Any, loss_types: tuple[str, ...]) -> None:
             f"importance_sampling_level 'token'")
 
 
+_COUPLED_CREDIT: dict[str, dict[str, Any]] = {"dr_grpo": {"scale_std": False}}
+"""Per ``loss_type``, the credit fields it couples: Dr. GRPO divides advantages by no std."""
+
+
 def coupled_credit(config: Any) -> dict[str, Any]:
-    """The credit fields the algorithm's config (any, or None) couples, for a Trainer given no credit config to
-    build its default with: Dr. GRPO's ``scale_std`` false; nothing for others."""
-    return {"scale_std": False} if getattr(config, "loss_type", None) == "dr_grpo" else {}
+    """The credit fields the algorithm's config (any, or None) couples (`_COUPLED_CREDIT`), for a trainer to build
+    its default credit with where its config does not say them."""
+    return dict(_COUPLED_CREDIT.get(getattr(config, "loss_type", None), {}))
 
 
-def check_credit(config: Any, credit: Any) -> None:
+def trainer_credit(config: Any, credit: Any = None) -> Any:
+    """The credit a trainer of the algorithm's ``config`` (any, or None) trains with: ``credit`` as given (a
+    ``CreditConfig``), or built from a mapping of its fields (a YAML ``credit`` section) or from nothing, with the
+    fields the config couples (`coupled_credit`) where the mapping does not say them; checked (`check_credit`)."""
+    from spanrl.algorithms.credit_config import LightningRL
+
+    if credit is None or isinstance(credit, dict):
+        credit = LightningRL(**{**coupled_credit(config), **(credit or {})})
+    check_credit(config, credit)
+    return credit
+
+
+def check_credit(config: Any, credit: Any, *, field: str = "credit scale_std") -> None:
     """Raise `ConfigError` when the algorithm's config (any, or None) contradicts the credit's: Dr. GRPO's
-    loss with advantages divided by a std, whichever the baseline (`_STD_DIVIDED`). The Trainer calls it when
-    it is built, ``load_training_batch`` before each step's update."""
-    if getattr(config, "loss_type", None) != "dr_grpo" or credit is None:
+    loss with advantages divided by a std, whichever the baseline (`_STD_DIVIDED`); ``field``: the setting's
+    name in the caller's config. The trainers call it when they are built, ``load_training_batch`` before each
+    step's update."""
+    wanted = coupled_credit(config).get("scale_std")
+    if credit is None or wanted is None or getattr(credit, "scale_std", wanted) == wanted:
         return
-    if getattr(credit, "scale_std", False):
-        preset = f"preset {config.preset!r}" if getattr(config, "preset", None) else "loss_type 'dr_grpo'"
-        divided = _STD_DIVIDED.get(getattr(credit, "baseline", None), "a std")
-        raise ConfigError(f"credit scale_std must be false with {preset} (Dr. GRPO does not divide advantages by "
-                          f"a std; with baseline {credit.baseline!r} scale_std divides by {divided}), got true")
+    preset = f"preset {config.preset!r}" if getattr(config, "preset", None) else f"loss_type {config.loss_type!r}"
+    baseline = getattr(credit, "baseline", None)
+    divided = _STD_DIVIDED.get(baseline, "a std")
+    raise ConfigError(f"{field} must be false with {preset} (Dr. GRPO does not divide advantages by a std; with "
+                      f"baseline {baseline!r} scale_std divides by {divided}), got true")

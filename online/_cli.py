@@ -85,6 +85,7 @@ def build_online_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     """An `OnlineTrainer` from a parsed config mapping (see the module docstring)."""
     from spanrl.algorithms import GRPO
     from spanrl.algorithms.grpo import GRPOConfig
+    from spanrl.algorithms.presets import coupled_credit
     from spanrl.online.config import OnlineConfig
     from spanrl.online.trainer import OnlineTrainer
     from spanrl.trainer.train_config import check_keys
@@ -103,7 +104,10 @@ def build_online_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     # as in `spanrl train`: the model is found beside the config, the output goes where the user runs it
     if isinstance(raw.get("model"), str) and not Path(raw["model"]).is_absolute():
         raw["model"] = str(base / raw["model"])
-    return OnlineTrainer(OnlineConfig(**raw), algorithm=GRPO(**algo), callbacks=[OnlineConsole()])
+    algorithm = GRPO(**algo)
+    # the field the algorithm's preset couples (Dr. GRPO: scale_std false), where the config is silent
+    raw = {**coupled_credit(algorithm.config), **raw}
+    return OnlineTrainer(OnlineConfig(**raw), algorithm=algorithm, callbacks=[OnlineConsole()])
 
 
 class OnlineConsole(Callback):

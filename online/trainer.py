@@ -50,6 +50,7 @@ from typing import Any
 from spanrl import env
 from spanrl import semconv as sc
 from spanrl.algorithms.credit_config import CreditConfig
+from spanrl.algorithms.presets import check_credit
 from spanrl.errors import USAGE_EXIT_CODE, ConfigError, ServingError, StoreUnavailableError, TrainingError
 from spanrl.serving.client import PolicyClient
 from spanrl.store.online import ReadyRollout, Watermark, count_aged_out, now_ns, ready_window
@@ -147,6 +148,7 @@ class OnlineTrainer(Lifecycle):
         self.guard = Guard(config, self, store=store, server=self.server, output_dir=self.output_dir)
         credit = CreditConfig(mode="identical", baseline="running", scale_std=config.scale_std, missing_reward="skip",
                               nan_reward="ignore", reward_name=config.reward_name)  # store/online.py's reward
+        check_credit(getattr(algorithm, "config", None), credit, field="scale_std")  # Dr. GRPO: no std division
         self.training = TrainingStep(algorithm=algorithm, credit=credit, config=None, store=store,
                                      server=RemoteServer(self.server), max_bad_updates=config.max_bad_updates,
                                      check_weights=True)

@@ -119,8 +119,8 @@ def load_tasks(value: Any, base: Path, field: str) -> list[Any]:
 def build_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     """A :class:`Trainer` from a parsed config dict (see the module docstring)."""
     from spanrl.algorithms import algorithm_class
-    from spanrl.algorithms.credit import CreditConfig, LightningRL
-    from spanrl.algorithms.presets import coupled_credit
+    from spanrl.algorithms.credit import CreditConfig
+    from spanrl.algorithms.presets import trainer_credit
     from spanrl.rollouts.policy_pool import ServingConfig
     from spanrl.rollouts.rollouts import RolloutsConfig
     from spanrl.rollouts.runner import RunnerConfig
@@ -172,12 +172,11 @@ def build_trainer(raw: dict[str, Any], *, base: Path = Path(".")) -> Any:
     claim_output_dir(Path(config.output_dir), resume=config.resume, overwrite=config.overwrite,
                      also=[_TINY_FOLDER] if isinstance(model, Mapping) else [])
     algorithm = cls(**algo_raw)
-    # the fields the algorithm's preset couples (Dr. GRPO: scale_std false), where the credit section is silent
-    credit_raw = {**coupled_credit(getattr(algorithm, "config", None)), **credit_raw}
     return Trainer(
         model=_model(model, base, Path(config.output_dir), [*tasks, *(val_tasks or [])]),
         agent=agent_command(agent, base), tasks=tasks, val_tasks=val_tasks, algorithm=algorithm,
-        credit=LightningRL(**credit_raw), prompt_template=prompt_template, config=config,
+        credit=trainer_credit(getattr(algorithm, "config", None), credit_raw),  # the preset fills what it couples
+        prompt_template=prompt_template, config=config,
         policies=dict(policies) if policies else None,
     )
 

@@ -51,8 +51,7 @@ from typing import Any
 
 
 from spanrl.algorithms import distributed as _distributed
-from spanrl.algorithms.credit import LightningRL
-from spanrl.algorithms.presets import check_credit, coupled_credit
+from spanrl.algorithms.presets import trainer_credit
 from spanrl.errors import ConfigError, TrainingError
 from spanrl.store import rollouts as store_rollouts
 from spanrl.algorithms import checkpoint_folders as checkpoints
@@ -143,9 +142,7 @@ class Trainer(Lifecycle):
         """The template every rollout's agent is given (None: its own prompt); APO's best after ``train()``."""
         self.apo_result: Any = None
         """The :class:`~spanrl.algorithms.apo.APOResult` of the last APO ``train()``."""
-        coupled = coupled_credit(getattr(algorithm, "config", None))  # e.g. Dr. GRPO: no std division
-        self.credit = credit if credit is not None else LightningRL(**coupled)
-        check_credit(getattr(algorithm, "config", None), self.credit)  # before any rollout, not at the first update
+        self.credit = trainer_credit(getattr(algorithm, "config", None), credit)  # checked before any rollout
         self.output_dir = Path(cfg.output_dir)
         self.db_path = Path(cfg.db_path) if cfg.db_path else self.output_dir / DB_FILE
         self.step = 0

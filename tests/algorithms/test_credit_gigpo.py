@@ -5,6 +5,8 @@ rollouts 0 and 1 then saw one tool result (state 1), rollouts 2 and 3 another (s
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -121,3 +123,18 @@ def test_step_term_compares_the_discounted_step_return_with_its_own_gamma() -> N
     # episode term 0 (equal rewards); state 0: [0.5, 0.25] mean 0.375; X: [1, 0.5] mean 0.75; Y alone: 0
     assert result.advantages.tolist() == [0.125, 0.25, -0.125, -0.25, 0.0]
     assert result.returns.tolist() == [1.0] * 5  # the mode's returns are unchanged (identical)
+
+
+def test_the_message_state_leaves_out_call_ids_but_not_ids_the_environment_returned() -> None:
+    from spanrl.algorithms.gigpo import message_state_key
+
+    def tool_turn(call_id: str, response: Any) -> list[dict[str, Any]]:
+        return [{"role": "assistant", "parts": [{"type": "tool_call", "id": call_id, "name": "orders"}]},
+                {"role": "tool", "parts": [{"type": "tool_call_response", "id": call_id, "response": response}]}]
+
+    assert message_state_key(tool_turn("call_a", "shipped")) == message_state_key(tool_turn("call_b", "shipped"))
+    assert (message_state_key([{"role": "tool", "tool_call_id": "call_a", "content": "8"}])
+            == message_state_key([{"role": "tool", "tool_call_id": "call_b", "content": "8"}]))  # OpenAI's shape
+    # the orders the tool returned differ only in their id: two states
+    assert (message_state_key(tool_turn("call_a", {"id": 17, "status": "shipped"}))
+            != message_state_key(tool_turn("call_a", {"id": 18, "status": "shipped"})))

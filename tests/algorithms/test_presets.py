@@ -102,3 +102,16 @@ def test_unset_defaults_read_write_and_copy_as_their_values() -> None:
     assert dataclasses.replace(cfg, preset="gspo").validate().loss_type == "grpo"
     gspo = GRPOConfig(preset="gspo").validate()
     assert dataclasses.replace(gspo, learning_rate=1e-5).validate().epsilon == 3e-4  # set values stay set
+
+
+def test_unset_marks_strings_and_floats_only_and_yaml_writes_them_plain() -> None:
+    import dataclasses
+
+    import yaml
+
+    from spanrl.algorithms.presets import unset
+
+    assert yaml.safe_load(yaml.safe_dump(dataclasses.asdict(GRPOConfig())))["loss_type"] == "dapo"
+    assert yaml.dump({"epsilon": GRPOConfig().epsilon}) == "epsilon: 0.2\n"  # no python/object tag
+    with pytest.raises(TypeError, match=r"^unset\(\) marks a str or float default, got int$"):
+        unset(3)

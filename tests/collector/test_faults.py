@@ -195,16 +195,16 @@ def test_sql_reads_and_explains_still_work(collector):
 
 
 def test_runaway_sql_is_interrupted_and_never_delays_ingest(tmp_path):
-    cfg = CollectorConfig(db_path=str(tmp_path / "s.duckdb"), grpc_port=0, http_port=0, sql_timeout_s=1.0)
+    cfg = CollectorConfig(db_path=str(tmp_path / "s.duckdb"), grpc_port=0, http_port=0, sql_timeout_s=4.0)
     with Collector(cfg) as c:
         _runaway_sql(c)
 
 
 def _runaway_sql(small: Collector) -> None:
-    """Six cross joins (each interrupted at the 1 s limit) run while ingest goes on. Ingest that waited
+    """Six cross joins (each interrupted at the 4 s limit) run while ingest goes on. Ingest that waited
     behind SQL could not return before a query does, so the first round of exports must come back while
     all six are still running (measured: ~0.05 s after starting on a quiet machine, up to 0.75 s per round
-    on 2 cores at load 15, where the old `< 2.0 s` bound could not tell a 0.7 s stall from health). Checked:
+    on 2 cores at load 15: the limit leaves 5x that; at 1 s it left too little at load 20-30). Checked:
     with the SQL run under the store's append lock, the first round returns 3.2 s after the first query."""
     slow = "SELECT count(*) FROM range(100000000) a, range(100000000) b"
     results: list[tuple[int, Any]] = []
@@ -228,8 +228,7 @@ def _runaway_sql(small: Collector) -> None:
     for t in threads:
         t.join(60)
     assert ended[0] < min(sql_ended), ([e - t0 for e in ended], [e - t0 for e in sql_ended])
-    assert time.monotonic() - t0 < 30
-    assert len(results) == 6 and all(status == 400 and "time limit of 1 s" in doc["message"] for status, doc in results)
+    assert len(results) == 6 and all(status == 400 and "time limit of 4 s" in doc["message"] for status, doc in results)
 
 
 # --- 1: DuckDB invalidates the database ----------------------------------------------------------------------
@@ -417,10 +416,9 @@ def test_idle_streaming_exports_cannot_starve_grpc_ingest(tmp_path):
             idle = [ch.stream_unary(_EXPORT, request_serializer=None, response_deserializer=None).future(never_sends())
                     for ch in channels]
             time.sleep(0.5)
-            t0 = time.monotonic()
             req, ids = make_request(3)
             assert _grpc_export(c.grpc_endpoint, req.SerializeToString()).partial_success.rejected_spans == 0
-            assert time.monotonic() - t0 < 15 and _count(c, ids) == 3
+            assert _count(c, ids) == 3  # held behind the idle streams, it would have failed at its own 30 s timeout
             for call in idle:
                 with pytest.raises(grpc.RpcError) as info:
                     call.result(timeout=30)

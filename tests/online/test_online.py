@@ -280,6 +280,20 @@ def test_online_cli_config_rejects_unknown_setting_and_other_algorithms(tmp_path
     assert trainer.algorithm.config.learning_rate == 1e-3
 
 
+def test_online_dr_grpo_preset_sets_scale_std_false_where_the_config_is_silent(tmp_path):
+    from spanrl.errors import ConfigError
+    from spanrl.online._cli import build_online_trainer
+
+    dr_grpo = {"model": "m", "output_dir": str(tmp_path / "out"), "algorithm": {"preset": "dr_grpo"}}
+    assert build_online_trainer(dr_grpo, base=tmp_path).training.credit.scale_std is False
+    assert build_online_trainer({**dr_grpo, "algorithm": {}}, base=tmp_path).training.credit.scale_std is True
+    # said against the preset: refused when the trainer is built, naming the online config's own key
+    with pytest.raises(ConfigError, match=r"^scale_std must be false with preset 'dr_grpo' \(Dr. GRPO does not "
+                                          r"divide advantages by a std; with baseline 'running' scale_std divides "
+                                          r"by the running std\), got true$"):
+        build_online_trainer({**dr_grpo, "scale_std": True}, base=tmp_path)
+
+
 def test_state_and_ledger_resume_at_the_commit_point(tmp_path):
     from spanrl.store.online import Watermark
     from spanrl.online.state import Ledger, OnlineState
