@@ -179,7 +179,6 @@ def test_a_node_killed_mid_step_is_retried_elsewhere_never_hung_never_twice(
     thread = threading.Thread(target=lambda: got.update(results=runner.run(
         [RolloutJob(t["id"], t) for t in tasks], id_prefix="k-", llm_url="http://127.0.0.1:9", model="m",
         sampling={})))
-    started = time.monotonic()
     thread.start()
     try:
         deadline = time.monotonic() + 60
@@ -194,7 +193,8 @@ def test_a_node_killed_mid_step_is_retried_elsewhere_never_hung_never_twice(
         runner.close()
     results = got["results"]
     ok = [r for r in results if r.ok]
-    assert sorted(r.task_id for r in ok) == ["k0", "k1", "k2"] and time.monotonic() - started < 60
+    # lost attempts end "crashed" (Ray's error), not at the 30 s rollout timeout: that is the prompt handling
+    assert sorted(r.task_id for r in ok) == ["k0", "k1", "k2"]
     lost = [r for r in results if not r.ok]
     assert lost and all(r.status == STATUS_CRASHED and "Ray task failed" in r.error for r in lost), results
     assert all(r.node != doomed.node_id for r in ok)
