@@ -94,6 +94,25 @@ def test_timestamp_past_int64_rejects_that_span_only(collector):
 
 
 # --- 6 and 2: overload refusals carry the delay, before the body is read -----------------------------------
+def _until(check, what: str, limit_s: float = 60.0):
+    """``check()``'s first truthy result, trying every 50 ms: the order of events decides, not a sleep; the limit
+    is a hang guard."""
+    deadline = time.monotonic() + limit_s
+    while not (result := check()):
+        assert time.monotonic() < deadline, f"{what}: not within {limit_s:g} s"
+        time.sleep(0.05)
+    return result
+
+
+def _refused_grpc(endpoint: str, body: bytes):
+    """The RpcError of an export that was refused, else None (it went through)."""
+    try:
+        _grpc_export(endpoint, body)
+    except grpc.RpcError as exc:
+        return exc
+    return None
+
+
 def test_concurrency_cap_refusals_are_retryable_with_delay(small):
     host, port = "127.0.0.1", int(small.http_endpoint.rsplit(":", 1)[1])
     body = make_request(5)[0].SerializeToString()
@@ -103,11 +122,12 @@ def test_concurrency_cap_refusals_are_retryable_with_delay(small):
             b"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-protobuf\r\nContent-Length: "
             b"1000\r\n\r\n"
         )
-        time.sleep(0.3)
-        status, headers, reply = _http(f"{small.http_endpoint}/v1/traces", body)
-    assert status == 503 and headers["retry-after"] == "1"
+        # refused once the hog is admitted (an export before that goes through: harmless)
+        status, headers, reply = _until(lambda: (r := _http(f"{small.http_endpoint}/v1/traces", body))[0] == 503 and r,
+                                        "the hog holding the one slot")
+    assert headers["retry-after"] == "1"
     assert "requests in flight" in status_pb2.Status.FromString(reply).message
-    assert _http(f"{small.http_endpoint}/v1/traces", body)[0] == 200  # the slot is free again
+    _until(lambda: _http(f"{small.http_endpoint}/v1/traces", body)[0] == 200, "the slot free again after the hang-up")
 
 
 def test_grpc_concurrency_cap_refuses_with_retry_info_before_reading(small):
@@ -121,14 +141,12 @@ def test_grpc_concurrency_cap_refuses_with_retry_info_before_reading(small):
         held = channel.stream_unary(_EXPORT, request_serializer=None,
                                     response_deserializer=ExportTraceServiceResponse.FromString)
         pending = held.future(never_sends(), timeout=60)
-        time.sleep(0.5)
-        with pytest.raises(grpc.RpcError) as err:
-            _grpc_export(small.grpc_endpoint, make_request(3)[0].SerializeToString())
+        err = _until(lambda: _refused_grpc(small.grpc_endpoint, make_request(3)[0].SerializeToString()),
+                     "the held stream holding the one slot")
         gate.set()
         assert pending.result().partial_success.rejected_spans == 0
-    assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "requests in flight" in err.value.details()
-    assert (RetryInfo.FromString(dict(err.value.trailing_metadata())["google.rpc.retryinfo-bin"]).retry_delay.seconds
-            == 1)
+    assert err.code() == grpc.StatusCode.UNAVAILABLE and "requests in flight" in err.details()
+    assert RetryInfo.FromString(dict(err.trailing_metadata())["google.rpc.retryinfo-bin"]).retry_delay.seconds == 1
     assert _grpc_export(small.grpc_endpoint, make_request(3)[0].SerializeToString()).partial_success.rejected_spans == 0
 
 
@@ -143,9 +161,9 @@ def test_memory_budget_refuses_before_reading_and_admits_after(tmp_path):
                 b"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                 b"application/x-protobuf\r\nContent-Length: 400000\r\n\r\n"
             )
-            time.sleep(0.3)
-            status, headers, reply = _http(f"{c.http_endpoint}/v1/traces", body)
-            assert status == 503 and headers["retry-after"] == "1"
+            status, headers, reply = _until(lambda: (r := _http(f"{c.http_endpoint}/v1/traces", body))[0] == 503 and r,
+                                            "the hog holding the budget")
+            assert headers["retry-after"] == "1"
             assert "max_inflight_bytes=1000000" in status_pb2.Status.FromString(reply).message
             with pytest.raises(grpc.RpcError) as err:
                 _grpc_export(c.grpc_endpoint, body)
@@ -154,8 +172,8 @@ def test_memory_budget_refuses_before_reading_and_admits_after(tmp_path):
             assert RetryInfo.FromString(meta["google.rpc.retryinfo-bin"]).retry_delay.seconds == 1
             details = status_pb2.Status.FromString(meta["grpc-status-details-bin"]).details
             assert details[0].Is(RetryInfo.DESCRIPTOR)
-        time.sleep(0.3)  # the hog hung up: its reservation is released
-        assert _http(f"{c.http_endpoint}/v1/traces", body)[0] == 200
+        # the hog hung up: its reservation is released
+        _until(lambda: _http(f"{c.http_endpoint}/v1/traces", body)[0] == 200, "the budget free after the hang-up")
         assert _grpc_export(c.grpc_endpoint, body).partial_success.rejected_spans == 0
 
 
