@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -208,7 +209,6 @@ def test_ingested_ns_grows_with_the_commit_order_across_appenders(tmp_path):
     beside the collector's writer, and store/kept_rollouts.py's watermark takes "stored after it" from the
     stamps. A small append that starts while a big one is inserting commits after it, stamped later."""
     import threading
-    import time
 
     import pyarrow as pa
 
@@ -216,11 +216,32 @@ def test_ingested_ns_grows_with_the_commit_order_across_appenders(tmp_path):
 
     req, _ = make_request(2000, rollout_id="big")
     big = pa.concat_tables([encode_request(req).table] * 100)  # 200k rows: a commit that takes a while
+
+    class Watched:  # the append lock, noting when an appender found it held
+        def __init__(self, lock: threading.Lock) -> None:
+            self.lock, self.contended = lock, threading.Event()
+
+        def __enter__(self) -> None:
+            if not self.lock.acquire(blocking=False):
+                self.contended.set()
+                self.lock.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.lock.release()
+
     with SpanStore.open(str(tmp_path / "spans.duckdb")) as store:
+        lock, insert, inserting = Watched(store._append_lock), store._insert, threading.Event()
+
+        def big_waits_for_the_small_one(cur: Any, batch: pa.Table) -> int:  # the lock held: the small one waits
+            if batch.num_rows > 1:
+                inserting.set()
+                assert lock.contended.wait(60), "the small append never came"  # a hang guard
+            return insert(cur, batch)
+
+        store._append_lock, store._insert = lock, big_waits_for_the_small_one
         writer = threading.Thread(target=store.append, args=(big,))
         writer.start()
-        time.sleep(0.05)  # the big append has stamped its rows and is inserting them (~0.4 s here)
-        assert writer.is_alive(), "the big append ended before the small one started: nothing was tested"
+        assert inserting.wait(60)  # the big append holds the lock: the small one starts while it inserts
         record_end(store, "small", "agent_done")  # another appender, as the Trainer does
         seen = store.sql("SELECT max(ingested_ns) AS w, count(*) AS n FROM spans").to_pylist()[0]
         writer.join()
