@@ -447,10 +447,12 @@ def test_workers_are_ended_together(tmp_path: Path) -> None:
 
     from spanrl.rollouts.agent_processes import WorkerPool
 
-    ended, verdicts = tmp_path / "ended", tmp_path / "verdicts"
+    up, ended, verdicts = tmp_path / "up", tmp_path / "ended", tmp_path / "verdicts"
     script = tmp_path / "waits_for_the_others.py"
     script.write_text(textwrap.dedent(f"""\
         import os, sys, time
+        with open({str(up)!r}, "a") as f:
+            f.write(f"{{os.getpid()}}\\n")
         for _ in sys.stdin:
             pass
         with open({str(ended)!r}, "a") as f:
@@ -465,6 +467,9 @@ def test_workers_are_ended_together(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         await pool.start()
+        async with asyncio.timeout(120):  # every worker up before the close (a slow start is not the close's)
+            while not up.exists() or len(up.read_text().split()) < 3:
+                await asyncio.sleep(0.05)
         await pool.close()
 
     asyncio.run(scenario())
