@@ -293,6 +293,8 @@ def test_sync_agents_past_asyncio_s_thread_pool_all_run_and_their_ends_are_seen(
     # asyncio's default pool has min(32, cpu_count + 4) threads. With more sync agents than that, the span
     # waiter's store poll queued behind agents and rollouts whose rewards were already stored ran out of
     # span_timeout_s (16 text-to-SQL agents on 2 cores: every first attempt "no reward stored within 60 s").
+    # Queued so, the first wave's poll waits out the second wave (6 s), twice its span_timeout_s; a correct
+    # poll needs a thread within those 3 s, even at load 30.
     pool = min(32, (os.cpu_count() or 1) + 4)
     n = 2 * pool + 4
     lock, running, peak = threading.Lock(), [0], [0]
@@ -301,12 +303,12 @@ def test_sync_agents_past_asyncio_s_thread_pool_all_run_and_their_ends_are_seen(
         with lock:
             running[0] += 1
             peak[0] = max(peak[0], running[0])
-        time.sleep(3.0)
+        time.sleep(6.0)
         with lock:
             running[0] -= 1
         return 1.0
 
-    runner = RolloutRunner(agent, config=RunnerConfig(max_concurrency=n, span_timeout_s=1.5, max_attempts=1),
+    runner = RolloutRunner(agent, config=RunnerConfig(max_concurrency=n, span_timeout_s=3.0, max_attempts=1),
                            ready=lambda ids, since_ns: set(ids))  # every finished rollout's spans are there
     try:
         results = runner.run([RolloutJob(f"t{i}", {}) for i in range(n)], id_prefix="sync-", llm_url="http://x",

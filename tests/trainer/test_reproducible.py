@@ -122,7 +122,7 @@ def test_derived_seeds_are_stable_and_reach_each_attempt_through_its_url() -> No
             raise RuntimeError("the first attempt fails")
         return 1.0
 
-    runner = RolloutRunner(agent, config=RunnerConfig(max_concurrency=4, max_attempts=2, span_timeout_s=1.5),
+    runner = RolloutRunner(agent, config=RunnerConfig(max_concurrency=4, max_attempts=2, span_timeout_s=30.0),
                            ready=lambda ids, since_ns: set(ids))  # every finished rollout's spans are there
     try:
         results = runner.run([job for job in jobs if job.task_id == "flaky"][:1], id_prefix="seeded-",
