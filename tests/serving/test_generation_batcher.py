@@ -94,15 +94,22 @@ def test_full_queue_refuses_and_shutdown_is_safe_twice(backend) -> None:
 def test_request_arriving_mid_batch_joins_it_and_returns_first(backend) -> None:
     batcher = Batcher(backend, max_batch_size=8)
     batcher.start()
-    started = threading.Event()
+    started, queued = threading.Event(), threading.Event()
+
+    def first_token(*_: object) -> None:  # the long request's decoding waits until the short one is queued
+        started.set()
+        assert queued.wait(60)  # a hang guard
+
     try:
         long = batcher.submit(
             GenerationRequest([5, 20, 30], SamplingParams(max_tokens=150, temperature=1.0, seed=0),
-                              on_token=lambda *_: started.set())
+                              on_token=first_token)
         )
         assert started.wait(60)
         short_request = GenerationRequest([5, 21], GREEDY)
-        short = batcher.submit(short_request).result(timeout=60)
+        pending = batcher.submit(short_request)
+        queued.set()  # the long one is mid-batch: the short one joins at the next step, however slow this thread was
+        short = pending.result(timeout=60)
         assert not long.done()  # delivered while the long one still runs
         assert short.batch_size == 2
         assert len(long.result(timeout=120).completions[0].token_ids) >= 1
