@@ -5,7 +5,7 @@ Routes (each ``/v1/...`` route also lives under the rollout prefixes below)::
     POST /v1/chat/completions   POST /v1/completions   GET /v1/models
     POST /v1/responses (OpenAI Responses, `openai_responses`)   POST /v1/messages (Anthropic, `anthropic_messages`)
     GET  /health                POST /v1/weights/reload {"path": ..., "model": adapter (optional)}
-    GET  /metrics               Prometheus text: the prefix cache's counters
+    GET  /metrics               Prometheus text: tokens generated, the prefix cache's counters
     POST /v1/weights/load       whole weights as one safetensors file in the body (application/octet-stream)
 
     /rollouts/{rollout_id}/v1/...                         attribute the request to a rollout
@@ -280,13 +280,19 @@ class _Routes:
                 **({"adapters": adapters} if adapters else {})}
 
     async def metrics(self) -> PlainTextResponse:
-        """vLLM's prefix-cache counters, in tokens, under spanrl's prefix (none where no prefix cache runs)."""
-        cache = getattr(self.state.batcher.backend, "prefix_cache", None)
-        lines = []
-        for name, value, text in (() if cache is None else (
+        """vLLM's counters, in tokens, under spanrl's prefix: tokens generated, and the prefix cache's (none where
+        no prefix cache runs)."""
+        backend = self.state.batcher.backend
+        cache = getattr(backend, "prefix_cache", None)
+        counters = [("generation_tokens", backend.generation_tokens, "Tokens generated, every sequence's.")
+                    ] if hasattr(backend, "generation_tokens") else []
+        if cache is not None:
+            counters += [
                 ("prefix_cache_queries", cache.queries, "Prompt tokens looked up in the prefix cache."),
                 ("prefix_cache_hits", cache.hits, "Prompt tokens found in the prefix cache (not prefilled)."),
-                ("prefill_tokens", cache.prefill_tokens, "Prompt tokens put through the model."))):
+                ("prefill_tokens", cache.prefill_tokens, "Prompt tokens put through the model.")]
+        lines = []
+        for name, value, text in counters:
             lines += [f"# HELP spanrl:{name}_total {text}", f"# TYPE spanrl:{name}_total counter",
                       f"spanrl:{name}_total {value}"]
         return PlainTextResponse("".join(f"{line}\n" for line in lines), media_type="text/plain; version=0.0.4")

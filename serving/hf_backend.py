@@ -107,6 +107,8 @@ class TransformersBackend:
         for name, folder in (adapters or {}).items():
             self.adapters.load(name, folder)
         self._base: str | None = None  # BASE_ADAPTER once the base's weights came as an adapter folder
+        self.generation_tokens = 0
+        """Tokens generated since the start, every row's (``/metrics``: vLLM's ``generation_tokens_total``)."""
 
     @property
     def adapter_names(self) -> list[str]:
@@ -331,6 +333,7 @@ class TransformersBackend:
 
     def _append(self, row: _Row, token: int, logprob: float, top: list[tuple[int, float]] | None) -> bool:
         """Record one token; return whether the row goes on."""
+        self.generation_tokens += 1  # the batcher's one thread: no lock
         row.token_ids.append(token)
         row.logprobs.append(logprob)
         if row.request.params.top_logprobs:

@@ -128,7 +128,9 @@ def test_servers_with_and_without_the_cache_answer_alike_and_metrics_count_the_h
         assert cached["spanrl:prefix_cache_hits_total"] == 2 * 3 * 2 * BLOCK_TOKENS  # 2 blocks per row
         # the first prompt alone once (41), then every row from its cached 32 tokens: 41 + 2 * (9 + 10 + 11)
         assert cached["spanrl:prefill_tokens_total"] == 101
-        assert _metrics(servers[1].base_url) == {}  # no prefix cache, no counters
+        generated = sum(len(c["token_ids"]) for a in answers[0] for c in a)  # every choice's tokens, vLLM's count
+        assert cached["spanrl:generation_tokens_total"] == generated
+        assert _metrics(servers[1].base_url) == {"spanrl:generation_tokens_total": generated}  # no cache counters
     finally:
         for server in servers:
             server.shutdown()
