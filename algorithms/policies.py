@@ -139,8 +139,26 @@ def per_agent(algorithm: Any, policies: Mapping[str, Any]) -> MultiLoRA:
         raise ConfigError(f"policies: per-agent adapters train with GRPO's loss; the algorithm is "
                           f"{type(algorithm).__name__} (use GRPO, or no policies)")
     config = getattr(algorithm, "config", None)
+    if ignored := _set_beyond(config, shared):  # silently trained without them otherwise (a loss, a preset, ...)
+        named = ", ".join(f"{k}={v!r}" for k, v in ignored.items())
+        raise ConfigError(f"policies: per-agent adapters train with their own GRPO loss, which takes "
+                          f"{', '.join(sorted(shared))} from the algorithm; it would ignore {named}: remove them, "
+                          f"or train without policies")
     fields = {k: getattr(config, k) for k in shared if hasattr(config, k)}
     return MultiLoRA(MultiLoRAConfig(policies=dict(policies), **fields))
+
+
+def _set_beyond(config: Any, shared: set[str]) -> dict[str, Any]:
+    """The fields of the algorithm's ``config`` (a dataclass, or None) outside ``shared`` set away from their
+    defaults."""
+    if not dataclasses.is_dataclass(config):
+        return {}
+    out = {}
+    for f in dataclasses.fields(config):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if f.name not in shared and getattr(config, f.name) != default:
+            out[f.name] = getattr(config, f.name)
+    return out
 
 
 class MultiLoRA(Algorithm):

@@ -128,6 +128,14 @@ def test_config_errors_name_the_field():
         from spanrl.algorithms.sft import SFT
 
         per_agent(SFT(), {"writer": {}})
+    from spanrl.algorithms.grpo import GRPO
+
+    # GRPO settings the per-agent loss does not take are refused, not dropped (Dr. GRPO's loss, a KL term)
+    with pytest.raises(ConfigError, match=r"^policies: per-agent adapters train with their own GRPO loss, which takes "
+                                          r".*; it would ignore beta=0.1, loss_type='dr_grpo', preset='dr_grpo': "
+                                          r"remove them, or train without policies$"):
+        per_agent(GRPO(preset="dr_grpo", beta=0.1), {"writer": {}})
+    assert per_agent(GRPO(learning_rate=1e-3, micro_batch_size=2), {"writer": {}}).config.learning_rate == 1e-3
     config = MultiLoRAConfig(policies={"writer": {"lora": {"r": 2}, "reward_name": "ok"}}).validate()
     assert config.policies["writer"].lora.r == 2 and set(config.policies) == {"writer", "default"}
 
