@@ -76,11 +76,9 @@ def test_feedback_resolves_by_each_key_latest_wins_and_unjudged_rollouts_age_out
                           **_WINDOW) == []
 
     # Aging: once max_age_s has passed since completion, only the never-judged rollout counts, once.
-    time.sleep(1.5)
-    later = now_ns(collector.store)
+    later = now + 1_500_000_000  # the store's clock 1.5 s on, given (no sleep)
     assert count_aged_out(collector.store, since_ns=0, now=later, max_age_s=1.0, **_WINDOW) == (1, 0)
-    assert (count_aged_out(collector.store, since_ns=later, now=now_ns(collector.store), max_age_s=1.0, **_WINDOW)
-            == (0, 0))
+    assert count_aged_out(collector.store, since_ns=later, now=later + 1, max_age_s=1.0, **_WINDOW) == (0, 0)
     assert count_aged_out(collector.store, since_ns=0, now=later, max_age_s=30.0, **_WINDOW) == (0, 0)
     agents.shutdown()
     users.shutdown()
@@ -111,8 +109,7 @@ def test_an_end_stored_by_the_trainer_completes_a_rollout_and_a_timeout_fails_it
     now = now_ns(collector.store)
     ready = ready_rollouts(collector.store, Watermark(), now=now, settle_s=0.0, max_age_s=30.0, **_WINDOW)
     assert [r.rollout_id for r in ready] == ["exited"]  # quiet_s is 60: only the stored end completes it
-    time.sleep(1.5)
-    later = now_ns(collector.store)
+    later = now + 1_500_000_000  # the store's clock 1.5 s on, given (no sleep)
     # aged out: the two rollouts whose feedback named a response id both claim; failed: the timeout
     assert count_aged_out(collector.store, since_ns=0, now=later, max_age_s=1.0, **_WINDOW) == (2, 1)
     agents.shutdown()
