@@ -8,6 +8,7 @@ import logging
 import os
 import resource
 import signal
+import select
 import socket
 import subprocess
 import sys
@@ -113,18 +114,45 @@ def _refused_grpc(endpoint: str, body: bytes):
     return None
 
 
+class _Hog:
+    """A request sent as headers only: admitted, it waits for its body and holds an HTTP slot (and its announced
+    bytes). A probe that was in flight when it arrived got it refused: then it is sent again (`hold`)."""
+
+    def __init__(self, port: int, length: int) -> None:
+        self.port, self.length = port, length
+        self.sock = self._send()
+
+    def _send(self) -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        sock.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-protobuf\r\n"
+                     b"Content-Length: %d\r\n\r\n" % self.length)
+        return sock
+
+    def hold(self) -> None:
+        if select.select([self.sock], [], [], 0)[0]:  # the server answered it (a refusal): it holds nothing
+            self.sock.close()
+            self.sock = self._send()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _refused_http(url: str, body: bytes, hog: _Hog):
+    """The probe's reply when it was refused (503), else None; the hog sent again if it was the one refused."""
+    hog.hold()
+    reply = _http(url, body)
+    return reply if reply[0] == 503 else None
+
+
 def test_concurrency_cap_refusals_are_retryable_with_delay(small):
-    host, port = "127.0.0.1", int(small.http_endpoint.rsplit(":", 1)[1])
     body = make_request(5)[0].SerializeToString()
-    with socket.create_connection((host, port), timeout=10) as hog:
-        # Headers only: this request is admitted and waits for its body, holding the one HTTP slot.
-        hog.sendall(
-            b"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-protobuf\r\nContent-Length: "
-            b"1000\r\n\r\n"
-        )
-        # refused once the hog is admitted (an export before that goes through: harmless)
-        status, headers, reply = _until(lambda: (r := _http(f"{small.http_endpoint}/v1/traces", body))[0] == 503 and r,
+    hog = _Hog(int(small.http_endpoint.rsplit(":", 1)[1]), 1000)  # holds the one HTTP slot
+    try:
+        # refused once the hog is admitted (a probe before that goes through: harmless)
+        status, headers, reply = _until(lambda: _refused_http(f"{small.http_endpoint}/v1/traces", body, hog),
                                         "the hog holding the one slot")
+    finally:
+        hog.close()
     assert headers["retry-after"] == "1"
     assert "requests in flight" in status_pb2.Status.FromString(reply).message
     _until(lambda: _http(f"{small.http_endpoint}/v1/traces", body)[0] == 200, "the slot free again after the hang-up")
@@ -140,11 +168,16 @@ def test_grpc_concurrency_cap_refuses_with_retry_info_before_reading(small):
     with grpc.insecure_channel(small.grpc_endpoint) as channel:
         held = channel.stream_unary(_EXPORT, request_serializer=None,
                                     response_deserializer=ExportTraceServiceResponse.FromString)
-        pending = held.future(never_sends(), timeout=60)
-        err = _until(lambda: _refused_grpc(small.grpc_endpoint, make_request(3)[0].SerializeToString()),
-                     "the held stream holding the one slot")
+        pending = [held.future(never_sends(), timeout=60)]
+
+        def refused_while_held():
+            if pending[-1].done():  # a probe was in flight when it arrived: it was refused, hold the slot again
+                pending.append(held.future(never_sends(), timeout=60))
+            return _refused_grpc(small.grpc_endpoint, make_request(3)[0].SerializeToString())
+
+        err = _until(refused_while_held, "the held stream holding the one slot")
         gate.set()
-        assert pending.result().partial_success.rejected_spans == 0
+        assert pending[-1].result().partial_success.rejected_spans == 0
     assert err.code() == grpc.StatusCode.UNAVAILABLE and "requests in flight" in err.details()
     assert RetryInfo.FromString(dict(err.trailing_metadata())["google.rpc.retryinfo-bin"]).retry_delay.seconds == 1
     assert _grpc_export(small.grpc_endpoint, make_request(3)[0].SerializeToString()).partial_success.rejected_spans == 0
@@ -153,15 +186,11 @@ def test_grpc_concurrency_cap_refuses_with_retry_info_before_reading(small):
 def test_memory_budget_refuses_before_reading_and_admits_after(tmp_path):
     cfg = CollectorConfig(db_path=str(tmp_path / "s.duckdb"), grpc_port=0, http_port=0, max_inflight_bytes=1_000_000)
     with Collector(cfg) as c:
-        port = int(c.http_endpoint.rsplit(":", 1)[1])
         body = make_request(5)[0].SerializeToString()
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as hog:
-            # Announces 400 kB (2.4 MB reserved): admitted alone, it holds the budget while its body is awaited.
-            hog.sendall(
-                b"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
-                b"application/x-protobuf\r\nContent-Length: 400000\r\n\r\n"
-            )
-            status, headers, reply = _until(lambda: (r := _http(f"{c.http_endpoint}/v1/traces", body))[0] == 503 and r,
+        # announces 400 kB (2.4 MB reserved): admitted alone, it holds the budget while its body is awaited
+        hog = _Hog(int(c.http_endpoint.rsplit(":", 1)[1]), 400_000)
+        try:
+            status, headers, reply = _until(lambda: _refused_http(f"{c.http_endpoint}/v1/traces", body, hog),
                                             "the hog holding the budget")
             assert headers["retry-after"] == "1"
             assert "max_inflight_bytes=1000000" in status_pb2.Status.FromString(reply).message
@@ -172,6 +201,8 @@ def test_memory_budget_refuses_before_reading_and_admits_after(tmp_path):
             assert RetryInfo.FromString(meta["google.rpc.retryinfo-bin"]).retry_delay.seconds == 1
             details = status_pb2.Status.FromString(meta["grpc-status-details-bin"]).details
             assert details[0].Is(RetryInfo.DESCRIPTOR)
+        finally:
+            hog.close()
         # the hog hung up: its reservation is released
         _until(lambda: _http(f"{c.http_endpoint}/v1/traces", body)[0] == 200, "the budget free after the hang-up")
         assert _grpc_export(c.grpc_endpoint, body).partial_success.rejected_spans == 0
