@@ -33,20 +33,32 @@ def _counts(collector) -> dict[str, int]:
     return {r["rollout_id"]: r["n"] for r in rows}
 
 
-def test_retention_prunes_by_ingest_time_in_the_background(tmp_path):
+def test_retention_prunes_by_ingest_time_in_the_background(tmp_path, monkeypatch):
     """The collector's own pass prunes what was stored retention_s ago, by ingest time: the rollout claims to end
-    in 2116, so a prune by the sender's clock would keep it. Which of two rollouts goes first is the store's test
+    in 2116, so a prune by the sender's clock would keep it, and every pass asks for retention_s (a pass that
+    pruned everything would fail here). Which of two rollouts goes first is the store's test
     (tests/store/test_spanstore.py, test_prune_deletes_whole_old_rollouts_only, with the clock given); here sleeps
     would decide it."""
+    from spanrl.collector import retention
+
+    asked: list[float] = []
+    prune_and_forget = retention.prune_and_forget
+
+    def spy(store, older_than_s, claims):
+        asked.append(older_than_s)
+        return prune_and_forget(store, older_than_s, claims)
+
+    monkeypatch.setattr(retention, "prune_and_forget", spy)
     config = CollectorConfig(db_path=str(tmp_path / "s.duckdb"), grpc_port=0, http_port=-1, retention_s=6.0,
                              materialize_interval_s=None)
     with Collector(config) as collector:
         _send(collector, "old", 3, end_ns=2**62)  # claims to end in 2116
         assert _counts(collector) == {"old": 3}
-        deadline = time.monotonic() + 120  # a hang guard: the pass runs every few seconds
+        deadline = time.monotonic() + 120  # a hang guard: the pass runs every 0.6 s
         while _counts(collector) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert _counts(collector) == {}
+    assert asked and set(asked) == {6.0}
 
 
 def test_retention_flag_is_a_duration(tmp_path):

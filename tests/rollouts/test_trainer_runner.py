@@ -230,9 +230,11 @@ def test_failed_rollouts_are_recorded_and_retried(collector: Any, tmp_path: Path
             runner.close()
 
     # the agents that must finish get limits no loaded machine reaches (an agent's start is seconds at load 30);
-    # the ones whose verdict is a limit get short ones: it is their verdict, not a race
+    # each limit that is a verdict is short, and only there: "timeout" for the hanging one, "no_reward" (the
+    # span limit) for the one that never sends a reward
     results = run(("ok", "crash_first"), "f-", rollout_timeout_s=300.0, span_timeout_s=60.0)
-    results += run(("hang", "no_reward"), "g-", rollout_timeout_s=8.0, span_timeout_s=3.0)
+    results += run(("hang",), "g-", rollout_timeout_s=8.0, span_timeout_s=60.0)
+    results += run(("no_reward",), "h-", rollout_timeout_s=300.0, span_timeout_s=3.0)
     by_task: dict[str, list[str]] = {}
     for r in sorted(results, key=lambda r: r.attempt):
         by_task.setdefault(r.task_id, []).append(r.status)
@@ -474,10 +476,12 @@ def test_workers_are_ended_together(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         await pool.start()
-        async with asyncio.timeout(120):  # every worker up before the close (a slow start is not the close's)
-            while not up.exists() or len(up.read_text().split()) < 3:
-                await asyncio.sleep(0.05)
-        await pool.close()
+        try:
+            async with asyncio.timeout(120):  # every worker up before the close (a slow start is not the close's)
+                while not up.exists() or len(up.read_text().split()) < 3:
+                    await asyncio.sleep(0.05)
+        finally:
+            await pool.close()
 
     asyncio.run(scenario())
     assert all(w.proc is not None and w.proc.returncode == 0 for w in pool.workers)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 
@@ -94,27 +95,33 @@ def test_full_queue_refuses_and_shutdown_is_safe_twice(backend) -> None:
 def test_request_arriving_mid_batch_joins_it_and_returns_first(backend) -> None:
     batcher = Batcher(backend, max_batch_size=8)
     batcher.start()
-    started, queued = threading.Event(), threading.Event()
+    started, queued, looked = threading.Event(), threading.Event(), threading.Event()
+    pending: list[Any] = []
 
-    def first_token(*_: object) -> None:  # the long request's decoding waits until the short one is queued
+    def on_long_token(*_: object) -> None:  # holds the long request's decoding at two points (hang guards: 60 s)
         started.set()
-        assert queued.wait(60)  # a hang guard
+        queued.wait(60)  # until the short one is queued: it joins mid-batch however late this thread wakes
+        if pending and pending[0].done():
+            looked.wait(60)  # the short one was answered: until the test has seen the long one still running
 
     try:
         long = batcher.submit(
             GenerationRequest([5, 20, 30], SamplingParams(max_tokens=150, temperature=1.0, seed=0),
-                              on_token=first_token)
+                              on_token=on_long_token)
         )
         assert started.wait(60)
         short_request = GenerationRequest([5, 21], GREEDY)
-        pending = batcher.submit(short_request)
-        queued.set()  # the long one is mid-batch: the short one joins at the next step, however slow this thread was
-        short = pending.result(timeout=60)
+        pending.append(batcher.submit(short_request))
+        queued.set()
+        short = pending[0].result(timeout=60)
         assert not long.done()  # delivered while the long one still runs
+        looked.set()
         assert short.batch_size == 2
         assert len(long.result(timeout=120).completions[0].token_ids) >= 1
         alone = batcher.submit(GenerationRequest([5, 21], GREEDY)).result(timeout=60)
         assert alone.batch_size == 1
         assert short.completions[0].token_ids == alone.completions[0].token_ids  # merged cache, same result
     finally:
+        queued.set()
+        looked.set()  # a failed assert must not leave the batcher's thread held
         batcher.shutdown()
