@@ -31,6 +31,7 @@ from spanrl.algorithms.hf_trainer import without_train_start_gc
 from spanrl.algorithms.tables import check_transitions, transitions_of
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.errors import one_of, positive_int, positive_number
+from spanrl.hf_compat import checkpointing_args
 
 if TYPE_CHECKING:  # pragma: no cover
     from spanrl.algorithms.transitions import Transition, TransitionBatch
@@ -165,6 +166,7 @@ class DPO(Algorithm):
             bf16=False,
             seed=self.seed + self.step,
             report_to="none",  # metrics are returned; the caller reports them (each key once)
+            **checkpointing_args(TRLDPOConfig, False),  # TRL's default (on) recomputed every forward
             beta=cfg.beta,
             loss_type=[cfg.loss_type],
             learning_rate=cfg.learning_rate,

@@ -40,7 +40,7 @@ from spanrl.algorithms.tables import (PaddedBatch, check_transitions, fill_missi
                                       transition_table)
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.algorithms.presets import apply_preset, check_loss_fields, unset
-from spanrl.hf_compat import checkpoint_activations
+from spanrl.hf_compat import checkpoint_activations, checkpointing_args
 from spanrl.errors import ConfigError, TrainingError, positive_int, positive_number
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -204,6 +204,8 @@ class GRPO(Algorithm):
             per_device_train_batch_size=_PLACEHOLDER_ROWS,
             num_generations=_PLACEHOLDER_ROWS,
             log_completions=False, save_strategy="no", disable_tqdm=True,
+            # TRL's default is on; ours is applied below (checkpoint_activations): the args say the same
+            **checkpointing_args(TRLGRPOConfig, cfg.gradient_checkpointing),
         )
         placeholder = Dataset.from_dict({"prompt": ["<placeholder>"] * _PLACEHOLDER_ROWS})
         trainer_cls = scored_grpo_trainer_class()

@@ -29,6 +29,7 @@ from spanrl.algorithms.hf_trainer import without_train_start_gc
 from spanrl.algorithms.tables import check_transitions, transitions_of
 from spanrl.algorithms.lora import LoRAConfig
 from spanrl.errors import ConfigError, positive_int, positive_number
+from spanrl.hf_compat import checkpointing_args
 
 if TYPE_CHECKING:  # pragma: no cover
     from spanrl.algorithms.transitions import Transition, TransitionBatch
@@ -141,7 +142,7 @@ class SFT(Algorithm):
             report_to="none",  # metrics are returned; the caller reports them (each key once)
             learning_rate=cfg.learning_rate,
             max_grad_norm=cfg.max_grad_norm,
-            gradient_checkpointing=cfg.gradient_checkpointing,  # TRL's default (on) recomputed every forward
+            **checkpointing_args(TRLSFTConfig, cfg.gradient_checkpointing),  # TRL defaults to on: each forward twice
             num_train_epochs=cfg.epochs,
             per_device_train_batch_size=cfg.batch_size,
             completion_only_loss=True,

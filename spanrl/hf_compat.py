@@ -8,7 +8,7 @@ import functools
 import inspect
 from typing import Any
 
-__all__ = ["checkpoint_activations", "checkpointing_on", "kv_cache_argument"]
+__all__ = ["checkpoint_activations", "checkpointing_args", "checkpointing_on", "kv_cache_argument"]
 
 
 def kv_cache_argument(module: Any) -> str:
@@ -20,6 +20,16 @@ def kv_cache_argument(module: Any) -> str:
 @functools.lru_cache(maxsize=None)
 def _kv_cache_argument(cls: type) -> str:  # once per model class: the update asks every micro-batch
     return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+
+
+def checkpointing_args(args_class: type, enabled: bool) -> dict[str, bool]:
+    """The training arguments' field that turns activation checkpointing on or off, set to ``enabled``: TRL's
+    configs default it to on (each forward recomputed in the backward), and transformers 5.2x renamed it
+    (``activation_checkpointing``; the old ``gradient_checkpointing`` warns there) from 5.17's name."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(args_class)}
+    return {"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing": enabled}
 
 
 def checkpointing_on(model: Any) -> bool:
