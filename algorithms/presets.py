@@ -8,9 +8,10 @@ are no named variant's and contradict one are refused.
   (bnpo, dr_grpo, dapo, cispo) weighs each sequence by its length: not GSPO (TRL warns), refused here.
 - ``dr_grpo`` (Dr. GRPO, Liu et al. 2025, arXiv 2503.20783): no length normalisation (``loss_type='dr_grpo'``,
   token ratios) and no division of advantages by a std (the group's, the batch's or the running one): the credit's
-  ``scale_std`` must be false, whatever its baseline: a Trainer given no credit config builds its default so
-  (`coupled_credit`), and refuses one with ``scale_std`` true when it is built (`check_credit`, which
-  ``load_training_batch`` calls again before each update).
+  ``scale_std`` must be false, whatever its baseline: a trainer given no credit config, or a credit section
+  that does not say it, gets it so (`trainer_credit`, `coupled_credit`), and one with ``scale_std`` true is
+  refused when the trainer is built (`check_credit`, which ``load_training_batch`` calls again before each
+  update).
 
 A preset fills the coupled fields left unset; a coupled field set to another value is refused, also when it is
 set to its default (``GRPOConfig(preset="gspo", epsilon=0.2)``: the defaults are `unset` values, which tell
