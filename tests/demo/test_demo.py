@@ -21,6 +21,7 @@ _RISE = 0.15  # held-out success after the 30 GRPO steps minus after SFT, at lea
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a hang limit, not a speed test: a run at nice 19 beside a study run passed 600 s
 def test_demo_grpo_rises_above_the_sft_warm_start(tmp_path: Path) -> None:
     lines: list[str] = []
     result = run_demo(
